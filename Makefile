@@ -1,0 +1,20 @@
+# The two commands of the README. Each installs what it needs first (scripts/install.sh, idempotent).
+VENV ?= .venv
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: demo test install install-dev clean
+
+demo: install
+	bash scripts/demo.sh
+
+test: install-dev
+	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+install:
+	bash scripts/install.sh
+
+install-dev:
+	bash scripts/install.sh --dev
+
+clean:
+	rm -rf $(VENV) .pytest_cache .azulite build *.egg-info src/*.egg-info

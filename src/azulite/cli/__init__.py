@@ -1,0 +1,40 @@
+"""The ``azulite`` command. Each subcommand group lives in its own module; this one only assembles them
+and maps :class:`~azulite.errors.AzuliteError` to an exit code and a message (never a traceback)."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+from rich.console import Console
+
+from azulite.errors import AzuliteError
+from azulite.cli import job as _job
+from azulite.cli import serve as _serve
+
+app = typer.Typer(
+    name="azulite",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+    help=(
+        "Train models distributed, survive failures, serve them behind a Triton-compatible endpoint.\n\n"
+        "Examples:\n\n"
+        "  azulite job submit examples/ddp/job.yaml --wait\n\n"
+        "  azulite job show ddp-1 --json\n\n"
+        "  azulite serve model_repository/ --http-port 8000 --grpc-port 8001"
+    ),
+)
+app.add_typer(_job.app, name="job")
+_serve.register(app)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point."""
+    try:
+        app(args=argv, prog_name="azulite")
+    except AzuliteError as exc:
+        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {exc}", markup=True)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
