@@ -1,0 +1,94 @@
+"""The protocol-neutral data plane: what the HTTP and gRPC front-ends call, and the request and
+response objects they convert to and from. One data plane holds Triton's semantics; each transport is a
+thin adapter (converters + a route table). Errors are :class:`azulite.errors.ServeError` subclasses whose
+``status`` each transport maps once to an HTTP status / gRPC code.
+
+Tensors travel as numpy arrays end to end (no per-element Python objects on the hot path); BYTES tensors
+are numpy ``object`` arrays of ``bytes``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import numpy as np
+
+from azulite.serve.proto import model_config_pb2, service_pb2
+
+
+@dataclass(slots=True)
+class InferTensor:
+    """One input or output tensor. ``datatype`` is the KServe v2 / Triton name ("FP32", "INT64",
+    "BYTES", "BOOL", ...); ``data`` is a numpy array of the matching dtype already in ``shape``."""
+
+    name: str
+    datatype: str
+    shape: tuple[int, ...]
+    data: np.ndarray
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class RequestedOutput:
+    """An output the client asked for. ``parameters`` may hold ``binary_data`` (transport concern) and
+    ``classification`` (int k: the data plane answers the top-k as BYTES "value:index[:label]")."""
+
+    name: str
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferRequest:
+    """``model_version`` "" means the version policy's default (the highest ready version).
+    ``outputs`` None means every output of the model. ``parameters`` carries Triton's request
+    parameters: ``priority`` (int), ``timeout`` (microseconds), ``binary_data_output`` ..."""
+
+    model_name: str
+    inputs: list[InferTensor]
+    model_version: str = ""
+    id: str = ""
+    outputs: list[RequestedOutput] | None = None
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(slots=True)
+class InferResponse:
+    model_name: str
+    model_version: str
+    outputs: list[InferTensor]
+    id: str = ""
+    parameters: dict[str, Any] = field(default_factory=dict)
+
+
+class DataPlane(Protocol):
+    """What a front-end may call. Every method raises ``ServeError`` subclasses for failures."""
+
+    def live(self) -> bool: ...
+
+    def ready(self) -> bool: ...
+
+    def server_metadata(self) -> service_pb2.ServerMetadataResponse: ...
+
+    def model_ready(self, name: str, version: str = "") -> bool: ...
+
+    def model_metadata(self, name: str, version: str = "") -> service_pb2.ModelMetadataResponse: ...
+
+    def model_config(self, name: str, version: str = "") -> model_config_pb2.ModelConfig: ...
+
+    def model_statistics(self, name: str = "", version: str = "") -> service_pb2.ModelStatisticsResponse: ...
+
+    async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def repository_index(self, ready_only: bool = False) -> service_pb2.RepositoryIndexResponse: ...
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        """``parameters`` as Triton's load API: ``config`` (a JSON ModelConfig override) and
+        ``file:<version>/<name>`` entries (bytes) to load from instead of the repository."""
+        ...
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None: ...
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Stop taking new requests, finish those in flight, finalize every model."""
+        ...
