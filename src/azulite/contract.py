@@ -1,0 +1,20 @@
+"""The contract between whatever starts a training process (a launch backend, Kubernetes, Azure ML) and
+the training runtime inside it. Both sides import this leaf module; neither imports the other.
+
+The distributed variables themselves are the ones Azure ML sets (MASTER_ADDR, MASTER_PORT, WORLD_SIZE,
+RANK, LOCAL_RANK, NODE_RANK; TF_CONFIG; the MPI rank variables); these are azulite's additions.
+"""
+
+#: Exit code of a training process that was asked to stop (SIGTERM, a spot eviction notice), finished its
+#: step, committed a checkpoint and exited cleanly. A launcher marks the job ``preempted`` and requeues it.
+#: 75 is EX_TEMPFAIL of sysexits.h: "a temporary failure; the user is invited to retry".
+EXIT_PREEMPTED = 75
+
+#: The job's id in the launcher's store (absent when a script runs by hand).
+ENV_JOB_ID = "AZULITE_JOB_ID"
+#: 1-based attempt number: 1 for the first run, incremented on each requeue after preemption.
+ENV_ATTEMPT = "AZULITE_ATTEMPT"
+
+#: The output a job's checkpoints go to: ``outputs.checkpoints`` in the job spec. ``job show`` lists the
+#: committed checkpoints found there.
+CHECKPOINT_OUTPUT = "checkpoints"
