@@ -1,0 +1,190 @@
+"""The ``local`` backend: jobs run as real processes on this machine, one detached supervisor per job,
+state in SQLite under ``AZULITE_HOME``.
+
+``submit`` validates what can be checked before anything starts (the strategy's preflight: a port in
+use, a missing launcher), records the job, snapshots the code folder (like Azure ML's code upload: later
+edits do not change a submitted job) and starts the supervisor detached. Everything after that is the
+supervisor's; this class only reads the store and writes requests into it (cancel, preempt).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+from azulite.errors import LaunchError
+from azulite.launch.backend import Backend, Feature, register_backend
+from azulite.launch.local.procs import pid_alive, terminate_tree
+from azulite.launch.local.store import JobStore
+from azulite.launch.local.strategy import get_strategy
+from azulite.launch.local.supervisor import build_context, job_processes
+from azulite.launch.records import JobRecord, JobState
+from azulite.spec.job import JobSpec
+
+#: a supervisor that has not recorded its pid this long after submit is taken for dead
+_SUPERVISOR_START_S = 120.0
+_SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "node_modules", ".azulite")
+# double fork: the supervisor ends up re-parented to init, in its own session, never a zombie of ours
+_DETACH = "import os,sys; os.setsid(); os._exit(0) if os.fork() else os.execv(sys.argv[1], sys.argv[1:])"
+
+
+@register_backend("local")
+class LocalBackend(Backend):
+    unsupported = frozenset()  # spot = preemptible via `job preempt`; mpi/tensorflow via their strategies
+
+    def __init__(self, settings, environ=None) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(settings, environ)
+        self.store = JobStore(settings.db_path)
+
+    # ---- submit --------------------------------------------------------------------------------------
+    def _submit_impl(self, spec: JobSpec, *, spec_path: str | None) -> JobRecord:
+        strategy = get_strategy(spec.distribution_type)
+        strategy.preflight(build_context("preflight", 1, spec, self.settings.jobs_dir / "_preflight", self.environ,
+                                         make_dirs=False))
+        rec = self.store.create(
+            name=spec.name, backend=self.name, spec=spec.model_dump(mode="json"), spec_path=spec_path,
+            environment=spec.environment_label, jobs_dir=self.settings.jobs_dir,
+        )
+        job_dir = Path(rec.job_dir)
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            shutil.copytree(spec.code, job_dir / "code", symlinks=True, ignore=_SNAPSHOT_IGNORE)
+            env = {**self.environ, "AZULITE_HOME": str(self.settings.home)}
+            with open(job_dir / "supervisor.log", "ab") as log:
+                subprocess.run(
+                    [sys.executable, "-c", _DETACH, sys.executable, "-m", "azulite.launch.local.supervisor", rec.id],
+                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=job_dir,
+                )
+        except (OSError, subprocess.CalledProcessError) as exc:
+            self.store.transition(rec.id, JobState.FAILED, message=f"could not start: {exc}", exit_code=1)
+            raise LaunchError(f"could not start job {rec.id}: {exc}", where=str(job_dir),
+                              fix="check the code folder is readable and AZULITE_HOME is writable") from None
+        return self.store.get(rec.id)
+
+    # ---- status --------------------------------------------------------------------------------------
+    def _status_impl(self, job_id: str) -> JobRecord:
+        rec = self.store.get(job_id)
+        if rec.state.terminal:
+            return rec
+        # the store is the truth, unless the supervisor that writes it died without a word
+        dead = (rec.supervisor_pid is not None and not pid_alive(rec.supervisor_pid)) or (
+            rec.supervisor_pid is None and time.time() - rec.created_at > _SUPERVISOR_START_S
+        )
+        if dead:
+            time.sleep(0.5)  # it may be writing its last transition right now
+            rec = self.store.get(job_id)
+            if not rec.state.terminal:
+                for p in job_processes(job_id):
+                    terminate_tree([p.pid], self.settings.kill_grace_s)
+                self.store.transition(job_id, JobState.FAILED, exit_code=1,
+                                      message=f"supervisor died (see {Path(rec.job_dir) / 'supervisor.log'})")
+                rec = self.store.get(job_id)
+        return rec
+
+    def _list_impl(self, limit: int) -> list[JobRecord]:
+        return self.store.list(limit)
+
+    # ---- cancel / preempt ----------------------------------------------------------------------------
+    def _cancel_impl(self, job_id: str) -> JobRecord:
+        rec = self.store.get(job_id)
+        if rec.state.terminal:
+            return rec
+        self.store.set_fields(job_id, cancel_requested=1)
+        deadline = time.monotonic() + self.settings.kill_grace_s + 30
+        while time.monotonic() < deadline:
+            rec = self.store.get(job_id)
+            if rec.state.terminal and not pid_alive(rec.supervisor_pid):
+                break
+            if rec.supervisor_pid is not None and not pid_alive(rec.supervisor_pid):
+                break
+            time.sleep(0.2)
+        # whatever the supervisor could not end (or if it is gone): end it here, then record the cancel
+        left = job_processes(job_id)
+        if left:
+            terminate_tree([p.pid for p in left], self.settings.kill_grace_s)
+        if not self.store.get(job_id).state.terminal:
+            self.store.transition(job_id, JobState.CANCELED, message="canceled by user")
+        return self.store.get(job_id)
+
+    def _preempt_impl(self, job_id: str) -> JobRecord:
+        rec = self._status_impl(job_id)
+        if rec.state != JobState.RUNNING:
+            raise LaunchError(f"job {job_id} is {rec.state.value}, not running: nothing to preempt",
+                              fix="preempt a running job (see `azulite job list`)")
+        self.store.set_fields(job_id, preempt_requested=1)
+        self.store.event(job_id, "preempt requested")
+        return self.store.get(job_id)
+
+    # ---- logs ----------------------------------------------------------------------------------------
+    def _logs_impl(self, job_id: str, *, rank: int | None, follow: bool) -> Iterator[str]:
+        rec = self.store.get(job_id)
+        return _follow_logs(self, rec, rank, follow)
+
+
+def rank_log_paths(job_dir: Path, attempt: int, rank: int | None) -> list[tuple[int, Path]]:
+    logs = job_dir / f"attempt-{attempt}" / "logs"
+    if rank is not None:
+        return [(rank, logs / f"rank-{rank}.log")]
+    found = []
+    for p in logs.glob("rank-*.log"):
+        try:
+            found.append((int(p.stem.split("-")[1]), p))
+        except ValueError:
+            continue
+    return sorted(found)
+
+
+def _follow_logs(backend: LocalBackend, rec: JobRecord, rank: int | None, follow: bool) -> Iterator[str]:
+    """Lines of the latest attempt's rank logs, each prefixed ``[rank R]`` when showing several ranks;
+    with ``follow``, keeps reading (switching to each new attempt) until the job ends."""
+    job_dir = Path(rec.job_dir)
+    attempt = max(rec.attempt, 1)
+    offsets: dict[Path, int] = {}
+    partial: dict[Path, bytes] = {}
+    if rec.attempt > 1 or follow and rec.attempt > 0:
+        yield f"--- attempt {attempt} ---"
+
+    def read_new() -> Iterator[str]:
+        for r, path in rank_log_paths(job_dir, attempt, rank):
+            try:
+                with open(path, "rb") as f:
+                    f.seek(offsets.get(path, 0))
+                    data = partial.pop(path, b"") + f.read()
+                    offsets[path] = f.tell()
+            except FileNotFoundError:
+                continue
+            *lines, rest = data.split(b"\n")
+            if rest:
+                partial[path] = rest
+            for line in lines:
+                text = line.decode("utf-8", "replace")
+                yield text if rank is not None else f"[rank {r}] {text}"
+
+    if not follow:
+        yield from read_new()
+        for path, rest in partial.items():
+            yield rest.decode("utf-8", "replace")
+        return
+    while True:
+        got = list(read_new())
+        yield from got
+        rec = backend.status(rec.id)
+        if rec.attempt > attempt:
+            yield from read_new()
+            attempt = rec.attempt
+            offsets.clear()
+            partial.clear()
+            yield f"--- attempt {attempt} ---"
+            continue
+        if rec.state.terminal and not got:
+            yield from read_new()
+            for rest in partial.values():
+                yield rest.decode("utf-8", "replace")
+            return
+        if not got:
+            time.sleep(0.25)

@@ -1,0 +1,92 @@
+"""Ending process trees: snapshot every descendant first (psutil), SIGTERM them all, wait, SIGKILL the
+survivors. Snapshotting before signalling matters: once a parent dies its children are re-parented to
+init and can no longer be found from it (torchrun starts each worker in a new session, so a process
+group kill of the agent alone does not reach them)."""
+
+from __future__ import annotations
+
+import signal
+from typing import Iterable
+
+import psutil
+
+
+def tree(pids: Iterable[int]) -> list[psutil.Process]:
+    """The processes ``pids`` and all their descendants that are alive now."""
+    seen: dict[int, psutil.Process] = {}
+    for pid in pids:
+        try:
+            root = psutil.Process(pid)
+            for p in [root, *root.children(recursive=True)]:
+                seen.setdefault(p.pid, p)
+        except psutil.Error:
+            continue
+    return list(seen.values())
+
+
+def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
+    for p in procs:
+        try:
+            p.send_signal(sig)
+        except psutil.Error:
+            pass
+
+
+def terminate_tree(pids: Iterable[int], grace_s: float, *, extra: Iterable[psutil.Process] = ()) -> list[int]:
+    """SIGTERM every process in the trees of ``pids`` (and ``extra``), SIGKILL what is left after
+    ``grace_s``. Returns the pids that had to be killed."""
+    procs = {p.pid: p for p in [*tree(pids), *extra]}
+    signal_all(procs.values(), signal.SIGTERM)
+    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
+    # a process may have forked while we waited: take its new children too
+    alive = {p.pid: p for p in [*alive, *tree(p.pid for p in alive)]}
+    signal_all(alive.values(), signal.SIGKILL)
+    psutil.wait_procs(list(alive.values()), timeout=5)
+    return sorted(alive)
+
+
+def pid_alive(pid: int | None) -> bool:
+    if not pid:
+        return False
+    try:
+        p = psutil.Process(pid)
+        return p.status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind((host, 0))
+        return s.getsockname()[1]
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    """True if something listens on (or holds) ``host:port``: a bind attempt fails."""
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        try:
+            s.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def port_owner(port: int) -> str | None:
+    """``"pid 123 (python)"`` holding ``port``, when this user may see it."""
+    try:
+        for c in psutil.net_connections(kind="tcp"):
+            if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+                try:
+                    return f"pid {c.pid} ({psutil.Process(c.pid).name()})"
+                except psutil.Error:
+                    return f"pid {c.pid}"
+    except (psutil.Error, OSError):
+        return None
+    return None
+
+
+__all__ = ["tree", "terminate_tree", "signal_all", "pid_alive", "free_port", "port_in_use", "port_owner"]

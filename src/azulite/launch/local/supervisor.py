@@ -1,0 +1,336 @@
+"""One supervisor process per job: ``python -m azulite.launch.local.supervisor JOB_ID``.
+
+Started detached by ``LocalBackend.submit`` (its own session, re-parented to init), so the job outlives
+the shell that submitted it. It runs attempts until the job ends:
+
+    queued -> running (attempt n) -> succeeded
+                                  -> failed      (a rank's non-zero exit; retried while max_retries lasts)
+                                  -> canceled    (SIGTERM to the supervisor / cancel_requested in the store)
+                                  -> preempted   (any rank exited 75, or SIGUSR1 / preempt_requested)
+                                     -> requeued -> running (attempt n+1, AZULITE_ATTEMPT=n+1)
+
+It knows nothing about torchrun: the strategy for the job's distribution type (``strategy.py``) gives the
+processes to start and the per-rank results. The store is the truth; the supervisor is its only writer
+for a running job (cancel writes only when the supervisor is gone).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+from azulite.contract import ENV_ATTEMPT, ENV_JOB_ID, EXIT_PREEMPTED
+from azulite.errors import AzuliteError, LaunchError
+from azulite.launch.local.procs import signal_all, terminate_tree, tree
+from azulite.launch.local.rank import shell_exit_code
+from azulite.launch.local.store import JobStore
+from azulite.launch.local.strategy import LaunchContext, LaunchStrategy, RankResult, get_strategy, read_rank_records
+from azulite.launch.records import JobState, ProcessRecord
+from azulite.launch.settings import Settings
+from azulite.spec.job import JobSpec
+from azulite.spec.loader import render_command
+
+POLL_S = 0.2
+#: after one process of an attempt failed, how long the others get to end by themselves before SIGTERM
+#: (a DDP peer of a dead rank blocks in a collective until gloo's 30-minute timeout otherwise)
+PEER_GRACE_S = 5.0
+#: inherited variables that would confuse the rank identity of the job's processes
+_STRIP_ENV = (
+    "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
+    "MASTER_PORT", "TF_CONFIG", "AZULITE_RANK", "AZULITE_LOCAL_RANK", "AZULITE_NODE_RANK", ENV_JOB_ID, ENV_ATTEMPT,
+)
+
+
+def visible_gpus(environ: dict[str, str]) -> tuple[str, ...]:
+    """GPU ids this machine offers: CUDA_VISIBLE_DEVICES if set, else ``nvidia-smi -L``; () on CPU."""
+    if environ.get("CUDA_VISIBLE_DEVICES", "").strip():
+        return tuple(x.strip() for x in environ["CUDA_VISIBLE_DEVICES"].split(",") if x.strip())
+    if not shutil.which("nvidia-smi"):
+        return ()
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return ()
+    return tuple(str(i) for i, line in enumerate(l for l in out.splitlines() if l.startswith("GPU ")))
+
+
+def rdzv_port(spec: JobSpec) -> int | None:
+    raw = spec.environment_variables.get("MASTER_PORT")
+    if raw is None:
+        return None
+    try:
+        port = int(raw)
+        if not 0 < port < 65536:
+            raise ValueError
+    except ValueError:
+        raise LaunchError(
+            f"MASTER_PORT {raw!r} is not a TCP port", where="environment_variables.MASTER_PORT",
+            fix="use a number between 1024 and 65535, or remove it to let azulite choose",
+        ) from None
+    return port
+
+
+def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, environ: dict[str, str],
+                  *, python: str = sys.executable, make_dirs: bool = True) -> LaunchContext:
+    """The per-attempt context: directories, substituted command, base environment."""
+    outputs = {}
+    for name, out in spec.outputs.items():
+        path = out.path or str(job_dir / "outputs" / name)
+        if make_dirs and "://" not in path and out.type == "uri_folder":
+            Path(path).mkdir(parents=True, exist_ok=True)
+        outputs[name] = path
+    attempt_dir = job_dir / f"attempt-{attempt}"
+    node_dirs = tuple(job_dir / "nodes" / f"node-{k}" for k in range(spec.nodes))
+    if make_dirs:
+        snapshot = job_dir / "code"
+        for d in node_dirs:
+            if not d.exists():
+                shutil.copytree(snapshot, d, symlinks=True)
+        (attempt_dir / "logs").mkdir(parents=True, exist_ok=True)
+        (attempt_dir / "ranks").mkdir(parents=True, exist_ok=True)
+    env = {k: v for k, v in environ.items() if k not in _STRIP_ENV and not k.startswith("TORCHELASTIC_")}
+    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "/usr/bin:/bin")])
+    env.update(spec.environment_variables)
+    env.pop("MASTER_PORT", None)  # a pinned rendezvous port, handed to the strategy instead
+    env.update({ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt), "PYTHONUNBUFFERED": "1"})
+    env.update({f"AZULITE_OUTPUT_{n.upper()}": p for n, p in outputs.items()})
+    return LaunchContext(
+        job_id=job_id, attempt=attempt, spec=spec,
+        command=render_command(spec.command, spec.inputs, outputs),
+        python=python, attempt_dir=attempt_dir, node_dirs=node_dirs, base_env=env,
+        rdzv_port=rdzv_port(spec), gpus=visible_gpus(environ),
+    )
+
+
+def job_processes(job_id: str, *, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
+    """Every live process carrying ``AZULITE_JOB_ID=job_id`` in its environment: catches what a job's
+    script started and orphaned (re-parented to init), which no tree walk can find."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid in exclude:
+            continue
+        try:
+            if p.environ().get(ENV_JOB_ID) == job_id:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+@dataclass
+class AttemptOutcome:
+    exits: dict[str, int | None]
+    results: list[RankResult]
+    canceled: bool = False
+    preempt_asked: bool = False
+    timed_out: bool = False
+
+
+class Supervisor:
+    def __init__(self, store: JobStore, settings: Settings, job_id: str, environ: dict[str, str]) -> None:
+        self.store, self.settings, self.job_id, self.environ = store, settings, job_id, environ
+        self._cancel = False
+        self._preempt = False
+        self._procs: list[subprocess.Popen] = []  # the current attempt's launchers
+        self.started = time.monotonic()
+
+    # signals only set flags; the loop acts on them
+    def _on_term(self, *_: object) -> None:
+        self._cancel = True
+
+    def _on_usr1(self, *_: object) -> None:
+        self._preempt = True
+
+    def _flags(self) -> tuple[bool, bool]:
+        cancel, preempt = self.store.flags(self.job_id)
+        self._cancel |= cancel
+        self._preempt |= preempt
+        return self._cancel, self._preempt
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_term)
+        signal.signal(signal.SIGINT, self._on_term)
+        signal.signal(signal.SIGUSR1, self._on_usr1)
+        self.store.set_fields(self.job_id, supervisor_pid=os.getpid())
+        rec = self.store.get(self.job_id)
+        spec = JobSpec.model_validate(rec.spec)
+        job_dir = Path(rec.job_dir)
+        try:
+            strategy = get_strategy(spec.distribution_type)
+            return self._loop(spec, job_dir, strategy, rec.attempt)
+        except AzuliteError as exc:
+            self._end(JobState.FAILED, str(exc), exit_code=1)
+            return 1
+        except BaseException as exc:  # the job must never stay "running" behind a dead supervisor
+            traceback.print_exc()
+            self._end(JobState.FAILED, f"supervisor error: {exc!r} (see {job_dir / 'supervisor.log'})", exit_code=1)
+            return 1
+        finally:
+            self._sweep()
+
+    def _end(self, state: JobState, message: str, **kw: object) -> None:
+        self.store.transition(self.job_id, state, message=message, **kw)  # refused if already ended: fine
+
+    def _loop(self, spec: JobSpec, job_dir: Path, strategy: LaunchStrategy, attempt: int) -> int:
+        failures = 0
+        while True:
+            attempt += 1
+            if self._flags()[0]:
+                self._end(JobState.CANCELED, "canceled before attempt started")
+                return 0
+            ctx = build_context(self.job_id, attempt, spec, job_dir, self.environ)
+            strategy.preflight(ctx)
+            if not self.store.transition(self.job_id, JobState.RUNNING, attempt=attempt, message=f"attempt {attempt}"):
+                return 0  # canceled meanwhile
+            self._preempt = False
+            out = self._run_attempt(ctx, strategy, spec)
+            self._record(ctx, out)
+            if out.canceled:
+                self._end(JobState.CANCELED, "canceled by user")
+                return 0
+            if out.timed_out:
+                self._end(JobState.FAILED, f"timed out after {spec.timeout:g}s (spec timeout)", exit_code=124)
+                return 0
+            codes = [r.exit_code for r in out.results]
+            if out.preempt_asked or EXIT_PREEMPTED in codes:
+                who = "preempt requested" if out.preempt_asked else \
+                    f"rank {codes.index(EXIT_PREEMPTED)} exited {EXIT_PREEMPTED} (preempted)"
+                self.store.transition(self.job_id, JobState.PREEMPTED, message=who, exit_code=EXIT_PREEMPTED)
+                if not self.store.transition(self.job_id, JobState.REQUEUED, message=f"requeued as attempt {attempt + 1}"):
+                    return 0
+                continue
+            agents_ok = all(c == 0 for c in out.exits.values())
+            if agents_ok and all(c in (0, None) for c in codes):
+                self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
+                return 0
+            rank, code, why = self._root_cause(ctx, out)
+            failures += 1
+            if failures <= spec.max_retries:
+                self.store.transition(
+                    self.job_id, JobState.REQUEUED,
+                    message=f"{why}; retry {failures}/{spec.max_retries} as attempt {attempt + 1}", exit_code=code,
+                )
+                continue
+            self._end(JobState.FAILED, why, exit_code=code, failed_rank=rank)
+            return 0
+
+    @staticmethod
+    def _root_cause(ctx: LaunchContext, out: AttemptOutcome) -> tuple[int | None, int, str]:
+        """The rank that failed first (a rank we killed after its peer died is an effect, not a cause)."""
+        bad = [r for r in out.results if r.exit_code not in (0, None)]
+        own = [r for r in bad if r.exit_code not in (128 + signal.SIGTERM, 128 + signal.SIGKILL)]
+        pool = own or bad
+        if pool:
+            r = min(pool, key=lambda r: (r.ended_at or float("inf"), r.rank))
+            return r.rank, int(r.exit_code or 1), f"rank {r.rank} (node {r.node}) exited {r.exit_code}"
+        name, code = next(((n, c) for n, c in out.exits.items() if c not in (0, None)), ("?", 1))
+        return None, int(code or 1), f"{name} exited {code} (see {ctx.process_log(name)})"
+
+    def _run_attempt(self, ctx: LaunchContext, strategy: LaunchStrategy, spec: JobSpec) -> AttemptOutcome:
+        specs = strategy.processes(ctx)
+        procs: dict[str, subprocess.Popen] = {}
+        self._procs = []
+        agent_records = []
+        for ps in specs:
+            with open(ps.log, "ab") as log:
+                p = subprocess.Popen(list(ps.argv), env=dict(ps.env), cwd=ps.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            procs[ps.name] = p
+            self._procs.append(p)
+            agent_records.append(ProcessRecord(ctx.attempt, "agent", ps.name, ps.node, None, None, p.pid, None, str(ps.log)))
+        self.store.record_processes(self.job_id, agent_records)
+
+        out = AttemptOutcome(exits={}, results=[])
+        deadline = time.monotonic() + spec.timeout if spec.timeout else None
+        first_failure: float | None = None
+        preempt_sent: float | None = None
+        synced = 0.0
+        while True:
+            exits = {n: (None if p.poll() is None else shell_exit_code(p.returncode)) for n, p in procs.items()}
+            running = [n for n, c in exits.items() if c is None]
+            if not running:
+                break
+            cancel, preempt = self._flags()
+            now = time.monotonic()
+            if cancel:
+                out.canceled = True
+                terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
+                continue
+            if deadline and now > deadline and not out.timed_out:
+                out.timed_out = True
+                terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
+                continue
+            if preempt and preempt_sent is None:
+                # as a spot eviction would: SIGTERM to the launchers, which pass it to every rank
+                out.preempt_asked = True
+                preempt_sent = now
+                self.store.event(self.job_id, "preempt: SIGTERM sent to the job's processes")
+                signal_all(tree(procs[n].pid for n in running), signal.SIGTERM)
+            if preempt_sent is not None and now - preempt_sent > self.settings.preempt_grace_s:
+                terminate_tree([procs[n].pid for n in running], 1.0)
+            if first_failure is None and any(c not in (None, 0) for c in exits.values()):
+                first_failure = now
+            if first_failure is not None and now - first_failure > PEER_GRACE_S and preempt_sent is None:
+                self.store.event(self.job_id, f"stopping {', '.join(running)}: a peer failed")
+                terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
+                first_failure = float("inf")
+            if now - synced > 1.0:
+                synced = now
+                self._sync_ranks(ctx)
+            time.sleep(POLL_S)
+        out.exits = exits
+        out.results = strategy.collect(ctx, exits)
+        return out
+
+    def _sync_ranks(self, ctx: LaunchContext) -> None:
+        recs = read_rank_records(ctx.records_dir)
+        if recs:
+            self.store.record_processes(self.job_id, [
+                ProcessRecord(ctx.attempt, "rank", f"rank-{r}", int(x.get("node_rank", -1)), r,
+                              int(x.get("local_rank", -1)), x.get("child_pid") or x.get("pid"), x.get("exit_code"),
+                              x.get("log"), int(x.get("restart", 0)))
+                for r, x in recs.items()
+            ])
+
+    def _record(self, ctx: LaunchContext, out: AttemptOutcome) -> None:
+        self.store.record_processes(self.job_id, [
+            ProcessRecord(ctx.attempt, "rank", f"rank-{r.rank}", r.node, r.rank, r.local_rank, r.pid, r.exit_code,
+                          r.log, r.restarts)
+            for r in out.results
+        ])
+        rec = self.store.get(self.job_id)
+        agents = [p for p in rec.processes if p.kind == "agent" and p.attempt == ctx.attempt]
+        for a in agents:
+            a.exit_code = out.exits.get(a.name)
+        self.store.record_processes(self.job_id, agents)
+        self._sweep()
+
+    def _sweep(self) -> None:
+        """No orphans: end whatever is left of this job's processes (by tree, then by env marker)."""
+        live = [p.pid for p in self._procs if p.poll() is None]  # reaped pids may be reused: skip them
+        left = job_processes(self.job_id, exclude=(os.getpid(),))
+        if left or live:
+            terminate_tree(live, self.settings.kill_grace_s, extra=left)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m azulite.launch.local.supervisor JOB_ID", file=sys.stderr)
+        return 2
+    environ = dict(os.environ)
+    settings = Settings.from_environ(environ)
+    store = JobStore(settings.db_path)
+    return Supervisor(store, settings, argv[0], environ).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

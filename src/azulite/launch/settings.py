@@ -1,0 +1,38 @@
+"""Launcher settings, read once from an environment mapping and passed down (never os.environ deep inside)."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Mapping
+
+
+@dataclass(frozen=True)
+class Settings:
+    """``home``: azulite's state dir (``AZULITE_HOME``, default ``~/.azulite``): ``jobs.db`` (SQLite, WAL)
+    and ``jobs/<id>/`` (code snapshot, per-node working dirs, per-attempt logs and rank records)."""
+
+    home: Path
+    backend: str = "local"  # AZULITE_BACKEND
+    kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL on cancel (AZULITE_KILL_GRACE_S)
+    preempt_grace_s: float = 60.0  # SIGTERM -> SIGKILL on preempt: time to commit a checkpoint
+
+    @property
+    def db_path(self) -> Path:
+        return self.home / "jobs.db"
+
+    @property
+    def jobs_dir(self) -> Path:
+        return self.home / "jobs"
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Settings":
+        env = os.environ if environ is None else environ
+        home = Path(env.get("AZULITE_HOME") or Path(env.get("HOME", "~")) / ".azulite").expanduser().resolve()
+        return cls(
+            home=home,
+            backend=env.get("AZULITE_BACKEND", "local"),
+            kill_grace_s=float(env.get("AZULITE_KILL_GRACE_S", "10")),
+            preempt_grace_s=float(env.get("AZULITE_PREEMPT_GRACE_S", "60")),
+        )

@@ -1,0 +1,214 @@
+"""The job spec: a distributed training job in the shape of an Azure ML command job (YAML).
+
+Typed pydantic models, validated when read (``azulite.spec.loader.load_job``), never when used. Azure
+ML's own bookkeeping keys (``$schema``, ``type: command``, ``compute``, ``experiment_name``,
+``display_name``, ``tags``, ...) are accepted and kept; any other unknown key is an error (a typo would
+otherwise silently do nothing).
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+#: Azure ML command-job keys azulite accepts and records but does not act on.
+AZUREML_KEYS = frozenset(
+    {
+        "$schema", "type", "compute", "experiment_name", "display_name", "description", "tags",
+        "properties", "identity", "services", "queue_settings", "limits", "is_deterministic",
+        "status", "creation_context", "id", "parent_job_name",
+    }
+)
+
+_NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
+_DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class PathInput(_Model):
+    """A file or folder input: ``{type: uri_file|uri_folder, path: ...}``. A local path is resolved
+    against the spec file's folder and must exist; remote URIs (az://, azureml://, https://) are kept."""
+
+    type: Literal["uri_file", "uri_folder", "mlflow_model", "custom_model", "mltable"] = "uri_folder"
+    path: str = Field(min_length=1)
+    mode: str | None = None  # ro_mount, download, ...: recorded for cloud targets
+
+
+class Output(_Model):
+    """A job output; ``path`` defaults to ``<job dir>/outputs/<name>`` (local backend)."""
+
+    type: Literal["uri_folder", "uri_file", "mlflow_model", "custom_model"] = "uri_folder"
+    path: str | None = None
+    mode: str | None = None
+
+
+Literal_ = Union[bool, int, float, str]
+InputValue = Union[PathInput, Literal_]
+
+
+class Environment(_Model):
+    """The image or conda file a job runs in. Recorded in the store and handed to cloud targets; the
+    local backend runs in the current Python environment."""
+
+    name: str | None = None
+    version: str | None = None
+    image: str | None = None
+    conda_file: str | None = None
+    build: dict | None = None
+    description: str | None = None
+
+
+class Resources(_Model):
+    instance_type: str | None = None
+    instance_count: int | None = Field(default=None, ge=1)
+    shm_size: str | None = None
+    properties: dict | None = None
+
+
+class PyTorchDistribution(_Model):
+    """torchrun-style: ``instance_count`` nodes x ``process_count_per_instance`` processes (one per GPU).
+    DeepSpeed jobs use this too (seed 001 §1.3), passing ``--deepspeed_config FILE`` in the command."""
+
+    type: Literal["pytorch"]
+    process_count_per_instance: int = Field(default=1, ge=1)
+
+
+class TensorFlowDistribution(_Model):
+    """MultiWorkerMirroredStrategy / ParameterServerStrategy: one process per worker, TF_CONFIG set."""
+
+    type: Literal["tensorflow"]
+    worker_count: int = Field(default=1, ge=1)
+    parameter_server_count: int = Field(default=0, ge=0)
+
+
+class MpiDistribution(_Model):
+    type: Literal["mpi"]
+    process_count_per_instance: int = Field(default=1, ge=1)
+
+
+Distribution = Annotated[
+    Union[PyTorchDistribution, TensorFlowDistribution, MpiDistribution], Field(discriminator="type")
+]
+DISTRIBUTION_TYPES = ("pytorch", "tensorflow", "mpi")
+
+
+def parse_duration(value: Any) -> float:
+    """Seconds from 3600, "3600", "90s", "30m", "2h", "1d"."""
+    if isinstance(value, bool):
+        raise ValueError("a duration, not a boolean")
+    if isinstance(value, (int, float)):
+        seconds = float(value)
+    else:
+        m = _DURATION_RE.match(str(value))
+        if not m:
+            raise ValueError("not a duration")
+        seconds = float(m.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[m.group(2)]
+    if seconds <= 0:
+        raise ValueError("a duration must be > 0")
+    return seconds
+
+
+class JobSpec(_Model):
+    """A command job. ``command`` runs once per process with ``${{inputs.NAME}}`` / ``${{outputs.NAME}}``
+    substituted; ``code`` is its working directory (snapshotted at submit, copied per node)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+    name: str = Field(default="job", pattern=_NAME_RE)
+    code: str = "."
+    command: str = Field(min_length=1)
+    inputs: dict[str, InputValue] = Field(default_factory=dict)
+    outputs: dict[str, Output] = Field(default_factory=dict)
+    environment: Union[str, Environment, None] = None
+    environment_variables: dict[str, str] = Field(default_factory=dict)
+    resources: Resources = Field(default_factory=Resources)
+    instance_count: int | None = Field(default=None, ge=1)
+    distribution: Distribution | None = None
+    priority: Literal["dedicated", "spot"] = "dedicated"
+    timeout: float | None = None
+    max_retries: int = Field(default=0, ge=0)
+    max_restarts: int = Field(default=0, ge=0)
+    #: Azure ML keys kept as-is (see AZUREML_KEYS)
+    azureml: dict[str, Any] = Field(default_factory=dict, exclude=False)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _split_azureml_keys(cls, data: Any) -> Any:
+        if not isinstance(data, dict):
+            return data
+        data = dict(data)
+        kept = {k: data.pop(k) for k in list(data) if k in AZUREML_KEYS}
+        if kept:
+            data["azureml"] = {**data.get("azureml", {}), **kept}
+            limits = kept.get("limits")
+            if isinstance(limits, dict) and "timeout" in limits and "timeout" not in data:
+                data["timeout"] = limits["timeout"]
+        dist = data.get("distribution")
+        if isinstance(dist, dict) and isinstance(dist.get("type"), str):
+            data["distribution"] = {**dist, "type": dist["type"].lower()}
+        if isinstance(data.get("inputs"), dict):
+            # `{type: integer, default: 3}` / `{value: 3}` literal forms of Azure ML -> the value itself
+            data["inputs"] = {
+                k: (v.get("value", v.get("default")) if isinstance(v, dict) and ("value" in v or "default" in v) else v)
+                for k, v in data["inputs"].items()
+            }
+        return data
+
+    @field_validator("environment_variables", mode="before")
+    @classmethod
+    def _env_values_as_strings(cls, v: Any) -> Any:
+        if isinstance(v, dict):
+            return {k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float, bool)) else x for k, x in v.items()}
+        return v
+
+    @field_validator("timeout", mode="before")
+    @classmethod
+    def _duration(cls, v: Any) -> Any:
+        return None if v is None else parse_duration(v)
+
+    @model_validator(mode="after")
+    def _instance_count_agrees(self) -> "JobSpec":
+        top, res = self.instance_count, self.resources.instance_count
+        if top is not None and res is not None and top != res:
+            raise ValueError(
+                f"instance_count ({top}) and resources.instance_count ({res}) disagree; set one of them"
+            )
+        return self
+
+    # ---- derived facts the launchers use -------------------------------------------------------------
+    @property
+    def nodes(self) -> int:
+        """Number of (simulated) nodes: ``resources.instance_count`` or ``instance_count``, default 1."""
+        return self.resources.instance_count or self.instance_count or 1
+
+    @property
+    def distribution_type(self) -> str:
+        return self.distribution.type if self.distribution else "pytorch"
+
+    @property
+    def processes_per_node(self) -> int:
+        d = self.distribution
+        if d is None:
+            return 1
+        if isinstance(d, TensorFlowDistribution):
+            return 1
+        return d.process_count_per_instance
+
+    @property
+    def world_size(self) -> int:
+        d = self.distribution
+        if isinstance(d, TensorFlowDistribution):
+            return d.worker_count
+        return self.nodes * self.processes_per_node
+
+    @property
+    def environment_label(self) -> str | None:
+        env = self.environment
+        if env is None or isinstance(env, str):
+            return env
+        return env.image or env.conda_file or env.name

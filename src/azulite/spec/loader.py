@@ -1,0 +1,330 @@
+"""Reading a job spec from YAML: line-tracking load, ``--set`` overrides, pydantic validation, path and
+``${{inputs.NAME}}`` checks — every failure a :class:`~azulite.errors.SpecError` naming the file, the
+line, the field path, the offending value and a fix.
+
+Why by hand: PyYAML's composed node tree carries the line of every key; pydantic reports the field path.
+No library joins the two, so :func:`_line_map` walks the node tree once and :func:`_spec_error` maps each
+pydantic error's location onto it.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import yaml
+from pydantic import BaseModel, ValidationError
+
+from azulite.errors import SpecError
+from azulite.spec.job import DISTRIBUTION_TYPES, JobSpec, PathInput
+
+_REF_RE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_.-]+?)\s*\}\}")
+_EXAMPLES = {
+    "command": "command: python train.py --epochs ${{inputs.epochs}}",
+    "code": "code: ./src",
+    "name": "name: my-job",
+    "distribution": "distribution: {type: pytorch, process_count_per_instance: 2}",
+    "distribution.type": "type: pytorch   (or tensorflow, mpi)",
+}
+
+Path_ = tuple  # a field path: ("distribution", "process_count_per_instance")
+
+
+def _dotted(path: Iterable[Any]) -> str:
+    out = ""
+    for p in path:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out
+
+
+def _line_map(node: yaml.Node | None, path: Path_ = ()) -> dict[Path_, int]:
+    """Field path -> 1-based line of its key (of the item, for sequences)."""
+    lines: dict[Path_, int] = {}
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            sub = path + (key_node.value,)
+            lines[sub] = key_node.start_mark.line + 1
+            lines.update(_line_map(value_node, sub))
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            lines[path + (i,)] = item.start_mark.line + 1
+            lines.update(_line_map(item, path + (i,)))
+    return lines
+
+
+class _Source:
+    """Where each field came from: a line of the file, or a ``--set`` flag."""
+
+    def __init__(self, file: str, lines: dict[Path_, int], overrides: dict[Path_, str]) -> None:
+        self.file, self.lines, self.overrides = file, lines, overrides
+
+    def error(self, message: str, path: Path_, value: Any = None, fix: str | None = None) -> SpecError:
+        if value is not None and repr(value) not in message and not isinstance(value, (dict, list)):
+            message += f" (got {value!r})"
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.overrides:
+                return SpecError(message, file=f"--set {self.overrides[path[:n]]}", field=_dotted(path) or None, value=value, fix=fix)
+        line = None
+        for n in range(len(path), 0, -1):
+            if path[:n] in self.lines:
+                line = self.lines[path[:n]]
+                break
+        return SpecError(message, file=self.file, line=line, field=_dotted(path) or None, value=value, fix=fix)
+
+
+def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
+    """``["a.b=3", "env.X=y"]`` -> [(("a","b"), 3, "a.b=3"), ...]; values parse as YAML scalars."""
+    out = []
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise SpecError(
+                f"cannot read override {item!r}",
+                file="--set",
+                value=item,
+                fix="write --set path=value, e.g. --set distribution.process_count_per_instance=2",
+            )
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            value = raw
+        path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))
+        out.append((path, value, item))
+    return out
+
+
+def _apply_override(data: dict, path: Path_, value: Any, item: str) -> None:
+    cur: Any = data
+    for i, part in enumerate(path[:-1]):
+        if isinstance(cur, list) and isinstance(part, int) and part < len(cur):
+            cur = cur[part]
+            continue
+        if not isinstance(cur, dict):
+            raise SpecError(
+                f"--set {item}: {_dotted(path[:i])} is not a mapping", file="--set", field=_dotted(path), value=value,
+                fix="set a field inside a mapping, e.g. --set inputs.epochs=3",
+            )
+        if not isinstance(cur.get(part), (dict, list)):
+            cur[part] = {}
+        cur = cur[part]
+    if isinstance(cur, list) and isinstance(path[-1], int) and path[-1] < len(cur):
+        cur[path[-1]] = value
+    elif isinstance(cur, dict):
+        cur[path[-1]] = value
+    else:
+        raise SpecError(f"--set {item}: cannot set {_dotted(path)}", file="--set", field=_dotted(path), value=value,
+                        fix="point --set at a mapping field, e.g. --set inputs.epochs=3")
+
+
+def _data_path(data: Any, loc: tuple, err_type: str) -> tuple[Path_, Any, bool]:
+    """Strip pydantic's union-branch names from ``loc``: the path as it exists in the data, the value
+    there, and whether the full path exists."""
+    path: list[Any] = []
+    cur = data
+    found = True
+    for i, part in enumerate(loc):
+        if isinstance(cur, dict) and part in cur:
+            path.append(part)
+            cur = cur[part]
+        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
+            path.append(part)
+            cur = cur[part]
+        elif i == len(loc) - 1 and err_type == "missing":
+            path.append(part)
+            found = False
+        # else: a union branch / tag name (e.g. "PathInput", "pytorch"): not part of the user's path
+    return tuple(path), cur, found
+
+
+def _known_fields(model: type[BaseModel]) -> list[str]:
+    return sorted(model.model_fields)
+
+
+def _model_at(path: Path_, data: Any) -> type[BaseModel] | None:
+    """The pydantic model that validates the mapping at ``path`` (for did-you-mean on unknown keys)."""
+    from azulite.spec import job as m
+
+    if not path:
+        return m.JobSpec
+    head = path[0]
+    if head == "resources" and len(path) == 1:
+        return m.Resources
+    if head == "distribution" and len(path) == 1:
+        t = str((data.get("distribution") or {}).get("type", "")).lower() if isinstance(data, dict) else ""
+        return {"pytorch": m.PyTorchDistribution, "tensorflow": m.TensorFlowDistribution, "mpi": m.MpiDistribution}.get(t)
+    if head == "inputs" and len(path) == 2:
+        return m.PathInput
+    if head == "outputs" and len(path) == 2:
+        return m.Output
+    if head == "environment" and len(path) == 1:
+        return m.Environment
+    return None
+
+
+def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
+    """(message, fix) for one pydantic error, in the user's words."""
+    t, field, ctx = err["type"], _dotted(path), err.get("ctx") or {}
+    if t == "extra_forbidden":
+        model = _model_at(path[:-1], data)
+        known = _known_fields(model) if model else []
+        known = [k for k in known if k != "azureml"]
+        close = difflib.get_close_matches(str(path[-1]), known, n=1)
+        hint = f"did you mean '{close[0]}'? " if close else ""
+        return (f"unknown field '{path[-1]}'", f"{hint}remove it or use one of: {', '.join(known)}" if known else "remove it")
+    if t == "missing":
+        example = _EXAMPLES.get(field) or _EXAMPLES.get(str(path[-1]), f"{path[-1]}: ...")
+        return (f"required field '{field}' is missing", f"add it, e.g. `{example}`")
+    if t in ("union_tag_invalid", "union_tag_not_found"):
+        return (
+            f"unknown distribution type {ctx.get('tag', value)!r}" if t == "union_tag_invalid" else "distribution needs a type",
+            f"use `type: pytorch` (also DeepSpeed), `type: tensorflow` or `type: mpi`",
+        )
+    if t in ("greater_than_equal", "greater_than"):
+        bound = ctx.get("ge", ctx.get("gt"))
+        least = bound if t == "greater_than_equal" else bound + 1
+        return (f"{value!r} is too small: must be >= {least}", f"set {field} to a whole number >= {least}, e.g. {least}")
+    if t in ("int_parsing", "int_type", "int_from_float"):
+        return (f"{value!r} is not a whole number", f"set {field} to a whole number, e.g. 2")
+    if t == "literal_error":
+        return (f"{value!r} is not allowed", f"use one of: {ctx.get('expected')}")
+    if t == "string_pattern_mismatch" and path and path[-1] == "name":
+        return (f"{value!r} is not a valid job name", "use letters, digits, '-' and '_' (starting with a letter or digit), e.g. my-job")
+    if t in ("dict_type", "model_type", "model_attributes_type"):
+        return (f"expected a mapping, got {value!r}", f"write {field} as `key: value` lines")
+    if t in ("string_type", "string_too_short"):
+        return (f"{value!r} is not a valid text value", f"set {field} to a non-empty string")
+    msg = err["msg"].removeprefix("Value error, ")
+    return (msg, f"correct {field or 'the spec'} (see the Jobs section of README.md)")
+
+
+def _validation_error(exc: ValidationError, data: Any, src: _Source) -> SpecError:
+    best: dict[Path_, tuple[int, dict, Any]] = {}
+    for err in exc.errors():
+        path, value, found = _data_path(data, tuple(err["loc"]), err["type"])
+        if err["type"] == "union_tag_invalid" and isinstance(value, dict) and "type" in value:
+            path, value = path + ("type",), value["type"]
+        # union branches repeat one problem per branch: keep the most specific (longest loc)
+        if err["type"] in ("bool_type", "bool_parsing", "int_type", "int_parsing", "float_type", "float_parsing", "string_type") and isinstance(value, dict):
+            continue
+        score = len(err["loc"])
+        if path not in best or score > best[path][0]:
+            best[path] = (score, err, value if found or err["type"] != "missing" else None)
+    if not best:  # every error was a union-branch echo: report the first one
+        err = exc.errors()[0]
+        path, value, _ = _data_path(data, tuple(err["loc"]), err["type"])
+        best[path] = (0, err, value)
+    problems = []
+    for path, (_, err, value) in best.items():
+        message, fix = _describe(err, path, value, data)
+        problems.append(src.error(message, path, value, fix))
+    first = problems[0]
+    if len(problems) > 1:
+        first.fix = (first.fix or "") + "".join(f"\n  also: {p.where}: {p.message} (fix: {p.fix})" for p in problems[1:])
+    return first
+
+
+def _is_remote(path: str) -> bool:
+    return "://" in path or path.startswith("azureml:")
+
+
+def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobSpec:
+    """Read, override, validate and check a job spec. Local paths (``code``, ``uri_file``/``uri_folder``
+    inputs, output paths) come back absolute, resolved against the spec file's folder; ``name`` defaults
+    to that folder's name."""
+    file = Path(path)
+    shown = str(path)
+    try:
+        text = file.read_text()
+    except FileNotFoundError:
+        raise SpecError("job spec not found", file=shown, fix="check the path, e.g. azulite job submit examples/ddp/job.yaml") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the job spec ({exc.__class__.__name__})", file=shown, fix="pass a readable YAML file") from None
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise SpecError(
+            f"not valid YAML: {exc.problem or exc}", file=shown, line=mark.line + 1 if mark else None,
+            fix="check indentation and quoting around this line",
+        ) from None
+    if data is None:
+        data = {}
+    if not isinstance(data, dict):
+        raise SpecError("a job spec must be a YAML mapping", file=shown, line=1, value=data, fix="start with `command: ...`")
+
+    over = parse_overrides(overrides)
+    for p, value, item in over:
+        _apply_override(data, p, value, item)
+    src = _Source(shown, _line_map(node), {p: item for p, _, item in over})
+    base = file.resolve().parent
+    data.setdefault("name", re.sub(r"[^A-Za-z0-9_-]", "-", base.name).strip("-_") or "job")
+
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, data, src) from None
+
+    return _check_and_resolve(spec, base, src)
+
+
+def _check_and_resolve(spec: JobSpec, base: Path, src: _Source) -> JobSpec:
+    code = (base / spec.code).resolve()
+    if not code.is_dir():
+        raise src.error(
+            "code folder not found" if not code.exists() else "code must be a folder",
+            ("code",), spec.code, fix=f"create {code} or point `code:` at the folder holding your script (relative to the spec file)",
+        )
+    inputs: dict[str, Any] = {}
+    for name, value in spec.inputs.items():
+        if isinstance(value, PathInput) and not _is_remote(value.path):
+            local = (base / value.path.removeprefix("file://")).resolve()
+            if not local.exists():
+                raise src.error(
+                    f"input path does not exist: {local}", ("inputs", name, "path"), value.path,
+                    fix="create it, fix the path (relative to the spec file), or use a remote URI (az://, azureml://)",
+                )
+            if value.type == "uri_folder" and not local.is_dir():
+                raise src.error("a uri_folder input must be a folder", ("inputs", name, "path"), value.path, fix="use `type: uri_file` for a file")
+            if value.type == "uri_file" and not local.is_file():
+                raise src.error("a uri_file input must be a file", ("inputs", name, "path"), value.path, fix="use `type: uri_folder` for a folder")
+            value = value.model_copy(update={"path": str(local)})
+        inputs[name] = value
+    outputs = {
+        name: (o.model_copy(update={"path": str((base / o.path).resolve())}) if o.path and not _is_remote(o.path) else o)
+        for name, o in spec.outputs.items()
+    }
+    for m in _REF_RE.finditer(spec.command):
+        kind, name = m.group(1), m.group(2)
+        known = spec.inputs if kind == "inputs" else spec.outputs
+        if name not in known:
+            close = difflib.get_close_matches(name, list(known), n=1)
+            hint = f"did you mean ${{{{{kind}.{close[0]}}}}}? " if close else ""
+            raise src.error(
+                f"the command uses ${{{{{kind}.{name}}}}} but the spec has no {kind[:-1]} named {name!r}",
+                ("command",), m.group(0),
+                fix=f"{hint}declare it under `{kind}:`" + (f" (known: {', '.join(known)})" if known else ""),
+            )
+    if spec.distribution is not None and spec.distribution.type not in DISTRIBUTION_TYPES:  # pragma: no cover
+        raise src.error("unknown distribution type", ("distribution", "type"), spec.distribution.type)
+    return spec.model_copy(update={"code": str(code), "inputs": inputs, "outputs": outputs})
+
+
+def render_command(command: str, inputs: Mapping[str, Any], outputs: Mapping[str, str]) -> str:
+    """Substitute ``${{inputs.NAME}}`` (a literal, or a path input's path) and ``${{outputs.NAME}}``
+    (the output's resolved path). Names were checked by :func:`load_job`."""
+
+    def one(m: re.Match) -> str:
+        kind, name = m.group(1), m.group(2)
+        if kind == "outputs":
+            return str(outputs[name])
+        v = inputs[name]
+        if isinstance(v, PathInput):
+            return v.path
+        if isinstance(v, bool):
+            return "true" if v else "false"
+        return str(v)
+
+    return _REF_RE.sub(one, command)

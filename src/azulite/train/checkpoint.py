@@ -1,0 +1,608 @@
+"""Sharded checkpoints with an atomic commit, integrity hashes, retention and resume-latest.
+
+Layout under the checkpoint URI (a directory or ``az://container/path``)::
+
+    step-00000100/
+        __0_0.distcp ...          DCP shards: each rank writes its own (FileSystemWriter, one file per
+                                  rank and writer thread)
+        .metadata                 DCP's index of the shards (written by rank 0)
+        hashes-rank00000.json     each rank's sha256 of the shards it wrote (input to the manifest)
+        manifest.json             written LAST: step, world size, model config, sha256 + size of every file
+
+A step directory without a valid ``manifest.json`` is an interrupted save: it does not exist as a
+checkpoint, resume ignores it and retention deletes it. Saves go through ``torch.distributed.checkpoint``
+on the Checkpointer's own gloo process group (async saves on the default group hang in torch 2.13); the
+commit (sidecars, manifest) runs inside DCP's own protocol — shards in ``write_data`` on every rank, the
+manifest in ``finish`` on the coordinator — so an async save needs no extra collective.
+
+For ``az://`` every rank first writes its shards to a local staging directory (hashing a local file is
+cheap, hashing a blob means downloading it), uploads them, then the coordinator uploads the manifest with
+``If-None-Match: *``: a single Put Blob that is either entirely there or not at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+import time
+from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any, Literal
+
+import torch.distributed as dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
+from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.staging import AsyncStager
+from torch.distributed.checkpoint.stateful import Stateful
+from torch.futures import Future as TorchFuture
+
+from azulite.errors import CheckpointError, StorageError
+from azulite.train.env import TrainContext
+from azulite.train.storage import CheckpointStorage, StorageSettings
+
+log = logging.getLogger("azulite.train.checkpoint")
+
+MANIFEST = "manifest.json"
+MANIFEST_FORMAT = "azulite.checkpoint/1"
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+
+#: Called with (phase, step) at the points where a failure matters: "shards_written" on every rank after
+#: its local shards are on disk (before upload), "before_manifest" on rank 0 before the commit. A seam for
+#: fault-injection tests and telemetry.
+PhaseHook = Callable[[str, int], None]
+
+
+def step_dir(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def _sha256_file(path: str | os.PathLike) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb", buffering=0) as f:
+        while chunk := f.read(8 << 20):
+            h.update(chunk)  # hashlib releases the GIL on large buffers: files hash in parallel threads
+    return h.hexdigest()
+
+
+def _hash_files(paths: Mapping[str, Path], threads: int) -> dict[str, dict[str, Any]]:
+    def one(name: str) -> tuple[str, dict[str, Any]]:
+        p = paths[name]
+        return name, {"sha256": _sha256_file(p), "bytes": p.stat().st_size}
+
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths) or 1))) as pool:
+        return dict(pool.map(one, sorted(paths)))
+
+
+# --- public listing (the CLI's `job show`) -------------------------------------------------------------
+@dataclass(frozen=True)
+class CheckpointInfo:
+    step: int
+    uri: str
+    #: a valid manifest is present (the checkpoint exists); False for an interrupted save
+    committed: bool
+    bytes: int
+
+
+def _read_manifest(storage: CheckpointStorage, rel: str, step: int) -> dict[str, Any] | None:
+    try:
+        data = storage.read_bytes(f"{rel}/{MANIFEST}")
+    except FileNotFoundError:
+        return None
+    try:
+        manifest = json.loads(data)
+    except ValueError:
+        return None
+    if (
+        not isinstance(manifest, dict)
+        or manifest.get("format") != MANIFEST_FORMAT
+        or manifest.get("step") != step
+        or not isinstance(manifest.get("files"), dict)
+    ):
+        return None
+    return manifest
+
+
+def _scan(storage: CheckpointStorage) -> list[tuple[int, str]]:
+    steps = []
+    for name in storage.list_dir():
+        m = _STEP_DIR.match(name)
+        if m:
+            steps.append((int(m.group(1)), name))
+    return sorted(steps)
+
+
+def list_checkpoints(
+    uri: str, *, settings: StorageSettings | None = None, environ: Mapping[str, str] | None = None
+) -> list[CheckpointInfo]:
+    """Every step directory under ``uri``, oldest first. ``committed`` means a valid manifest (hashes are
+    not verified here: that is resume's job). ``bytes`` is the manifest's total for committed ones and
+    what is on storage for the others."""
+    if settings is None:
+        settings = StorageSettings.from_environ(os.environ if environ is None else environ)
+    storage = CheckpointStorage(uri, settings)
+    out = []
+    for step, rel in _scan(storage):
+        manifest = _read_manifest(storage, rel, step)
+        if manifest is not None:
+            size = sum(int(f.get("bytes", 0)) for f in manifest["files"].values())
+        else:
+            size = storage.du(rel)
+        out.append(CheckpointInfo(step=step, uri=storage.display(rel), committed=manifest is not None, bytes=size))
+    return out
+
+
+# --- configuration -------------------------------------------------------------------------------------
+@dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    """How and where a job checkpoints. Validated when built."""
+
+    #: a local directory or ``az://container/path``
+    uri: str
+    #: save every ``interval`` steps in :meth:`Checkpointer.maybe_save` (0: only explicit saves)
+    interval: int = 0
+    #: keep the newest N committed checkpoints (>= 1)
+    keep_last: int = 3
+    #: also keep every checkpoint whose step is a multiple of K, forever (0: none)
+    keep_every: int = 0
+    #: periodic saves write in a background thread; the step blocks only to copy the state
+    async_save: bool = True
+    #: writer threads per rank (files per rank); 2 doubles DCP's write bandwidth here
+    thread_count: int = 2
+    #: what a failed save does: "continue" logs it loudly and trains on (the previous checkpoint stays
+    #: the one to resume from) until ``max_failed_saves`` in a row; "stop" raises CheckpointError
+    on_save_error: Literal["continue", "stop"] = "continue"
+    max_failed_saves: int = 3
+    #: the model's config, written into every manifest so a resume can rebuild from files alone
+    model_config: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        where = "CheckpointConfig"
+        for name, low in (("interval", 0), ("keep_last", 1), ("keep_every", 0), ("thread_count", 1),
+                          ("max_failed_saves", 1)):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < low:
+                raise CheckpointError(f"{name}={value!r} must be an integer >= {low}", where=f"{where}.{name}",
+                                      fix=f"e.g. {name}={max(low, 1)}")
+        if self.on_save_error not in ("continue", "stop"):
+            raise CheckpointError(f"on_save_error={self.on_save_error!r} is not one of 'continue', 'stop'",
+                                  where=f"{where}.on_save_error", fix="on_save_error='continue'")
+        try:
+            json.dumps(dict(self.model_config))
+        except (TypeError, ValueError) as e:
+            raise CheckpointError(f"model_config is not JSON-serialisable: {e}", where=f"{where}.model_config",
+                                  fix="pass plain numbers, strings, lists and dicts") from None
+
+
+# --- the save path -------------------------------------------------------------------------------------
+class _CachedStager(AsyncStager):
+    """Copies the state into CPU buffers allocated once and reused by every async save.
+
+    DCP's own cache needs pinned memory, which a CPU-only torch cannot allocate; re-allocating ~GBs per
+    save would make the step block far longer than a memcpy. Safe because the Checkpointer never starts
+    a save before the previous one finished writing.
+    """
+
+    _synchronize_after_execute = False
+
+    def __init__(self) -> None:
+        self._cache: dict[str, Any] | None = None
+        self._keys: Any = None
+
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+        keys = _structure(state_dict)
+        if self._cache is None or keys != self._keys:
+            self._cache, self._keys = _create_cpu_state_dict(state_dict), keys
+        return _copy_state_dict(state_dict, self._cache, type_check=False)
+
+    def synchronize_staging(self) -> None:  # staging is blocking
+        pass
+
+    def close(self) -> None:
+        self._cache = None
+
+
+def _structure(obj: Any) -> Any:
+    if isinstance(obj, Mapping):
+        return tuple((k, _structure(v)) for k, v in obj.items())
+    if hasattr(obj, "shape"):
+        return (tuple(obj.shape), str(obj.dtype))
+    return type(obj).__name__
+
+
+@dataclass
+class _SaveJob:
+    storage: CheckpointStorage
+    step: int
+    rank: int
+    world_size: int
+    local_dir: Path
+    threads: int
+    extra: dict[str, Any]
+    hook: PhaseHook | None
+
+    @property
+    def rel(self) -> str:
+        return step_dir(self.step)
+
+    def after_write(self, results: list[Any]) -> None:
+        """On every rank, after DCP wrote its shards locally: hash, upload (Blob), write the sidecar."""
+        names = sorted({r.storage_data.relative_path for r in results})
+        digests = _hash_files({n: self.local_dir / n for n in names}, self.threads)
+        if self.hook:
+            self.hook("shards_written", self.step)
+        if self.storage.remote:
+            for n in names:
+                self.storage.upload(self.local_dir / n, f"{self.rel}/{n}")
+        sidecar = f"hashes-rank{self.rank:05d}.json"
+        payload = json.dumps(digests, sort_keys=True).encode()
+        if self.storage.remote:
+            self.storage.fs.pipe_file(self.storage.path(f"{self.rel}/{sidecar}"), payload)
+            for n in names:
+                (self.local_dir / n).unlink(missing_ok=True)
+        else:
+            _write_synced(self.local_dir / sidecar, payload)
+
+    def commit(self) -> None:
+        """On rank 0, after DCP wrote .metadata: gather the sidecars and commit the manifest, last."""
+        meta = self.local_dir / ".metadata"
+        files = _hash_files({".metadata": meta}, 1)
+        if self.storage.remote:
+            self.storage.upload(meta, f"{self.rel}/.metadata")
+        for r in range(self.world_size):
+            sidecar = f"hashes-rank{r:05d}.json"
+            try:
+                raw = self.storage.read_bytes(f"{self.rel}/{sidecar}")
+            except FileNotFoundError:
+                raise CheckpointError(f"rank {r} wrote no {sidecar}", where=self.storage.display(self.rel)) from None
+            files.update(json.loads(raw))
+            files[sidecar] = {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+        manifest = {
+            "format": MANIFEST_FORMAT,
+            "step": self.step,
+            "world_size": self.world_size,
+            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "files": files,
+            **self.extra,
+        }
+        if self.hook:
+            self.hook("before_manifest", self.step)
+        self.storage.write_exclusive(f"{self.rel}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
+        if self.storage.remote:
+            shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+def _write_synced(path: Path, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+class _CommitWriter(FileSystemWriter):
+    """DCP's FileSystemWriter plus azulite's commit protocol (see the module docstring)."""
+
+    def __init__(self, job: _SaveJob) -> None:
+        super().__init__(job.local_dir, single_file_per_rank=True, sync_files=True,
+                         thread_count=job.threads, overwrite=True)
+        self.job = job
+
+    def write_data(self, plan: Any, planner: Any) -> TorchFuture:
+        results = super().write_data(plan, planner).wait()
+        self.job.after_write(results)
+        fut: TorchFuture = TorchFuture()
+        fut.set_result(results)
+        return fut
+
+    def finish(self, metadata: Any, results: Any) -> None:
+        super().finish(metadata, results)
+        self.job.commit()
+
+
+# --- the Checkpointer ----------------------------------------------------------------------------------
+class Checkpointer:
+    """Coordinates saving and restoring a job's Stateful objects; it owns no training state itself.
+
+    ``state`` maps names to Stateful objects (see :mod:`azulite.train.state`); the same names must be
+    used on resume. Create it on every rank at the same point (it makes a process group).
+    """
+
+    def __init__(
+        self,
+        config: CheckpointConfig,
+        ctx: TrainContext,
+        state: Mapping[str, Stateful],
+        *,
+        settings: StorageSettings | None = None,
+        environ: Mapping[str, str] | None = None,
+        phase_hook: PhaseHook | None = None,
+    ) -> None:
+        self.config = config
+        self.ctx = ctx
+        self.state = dict(state)
+        self.phase_hook = phase_hook
+        if settings is None:
+            settings = StorageSettings.from_environ(os.environ if environ is None else environ)
+        self.storage = CheckpointStorage(config.uri, settings)  # validates the URI
+        self._pg = (dist.new_group(backend="gloo", timeout=timedelta(minutes=30))
+                    if ctx.distributed else None)
+        self._check_storage()
+        base = settings.staging_dir or os.path.join(tempfile.gettempdir(), "azulite-staging")
+        self._staging = Path(base) / hashlib.sha1(self.storage.uri.encode()).hexdigest()[:12]
+        self._stager = _CachedStager()
+        self._pending: tuple[Future, int, float] | None = None
+        self._failed_in_a_row = 0
+        self.last_committed: int | None = None
+        #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
+        self.loaded_manifest: dict[str, Any] | None = None
+        #: seconds the training loop was blocked by the last save (staging for async, all of it for sync)
+        self.last_blocking_s = 0.0
+
+    # -- collectives on the checkpoint group ------------------------------------------------------------
+    def _gather(self, obj: Any) -> list[Any]:
+        if self._pg is None:
+            return [obj]
+        out: list[Any] = [None] * self.ctx.world_size
+        dist.all_gather_object(out, obj, group=self._pg)
+        return out
+
+    def _broadcast(self, obj: Any) -> Any:
+        if self._pg is None:
+            return obj
+        box = [obj]
+        dist.broadcast_object_list(box, src=0, group=self._pg)
+        return box[0]
+
+    def _check_storage(self) -> None:
+        # rank 0 first (it may create the container), then everyone: each node must reach the storage
+        err = None
+        if self.ctx.is_main:
+            err = _probe(self.storage)
+        err = self._broadcast(err)
+        if err is None and not self.ctx.is_main:
+            err = _probe(self.storage)
+        errors = [e for e in self._gather(err) if e]
+        if errors:
+            raise StorageError(errors[0][0], where=self.storage.uri, fix=errors[0][1])
+
+    # -- saving -------------------------------------------------------------------------------------------
+    def maybe_save(self, step: int) -> bool:
+        """Save (async if configured) when ``step`` is a multiple of ``interval``; reap a finished save."""
+        self._reap(block=False)
+        if self.config.interval and step > 0 and step % self.config.interval == 0:
+            return self.save(step, sync=not self.config.async_save)
+        return False
+
+    def save(self, step: int, *, sync: bool = True, raise_on_error: bool | None = None) -> bool:
+        """Save ``state`` as checkpoint ``step``. Sync: returns True once committed. Async: returns True
+        once the state is copied (commit is reaped later). Failures follow ``on_save_error`` unless
+        ``raise_on_error`` says otherwise (preemption saves raise: exiting 'preempted' must mean committed).
+        """
+        self._reap(block=True)  # one save at a time, and every rank reaps at the same step
+        rel = step_dir(step)
+        if _read_manifest(self.storage, rel, step) is not None:
+            log.info("checkpoint step %d is already committed; not saving it again", step)
+            return True
+        if self.ctx.is_main and self.storage.exists(rel):
+            log.warning("removing %s: an interrupted save of the same step", self.storage.display(rel))
+            self.storage.remove_tree(rel)
+        self._barrier()
+        local = Path(self.storage.path(rel)) if not self.storage.remote else self._staging / rel / f"rank-{self.ctx.rank}"
+        local.mkdir(parents=True, exist_ok=True)
+        job = _SaveJob(storage=self.storage, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size,
+                       local_dir=local, threads=self.config.thread_count, extra=self._manifest_extra(),
+                       hook=self.phase_hook)
+        writer = _CommitWriter(job)
+        t0 = time.perf_counter()
+        if sync:
+            try:
+                dcp.save(self.state, storage_writer=writer, process_group=self._pg)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - DCP wraps every rank's failure in a BaseException
+                self.last_blocking_s = time.perf_counter() - t0
+                return self._failed(step, e, raise_on_error)
+            self.last_blocking_s = time.perf_counter() - t0
+            self._committed(step, time.perf_counter() - t0)
+            return True
+        fut = dcp.async_save(self.state, storage_writer=writer, process_group=self._pg, async_stager=self._stager)
+        self.last_blocking_s = time.perf_counter() - t0
+        self._pending = (fut, step, t0)
+        return True
+
+    def wait(self) -> None:
+        """Block until a pending async save is committed (or failed, per the policy)."""
+        self._reap(block=True)
+
+    def close(self) -> None:
+        self.wait()
+        self._stager.close()
+        if self._pg is not None and dist.is_initialized():
+            dist.destroy_process_group(self._pg)
+            self._pg = None
+
+    def _reap(self, *, block: bool) -> None:
+        if self._pending is None:
+            return
+        fut, step, t0 = self._pending
+        if not block and not fut.done():
+            return
+        self._pending = None
+        try:
+            fut.result()
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            self._failed(step, e, None)
+            return
+        self._committed(step, time.perf_counter() - t0)
+
+    def _committed(self, step: int, seconds: float) -> None:
+        self._failed_in_a_row = 0
+        self.last_committed = step
+        log.info("checkpoint step %d committed to %s in %.2fs", step, self.storage.display(step_dir(step)), seconds)
+        if self.ctx.is_main:
+            try:
+                self._retain(newest=step)
+            except Exception as e:  # noqa: BLE001 - retention failing must not stop training
+                log.warning("could not delete old checkpoints under %s: %s", self.storage.uri, e)
+
+    def _failed(self, step: int, exc: BaseException, raise_on_error: bool | None) -> bool:
+        self._failed_in_a_row += 1
+        reason = _root_cause(exc)
+        prev = f"step {self.last_committed}" if self.last_committed is not None else "none yet"
+        log.error("CHECKPOINT SAVE FAILED at step %d (%s); nothing was committed for this step; the last "
+                  "committed checkpoint is %s", step, reason, prev)
+        if self.ctx.is_main and not self.storage.remote:
+            shutil.rmtree(self.storage.path(step_dir(step)), ignore_errors=True)
+        shutil.rmtree(self._staging / step_dir(step), ignore_errors=True)
+        stop = raise_on_error if raise_on_error is not None else (
+            self.config.on_save_error == "stop" or self._failed_in_a_row >= self.config.max_failed_saves)
+        if stop:
+            raise CheckpointError(
+                f"saving checkpoint step {step} failed ({reason}); {self._failed_in_a_row} failed save(s) in a row",
+                where=self.storage.display(step_dir(step)),
+                fix="check the storage (space, credentials, endpoint); the job resumes from the last committed "
+                f"checkpoint ({prev})",
+            ) from exc
+        return False
+
+    def _barrier(self) -> None:
+        if self._pg is not None:
+            dist.barrier(group=self._pg)
+
+    def _manifest_extra(self) -> dict[str, Any]:
+        env = self.ctx.env
+        return {"model_config": dict(self.config.model_config), "job_id": env.job_id, "attempt": env.attempt}
+
+    def _retain(self, *, newest: int) -> None:
+        keep_every = self.config.keep_every
+        committed, partial = [], []
+        for step, rel in _scan(self.storage):
+            (committed if _read_manifest(self.storage, rel, step) is not None else partial).append(step)
+        keep = set(committed[-self.config.keep_last:]) | {newest}
+        if keep_every:
+            keep |= {s for s in committed if s % keep_every == 0}
+        doomed = [s for s in committed if s not in keep] + [s for s in partial if s < newest]
+        for step in doomed:
+            rel = step_dir(step)
+            # un-commit first: a half-deleted directory must never look like a checkpoint
+            self.storage.remove_file(f"{rel}/{MANIFEST}")
+            self.storage.remove_tree(rel)
+            log.info("deleted old checkpoint %s", self.storage.display(rel))
+
+    # -- restoring ----------------------------------------------------------------------------------------
+    def load_latest(self) -> int | None:
+        """Restore the newest checkpoint whose files all match their manifest hashes; returns its step,
+        or None when there is none (a fresh start). Corrupt or incomplete checkpoints are skipped, and
+        the log says which file was wrong and which checkpoint is used instead."""
+        choice: tuple[int, dict[str, Any]] | str | None = None
+        if self.ctx.is_main:
+            try:
+                choice = self._choose()
+            except Exception as e:  # noqa: BLE001 - every rank must raise the same thing
+                choice = f"{type(e).__name__}: {e}"
+        choice = self._broadcast(choice)
+        if isinstance(choice, str):
+            raise CheckpointError(choice, where=self.storage.uri,
+                                  fix="inspect the checkpoints; delete the directory to start from scratch")
+        if choice is None:
+            log.info("no committed checkpoint under %s: starting from scratch", self.storage.uri)
+            return None
+        step, manifest = choice
+        # rank 0 verified (and, for Blob, downloaded) it while choosing; the others fetch and verify theirs
+        path = self._restore_dir(step) if self.ctx.is_main else self._local_copy(step, manifest, verify=True)
+        state = dict(self.state)
+        saved_ws = int(manifest["world_size"])
+        for name, obj in self.state.items():
+            key = getattr(obj, "key", None)
+            if key is not None and key.startswith("rank") and self.ctx.rank >= saved_ws:
+                log.info("no saved %r for rank %d (checkpoint of world size %d): keeping the seeded one",
+                         name, self.ctx.rank, saved_ws)
+                state.pop(name)
+        dcp.load(state, storage_reader=FileSystemReader(path), process_group=self._pg)
+        if self.storage.remote:
+            shutil.rmtree(self._staging / f"restore-{step_dir(step)}", ignore_errors=True)
+        self.loaded_manifest = manifest
+        self.last_committed = step
+        if saved_ws != self.ctx.world_size:
+            log.info("checkpoint step %d was saved by %d ranks, loaded on %d", step, saved_ws, self.ctx.world_size)
+        log.info("resumed from checkpoint step %d (%s)", step, self.storage.display(step_dir(step)))
+        return step
+
+    def _choose(self) -> tuple[int, dict[str, Any]] | None:
+        entries = _scan(self.storage)
+        for step, rel in reversed(entries):
+            manifest = _read_manifest(self.storage, rel, step)
+            if manifest is None:
+                log.warning("ignoring %s: no valid %s (an interrupted save)", self.storage.display(rel), MANIFEST)
+                continue
+            try:
+                self._local_copy(step, manifest, verify=True)
+            except CheckpointError as e:
+                if self.storage.remote:
+                    shutil.rmtree(self._restore_dir(step), ignore_errors=True)
+                log.warning("checkpoint step %d is corrupt: %s; falling back to the previous one", step, e.message)
+                continue
+            return step, manifest
+        if entries and any(_read_manifest(self.storage, rel, s) for s, rel in entries):
+            raise CheckpointError(f"none of the committed checkpoints under {self.storage.uri} is intact")
+        return None
+
+    def _restore_dir(self, step: int) -> Path:
+        if self.storage.remote:
+            return self._staging / f"restore-{step_dir(step)}" / f"rank-{self.ctx.rank}"
+        return Path(self.storage.path(step_dir(step)))
+
+    def _local_copy(self, step: int, manifest: dict[str, Any], *, verify: bool) -> Path:
+        """The checkpoint as a local directory (downloaded for Blob), its files checked against the manifest."""
+        rel = step_dir(step)
+        files: dict[str, Any] = manifest["files"]
+        local = self._restore_dir(step)
+        if self.storage.remote:
+            for name in files:
+                try:
+                    self.storage.download(f"{rel}/{name}", local / name)
+                except FileNotFoundError:
+                    raise CheckpointError(f"file {name} is missing", where=self.storage.display(rel)) from None
+        if verify:
+            missing = [n for n in files if not (local / n).is_file()]
+            if missing:
+                raise CheckpointError(f"file {missing[0]} is missing", where=self.storage.display(rel))
+            actual = _hash_files({n: local / n for n in files}, self.config.thread_count)
+            for name, want in files.items():
+                got = actual[name]
+                if got["sha256"] != want["sha256"] or got["bytes"] != want["bytes"]:
+                    raise CheckpointError(
+                        f"file {name} does not match the manifest (sha256 {got['sha256'][:12]}.. "
+                        f"{got['bytes']} B, expected {want['sha256'][:12]}.. {want['bytes']} B)",
+                        where=self.storage.display(rel),
+                    )
+        return local
+
+
+def _probe(storage: CheckpointStorage) -> tuple[str, str] | None:
+    try:
+        storage.check()
+    except StorageError as e:
+        return (e.message, e.fix or "")
+    return None
+
+
+def _root_cause(exc: BaseException) -> str:
+    """DCP wraps rank failures in CheckpointException(failures={rank: exc}); name the first real one."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        rank, inner = next(iter(sorted(failures.items())))
+        inner_exc = inner[0] if isinstance(inner, tuple) else inner
+        return f"rank {rank}: {type(inner_exc).__name__}: {str(inner_exc).splitlines()[0][:300] if str(inner_exc) else ''}"
+    text = str(exc).splitlines()
+    return f"{type(exc).__name__}: {text[0][:300] if text else ''}"

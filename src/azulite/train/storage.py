@@ -1,0 +1,261 @@
+"""Where checkpoints live: a local directory or Azure Blob (``az://container/path``), through fsspec.
+
+URIs are validated and the storage is probed when the Checkpointer is created, so a typo or a dead
+storage account fails at start with a message naming the URI, not an hour later inside a save.
+
+Connection settings are read once, from an ``environ`` mapping, into :class:`StorageSettings`:
+``AZURE_STORAGE_CONNECTION_STRING`` (Azurite's or a real account's), or ``AZURE_STORAGE_ACCOUNT_NAME``
+with ``AZURE_STORAGE_ACCOUNT_KEY`` / ``AZURE_STORAGE_SAS_TOKEN`` (or, with only the name, adlfs's
+default Azure credential chain).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlparse
+
+import fsspec
+
+from azulite.errors import StorageError
+
+_CONTAINER = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
+_EXAMPLE = "a local path such as /data/ckpt or an Azure Blob URI such as az://checkpoints/my-job"
+
+
+@dataclass(frozen=True, kw_only=True)
+class StorageSettings:
+    """Azure Blob connection settings (ignored for local paths)."""
+
+    connection_string: str | None = None
+    account_name: str | None = None
+    account_key: str | None = None
+    sas_token: str | None = None
+    #: seconds to wait for a connection before a request fails (probe and uploads)
+    connection_timeout: int = 10
+    #: seconds to wait for a response
+    read_timeout: int = 120
+    #: local directory where shards are written before upload and downloaded before load
+    staging_dir: str | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str]) -> StorageSettings:
+        return cls(
+            connection_string=environ.get("AZURE_STORAGE_CONNECTION_STRING") or None,
+            account_name=environ.get("AZURE_STORAGE_ACCOUNT_NAME") or None,
+            account_key=environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
+            sas_token=environ.get("AZURE_STORAGE_SAS_TOKEN") or None,
+            staging_dir=environ.get("AZULITE_STAGING_DIR") or None,
+        )
+
+
+def parse_uri(uri: str) -> tuple[str, str]:
+    """Split and validate a checkpoint URI into (scheme, path): ("file", "/abs/dir") or ("az", "container/dir")."""
+    if not isinstance(uri, str) or not uri.strip():
+        raise StorageError("the checkpoint URI is empty", where="checkpoint uri", fix=f"give {_EXAMPLE}")
+    uri = uri.strip()
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme in ("", "file") or (len(scheme) == 1 and uri[1:2] == ":"):  # also C:\ paths
+        path = parsed.path if scheme == "file" else uri
+        return "file", str(Path(path).expanduser().absolute())
+    if scheme in ("az", "abfs"):
+        container = parsed.netloc
+        if "@" in container:  # abfs://container@account.dfs.core.windows.net/path
+            container = container.split("@", 1)[0]
+        if not container:
+            raise StorageError(
+                f"{uri!r} names no container",
+                where="checkpoint uri",
+                fix="write az://<container>/<path>, e.g. az://checkpoints/my-job",
+            )
+        if not _CONTAINER.match(container):
+            raise StorageError(
+                f"{container!r} is not a valid Azure Blob container name",
+                where=f"checkpoint uri {uri!r}",
+                fix="container names are 3-63 lowercase letters, digits and single hyphens, e.g. az://checkpoints/run-1",
+            )
+        rest = parsed.path.strip("/")
+        return "az", f"{container}/{rest}" if rest else container
+    raise StorageError(
+        f"unsupported checkpoint storage scheme {scheme!r}:// in {uri!r}",
+        where="checkpoint uri",
+        fix=f"use {_EXAMPLE}",
+    )
+
+
+class CheckpointStorage:
+    """The few operations checkpoints need, the same for a directory and a Blob container.
+
+    Paths given to the methods are relative to the root URI (``"step-00000010/manifest.json"``).
+    """
+
+    def __init__(self, uri: str, settings: StorageSettings | None = None) -> None:
+        self.scheme, self.root = parse_uri(uri)
+        self.settings = settings or StorageSettings()
+        self.uri = f"az://{self.root}" if self.remote else self.root
+        self._fs: Any = None
+
+    @property
+    def remote(self) -> bool:
+        return self.scheme == "az"
+
+    @property
+    def fs(self) -> Any:
+        if self._fs is None:
+            if self.remote:
+                s = self.settings
+                if not (s.connection_string or s.account_name):
+                    raise StorageError(
+                        f"no Azure Storage credentials for {self.uri}",
+                        where="environment",
+                        fix="set AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_NAME and "
+                        "AZURE_STORAGE_ACCOUNT_KEY)",
+                    )
+                kwargs: dict[str, Any] = {
+                    "connection_timeout": s.connection_timeout,
+                    "read_timeout": s.read_timeout,
+                    "skip_instance_cache": True,
+                }
+                if s.connection_string:
+                    kwargs["connection_string"] = s.connection_string
+                else:
+                    kwargs.update(account_name=s.account_name, account_key=s.account_key, sas_token=s.sas_token)
+                self._fs = fsspec.filesystem("az", **kwargs)
+            else:
+                self._fs = fsspec.filesystem("file")
+        return self._fs
+
+    def path(self, rel: str = "") -> str:
+        return f"{self.root}/{rel}" if rel else self.root
+
+    def display(self, rel: str = "") -> str:
+        return f"{self.uri}/{rel}" if rel else self.uri
+
+    # -- probing -----------------------------------------------------------------------------------------
+    def check(self) -> None:
+        """Fail now, with a clear error, if the storage cannot be written."""
+        if not self.remote:
+            try:
+                os.makedirs(self.root, exist_ok=True)
+                probe = Path(self.root) / f".probe-{uuid.uuid4().hex}"
+                probe.write_bytes(b"ok")
+                probe.unlink()
+            except OSError as e:
+                raise StorageError(
+                    f"cannot write to the checkpoint directory: {e.strerror or e}",
+                    where=self.uri,
+                    fix="choose a directory this process can create and write, or fix its permissions",
+                ) from None
+            return
+        container = self.root.split("/", 1)[0]
+        try:
+            if not self.fs.exists(container):
+                self.fs.mkdir(container)
+            probe = self.path(f".probe-{uuid.uuid4().hex}")
+            self.fs.pipe_file(probe, b"ok")
+            self.fs.rm_file(probe)
+        except StorageError:
+            raise
+        except Exception as e:  # noqa: BLE001 - any SDK/network failure is the same user problem
+            raise StorageError(
+                f"cannot reach Azure Blob storage for {self.uri}: {type(e).__name__}: {_first_line(e)}",
+                where=self.uri,
+                fix="check AZURE_STORAGE_CONNECTION_STRING / the account, and that the endpoint is up "
+                "(for tests: Azurite started with --skipApiVersionCheck)",
+            ) from None
+
+    # -- listing and reading -------------------------------------------------------------------------------
+    def list_dir(self, rel: str = "") -> list[str]:
+        """Names (not paths) of the entries directly under ``rel``; [] if it does not exist."""
+        try:
+            entries = self.fs.ls(self.path(rel), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries})
+
+    def exists(self, rel: str) -> bool:
+        return bool(self.fs.exists(self.path(rel)))
+
+    def read_bytes(self, rel: str) -> bytes:
+        return self.fs.cat_file(self.path(rel))
+
+    def size(self, rel: str) -> int:
+        return int(self.fs.size(self.path(rel)))
+
+    def du(self, rel: str) -> int:
+        try:
+            return int(self.fs.du(self.path(rel), total=True))
+        except FileNotFoundError:
+            return 0
+
+    # -- writing -------------------------------------------------------------------------------------------
+    def upload(self, local: str | os.PathLike, rel: str) -> None:
+        self.fs.put_file(str(local), self.path(rel), overwrite=True)
+
+    def download(self, rel: str, local: str | os.PathLike) -> None:
+        os.makedirs(os.path.dirname(str(local)), exist_ok=True)
+        self.fs.get_file(self.path(rel), str(local))
+
+    def write_exclusive(self, rel: str, data: bytes) -> None:
+        """Write ``data`` at ``rel`` in one piece, only if nothing is there yet.
+
+        Blob: one Put Blob with ``If-None-Match: *`` (adlfs ``overwrite=False``) — atomic, never half
+        visible. Local: write a temporary file, fsync it, then ``os.link`` it into place (fails if the
+        target exists), and fsync the directory.
+        """
+        if self.remote:
+            try:
+                self.fs.pipe_file(self.path(rel), data, overwrite=False)
+            except FileExistsError:
+                raise StorageError(
+                    f"{self.display(rel)} already exists", where=self.display(rel),
+                    fix="a checkpoint with this step was already committed; never reuse a step number",
+                ) from None
+            return
+        target = Path(self.path(rel))
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        try:
+            os.link(tmp, target)
+        except FileExistsError:
+            raise StorageError(
+                f"{target} already exists", where=str(target),
+                fix="a checkpoint with this step was already committed; never reuse a step number",
+            ) from None
+        finally:
+            tmp.unlink(missing_ok=True)
+        fd = os.open(target.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    def remove_tree(self, rel: str) -> None:
+        if self.remote:
+            try:
+                self.fs.rm(self.path(rel), recursive=True)
+            except FileNotFoundError:
+                pass
+        else:
+            shutil.rmtree(self.path(rel), ignore_errors=True)
+
+    def remove_file(self, rel: str) -> None:
+        try:
+            self.fs.rm_file(self.path(rel))
+        except FileNotFoundError:
+            pass
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:300] if text else ""

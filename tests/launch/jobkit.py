@@ -1,0 +1,148 @@
+"""Shared by the launch and CLI job tests: an isolated AZULITE_HOME, tiny job scripts, polling helpers,
+and a teardown that proves (and enforces) that no process of any test job is left alive."""
+
+from __future__ import annotations
+
+import os
+import textwrap
+import time
+from pathlib import Path
+from typing import Callable
+
+import psutil
+import pytest
+
+from azulite.contract import ENV_JOB_ID
+from azulite.launch.backend import get_backend
+from azulite.launch.local.procs import terminate_tree
+from azulite.launch.records import JobRecord
+from azulite.launch.settings import Settings
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def job_procs(prefix_ids: set[str] | None = None, home: Path | None = None) -> list[psutil.Process]:
+    """Live processes started for jobs (by the AZULITE_JOB_ID marker) or supervisors of ``home``."""
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        try:
+            env = p.environ()
+            if p.status() == psutil.STATUS_ZOMBIE:
+                continue
+        except (psutil.Error, OSError):
+            continue
+        if env.get(ENV_JOB_ID) and (prefix_ids is None or env.get(ENV_JOB_ID) in prefix_ids):
+            found.append(p)
+        elif home is not None and env.get("AZULITE_HOME") == str(home) and p.pid != os.getpid():
+            try:
+                if "azulite.launch.local.supervisor" in " ".join(p.cmdline()):
+                    found.append(p)
+            except psutil.Error:
+                pass
+    return found
+
+
+def wait_for(pred: Callable[[], object], timeout: float, what: str, every: float = 0.2):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = pred()
+        if v:
+            return v
+        time.sleep(every)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@pytest.fixture
+def home(tmp_path, monkeypatch):
+    """AZULITE_HOME in tmp_path, a fast kill grace; on teardown every job of it is canceled and no process
+    of it may remain."""
+    h = tmp_path / "azhome"
+    monkeypatch.setenv("AZULITE_HOME", str(h))
+    monkeypatch.setenv("AZULITE_KILL_GRACE_S", "3")
+    monkeypatch.setenv("AZULITE_PREEMPT_GRACE_S", "30")
+    yield h
+    settings = Settings.from_environ()
+    ids = set()
+    if settings.db_path.exists():
+        b = get_backend("local", settings)
+        for r in b.list(1000):
+            ids.add(r.id)
+            if not r.state.terminal:
+                b.cancel(r.id)
+    left = job_procs(ids, home=h)
+    if left:
+        terminate_tree([p.pid for p in left], 2)
+    assert not left, f"processes left behind: {[(p.pid, p.info) for p in left]}"
+
+
+def backend():
+    return get_backend("local", Settings.from_environ())
+
+
+def wait_done(job_id: str, timeout: float = 180) -> JobRecord:
+    b = backend()
+    return wait_for(lambda: (r := b.status(job_id)).state.terminal and r, timeout, f"{job_id} to end")
+
+
+def write_job(d: Path, script: str, spec: str) -> Path:
+    """A job folder with ``run.py`` and ``job.yaml``."""
+    d.mkdir(parents=True, exist_ok=True)
+    (d / "run.py").write_text(textwrap.dedent(script))
+    (d / "job.yaml").write_text(textwrap.dedent(spec))
+    return d / "job.yaml"
+
+
+# A rank that fails: rank 1 prints a few lines and exits 3; the others wait to be stopped.
+FAILING_RANK = """
+import os, sys, time
+rank = int(os.environ["RANK"])
+for i in range(30):
+    print(f"rank {rank} line {i}", flush=True)
+if rank == 1:
+    print("rank 1: something broke", flush=True)
+    sys.exit(3)
+time.sleep(60)
+"""
+
+# Sleeps until killed, after starting a detached grandchild (an orphan-to-be) to prove the sweep.
+SLEEPER = """
+import os, subprocess, sys, time
+subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)"], start_new_session=True)
+open(f"started-{os.environ['RANK']}", "w").close()
+print("sleeping", flush=True)
+time.sleep(300)
+"""
+
+# The preemption contract, minimal: on SIGTERM, "commit" and exit 75; attempt 2 finishes at once.
+PREEMPTIBLE = """
+import os, signal, sys, time
+attempt = int(os.environ["AZULITE_ATTEMPT"])
+rank = int(os.environ["RANK"])
+out = os.environ["AZULITE_OUTPUT_STATE"]
+if attempt > 1:
+    print(f"rank {rank} resumed in attempt {attempt}", flush=True)
+    sys.exit(0)
+stop = False
+def on_term(*_):
+    global stop
+    stop = True
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(out, f"started-{rank}"), "w").close()
+while not stop:
+    time.sleep(0.05)
+open(os.path.join(out, f"committed-{rank}"), "w").close()
+sys.exit(75)
+"""
+
+
+def spec_2x1(command: str = "python run.py", extra: str = "") -> str:
+    return f"""
+    name: t
+    code: .
+    command: {command}
+    instance_count: 2
+    distribution:
+      type: pytorch
+      process_count_per_instance: 1
+    {extra}
+    """

@@ -1,0 +1,58 @@
+"""The backend boundary: registry refuses duplicates, unknown names are a clear error, unsupported
+features are data checked at submit."""
+
+import pytest
+
+from azulite.errors import AzuliteError, LaunchError
+from azulite.launch import backend as bmod
+from azulite.launch.backend import Backend, Feature, get_backend, register_backend
+from azulite.launch.local.strategy import LaunchStrategy, get_strategy, register_strategy
+from azulite.launch.settings import Settings
+from azulite.spec.job import JobSpec
+
+
+def test_local_is_registered_and_duplicates_are_refused(tmp_path):
+    b = get_backend("local", Settings(home=tmp_path))
+    assert b.name == "local"
+    with pytest.raises(ValueError, match="already registered"):
+        register_backend("local")(type(b))
+
+
+def test_unknown_backend_names_the_choices(tmp_path):
+    with pytest.raises(AzuliteError) as e:
+        get_backend("slurm", Settings(home=tmp_path))
+    assert "local" in e.value.fix
+
+
+def test_unsupported_features_are_refused_before_submit(tmp_path):
+    @register_backend("test-nospot")
+    class NoSpot(Backend):
+        unsupported = frozenset({Feature.SPOT, Feature.TENSORFLOW})
+
+        def _submit_impl(self, spec, *, spec_path):  # pragma: no cover - must not be reached
+            raise AssertionError("submit reached")
+
+        _status_impl = _list_impl = _logs_impl = _cancel_impl = _submit_impl
+
+    try:
+        b = get_backend("test-nospot", Settings(home=tmp_path))
+        spec = JobSpec.model_validate({"command": "x", "priority": "spot", "distribution": {"type": "tensorflow"}})
+        with pytest.raises(LaunchError, match="spot, tensorflow"):
+            b.submit(spec)
+    finally:
+        bmod._REGISTRY.pop("test-nospot")
+
+
+def test_strategy_registry():
+    assert get_strategy("PyTorch").distribution_type == "pytorch"
+    with pytest.raises(LaunchError):
+        get_strategy("horovod")
+
+    class Dup(LaunchStrategy):
+        distribution_type = "pytorch"
+
+        def processes(self, ctx):  # pragma: no cover
+            return []
+
+    with pytest.raises(ValueError, match="already registered"):
+        register_strategy(Dup)

@@ -1,0 +1,56 @@
+"""The job store: real SQLite (WAL), the state machine, ids under concurrent submits from processes."""
+
+import multiprocessing as mp
+import sqlite3
+
+from azulite.launch.local.store import JobStore
+from azulite.launch.records import JobState, TRANSITIONS
+
+
+def _create_many(db: str, n: int, q) -> None:
+    s = JobStore(db)
+    q.put([s.create(name="same", backend="local", spec={}, spec_path=None, environment=None, jobs_dir="/tmp/x").id
+           for _ in range(n)])
+
+
+def test_wal_and_ids(tmp_path):
+    s = JobStore(tmp_path / "jobs.db")
+    a = s.create(name="ddp", backend="local", spec={"a": 1}, spec_path="x.yaml", environment="img:1", jobs_dir=tmp_path)
+    b = s.create(name="ddp", backend="local", spec={}, spec_path=None, environment=None, jobs_dir=tmp_path)
+    c = s.create(name="other", backend="local", spec={}, spec_path=None, environment=None, jobs_dir=tmp_path)
+    assert (a.id, b.id, c.id) == ("ddp-1", "ddp-2", "other-1")
+    assert a.state == JobState.QUEUED and a.spec == {"a": 1} and a.environment == "img:1"
+    mode = sqlite3.connect(tmp_path / "jobs.db").execute("PRAGMA journal_mode").fetchone()[0]
+    assert mode == "wal"
+
+
+def test_state_machine_refuses_illegal_transitions(tmp_path):
+    s = JobStore(tmp_path / "jobs.db")
+    j = s.create(name="j", backend="local", spec={}, spec_path=None, environment=None, jobs_dir=tmp_path).id
+    assert not s.transition(j, JobState.SUCCEEDED)  # queued -> succeeded skips running
+    assert s.transition(j, JobState.RUNNING, attempt=1)
+    assert s.transition(j, JobState.PREEMPTED, exit_code=75)
+    assert s.transition(j, JobState.REQUEUED)
+    assert s.transition(j, JobState.RUNNING, attempt=2)
+    assert s.transition(j, JobState.SUCCEEDED, exit_code=0)
+    assert not s.transition(j, JobState.CANCELED)  # terminal stays terminal
+    rec = s.get(j)
+    assert rec.state == JobState.SUCCEEDED and rec.attempt == 2 and rec.exit_code == 0
+    assert [(a.attempt, a.state) for a in rec.attempts] == [(1, "requeued"), (2, "succeeded")]
+    assert [e["state"] for e in rec.events] == ["queued", "running", "preempted", "requeued", "running", "succeeded"]
+    assert all(not TRANSITIONS[t] for t in JobState if t.terminal)
+
+
+def test_concurrent_submits_from_processes_get_distinct_ids(tmp_path):
+    db = str(tmp_path / "jobs.db")
+    JobStore(db)
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_create_many, args=(db, 10, q)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    ids = [i for _ in procs for i in q.get(timeout=120)]
+    for p in procs:
+        p.join(60)
+    assert sorted(ids, key=lambda i: int(i.split("-")[1])) == [f"same-{n}" for n in range(1, 41)]
+    assert len(JobStore(db).list(100)) == 40
