@@ -22,6 +22,31 @@ else
   pip install -e ".[dev]"
   # --- dev: section per part; each installs what its tests run against -------------------------
   # (sections are appended below by the parts that need them)
+  # --- launch examples: DeepSpeed (ZeRO-3 on CPU), TensorFlow (MultiWorkerMirroredStrategy), MPI -----------
+  # DeepSpeed's sdist lists torch as a requirement: --no-deps keeps torch==2.13.0, then its light deps.
+  pip install --no-deps --no-build-isolation deepspeed==0.19.8
+  pip install einops hjson msgpack ninja psutil py-cpuinfo pydantic tqdm
+  # tensorflow-cpu 2.21 (~275 MB) leaves torch/numpy/protobuf as they are (checked: numpy>=1.26, protobuf<8).
+  pip install tensorflow-cpu==2.21.0
+  # Open MPI from Debian (mpirun + headers), only as root and only when no mpirun is on PATH; then mpi4py.
+  if ! command -v mpirun >/dev/null; then
+    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+      DEBIAN_FRONTEND=noninteractive apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
+    else
+      echo "install: mpirun not found and not root: the mpi example/tests will be skipped" \
+           "(sudo apt-get install openmpi-bin libopenmpi-dev)" >&2
+    fi
+  fi
+  command -v mpirun >/dev/null && pip install mpi4py
+  "$venv/bin/python" -c "import importlib.util as u, sys; m = [n for n in ('deepspeed', 'tensorflow') if not u.find_spec(n)]; sys.exit(m and f'install failed: {m} missing')"
+  # --- train: Azurite, the real local Azure Blob emulator the checkpoint tests run against ----------
+  # Project-local npm prefix (.cache/node/node_modules/.bin/azurite-blob); needs Node >= 18 (Node 20 here).
+  if [[ ! -x .cache/node/node_modules/.bin/azurite-blob ]]; then
+    command -v npm >/dev/null || { echo "install: npm not found; install Node.js 20 (apt-get install -y nodejs npm)" >&2; exit 1; }
+    mkdir -p .cache/node
+    npm install --prefix .cache/node --no-audit --no-fund --loglevel=error azurite@3.35.0 >/dev/null
+  fi
 fi
 "$venv/bin/python" -c "import torch, azulite" || { echo "install failed: torch or azulite does not import" >&2; exit 1; }
 rm -f "$venv"/.installed-"$mode"-*

@@ -69,7 +69,10 @@ def home(tmp_path, monkeypatch):
             ids.add(r.id)
             if not r.state.terminal:
                 b.cancel(r.id)
-    left = job_procs(ids, home=h)
+    # a supervisor may still be exiting right after writing the final state
+    deadline = time.monotonic() + 30
+    while (left := job_procs(ids, home=h)) and time.monotonic() < deadline:
+        time.sleep(0.2)
     if left:
         terminate_tree([p.pid for p in left], 2)
     assert not left, f"processes left behind: {[(p.pid, p.info) for p in left]}"

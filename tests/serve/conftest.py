@@ -24,6 +24,7 @@ Static model files live in tests/serve/models/; ONNX and TorchScript files are g
 from __future__ import annotations
 
 import shutil
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -88,7 +89,9 @@ def write_add_sub_torchscript(path: Path) -> None:
             return x + y, x - y
 
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.jit.script(AddSub()).save(str(path))
+    with warnings.catch_warnings():  # torch 2.13 deprecates jit.script; Triton's libtorch backend needs it
+        warnings.simplefilter("ignore", DeprecationWarning)
+        torch.jit.script(AddSub()).save(str(path))
 
 
 def build_model_repository(root: Path, models: tuple[str, ...] = ALL_MODELS) -> Path:
@@ -117,8 +120,8 @@ def build_model_repository(root: Path, models: tuple[str, ...] = ALL_MODELS) -> 
         else:
             target.mkdir(parents=True, exist_ok=True)
             shutil.copy(MODELS_DIR / name / "config.pbtxt", target / "config.pbtxt")
+            (target / "1").mkdir(exist_ok=True)  # an ensemble too: Triton wants its (empty) version dir
             if (MODELS_DIR / name / "model.py").exists():
-                (target / "1").mkdir(exist_ok=True)
                 shutil.copy(MODELS_DIR / name / "model.py", target / "1" / "model.py")
     return root
 

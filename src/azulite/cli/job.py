@@ -44,7 +44,7 @@ LOG_TAIL_LINES = 20
 
 
 def _out() -> Console:
-    return Console(highlight=False)
+    return Console(highlight=False, soft_wrap=True)
 
 
 def _backend(name: Optional[str] = None) -> Backend:
@@ -188,10 +188,14 @@ def list_(
             d.pop("spec")
             print(json.dumps(d))
         return
-    t = Table("id", "state", "attempt", "ranks", "created", "duration", "exit", "reason", box=None)
+    t = Table(box=None)
+    for col in ("id", "state", "attempt", "ranks", "created", "duration", "exit"):
+        width = {"id": max([len(r.id) for r in recs] + [2]), "state": 9}.get(col, len(col))
+        t.add_column(col, no_wrap=True, min_width=width)
+    t.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=40)
     for r in recs:
         world = _world(r)
-        t.add_row(r.id, _state(r.state), str(r.attempt), str(world), _ts(r.created_at), _dur(r),
+        t.add_row(r.id, _state(r.state), str(r.attempt), str(world), _ts(r.created_at)[5:16], _dur(r),
                   "-" if r.exit_code is None else str(r.exit_code), (r.reason or "")[:60])
     _out().print(t)
 
@@ -225,6 +229,15 @@ def show(
     _print_show(rec)
 
 
+def _rel(path: str | None, root: str) -> str:
+    if not path:
+        return ""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path
+
+
 def _print_show(rec: JobRecord) -> None:
     c = _out()
     c.print(f"[bold]{rec.id}[/]  {_state(rec.state)}  attempt {rec.attempt}  backend {rec.backend}")
@@ -241,11 +254,12 @@ def _print_show(rec: JobRecord) -> None:
         c.print(t)
     procs = [p for p in rec.processes if p.attempt == rec.attempt]
     if procs:
-        t = Table("process", "node", "rank", "local", "pid", "exit", "log", box=None, title=f"processes (attempt {rec.attempt})")
+        t = Table("process", "node", "rank", "local", "pid", "exit", "log (under the job dir)", box=None,
+                  title=f"processes (attempt {rec.attempt})")
         for p in sorted(procs, key=lambda p: (p.kind != "agent", p.node, p.rank if p.rank is not None else -1)):
             t.add_row(p.name, str(p.node), "-" if p.rank is None else str(p.rank),
                       "-" if p.local_rank is None else str(p.local_rank), str(p.pid or "-"),
-                      "-" if p.exit_code is None else str(p.exit_code), p.log or "")
+                      "-" if p.exit_code is None else str(p.exit_code), _rel(p.log, rec.job_dir))
         c.print(t)
     # --- checkpoints: listed from outputs.checkpoints (see checkpoints_of; the lead wires train's lister)
     cks = checkpoints_of(rec)

@@ -7,6 +7,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Mapping
 
+from azulite.errors import AzuliteError
+
 
 @dataclass(frozen=True)
 class Settings:
@@ -30,9 +32,17 @@ class Settings:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if environ is None else environ
         home = Path(env.get("AZULITE_HOME") or Path(env.get("HOME", "~")) / ".azulite").expanduser().resolve()
+        def seconds(name: str, default: str) -> float:
+            raw = env.get(name, default)
+            try:
+                return float(raw)
+            except ValueError:
+                raise AzuliteError(f"{name}={raw!r} is not a number of seconds", where=name,
+                                   fix=f"set it to a number such as {default}, or unset it") from None
+
         return cls(
             home=home,
             backend=env.get("AZULITE_BACKEND", "local"),
-            kill_grace_s=float(env.get("AZULITE_KILL_GRACE_S", "10")),
-            preempt_grace_s=float(env.get("AZULITE_PREEMPT_GRACE_S", "60")),
+            kill_grace_s=seconds("AZULITE_KILL_GRACE_S", "10"),
+            preempt_grace_s=seconds("AZULITE_PREEMPT_GRACE_S", "60"),
         )

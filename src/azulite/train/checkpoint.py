@@ -539,11 +539,15 @@ class Checkpointer:
         return step
 
     def _choose(self) -> tuple[int, dict[str, Any]] | None:
-        entries = _scan(self.storage)
-        for step, rel in reversed(entries):
+        corrupt = 0
+        for step, rel in reversed(_scan(self.storage)):
             manifest = _read_manifest(self.storage, rel, step)
             if manifest is None:
-                log.warning("ignoring %s: no valid %s (an interrupted save)", self.storage.display(rel), MANIFEST)
+                if self.storage.exists(f"{rel}/manifest.corrupt.json"):
+                    log.warning("ignoring %s: found corrupt earlier", self.storage.display(rel))
+                    corrupt += 1
+                else:
+                    log.warning("ignoring %s: no valid %s (an interrupted save)", self.storage.display(rel), MANIFEST)
                 continue
             try:
                 self._local_copy(step, manifest, verify=True)
@@ -551,11 +555,22 @@ class Checkpointer:
                 if self.storage.remote:
                     shutil.rmtree(self._restore_dir(step), ignore_errors=True)
                 log.warning("checkpoint step %d is corrupt: %s; falling back to the previous one", step, e.message)
+                self._quarantine(rel)
+                corrupt += 1
                 continue
             return step, manifest
-        if entries and any(_read_manifest(self.storage, rel, s) for s, rel in entries):
-            raise CheckpointError(f"none of the committed checkpoints under {self.storage.uri} is intact")
+        if corrupt:
+            raise CheckpointError(f"none of the {corrupt} committed checkpoint(s) under {self.storage.uri} is intact")
         return None
+
+    def _quarantine(self, rel: str) -> None:
+        """Un-commit a corrupt checkpoint (manifest.json -> manifest.corrupt.json): it stops counting, the
+        evidence stays, and a later save of the same step replaces it."""
+        try:
+            self.storage.fs.mv(self.storage.path(f"{rel}/{MANIFEST}"), self.storage.path(f"{rel}/manifest.corrupt.json"))
+            log.warning("un-committed %s (manifest renamed to manifest.corrupt.json)", self.storage.display(rel))
+        except Exception as e:  # noqa: BLE001 - read-only storage: resume still skips it every time
+            log.warning("could not un-commit corrupt checkpoint %s: %s", self.storage.display(rel), e)
 
     def _restore_dir(self, step: int) -> Path:
         if self.storage.remote:

@@ -41,6 +41,10 @@ class StorageSettings:
     connection_timeout: int = 10
     #: seconds to wait for a response
     read_timeout: int = 120
+    #: retries of a failed Blob request (exponential backoff from ``retry_backoff_s``); the SDK's default
+    #: (15 s, x3) makes a dead endpoint take minutes to report
+    retries: int = 3
+    retry_backoff_s: float = 1.0
     #: local directory where shards are written before upload and downloaded before load
     staging_dir: str | None = None
 
@@ -128,9 +132,27 @@ class CheckpointStorage:
                 else:
                     kwargs.update(account_name=s.account_name, account_key=s.account_key, sas_token=s.sas_token)
                 self._fs = fsspec.filesystem("az", **kwargs)
+                self._fs.service_client = self._service_client()
             else:
                 self._fs = fsspec.filesystem("file")
         return self._fs
+
+    def _service_client(self) -> Any:
+        """adlfs builds its client with the SDK's default retries and no way to pass others; hand it one
+        with bounded retries and timeouts (same credentials)."""
+        from azure.storage.blob.aio import BlobServiceClient, ExponentialRetry
+
+        s = self.settings
+        options: dict[str, Any] = {
+            "retry_policy": ExponentialRetry(initial_backoff=s.retry_backoff_s, increment_base=2,
+                                             retry_total=s.retries, random_jitter_range=1),
+            "connection_timeout": s.connection_timeout,
+            "read_timeout": s.read_timeout,
+        }
+        if s.connection_string:
+            return BlobServiceClient.from_connection_string(s.connection_string, **options)
+        credential = s.account_key or s.sas_token or self._fs.service_client.credential
+        return BlobServiceClient(f"https://{s.account_name}.blob.core.windows.net", credential=credential, **options)
 
     def path(self, rel: str = "") -> str:
         return f"{self.root}/{rel}" if rel else self.root

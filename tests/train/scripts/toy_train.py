@@ -25,6 +25,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from azulite import train
+from azulite.errors import AzuliteError
 
 LAYERS = [16, 64, 64, 1]
 DATASET = 512
@@ -55,18 +56,19 @@ def params_sha256(model: torch.nn.Module) -> str:
     return h.hexdigest()
 
 
-def pause_hook(spec: str | None, pause_dir: str | None, rank: int):
-    """--pause-at PHASE:STEP: at that checkpoint phase, write a marker and wait for <pause-dir>/go."""
-    if not spec:
+def pause_hook(specs: list[str] | None, pause_dir: str | None, rank: int):
+    """--pause-at PHASE:STEP: at that checkpoint phase, write <pause-dir>/paused-PHASE-STEP-rankR and wait
+    for <pause-dir>/go-PHASE-STEP (a test does something in between: kill us, stop the storage)."""
+    if not specs:
         return None
-    phase, step = spec.split(":")
+    points = {(phase, int(step)) for phase, step in (s.split(":") for s in specs)}
 
-    def hook(at_phase: str, at_step: int) -> None:
-        if at_phase != phase or at_step != int(step):
+    def hook(phase: str, step: int) -> None:
+        if (phase, step) not in points:
             return
         Path(pause_dir, f"paused-{phase}-{step}-rank{rank}").write_text(str(os.getpid()))
         deadline = time.monotonic() + 300
-        while not Path(pause_dir, "go").exists() and time.monotonic() < deadline:
+        while not Path(pause_dir, f"go-{phase}-{step}").exists() and time.monotonic() < deadline:
             time.sleep(0.05)
 
     return hook
@@ -86,7 +88,7 @@ def main() -> int:
     ap.add_argument("--kill-at", type=int, help="SIGKILL this process after finishing this step ...")
     ap.add_argument("--kill-rank", type=int, default=0, help="... on this rank ...")
     ap.add_argument("--kill-marker", help="... once: only if this file does not exist yet (it is created)")
-    ap.add_argument("--pause-at", help="PHASE:STEP, PHASE in shards_written, before_manifest")
+    ap.add_argument("--pause-at", action="append", help="PHASE:STEP, PHASE in shards_written, before_manifest")
     ap.add_argument("--pause-dir")
     args = ap.parse_args()
 
@@ -160,4 +162,8 @@ def main() -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except AzuliteError as e:  # a user's mistake or a storage failure: the message, not a traceback
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)

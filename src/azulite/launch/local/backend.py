@@ -53,7 +53,14 @@ class LocalBackend(Backend):
         job_dir = Path(rec.job_dir)
         try:
             job_dir.mkdir(parents=True, exist_ok=True)
-            shutil.copytree(spec.code, job_dir / "code", symlinks=True, ignore=_SNAPSHOT_IGNORE)
+            home = self.settings.home.resolve()
+
+            def ignore(folder: str, names: list[str]) -> set[str]:
+                # never copy azulite's own state (AZULITE_HOME inside the code folder would copy itself)
+                skip = set(_SNAPSHOT_IGNORE(folder, names))
+                return skip | {n for n in names if (Path(folder) / n).resolve() == home}
+
+            shutil.copytree(spec.code, job_dir / "code", symlinks=True, ignore=ignore)
             env = {**self.environ, "AZULITE_HOME": str(self.settings.home)}
             with open(job_dir / "supervisor.log", "ab") as log:
                 subprocess.run(

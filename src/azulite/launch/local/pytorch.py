@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from azulite.errors import LaunchError
 from azulite.launch.local.procs import free_port, port_in_use, port_owner
-from azulite.launch.local.strategy import LaunchContext, LaunchStrategy, ProcessSpec, register_strategy
+from azulite.launch.local.strategy import command_argv, LaunchContext, LaunchStrategy, ProcessSpec, register_strategy
 
 
 def gpu_split(gpus: tuple[str, ...], node: int, per_node: int) -> str | None:
@@ -70,7 +70,7 @@ class PyTorchStrategy(LaunchStrategy):
                 "--",  # everything after is the worker command: torchrun must not parse it
                 ctx.python, "-m", "azulite.launch.local.rank",
                 "--records", str(ctx.records_dir), "--logs", str(ctx.logs_dir),
-                "--", "/bin/sh", "-c", ctx.command,
+                "--", *command_argv(ctx.command),
             )
             name = f"node-{node}"
             out.append(ProcessSpec(name=name, node=node, argv=argv, env=env, cwd=cwd, log=ctx.process_log(name)))

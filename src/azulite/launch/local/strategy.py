@@ -22,7 +22,10 @@ it starts and when the command ends. A strategy that puts the rank runner in fro
 gets :func:`collect_rank_records` for free as its ``collect``; that is what the pytorch strategy does::
 
     argv = [python, "-m", "azulite.launch.local.rank", "--records", str(ctx.records_dir),
-            "--logs", str(ctx.logs_dir), "--", "/bin/sh", "-c", ctx.command]
+            "--logs", str(ctx.logs_dir), "--", *command_argv(ctx.command)]
+
+:func:`command_argv` runs a simple command (``python train.py --lr 0.1``) directly, without a shell in
+between: a shell would die of the SIGTERM meant for the script and report 143 instead of the script's 75.
 
 The rank runner reads the rank numbers from env: RANK/LOCAL_RANK/NODE_RANK (pytorch; set by torchrun,
 NODE_RANK derived from GROUP_RANK), or ``AZULITE_RANK``/``AZULITE_LOCAL_RANK``/``AZULITE_NODE_RANK`` which
@@ -39,6 +42,7 @@ from __future__ import annotations
 
 import importlib
 import json
+import shlex
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -141,6 +145,21 @@ class LaunchStrategy(ABC):
         """Per-rank results once every process ended. ``process_exits`` maps ProcessSpec.name to its exit
         code (shell convention). Default: the rank runner's records, see :func:`collect_rank_records`."""
         return collect_rank_records(ctx, self.world_size(ctx), process_exits)
+
+
+_SHELL_SYNTAX = set("|&;<>()$`*?[]{}~\n\\'\"#")
+
+
+def command_argv(command: str) -> list[str]:
+    """argv for the user's command: split and run directly when it is one simple command (so signals reach
+    the script itself); through ``/bin/sh -c`` when it uses shell syntax (pipes, ``&&``, variables, globs,
+    ``VAR=x cmd``)."""
+    try:
+        words = shlex.split(command)
+    except ValueError:
+        words = []
+    simple = words and not (set(command) & _SHELL_SYNTAX) and "=" not in words[0]
+    return words if simple else ["/bin/sh", "-c", command]
 
 
 def read_rank_records(records_dir: Path) -> dict[int, dict]:

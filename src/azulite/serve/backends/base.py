@@ -63,6 +63,8 @@ class LoadContext:
     config: mc.ModelConfig
     instance_name: str
     instance_index: int
+    # Runs a pb_utils.InferenceRequest on this server from a model's thread (Python BLS); None: no BLS.
+    bls: Callable[[Any], Any] | None = None
 
 
 class Backend(Protocol):

@@ -1,0 +1,177 @@
+"""Triton's Python backend, in-process: ``model.py`` defining ``TritonPythonModel`` (initialize,
+execute, finalize, auto_complete_config) runs unchanged, importing ``triton_python_backend_utils``.
+
+Why in-process: Triton runs each instance in a stub process and moves every tensor through shared
+memory and an IPC handshake per execute — that round trip is most of a small model's latency. Here an
+instance is an object executing in its own thread; numpy and torch release the GIL in their kernels, so
+``instance_group { count: N }`` instances run concurrently. The price: instances of one model share the
+interpreter, so a model.py that mutates module globals shares them across its instances.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+
+from azulite.errors import Internal, InvalidArgument, ModelLoadError, NotFound, ServeError, Unavailable, Unsupported
+from azulite.serve import config as cfg
+from azulite.serve.backends import pb_utils
+from azulite.serve.backends.base import LoadContext, Result, Timing, WorkItem, register
+from azulite.serve.proto import model_config_pb2 as mc
+
+sys.modules.setdefault("triton_python_backend_utils", pb_utils)
+
+_ERROR_CLASSES: dict[int, type[ServeError]] = {
+    pb_utils.TritonError.INVALID_ARG: InvalidArgument,
+    pb_utils.TritonError.NOT_FOUND: NotFound,
+    pb_utils.TritonError.UNAVAILABLE: Unavailable,
+    pb_utils.TritonError.UNSUPPORTED: Unsupported,
+}
+_import_lock = threading.Lock()
+_counter = 0
+
+
+def _load_module(model_file: Path, model: str):
+    """A fresh module object per call (Triton gives each instance its own process and module)."""
+    global _counter
+    with _import_lock:
+        _counter += 1
+        module_name = f"azulite_python_model_{_counter}"
+        folder = str(model_file.parent)
+        if folder not in sys.path:  # model.py may import its sibling files, as in Triton's stub
+            sys.path.insert(0, folder)
+        spec = importlib.util.spec_from_file_location(module_name, model_file)
+        module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
+        try:
+            spec.loader.exec_module(module)  # type: ignore[union-attr]
+        except Exception as exc:
+            raise ModelLoadError(
+                f"failed to load model '{model}': importing {model_file} raised {type(exc).__name__}: {exc}",
+                where=str(model_file),
+            ) from None
+    if not hasattr(module, "TritonPythonModel"):
+        raise ModelLoadError(
+            f"failed to load model '{model}': {model_file} defines no class TritonPythonModel",
+            where=str(model_file),
+        )
+    return module
+
+
+def _error_of(error: pb_utils.TritonError | Exception, *, model: str) -> ServeError:
+    if isinstance(error, pb_utils.TritonError):
+        return _ERROR_CLASSES.get(error.code(), Internal)(error.message())
+    return Internal(f"model '{model}': {error}")
+
+
+class PythonInstance:
+    def __init__(self, ctx: LoadContext) -> None:
+        self.model = ctx.model_name
+        self.instance_name = ctx.instance_name
+        self.bls = ctx.bls
+        module = _load_module(ctx.model_file, ctx.model_name)
+        self.impl = module.TritonPythonModel()
+        self.config_json = json.dumps(cfg.config_to_dict(ctx.config))
+        args = {
+            "model_config": self.config_json,
+            "model_instance_kind": "CPU",
+            "model_instance_name": ctx.instance_name,
+            "model_instance_device_id": "0",
+            "model_repository": str(ctx.model_dir),
+            "model_version": str(ctx.version),
+            "model_name": ctx.model_name,
+        }
+        if hasattr(self.impl, "initialize"):
+            try:
+                self._with_bls(self.impl.initialize, args)
+            except Exception as exc:
+                raise ModelLoadError(
+                    f"failed to load model '{ctx.model_name}': initialize() raised {type(exc).__name__}: {exc}",
+                    where=str(ctx.model_file),
+                ) from None
+
+    def _with_bls(self, fn, *args):
+        pb_utils._local.bls = self.bls
+        try:
+            return fn(*args)
+        finally:
+            pb_utils._local.bls = None
+
+    def execute(self, items: list[WorkItem]) -> tuple[list[Result], Timing]:
+        t0 = time.perf_counter_ns()
+        requests = [
+            pb_utils.InferenceRequest(
+                model_name=self.model,
+                requested_output_names=sorted(item.outputs) if item.outputs is not None else [],
+                inputs=[pb_utils.Tensor(name, array) for name, array in item.inputs.items()],
+                request_id=item.request_id,
+                parameters=item.parameters,
+            )
+            for item in items
+        ]
+        t1 = time.perf_counter_ns()
+        try:
+            responses = self._with_bls(self.impl.execute, requests)
+        except Exception as exc:
+            raise Internal(
+                f"Failed to process the request(s) for model instance '{self.instance_name}', message: "
+                f"{type(exc).__name__}: {exc}"
+            ) from None
+        t2 = time.perf_counter_ns()
+        if responses is None or len(responses) != len(items):
+            raise Internal(
+                f"model '{self.model}': execute() returned {0 if responses is None else len(responses)} "
+                f"responses for {len(items)} requests (it must return one per request)"
+            )
+        results: list[Result] = []
+        for item, response in zip(items, responses):
+            if not isinstance(response, pb_utils.InferenceResponse):
+                results.append(Internal(f"model '{self.model}': execute() returned {type(response).__name__}, "
+                                        "expected pb_utils.InferenceResponse"))
+            elif response.has_error():
+                results.append(_error_of(response.error(), model=self.model))
+            else:
+                outputs = {}
+                for tensor in response.output_tensors():
+                    if item.outputs is None or tensor.name() in item.outputs:
+                        outputs[tensor.name()] = tensor.as_numpy()
+                results.append(outputs)
+        return results, Timing(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
+
+    def close(self) -> None:
+        if hasattr(self.impl, "finalize"):
+            try:
+                self._with_bls(self.impl.finalize)
+            except Exception:  # a model failing to clean up must not stop the unload
+                pass
+
+
+@register("python")
+class PythonBackend:
+    name = "python"
+
+    def load(self, ctx: LoadContext) -> PythonInstance:
+        return PythonInstance(ctx)
+
+    def auto_complete(self, config: mc.ModelConfig, model_file: Path) -> mc.ModelConfig:
+        """Calls the model's static ``auto_complete_config(pb_utils.ModelConfig)``, as Triton does."""
+        module = _load_module(model_file, config.name)
+        hook = getattr(module.TritonPythonModel, "auto_complete_config", None)
+        if hook is None:
+            return config
+        try:
+            result = hook(pb_utils.ModelConfig(cfg.config_to_dict(config)))
+        except Exception as exc:
+            raise ModelLoadError(
+                f"failed to load model '{config.name}': auto_complete_config() raised {type(exc).__name__}: {exc}",
+                where=str(model_file),
+            ) from None
+        if not isinstance(result, pb_utils.ModelConfig):
+            raise ModelLoadError(
+                f"model '{config.name}': auto_complete_config() must return the pb_utils.ModelConfig it was given",
+                where=str(model_file),
+            )
+        return cfg.config_from_json(result.as_dict(), model=config.name)

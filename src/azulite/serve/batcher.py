@@ -1,0 +1,405 @@
+"""The scheduler of one model version: a priority queue of pending requests that flushes a batch to an
+idle instance on size or deadline, with Triton's dynamic-batching semantics.
+
+- A batch is formed only when an instance is idle, so under load requests pile up and batches grow.
+- Requests go together while their non-batch shapes match and their batch sizes sum to at most
+  ``max_batch_size``. A batch leaves at once when full or when a prefix of the queue sums to a
+  ``preferred_batch_size``; otherwise when the oldest request waited ``max_queue_delay_microseconds``.
+- ``priority_levels``: level 1 is served first; each level has its queue policy: ``max_queue_size``
+  (over it: UNAVAILABLE "Exceeds maximum queue size"), ``default_timeout_microseconds`` (a request's own
+  ``timeout`` counts only with ``allow_timeout_override``), ``timeout_action`` REJECT (fail it) or DELAY
+  (serve it after every non-expired request of its level).
+- ``preserve_ordering``: responses are released in the order the requests arrived.
+- A model without ``dynamic_batching`` gets Triton's default scheduler: one request per execution.
+- A batch that fails fails every request in it.
+
+The merge/split of tensors is not here (merge.py, used by the backends); this module only decides which
+requests run together and when. Everything runs on the event loop; only ``execute`` runs in the
+instance's own thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from azulite.errors import Internal, ServeError, Unavailable
+from azulite.serve.backends.base import ModelInstance, Result, Timing, WorkItem
+from azulite.serve.proto import model_config_pb2 as mc
+
+
+class Rejected(Unavailable):
+    """The scheduler refused or timed out the request (queue full, timeout REJECT): metrics count it
+    as reason REJECTED."""
+
+
+@dataclass(frozen=True, slots=True)
+class QueuePolicy:
+    delay_on_timeout: bool = False  # timeout_action DELAY (else REJECT)
+    default_timeout_us: int = 0
+    allow_timeout_override: bool = False
+    max_queue_size: int = 0  # 0: unbounded
+
+    @classmethod
+    def from_proto(cls, policy: mc.ModelQueuePolicy) -> "QueuePolicy":
+        return cls(
+            delay_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.DELAY,
+            default_timeout_us=policy.default_timeout_microseconds,
+            allow_timeout_override=policy.allow_timeout_override,
+            max_queue_size=policy.max_queue_size,
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class BatcherSettings:
+    max_batch_size: int = 0
+    dynamic: bool = False
+    preferred: tuple[int, ...] = ()
+    max_delay_ns: int = 0
+    preserve_ordering: bool = False
+    priority_levels: int = 1
+    default_level: int = 1
+    policies: tuple[QueuePolicy, ...] = (QueuePolicy(),)
+
+    @classmethod
+    def from_config(cls, config: mc.ModelConfig) -> "BatcherSettings":
+        if not config.HasField("dynamic_batching") or config.max_batch_size == 0:
+            return cls(max_batch_size=config.max_batch_size)
+        db = config.dynamic_batching
+        levels = max(1, db.priority_levels)
+        default = QueuePolicy.from_proto(db.default_queue_policy)
+        policies = tuple(
+            QueuePolicy.from_proto(db.priority_queue_policy[level]) if level in db.priority_queue_policy else default
+            for level in range(1, levels + 1)
+        )
+        return cls(
+            max_batch_size=config.max_batch_size,
+            dynamic=True,
+            preferred=tuple(sorted(set(db.preferred_batch_size))),
+            max_delay_ns=db.max_queue_delay_microseconds * 1000,
+            preserve_ordering=db.preserve_ordering,
+            priority_levels=levels,
+            default_level=db.default_priority_level or levels,
+            policies=policies,
+        )
+
+
+class Observer(Protocol):
+    """What the batcher reports (statistics and metrics live elsewhere)."""
+
+    def queued(self, delta: int) -> None: ...
+
+    def executed(self, batch_size: int, queue_ns: Sequence[int], timing: Timing, ok: bool) -> None: ...
+
+
+class NullObserver:
+    def queued(self, delta: int) -> None:
+        pass
+
+    def executed(self, batch_size: int, queue_ns: Sequence[int], timing: Timing, ok: bool) -> None:
+        pass
+
+
+@dataclass(slots=True, eq=False)
+class _Pending:
+    item: WorkItem
+    shape_key: tuple
+    future: asyncio.Future
+    enqueued_ns: int
+    deadline_ns: int
+    level: int
+    seq: int
+
+
+@dataclass(slots=True, eq=False)
+class _Instance:
+    model: ModelInstance
+    executor: ThreadPoolExecutor
+
+
+def shape_key(item: WorkItem) -> tuple:
+    """Requests batch together only if every input has the same shape past the batch dimension."""
+    skip = 1 if item.batch_size else 0
+    return tuple((name, array.shape[skip:]) for name, array in item.inputs.items())
+
+
+@dataclass(slots=True)
+class _Level:
+    queue: deque = field(default_factory=deque)
+    delayed: deque = field(default_factory=deque)
+
+
+class Batcher:
+    def __init__(
+        self,
+        *,
+        model: str,
+        settings: BatcherSettings,
+        instances: Sequence[tuple[str, ModelInstance]],
+        observer: Observer | None = None,
+    ) -> None:
+        self.model = model
+        self.settings = settings
+        self.observer = observer or NullObserver()
+        self._instances = [
+            _Instance(m, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"azulite-{name}")) for name, m in instances
+        ]
+        self._levels = [_Level() for _ in range(settings.priority_levels)]
+        self._count = 0  # requests queued (all levels, normal + delayed)
+        self._with_deadline = 0  # queued requests that can time out
+        self._seq = 0
+        self._next_release = 0
+        self._finished: dict[int, tuple[_Pending, Result | ServeError]] = {}
+        self._inflight = 0
+        self._closing = False
+        self._task: asyncio.Task | None = None
+        self._idle: asyncio.Queue | None = None
+        self._waker: asyncio.Future | None = None
+        self._drained: asyncio.Event | None = None
+
+    # --- the front door ---------------------------------------------------------------------------
+
+    def submit(self, item: WorkItem, *, priority: int = 0, timeout_us: int = 0) -> asyncio.Future:
+        """Queue one request; the future resolves to its outputs or raises its ServeError."""
+        if self._closing:
+            raise Unavailable(f"model '{self.model}' is unloading or the server is shutting down")
+        if self._task is None:
+            self._start()
+        s = self.settings
+        level = (priority if 0 < priority <= s.priority_levels else s.default_level) - 1
+        policy = s.policies[level]
+        lane = self._levels[level]
+        if policy.max_queue_size and len(lane.queue) + len(lane.delayed) >= policy.max_queue_size:
+            raise Rejected("Exceeds maximum queue size", where=f"model '{self.model}'")
+        timeout = timeout_us if (policy.allow_timeout_override and timeout_us > 0) else policy.default_timeout_us
+        now = time.monotonic_ns()
+        loop = asyncio.get_running_loop()
+        pending = _Pending(
+            item=item,
+            shape_key=shape_key(item) if s.dynamic else (),
+            future=loop.create_future(),
+            enqueued_ns=now,
+            deadline_ns=now + timeout * 1000 if timeout else 0,
+            level=level,
+            seq=self._seq,
+        )
+        self._seq += 1
+        lane.queue.append(pending)
+        self._count += 1
+        if pending.deadline_ns:
+            self._with_deadline += 1
+        self.observer.queued(1)
+        self._wake()
+        return pending.future
+
+    async def close(self, drain_timeout_s: float = 30.0) -> None:
+        """Refuse new requests, let the queued and running ones finish (up to the timeout), fail the
+        rest, then finalize every instance."""
+        self._closing = True
+        if self._task is not None:
+            self._wake()
+            assert self._drained is not None
+            if self._count or self._inflight:
+                try:
+                    await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
+                except asyncio.TimeoutError:
+                    pass
+            self._task.cancel()
+            for lane in self._levels:
+                for pending in (*lane.queue, *lane.delayed):
+                    self._settle(pending, Unavailable(f"model '{self.model}' was unloaded before the request ran"))
+                lane.queue.clear()
+                lane.delayed.clear()
+            self._count = 0
+        loop = asyncio.get_running_loop()
+        for inst in self._instances:
+            await loop.run_in_executor(inst.executor, inst.model.close)
+            inst.executor.shutdown(wait=False)
+
+    def close_now(self) -> None:
+        """Finalize without an event loop (a model that never served a request, or interpreter exit)."""
+        self._closing = True
+        for inst in self._instances:
+            inst.model.close()
+            inst.executor.shutdown(wait=False)
+
+    @property
+    def queued(self) -> int:
+        return self._count
+
+    # --- the scheduler ----------------------------------------------------------------------------
+
+    def _start(self) -> None:
+        self._idle = asyncio.Queue()
+        for inst in self._instances:
+            self._idle.put_nowait(inst)
+        self._drained = asyncio.Event()
+        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.model}")
+
+    def _wake(self) -> None:
+        waker = self._waker
+        if waker is not None and not waker.done():
+            waker.set_result(None)
+
+    async def _sleep_until_woken(self, until_ns: int) -> None:
+        loop = asyncio.get_running_loop()
+        self._waker = waker = loop.create_future()
+        handle = None
+        if until_ns:
+            delay = max(0.0, (until_ns - time.monotonic_ns()) / 1e9)
+            handle = loop.call_later(delay, lambda: waker.done() or waker.set_result(None))
+        try:
+            await waker
+        finally:
+            self._waker = None
+            if handle is not None:
+                handle.cancel()
+
+    async def _run(self) -> None:
+        assert self._idle is not None and self._drained is not None
+        loop = asyncio.get_running_loop()
+        while True:
+            inst = await self._idle.get()
+            batch = await self._next_batch()
+            self._inflight += 1
+            loop.create_task(self._execute(inst, batch))
+
+    def _order(self):
+        """Requests in the order they are served: per level, the queue, then the delayed."""
+        for lane in self._levels:
+            yield from lane.queue
+            yield from lane.delayed
+
+    def _expire(self, now: int) -> int:
+        """Apply timeouts; returns the nearest future deadline (0: none)."""
+        nearest = 0
+        for lane in self._levels:
+            if not any(p.deadline_ns for p in lane.queue):
+                continue
+            keep: deque = deque()
+            for p in lane.queue:
+                if p.deadline_ns and p.deadline_ns <= now:
+                    self._with_deadline -= 1
+                    if self.settings.policies[p.level].delay_on_timeout:
+                        p.deadline_ns = 0
+                        lane.delayed.append(p)
+                    else:
+                        self._count -= 1
+                        self.observer.queued(-1)
+                        self._complete(p, Rejected("Request timeout expired", where=f"model '{self.model}'"))
+                else:
+                    if p.deadline_ns and (not nearest or p.deadline_ns < nearest):
+                        nearest = p.deadline_ns
+                    keep.append(p)
+            lane.queue = keep
+        return nearest
+
+    async def _next_batch(self) -> list[_Pending]:
+        s = self.settings
+        while True:
+            now = time.monotonic_ns()
+            nearest = self._expire(now) if self._with_deadline else 0
+            if self._count == 0:
+                if self._closing and self._inflight == 0:
+                    self._drained.set()  # type: ignore[union-attr]
+                await self._sleep_until_woken(nearest)
+                continue
+            if not s.dynamic:
+                return self._take(1)
+            # The longest prefix that fits: same shapes, batch sizes summing to <= max_batch_size.
+            n, total, best_preferred = 0, 0, 0
+            head_key = None
+            for p in self._order():
+                if head_key is None:
+                    head_key = p.shape_key
+                elif p.shape_key != head_key:
+                    break
+                if total + p.item.batch_size > s.max_batch_size and n:
+                    break
+                n += 1
+                total += p.item.batch_size
+                if total in s.preferred:
+                    best_preferred = n
+                if total >= s.max_batch_size:
+                    break
+            full = total >= s.max_batch_size or n < self._count
+            if full or self._closing:
+                return self._take(n)
+            if best_preferred:
+                return self._take(best_preferred)
+            head = next(self._order())
+            due = head.enqueued_ns + s.max_delay_ns
+            if now >= due:
+                return self._take(n)
+            await self._sleep_until_woken(min(due, nearest) if nearest else due)
+
+    def _take(self, n: int) -> list[_Pending]:
+        batch: list[_Pending] = []
+        for lane in self._levels:
+            for q in (lane.queue, lane.delayed):
+                while q and len(batch) < n:
+                    p = q.popleft()
+                    if p.deadline_ns:
+                        self._with_deadline -= 1
+                    batch.append(p)
+            if len(batch) == n:
+                break
+        self._count -= len(batch)
+        self.observer.queued(-len(batch))
+        return batch
+
+    async def _execute(self, inst: _Instance, batch: list[_Pending]) -> None:
+        loop = asyncio.get_running_loop()
+        start = time.monotonic_ns()
+        items = [p.item for p in batch]
+        error: ServeError | None = None
+        results: list[Result] = []
+        timing = Timing()
+        try:
+            results, timing = await loop.run_in_executor(inst.executor, inst.model.execute, items)
+            if len(results) != len(batch):
+                error = Internal(f"model '{self.model}': {len(results)} results for {len(batch)} requests")
+        except ServeError as exc:
+            error = exc
+        except Exception as exc:  # a backend bug: fail the batch, keep serving
+            error = Internal(f"model '{self.model}': {type(exc).__name__}: {exc}")
+        finally:
+            self._inflight -= 1
+            self._idle.put_nowait(inst)  # type: ignore[union-attr]
+        batch_size = sum(p.item.batch_size for p in batch) or 1
+        self.observer.executed(batch_size, [start - p.enqueued_ns for p in batch], timing, error is None)
+        if error is not None:
+            for p in batch:
+                self._complete(p, error)
+        else:
+            for p, result in zip(batch, results):
+                self._complete(p, result)
+        if self._closing and self._count == 0 and self._inflight == 0:
+            self._drained.set()  # type: ignore[union-attr]
+            self._wake()
+
+    # --- answers ----------------------------------------------------------------------------------
+
+    def _complete(self, pending: _Pending, result: Result | ServeError) -> None:
+        if not self.settings.preserve_ordering:
+            self._settle(pending, result)
+            return
+        self._finished[pending.seq] = (pending, result)
+        while self._next_release in self._finished:
+            p, r = self._finished.pop(self._next_release)
+            self._settle(p, r)
+            self._next_release += 1
+
+    @staticmethod
+    def _settle(pending: _Pending, result: Result | ServeError) -> None:
+        if pending.future.done():  # the client went away
+            return
+        if isinstance(result, BaseException):
+            pending.future.set_exception(result)
+        else:
+            pending.future.set_result(result)

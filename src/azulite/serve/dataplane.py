@@ -1,0 +1,442 @@
+"""The data plane: Triton's semantics behind the :class:`azulite.serve.types.DataPlane` protocol that
+the HTTP and gRPC front-ends call. It checks requests against the model's config (name, datatype,
+shape, batch size: an error names the input and what was expected vs got), hands them to the model's
+batcher, shapes the answers (reshape, classification), and keeps statistics and metrics.
+
+The infer path builds no protobuf and loops over tensors, never over elements.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from azulite.errors import Internal, InvalidArgument, NotFound, ServeError, Unavailable, Unsupported
+from azulite.serve import config as cfg
+from azulite.serve.backends import pb_utils
+from azulite.serve.backends.base import WorkItem
+from azulite.serve.batcher import Rejected
+from azulite.serve.ensemble import run_ensemble
+from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
+from azulite.serve.metrics import ServerMetrics
+from azulite.serve.models import READY, LoadedModel
+from azulite.serve.proto import model_config_pb2 as mc
+from azulite.serve.proto import service_pb2 as pb
+from azulite.serve.types import InferRequest, InferResponse, InferTensor
+
+SERVER_NAME = "azulite"
+SERVER_VERSION = "0.1.0"
+# Only what is really implemented (binary_tensor_data is the front-ends' part of the protocol).
+EXTENSIONS = (
+    "classification",
+    "model_repository",
+    "model_repository(unload_dependents)",
+    "schedule_policy",
+    "model_configuration",
+    "binary_tensor_data",
+    "parameters",
+    "statistics",
+)
+
+_DTYPE_TO_WIRE = {v: k for k, v in cfg.WIRE_TO_NUMPY.items()}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DataPlaneSettings:
+    """``strict_readiness`` (Triton's --strict-readiness, default true): the server is ready only when
+    every model asked for at start loaded; false: ready as soon as it serves."""
+
+    repository: Path
+    control_mode: ControlMode = "none"
+    load_models: tuple[str, ...] = ()
+    strict_readiness: bool = True
+    extensions: tuple[str, ...] = field(default=EXTENSIONS)
+
+
+def _request_int(request: InferRequest, key: str) -> int:
+    value = request.parameters.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"request parameter '{key}' must be an integer, got {value!r}") from None
+    return int(value)
+
+
+def _shape_text(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> np.ndarray:
+    """Triton's classification extension: the top-k of each batch item as BYTES "value:index[:label]"."""
+    rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
+    k = min(k, rows.shape[1])
+    order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    out = np.empty((rows.shape[0], k), dtype=np.object_)
+    for r in range(rows.shape[0]):
+        for c, idx in enumerate(order[r]):
+            text = f"{float(rows[r, idx]):f}:{int(idx)}"
+            if labels is not None and idx < len(labels):
+                text += f":{labels[idx]}"
+            out[r, c] = text.encode()
+    return out if batched else out[0]
+
+
+class TritonDataPlane:
+    """Implements :class:`azulite.serve.types.DataPlane`. Construct it (loads the start-up models,
+    synchronously), then call it from one event loop. Extras the front-ends may use: ``metrics``
+    (:class:`ServerMetrics`: ``metrics_text()``, ``content_type``, ``registry``), ``start_polling()``,
+    ``startup_table()`` (rows of model, version, status for the CLI)."""
+
+    def __init__(self, settings: DataPlaneSettings) -> None:
+        self.settings = settings
+        self.manager = ModelManager(
+            ManagerSettings(repository=Path(settings.repository), control_mode=settings.control_mode,
+                            load_models=settings.load_models),
+            bls=self._bls,
+        )
+        self.metrics = ServerMetrics(self.manager.all_stats)
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._lock: asyncio.Lock | None = None
+        self._closing = False
+        self._closed = False
+        self._inflight = 0
+        self._poller: asyncio.Task | None = None
+        self._initial = self.manager.initial_models()
+        self.manager.load_initial()
+
+    # --- health and metadata -----------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return not self._closed
+
+    def ready(self) -> bool:
+        if self._closing:
+            return False
+        if not self.settings.strict_readiness:
+            return True
+        return all(name in self.manager.entries and self.manager.entries[name].ready for name in self._initial)
+
+    def server_metadata(self) -> pb.ServerMetadataResponse:
+        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION,
+                                         extensions=list(self.settings.extensions))
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        try:
+            self.manager.get(name, version)
+        except ServeError:
+            return False
+        return True
+
+    def model_metadata(self, name: str, version: str = "") -> pb.ModelMetadataResponse:
+        model = self.manager.get(name, version)
+        versions = [str(v) for v in sorted(self.manager.entries[name].ready)]
+        return model.metadata(versions)
+
+    def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
+        return self.manager.get(name, version).config
+
+    def model_statistics(self, name: str = "", version: str = "") -> pb.ModelStatisticsResponse:
+        response = pb.ModelStatisticsResponse()
+        if not name:
+            for entry in sorted(self.manager.entries.values(), key=lambda e: e.name):
+                for v in sorted(entry.ready):
+                    response.model_stats.append(entry.ready[v].stats.to_proto())
+            return response
+        entry = self.manager.entries.get(name)
+        if entry is None or not entry.ready:
+            raise NotFound(f"requested model '{name}' is not available")
+        if version and version != "-1":
+            model = self.manager.get(name, version)
+            response.model_stats.append(model.stats.to_proto())
+        else:
+            for v in sorted(entry.ready):
+                response.model_stats.append(entry.ready[v].stats.to_proto())
+        return response
+
+    def repository_index(self, ready_only: bool = False) -> pb.RepositoryIndexResponse:
+        from azulite.serve import repository as repo
+
+        response = pb.RepositoryIndexResponse()
+        names = set(self.manager.entries)
+        try:
+            names |= set(repo.list_models(self.manager.root))
+        except ServeError:
+            pass
+        for name in sorted(names):
+            entry = self.manager.entries.get(name)
+            if entry is None:
+                if not ready_only:
+                    response.models.add(name=name)  # in the repository, never loaded (Triton: no state)
+                continue
+            if entry.states:
+                for v in sorted(entry.states):
+                    st = entry.states[v]
+                    if ready_only and st.state != READY:
+                        continue
+                    response.models.add(name=name, version=str(v), state=st.state, reason=st.reason)
+            elif not ready_only:
+                response.models.add(name=name, state=entry.state, reason=entry.reason)
+        return response
+
+    def startup_table(self) -> list[tuple[str, str, str]]:
+        """(model, version, status) rows as Triton prints at start: READY or UNAVAILABLE: <reason>."""
+        rows = []
+        for m in self.repository_index().models:
+            status = m.state or "UNAVAILABLE"
+            if m.reason:
+                status += f": {m.reason}"
+            rows.append((m.name, m.version or "-", status if m.state else "UNLOADED"))
+        return rows
+
+    # --- inference ---------------------------------------------------------------------------------
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+        if self._closing:
+            raise Unavailable("the server is shutting down and accepts no new requests")
+        return await self._infer(request)
+
+    async def _infer(self, request: InferRequest) -> InferResponse:
+        """infer without the shutdown check: ensemble steps and BLS calls of requests in flight."""
+        model = self.manager.get(request.model_name, request.model_version)
+        start = time.perf_counter_ns()
+        self._inflight += 1
+        reason = "OTHER"
+        try:
+            item = self._prepare(model, request)
+            priority = _request_int(request, "priority") if "priority" in request.parameters else 0
+            timeout = _request_int(request, "timeout") if "timeout" in request.parameters else 0
+            wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
+            reason = "BACKEND"
+            if model.batcher is None:
+                outputs = await run_ensemble(model.config, item.inputs, wanted, self._run_step)
+                model.stats.inference_count += item.batch_size or 1
+                model.stats.execution_count += 1
+            else:
+                outputs = await model.batcher.submit(item, priority=priority, timeout_us=timeout)
+            response = self._respond(model, request, item, outputs, wanted)
+        except Rejected:
+            model.stats.failed(time.perf_counter_ns() - start, "REJECTED")
+            raise
+        except ServeError:
+            model.stats.failed(time.perf_counter_ns() - start, reason)
+            raise
+        except asyncio.CancelledError:
+            model.stats.failed(time.perf_counter_ns() - start, "CANCELED")
+            raise
+        except Exception as exc:  # a bug of ours: answer INTERNAL, keep serving
+            model.stats.failed(time.perf_counter_ns() - start, "OTHER")
+            raise Internal(f"model '{model.name}': {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._inflight -= 1
+        model.stats.succeeded(time.perf_counter_ns() - start)
+        return response
+
+    def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:
+        name = model.name
+        mbs = model.max_batch_size
+        inputs: dict[str, np.ndarray] = {}
+        batch = -1
+        for tensor in request.inputs:
+            spec = model.inputs.get(tensor.name)
+            if spec is None:
+                raise InvalidArgument(f"unexpected inference input '{tensor.name}' for model '{name}'",
+                                      fix=f"the model's inputs are {sorted(model.inputs)}")
+            if tensor.name in inputs:
+                raise InvalidArgument(f"input '{tensor.name}' is given twice in the request for model '{name}'")
+            if tensor.datatype != spec.datatype:
+                raise InvalidArgument(f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
+                                      f"but model '{name}' expects '{spec.datatype}'")
+            shape = tuple(tensor.shape)
+            if mbs > 0:
+                if not shape:
+                    raise InvalidArgument(
+                        f"unexpected shape for input '{tensor.name}' for model '{name}'. Expected "
+                        f"{_shape_text((-1, *spec.dims))}, got [] (the model batches: the first dimension is the batch)")
+                if batch < 0:
+                    batch = shape[0]
+                elif shape[0] != batch:
+                    raise InvalidArgument(
+                        f"input '{tensor.name}' has batch size {shape[0]} but other inputs of the request have "
+                        f"{batch}, for model '{name}'")
+                rest = shape[1:]
+            else:
+                rest = shape
+            if not spec.matches(rest):
+                expected = (-1, *spec.dims) if mbs > 0 else spec.dims
+                raise InvalidArgument(f"unexpected shape for input '{tensor.name}' for model '{name}'. "
+                                      f"Expected {_shape_text(expected)}, got {_shape_text(shape)}")
+            data = tensor.data
+            expected_dtype = cfg.WIRE_TO_NUMPY.get(spec.datatype)
+            if expected_dtype is None:
+                raise Unsupported(f"datatype {spec.datatype} of input '{tensor.name}' is not supported by azulite")
+            if data.dtype != expected_dtype:
+                raise InvalidArgument(f"input '{tensor.name}' of model '{name}': data of numpy dtype {data.dtype} "
+                                      f"does not match datatype {tensor.datatype}")
+            if data.shape != shape:
+                if data.size != int(np.prod(shape)):
+                    raise InvalidArgument(
+                        f"input '{tensor.name}' of model '{name}': {data.size} elements given for shape "
+                        f"{_shape_text(shape)}")
+                data = data.reshape(shape)
+            if spec.reshape is not None:
+                data = data.reshape(((batch,) if mbs > 0 else ()) + spec.reshape)
+            inputs[tensor.name] = data
+        if len(inputs) < len(model.required_inputs) or not model.required_inputs <= inputs.keys():
+            missing = sorted(model.required_inputs - inputs.keys())
+            raise InvalidArgument(
+                f"expected {len(model.required_inputs)} inputs but got {len(inputs)} inputs for model '{name}'. "
+                f"Got input(s) {sorted(inputs)}, but missing required input(s) {missing}. "
+                "Please provide all required input(s).")
+        if mbs > 0 and batch > mbs:
+            raise InvalidArgument(f"inference request batch-size must be <= {mbs} for '{name}'",
+                                  fix=f"split the request into batches of at most {mbs}")
+        outputs = None
+        if request.outputs is not None:
+            for out in request.outputs:
+                if out.name not in model.outputs:
+                    raise InvalidArgument(f"unexpected inference output '{out.name}' for model '{name}'",
+                                          fix=f"the model's outputs are {sorted(model.outputs)}")
+            outputs = frozenset(o.name for o in request.outputs)
+        return WorkItem(inputs=inputs, outputs=outputs, batch_size=max(batch, 0), request_id=request.id,
+                        parameters=request.parameters)
+
+    def _respond(self, model: LoadedModel, request: InferRequest, item: WorkItem,
+                 outputs: dict[str, np.ndarray], wanted: list[str]) -> InferResponse:
+        classes = {}
+        if request.outputs:
+            for out in request.outputs:
+                k = out.parameters.get("classification")
+                if k:
+                    classes[out.name] = int(k)
+        tensors = []
+        batched = model.max_batch_size > 0
+        for name in wanted:
+            array = outputs.get(name)
+            if array is None:
+                if item.outputs is None:
+                    continue  # a Python model may leave an output out
+                raise Internal(f"model '{model.name}' did not produce the requested output '{name}'")
+            if not isinstance(array, np.ndarray):
+                array = np.asarray(array)
+            spec = model.outputs.get(name)
+            if spec is not None and spec.reshape is not None:
+                array = array.reshape(((item.batch_size,) if batched else ()) + spec.dims)
+            if name in classes:
+                array = classify(array, classes[name], model.labels.get(name), batched)
+            datatype = _DTYPE_TO_WIRE.get(array.dtype)
+            if datatype is None:
+                datatype = cfg.numpy_to_wire(array.dtype)
+                if datatype == "BYTES" and array.dtype != np.object_:
+                    array = np.array([s.encode() if isinstance(s, str) else bytes(s) for s in array.reshape(-1)],
+                                     dtype=np.object_).reshape(array.shape)
+            tensors.append(InferTensor(name=name, datatype=datatype, shape=array.shape, data=array))
+        return InferResponse(model_name=model.name, model_version=model.version_str, outputs=tensors, id=request.id)
+
+    async def _run_step(self, model_name: str, version: str, feed: dict[str, np.ndarray],
+                        wanted: list[str]) -> dict[str, np.ndarray]:
+        from azulite.serve.types import RequestedOutput
+
+        request = InferRequest(
+            model_name=model_name,
+            model_version=version,
+            inputs=[InferTensor(n, _DTYPE_TO_WIRE.get(a.dtype) or cfg.numpy_to_wire(a.dtype), a.shape, a)
+                    for n, a in feed.items()],
+            outputs=[RequestedOutput(n) for n in wanted],
+        )
+        response = await self._infer(request)
+        return {t.name: t.data for t in response.outputs}
+
+    def _bls(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
+        """A Python model's ``InferenceRequest.exec()``, called from its instance thread."""
+        from azulite.serve.types import RequestedOutput
+
+        if self._loop is None:
+            raise pb_utils.TritonModelException("BLS is available once the server serves requests")
+        version = "" if request._model_version in (-1, None) else str(request._model_version)
+        infer = InferRequest(
+            model_name=request.model_name(),
+            model_version=version,
+            inputs=[InferTensor(t.name(), cfg.numpy_to_wire(t.as_numpy().dtype), t.as_numpy().shape, t.as_numpy())
+                    for t in request.inputs()],
+            outputs=[RequestedOutput(n) for n in request.requested_output_names()] or None,
+            id=request.request_id(),
+        )
+        try:
+            result = asyncio.run_coroutine_threadsafe(self._infer(infer), self._loop).result()
+        except ServeError as exc:
+            code = {"INVALID_ARGUMENT": pb_utils.TritonError.INVALID_ARG, "NOT_FOUND": pb_utils.TritonError.NOT_FOUND,
+                    "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
+                    "UNIMPLEMENTED": pb_utils.TritonError.UNSUPPORTED}.get(exc.status, pb_utils.TritonError.INTERNAL)
+            return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message, code))
+        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(t.name, t.data) for t in result.outputs])
+
+    # --- model control -----------------------------------------------------------------------------
+
+    def _control_lock(self) -> asyncio.Lock:
+        if self._lock is None:
+            self._lock = asyncio.Lock()
+        return self._lock
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        parameters = dict(parameters or {})
+        config_json = parameters.pop("config", None)
+        files = {k[len("file:"):]: v for k, v in parameters.items() if k.startswith("file:")}
+        for key, value in files.items():
+            if not isinstance(value, (bytes, bytearray)):
+                raise InvalidArgument(f"load parameter 'file:{key}' must be bytes (base64 over HTTP)")
+        async with self._control_lock():
+            retired = await asyncio.to_thread(self.manager.load_or_raise, name, config_json=config_json,
+                                              files=files or None)
+            await self._retire(retired)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        async with self._control_lock():
+            retired = self.manager.unload(name, unload_dependents=unload_dependents)
+            await self._retire(retired)
+
+    async def poll(self) -> None:
+        """Poll mode: one rescan of the repository (see :meth:`start_polling`)."""
+        async with self._control_lock():
+            retired = await asyncio.to_thread(self.manager.poll)
+            await self._retire(retired)
+
+    def start_polling(self, interval_s: float = 15.0) -> None:
+        """Triton's --repository-poll-secs: rescan every interval (poll mode only)."""
+        if self.settings.control_mode != "poll":
+            raise Unsupported("repository polling needs --model-control-mode=poll")
+
+        async def loop() -> None:
+            while True:
+                await asyncio.sleep(interval_s)
+                try:
+                    await self.poll()
+                except ServeError:
+                    pass  # a broken repository state is recorded per model; keep polling
+
+        self._poller = asyncio.get_running_loop().create_task(loop(), name="azulite-repository-poll")
+
+    async def _retire(self, batchers) -> None:
+        if batchers:
+            await asyncio.gather(*(b.close() for b in batchers), return_exceptions=True)
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        """Refuse new requests, let those in flight finish (batchers keep running meanwhile), then
+        close every batcher, which finalizes the model instances."""
+        self._closing = True
+        if self._poller is not None:
+            self._poller.cancel()
+        deadline = time.monotonic() + drain_timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        batchers = [m.batcher for e in self.manager.entries.values() for m in e.ready.values() if m.batcher]
+        await asyncio.gather(*(b.close(max(0.0, deadline - time.monotonic())) for b in batchers),
+                             return_exceptions=True)
+        self._closed = True

@@ -1,0 +1,78 @@
+"""Ensemble scheduling as Triton's: steps run as soon as every tensor their ``input_map`` names exists
+(an ensemble input or an output of an earlier step), independent steps concurrently; each step is a full
+inference request to its composing model (so it is batched, counted and validated like any other).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+
+import numpy as np
+
+from azulite.errors import Internal, ModelLoadError
+from azulite.serve.proto import model_config_pb2 as mc
+
+StepRunner = Callable[[str, str, dict[str, np.ndarray], list[str]], Awaitable[dict[str, np.ndarray]]]
+
+
+def check_ensemble(config: mc.ModelConfig, composing: Callable[[str], mc.ModelConfig]) -> None:
+    """Every step's tensors exist on its model, every step input is produced, every output is made."""
+    name = config.name
+    available = {t.name for t in config.input}
+    steps = list(config.ensemble_scheduling.step)
+    produced: set[str] = set()
+    for index, step in enumerate(steps):
+        model = composing(step.model_name)
+        model_inputs = {t.name for t in model.input}
+        model_outputs = {t.name for t in model.output}
+        for key in step.input_map:
+            if key not in model_inputs:
+                raise ModelLoadError(
+                    f"ensemble '{name}' step {index}: '{key}' is not an input of model '{step.model_name}' "
+                    f"(its inputs: {sorted(model_inputs)})"
+                )
+        for key, value in step.output_map.items():
+            if key not in model_outputs:
+                raise ModelLoadError(
+                    f"ensemble '{name}' step {index}: '{key}' is not an output of model '{step.model_name}' "
+                    f"(its outputs: {sorted(model_outputs)})"
+                )
+            produced.add(value)
+    for index, step in enumerate(steps):
+        for value in step.input_map.values():
+            if value not in available and value not in produced:
+                raise ModelLoadError(
+                    f"ensemble '{name}' step {index}: input tensor '{value}' is neither an ensemble input nor "
+                    "produced by any step"
+                )
+    for output in config.output:
+        if output.name not in produced:
+            raise ModelLoadError(f"ensemble '{name}': output '{output.name}' is not produced by any step")
+
+
+async def run_ensemble(config: mc.ModelConfig, inputs: dict[str, np.ndarray], wanted: list[str],
+                       run_step: StepRunner) -> dict[str, np.ndarray]:
+    pool = dict(inputs)
+    waiting = list(config.ensemble_scheduling.step)
+    running: dict[asyncio.Task, mc.ModelEnsembling.Step] = {}
+    try:
+        while waiting or running:
+            for step in [s for s in waiting if all(v in pool for v in s.input_map.values())]:
+                waiting.remove(step)
+                feed = {key: pool[value] for key, value in step.input_map.items()}
+                version = "" if step.model_version < 0 else str(step.model_version)
+                task = asyncio.ensure_future(run_step(step.model_name, version, feed, list(step.output_map)))
+                running[task] = step
+            if not running:
+                raise Internal(f"ensemble '{config.name}': steps {[s.model_name for s in waiting]} can never run")
+            done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
+            for task in done:
+                step = running.pop(task)
+                outputs = task.result()  # a failed step fails the ensemble request
+                for key, value in step.output_map.items():
+                    pool[value] = outputs[key]
+    finally:
+        for task in running:
+            task.cancel()
+    return {name: pool[name] for name in wanted}

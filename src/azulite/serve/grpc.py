@@ -1,0 +1,339 @@
+"""KServe v2 / Triton over gRPC: tritonclient's own ``GRPCInferenceServiceServicer`` (all 20 RPCs) on
+``grpc.aio``, served on the data plane's event loop (no thread hand-off per request; measured faster than
+grpcio's thread-pool server here, see bench/serving.py).
+
+Tensors: inputs come as ``raw_input_contents`` (what tritonclient and perf_analyzer send) or as typed
+``contents``; outputs always go back as ``raw_output_contents``, as Triton answers. Errors are
+:class:`~azulite.errors.ServeError`s mapped once by :data:`GRPC_CODE`; an RPC azulite does not support
+answers UNIMPLEMENTED with a message saying what to do instead.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+import grpc
+import numpy as np
+
+from azulite.errors import InvalidArgument, ServeError, Unsupported
+from azulite.serve.config import WIRE_TO_NUMPY
+from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
+from azulite.serve.proto import service_pb2 as pb
+from azulite.serve.proto import service_pb2_grpc
+from azulite.serve.types import DataPlane, InferRequest, InferResponse, InferTensor, RequestedOutput
+
+log = logging.getLogger("azulite.serve.grpc")
+
+#: ServeError.status -> gRPC status code, the one place it is decided (Triton's grpc status mapping).
+GRPC_CODE: dict[str, grpc.StatusCode] = {
+    "INVALID_ARGUMENT": grpc.StatusCode.INVALID_ARGUMENT,
+    "NOT_FOUND": grpc.StatusCode.NOT_FOUND,
+    "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
+    "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
+    "UNIMPLEMENTED": grpc.StatusCode.UNIMPLEMENTED,
+    "INTERNAL": grpc.StatusCode.INTERNAL,
+}
+DEFAULT_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton accepts messages up to INT32_MAX
+
+# InferTensorContents field holding each datatype, for typed (non-raw) inputs.
+_CONTENTS_FIELD = {
+    "BOOL": "bool_contents", "INT8": "int_contents", "INT16": "int_contents", "INT32": "int_contents",
+    "INT64": "int64_contents", "UINT8": "uint_contents", "UINT16": "uint_contents", "UINT32": "uint_contents",
+    "UINT64": "uint64_contents", "FP32": "fp32_contents", "FP64": "fp64_contents", "BYTES": "bytes_contents",
+}
+
+
+def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
+    if isinstance(exc, ServeError):
+        return GRPC_CODE.get(exc.status, grpc.StatusCode.INTERNAL), str(exc)
+    log.exception("internal error answering an RPC", exc_info=exc)
+    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+
+
+def _param_value(p) -> Any:
+    kind = p.WhichOneof("parameter_choice")
+    return getattr(p, kind) if kind else None
+
+
+def _params_in(params) -> dict[str, Any]:
+    return {k: _param_value(v) for k, v in params.items()} if params else {}
+
+
+def _params_out(target, params: dict[str, Any]) -> None:
+    for k, v in params.items():
+        p = target[k]
+        if isinstance(v, bool):
+            p.bool_param = v
+        elif isinstance(v, int):
+            p.int64_param = v
+        elif isinstance(v, float):
+            p.double_param = v
+        else:
+            p.string_param = str(v)
+
+
+def _count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
+    raw = req.raw_input_contents
+    if raw and len(raw) != len(req.inputs):
+        raise InvalidArgument(
+            f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs",
+            fix="send raw contents for every input, or typed contents for every input")
+    if not req.inputs:
+        raise InvalidArgument("the infer request needs at least one input")
+    inputs: list[InferTensor] = []
+    for i, t in enumerate(req.inputs):
+        name, datatype = t.name, t.datatype
+        dtype = WIRE_TO_NUMPY.get(datatype)
+        if dtype is None:
+            raise InvalidArgument(f"input '{name}': unsupported datatype {datatype!r}",
+                                  fix=f"use one of {', '.join(WIRE_TO_NUMPY)}")
+        if any(d < 0 for d in t.shape):
+            raise InvalidArgument(f"input '{name}': shape {list(t.shape)} has a negative dimension")
+        shape = tuple(t.shape)
+        count = _count(shape)
+        if raw:
+            buf = raw[i]
+            if datatype == "BYTES":
+                array = deserialize_bytes(buf, count, name).reshape(shape)
+            else:
+                expected = count * dtype.itemsize
+                if len(buf) != expected:
+                    raise InvalidArgument(
+                        f"input '{name}': raw content is {len(buf)} bytes but shape {list(shape)} of "
+                        f"{datatype} needs {expected}")
+                array = np.frombuffer(buf, dtype=dtype).reshape(shape)
+        else:
+            field = _CONTENTS_FIELD.get(datatype)
+            if field is None:
+                raise InvalidArgument(f"input '{name}': {datatype} has no typed contents field",
+                                      fix="send it in raw_input_contents")
+            values = getattr(t.contents, field)
+            if len(values) != count:
+                raise InvalidArgument(
+                    f"input '{name}': shape {list(shape)} needs {count} elements, contents has {len(values)}")
+            if datatype == "BYTES":
+                array = np.empty(count, dtype=np.object_)
+                array[:] = list(values)
+                array = array.reshape(shape)
+            else:
+                array = np.array(values, dtype=dtype).reshape(shape)
+        inputs.append(InferTensor(name, datatype, shape, array, _params_in(t.parameters)))
+    outputs = None
+    if req.outputs:
+        outputs = [RequestedOutput(o.name, _params_in(o.parameters)) for o in req.outputs]
+    return InferRequest(model_name=req.model_name, inputs=inputs, model_version=req.model_version, id=req.id,
+                        outputs=outputs, parameters=_params_in(req.parameters))
+
+
+def encode_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
+    msg = pb.ModelInferResponse(model_name=resp.model_name, model_version=resp.model_version, id=resp.id)
+    if resp.parameters:
+        _params_out(msg.parameters, resp.parameters)
+    raw = msg.raw_output_contents
+    for t in resp.outputs:
+        out = msg.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
+        if t.parameters:
+            _params_out(out.parameters, t.parameters)
+        raw.append(serialize_bytes(t.data) if t.datatype == "BYTES" else np.ascontiguousarray(t.data).tobytes())
+    return msg
+
+
+def _repo_param(p) -> Any:
+    kind = p.WhichOneof("parameter_choice")
+    return getattr(p, kind) if kind else None
+
+
+class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
+    """The GRPCInferenceService over a DataPlane. Each RPC converts, calls, converts back; failures go
+    through :func:`_status` only."""
+
+    def __init__(self, dataplane: DataPlane) -> None:
+        self.dp = dataplane
+        self.in_flight = 0
+
+    async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException):
+        code, message = _status(exc)
+        await context.abort(code, message)
+
+    # --- health and metadata ------------------------------------------------------------------------
+
+    async def ServerLive(self, request, context):
+        return pb.ServerLiveResponse(live=self.dp.live())
+
+    async def ServerReady(self, request, context):
+        return pb.ServerReadyResponse(ready=self.dp.ready())
+
+    async def ModelReady(self, request, context):
+        try:
+            return pb.ModelReadyResponse(ready=self.dp.model_ready(request.name, request.version))
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+
+    async def ServerMetadata(self, request, context):
+        try:
+            return self.dp.server_metadata()
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+
+    async def ModelMetadata(self, request, context):
+        try:
+            return self.dp.model_metadata(request.name, request.version)
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+
+    async def ModelConfig(self, request, context):
+        try:
+            return pb.ModelConfigResponse(config=self.dp.model_config(request.name, request.version))
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+
+    async def ModelStatistics(self, request, context):
+        try:
+            return self.dp.model_statistics(request.name, request.version)
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+
+    # --- inference ----------------------------------------------------------------------------------
+
+    async def ModelInfer(self, request, context):
+        self.in_flight += 1
+        try:
+            return encode_infer_response(await self.dp.infer(decode_infer_request(request)))
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+        finally:
+            self.in_flight -= 1
+
+    async def _stream_one(self, request) -> pb.ModelStreamInferResponse:
+        try:
+            resp = encode_infer_response(await self.dp.infer(decode_infer_request(request)))
+            return pb.ModelStreamInferResponse(infer_response=resp)
+        except Exception as exc:  # noqa: BLE001 - a stream reports errors per response, as Triton
+            _, message = _status(exc)
+            return pb.ModelStreamInferResponse(
+                error_message=message, infer_response=pb.ModelInferResponse(id=request.id,
+                                                                            model_name=request.model_name))
+        finally:
+            self.in_flight -= 1
+
+    async def ModelStreamInfer(self, request_iterator, context):
+        """Requests of a stream run concurrently; each response is sent when ready (match them by id)."""
+        queue: asyncio.Queue = asyncio.Queue()
+        pending = 0
+        done_reading = False
+
+        async def reader():
+            nonlocal pending, done_reading
+            try:
+                async for request in request_iterator:
+                    pending += 1
+                    self.in_flight += 1
+                    task = asyncio.ensure_future(self._stream_one(request))
+                    task.add_done_callback(lambda t: queue.put_nowait(t.result()))
+            finally:
+                done_reading = True
+                queue.put_nowait(None)
+
+        read_task = asyncio.ensure_future(reader())
+        try:
+            while True:
+                item = await queue.get()
+                if item is None:
+                    if pending == 0:
+                        break
+                    continue
+                pending -= 1
+                yield item
+                if done_reading and pending == 0:
+                    break
+        finally:
+            read_task.cancel()
+
+    # --- repository ---------------------------------------------------------------------------------
+
+    async def RepositoryIndex(self, request, context):
+        try:
+            return self.dp.repository_index(request.ready)
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+
+    async def RepositoryModelLoad(self, request, context):
+        try:
+            params = {k: _repo_param(v) for k, v in request.parameters.items()}
+            await self.dp.load_model(request.model_name, params or None)
+            return pb.RepositoryModelLoadResponse()
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+
+    async def RepositoryModelUnload(self, request, context):
+        try:
+            p = request.parameters.get("unload_dependents")
+            await self.dp.unload_model(request.model_name, bool(_repo_param(p)) if p is not None else False)
+            return pb.RepositoryModelUnloadResponse()
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
+
+    # --- extensions azulite does not implement ------------------------------------------------------
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        return pb.SystemSharedMemoryStatusResponse()  # nothing is ever registered
+
+    async def SystemSharedMemoryRegister(self, request, context):
+        await self._abort(context, Unsupported(
+            "system shared memory is not supported by azulite", fix="send tensors in raw_input_contents"))
+
+    async def SystemSharedMemoryUnregister(self, request, context):
+        return pb.SystemSharedMemoryUnregisterResponse()
+
+    async def CudaSharedMemoryStatus(self, request, context):
+        return pb.CudaSharedMemoryStatusResponse()
+
+    async def CudaSharedMemoryRegister(self, request, context):
+        await self._abort(context, Unsupported(
+            "CUDA shared memory is not supported by azulite (a CPU server)", fix="send tensors in raw_input_contents"))
+
+    async def CudaSharedMemoryUnregister(self, request, context):
+        return pb.CudaSharedMemoryUnregisterResponse()
+
+    async def TraceSetting(self, request, context):
+        await self._abort(context, Unsupported("the trace extension is not supported by azulite",
+                                               fix="use the metrics endpoint and model statistics"))
+
+    async def LogSettings(self, request, context):
+        await self._abort(context, Unsupported("the logging extension is not supported by azulite",
+                                               fix="use the server's own log output"))
+
+
+class GrpcServer:
+    """grpc.aio server for one InferenceServicer, on the running loop."""
+
+    def __init__(self, dataplane: DataPlane, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+        self.servicer = InferenceServicer(dataplane)
+        options = [
+            ("grpc.max_receive_message_length", max_message_bytes),
+            ("grpc.max_send_message_length", max_message_bytes),
+            ("grpc.so_reuseport", 0),
+        ]
+        self._server = grpc.aio.server(options=options)
+        service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self._server)
+
+    async def start(self, host: str, port: int) -> int:
+        address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        bound = self._server.add_insecure_port(address)
+        if bound == 0:
+            raise OSError(f"gRPC cannot bind {address}")
+        await self._server.start()
+        return bound
+
+    async def drain(self, timeout_s: float) -> None:
+        """Refuse new RPCs, let the in-flight ones finish (up to timeout_s), then close."""
+        await self._server.stop(grace=timeout_s)

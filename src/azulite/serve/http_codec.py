@@ -1,0 +1,342 @@
+"""KServe v2 infer bodies over HTTP <-> :class:`InferRequest` / :class:`InferResponse`: JSON tensors and
+Triton's binary tensor data extension, plus the protobuf -> JSON rendering of the metadata, config,
+statistics and index answers.
+
+Binary extension (as Triton): the body is a JSON header of ``Inference-Header-Content-Length`` bytes,
+then the raw bytes of every input whose ``parameters.binary_data_size`` is set, in input order. Fixed-size
+types are little-endian row-major; BYTES elements are each a 4-byte little-endian length and the bytes.
+Outputs are answered the same way when the request asks (``binary_data`` per output, or
+``binary_data_output`` for all of them).
+
+Written by hand (no library speaks this extension); inputs become numpy views of the request body, no copy.
+"""
+
+from __future__ import annotations
+
+import json
+import struct
+from typing import Any
+
+import numpy as np
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import json_format
+from google.protobuf.message import Message
+
+from azulite.errors import InvalidArgument
+from azulite.serve.config import WIRE_TO_NUMPY
+from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+
+_LEN = struct.Struct("<I")
+_INT64_TYPES = {
+    _descriptor.FieldDescriptor.TYPE_INT64,
+    _descriptor.FieldDescriptor.TYPE_UINT64,
+    _descriptor.FieldDescriptor.TYPE_SINT64,
+    _descriptor.FieldDescriptor.TYPE_FIXED64,
+    _descriptor.FieldDescriptor.TYPE_SFIXED64,
+}
+
+
+# --- BYTES tensors -----------------------------------------------------------------------------------
+
+
+def deserialize_bytes(buf: memoryview | bytes, count: int, name: str) -> np.ndarray:
+    """4-byte length-prefixed elements -> an object array of ``bytes`` with ``count`` elements."""
+    out = np.empty(count, dtype=np.object_)
+    view = memoryview(buf)
+    pos, end = 0, len(view)
+    for i in range(count):
+        if pos + 4 > end:
+            raise InvalidArgument(
+                f"input '{name}': binary BYTES data holds fewer than the {count} elements its shape needs",
+                fix="prefix each element with its 4-byte little-endian length")
+        (n,) = _LEN.unpack_from(view, pos)
+        pos += 4
+        if pos + n > end:
+            raise InvalidArgument(f"input '{name}': BYTES element {i} claims {n} bytes past the end of its data")
+        out[i] = bytes(view[pos:pos + n])
+        pos += n
+    if pos != end:
+        raise InvalidArgument(
+            f"input '{name}': binary BYTES data has {end - pos} bytes left over after {count} elements",
+            fix="binary_data_size must equal the serialized size of exactly the shape's elements")
+    return out
+
+
+def serialize_bytes(array: np.ndarray) -> bytes:
+    parts = []
+    for item in array.reshape(-1):
+        b = item if isinstance(item, bytes) else (item.encode() if isinstance(item, str) else bytes(item))
+        parts.append(_LEN.pack(len(b)))
+        parts.append(b)
+    return b"".join(parts)
+
+
+# --- requests ----------------------------------------------------------------------------------------
+
+
+def _element_count(shape: tuple[int, ...]) -> int:
+    n = 1
+    for d in shape:
+        n *= d
+    return n
+
+
+def _shape(value: Any, name: str) -> tuple[int, ...]:
+    if not isinstance(value, list) or not all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in value):
+        raise InvalidArgument(f"input '{name}': 'shape' must be a list of non-negative integers, got {value!r}")
+    return tuple(value)
+
+
+def _dtype(datatype: Any, name: str) -> np.dtype:
+    dtype = WIRE_TO_NUMPY.get(datatype) if isinstance(datatype, str) else None
+    if dtype is None:
+        raise InvalidArgument(
+            f"input '{name}': unsupported datatype {datatype!r}",
+            fix=f"use one of {', '.join(WIRE_TO_NUMPY)}")
+    return dtype
+
+
+def _flatten(data: Any) -> list:
+    if data and isinstance(data[0], list):
+        flat: list = []
+        stack = [data]
+        while stack:  # nested lists, depth first, row-major
+            item = stack.pop()
+            if isinstance(item, list):
+                stack.extend(reversed(item))
+            else:
+                flat.append(item)
+        return flat
+    return data
+
+
+def _json_input(name: str, datatype: str, shape: tuple[int, ...], dtype: np.dtype, data: Any) -> np.ndarray:
+    if not isinstance(data, list):
+        raise InvalidArgument(f"input '{name}': 'data' must be a JSON array, got {type(data).__name__}")
+    flat = _flatten(data)
+    count = _element_count(shape)
+    if len(flat) != count:
+        raise InvalidArgument(
+            f"input '{name}': shape {list(shape)} needs {count} elements, 'data' has {len(flat)}",
+            fix="send exactly prod(shape) elements, flattened row-major or nested")
+    if datatype == "BYTES":
+        out = np.empty(count, dtype=np.object_)
+        for i, v in enumerate(flat):
+            if not isinstance(v, str):
+                raise InvalidArgument(f"input '{name}': BYTES elements must be JSON strings, element {i} is {v!r}")
+            out[i] = v.encode()
+        return out.reshape(shape)
+    if datatype == "FP16":
+        raise InvalidArgument(f"input '{name}': FP16 data cannot be sent as JSON",
+                              fix="send it with the binary tensor data extension (binary_data_size)")
+    try:
+        if datatype == "BOOL":
+            if not all(isinstance(v, bool) for v in flat):
+                raise TypeError
+            return np.array(flat, dtype=dtype).reshape(shape)
+        if dtype.kind in "iu" and not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
+            raise TypeError
+        if dtype.kind == "f" and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+            raise TypeError
+        return np.array(flat, dtype=dtype).reshape(shape)
+    except (TypeError, ValueError, OverflowError):
+        raise InvalidArgument(f"input '{name}': 'data' holds values that are not {datatype}",
+                              fix=f"send JSON {'booleans' if datatype == 'BOOL' else 'numbers'} for {datatype}") from None
+
+
+def decode_infer_request(model_name: str, model_version: str, body: bytes, header_length: int | None) -> InferRequest:
+    """An HTTP infer body (JSON, or JSON + binary tensors) -> InferRequest. Raises InvalidArgument."""
+    view = memoryview(body)
+    if header_length is None:
+        header_length = len(body)
+    elif header_length < 0 or header_length > len(body):
+        raise InvalidArgument(
+            f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes")
+    try:
+        doc = json.loads(view[:header_length].tobytes() if header_length != len(body) else body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"malformed JSON in the infer request: {exc}",
+                              fix="send a KServe v2 infer request object") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the infer request must be a JSON object")
+    raw_inputs = doc.get("inputs")
+    if not isinstance(raw_inputs, list) or not raw_inputs:
+        raise InvalidArgument("the infer request needs a non-empty 'inputs' array")
+    offset = header_length
+    inputs: list[InferTensor] = []
+    for i, item in enumerate(raw_inputs):
+        if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+            raise InvalidArgument(f"inputs[{i}] must be an object with a string 'name'")
+        name = item["name"]
+        datatype = item.get("datatype")
+        dtype = _dtype(datatype, name)
+        shape = _shape(item.get("shape"), name)
+        params = item.get("parameters") or {}
+        if not isinstance(params, dict):
+            raise InvalidArgument(f"input '{name}': 'parameters' must be an object")
+        size = params.get("binary_data_size")
+        if size is not None:
+            if "data" in item:
+                raise InvalidArgument(f"input '{name}': has both 'data' and binary_data_size")
+            if not isinstance(size, int) or size < 0:
+                raise InvalidArgument(f"input '{name}': binary_data_size must be a non-negative integer")
+            if offset + size > len(body):
+                raise InvalidArgument(
+                    f"input '{name}': binary_data_size {size} runs past the end of the body "
+                    f"({len(body) - offset} bytes left)",
+                    fix="binary_data_size must match the bytes sent after the JSON header")
+            chunk = view[offset:offset + size]
+            offset += size
+            count = _element_count(shape)
+            if datatype == "BYTES":
+                array = deserialize_bytes(chunk, count, name).reshape(shape)
+            else:
+                expected = count * dtype.itemsize
+                if size != expected:
+                    raise InvalidArgument(
+                        f"input '{name}': binary_data_size is {size} bytes but shape {list(shape)} of "
+                        f"{datatype} needs {expected}",
+                        fix="send prod(shape) * element size bytes")
+                array = np.frombuffer(chunk, dtype=dtype).reshape(shape)
+            params = {k: v for k, v in params.items() if k != "binary_data_size"}
+        else:
+            if "data" not in item:
+                raise InvalidArgument(f"input '{name}': needs 'data' or parameters.binary_data_size")
+            array = _json_input(name, datatype, shape, dtype, item["data"])
+        inputs.append(InferTensor(name, datatype, shape, array, params))
+    if offset != len(body):
+        raise InvalidArgument(
+            f"the body has {len(body) - offset} bytes after the inputs' binary data",
+            fix="binary_data_size of the inputs must add up to the bytes after the JSON header")
+    parameters = doc.get("parameters") or {}
+    if not isinstance(parameters, dict):
+        raise InvalidArgument("'parameters' must be a JSON object")
+    outputs = None
+    raw_outputs = doc.get("outputs")
+    if raw_outputs is not None:
+        if not isinstance(raw_outputs, list):
+            raise InvalidArgument("'outputs' must be a JSON array")
+        outputs = []
+        for i, item in enumerate(raw_outputs):
+            if not isinstance(item, dict) or not isinstance(item.get("name"), str):
+                raise InvalidArgument(f"outputs[{i}] must be an object with a string 'name'")
+            oparams = item.get("parameters") or {}
+            if not isinstance(oparams, dict):
+                raise InvalidArgument(f"output '{item['name']}': 'parameters' must be an object")
+            outputs.append(RequestedOutput(item["name"], oparams))
+    request_id = doc.get("id", "")
+    return InferRequest(model_name=model_name, inputs=inputs, model_version=model_version,
+                        id=request_id if isinstance(request_id, str) else str(request_id),
+                        outputs=outputs, parameters=parameters)
+
+
+# --- responses ---------------------------------------------------------------------------------------
+
+
+def _json_data(t: InferTensor) -> list:
+    if t.datatype == "BYTES":
+        return [(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)) for v in t.data.reshape(-1)]
+    return t.data.reshape(-1).tolist()
+
+
+def encode_infer_response(response: InferResponse, request: InferRequest) -> tuple[bytes, int | None]:
+    """-> (body, json header length or None when the body is JSON only)."""
+    binary_default = bool(request.parameters.get("binary_data_output", False))
+    wants: dict[str, bool] = {}
+    if request.outputs:
+        for o in request.outputs:
+            wants[o.name] = bool(o.parameters.get("binary_data", binary_default))
+    outputs = []
+    blobs: list[bytes] = []
+    for t in response.outputs:
+        entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
+        params = dict(t.parameters) if t.parameters else {}
+        if wants.get(t.name, binary_default):
+            if t.datatype == "BYTES":
+                blob = serialize_bytes(t.data)
+            else:
+                blob = np.ascontiguousarray(t.data).tobytes()
+            params["binary_data_size"] = len(blob)
+            blobs.append(blob)
+        else:
+            entry["data"] = _json_data(t)
+        if params:
+            entry["parameters"] = params
+        outputs.append(entry)
+    doc: dict[str, Any] = {"model_name": response.model_name, "model_version": response.model_version}
+    if response.id:
+        doc["id"] = response.id
+    if response.parameters:
+        doc["parameters"] = response.parameters
+    doc["outputs"] = outputs
+    header = json.dumps(doc, separators=(",", ":")).encode()
+    if not blobs:
+        return header, None
+    return b"".join([header, *blobs]), len(header)
+
+
+# --- protobuf answers as Triton's JSON ---------------------------------------------------------------
+
+
+def _fix_int64(message: Message, value: Any) -> Any:
+    """json_format renders 64-bit integers as strings (proto3 JSON); Triton answers numbers."""
+    if not isinstance(value, dict):
+        return value
+    fields = message.DESCRIPTOR.fields_by_name
+    for key, item in value.items():
+        fd = fields.get(key)
+        if fd is None:
+            continue
+        if fd.message_type is not None and fd.message_type.GetOptions().map_entry:
+            vfd = fd.message_type.fields_by_name["value"]
+            container = getattr(message, key)
+            kfd = fd.message_type.fields_by_name["key"]
+            if vfd.message_type is not None:
+                for k in item:
+                    _fix_int64(container[k if kfd.type == kfd.TYPE_STRING else int(k)], item[k])
+            elif vfd.type in _INT64_TYPES:
+                for k in item:
+                    item[k] = int(item[k])
+        elif fd.message_type is not None:
+            sub = getattr(message, key)
+            if fd.label == fd.LABEL_REPEATED:
+                for m, v in zip(sub, item):
+                    _fix_int64(m, v)
+            else:
+                _fix_int64(sub, item)
+        elif fd.type in _INT64_TYPES:
+            value[key] = [int(v) for v in item] if isinstance(item, list) else int(item)
+    return value
+
+
+def message_to_json(message: Message, *, defaults: bool = True) -> dict[str, Any]:
+    """A protobuf message as Triton renders it over HTTP: proto field names, numbers for int64."""
+    doc = json_format.MessageToDict(message, preserving_proto_field_name=True,
+                                    always_print_fields_with_no_presence=defaults)
+    return _fix_int64(message, doc)
+
+
+def model_metadata_json(msg) -> dict[str, Any]:
+    def tensors(items):
+        return [{"name": t.name, "datatype": t.datatype, "shape": list(t.shape)} for t in items]
+
+    return {"name": msg.name, "versions": list(msg.versions), "platform": msg.platform,
+            "inputs": tensors(msg.inputs), "outputs": tensors(msg.outputs)}
+
+
+def server_metadata_json(msg) -> dict[str, Any]:
+    return {"name": msg.name, "version": msg.version, "extensions": list(msg.extensions)}
+
+
+def repository_index_json(msg) -> list[dict[str, Any]]:
+    out = []
+    for m in msg.models:
+        entry = {"name": m.name}
+        if m.version:
+            entry["version"] = m.version
+        if m.state:
+            entry["state"] = m.state
+        if m.reason:
+            entry["reason"] = m.reason
+        out.append(entry)
+    return out

@@ -1,0 +1,300 @@
+"""Model lifecycle over a repository: load, unload, reload on change, with Triton's model control modes.
+
+- ``none``: every model in the repository is loaded at start; the load/unload API is refused.
+- ``explicit``: only ``load_models`` at start (``"*"``: all); the load/unload API drives the rest.
+- ``poll``: like ``none`` at start, then :meth:`ModelManager.poll` reloads changed models, loads new
+  ones and unloads removed ones.
+
+One model failing to load is recorded on that model (state UNAVAILABLE with the reason, shown in the
+repository index) and never stops the others. A reload builds the new versions first and swaps them in
+atomically; the old ones drain and are finalized after the swap, so serving never pauses.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+from azulite.errors import ModelLoadError, NotFound, ServeError, Unavailable, Unsupported
+from azulite.serve import config as cfg
+from azulite.serve import repository as repo
+from azulite.serve.backends.base import LoadContext, get_backend
+from azulite.serve.batcher import Batcher, BatcherSettings
+from azulite.serve.ensemble import check_ensemble
+from azulite.serve.models import READY, UNAVAILABLE, LoadedModel, ModelEntry, VersionState
+from azulite.serve.proto import model_config_pb2 as mc
+from azulite.serve.stats import ModelStats
+
+ControlMode = Literal["none", "explicit", "poll"]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ManagerSettings:
+    """``repository``: the model repository path. ``control_mode``: Triton's --model-control-mode.
+    ``load_models``: Triton's --load-model list for explicit mode ("*" = all)."""
+
+    repository: Path
+    control_mode: ControlMode = "none"
+    load_models: tuple[str, ...] = ()
+
+
+def ensemble_dependencies(config: mc.ModelConfig) -> list[str]:
+    return [step.model_name for step in config.ensemble_scheduling.step]
+
+
+class ModelManager:
+    def __init__(self, settings: ManagerSettings, *, bls: Callable[[Any], Any] | None = None) -> None:
+        if settings.control_mode not in ("none", "explicit", "poll"):
+            raise ModelLoadError(
+                f"unknown model control mode '{settings.control_mode}'", fix="use none, explicit or poll"
+            )
+        self.settings = settings
+        self.root = Path(settings.repository)
+        self.bls = bls
+        self.entries: dict[str, ModelEntry] = {}
+        repo.list_models(self.root)  # the repository itself must exist
+
+    # --- what the data plane reads ----------------------------------------------------------------
+
+    def get(self, name: str, version: str = "") -> LoadedModel:
+        """The ready version a request goes to, or Triton's NotFound / Unavailable wording."""
+        entry = self.entries.get(name)
+        if entry is None:
+            raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if not version or version == "-1":
+            model = entry.default()
+            if model is None:
+                raise Unavailable(
+                    f"Request for unknown model: '{name}' has no available versions"
+                    + (f" ({entry.reason})" if entry.reason else "")
+                )
+            return model
+        try:
+            number = int(version)
+        except ValueError:
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found") from None
+        model = entry.ready.get(number)
+        if model is None:
+            state = entry.states.get(number)
+            if state is not None and state.state != READY:
+                raise Unavailable(f"Request for unknown model: '{name}' version {version} is not at ready state"
+                                  + (f" ({state.reason})" if state.reason else ""))
+            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
+        return model
+
+    def all_stats(self) -> Iterable[ModelStats]:
+        for entry in list(self.entries.values()):
+            for model in list(entry.ready.values()):
+                yield model.stats
+
+    # --- start ------------------------------------------------------------------------------------
+
+    def initial_models(self) -> list[str]:
+        names = repo.list_models(self.root)
+        if self.settings.control_mode == "explicit":
+            wanted = self.settings.load_models
+            if "*" in wanted:
+                return names
+            missing = [n for n in wanted if n not in names]
+            if missing:
+                # Triton refuses to start; we record them as failed so the rest still serves.
+                for name in missing:
+                    self.entries[name] = ModelEntry(name=name, reason=f"no model directory '{name}' in {self.root}")
+            return [n for n in wanted if n in names]
+        return names
+
+    def load_initial(self) -> list[Batcher]:
+        """Load the start-up set (non-ensembles first). Returns old batchers to close (none at start)."""
+        names = self.initial_models()
+        order = sorted(names, key=lambda n: self._is_ensemble_dir(n))
+        retired: list[Batcher] = []
+        for name in order:
+            if name in self.entries and self.entries[name].ready:
+                continue
+            retired += self.load(name)
+        return retired
+
+    def _is_ensemble_dir(self, name: str) -> bool:
+        try:
+            text = (self.root / name / "config.pbtxt").read_text()
+        except OSError:
+            return False
+        return "ensemble_scheduling" in text
+
+    # --- load / unload ----------------------------------------------------------------------------
+
+    def load(self, name: str, *, config_json: str | None = None, files: dict[str, bytes] | None = None,
+             _chain: tuple[str, ...] = ()) -> list[Batcher]:
+        """Load (or reload) one model. Never raises for the model's own faults: they are recorded on
+        the entry (and re-raised by :meth:`load_or_raise`). Returns the batchers the swap retired."""
+        entry = self.entries.get(name) or ModelEntry(name=name)
+        self.entries.setdefault(name, entry)
+        tmp: Path | None = None
+        try:
+            root = self.root
+            if files:
+                if config_json is None:
+                    raise ModelLoadError(
+                        f"failed to load '{name}': loading from 'file:' parameters requires a 'config' parameter"
+                    )
+                tmp = Path(tempfile.mkdtemp(prefix="azulite-model-"))
+                for key, data in files.items():
+                    rel = Path(key)
+                    if rel.is_absolute() or ".." in rel.parts:
+                        raise ModelLoadError(f"failed to load '{name}': invalid file path '{key}'")
+                    target = tmp / name / rel
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(data)
+                root = tmp
+            source = repo.read_model(root, name, config_json=config_json)
+            config = self._final_config(source)
+            if cfg.backend_of(config) == "ensemble":
+                for dep in ensemble_dependencies(config):
+                    if dep in _chain or dep == name:
+                        raise ModelLoadError(f"ensemble '{name}' has a cycle through '{dep}'")
+                    dep_entry = self.entries.get(dep)
+                    if dep_entry is None or not dep_entry.ready:
+                        self.load(dep, _chain=(*_chain, name))
+                    if not self.entries[dep].ready:
+                        raise ModelLoadError(
+                            f"ensemble '{name}' depends on '{dep}' which is not available: "
+                            f"{self.entries[dep].reason or 'not loaded'}"
+                        )
+                check_ensemble(config, lambda dep: self.entries[dep].config)
+            if cfg.backend_of(config) == "ensemble" and not source.versions:
+                versions = [1]  # Triton wants an empty 1/ directory; azulite does not insist
+            else:
+                versions = repo.select_versions(config.version_policy, source.versions, model=name)
+            labels = repo.read_labels(source, config)
+            ready: dict[int, LoadedModel] = {}
+            states: dict[int, VersionState] = {}
+            for version in versions:
+                try:
+                    ready[version] = self._load_version(source, config, version, labels)
+                    states[version] = VersionState(READY)
+                except ServeError as exc:
+                    states[version] = VersionState(UNAVAILABLE, exc.message)
+            if not ready:
+                raise ModelLoadError("; ".join(s.reason for s in states.values()) or f"model '{name}' has no versions")
+        except ServeError as exc:
+            retired = [m.batcher for m in entry.ready.values() if m.batcher is not None]
+            entry.ready = {}
+            entry.states = {v: VersionState(UNAVAILABLE, exc.message) for v in entry.states}
+            entry.state, entry.reason = UNAVAILABLE, exc.message
+            entry.fingerprint = repo.fingerprint(self.root / name)
+            return retired
+        finally:
+            if tmp is not None:
+                shutil.rmtree(tmp, ignore_errors=True)
+        retired = [m.batcher for v, m in entry.ready.items() if m.batcher is not None]
+        entry.ready, entry.states, entry.config = ready, states, config
+        entry.state, entry.reason = READY, ""
+        entry.fingerprint = repo.fingerprint(self.root / name)
+        return retired
+
+    def _final_config(self, source: repo.ModelSource) -> mc.ModelConfig:
+        """config.pbtxt (or none) -> the config Triton would serve: auto-completed, defaulted, valid."""
+        name = source.name
+        config = mc.ModelConfig()
+        if source.config is not None:
+            config.CopyFrom(source.config)
+        if not config.name:
+            config.name = name
+        backend = cfg.backend_of(config)
+        if not backend:
+            backend = repo.guess_backend(source)
+            if backend == "onnxruntime":
+                config.platform = cfg.ONNX_PLATFORM
+            elif backend == "pytorch":
+                config.platform = cfg.TORCH_PLATFORM
+            elif backend:
+                config.backend = backend
+        if backend in ("onnxruntime", "pytorch", "python") and source.versions:
+            version = source.versions[-1]
+            model_file = repo.model_file(source, config, version)
+            config = get_backend(backend).auto_complete(config, model_file)
+        cfg.fill_defaults(config, model=name)
+        cfg.validate_config(config, model=name)
+        return config
+
+    def _load_version(self, source: repo.ModelSource, config: mc.ModelConfig, version: int,
+                      labels: dict[str, list[str]]) -> LoadedModel:
+        name = source.name
+        stats = ModelStats(name=name, version=str(version))
+        backend = cfg.backend_of(config)
+        if backend == "ensemble":
+            return LoadedModel(name=name, version=version, config=config, batcher=None, stats=stats, labels=labels)
+        model_file = repo.model_file(source, config, version)
+        impl = get_backend(backend)
+        instances = []
+        try:
+            for group in config.instance_group:
+                for i in range(group.count):
+                    instance_name = f"{group.name}_{i}"
+                    ctx = LoadContext(
+                        model_name=name, version=version, model_dir=source.path, model_file=model_file,
+                        config=config, instance_name=instance_name, instance_index=len(instances), bls=self.bls,
+                    )
+                    instances.append((instance_name, impl.load(ctx)))
+        except BaseException:
+            for _, inst in instances:
+                inst.close()
+            raise
+        batcher = Batcher(model=name, settings=BatcherSettings.from_config(config), instances=instances,
+                          observer=stats)
+        return LoadedModel(name=name, version=version, config=config, batcher=batcher, stats=stats, labels=labels)
+
+    def load_or_raise(self, name: str, **kwargs: Any) -> list[Batcher]:
+        if self.settings.control_mode != "explicit":
+            raise Unsupported(
+                f"explicit model load / unload is not allowed if model control mode is '{self.settings.control_mode}'",
+                fix="start the server with --model-control-mode=explicit",
+            )
+        if not (self.root / name).is_dir() and not kwargs.get("files"):
+            raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory "
+                           f"'{name}' in {self.root}")
+        retired = self.load(name, **kwargs)
+        entry = self.entries[name]
+        if not entry.ready:
+            raise ModelLoadError(f"failed to load '{name}': {entry.reason}", where=f"model '{name}'")
+        return retired
+
+    def unload(self, name: str, *, unload_dependents: bool = False, check_mode: bool = True) -> list[Batcher]:
+        if check_mode and self.settings.control_mode != "explicit":
+            raise Unsupported(
+                f"explicit model load / unload is not allowed if model control mode is '{self.settings.control_mode}'",
+                fix="start the server with --model-control-mode=explicit",
+            )
+        entry = self.entries.get(name)
+        if entry is None:
+            if (self.root / name).is_dir():
+                return []  # never loaded: unloading is a no-op, as in Triton
+            raise NotFound(f"failed to unload '{name}': no such model")
+        retired = [m.batcher for m in entry.ready.values() if m.batcher is not None]
+        entry.ready = {}
+        entry.states = {v: VersionState(UNAVAILABLE, "unloaded") for v in entry.states}
+        entry.state, entry.reason = UNAVAILABLE, "unloaded"
+        if unload_dependents:
+            for other in list(self.entries.values()):
+                if other.config is not None and name in ensemble_dependencies(other.config) and other.ready:
+                    retired += self.unload(other.name, check_mode=False)
+        return retired
+
+    def poll(self) -> list[Batcher]:
+        """Poll mode: load new models, reload changed ones, unload removed ones."""
+        retired: list[Batcher] = []
+        present = set(repo.list_models(self.root))
+        for name in list(self.entries):
+            if name not in present and self.entries[name].ready:
+                retired += self.unload(name, check_mode=False)
+        changed = [
+            n for n in sorted(present, key=self._is_ensemble_dir)
+            if n not in self.entries or repo.fingerprint(self.root / n) != self.entries[n].fingerprint
+        ]
+        for name in changed:
+            retired += self.load(name)
+        return retired

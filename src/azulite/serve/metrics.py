@@ -1,0 +1,109 @@
+"""Triton's Prometheus metrics, named and labelled as Triton names them (``model``, ``version``; failures
+also ``reason``), read from the per-version statistics at scrape time — the infer path pays nothing.
+
+Built on prometheus_client (a ``Collector`` registered in a private ``CollectorRegistry``: no global
+state, one registry per server). ``metrics_text()`` renders Prometheus text format 0.0.4 itself because
+prometheus_client appends ``_total`` to every counter name on exposition, and Triton's counters
+(``nv_inference_request_success``...) carry no suffix: dashboards and alerts written for Triton query
+the bare names.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import psutil
+from prometheus_client.core import CollectorRegistry, Metric
+
+from azulite.serve.stats import ModelStats
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+_COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
+    ("nv_inference_request_success", "Number of successful inference requests, all batch sizes",
+     lambda s: s.success.count),
+    ("nv_inference_count", "Number of inferences performed (does not include cached requests)",
+     lambda s: s.inference_count),
+    ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
+     lambda s: s.execution_count),
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds",
+     lambda s: (s.success.ns + s.fail.ns) // 1000),
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
+     lambda s: s.queue.ns // 1000),
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
+     lambda s: s.compute_input.ns // 1000),
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+     lambda s: s.compute_infer.ns // 1000),
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
+     lambda s: s.compute_output.ns // 1000),
+)
+
+
+class TritonCollector:
+    """A prometheus_client collector over the live statistics (``stats()`` returns them)."""
+
+    def __init__(self, stats: Callable[[], Iterable[ModelStats]]) -> None:
+        self._stats = stats
+        psutil.cpu_percent(interval=None)  # prime: the first call has no interval to measure
+
+    def collect(self) -> Iterable[Metric]:
+        all_stats = list(self._stats())
+        failure = Metric("nv_inference_request_failure",
+                         "Number of failed inference requests, all batch sizes", "counter")
+        for s in all_stats:
+            for reason, count in s.failures.items():
+                failure.add_sample("nv_inference_request_failure",
+                                   {"model": s.name, "version": s.version, "reason": reason}, count)
+        yield failure
+        for name, doc, get in _COUNTERS:
+            metric = Metric(name, doc, "counter")
+            for s in all_stats:
+                metric.add_sample(name, {"model": s.name, "version": s.version}, get(s))
+            yield metric
+        pending = Metric("nv_inference_pending_request_count",
+                         "Instantaneous number of pending requests awaiting execution per-model.", "gauge")
+        for s in all_stats:
+            pending.add_sample("nv_inference_pending_request_count", {"model": s.name, "version": s.version}, s.pending)
+        yield pending
+        memory = psutil.virtual_memory()
+        for name, doc, value in (
+            ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", psutil.cpu_percent(interval=None) / 100.0),
+            ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", memory.total),
+            ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", memory.total - memory.available),
+        ):
+            metric = Metric(name, doc, "gauge")
+            metric.add_sample(name, {}, value)
+            yield metric
+
+
+def _value(v: float) -> str:
+    return str(int(v)) if float(v).is_integer() else repr(float(v))
+
+
+def _escape(v: str) -> str:
+    return v.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
+
+
+def render(metrics: Iterable[Metric]) -> bytes:
+    lines: list[str] = []
+    for m in metrics:
+        lines.append(f"# HELP {m.name} {m.documentation}")
+        lines.append(f"# TYPE {m.name} {m.type}")
+        for s in m.samples:
+            labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels.items())
+            lines.append(f"{s.name}{{{labels}}} {_value(s.value)}" if labels else f"{s.name} {_value(s.value)}")
+    return ("\n".join(lines) + "\n").encode()
+
+
+class ServerMetrics:
+    """One per server: ``registry`` for prometheus_client users, ``metrics_text()`` for /metrics."""
+
+    content_type = CONTENT_TYPE
+
+    def __init__(self, stats: Callable[[], Iterable[ModelStats]]) -> None:
+        self.collector = TritonCollector(stats)
+        self.registry = CollectorRegistry(auto_describe=False)
+        self.registry.register(self.collector)
+
+    def metrics_text(self) -> bytes:
+        return render(self.collector.collect())

@@ -1,0 +1,140 @@
+"""``azulite job`` through the real console script: the DDP example 2x2 to success with identical params,
+errors without tracebacks (exit 2), show/logs/list --json, concurrent submits from two shells."""
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.launch.jobkit import FAILING_RANK, REPO, home, spec_2x1, wait_done, write_job
+
+_ = home
+AZULITE = [str(Path(sys.executable).parent / "azulite")]  # the installed console script
+
+
+def az(*args, timeout=300, check=None):
+    p = subprocess.run([*AZULITE, *args], capture_output=True, text=True, timeout=timeout, cwd=REPO,
+                       env={**os.environ, "COLUMNS": "200"})
+    if check is not None:
+        assert p.returncode == check, (p.returncode, p.stdout, p.stderr)
+    return p
+
+
+@pytest.mark.slow
+def test_ddp_example_2x2_succeeds_with_identical_params(home):
+    p = az("job", "submit", "examples/ddp/job.yaml", "--wait", "--set", "inputs.steps=10")
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "succeeded" in p.stdout
+    job_id = re.search(r"(ddp-\d+)", p.stdout).group(1)
+    show = json.loads(az("job", "show", job_id, "--json", check=0).stdout)
+    assert show["state"] == "succeeded" and show["exit_code"] == 0 and show["attempt"] == 1
+    ranks = [x for x in show["processes"] if x["kind"] == "rank"]
+    # global rank = NODE_RANK * process_count_per_instance + LOCAL_RANK, as Azure ML numbers them
+    assert sorted((x["node"], x["local_rank"], x["rank"]) for x in ranks) == [(0, 0, 0), (0, 1, 1), (1, 0, 2), (1, 1, 3)]
+    assert {x["node"] for x in ranks} == {0, 1} and all(x["exit_code"] == 0 and x["pid"] for x in ranks)
+    last = {x["rank"]: Path(x["log"]).read_text().strip().splitlines()[-1] for x in ranks}
+    assert all(v.startswith("final_params_sha256=") for v in last.values()), last
+    assert len(set(last.values())) == 1, last  # all ranks ended with identical parameters
+    # each simulated node ran in its own working directory
+    cwds = {re.search(r"cwd (\S+)", Path(x["log"]).read_text()).group(1) for x in ranks}
+    assert len(cwds) == 2
+    logs = az("job", "logs", job_id, "--rank", "0", check=0).stdout
+    assert "step 10 loss" in logs and "step 11" not in logs  # --set inputs.steps=10 reached the command
+    lst = [json.loads(line) for line in az("job", "list", "--json", check=0).stdout.splitlines()]
+    assert [j["id"] for j in lst] == [job_id]
+
+
+@pytest.mark.slow
+def test_failed_rank_shows_exit_code_and_log_tail(home, tmp_path):
+    spec = write_job(tmp_path / "f", FAILING_RANK, spec_2x1())
+    p = az("job", "submit", str(spec), "--wait")
+    assert p.returncode == 3, p.stdout + p.stderr  # --wait exits with the failed rank's code
+    job_id = re.search(r"(t-\d+)", p.stdout).group(1)
+    show = az("job", "show", job_id, check=0).stdout
+    assert "failed" in show and "rank 1" in show
+    assert "last 20 lines of rank 1" in show and "rank 1: something broke" in show and "rank 1 line 29" in show
+    d = json.loads(az("job", "show", job_id, "--json", check=0).stdout)
+    assert d["exit_code"] == 3 and d["failed_rank"] == 1
+    assert d["failed_rank_log_tail"][-1] == "rank 1: something broke" and len(d["failed_rank_log_tail"]) == 20
+
+
+@pytest.mark.parametrize(
+    "args,expect",
+    [
+        (["job", "submit", "examples/nope/job.yaml"], "job spec not found"),
+        (["job", "validate", "examples/ddp/job.yaml", "--set", "distribution.type=horovod"], "unknown distribution type"),
+        (["job", "submit", "examples/ddp/job.yaml", "--set", "instance_count=0"], "instance_count"),
+        (["job", "show", "nope-1"], "no job 'nope-1'"),
+        (["job", "logs", "nope-1"], "no job 'nope-1'"),
+    ],
+)
+def test_user_errors_exit_2_without_traceback(home, args, expect):
+    p = az(*args)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert expect in p.stderr and "fix:" in p.stderr
+    assert "Traceback" not in p.stderr + p.stdout
+
+
+def test_validate_ok_and_json(home):
+    p = az("job", "validate", "examples/ddp/job.yaml", check=0)
+    assert "4 rank(s)" in p.stdout
+    d = json.loads(az("job", "validate", "examples/ddp/job.yaml", "--json", check=0).stdout)
+    assert d["distribution"] == {"type": "pytorch", "process_count_per_instance": 2}
+
+
+def test_help_has_examples():
+    p = az("job", "--help", check=0)
+    assert "azulite job submit examples/ddp/job.yaml --wait" in p.stdout
+    for cmd in ("submit", "list", "show", "logs", "cancel", "preempt", "validate"):
+        assert cmd in p.stdout
+
+
+@pytest.mark.slow
+def test_two_shells_submitting_at_once(home, tmp_path):
+    spec = write_job(tmp_path / "c", "print('hi')\n", spec_2x1().replace("instance_count: 2", "instance_count: 1"))
+    procs = [subprocess.Popen([*AZULITE, "job", "submit", str(spec), "--json"], stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True, cwd=REPO) for _ in range(4)]
+    ids = []
+    for p in procs:
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0, err
+        ids.append(json.loads(out)["id"])
+    assert sorted(ids) == ["t-1", "t-2", "t-3", "t-4"]
+    for i in ids:
+        assert wait_done(i).state.value == "succeeded"
+
+
+TICKER = """
+import os, time
+for i in range(5):
+    print(f"tick {i} rank {os.environ['RANK']}", flush=True)
+    time.sleep(0.3)
+"""
+
+
+@pytest.mark.slow
+def test_logs_follow_streams_until_the_job_ends(home, tmp_path):
+    spec = write_job(tmp_path / "tick", TICKER, spec_2x1())
+    job_id = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
+    out = az("job", "logs", job_id, "--follow", timeout=180, check=0).stdout.splitlines()
+    for r in (0, 1):
+        assert [l for l in out if l.startswith(f"[rank {r}] tick")] == [f"[rank {r}] tick {i} rank {r}" for i in range(5)]
+    assert wait_done(job_id).state.value == "succeeded"
+
+
+@pytest.mark.slow
+def test_cancel_from_the_cli(home, tmp_path):
+    from tests.launch.jobkit import SLEEPER, job_procs, wait_for
+
+    spec = write_job(tmp_path / "s", SLEEPER, spec_2x1())
+    job_id = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
+    job_dir = Path(json.loads(az("job", "show", job_id, "--json", check=0).stdout)["job_dir"])
+    wait_for(lambda: (job_dir / "nodes/node-1/started-1").exists(), 120, "rank 1 to start")
+    assert json.loads(az("job", "cancel", job_id, "--json", check=0).stdout) == {"id": job_id, "state": "canceled"}
+    assert not job_procs({job_id})
+    p = az("job", "preempt", job_id)
+    assert p.returncode == 2 and "not running" in p.stderr

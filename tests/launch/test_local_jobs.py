@@ -1,0 +1,158 @@
+"""The local backend end to end with real torchrun agents on loopback: failing rank, cancel without
+orphans, preemption -> requeue -> success, port in use, a job that outlives its submitter."""
+
+import json
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+from azulite.errors import LaunchError
+from azulite.launch.records import JobState
+from azulite.spec.loader import load_job
+from tests.launch.jobkit import (
+    FAILING_RANK, PREEMPTIBLE, REPO, SLEEPER, backend, home, job_procs, spec_2x1, wait_done, wait_for, write_job,
+)
+
+pytestmark = pytest.mark.slow
+_ = home  # fixture
+
+
+def test_failing_rank_fails_the_job_with_its_exit_code(home, tmp_path):
+    spec = write_job(tmp_path / "fail", FAILING_RANK, spec_2x1())
+    rec = backend().submit(load_job(spec))
+    rec = wait_done(rec.id)
+    assert rec.state == JobState.FAILED
+    assert rec.exit_code == 3 and rec.failed_rank == 1, rec.reason
+    assert "rank 1" in rec.reason
+    ranks = {p.rank: p for p in rec.processes if p.kind == "rank"}
+    assert ranks[1].exit_code == 3
+    assert ranks[0].exit_code != 0  # stopped by the supervisor after its peer died, not left running
+    log = Path(ranks[1].log).read_text().splitlines()
+    assert log[-1] == "rank 1: something broke"
+    assert not job_procs({rec.id})
+
+
+def test_cancel_ends_every_process_including_orphans(home, tmp_path):
+    spec = write_job(tmp_path / "sleep", SLEEPER, spec_2x1())
+    b = backend()
+    rec = b.submit(load_job(spec))
+    job_dir = Path(rec.job_dir)
+    wait_for(lambda: all((job_dir / "nodes" / f"node-{n}" / f"started-{n}").exists() for n in (0, 1))
+             or b.status(rec.id).state.terminal, 120, "both ranks to start")
+    assert b.status(rec.id).state == JobState.RUNNING
+    before = job_procs({rec.id})
+    # 2 agents, 2 rank runners, 2 shells, 2 scripts, 2 detached grandchildren (at least)
+    assert len(before) >= 8, [p.cmdline() for p in before]
+    sup = psutil.Process(b.status(rec.id).supervisor_pid)
+    rec = b.cancel(rec.id)
+    assert rec.state == JobState.CANCELED
+    wait_for(lambda: not job_procs({rec.id}), 20, "all job processes to end")
+    for p in before + [sup]:
+        assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE, p
+
+
+def test_preempt_requeues_and_the_next_attempt_succeeds(home, tmp_path):
+    spec_text = spec_2x1(extra="outputs:\n      state:\n        type: uri_folder\n        path: state")
+    spec = write_job(tmp_path / "pre", PREEMPTIBLE, spec_text)
+    state = tmp_path / "pre" / "state"
+    b = backend()
+    rec = b.submit(load_job(spec))
+    wait_for(lambda: (state / "started-0").exists() and (state / "started-1").exists(), 120, "ranks to start")
+    b.preempt(rec.id)
+    rec = wait_done(rec.id)
+    assert rec.state == JobState.SUCCEEDED, rec.reason
+    assert rec.attempt == 2
+    assert [(a.attempt, a.state) for a in rec.attempts] == [(1, "requeued"), (2, "succeeded")]
+    states = [e["state"] for e in rec.events]
+    assert states[states.index("preempted") - 1 :][:4] == ["running", "preempted", "requeued", "running"]
+    assert (state / "committed-0").exists() and (state / "committed-1").exists()
+    first = {p.rank: p.exit_code for p in rec.processes if p.kind == "rank" and p.attempt == 1}
+    assert first == {0: 75, 1: 75}
+    assert "resumed in attempt 2" in Path(rec.job_dir, "attempt-2", "logs", "rank-0.log").read_text()
+
+
+def test_a_rank_exiting_75_by_itself_requeues(home, tmp_path):
+    script = "import os, sys\nsys.exit(75 if os.environ['AZULITE_ATTEMPT'] == '1' else 0)\n"
+    spec = write_job(tmp_path / "p75", script, spec_2x1())
+    rec = wait_done(backend().submit(load_job(spec)).id)
+    assert rec.state == JobState.SUCCEEDED and rec.attempt == 2, rec.reason
+
+
+def test_port_in_use_is_refused_before_anything_starts(home, tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        spec = write_job(tmp_path / "port", "print('x')\n",
+                         spec_2x1(extra=f"environment_variables:\n      MASTER_PORT: {port}"))
+        b = backend()
+        with pytest.raises(LaunchError) as e:
+            b.submit(load_job(spec))
+    assert str(port) in e.value.message and "in use" in e.value.message
+    assert e.value.where == "environment_variables.MASTER_PORT" and e.value.fix
+    assert b.list() == []  # nothing recorded, nothing started
+
+
+def test_job_outlives_the_submitting_process(home, tmp_path):
+    """Submit from a child process that exits at once; the job still runs to success."""
+    spec = write_job(tmp_path / "ok", "import os; print('rank', os.environ['RANK'])\n", spec_2x1())
+    code = (
+        "import json, sys; from azulite.launch.backend import get_backend; from azulite.launch.settings import Settings;"
+        "from azulite.spec.loader import load_job;"
+        f"r = get_backend('local', Settings.from_environ()).submit(load_job({str(spec)!r})); print(r.id)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO)
+    job_id = out.stdout.strip().splitlines()[-1]
+    rec = wait_done(job_id)
+    assert rec.state == JobState.SUCCEEDED, rec.reason
+    assert {p.rank for p in rec.processes if p.kind == "rank"} == {0, 1}
+    assert json.dumps(rec.to_json())  # serializable for --json
+
+
+ELASTIC = """
+import os, sys
+import torch.distributed as dist
+dist.init_process_group("gloo")
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+if dist.get_rank() == 1 and restart == 0:
+    print("rank 1 crashes on the first try", flush=True)
+    os._exit(1)
+dist.barrier()
+print(f"rank {dist.get_rank()} done after {restart} restart(s)", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_max_restarts_reaches_the_elastic_agent(home, tmp_path):
+    spec = write_job(tmp_path / "el", ELASTIC, spec_2x1(extra="max_restarts: 2"))
+    rec = wait_done(backend().submit(load_job(spec)).id)
+    assert rec.state == JobState.SUCCEEDED, rec.reason
+    assert rec.attempt == 1  # restarted inside the attempt by torchrun, not requeued
+    ranks = {p.rank: p for p in rec.processes if p.kind == "rank"}
+    assert all(p.exit_code == 0 and p.restarts >= 1 for p in ranks.values()), ranks
+    log1 = Path(ranks[1].log).read_text()
+    assert "crashes on the first try" in log1 and "done after" in log1  # one log across restarts
+
+
+def test_timeout_fails_the_job_and_stops_it(home, tmp_path):
+    spec = write_job(tmp_path / "to", SLEEPER, spec_2x1(extra="timeout: 3s"))
+    rec = wait_done(backend().submit(load_job(spec)).id, timeout=120)
+    assert rec.state == JobState.FAILED and rec.exit_code == 124 and "timed out" in rec.reason
+    wait_for(lambda: not job_procs({rec.id}), 20, "job processes to end")
+
+
+def test_a_dead_supervisor_is_noticed_and_its_job_cleaned_up(home, tmp_path):
+    spec = write_job(tmp_path / "sd", SLEEPER, spec_2x1())
+    b = backend()
+    rec = b.submit(load_job(spec))
+    job_dir = Path(rec.job_dir)
+    wait_for(lambda: (job_dir / "nodes/node-0/started-0").exists() and (job_dir / "nodes/node-1/started-1").exists(),
+             120, "ranks to start")
+    psutil.Process(b.status(rec.id).supervisor_pid).kill()
+    rec = wait_for(lambda: (r := b.status(rec.id)).state.terminal and r, 30, "the job to be marked failed")
+    assert rec.state == JobState.FAILED and "supervisor died" in rec.reason
+    assert not job_procs({rec.id})

@@ -1,0 +1,295 @@
+"""The dynamic batcher against a tiny real model instance (y = x * 2) that can be held and records what
+it ran: priorities, queue limits, timeouts REJECT vs DELAY, preserve_ordering, delays, failures."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+
+import numpy as np
+import pytest
+
+from azulite.errors import Internal, Unavailable
+from azulite.serve import merge
+from azulite.serve.backends.base import Timing, WorkItem
+from azulite.serve.batcher import Batcher, BatcherSettings, QueuePolicy
+from azulite.serve.config import parse_config_text
+from azulite.serve.stats import ModelStats
+
+WAIT = 30.0  # generous: the machine's 2 cores are shared
+
+
+class Doubler:
+    """Executes y = 2x over the merged batch; ``gate`` holds execution until set; records every batch."""
+
+    def __init__(self, gate: threading.Event | None = None, fail: bool = False) -> None:
+        self.gate = gate
+        self.fail = fail
+        self.batches: list[list[float]] = []
+        self.lock = threading.Lock()
+
+    def execute(self, items: list[WorkItem]):
+        if self.gate is not None:
+            assert self.gate.wait(WAIT)
+        with self.lock:
+            self.batches.append([float(i.inputs["x"].reshape(-1)[0]) for i in items])
+        if self.fail:
+            raise RuntimeError("model exploded")
+        sizes = [i.batch_size for i in items]
+        merged = merge.merge_inputs([i.inputs for i in items], sizes)
+        return merge.split_outputs({"y": merged["x"] * 2}, sizes, model="doubler"), Timing(1, 2, 3)
+
+    def close(self) -> None:
+        pass
+
+
+def item(value: float, rows: int = 1) -> WorkItem:
+    return WorkItem(inputs={"x": np.full((rows, 1), value, np.float32)}, outputs=None, batch_size=rows)
+
+
+async def until(predicate, timeout: float = WAIT) -> None:
+    deadline = asyncio.get_running_loop().time() + timeout
+    while not predicate():
+        assert asyncio.get_running_loop().time() < deadline, "condition not reached in time"
+        await asyncio.sleep(0.005)
+
+
+def settings(**kw) -> BatcherSettings:
+    base = dict(max_batch_size=8, dynamic=True)
+    base.update(kw)
+    return BatcherSettings(**base)
+
+
+def test_merge_split_round_trip_and_size_check():
+    a, b = {"x": np.ones((2, 3))}, {"x": np.zeros((1, 3))}
+    merged = merge.merge_inputs([a, b], [2, 1])
+    assert merged["x"].shape == (3, 3)
+    parts = merge.split_outputs({"y": merged["x"] + 1}, [2, 1], model="m")
+    assert parts[0]["y"].shape == (2, 3) and parts[1]["y"].shape == (1, 3)
+    assert (parts[1]["y"] == 1).all()
+    with pytest.raises(Internal, match="output 'y' has batch size 2, expected 3"):
+        merge.split_outputs({"y": np.ones((2, 3))}, [2, 1], model="m")
+
+
+def test_settings_from_config():
+    config = parse_config_text(
+        """
+        name: "m" max_batch_size: 16
+        dynamic_batching {
+          preferred_batch_size: [ 4, 8 ] max_queue_delay_microseconds: 100 preserve_ordering: true
+          priority_levels: 3 default_priority_level: 2
+          default_queue_policy { max_queue_size: 5 timeout_action: DELAY default_timeout_microseconds: 7 }
+          priority_queue_policy { key: 1 value: { max_queue_size: 1 allow_timeout_override: true } }
+        }""",
+        model="m",
+    )
+    s = BatcherSettings.from_config(config)
+    assert (s.max_batch_size, s.preferred, s.max_delay_ns, s.preserve_ordering) == (16, (4, 8), 100_000, True)
+    assert (s.priority_levels, s.default_level) == (3, 2)
+    assert s.policies[0] == QueuePolicy(max_queue_size=1, allow_timeout_override=True)
+    assert s.policies[1] == s.policies[2] == QueuePolicy(delay_on_timeout=True, default_timeout_us=7, max_queue_size=5)
+    plain = BatcherSettings.from_config(parse_config_text('name: "m" max_batch_size: 4', model="m"))
+    assert not plain.dynamic
+
+
+def test_batched_results_equal_unbatched_and_batches_form():
+    async def main():
+        model, stats = Doubler(), ModelStats("m", "1")
+        batcher = Batcher(model="m", settings=settings(max_delay_ns=50_000_000), instances=[("i0", model)],
+                          observer=stats)
+        rng = np.random.default_rng(0)
+        items = [WorkItem(inputs={"x": rng.standard_normal((n, 1)).astype(np.float32)}, outputs=None, batch_size=n)
+                 for n in rng.integers(1, 4, size=40)]
+        results = await asyncio.gather(*(batcher.submit(i) for i in items))
+        for i, r in zip(items, results):
+            np.testing.assert_array_equal(r["y"], i.inputs["x"] * 2)  # exactly its own rows
+        assert any(len(b) > 1 for b in model.batches), model.batches
+        assert stats.inference_count == sum(i.batch_size for i in items)
+        assert stats.execution_count == len(model.batches) and stats.pending == 0
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_delay_waits_for_more_requests_then_flushes():
+    async def main():
+        model = Doubler()
+        batcher = Batcher(model="m", settings=settings(max_delay_ns=300_000_000), instances=[("i0", model)])
+        first = batcher.submit(item(1))
+        await asyncio.sleep(0.05)
+        second = batcher.submit(item(2))
+        await asyncio.gather(first, second)
+        assert model.batches == [[1.0, 2.0]]  # held for the delay, sent together
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_full_batch_and_preferred_size_leave_without_waiting():
+    async def main():
+        model = Doubler()
+        slow = settings(max_batch_size=4, max_delay_ns=20_000_000_000, preferred=(2,))
+        batcher = Batcher(model="m", settings=slow, instances=[("i0", model)])
+        futures = [batcher.submit(item(v)) for v in (1, 2, 3)]
+        # preferred size 2 leaves at once; the third waits for the (huge) delay, so it is still pending
+        await asyncio.wait_for(asyncio.gather(*futures[:2]), WAIT)
+        assert model.batches[0] == [1.0, 2.0] and not futures[2].done()
+        futures += [batcher.submit(item(v)) for v in (4, 5, 6)]  # 3..6 reach max_batch_size 4
+        await asyncio.wait_for(asyncio.gather(*futures[2:]), WAIT)
+        assert model.batches[1] == [3.0, 4.0, 5.0, 6.0]
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_different_shapes_are_not_merged():
+    async def main():
+        model = Doubler()
+        batcher = Batcher(model="m", settings=settings(max_delay_ns=100_000_000), instances=[("i0", model)])
+        a = batcher.submit(WorkItem({"x": np.ones((1, 1), np.float32)}, None, 1))
+        b = batcher.submit(WorkItem({"x": np.ones((1, 2), np.float32)}, None, 1))
+        ra, rb = await asyncio.gather(a, b)
+        assert ra["y"].shape == (1, 1) and rb["y"].shape == (1, 2) and len(model.batches) == 2
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_priority_levels_serve_level_one_first():
+    async def main():
+        gate = threading.Event()
+        model = Doubler(gate)
+        s = settings(max_batch_size=1, priority_levels=2, default_level=2, policies=(QueuePolicy(), QueuePolicy()))
+        batcher = Batcher(model="m", settings=s, instances=[("i0", model)])
+        blocker = batcher.submit(item(0))
+        await until(lambda: batcher.queued == 0)  # the blocker is executing (held by the gate)
+        low = [batcher.submit(item(v), priority=2) for v in (1, 2)]
+        default = batcher.submit(item(3))  # priority 0 -> default level 2
+        high = [batcher.submit(item(v), priority=1) for v in (4, 5)]
+        out_of_range = batcher.submit(item(6), priority=9)  # as Triton: treated as the default level
+        gate.set()
+        await asyncio.gather(blocker, *low, default, *high, out_of_range)
+        assert [b[0] for b in model.batches] == [0, 4, 5, 1, 2, 3, 6]
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_queue_full_is_rejected():
+    async def main():
+        gate = threading.Event()
+        s = settings(max_batch_size=1, policies=(QueuePolicy(max_queue_size=2),))
+        batcher = Batcher(model="m", settings=s, instances=[("i0", Doubler(gate))])
+        running = batcher.submit(item(0))
+        await until(lambda: batcher.queued == 0)
+        queued = [batcher.submit(item(1)), batcher.submit(item(2))]
+        with pytest.raises(Unavailable, match="Exceeds maximum queue size"):
+            batcher.submit(item(3))
+        gate.set()
+        await asyncio.gather(running, *queued)
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("delay", [False, True])
+def test_timeout_reject_vs_delay(delay: bool):
+    async def main():
+        gate = threading.Event()
+        model = Doubler(gate)
+        policy = QueuePolicy(delay_on_timeout=delay, allow_timeout_override=True)
+        batcher = Batcher(model="m", settings=settings(max_batch_size=1, policies=(policy,)), instances=[("i0", model)])
+        running = batcher.submit(item(0))
+        await until(lambda: batcher.queued == 0)
+        expiring = batcher.submit(item(1), timeout_us=20_000)  # 20 ms, while the instance is held
+        patient = batcher.submit(item(2))  # no timeout
+        await asyncio.sleep(0.1)
+        gate.set()
+        await asyncio.gather(running, patient)
+        if delay:
+            assert (await expiring)["y"][0, 0] == 2.0
+            assert [b[0] for b in model.batches] == [0, 2, 1]  # the expired one runs after the others
+        else:
+            with pytest.raises(Unavailable, match="Request timeout expired"):
+                await expiring
+            assert [b[0] for b in model.batches] == [0, 2]
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_request_timeout_ignored_without_allow_override():
+    async def main():
+        gate = threading.Event()
+        batcher = Batcher(model="m", settings=settings(max_batch_size=1), instances=[("i0", Doubler(gate))])
+        running = batcher.submit(item(0))
+        await until(lambda: batcher.queued == 0)
+        waiting = batcher.submit(item(1), timeout_us=1_000)
+        await asyncio.sleep(0.05)
+        gate.set()
+        assert (await waiting)["y"][0, 0] == 2.0
+        await running
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_preserve_ordering(preserve: bool):
+    class Slow(Doubler):
+        """x == 1 waits for the gate; others run at once: with two instances the second finishes first."""
+
+        def execute(self, items):
+            if items[0].inputs["x"][0, 0] == 1:
+                assert self.gate.wait(WAIT)
+            return Doubler.execute(Doubler(), items)
+
+    async def main():
+        gate = threading.Event()
+        s = settings(max_batch_size=1, preserve_ordering=preserve)
+        batcher = Batcher(model="m", settings=s, instances=[("i0", Slow(gate)), ("i1", Slow(gate))])
+        done: list[int] = []
+        first, second = batcher.submit(item(1)), batcher.submit(item(2))
+        first.add_done_callback(lambda f: done.append(1))
+        second.add_done_callback(lambda f: done.append(2))
+        if preserve:
+            await asyncio.sleep(0.3)  # the second has run by now, but must not be answered yet
+            assert not second.done()
+        else:
+            await asyncio.wait_for(second, WAIT)
+        gate.set()
+        await asyncio.gather(first, second)
+        assert done == ([1, 2] if preserve else [2, 1])
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_failed_batch_fails_every_request_and_batcher_keeps_serving():
+    async def main():
+        model = Doubler(fail=True)
+        batcher = Batcher(model="m", settings=settings(max_delay_ns=100_000_000), instances=[("i0", model)])
+        futures = [batcher.submit(item(v)) for v in (1, 2, 3)]
+        results = await asyncio.gather(*futures, return_exceptions=True)
+        assert all(isinstance(r, Internal) and "model exploded" in str(r) for r in results)
+        model.fail = False
+        assert (await batcher.submit(item(4)))["y"][0, 0] == 8.0
+        await batcher.close()
+
+    asyncio.run(main())
+
+
+def test_close_drains_then_refuses():
+    async def main():
+        gate = threading.Event()
+        batcher = Batcher(model="m", settings=settings(max_batch_size=1), instances=[("i0", Doubler(gate))])
+        futures = [batcher.submit(item(v)) for v in (1, 2)]
+        closing = asyncio.ensure_future(batcher.close(drain_timeout_s=WAIT))
+        await asyncio.sleep(0.05)
+        with pytest.raises(Unavailable):
+            batcher.submit(item(3))
+        gate.set()
+        await closing
+        assert [r["y"][0, 0] for r in await asyncio.gather(*futures)] == [2.0, 4.0]
+
+    asyncio.run(main())

@@ -1,0 +1,90 @@
+"""config.pbtxt parsing, Triton's defaults and validation errors, JSON rendering."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from azulite.errors import ModelLoadError
+from azulite.serve import config as cfg
+from azulite.serve.proto import model_config_pb2 as mc
+
+GOOD = """
+name: "m"
+platform: "onnxruntime_onnx"
+max_batch_size: 8
+input [ { name: "INPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]
+dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }
+"""
+
+
+def load(text: str, model: str = "m") -> mc.ModelConfig:
+    config = cfg.parse_config_text(text, model=model)
+    cfg.fill_defaults(config, model=model)
+    cfg.validate_config(config, model=model)
+    return config
+
+
+def test_parse_and_defaults():
+    config = load(GOOD)
+    assert config.backend == "onnxruntime" and config.platform == "onnxruntime_onnx"
+    assert config.input[0].dims == [16] and config.max_batch_size == 8
+    assert config.version_policy.latest.num_versions == 1
+    assert [(g.name, g.count, g.kind) for g in config.instance_group] == [("m_0", 1, mc.ModelInstanceGroup.KIND_CPU)]
+    nameless = load(GOOD.replace('name: "m"', ""), model="m")
+    assert nameless.name == "m"
+    gpu = load(GOOD + "instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]")
+    assert gpu.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU and gpu.instance_group[0].count == 2
+
+
+def test_syntax_error_names_file_and_line(tmp_path):
+    path = tmp_path / "config.pbtxt"
+    path.write_text('name: "m"\nmax_batch_size: "eight"\n')
+    with pytest.raises(ModelLoadError) as info:
+        cfg.parse_config_file(path, model="m")
+    assert str(path) in str(info.value) and "2:" in str(info.value) and "'m'" in str(info.value)
+    with pytest.raises(ModelLoadError, match="no_such_field"):
+        cfg.parse_config_text("no_such_field: 1", model="m")
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda t: t.replace('name: "m"', 'name: "other"'), "name 'other' does not match the model directory name 'm'"),
+        (lambda t: t.replace('platform: "onnxruntime_onnx"', ""), "must specify 'platform' or 'backend'"),
+        (lambda t: t.replace('platform: "onnxruntime_onnx"', 'backend: "tensorrt"'), "backend 'tensorrt' is not supported"),
+        (lambda t: t.replace("data_type: TYPE_FP32 dims: [ 16 ] } ]\noutput", "dims: [ 16 ] } ]\noutput"),
+         "input 'INPUT0': data_type must be set"),
+        (lambda t: t.replace("preferred_batch_size: [ 4 ]", "preferred_batch_size: [ 16 ]"),
+         "preferred size 16 must be positive and <= max_batch_size 8"),
+        (lambda t: t.replace("max_batch_size: 8", "max_batch_size: 0"), "dynamic batching requires max_batch_size > 0"),
+        (lambda t: t.replace("max_queue_delay_microseconds: 100", "priority_levels: 2 default_priority_level: 3"),
+         r"default_priority_level must be in \[1, 2\], got 3"),
+        (lambda t: t.replace("dims: [ 16 ] } ]\noutput", "dims: [ 0 ] } ]\noutput"), "dimension 0 is not valid"),
+        (lambda t: t.split("dynamic_batching")[0] + "sequence_batching { }", "sequence_batching is not supported"),
+        (lambda t: t + "version_policy { latest { num_versions: 0 } }", "num_versions must be >= 1"),
+    ],
+)
+def test_validation_names_model_and_field(change, message):
+    with pytest.raises(ModelLoadError, match=message) as info:
+        load(change(GOOD))
+    assert "model 'm'" in str(info.value) or "'m'" in str(info.value)
+
+
+def test_json_renders_int64_as_numbers():
+    config = load(GOOD + 'parameters { key: "k" value: { string_value: "v" } }')
+    data = cfg.config_to_dict(config)
+    assert data["input"][0]["dims"] == [16]
+    assert data["dynamic_batching"]["max_queue_delay_microseconds"] == 100
+    assert data["dynamic_batching"]["preferred_batch_size"] == [4]
+    assert data["max_batch_size"] == 8 and data["parameters"]["k"]["string_value"] == "v"
+    text = json.dumps(data)
+    assert '"dims": ["16"]' not in text
+    assert cfg.config_from_json(text, model="m") == config
+
+
+def test_datatype_tables():
+    assert cfg.wire_datatype(mc.TYPE_STRING) == "BYTES" and cfg.wire_datatype(mc.TYPE_FP32) == "FP32"
+    assert cfg.numpy_to_wire(cfg.WIRE_TO_NUMPY["INT64"]) == "INT64"

@@ -1,0 +1,171 @@
+"""Job spec: the Azure ML command-job shape loads; every bad input names file, line, field, value, fix."""
+
+import textwrap
+from pathlib import Path
+
+import pytest
+
+from azulite.errors import SpecError
+from azulite.spec.job import MpiDistribution, PathInput, PyTorchDistribution, TensorFlowDistribution
+from azulite.spec.loader import load_job, parse_overrides, render_command
+
+REPO = Path(__file__).resolve().parents[2]
+
+GOOD = """\
+$schema: https://azuremlschemas.azureedge.net/latest/commandJob.schema.json
+type: command
+experiment_name: exp
+display_name: nice
+compute: azureml:gpu-cluster
+tags: {team: ml}
+code: src
+command: python train.py --data ${{inputs.data}} --epochs ${{inputs.epochs}} --out ${{outputs.ckpt}}
+inputs:
+  data:
+    type: uri_folder
+    path: data
+  epochs: 3
+outputs:
+  ckpt:
+    type: uri_folder
+environment:
+  image: mcr.microsoft.com/azureml/openmpi4.1.0-ubuntu20.04
+environment_variables:
+  NCCL_DEBUG: INFO
+  SEED: 1
+resources:
+  instance_type: Standard_NC24rs_v3
+  instance_count: 2
+distribution:
+  type: PyTorch
+  process_count_per_instance: 4
+priority: spot
+timeout: 2h
+max_retries: 1
+max_restarts: 3
+"""
+
+
+def write(tmp_path: Path, text: str, *, dirs=("src", "data")) -> Path:
+    for d in dirs:
+        (tmp_path / d).mkdir(exist_ok=True)
+    p = tmp_path / "job.yaml"
+    p.write_text(textwrap.dedent(text))
+    return p
+
+
+def error(tmp_path, text, overrides=(), dirs=("src", "data")) -> SpecError:
+    with pytest.raises(SpecError) as e:
+        load_job(write(tmp_path, text, dirs=dirs), overrides)
+    return e.value
+
+
+def test_azure_ml_command_job_loads(tmp_path):
+    spec = load_job(write(tmp_path, GOOD))
+    assert spec.name == tmp_path.name  # defaults to the spec folder's name
+    assert spec.code == str(tmp_path / "src")
+    assert isinstance(spec.distribution, PyTorchDistribution)
+    assert spec.nodes == 2 and spec.processes_per_node == 4 and spec.world_size == 8
+    assert spec.priority == "spot" and spec.timeout == 7200 and spec.max_restarts == 3
+    assert spec.environment_variables == {"NCCL_DEBUG": "INFO", "SEED": "1"}
+    assert spec.azureml["compute"] == "azureml:gpu-cluster" and spec.azureml["type"] == "command"
+    assert isinstance(spec.inputs["data"], PathInput) and spec.inputs["data"].path == str(tmp_path / "data")
+    assert spec.environment_label.startswith("mcr.microsoft.com")
+    cmd = render_command(spec.command, spec.inputs, {"ckpt": "/out/ck"})
+    assert cmd == f"python train.py --data {tmp_path / 'data'} --epochs 3 --out /out/ck"
+
+
+def test_other_distributions_and_defaults(tmp_path):
+    tf = load_job(write(tmp_path, "command: python m.py\ninstance_count: 2\ndistribution: {type: tensorflow, worker_count: 2}\n"))
+    assert isinstance(tf.distribution, TensorFlowDistribution) and tf.world_size == 2
+    assert tf.distribution.parameter_server_count == 0
+    mpi = load_job(write(tmp_path, "command: python m.py\ndistribution: {type: mpi, process_count_per_instance: 3}\n"))
+    assert isinstance(mpi.distribution, MpiDistribution) and mpi.world_size == 3
+    plain = load_job(write(tmp_path, "command: echo hi\n"))
+    assert plain.distribution_type == "pytorch" and plain.world_size == 1 and plain.name == tmp_path.name
+
+
+def test_example_specs_validate():
+    spec = load_job(REPO / "examples/ddp/job.yaml")
+    assert spec.name == "ddp" and spec.nodes == 2 and spec.processes_per_node == 2
+
+
+def test_set_overrides_and_their_errors(tmp_path):
+    p = write(tmp_path, GOOD)
+    spec = load_job(p, ["distribution.process_count_per_instance=1", "inputs.epochs=7", "environment_variables.X=y"])
+    assert spec.processes_per_node == 1 and spec.inputs["epochs"] == 7 and spec.environment_variables["X"] == "y"
+    e = error(tmp_path, GOOD, ["distribution.process_count_per_instance=0"])
+    assert e.file == "--set distribution.process_count_per_instance=0" and e.field == "distribution.process_count_per_instance"
+    assert e.value == 0 and e.fix
+    with pytest.raises(SpecError) as bad:
+        parse_overrides(["no-equals-sign"])
+    assert "--set path=value" in bad.value.fix
+
+
+# ---- the issue's bad-input list -------------------------------------------------------------------------
+def test_missing_code_folder(tmp_path):
+    e = error(tmp_path, GOOD.replace("code: src", "code: nowhere"))
+    assert (e.line, e.field, e.value) == (7, "code", "nowhere")
+    assert "code folder not found" in e.message and "create" in e.fix
+    assert str(e).startswith(f"{tmp_path / 'job.yaml'}:7 (code)")
+
+
+def test_unknown_distribution_type(tmp_path):
+    e = error(tmp_path, GOOD.replace("type: PyTorch", "type: horovod"))
+    assert (e.line, e.field, e.value) == (26, "distribution.type", "horovod")
+    assert "unknown distribution type" in e.message and "pytorch" in e.fix and "tensorflow" in e.fix
+
+
+@pytest.mark.parametrize(
+    "old,new,line,field",
+    [
+        ("process_count_per_instance: 4", "process_count_per_instance: 0", 27, "distribution.process_count_per_instance"),
+        ("  instance_count: 2", "  instance_count: -1", 24, "resources.instance_count"),
+        ("max_restarts: 3", "max_restarts: -2", 31, "max_restarts"),
+    ],
+)
+def test_counts_must_be_positive(tmp_path, old, new, line, field):
+    e = error(tmp_path, GOOD.replace(old, new))
+    assert (e.line, e.field) == (line, field)
+    assert e.value == int(new.split(":")[1]) and ">=" in e.message and "whole number" in e.fix
+
+
+def test_worker_count_zero(tmp_path):
+    e = error(tmp_path, "command: x\ndistribution:\n  type: tensorflow\n  worker_count: 0\n")
+    assert (e.line, e.field, e.value) == (4, "distribution.worker_count", 0)
+
+
+def test_missing_input_path(tmp_path):
+    e = error(tmp_path, GOOD, dirs=("src",))
+    assert (e.line, e.field, e.value) == (12, "inputs.data.path", "data")
+    assert "does not exist" in e.message and e.fix
+
+
+def test_unknown_input_reference(tmp_path):
+    e = error(tmp_path, GOOD.replace("${{inputs.epochs}}", "${{inputs.epoch}}"))
+    assert (e.line, e.field, e.value) == (8, "command", "${{inputs.epoch}}")
+    assert "no input named 'epoch'" in e.message and "${{inputs.epochs}}" in e.fix
+
+
+def test_unknown_field_suggests_the_right_one(tmp_path):
+    e = error(tmp_path, GOOD.replace("max_retries: 1", "max_retry: 1"))
+    assert (e.line, e.field) == (30, "max_retry") and "max_retries" in e.fix
+
+
+def test_wrong_types_and_yaml_errors(tmp_path):
+    e = error(tmp_path, GOOD.replace("instance_count: 2", "instance_count: two"))
+    assert (e.line, e.field, e.value) == (24, "resources.instance_count", "two") and "whole number" in e.message
+    e = error(tmp_path, GOOD.replace("priority: spot", "priority: cheap"))
+    assert e.field == "priority" and "dedicated" in e.fix
+    e = error(tmp_path, "command: [unclosed\n")
+    assert e.line and "YAML" in e.message
+    e = error(tmp_path, "code: src\n")
+    assert e.field == "command" and "missing" in e.message and "command:" in e.fix
+    e = error(tmp_path, "command: x\ninstance_count: 2\nresources: {instance_count: 3}\n")
+    assert "disagree" in e.message
+
+
+def test_missing_file():
+    with pytest.raises(SpecError) as e:
+        load_job("/nonexistent/job.yaml")
+    assert e.value.file == "/nonexistent/job.yaml" and e.value.fix

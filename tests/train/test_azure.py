@@ -1,0 +1,111 @@
+"""Checkpoints on Azure Blob, against a real Azurite: resume, the If-None-Match commit, and (e) the
+storage going away in the middle of a save."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from azulite.errors import StorageError
+from azulite.train import StorageSettings, list_checkpoints
+from azulite.train.storage import CheckpointStorage
+from tests.train.azurite import Azurite
+from tests.train.conftest import INTERVAL, STEPS
+
+pytestmark = pytest.mark.slow
+
+
+def _env(az: Azurite, tmp_path: Path) -> dict[str, str]:
+    return {"AZURE_STORAGE_CONNECTION_STRING": az.connection_string, "AZULITE_STAGING_DIR": str(tmp_path / "staging")}
+
+
+def _args(uri: str, out: Path, *extra: str) -> list[str]:
+    return ["--ckpt", uri, "--steps", str(STEPS), "--interval", str(INTERVAL), "--out", str(out), *extra]
+
+
+def test_blob_kill9_then_resume_is_identical_and_listed(baseline, runner, azurite, tmp_path):
+    uri, out, env = "az://ckpts/kill9", tmp_path / "out.json", _env(azurite, tmp_path)
+    first = runner.run(_args(uri, out, "--kill-at", str(2 * INTERVAL + 2), "--kill-rank", "1"), env=env)
+    assert first.returncode != 0 and "SIGKILL" in first.output, first.output[-3000:]
+    second = runner.run(_args(uri, out), env=env)
+    assert second.returncode == 0, second.output[-3000:]
+    result = json.loads(out.read_text())
+    assert result["resumed_from"] in (INTERVAL, 2 * INTERVAL)
+    assert result["sha256"] == baseline["sha256"]
+    listed = list_checkpoints(uri, environ=env)
+    assert [c.step for c in listed] == [2 * INTERVAL, 3 * INTERVAL, STEPS]  # keep_last=3
+    assert all(c.committed and c.bytes > 10_000 and c.uri.startswith(f"{uri}/step-") for c in listed)
+
+
+def test_blob_manifest_commit_is_if_none_match(azurite):
+    storage = CheckpointStorage("az://ckpts/exclusive", StorageSettings(connection_string=azurite.connection_string))
+    storage.check()
+    storage.write_exclusive("step-00000001/manifest.json", b'{"first": 1}')
+    with pytest.raises(StorageError, match="already exists"):
+        storage.write_exclusive("step-00000001/manifest.json", b'{"second": 2}')
+    assert storage.read_bytes("step-00000001/manifest.json") == b'{"first": 1}'
+
+
+@pytest.fixture
+def own_azurite(tmp_path):
+    az = Azurite(tmp_path / "azurite-data").start()
+    try:
+        yield az
+    finally:
+        az.stop()
+
+
+def _stop_storage_during_save(proc, az: Azurite, pause: Path, step: int) -> None:
+    """Both ranks wrote their shards locally and wait before uploading: take the storage away, go on."""
+    for rank in (0, 1):
+        marker = pause / f"paused-shards_written-{step}-rank{rank}"
+        proc.wait_for(lambda _, m=marker: m.exists())
+    az.stop()
+    (pause / f"go-shards_written-{step}").write_text("")
+
+
+def test_storage_down_mid_upload_fails_loudly_and_training_continues(baseline, runner, own_azurite, tmp_path):
+    """Policy 'continue' (the default): the failed save is logged on every rank, nothing is committed
+    for that step, training goes on and the next save after the storage returns commits."""
+    uri, out, env, pause = "az://ckpts/outage", tmp_path / "out.json", _env(own_azurite, tmp_path), tmp_path / "pause"
+    pause.mkdir()
+    bad, later = 2 * INTERVAL, 3 * INTERVAL
+    proc = runner.start(_args(uri, out, "--pause-at", f"shards_written:{bad}", "--pause-at", f"shards_written:{later}",
+                              "--pause-dir", str(pause)), env=env)
+    _stop_storage_during_save(proc, own_azurite, pause, bad)
+    proc.wait_for(lambda text: text.count(f"CHECKPOINT SAVE FAILED at step {bad}") == 2)
+    # the storage comes back (same port, same data) before the next save uploads
+    for rank in (0, 1):
+        proc.wait_for(lambda _, r=rank: (pause / f"paused-shards_written-{later}-rank{r}").exists())
+    own_azurite.start()
+    (pause / f"go-shards_written-{later}").write_text("")
+    res = proc.wait(timeout=240)
+
+    assert res.returncode == 0, res.output[-4000:]
+    assert f"the last committed checkpoint is step {INTERVAL}" in res.output
+    assert json.loads(out.read_text())["sha256"] == baseline["sha256"]
+    listed = {c.step: c.committed for c in list_checkpoints(uri, environ=env)}
+    assert listed.get(bad) is not True  # no half checkpoint: absent, or present but not committed
+    assert listed[later] is True and listed[STEPS] is True
+
+
+def test_storage_down_with_policy_stop_exits_then_resumes_identical(baseline, runner, own_azurite, tmp_path):
+    uri, out, env, pause = "az://ckpts/outage-stop", tmp_path / "out.json", _env(own_azurite, tmp_path), tmp_path / "pause"
+    pause.mkdir()
+    bad = 2 * INTERVAL
+    proc = runner.start(_args(uri, out, "--on-save-error", "stop", "--pause-at", f"shards_written:{bad}",
+                              "--pause-dir", str(pause)), env=env)
+    _stop_storage_during_save(proc, own_azurite, pause, bad)
+    res = proc.wait(timeout=240)
+    assert res.returncode != 0
+    assert f"error: {uri}/step-{bad:08d}: saving checkpoint step {bad} failed" in res.output, res.output[-4000:]
+    assert "Traceback" not in res.stdout
+
+    own_azurite.start()
+    listed = {c.step: c.committed for c in list_checkpoints(uri, environ=env)}
+    assert listed[INTERVAL] is True and listed.get(bad) is not True
+    again = runner.run(_args(uri, out), env=env)
+    assert again.returncode == 0, again.output[-3000:]
+    assert json.loads(out.read_text()) == {"sha256": baseline["sha256"], "step": STEPS, "resumed_from": INTERVAL}

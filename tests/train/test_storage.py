@@ -1,0 +1,84 @@
+"""(g) Bad checkpoint URIs and unreachable storage fail at start, with errors naming what and how to fix."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from azulite.errors import StorageError
+from azulite.train import CheckpointConfig, Checkpointer, Progress, StorageSettings, init, parse_uri
+from azulite.train.storage import CheckpointStorage
+from tests.train.azurite import connection_string, free_port
+
+
+@pytest.mark.parametrize(
+    ("uri", "message"),
+    [
+        ("", "the checkpoint URI is empty"),
+        ("s3://bucket/run", "unsupported checkpoint storage scheme 's3'"),
+        ("gs://bucket/run", "unsupported checkpoint storage scheme 'gs'"),
+        ("az:///run", "names no container"),
+        ("az://Bad_Container/run", "'Bad_Container' is not a valid Azure Blob container name"),
+        ("az://ab/run", "'ab' is not a valid Azure Blob container name"),
+    ],
+)
+def test_bad_uris_are_refused_with_a_fix(uri, message):
+    with pytest.raises(StorageError) as info:
+        parse_uri(uri)
+    assert message in info.value.message
+    assert info.value.fix
+
+
+def test_good_uris_parse():
+    assert parse_uri("az://checkpoints/job-1/") == ("az", "checkpoints/job-1")
+    assert parse_uri("abfs://checkpoints@acct.dfs.core.windows.net/x") == ("az", "checkpoints/x")
+    assert parse_uri("file:///tmp/x")[1] == "/tmp/x"
+    assert parse_uri("relative/dir")[1] == str(Path("relative/dir").absolute())
+
+
+def _checkpointer(uri: str, settings: StorageSettings) -> Checkpointer:
+    ctx = init({})  # one process, no process group
+    return Checkpointer(CheckpointConfig(uri=uri), ctx, {"progress": Progress()}, settings=settings)
+
+
+def test_unwritable_local_directory_fails_at_start(tmp_path):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError) as info:
+        _checkpointer(str(blocker / "ckpt"), StorageSettings())
+    assert "cannot write to the checkpoint directory" in info.value.message
+    assert info.value.where == str(blocker / "ckpt")
+
+
+def test_az_without_credentials_fails_at_start():
+    with pytest.raises(StorageError) as info:
+        _checkpointer("az://checkpoints/run", StorageSettings())
+    assert "no Azure Storage credentials for az://checkpoints/run" in info.value.message
+    assert "AZURE_STORAGE_CONNECTION_STRING" in info.value.fix
+
+
+def test_unreachable_blob_endpoint_fails_at_start_quickly():
+    dead = StorageSettings(connection_string=connection_string(free_port()), connection_timeout=2, read_timeout=5,
+                           retries=1)
+    t0 = time.monotonic()
+    with pytest.raises(StorageError) as info:
+        _checkpointer("az://checkpoints/run", dead)
+    assert time.monotonic() - t0 < 60
+    assert "cannot reach Azure Blob storage for az://checkpoints/run" in info.value.message
+    assert "Azurite" in info.value.fix
+
+
+def test_settings_read_from_an_environ_mapping():
+    s = StorageSettings.from_environ({"AZURE_STORAGE_CONNECTION_STRING": "cs", "AZULITE_STAGING_DIR": "/x"})
+    assert s.connection_string == "cs" and s.staging_dir == "/x" and s.account_name is None
+
+
+def test_local_manifest_write_is_exclusive(tmp_path):
+    storage = CheckpointStorage(str(tmp_path))
+    storage.write_exclusive("m.json", b"first")
+    with pytest.raises(StorageError, match="already exists"):
+        storage.write_exclusive("m.json", b"second")
+    assert (tmp_path / "m.json").read_bytes() == b"first"
+    assert not list(tmp_path.glob(".*.tmp"))
