@@ -12,7 +12,8 @@ stamp="$venv/.installed-$mode-$(cat pyproject.toml scripts/install.sh | sha256su
 [[ -f $stamp ]] && exit 0
 
 [[ -x $venv/bin/python ]] || "$py" -m venv "$venv"
-pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2>&1 | grep -v "is ignored: it is neither a file nor a directory" || true; }
+# pip's own exit status counts; only the noise about this machine's empty local indexes is dropped.
+pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 pip install --upgrade pip
 # torch first and pinned: this version's CPU build lies on disk; any other pulls GBs of CUDA wheels.
 pip install torch==2.13.0
@@ -22,6 +23,11 @@ else
   pip install -e ".[dev]"
   # --- dev: section per part; each installs what its tests run against -------------------------
   # (sections are appended below by the parts that need them)
+  # --- serve: the real Triton 2.51 + perf_analyzer anchors (tests/serve/test_server.py drives our server
+  # with perf_analyzer; bench/serving.py compares against tritonserver). From PyPI only, idempotent.
+  if [[ -f ../shared/anchors/install.sh && ! -x .cache/anchors/bin/perf_analyzer ]]; then
+    bash ../shared/anchors/install.sh "$PWD/.cache/anchors" >/dev/null
+  fi
   # --- launch examples: DeepSpeed (ZeRO-3 on CPU), TensorFlow (MultiWorkerMirroredStrategy), MPI -----------
   # DeepSpeed's sdist lists torch as a requirement: --no-deps keeps torch==2.13.0, then its light deps.
   pip install --no-deps --no-build-isolation deepspeed==0.19.8
@@ -38,8 +44,9 @@ else
            "(sudo apt-get install openmpi-bin libopenmpi-dev)" >&2
     fi
   fi
-  command -v mpirun >/dev/null && pip install mpi4py
-  "$venv/bin/python" -c "import importlib.util as u, sys; m = [n for n in ('deepspeed', 'tensorflow') if not u.find_spec(n)]; sys.exit(m and f'install failed: {m} missing')"
+  need="deepspeed tensorflow"
+  if command -v mpirun >/dev/null; then pip install mpi4py; need="$need mpi4py"; fi
+  "$venv/bin/python" -c "import importlib.util as u, sys; m = [n for n in sys.argv[1:] if not u.find_spec(n)]; sys.exit(f'install failed: {m} missing' if m else 0)" $need
   # --- train: Azurite, the real local Azure Blob emulator the checkpoint tests run against ----------
   # Project-local npm prefix (.cache/node/node_modules/.bin/azurite-blob); needs Node >= 18 (Node 20 here).
   if [[ ! -x .cache/node/node_modules/.bin/azurite-blob ]]; then

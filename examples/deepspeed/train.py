@@ -36,13 +36,23 @@ def params_sha256(engine) -> str:
     return h.hexdigest()
 
 
+def skip_shm_comm_op() -> None:
+    """DeepSpeed's CPU accelerator JIT-compiles a shared-memory allreduce op (C++, 1-2 minutes on a busy
+    2-core machine; cached in TORCH_EXTENSIONS_DIR) the first time it initialises. It only speeds up
+    intra-node collectives; without it they go through gloo. Mark it unavailable unless --shm-comm."""
+    deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--shm-comm", action="store_true", help="build and use DeepSpeed's shared-memory allreduce")
     ap.add_argument("--local_rank", type=int, default=int(os.environ.get("LOCAL_RANK", 0)))  # deepspeed launcher
     ap = deepspeed.add_config_arguments(ap)  # --deepspeed, --deepspeed_config FILE
     args = ap.parse_args()
 
+    if not args.shm_comm:
+        skip_shm_comm_op()
     # the env contract (MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK) -> gloo on the CPU accelerator
     deepspeed.init_distributed(dist_backend="gloo")
     rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()

@@ -95,7 +95,7 @@ def test_help_has_examples():
 
 @pytest.mark.slow
 def test_two_shells_submitting_at_once(home, tmp_path):
-    spec = write_job(tmp_path / "c", "print('hi')\n", spec_2x1().replace("instance_count: 2", "instance_count: 1"))
+    spec = write_job(tmp_path / "c", "print('hi')\n", spec_2x1(nodes=1))
     procs = [subprocess.Popen([*AZULITE, "job", "submit", str(spec), "--json"], stdout=subprocess.PIPE,
                               stderr=subprocess.PIPE, text=True, cwd=REPO) for _ in range(4)]
     ids = []
@@ -118,7 +118,7 @@ for i in range(5):
 
 @pytest.mark.slow
 def test_logs_follow_streams_until_the_job_ends(home, tmp_path):
-    spec = write_job(tmp_path / "tick", TICKER, spec_2x1())
+    spec = write_job(tmp_path / "tick", TICKER, spec_2x1(nodes=1, per_node=2))
     job_id = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
     out = az("job", "logs", job_id, "--follow", timeout=180, check=0).stdout.splitlines()
     for r in (0, 1):
@@ -130,10 +130,10 @@ def test_logs_follow_streams_until_the_job_ends(home, tmp_path):
 def test_cancel_from_the_cli(home, tmp_path):
     from tests.launch.jobkit import SLEEPER, job_procs, wait_for
 
-    spec = write_job(tmp_path / "s", SLEEPER, spec_2x1())
+    spec = write_job(tmp_path / "s", SLEEPER, spec_2x1(nodes=1, per_node=2))
     job_id = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
     job_dir = Path(json.loads(az("job", "show", job_id, "--json", check=0).stdout)["job_dir"])
-    wait_for(lambda: (job_dir / "nodes/node-1/started-1").exists(), 120, "rank 1 to start")
+    wait_for(lambda: (job_dir / "nodes/node-0/started-1").exists(), 120, "rank 1 to start")
     assert json.loads(az("job", "cancel", job_id, "--json", check=0).stdout) == {"id": job_id, "state": "canceled"}
     assert not job_procs({job_id})
     p = az("job", "preempt", job_id)

@@ -22,7 +22,10 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def job_procs(prefix_ids: set[str] | None = None, home: Path | None = None) -> list[psutil.Process]:
-    """Live processes started for jobs (by the AZULITE_JOB_ID marker) or supervisors of ``home``."""
+    """Live processes of this test's jobs (ids in ``prefix_ids``, or all) — scoped to the current
+    AZULITE_HOME by the AZULITE_JOB_DIR marker, so parallel test runs elsewhere are never touched — and,
+    with ``home``, the supervisors of that home."""
+    jobs_dir = Settings.from_environ().jobs_dir if home is None else Settings(home=home).jobs_dir
     found = []
     for p in psutil.process_iter(["pid"]):
         try:
@@ -31,7 +34,10 @@ def job_procs(prefix_ids: set[str] | None = None, home: Path | None = None) -> l
                 continue
         except (psutil.Error, OSError):
             continue
-        if env.get(ENV_JOB_ID) and (prefix_ids is None or env.get(ENV_JOB_ID) in prefix_ids):
+        job_dir = env.get("AZULITE_JOB_DIR", "")
+        if job_dir and Path(job_dir).parent == jobs_dir and env.get(ENV_JOB_ID) and (
+            prefix_ids is None or env.get(ENV_JOB_ID) in prefix_ids
+        ):
             found.append(p)
         elif home is not None and env.get("AZULITE_HOME") == str(home) and p.pid != os.getpid():
             try:
@@ -60,6 +66,7 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("AZULITE_HOME", str(h))
     monkeypatch.setenv("AZULITE_KILL_GRACE_S", "3")
     monkeypatch.setenv("AZULITE_PREEMPT_GRACE_S", "30")
+    monkeypatch.setenv("AZULITE_PEER_GRACE_S", "1")
     yield h
     settings = Settings.from_environ()
     ids = set()
@@ -138,14 +145,15 @@ sys.exit(75)
 """
 
 
-def spec_2x1(command: str = "python run.py", extra: str = "") -> str:
+def spec_2x1(command: str = "python run.py", extra: str = "", *, nodes: int = 2, per_node: int = 1) -> str:
+    """2 simulated nodes x 1 process by default (cross-node); ``nodes=1, per_node=2`` costs one agent less."""
     return f"""
     name: t
     code: .
     command: {command}
-    instance_count: 2
+    instance_count: {nodes}
     distribution:
       type: pytorch
-      process_count_per_instance: 1
+      process_count_per_instance: {per_node}
     {extra}
     """

@@ -10,6 +10,7 @@ import warnings
 
 import numpy as np
 import pytest
+import torch
 
 from azulite.errors import Internal, InvalidArgument
 from azulite.serve.backends import pb_utils
@@ -46,6 +47,8 @@ def test_onnx_without_config_is_auto_completed(tmp_path):
     assert batching.HasField("dynamic_batching")
     assert [(t.name, list(t.dims)) for t in batching.input] == [("INPUT0", [16]), ("INPUT1", [16])]
     assert [t.name for t in batching.output] == ["OUTPUT0", "OUTPUT1"]
+    strict = plane(tmp_path, disable_auto_complete_config=True)
+    assert "auto-complete is disabled" in {m.name: m for m in strict.repository_index().models}["auto_batch"].reason
     fixed = dp.model_config("auto_fixed")
     assert fixed.max_batch_size == 0 and not fixed.HasField("dynamic_batching")
     assert list(fixed.input[0].dims) == [16]
@@ -72,13 +75,14 @@ def test_onnx_config_naming_a_missing_input_fails_to_load(tmp_path, model_reposi
     assert "config input 'INPUT9' is not an input of the ONNX model" in index["add_sub_onnx"].reason
 
 
+class Scale(torch.nn.Module):
+    """forward(offset, value): config inputs bind by argument name, not position."""
+
+    def forward(self, offset: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
+        return value * 10 + offset
+
+
 def test_torchscript_binds_inputs_by_forward_argument_name(tmp_path):
-    import torch
-
-    class Scale(torch.nn.Module):
-        def forward(self, offset: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
-            return value * 10 + offset
-
     (tmp_path / "scale" / "1").mkdir(parents=True)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)
@@ -233,13 +237,18 @@ class TritonPythonModel:
 '''
 
 
-def test_python_bls_calls_another_model(tmp_path, model_repository):
+ASYNC_BLS_MODEL = BLS_MODEL.replace("def execute", "async def execute").replace(
+    "result = bls.exec()", "result = await bls.async_exec()")
+
+
+@pytest.mark.parametrize("code", [BLS_MODEL, ASYNC_BLS_MODEL], ids=["exec", "async_exec"])
+def test_python_bls_calls_another_model(tmp_path, model_repository, code):
     import shutil
 
     shutil.copytree(model_repository / "add_sub_onnx", tmp_path / "add_sub_onnx")
     python_model(tmp_path, "bls", 'backend: "python" max_batch_size: 8\n'
                  'input [ { name: "x" data_type: TYPE_FP32 dims: [ 16 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 16 ] } ]',
-                 BLS_MODEL)
+                 code)
     dp = plane(tmp_path)
 
     async def main():
@@ -311,3 +320,25 @@ def test_python_model_config_arg_is_triton_json(tmp_path):
 
     asyncio.run(main())
     assert json  # the module is used inside the model code above
+
+
+def test_onnx_string_tensors_round_trip_as_bytes(tmp_path):
+    from onnx import TensorProto, helper
+
+    graph = helper.make_graph([helper.make_node("Identity", ["TEXT"], ["SAME"])], "echo",
+                              [helper.make_tensor_value_info("TEXT", TensorProto.STRING, ["batch", 2])],
+                              [helper.make_tensor_value_info("SAME", TensorProto.STRING, ["batch", 2])])
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    (tmp_path / "echo" / "1").mkdir(parents=True)
+    (tmp_path / "echo" / "1" / "model.onnx").write_bytes(model.SerializeToString())
+    dp = plane(tmp_path)
+    assert dp.model_metadata("echo").inputs[0].datatype == "BYTES"
+
+    async def main():
+        text = np.array([[b"a", "\u00e9".encode()]], dtype=np.object_)
+        r = await dp.infer(InferRequest("echo", [InferTensor("TEXT", "BYTES", text.shape, text)]))
+        assert r.outputs[0].datatype == "BYTES" and r.outputs[0].data.tolist() == [[b"a", "\u00e9".encode()]]
+        await dp.shutdown()
+
+    asyncio.run(main())

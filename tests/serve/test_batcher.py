@@ -114,7 +114,8 @@ def test_batched_results_equal_unbatched_and_batches_form():
 def test_delay_waits_for_more_requests_then_flushes():
     async def main():
         model = Doubler()
-        batcher = Batcher(model="m", settings=settings(max_delay_ns=300_000_000), instances=[("i0", model)])
+        # 1.5 s delay: the second request, sent 50 ms later, joins even on a loaded machine
+        batcher = Batcher(model="m", settings=settings(max_delay_ns=1_500_000_000), instances=[("i0", model)])
         first = batcher.submit(item(1))
         await asyncio.sleep(0.05)
         second = batcher.submit(item(2))

@@ -118,6 +118,8 @@ def test_bad_requests_name_what_is_wrong(model_repository):
         await expect(add_sub_request("add_sub_onnx", big, big), InvalidArgument,
                      "inference request batch-size must be <= 8 for 'add_sub_onnx'")
         await expect(add_sub_request("add_sub_onnx", ok, np.ones((2, 16))), InvalidArgument, "batch size 2")
+        empty = np.ones((0, 16), np.float32)
+        await expect(add_sub_request("add_sub_onnx", empty, empty), InvalidArgument, "batch-size must be >= 1")
         await expect(add_sub_request("add_sub_onnx", ok, ok, outputs=[RequestedOutput("NOPE")]), InvalidArgument,
                      "unexpected inference output 'NOPE' for model 'add_sub_onnx'")
         await expect(add_sub_request("add_sub_onnx", ok, ok, parameters={"priority": "high"}), InvalidArgument,
@@ -126,9 +128,9 @@ def test_bad_requests_name_what_is_wrong(model_repository):
         r = await dp.infer(add_sub_request("add_sub_onnx", ok, ok, outputs=[RequestedOutput("OUTPUT1")]))
         assert [t.name for t in r.outputs] == ["OUTPUT1"]
         stats = dp.model_statistics("add_sub_onnx").model_stats[0].inference_stats
-        assert stats.fail.count == 8 and stats.success.count == 1
+        assert stats.fail.count == 9 and stats.success.count == 1
         text = dp.metrics.metrics_text().decode()
-        assert 'nv_inference_request_failure{model="add_sub_onnx",version="1",reason="OTHER"} 8' in text
+        assert 'nv_inference_request_failure{model="add_sub_onnx",version="1",reason="OTHER"} 9' in text
         await dp.shutdown()
 
     asyncio.run(main())
@@ -269,5 +271,54 @@ def test_shutdown_drains_in_flight_and_refuses_new(model_repository):
         assert [r.outputs[0].data[0, 0] for r in results] == [0, 1, 2]
         await closing
         assert not dp.live()
+
+    asyncio.run(main())
+
+
+def test_compute_threads_caps_blas_pools(model_repository):
+    import threadpoolctl
+
+    plane(model_repository, control_mode="explicit", load_models=("bench_matmul",), compute_threads=1)
+    blas = [p for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
+    assert blas and all(p["num_threads"] == 1 for p in blas)
+
+
+def test_queue_full_counts_as_rejected(tmp_path, model_repository):
+    import shutil
+
+    shutil.copytree(model_repository / "slow_py", tmp_path / "slow_py")
+    config = tmp_path / "slow_py" / "config.pbtxt"
+    config.write_text(config.read_text() + "dynamic_batching { default_queue_policy { max_queue_size: 1 } }\n")
+    dp = plane(tmp_path)
+
+    async def main():
+        results = await asyncio.gather(*(dp.infer(InferRequest("slow_py", [fp32("INPUT0", [[v]])])) for v in range(4)),
+                                       return_exceptions=True)
+        rejected = [r for r in results if isinstance(r, Unavailable)]
+        assert len(rejected) >= 2 and all("Exceeds maximum queue size" in str(r) for r in rejected)
+        ok = [r for r in results if not isinstance(r, Exception)]
+        assert len(ok) + len(rejected) == 4
+        text = dp.metrics.metrics_text().decode()
+        assert f'nv_inference_request_failure{{model="slow_py",version="1",reason="REJECTED"}} {len(rejected)}' in text
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+def test_reshape_inputs_and_outputs(tmp_path, model_repository):
+    import shutil
+
+    shutil.copytree(model_repository / "add_sub_onnx", tmp_path / "add_sub_onnx")
+    config = tmp_path / "add_sub_onnx" / "config.pbtxt"
+    config.write_text(config.read_text().replace("dims: [ 16 ]", "dims: [ 4, 4 ] reshape: { shape: [ 16 ] }"))
+    dp = plane(tmp_path)
+    assert list(dp.model_metadata("add_sub_onnx").inputs[0].shape) == [-1, 4, 4]
+
+    async def main():
+        x = np.arange(32, dtype=np.float32).reshape(2, 4, 4)
+        r = await dp.infer(add_sub_request("add_sub_onnx", x, x))
+        assert r.outputs[0].shape == (2, 4, 4)
+        np.testing.assert_array_equal(r.outputs[0].data, 2 * x)
+        await dp.shutdown()
 
     asyncio.run(main())

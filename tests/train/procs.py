@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
+import uuid
 import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+
+import psutil
 
 from tests.train.azurite import free_port
 
@@ -60,6 +62,9 @@ class Proc:
         n = len(list(log_dir.glob("out-*.log")))
         self.out_path, self.err_path = log_dir / f"out-{n}.log", log_dir / f"err-{n}.log"
         self._out, self._err = open(self.out_path, "w"), open(self.err_path, "w")
+        # every process of this run carries the tag, so teardown finds workers even once orphaned
+        self.tag = uuid.uuid4().hex
+        env = {**env, "AZULITE_TEST_PROC_TAG": self.tag}
         self.popen = subprocess.Popen(cmd, env=env, stdout=self._out, stderr=self._err, start_new_session=True,
                                       cwd=ROOT)
 
@@ -80,11 +85,19 @@ class Proc:
         self.popen.send_signal(sig)
 
     def kill_group(self) -> None:
-        if self.popen.poll() is None:
+        """kill -9 of torchrun and every worker. torchrun starts each worker in its own session, so the
+        process group is not enough: collect the whole tree first, then kill all of it."""
+        try:
+            tree = [psutil.Process(self.popen.pid)]
+            tree += tree[0].children(recursive=True)
+        except psutil.NoSuchProcess:
+            tree = []
+        for p in tree:
             try:
-                os.killpg(self.popen.pid, signal.SIGKILL)
-            except ProcessLookupError:
+                p.kill()
+            except psutil.NoSuchProcess:
                 pass
+        psutil.wait_procs(tree, timeout=30)
         self.popen.wait(timeout=30)
 
     def wait(self, timeout: float = 240) -> Result:
@@ -100,6 +113,15 @@ class Proc:
     def close(self) -> None:
         if self.popen.poll() is None:
             self.kill_group()
+        leftovers = []
+        for p in psutil.process_iter():
+            try:
+                if p.pid != os.getpid() and p.environ().get("AZULITE_TEST_PROC_TAG") == self.tag:
+                    p.kill()
+                    leftovers.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+                pass
+        psutil.wait_procs(leftovers, timeout=30)
         self._out.close()
         self._err.close()
 

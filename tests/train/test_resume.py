@@ -110,7 +110,7 @@ def test_kill_between_shards_and_manifest_uses_previous(baseline, runner, tmp_pa
     assert _out(out)["sha256"] == baseline["sha256"]
 
 
-@pytest.mark.parametrize("damage", ["corrupt", "missing"])
+@pytest.mark.parametrize("damage", ["corrupt"])  # a missing file: test_checkpoint.py, in one process
 def test_damaged_shard_is_detected_logged_and_previous_used(baseline, runner, tmp_path, damage):
     ckpt, out = tmp_path / "ckpt", tmp_path / "out.json"
     shutil.copytree(baseline["ckpt"], ckpt)

@@ -1,7 +1,150 @@
-"""``azulite serve ...`` (placeholder: the serving issue fills this in)."""
+"""``azulite serve REPO``: a Triton-compatible server (KServe v2 over HTTP and gRPC, Prometheus metrics)
+on a Triton model repository, with ``tritonserver``'s flag names.
+
+Thin: flags -> :class:`~azulite.serve.server.ServerSettings`; prints the models table and the endpoints
+when serving; SIGINT/SIGTERM drain in-flight requests before exiting. Bad flags and an unusable
+repository are AzuliteErrors (exit 2, no traceback).
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import List, Optional
 
 import typer
+from rich.console import Console
+from rich.table import Table
+
+from azulite.errors import AzuliteError, SpecError
+
+_STYLE = {"READY": "bold green", "UNLOADED": "dim", "UNAVAILABLE": "bold red"}
+
+
+def _bool(value: str, flag: str) -> bool:
+    v = value.strip().lower()
+    if v in ("true", "1", "yes", "on"):
+        return True
+    if v in ("false", "0", "no", "off"):
+        return False
+    raise SpecError(f"{flag} takes true or false, got {value!r}", field=flag)
+
+
+def _table(rows: list[tuple[str, str, str]]) -> Table:
+    table = Table(title="Models", title_justify="left")
+    table.add_column("Model")
+    table.add_column("Version")
+    table.add_column("Status", overflow="fold")
+    for name, version, status in rows:
+        style = _STYLE.get(status.split(":", 1)[0], "white")
+        table.add_row(name, version, f"[{style}]{status}[/]")
+    return table
+
+
+def serve(
+    repository: Optional[Path] = typer.Argument(None, help="The model repository (Triton's layout).",
+                                                show_default=False),
+    model_repository: Optional[Path] = typer.Option(None, "--model-repository", "--model-store",
+                                                    help="Same as REPOSITORY (tritonserver's flag)."),
+    http_port: int = typer.Option(8000, "--http-port", help="HTTP port (0: any free port)."),
+    grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port (0: any free port)."),
+    metrics_port: int = typer.Option(8002, "--metrics-port", help="Prometheus metrics port."),
+    http_address: str = typer.Option("0.0.0.0", "--http-address"),
+    grpc_address: str = typer.Option("0.0.0.0", "--grpc-address"),
+    metrics_address: str = typer.Option("0.0.0.0", "--metrics-address"),
+    allow_http: str = typer.Option("true", "--allow-http", help="false: no HTTP endpoint."),
+    allow_grpc: str = typer.Option("true", "--allow-grpc", help="false: no gRPC endpoint."),
+    allow_metrics: str = typer.Option("true", "--allow-metrics", help="false: no metrics endpoint."),
+    model_control_mode: str = typer.Option("none", "--model-control-mode",
+                                           help="none | explicit | poll (Triton's model control modes)."),
+    load_model: Optional[List[str]] = typer.Option(None, "--load-model",
+                                                   help="Explicit mode: load this model at start (repeatable; '*': all)."),
+    repository_poll_secs: float = typer.Option(15.0, "--repository-poll-secs",
+                                               help="Poll mode: seconds between repository scans."),
+    strict_readiness: str = typer.Option("true", "--strict-readiness",
+                                         help="true: ready only when every start-up model loaded."),
+    http_max_input_size: int = typer.Option(64 * 1024 * 1024, "--http-max-input-size",
+                                            help="Largest HTTP request body in bytes (larger: 413)."),
+    exit_timeout_secs: float = typer.Option(30.0, "--exit-timeout-secs",
+                                            help="On SIGINT/SIGTERM, how long to drain in-flight requests."),
+    log_verbose: int = typer.Option(0, "--log-verbose", help="1: log each failure with details."),
+    grpc_impl: str = typer.Option("h2", "--grpc-impl",
+                                  help="h2: azulite's HTTP/2 gRPC transport (fastest); grpcio: grpc.aio's server."),
+) -> None:
+    """Serve a Triton model repository over KServe v2 HTTP and gRPC, with Triton-named metrics.
+
+    Examples:
+
+      azulite serve model_repository/
+
+      azulite serve model_repository/ --http-port 8000 --grpc-port 8001 --metrics-port 8002
+
+      azulite serve model_repository/ --model-control-mode explicit --load-model densenet_onnx
+    """
+    from azulite.serve.server import ServerSettings
+    from azulite.serve.server import serve as run
+
+    repo = model_repository or repository
+    if repository is not None and model_repository is not None and repository != model_repository:
+        raise SpecError("give the repository once: as REPOSITORY or as --model-repository", field="REPOSITORY")
+    if repo is None:
+        raise SpecError("no model repository given", field="REPOSITORY",
+                        fix="azulite serve path/to/model_repository")
+    if not repo.is_dir():
+        raise SpecError(f"model repository {str(repo)!r} is not a directory", field="REPOSITORY",
+                        fix="point at a directory holding <model>/config.pbtxt and <model>/<version>/")
+    if model_control_mode not in ("none", "explicit", "poll"):
+        raise SpecError(f"unknown --model-control-mode {model_control_mode!r}", field="--model-control-mode",
+                        fix="use none, explicit or poll")
+    if load_model and model_control_mode != "explicit":
+        raise SpecError("--load-model needs --model-control-mode=explicit", field="--load-model")
+    for flag, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
+        if not 0 <= port <= 65535:
+            raise SpecError(f"{flag} {port} is not a port (0-65535)", field=flag)
+    if grpc_impl not in ("h2", "grpcio"):
+        raise SpecError(f"unknown --grpc-impl {grpc_impl!r}", field="--grpc-impl", fix="use h2 or grpcio")
+    if repository_poll_secs <= 0:
+        raise SpecError("--repository-poll-secs must be positive", field="--repository-poll-secs")
+    logging.basicConfig(level=logging.INFO if log_verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    settings = ServerSettings(
+        repository=repo,
+        http_address=http_address, http_port=http_port if _bool(allow_http, "--allow-http") else -1,
+        grpc_address=grpc_address, grpc_port=grpc_port if _bool(allow_grpc, "--allow-grpc") else -1,
+        metrics_address=metrics_address,
+        metrics_port=metrics_port if _bool(allow_metrics, "--allow-metrics") else -1,
+        model_control_mode=model_control_mode,  # type: ignore[arg-type]
+        load_models=tuple(load_model or ()),
+        repository_poll_secs=repository_poll_secs,
+        strict_readiness=_bool(strict_readiness, "--strict-readiness"),
+        http_max_input_size=http_max_input_size,
+        drain_timeout_s=exit_timeout_secs,
+        grpc_impl=grpc_impl,
+    )
+    console = Console(highlight=False, soft_wrap=True)
+
+    def started(server) -> None:
+        console.print(_table(server.dataplane.startup_table()))
+        names = {"grpc": ("GRPCInferenceService", grpc_address), "http": ("HTTPService", http_address),
+                 "metrics": ("Metrics Service", metrics_address)}
+        for key in ("grpc", "http", "metrics"):
+            if key in server.ports:
+                label, address = names[key]
+                console.print(f"Started {label} at {address}:{server.ports[key]}")
+        console.print(f"[bold green]azulite serve ready[/] (model control mode: {model_control_mode}); "
+                      "Ctrl-C or SIGTERM drains and stops")
+
+    def stopping(signame: str) -> None:
+        console.print(f"{signame}: draining in-flight requests (up to {exit_timeout_secs:g} s), then stopping")
+
+    try:
+        run(settings, on_started=started, on_stopping=stopping)
+    except OSError as exc:
+        raise AzuliteError(f"cannot listen: {exc}", fix="choose free ports with --http-port/--grpc-port/"
+                           "--metrics-port (0 picks any free port)") from None
+    console.print("azulite serve stopped")
 
 
 def register(app: typer.Typer) -> None:
     """Adds the ``serve`` command to the top-level app."""
+    app.command("serve", no_args_is_help=True)(serve)

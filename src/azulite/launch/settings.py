@@ -19,6 +19,9 @@ class Settings:
     backend: str = "local"  # AZULITE_BACKEND
     kill_grace_s: float = 10.0  # SIGTERM -> SIGKILL on cancel (AZULITE_KILL_GRACE_S)
     preempt_grace_s: float = 60.0  # SIGTERM -> SIGKILL on preempt: time to commit a checkpoint
+    #: after one process of an attempt failed, how long its peers get to end by themselves before SIGTERM
+    #: (a DDP peer of a dead rank blocks in a collective until gloo's 30-minute timeout otherwise)
+    peer_grace_s: float = 5.0
 
     @property
     def db_path(self) -> Path:
@@ -45,4 +48,5 @@ class Settings:
             backend=env.get("AZULITE_BACKEND", "local"),
             kill_grace_s=seconds("AZULITE_KILL_GRACE_S", "10"),
             preempt_grace_s=seconds("AZULITE_PREEMPT_GRACE_S", "60"),
+            peer_grace_s=seconds("AZULITE_PEER_GRACE_S", "5"),
         )

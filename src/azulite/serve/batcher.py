@@ -147,10 +147,13 @@ class Batcher:
         self.settings = settings
         self.observer = observer or NullObserver()
         self._instances = [
-            _Instance(m, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"azulite-{name}")) for name, m in instances
+            _Instance(m, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"azulite-{name}"))
+            for name, m in instances
         ]
         self._levels = [_Level() for _ in range(settings.priority_levels)]
         self._count = 0  # requests queued (all levels, normal + delayed)
+        self._rows = 0  # their batch sizes summed
+        self._delaying = False  # the scheduler sleeps out max_queue_delay for a batch to fill
         self._with_deadline = 0  # queued requests that can time out
         self._seq = 0
         self._next_release = 0
@@ -158,6 +161,7 @@ class Batcher:
         self._inflight = 0
         self._closing = False
         self._task: asyncio.Task | None = None
+        self._running: set[asyncio.Task] = set()
         self._idle: asyncio.Queue | None = None
         self._waker: asyncio.Future | None = None
         self._drained: asyncio.Event | None = None
@@ -193,8 +197,12 @@ class Batcher:
         self._count += 1
         if pending.deadline_ns:
             self._with_deadline += 1
+        self._rows += item.batch_size
         self.observer.queued(1)
-        self._wake()
+        # While the scheduler sleeps out max_queue_delay, a request that cannot complete a batch need
+        # not wake it (the timer will): saves a scheduler pass per request under load.
+        if not self._delaying or s.preferred or self._rows >= s.max_batch_size or pending.deadline_ns:
+            self._wake()
         return pending.future
 
     async def close(self, drain_timeout_s: float = 30.0) -> None:
@@ -210,12 +218,7 @@ class Batcher:
                 except asyncio.TimeoutError:
                     pass
             self._task.cancel()
-            for lane in self._levels:
-                for pending in (*lane.queue, *lane.delayed):
-                    self._settle(pending, Unavailable(f"model '{self.model}' was unloaded before the request ran"))
-                lane.queue.clear()
-                lane.delayed.clear()
-            self._count = 0
+            self._fail_queued(Unavailable(f"model '{self.model}' was unloaded before the request ran"))
         loop = asyncio.get_running_loop()
         for inst in self._instances:
             await loop.run_in_executor(inst.executor, inst.model.close)
@@ -247,6 +250,12 @@ class Batcher:
             waker.set_result(None)
 
     async def _sleep_until_woken(self, until_ns: int) -> None:
+        if until_ns and until_ns - time.monotonic_ns() < 1_000_000:
+            # Event-loop timers have millisecond resolution (asyncio rounds up to 1 ms, uvloop fires at
+            # once): for a sub-millisecond max_queue_delay, yield one loop pass at a time instead, which
+            # keeps the delay as configured and serves I/O meanwhile.
+            await asyncio.sleep(0)
+            return
         loop = asyncio.get_running_loop()
         self._waker = waker = loop.create_future()
         handle = None
@@ -265,9 +274,25 @@ class Batcher:
         loop = asyncio.get_running_loop()
         while True:
             inst = await self._idle.get()
-            batch = await self._next_batch()
+            try:
+                batch = await self._next_batch()
+            except Exception as exc:  # a scheduler bug must not leave requests waiting forever
+                self._idle.put_nowait(inst)
+                self._fail_queued(Internal(f"model '{self.model}': scheduler error {type(exc).__name__}: {exc}"))
+                continue
             self._inflight += 1
-            loop.create_task(self._execute(inst, batch))
+            task = loop.create_task(self._execute(inst, batch))
+            self._running.add(task)  # the loop keeps only weak references to tasks
+            task.add_done_callback(self._running.discard)
+
+    def _fail_queued(self, error: ServeError) -> None:
+        for lane in self._levels:
+            for pending in (*lane.queue, *lane.delayed):
+                self._settle(pending, error)
+            lane.queue.clear()
+            lane.delayed.clear()
+        self.observer.queued(-self._count)
+        self._count = self._rows = self._with_deadline = 0
 
     def _order(self):
         """Requests in the order they are served: per level, the queue, then the delayed."""
@@ -290,6 +315,7 @@ class Batcher:
                         lane.delayed.append(p)
                     else:
                         self._count -= 1
+                        self._rows -= p.item.batch_size
                         self.observer.queued(-1)
                         self._complete(p, Rejected("Request timeout expired", where=f"model '{self.model}'"))
                 else:
@@ -336,7 +362,11 @@ class Batcher:
             due = head.enqueued_ns + s.max_delay_ns
             if now >= due:
                 return self._take(n)
-            await self._sleep_until_woken(min(due, nearest) if nearest else due)
+            self._delaying = True
+            try:
+                await self._sleep_until_woken(min(due, nearest) if nearest else due)
+            finally:
+                self._delaying = False
 
     def _take(self, n: int) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -350,6 +380,7 @@ class Batcher:
             if len(batch) == n:
                 break
         self._count -= len(batch)
+        self._rows -= sum(p.item.batch_size for p in batch)
         self.observer.queued(-len(batch))
         return batch
 

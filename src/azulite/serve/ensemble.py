@@ -61,7 +61,7 @@ async def run_ensemble(config: mc.ModelConfig, inputs: dict[str, np.ndarray], wa
             for step in [s for s in waiting if all(v in pool for v in s.input_map.values())]:
                 waiting.remove(step)
                 feed = {key: pool[value] for key, value in step.input_map.items()}
-                version = "" if step.model_version < 0 else str(step.model_version)
+                version = "" if step.model_version <= 0 else str(step.model_version)  # unset (0) or -1: latest
                 task = asyncio.ensure_future(run_step(step.model_name, version, feed, list(step.output_map)))
                 running[task] = step
             if not running:

@@ -33,6 +33,7 @@ GRPC_CODE: dict[str, grpc.StatusCode] = {
     "ALREADY_EXISTS": grpc.StatusCode.ALREADY_EXISTS,
     "UNAVAILABLE": grpc.StatusCode.UNAVAILABLE,
     "UNIMPLEMENTED": grpc.StatusCode.UNIMPLEMENTED,
+    "CANCELLED": grpc.StatusCode.CANCELLED,
     "INTERNAL": grpc.StatusCode.INTERNAL,
 }
 DEFAULT_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton accepts messages up to INT32_MAX
@@ -53,6 +54,7 @@ def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
 
 
 def _param_value(p) -> Any:
+    """InferParameter or ModelRepositoryParameter -> its Python value (both name the oneof alike)."""
     kind = p.WhichOneof("parameter_choice")
     return getattr(p, kind) if kind else None
 
@@ -145,11 +147,6 @@ def encode_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
             _params_out(out.parameters, t.parameters)
         raw.append(serialize_bytes(t.data) if t.datatype == "BYTES" else np.ascontiguousarray(t.data).tobytes())
     return msg
-
-
-def _repo_param(p) -> Any:
-    kind = p.WhichOneof("parameter_choice")
-    return getattr(p, kind) if kind else None
 
 
 class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
@@ -268,7 +265,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request, context):
         try:
-            params = {k: _repo_param(v) for k, v in request.parameters.items()}
+            params = {k: _param_value(v) for k, v in request.parameters.items()}
             await self.dp.load_model(request.model_name, params or None)
             return pb.RepositoryModelLoadResponse()
         except Exception as exc:  # noqa: BLE001
@@ -277,7 +274,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request, context):
         try:
             p = request.parameters.get("unload_dependents")
-            await self.dp.unload_model(request.model_name, bool(_repo_param(p)) if p is not None else False)
+            await self.dp.unload_model(request.model_name, bool(_param_value(p)) if p is not None else False)
             return pb.RepositoryModelUnloadResponse()
         except Exception as exc:  # noqa: BLE001
             await self._abort(context, exc)

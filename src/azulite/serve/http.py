@@ -16,6 +16,7 @@ list: no region is ever registered). Errors are ``{"error": "..."}`` with :data:
 from __future__ import annotations
 
 import asyncio
+import base64
 import gzip
 import json
 import logging
@@ -33,11 +34,13 @@ from azulite.serve.types import DataPlane
 
 log = logging.getLogger("azulite.serve.http")
 
-#: ServeError.status -> HTTP status, the one place it is decided (Triton's HttpCodeFromError).
+#: ServeError.status -> HTTP status, the one place it is decided (as Triton's HttpCodeFromError:
+#: NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, INTERNAL 500, everything else 400).
 HTTP_STATUS: dict[str, int] = {
     "INVALID_ARGUMENT": 400,
+    "ALREADY_EXISTS": 400,
+    "CANCELLED": 400,
     "NOT_FOUND": 404,
-    "ALREADY_EXISTS": 409,
     "UNAVAILABLE": 503,
     "UNIMPLEMENTED": 501,
     "INTERNAL": 500,
@@ -51,9 +54,15 @@ DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # Triton's --http-max-input-size defa
 Reply = tuple[int, bytes, bytes, tuple[tuple[bytes, bytes], ...]]  # status, content type, body, headers
 
 
+class _MethodNotAllowed(InvalidArgument):
+    """An HTTP-only answer (405, as Triton): the path exists, not with this method."""
+
+
 def error_reply(exc: BaseException) -> Reply:
     """Any exception -> Triton's error JSON. Client mistakes are ServeErrors with a 4xx status; anything
     else is the server's fault (500) and is logged with its traceback."""
+    if isinstance(exc, _MethodNotAllowed):
+        return 405, JSON, json.dumps({"error": str(exc)}).encode(), ()
     if isinstance(exc, ServeError):
         status, message = HTTP_STATUS.get(exc.status, 500), str(exc)
     else:
@@ -139,7 +148,7 @@ class HttpApp:
     @staticmethod
     def _method(ok: bool, method: bytes, path: str) -> None:
         if not ok:
-            raise InvalidArgument(f"method {method.decode()} is not allowed on {path}")
+            raise _MethodNotAllowed(f"method {method.decode()} is not allowed on {path}")
 
     def _models(self, method: bytes, path: str, rest: list[str], headers, body: bytes):
         get, post = method == b"GET", method == b"POST"
@@ -208,8 +217,6 @@ class HttpApp:
         load_params: dict[str, Any] = {}
         for key, value in params.items():
             if key.startswith("file:"):
-                import base64
-
                 try:  # Triton's HTTP load sends file contents base64-encoded
                     load_params[key] = base64.b64decode(value, validate=True)
                 except (ValueError, TypeError):
@@ -300,6 +307,9 @@ class _Connection(asyncio.Protocol):
         length = self.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_input_size:
             self._too_large(int(length))
+        elif (self.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None
+              and not self.replies):
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it on large bodies
 
     def on_body(self, body: bytes) -> None:
         if self.too_large:

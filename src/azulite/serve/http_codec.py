@@ -278,6 +278,10 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
 # --- protobuf answers as Triton's JSON ---------------------------------------------------------------
 
 
+def _repeated(fd) -> bool:
+    return fd.is_repeated if hasattr(fd, "is_repeated") else fd.label == fd.LABEL_REPEATED
+
+
 def _fix_int64(message: Message, value: Any) -> Any:
     """json_format renders 64-bit integers as strings (proto3 JSON); Triton answers numbers."""
     if not isinstance(value, dict):
@@ -299,7 +303,7 @@ def _fix_int64(message: Message, value: Any) -> Any:
                     item[k] = int(item[k])
         elif fd.message_type is not None:
             sub = getattr(message, key)
-            if fd.label == fd.LABEL_REPEATED:
+            if _repeated(fd):
                 for m, v in zip(sub, item):
                     _fix_int64(m, v)
             else:

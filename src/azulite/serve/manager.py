@@ -28,6 +28,7 @@ from azulite.serve.ensemble import check_ensemble
 from azulite.serve.models import READY, UNAVAILABLE, LoadedModel, ModelEntry, VersionState
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.stats import ModelStats
+from azulite.serve.warmup import warm_up
 
 ControlMode = Literal["none", "explicit", "poll"]
 
@@ -40,6 +41,8 @@ class ManagerSettings:
     repository: Path
     control_mode: ControlMode = "none"
     load_models: tuple[str, ...] = ()
+    compute_threads: int | None = 1
+    auto_complete: bool = True  # Triton's --disable-auto-complete-config turns it off
 
 
 def ensemble_dependencies(config: mc.ModelConfig) -> list[str]:
@@ -130,7 +133,7 @@ class ModelManager:
     def load(self, name: str, *, config_json: str | None = None, files: dict[str, bytes] | None = None,
              _chain: tuple[str, ...] = ()) -> list[Batcher]:
         """Load (or reload) one model. Never raises for the model's own faults: they are recorded on
-        the entry (and re-raised by :meth:`load_or_raise`). Returns the batchers the swap retired."""
+        the entry (the data plane's load API raises them). Returns the batchers the swap retired."""
         entry = self.entries.get(name) or ModelEntry(name=name)
         self.entries.setdefault(name, entry)
         tmp: Path | None = None
@@ -213,7 +216,13 @@ class ModelManager:
                 config.platform = cfg.TORCH_PLATFORM
             elif backend:
                 config.backend = backend
-        if backend in ("onnxruntime", "pytorch", "python") and source.versions:
+        if not self.settings.auto_complete and source.config is None:
+            raise ModelLoadError(
+                f"failed to load '{name}': no config.pbtxt, and auto-complete is disabled",
+                where=str(source.path),
+                fix="add a config.pbtxt or start without --disable-auto-complete-config",
+            )
+        if self.settings.auto_complete and backend in ("onnxruntime", "pytorch", "python") and source.versions:
             version = source.versions[-1]
             model_file = repo.model_file(source, config, version)
             config = get_backend(backend).auto_complete(config, model_file)
@@ -238,8 +247,11 @@ class ModelManager:
                     ctx = LoadContext(
                         model_name=name, version=version, model_dir=source.path, model_file=model_file,
                         config=config, instance_name=instance_name, instance_index=len(instances), bls=self.bls,
+                        compute_threads=self.settings.compute_threads,
                     )
-                    instances.append((instance_name, impl.load(ctx)))
+                    instance = impl.load(ctx)
+                    instances.append((instance_name, instance))
+                    warm_up(config, instance, source.path)
         except BaseException:
             for _, inst in instances:
                 inst.close()
@@ -248,20 +260,16 @@ class ModelManager:
                           observer=stats)
         return LoadedModel(name=name, version=version, config=config, batcher=batcher, stats=stats, labels=labels)
 
-    def load_or_raise(self, name: str, **kwargs: Any) -> list[Batcher]:
+    def check_load(self, name: str, *, files: dict[str, bytes] | None = None) -> None:
+        """Refuse a load API call the mode or the repository does not allow (before loading anything)."""
         if self.settings.control_mode != "explicit":
             raise Unsupported(
                 f"explicit model load / unload is not allowed if model control mode is '{self.settings.control_mode}'",
                 fix="start the server with --model-control-mode=explicit",
             )
-        if not (self.root / name).is_dir() and not kwargs.get("files"):
+        if not (self.root / name).is_dir() and not files:
             raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory "
                            f"'{name}' in {self.root}")
-        retired = self.load(name, **kwargs)
-        entry = self.entries[name]
-        if not entry.ready:
-            raise ModelLoadError(f"failed to load '{name}': {entry.reason}", where=f"model '{name}'")
-        return retired
 
     def unload(self, name: str, *, unload_dependents: bool = False, check_mode: bool = True) -> list[Batcher]:
         if check_mode and self.settings.control_mode != "explicit":

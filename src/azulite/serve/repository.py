@@ -44,7 +44,9 @@ def read_model(root: Path, name: str, *, config_json: str | None = None) -> Mode
     """Read one model's directory. ``config_json`` (the load API's override) replaces config.pbtxt."""
     path = root / name
     if not path.is_dir():
-        raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory '{name}' in {root}")
+        raise NotFound(
+            f"failed to load '{name}', failed to poll from model repository: no model directory '{name}' in {root}"
+        )
     if config_json is not None:
         config: mc.ModelConfig | None = cfg.config_from_json(config_json, model=name)
     elif (path / "config.pbtxt").is_file():

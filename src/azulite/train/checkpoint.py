@@ -22,6 +22,7 @@ cheap, hashing a blob means downloading it), uploads them, then the coordinator 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -30,7 +31,7 @@ import re
 import shutil
 import tempfile
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -55,8 +56,9 @@ MANIFEST = "manifest.json"
 MANIFEST_FORMAT = "azulite.checkpoint/1"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
-#: Called with (phase, step) at the points where a failure matters: "shards_written" on every rank after
-#: its local shards are on disk (before upload), "before_manifest" on rank 0 before the commit. A seam for
+#: Called with (phase, step) at the points where a failure matters: "save_start" on every rank before a
+#: save touches storage, "shards_written" on every rank after its local shards are on disk (before
+#: upload), "before_manifest" on rank 0 before the commit. A seam for
 #: fault-injection tests and telemetry.
 PhaseHook = Callable[[str, int], None]
 
@@ -235,6 +237,10 @@ class _SaveJob:
 
     def after_write(self, results: list[Any]) -> None:
         """On every rank, after DCP wrote its shards locally: hash, upload (Blob), write the sidecar."""
+        with _plain_errors(f"rank {self.rank}"):
+            self._after_write(results)
+
+    def _after_write(self, results: list[Any]) -> None:
         names = sorted({r.storage_data.relative_path for r in results})
         digests = _hash_files({n: self.local_dir / n for n in names}, self.threads)
         if self.hook:
@@ -253,6 +259,10 @@ class _SaveJob:
 
     def commit(self) -> None:
         """On rank 0, after DCP wrote .metadata: gather the sidecars and commit the manifest, last."""
+        with _plain_errors("commit"):
+            self._commit()
+
+    def _commit(self) -> None:
         meta = self.local_dir / ".metadata"
         files = _hash_files({".metadata": meta}, 1)
         if self.storage.remote:
@@ -278,6 +288,19 @@ class _SaveJob:
         self.storage.write_exclusive(f"{self.rel}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
         if self.storage.remote:
             shutil.rmtree(self.local_dir, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def _plain_errors(who: str) -> Iterator[None]:
+    """DCP pickles a rank's exception to send it to the others; SDK exceptions (aiohttp, azure) carry
+    tracebacks and fail to pickle, which would hide the real cause. Send a plain one instead."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as e:  # noqa: BLE001
+        text = str(e).strip().splitlines()
+        raise CheckpointError(f"{who}: {type(e).__name__}: {text[0][:300] if text else ''}") from None
 
 
 def _write_synced(path: Path, data: bytes) -> None:
@@ -387,14 +410,26 @@ class Checkpointer:
         ``raise_on_error`` says otherwise (preemption saves raise: exiting 'preempted' must mean committed).
         """
         self._reap(block=True)  # one save at a time, and every rank reaps at the same step
+        if self.phase_hook:
+            self.phase_hook("save_start", step)
         rel = step_dir(step)
-        if _read_manifest(self.storage, rel, step) is not None:
+        # Storage may be gone before DCP even starts: decide together, so no rank waits in a collective
+        # the others skipped.
+        committed, err = False, None
+        try:
+            committed = _read_manifest(self.storage, rel, step) is not None
+            if not committed and self.ctx.is_main and self.storage.exists(rel):
+                log.warning("removing %s: an interrupted save of the same step", self.storage.display(rel))
+                self.storage.remove_tree(rel)
+        except Exception as e:  # noqa: BLE001 - any storage failure
+            err = f"rank {self.ctx.rank}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
+        verdicts = self._gather((committed, err))
+        errors = [e for _, e in verdicts if e]
+        if errors:
+            return self._failed(step, CheckpointError(errors[0]), raise_on_error)
+        if verdicts[0][0]:
             log.info("checkpoint step %d is already committed; not saving it again", step)
             return True
-        if self.ctx.is_main and self.storage.exists(rel):
-            log.warning("removing %s: an interrupted save of the same step", self.storage.display(rel))
-            self.storage.remove_tree(rel)
-        self._barrier()
         local = Path(self.storage.path(rel)) if not self.storage.remote else self._staging / rel / f"rank-{self.ctx.rank}"
         local.mkdir(parents=True, exist_ok=True)
         job = _SaveJob(storage=self.storage, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size,
@@ -404,7 +439,7 @@ class Checkpointer:
         t0 = time.perf_counter()
         if sync:
             try:
-                dcp.save(self.state, storage_writer=writer, process_group=self._pg)
+                dcp.save(self.state, storage_writer=writer, process_group=self._pg, no_dist=self._pg is None)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - DCP wraps every rank's failure in a BaseException
@@ -413,7 +448,8 @@ class Checkpointer:
             self.last_blocking_s = time.perf_counter() - t0
             self._committed(step, time.perf_counter() - t0)
             return True
-        fut = dcp.async_save(self.state, storage_writer=writer, process_group=self._pg, async_stager=self._stager)
+        fut = dcp.async_save(self.state, storage_writer=writer, process_group=self._pg,
+                             async_stager=self._stager, no_dist=self._pg is None)
         self.last_blocking_s = time.perf_counter() - t0
         self._pending = (fut, step, t0)
         return True
@@ -433,7 +469,9 @@ class Checkpointer:
         if self._pending is None:
             return
         fut, step, t0 = self._pending
-        if not block and not fut.done():
+        # a failure is only acted on at a blocking point (the next save, wait, close), which every rank
+        # reaches at the same step: a 'stop' policy then stops all ranks together
+        if not block and (not fut.done() or fut.exception() is not None):
             return
         self._pending = None
         try:
@@ -528,9 +566,9 @@ class Checkpointer:
                 log.info("no saved %r for rank %d (checkpoint of world size %d): keeping the seeded one",
                          name, self.ctx.rank, saved_ws)
                 state.pop(name)
-        dcp.load(state, storage_reader=FileSystemReader(path), process_group=self._pg)
+        dcp.load(state, storage_reader=FileSystemReader(path), process_group=self._pg, no_dist=self._pg is None)
         if self.storage.remote:
-            shutil.rmtree(self._staging / f"restore-{step_dir(step)}", ignore_errors=True)
+            shutil.rmtree(self._restore_dir(step), ignore_errors=True)  # this rank's copy only
         self.loaded_manifest = manifest
         self.last_committed = step
         if saved_ws != self.ctx.world_size:
@@ -618,6 +656,8 @@ def _root_cause(exc: BaseException) -> str:
     if isinstance(failures, dict) and failures:
         rank, inner = next(iter(sorted(failures.items())))
         inner_exc = inner[0] if isinstance(inner, tuple) else inner
+        if isinstance(inner_exc, CheckpointError):
+            return inner_exc.message
         return f"rank {rank}: {type(inner_exc).__name__}: {str(inner_exc).splitlines()[0][:300] if str(inner_exc) else ''}"
     text = str(exc).splitlines()
     return f"{type(exc).__name__}: {text[0][:300] if text else ''}"

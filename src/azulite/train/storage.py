@@ -56,7 +56,18 @@ class StorageSettings:
             account_key=environ.get("AZURE_STORAGE_ACCOUNT_KEY") or None,
             sas_token=environ.get("AZURE_STORAGE_SAS_TOKEN") or None,
             staging_dir=environ.get("AZULITE_STAGING_DIR") or None,
+            retries=_int(environ, "AZULITE_STORAGE_RETRIES", 3),
         )
+
+
+def _int(environ: Mapping[str, str], name: str, default: int) -> int:
+    raw = environ.get(name)
+    if not raw:
+        return default
+    try:
+        return int(raw)
+    except ValueError:
+        raise StorageError(f"{name}={raw!r} is not an integer", where="environment", fix=f"e.g. {name}={default}") from None
 
 
 def parse_uri(uri: str) -> tuple[str, str]:

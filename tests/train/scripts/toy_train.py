@@ -88,13 +88,14 @@ def main() -> int:
     ap.add_argument("--kill-at", type=int, help="SIGKILL this process after finishing this step ...")
     ap.add_argument("--kill-rank", type=int, default=0, help="... on this rank ...")
     ap.add_argument("--kill-marker", help="... once: only if this file does not exist yet (it is created)")
-    ap.add_argument("--pause-at", action="append", help="PHASE:STEP, PHASE in shards_written, before_manifest")
+    ap.add_argument("--pause-at", action="append", help="PHASE:STEP, PHASE in save_start, shards_written, before_manifest")
     ap.add_argument("--pause-dir")
     args = ap.parse_args()
 
     ctx = train.init(seed=0)
     logging.basicConfig(level=logging.INFO, stream=sys.stderr,
                         format=f"[rank{ctx.rank}] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("azure").setLevel(logging.WARNING)  # the SDK logs every HTTP request at INFO
 
     model = build_model().to(ctx.device)
     ddp = DDP(model) if ctx.distributed else model
@@ -149,7 +150,7 @@ def main() -> int:
             preemption.exit()
         ckpt.maybe_save(progress.step)
 
-    ckpt.save(progress.step, sync=True)
+    ckpt.save(progress.step, sync=True, raise_on_error=True)  # the last one must be committed
     ckpt.close()
     sha = params_sha256(model)
     if ctx.is_main:

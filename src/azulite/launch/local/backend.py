@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterator
 
 from azulite.errors import LaunchError
-from azulite.launch.backend import Backend, Feature, register_backend
+from azulite.launch.backend import Backend, register_backend
 from azulite.launch.local.procs import pid_alive, terminate_tree
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import get_strategy
@@ -86,7 +86,7 @@ class LocalBackend(Backend):
             time.sleep(0.5)  # it may be writing its last transition right now
             rec = self.store.get(job_id)
             if not rec.state.terminal:
-                for p in job_processes(job_id):
+                for p in job_processes(rec.job_dir):
                     terminate_tree([p.pid], self.settings.kill_grace_s)
                 self.store.transition(job_id, JobState.FAILED, exit_code=1,
                                       message=f"supervisor died (see {Path(rec.job_dir) / 'supervisor.log'})")
@@ -111,7 +111,7 @@ class LocalBackend(Backend):
                 break
             time.sleep(0.2)
         # whatever the supervisor could not end (or if it is gone): end it here, then record the cancel
-        left = job_processes(job_id)
+        left = job_processes(rec.job_dir)
         if left:
             terminate_tree([p.pid for p in left], self.settings.kill_grace_s)
         if not self.store.get(job_id).state.terminal:

@@ -55,9 +55,29 @@ def pid_alive(pid: int | None) -> bool:
         return False
 
 
+def _ephemeral_range() -> tuple[int, int]:
+    try:
+        lo, hi = open("/proc/sys/net/ipv4/ip_local_port_range").read().split()
+        return int(lo), int(hi)
+    except (OSError, ValueError):
+        return 32768, 60999
+
+
 def free_port(host: str = "127.0.0.1") -> int:
+    """A port free now for a server that binds it a moment later (a torchrun rendezvous).
+
+    Chosen BELOW the kernel's ephemeral range: a port from ``bind(0)`` lies inside that range, and the
+    many outgoing connections of other jobs (gloo opens dozens) can take it between our check and the
+    server's bind, leaving an agent connected to a stranger's store, hanging until its join timeout."""
+    import random
     import socket
 
+    lo, _ = _ephemeral_range()
+    low = 20000 if lo > 21000 else 1024
+    candidates = random.sample(range(low, lo), k=min(200, lo - low)) if lo - low > 0 else []
+    for port in candidates:
+        if not port_in_use(port, host):
+            return port
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]

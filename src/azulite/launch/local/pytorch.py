@@ -63,6 +63,10 @@ class PyTorchStrategy(LaunchStrategy):
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{port}",
                 f"--rdzv-id={ctx.job_id}-a{ctx.attempt}",
+                # node 0 hosts the rendezvous store, the others connect: without this every agent on
+                # 127.0.0.1 believes it is the host, and one whose bind fails silently becomes a client
+                # of whatever holds the port (a hang instead of an error)
+                f"--rdzv-conf=is_host={1 if node == 0 else 0}",
                 f"--max-restarts={spec.max_restarts}",
                 "--local-addr=127.0.0.1",
                 f"--log-dir={ctx.attempt_dir / 'torchelastic' / f'node-{node}'}",

@@ -40,13 +40,11 @@ from azulite.spec.job import JobSpec
 from azulite.spec.loader import render_command
 
 POLL_S = 0.2
-#: after one process of an attempt failed, how long the others get to end by themselves before SIGTERM
-#: (a DDP peer of a dead rank blocks in a collective until gloo's 30-minute timeout otherwise)
-PEER_GRACE_S = 5.0
 #: inherited variables that would confuse the rank identity of the job's processes
 _STRIP_ENV = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
     "MASTER_PORT", "TF_CONFIG", "AZULITE_RANK", "AZULITE_LOCAL_RANK", "AZULITE_NODE_RANK", ENV_JOB_ID, ENV_ATTEMPT,
+    "AZULITE_JOB_DIR",
 )
 
 
@@ -101,7 +99,7 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "/usr/bin:/bin")])
     env.update(spec.environment_variables)
     env.pop("MASTER_PORT", None)  # a pinned rendezvous port, handed to the strategy instead
-    env.update({ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt), "PYTHONUNBUFFERED": "1"})
+    env.update({ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt), ENV_JOB_DIR: str(job_dir), "PYTHONUNBUFFERED": "1"})
     env.update({f"AZULITE_OUTPUT_{n.upper()}": p for n, p in outputs.items()})
     return LaunchContext(
         job_id=job_id, attempt=attempt, spec=spec,
@@ -111,15 +109,20 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
     )
 
 
-def job_processes(job_id: str, *, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
-    """Every live process carrying ``AZULITE_JOB_ID=job_id`` in its environment: catches what a job's
+#: set in every process of a job: its job directory, unique across AZULITE_HOMEs (job ids are not)
+ENV_JOB_DIR = "AZULITE_JOB_DIR"
+
+
+def job_processes(job_dir: str | Path, *, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
+    """Every live process carrying ``AZULITE_JOB_DIR=job_dir`` in its environment: catches what a job's
     script started and orphaned (re-parented to init), which no tree walk can find."""
+    key = str(job_dir)
     found = []
     for p in psutil.process_iter(["pid"]):
         if p.pid in exclude:
             continue
         try:
-            if p.environ().get(ENV_JOB_ID) == job_id:
+            if p.environ().get(ENV_JOB_DIR) == key and p.status() != psutil.STATUS_ZOMBIE:
                 found.append(p)
         except (psutil.Error, OSError):
             continue
@@ -142,6 +145,7 @@ class Supervisor:
         self._preempt = False
         self._procs: list[subprocess.Popen] = []  # the current attempt's launchers
         self.started = time.monotonic()
+        self.job_dir: Path | None = None
 
     # signals only set flags; the loop acts on them
     def _on_term(self, *_: object) -> None:
@@ -163,7 +167,7 @@ class Supervisor:
         self.store.set_fields(self.job_id, supervisor_pid=os.getpid())
         rec = self.store.get(self.job_id)
         spec = JobSpec.model_validate(rec.spec)
-        job_dir = Path(rec.job_dir)
+        job_dir = self.job_dir = Path(rec.job_dir)
         try:
             strategy = get_strategy(spec.distribution_type)
             return self._loop(spec, job_dir, strategy, rec.attempt)
@@ -201,6 +205,10 @@ class Supervisor:
                 self._end(JobState.FAILED, f"timed out after {spec.timeout:g}s (spec timeout)", exit_code=124)
                 return 0
             codes = [r.exit_code for r in out.results]
+            agents_ok = all(c == 0 for c in out.exits.values())
+            if agents_ok and all(c in (0, None) for c in codes):  # finished, even if a preemption came late
+                self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
+                return 0
             if out.preempt_asked or EXIT_PREEMPTED in codes:
                 who = "preempt requested" if out.preempt_asked else \
                     f"rank {codes.index(EXIT_PREEMPTED)} exited {EXIT_PREEMPTED} (preempted)"
@@ -208,10 +216,6 @@ class Supervisor:
                 if not self.store.transition(self.job_id, JobState.REQUEUED, message=f"requeued as attempt {attempt + 1}"):
                     return 0
                 continue
-            agents_ok = all(c == 0 for c in out.exits.values())
-            if agents_ok and all(c in (0, None) for c in codes):
-                self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
-                return 0
             rank, code, why = self._root_cause(ctx, out)
             failures += 1
             if failures <= spec.max_retries:
@@ -279,7 +283,7 @@ class Supervisor:
                 terminate_tree([procs[n].pid for n in running], 1.0)
             if first_failure is None and any(c not in (None, 0) for c in exits.values()):
                 first_failure = now
-            if first_failure is not None and now - first_failure > PEER_GRACE_S and preempt_sent is None:
+            if first_failure is not None and now - first_failure > self.settings.peer_grace_s and preempt_sent is None:
                 self.store.event(self.job_id, f"stopping {', '.join(running)}: a peer failed")
                 terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
                 first_failure = float("inf")
@@ -317,7 +321,9 @@ class Supervisor:
     def _sweep(self) -> None:
         """No orphans: end whatever is left of this job's processes (by tree, then by env marker)."""
         live = [p.pid for p in self._procs if p.poll() is None]  # reaped pids may be reused: skip them
-        left = job_processes(self.job_id, exclude=(os.getpid(),))
+        if self.job_dir is None:
+            return
+        left = job_processes(self.job_dir, exclude=(os.getpid(),))
         if left or live:
             terminate_tree(live, self.settings.kill_grace_s, extra=left)
 

@@ -18,14 +18,13 @@ SIGKILL after ``kill_grace_s`` (AZULITE_KILL_GRACE_S), which the tests check lea
 from __future__ import annotations
 
 import signal
-import socket
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 from pathlib import Path
 
 from azulite.launch.env import tensorflow_env
+from azulite.launch.local.procs import free_port
 from azulite.launch.local.strategy import (
     LaunchContext, LaunchStrategy, ProcessSpec, command_argv, read_rank_records, register_strategy,
 )
@@ -37,12 +36,14 @@ _PS_KILL_GRACE_S = 3.0
 
 
 def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct free ports: all sockets are held open together, so no port is handed out twice."""
-    with ExitStack() as stack:
-        socks = [stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM)) for _ in range(n)]
-        for s in socks:
-            s.bind((host, 0))
-        return [s.getsockname()[1] for s in socks]
+    """``n`` distinct ports free now, from :func:`~azulite.launch.local.procs.free_port` (below the kernel's
+    ephemeral range, so other jobs' outgoing connections cannot take one before its TF server binds it)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port(host)
+        if port not in ports:
+            ports.append(port)
+    return ports
 
 
 @register_strategy

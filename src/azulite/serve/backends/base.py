@@ -65,6 +65,9 @@ class LoadContext:
     instance_index: int
     # Runs a pb_utils.InferenceRequest on this server from a model's thread (Python BLS); None: no BLS.
     bls: Callable[[Any], Any] | None = None
+    # Threads one execution may use inside the math libraries (ONNX Runtime intra-op, torch); None:
+    # the library's default.
+    compute_threads: int | None = None
 
 
 class Backend(Protocol):

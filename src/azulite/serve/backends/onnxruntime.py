@@ -34,11 +34,13 @@ ORT_TO_CONFIG = {
 }
 
 
-def _session(path: Path, config: mc.ModelConfig, *, model: str):
+def _session(path: Path, config: mc.ModelConfig, *, model: str, threads: int | None = None):
     import onnxruntime as ort
 
     options = ort.SessionOptions()
     params = config.parameters
+    if threads:
+        options.intra_op_num_threads = threads
     # Triton's ORT backend parameters; spinning off: the cores are shared with the event loop.
     if "intra_op_thread_count" in params:
         options.intra_op_num_threads = int(params["intra_op_thread_count"].string_value)
@@ -54,6 +56,14 @@ def _session(path: Path, config: mc.ModelConfig, *, model: str):
         ) from None
 
 
+def _to_str(b):
+    return b.decode() if isinstance(b, bytes) else b
+
+
+def _to_bytes(s):
+    return s.encode() if isinstance(s, str) else s
+
+
 def _dynamic(dim) -> bool:
     return not isinstance(dim, int) or dim < 0
 
@@ -61,7 +71,7 @@ def _dynamic(dim) -> bool:
 class OnnxInstance:
     def __init__(self, ctx: LoadContext) -> None:
         self.model = ctx.model_name
-        self.session = _session(ctx.model_file, ctx.config, model=ctx.model_name)
+        self.session = _session(ctx.model_file, ctx.config, model=ctx.model_name, threads=ctx.compute_threads)
         self.batching = ctx.config.max_batch_size > 0
         self.output_names = [o.name for o in self.session.get_outputs()]
         self.string_inputs = {i.name for i in self.session.get_inputs() if i.type == "tensor(string)"}
@@ -82,7 +92,7 @@ class OnnxInstance:
             feed = dict(feed)
             for name in self.string_inputs:
                 if name in feed:
-                    feed[name] = np.vectorize(lambda b: b.decode() if isinstance(b, bytes) else b, otypes=[object])(feed[name])
+                    feed[name] = np.vectorize(_to_str, otypes=[object])(feed[name])
         wanted = self.output_names
         if all(item.outputs is not None for item in items):
             union = set().union(*(item.outputs for item in items))  # type: ignore[arg-type]
@@ -96,7 +106,7 @@ class OnnxInstance:
         outputs = {}
         for name, array in zip(wanted, arrays):
             if array.dtype.kind in ("U", "O"):
-                array = np.array([s.encode() if isinstance(s, str) else s for s in array.reshape(-1)], dtype=object).reshape(array.shape)
+                array = np.vectorize(_to_bytes, otypes=[object])(array)
             outputs[name] = array
         results: list[Result] = merge.split_outputs(outputs, sizes, model=self.model) if self.batching else [outputs]
         return results, Timing(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
@@ -129,7 +139,9 @@ class OnnxRuntimeBackend:
                 continue
             for tensor in tensors:
                 if tensor.type not in ORT_TO_CONFIG:
-                    raise ModelLoadError(f"model '{config.name}': {kind} '{tensor.name}' has unsupported type {tensor.type}")
+                    raise ModelLoadError(
+                        f"model '{config.name}': {kind} '{tensor.name}' has unsupported type {tensor.type}"
+                    )
                 dims = [d if isinstance(d, int) and d >= 0 else -1 for d in tensor.shape[skip:]]
                 target.add(name=tensor.name, data_type=ORT_TO_CONFIG[tensor.type], dims=dims or [1])
         return config

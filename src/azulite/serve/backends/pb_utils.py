@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import logging
 import struct
+import sys
 import threading
 from typing import Any
 
@@ -47,6 +48,10 @@ _TRITON_TYPE_TO_NUMPY = {
 _NUMPY_TO_TRITON_TYPE = {np.dtype(v): k for k, v in _TRITON_TYPE_TO_NUMPY.items()}
 
 _local = threading.local()  # the BLS executor of the instance running on this thread
+
+# `import triton_python_backend_utils` in a model.py finds this module (the Python backend imports it
+# before any model).
+sys.modules.setdefault("triton_python_backend_utils", sys.modules[__name__])
 
 
 def triton_string_to_numpy(triton_type_string: str):
@@ -118,6 +123,8 @@ class TritonModelException(Exception):
 
 
 class Tensor:
+    __slots__ = ("_name", "_array")  # like Triton's (pybind) objects: no ad-hoc attributes, less per call
+
     def __init__(self, name: str, tensor: Any, *_: Any) -> None:
         if not isinstance(tensor, np.ndarray):
             tensor = np.asarray(tensor)
@@ -165,6 +172,8 @@ class Tensor:
 
 
 class InferenceResponse:
+    __slots__ = ("_outputs", "_error", "_parameters")
+
     def __init__(self, output_tensors: list[Tensor] | None = None, error: TritonError | None = None,
                  parameters: dict | str | None = None) -> None:
         self._outputs = list(output_tensors or [])
@@ -186,6 +195,9 @@ class InferenceResponse:
 
 class InferenceRequest:
     """A request handed to ``execute`` — or, built by a model, a BLS request it sends with ``exec()``."""
+
+    __slots__ = ("_model_name", "_requested", "_inputs", "_id", "_correlation_id", "_model_version", "_flags",
+                 "_timeout", "_parameters")
 
     def __init__(self, model_name: str = "", requested_output_names: list[str] | None = None,
                  inputs: list[Tensor] | None = None, request_id: str = "", correlation_id: int = 0,
@@ -312,7 +324,9 @@ class ModelConfig:
                     raise ValueError(f"unable to override {kind} '{tensor['name']}' data_type {item['data_type']} "
                                      f"with {tensor['data_type']}")
                 if item.get("dims") and [int(d) for d in item["dims"]] != [int(d) for d in tensor["dims"]]:
-                    raise ValueError(f"unable to override {kind} '{tensor['name']}' dims {item['dims']} with {tensor['dims']}")
+                    raise ValueError(
+                        f"unable to override {kind} '{tensor['name']}' dims {item['dims']} with {tensor['dims']}"
+                    )
                 item.update(tensor)
                 return
         existing.append(dict(tensor))

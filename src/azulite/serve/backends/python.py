@@ -10,7 +10,9 @@ interpreter, so a model.py that mutates module globals shares them across its in
 
 from __future__ import annotations
 
+import asyncio
 import importlib.util
+import inspect
 import json
 import sys
 import threading
@@ -72,6 +74,7 @@ class PythonInstance:
         self.model = ctx.model_name
         self.instance_name = ctx.instance_name
         self.bls = ctx.bls
+        self._aloop: asyncio.AbstractEventLoop | None = None
         module = _load_module(ctx.model_file, ctx.model_name)
         self.impl = module.TritonPythonModel()
         self.config_json = json.dumps(cfg.config_to_dict(ctx.config))
@@ -100,13 +103,23 @@ class PythonInstance:
         finally:
             pb_utils._local.bls = None
 
+    def _call_execute(self, requests):
+        result = self.impl.execute(requests)
+        if inspect.iscoroutine(result):  # `async def execute` (Triton allows it, for async BLS)
+            if self._aloop is None:  # one loop per instance, living in the instance's own thread
+                self._aloop = asyncio.new_event_loop()
+            result = self._aloop.run_until_complete(result)
+        return result
+
     def execute(self, items: list[WorkItem]) -> tuple[list[Result], Timing]:
         t0 = time.perf_counter_ns()
         requests = [
             pb_utils.InferenceRequest(
                 model_name=self.model,
                 requested_output_names=sorted(item.outputs) if item.outputs is not None else [],
-                inputs=[pb_utils.Tensor(name, array) for name, array in item.inputs.items()],
+                # Triton's models may write to their inputs; arrays off the wire can be read-only views.
+                inputs=[pb_utils.Tensor(name, array if array.flags.writeable else array.copy())
+                        for name, array in item.inputs.items()],
                 request_id=item.request_id,
                 parameters=item.parameters,
             )
@@ -114,7 +127,7 @@ class PythonInstance:
         ]
         t1 = time.perf_counter_ns()
         try:
-            responses = self._with_bls(self.impl.execute, requests)
+            responses = self._with_bls(self._call_execute, requests)
         except Exception as exc:
             raise Internal(
                 f"Failed to process the request(s) for model instance '{self.instance_name}', message: "
@@ -147,6 +160,8 @@ class PythonInstance:
                 self._with_bls(self.impl.finalize)
             except Exception:  # a model failing to clean up must not stop the unload
                 pass
+        if self._aloop is not None:
+            self._aloop.close()
 
 
 @register("python")

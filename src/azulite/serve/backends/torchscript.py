@@ -31,12 +31,20 @@ def _positions(names: list[str], forward_args: list[str]) -> list[int]:
     return list(range(len(names)))
 
 
+def _writable(array: np.ndarray) -> np.ndarray:
+    """torch wants writable memory; arrays straight off the wire (np.frombuffer) are read-only."""
+    array = np.ascontiguousarray(array)
+    return array if array.flags.writeable else array.copy()
+
+
 class TorchInstance:
     def __init__(self, ctx: LoadContext) -> None:
         import torch
 
         self.torch = torch
         self.model = ctx.model_name
+        if ctx.compute_threads and torch.get_num_threads() != ctx.compute_threads:
+            torch.set_num_threads(ctx.compute_threads)  # process-wide in torch; the same for every instance
         try:
             with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; Triton's libtorch backend runs it
                 warnings.simplefilter("ignore", DeprecationWarning)
@@ -61,7 +69,7 @@ class TorchInstance:
         t0 = time.perf_counter_ns()
         sizes = [item.batch_size for item in items]
         feed = merge.merge_inputs([item.inputs for item in items], sizes)
-        tensors = [torch.from_numpy(np.ascontiguousarray(feed[n])) for n in self.input_order]
+        tensors = [torch.from_numpy(_writable(feed[n])) for n in self.input_order]
         t1 = time.perf_counter_ns()
         try:
             with torch.inference_mode():

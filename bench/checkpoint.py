@@ -1,0 +1,211 @@
+"""Checkpoint throughput and training-step overhead of azulite.train, against its anchors, in one run.
+
+On 2 ranks (gloo, CPU) with a ~300 MB model + Adam state:
+  * raw disk: each rank writes its share of the checkpoint's bytes to a fresh file and fsyncs (the ceiling)
+  * azulite save (sync: DCP shards fsync'd, sha256 of every file, manifest) and restore (hash check + load)
+  * plain torch.save (+ fsync, rank 0 writes the whole state, the usual DDP practice) / torch.load
+  * step time with async checkpoints every 50 steps vs none, and how long an async save blocks the step
+    compared with a sync save.
+Restores read files that were just written, so they come from the page cache on this machine.
+
+    .venv/bin/python bench/checkpoint.py                         # ~300 MB, 50 + 50 steps
+    .venv/bin/python bench/checkpoint.py --mb 60 --interval 10   # a quick look
+
+Last line: one JSON object.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from azulite import train
+
+WIDTH = 2048
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _model(mb: int) -> torch.nn.Module:
+    # params + grads-free Adam state (exp_avg, exp_avg_sq) = 3 x params x 4 bytes
+    layers = max(1, round(mb * 2**20 / (3 * 4 * (WIDTH * WIDTH + WIDTH))))
+    return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
+
+
+def _timed(ctx, fn) -> float:
+    dist.barrier()
+    t0 = time.perf_counter()
+    fn()
+    dist.barrier()
+    return time.perf_counter() - t0
+
+
+def _raw_write(path: Path, nbytes: int) -> None:
+    buf = os.urandom(1 << 20) * 8  # 8 MiB, incompressible
+    with open(path, "wb", buffering=0) as f:
+        left = nbytes
+        while left > 0:
+            left -= f.write(buf[: min(left, len(buf))])
+        os.fsync(f.fileno())
+
+
+def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    torch.set_num_threads(1)
+    ctx = train.init(env, seed=0)
+    root = Path(args.dir)
+    model = _model(args.mb)
+    ddp = DDP(model)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-4)
+    x = torch.randn(args.batch, WIDTH)
+
+    def step() -> None:
+        opt.zero_grad(set_to_none=True)
+        ddp(x).square().mean().backward()
+        opt.step()
+
+    step()  # Adam state exists from here on: the checkpoint is model + optimizer
+    progress = train.Progress()
+    state = {"model": train.ModelState(ddp, opt), "progress": progress}
+    res: dict = {}
+    state_bytes = sum(t.numel() * t.element_size() for t in model.state_dict().values())
+    state_bytes += sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values() if v.dim())
+    res["state_mb"] = state_bytes / 1e6
+
+    # 1. raw fsync'd write bandwidth: both ranks, each its half, to fresh files
+    raw = [_timed(ctx, lambda i=i: _raw_write(root / f"raw-{i}-{rank}.bin", state_bytes // world))
+           for i in range(args.repeat)]
+    for f in root.glob(f"raw-*-{rank}.bin"):
+        f.unlink()
+    res["raw_write_MBps"] = state_bytes / 1e6 / statistics.median(raw)
+
+    # 2. azulite sync save and restore
+    ck = train.Checkpointer(train.CheckpointConfig(uri=str(root / "ckpt"), keep_last=1, thread_count=args.threads),
+                            ctx, state)
+    saves = []
+    for i in range(args.repeat):
+        progress.step = i + 1
+        saves.append(_timed(ctx, lambda s=i + 1: ck.save(s, sync=True)))
+    manifest = json.loads((root / "ckpt" / f"step-{args.repeat:08d}" / "manifest.json").read_text())
+    ckpt_bytes = sum(f["bytes"] for f in manifest["files"].values())
+    res["ckpt_mb"] = ckpt_bytes / 1e6
+    res["sync_save_s"] = statistics.median(saves)
+    res["save_MBps"] = ckpt_bytes / 1e6 / res["sync_save_s"]
+    loads = [_timed(ctx, ck.load_latest) for _ in range(args.repeat)]
+    res["restore_MBps"] = ckpt_bytes / 1e6 / statistics.median(loads)
+
+    # 3. anchor: plain torch.save (+ fsync) of the whole state by rank 0, torch.load of it
+    def tsave() -> None:
+        if rank == 0:
+            with open(root / "plain.pt", "wb") as f:
+                torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, f)
+                f.flush()
+                os.fsync(f.fileno())
+
+    def tload() -> None:
+        if rank == 0:
+            torch.load(root / "plain.pt", weights_only=True)
+
+    res["torch_save_MBps"] = state_bytes / 1e6 / statistics.median([_timed(ctx, tsave) for _ in range(args.repeat)])
+    res["torch_load_MBps"] = state_bytes / 1e6 / statistics.median([_timed(ctx, tload) for _ in range(args.repeat)])
+    ck.close()
+
+    # 4. step time: no checkpoints vs an async checkpoint every `interval` steps, in alternating blocks of
+    #    `interval` steps (other load on the machine hits both alike). An async block saves at its first
+    #    step, trains on while the write runs, and waits for the commit at its end: all of its cost counts.
+    ck2 = train.Checkpointer(train.CheckpointConfig(uri=str(root / "ckpt-async"), keep_last=1,
+                                                    thread_count=args.threads), ctx, state)
+    for _ in range(3):
+        step()
+    progress.step = 10**6
+    ck2.save(progress.step, sync=False)  # the first async save allocates the reusable staging buffers
+    res["first_async_blocking_s"] = ck2.last_blocking_s
+    ck2.wait()
+    none_t, async_t, blocking = [], [], []
+    for _ in range(args.rounds):
+        for with_ckpt in (False, True):
+            dist.barrier()
+            t0 = time.perf_counter()
+            for s in range(args.interval):
+                step()
+                if with_ckpt and s == 0:
+                    progress.step += 1
+                    ck2.save(progress.step, sync=False)
+                    blocking.append(ck2.last_blocking_s)
+            if with_ckpt:
+                ck2.wait()
+            dist.barrier()
+            (async_t if with_ckpt else none_t).append((time.perf_counter() - t0) / args.interval)
+    ck2.close()
+    res["step_s_no_ckpt"] = statistics.mean(none_t)
+    res["step_s_async_ckpt"] = statistics.mean(async_t)
+    res["async_blocking_s"] = statistics.median(blocking)
+    if rank == 0:
+        Path(out).write_text(json.dumps(res))
+    train.shutdown(ctx)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--mb", type=int, default=300, help="model + optimizer state size")
+    ap.add_argument("--interval", type=int, default=50, help="async checkpoint every N steps")
+    ap.add_argument("--rounds", type=int, default=1, help="blocks of `interval` steps without / with a checkpoint")
+    ap.add_argument("--batch", type=int, default=4)
+    ap.add_argument("--threads", type=int, default=2, help="DCP writer threads per rank")
+    ap.add_argument("--repeat", type=int, default=2, help="repetitions of each save/load measurement (median)")
+    ap.add_argument("--dir", help="where to write (default: a temporary directory, removed after)")
+    args = ap.parse_args()
+    tmp = None
+    if not args.dir:
+        tmp = args.dir = tempfile.mkdtemp(prefix="azulite-bench-ckpt-")
+    out = os.path.join(args.dir, "result.json")
+    try:
+        mp.start_processes(worker, args=(2, _free_port(), args, out), nprocs=2, start_method="spawn")
+        res = json.loads(Path(out).read_text())
+    finally:
+        if tmp:
+            shutil.rmtree(tmp, ignore_errors=True)
+    res.update(
+        save_vs_raw_disk=res["save_MBps"] / res["raw_write_MBps"],
+        save_vs_torch_save=res["save_MBps"] / res["torch_save_MBps"],
+        restore_vs_torch_load=res["restore_MBps"] / res["torch_load_MBps"],
+        async_blocking_vs_sync_save=res["async_blocking_s"] / res["sync_save_s"],
+        step_overhead_async_ckpt=res["step_s_async_ckpt"] / res["step_s_no_ckpt"] - 1,
+        interval=args.interval, rounds=args.rounds, ranks=2, writer_threads=args.threads,
+    )
+    goals = {"save_vs_raw_disk": ">= 0.8", "async_blocking_vs_sync_save": "<= 0.05", "step_overhead_async_ckpt": "<= 0.03"}
+    for k, v in res.items():
+        if isinstance(v, float):
+            res[k] = round(v, 4)
+    print(f"state {res['state_mb']:.0f} MB, checkpoint {res['ckpt_mb']:.0f} MB on 2 ranks", file=sys.stderr)
+    print(f"save {res['save_MBps']:.0f} MB/s (raw fsync'd disk {res['raw_write_MBps']:.0f} MB/s, "
+          f"torch.save {res['torch_save_MBps']:.0f} MB/s); restore {res['restore_MBps']:.0f} MB/s "
+          f"(torch.load {res['torch_load_MBps']:.0f} MB/s)", file=sys.stderr)
+    print(f"async save blocks {res['async_blocking_s'] * 1e3:.0f} ms vs sync save {res['sync_save_s'] * 1e3:.0f} ms; "
+          f"step {res['step_s_no_ckpt'] * 1e3:.0f} ms -> {res['step_s_async_ckpt'] * 1e3:.0f} ms with async "
+          f"checkpoints every {args.interval} steps", file=sys.stderr)
+    res["goals"] = goals
+    print(json.dumps(res))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,108 @@
+"""The mpi launch strategy: one ``mpirun`` for the whole attempt, kept on loopback (FIELD-NOTES).
+
+``instance_count`` simulated nodes become the app contexts of one MPMD command line, so each node's ranks
+run in that node's working directory::
+
+    mpirun [loopback flags] -np N --wdir node-0 python -m azulite.launch.local.mpi --node 0 --per-node N ... -- CMD
+                          : -np N --wdir node-1 python -m azulite.launch.local.mpi --node 1 --per-node N ... -- CMD
+
+Open MPI numbers ranks in app-context order, so rank ``r`` of node ``k`` has local rank ``r - k*N``. The
+per-rank shim (this module's ``__main__``) writes that identity as ``AZULITE_RANK``/``_LOCAL_RANK``/
+``_NODE_RANK`` (on one host Open MPI itself reports node rank 0 for all) and runs the rank runner in the
+same process, which records each rank's pid, log and exit code. The ranks see everything mpirun sets
+(OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, PMIX_RANK), as under Azure ML's MPI distribution.
+
+Loopback flags: ``--mca plm isolated`` (one host: no ssh/rsh needed, which Open MPI otherwise demands even
+locally), ``--mca oob_tcp_if_include lo --mca btl self,vader``, ``--oversubscribe`` and ``--bind-to none``
+(more ranks than cores, and concurrent jobs must not pin to the same cores), ``--allow-run-as-root`` as root.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+
+from azulite.errors import LaunchError
+from azulite.launch.local.strategy import (
+    LaunchContext, LaunchStrategy, ProcessSpec, command_argv, register_strategy,
+)
+
+LOOPBACK_FLAGS = (
+    "--oversubscribe", "--bind-to", "none",
+    "--mca", "plm", "isolated",
+    "--mca", "oob_tcp_if_include", "lo",
+    "--mca", "btl", "self,vader",
+)
+INSTALL_HINT = (
+    "install Open MPI: `apt-get install -y openmpi-bin libopenmpi-dev` (Debian/Ubuntu, as root; "
+    "`bash scripts/install.sh --dev` does it) and `pip install mpi4py` for Python jobs, "
+    "or put an existing mpirun on PATH"
+)
+
+
+def find_mpirun(path: str | None) -> str | None:
+    """Absolute path of ``mpirun`` on ``path`` (the job's PATH, not this process's)."""
+    return shutil.which("mpirun", path=path)
+
+
+@register_strategy
+class MpiStrategy(LaunchStrategy):
+    distribution_type = "mpi"
+
+    def _mpirun(self, ctx: LaunchContext) -> str:
+        path = ctx.base_env.get("PATH")
+        mpirun = find_mpirun(path)
+        if mpirun is None:
+            raise LaunchError(
+                f"distribution type mpi needs `mpirun`, which is not on PATH ({path or 'unset'})",
+                where="distribution.type",
+                fix=INSTALL_HINT,
+            )
+        return mpirun
+
+    def preflight(self, ctx: LaunchContext) -> None:
+        self._mpirun(ctx)
+
+    def world_size(self, ctx: LaunchContext) -> int:
+        return ctx.nodes * ctx.spec.processes_per_node
+
+    def processes(self, ctx: LaunchContext) -> list[ProcessSpec]:
+        per_node = ctx.spec.processes_per_node
+        argv: list[str] = [self._mpirun(ctx)]
+        if os.geteuid() == 0:
+            argv.append("--allow-run-as-root")
+        argv += LOOPBACK_FLAGS
+        cmd = command_argv(ctx.command)
+        for node, cwd in enumerate(ctx.node_dirs):
+            if node:
+                argv.append(":")
+            argv += [
+                "-np", str(per_node), "--wdir", str(cwd),
+                ctx.python, "-m", "azulite.launch.local.mpi", "--node", str(node), "--per-node", str(per_node),
+                "--records", str(ctx.records_dir), "--logs", str(ctx.logs_dir), "--", *cmd,
+            ]
+        env = dict(ctx.base_env)
+        env.setdefault("OMP_NUM_THREADS", "1")
+        return [ProcessSpec(name="mpirun", node=0, argv=tuple(argv), env=env, cwd=ctx.node_dirs[0],
+                            log=ctx.process_log("mpirun"))]
+
+
+def rank_shim(argv: list[str], environ: dict[str, str]) -> list[str]:
+    """Set this rank's azulite identity in ``environ`` from mpirun's variables; return the rank runner's
+    argv (``--records DIR --logs DIR -- CMD...``)."""
+    if len(argv) < 4 or argv[0] != "--node" or argv[2] != "--per-node":
+        raise SystemExit("usage: python -m azulite.launch.local.mpi --node K --per-node N --records DIR "
+                         "--logs DIR -- CMD...")
+    node, per_node = int(argv[1]), int(argv[3])
+    rank = int(environ["OMPI_COMM_WORLD_RANK"])
+    environ.update(AZULITE_RANK=str(rank), AZULITE_LOCAL_RANK=str(rank - node * per_node),
+                   AZULITE_NODE_RANK=str(node))
+    return argv[4:]
+
+
+if __name__ == "__main__":
+    from azulite.launch.local import rank as rank_runner
+
+    rest = rank_shim(sys.argv[1:], os.environ)  # type: ignore[arg-type]
+    sys.exit(rank_runner.main(rest))

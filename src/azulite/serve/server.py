@@ -1,0 +1,154 @@
+"""One process, one event loop (uvloop): the data plane, HTTP, gRPC and metrics, as ``tritonserver`` runs
+them. Shutdown on SIGINT/SIGTERM is graceful: the listeners close, requests already received are
+answered (up to ``drain_timeout_s``), then the models are finalized.
+
+Why one loop: the data plane's batchers and the front-ends then share it with no thread hand-off per
+request (measured: a thread hop costs more than the whole HTTP layer on this machine; bench/serving.py).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gc
+import logging
+import signal
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
+from azulite.serve.grpc import GrpcServer
+from azulite.serve.grpc_h2 import GrpcH2Server
+from azulite.serve.http import DEFAULT_MAX_INPUT_SIZE, HttpApp, HttpServer, MetricsApp
+from azulite.serve.manager import ControlMode
+
+log = logging.getLogger("azulite.serve")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ServerSettings:
+    """Triton's flags: a port of 0 binds a free port (see :attr:`Server.ports`); -1 disables that
+    endpoint (as ``--allow-http=false`` etc.)."""
+
+    repository: Path
+    http_address: str = "0.0.0.0"
+    http_port: int = 8000
+    grpc_address: str = "0.0.0.0"
+    grpc_port: int = 8001
+    metrics_address: str = "0.0.0.0"
+    metrics_port: int = 8002
+    model_control_mode: ControlMode = "none"
+    load_models: tuple[str, ...] = ()
+    repository_poll_secs: float = 15.0
+    strict_readiness: bool = True
+    http_max_input_size: int = DEFAULT_MAX_INPUT_SIZE
+    drain_timeout_s: float = 30.0
+    #: "h2": azulite's own HTTP/2 transport (default, measured fastest); "grpcio": grpc.aio's server.
+    grpc_impl: str = "h2"
+
+
+class Server:
+    """Start with :meth:`start` inside a running loop; stop with :meth:`stop`. ``ports`` holds the bound
+    ports by endpoint name ("http", "grpc", "metrics")."""
+
+    def __init__(self, settings: ServerSettings) -> None:
+        self.settings = settings
+        self.dataplane: TritonDataPlane | None = None
+        self.http: HttpServer | None = None
+        self.grpc: GrpcServer | GrpcH2Server | None = None
+        self.metrics: HttpServer | None = None
+        self.ports: dict[str, int] = {}
+        self._stopped: asyncio.Event | None = None
+
+    async def start(self) -> dict[str, int]:
+        s = self.settings
+        self._stopped = asyncio.Event()
+        # Loading models blocks (ONNX sessions, TorchScript, Python initialize): nothing is served yet.
+        self.dataplane = TritonDataPlane(DataPlaneSettings(
+            repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
+            strict_readiness=s.strict_readiness))
+        try:
+            if s.http_port >= 0:
+                self.http = HttpServer(HttpApp(self.dataplane), max_input_size=s.http_max_input_size)
+                self.ports["http"] = await self.http.start(s.http_address, s.http_port)
+            if s.grpc_port >= 0:
+                self.grpc = GrpcH2Server(self.dataplane) if s.grpc_impl == "h2" else GrpcServer(self.dataplane)
+                self.ports["grpc"] = await self.grpc.start(s.grpc_address, s.grpc_port)
+            if s.metrics_port >= 0:
+                m = self.dataplane.metrics
+                self.metrics = HttpServer(MetricsApp(m.metrics_text, m.content_type))
+                self.ports["metrics"] = await self.metrics.start(s.metrics_address, s.metrics_port)
+        except OSError:
+            await self.stop(0)
+            raise
+        if s.model_control_mode == "poll":
+            self.dataplane.start_polling(s.repository_poll_secs)
+        return self.ports
+
+    async def stop(self, drain_timeout_s: float | None = None) -> None:
+        """Close the listeners, answer what is in flight, finalize the models. Idempotent."""
+        if self._stopped is not None and self._stopped.is_set():
+            return
+        timeout = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        fronts = []
+        if self.http is not None:
+            fronts.append(self.http.drain(timeout))
+        if self.grpc is not None:
+            fronts.append(self.grpc.drain(timeout))
+        await asyncio.gather(*fronts, return_exceptions=True)
+        if self.dataplane is not None:
+            await self.dataplane.shutdown(timeout)
+        if self.metrics is not None:
+            await self.metrics.drain(0)
+        if self._stopped is not None:
+            self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        assert self._stopped is not None
+        await self._stopped.wait()
+
+
+def new_event_loop() -> asyncio.AbstractEventLoop:
+    """uvloop where it is installed (measured ~30% more HTTP throughput here), else asyncio's."""
+    try:
+        import uvloop
+    except ImportError:  # pragma: no cover - uvloop is a dependency; keep working without it
+        return asyncio.new_event_loop()
+    return uvloop.new_event_loop()
+
+
+def serve(settings: ServerSettings, *, on_started: Callable[[Server], None] | None = None,
+          on_stopping: Callable[[str], None] | None = None) -> None:
+    """Run until SIGINT/SIGTERM, then drain and return (``azulite serve``'s body)."""
+    loop = new_event_loop()
+    asyncio.set_event_loop(loop)
+    server = Server(settings)
+
+    async def main() -> None:
+        await server.start()
+        # The start-up objects (modules, models, configs) live as long as the process: move them out of
+        # the cyclic collector's reach so a full collection pauses for µs, not ~10 ms. Measured with
+        # perf_analyzer at c=32 over HTTP, 6 alternating runs: p99 8-12 ms with it, 10-37 ms without.
+        gc.collect()
+        gc.freeze()
+        stop = asyncio.Event()
+        names: dict[int, str] = {}
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            names[sig] = sig.name
+            loop.add_signal_handler(sig, lambda sig=sig: (names.__setitem__(0, names[sig]), stop.set()))
+        if on_started is not None:
+            on_started(server)
+        await stop.wait()
+        for sig in (signal.SIGINT, signal.SIGTERM):  # a second signal during the drain: default action
+            loop.remove_signal_handler(sig)
+        if on_stopping is not None:
+            on_stopping(names.get(0, "signal"))
+        await server.stop()
+
+    try:
+        loop.run_until_complete(main())
+    finally:
+        try:
+            loop.run_until_complete(server.stop(0))
+        finally:
+            loop.close()

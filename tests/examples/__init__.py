@@ -1,0 +1,1 @@
+"""The examples/ jobs, run for real through the `azulite` console script."""

@@ -1,0 +1,257 @@
+"""The gRPC front-end, driven by tritonclient.grpc (sync, streaming and asyncio) and by the raw stub for
+what the client library would never send, against the shared test repository on a real server."""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.grpc.aio as aiogrpcclient
+from tritonclient.grpc import service_pb2, service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from .conftest import bench_weights
+from .frontends import running_server
+
+
+@pytest.fixture(scope="module", params=["h2", "grpcio"])
+def server(request, model_repository):
+    """Both gRPC transports: azulite's HTTP/2 one (the default) and grpc.aio's."""
+    with running_server(model_repository, grpc_impl=request.param) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    c = grpcclient.InferenceServerClient(server.grpc_url)
+    yield c
+    c.close()
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    channel = grpc.insecure_channel(server.grpc_url)
+    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    channel.close()
+
+
+def add_sub_inputs(x, y, names=("INPUT0", "INPUT1")):
+    inputs = []
+    for name, value in zip(names, (x, y)):
+        i = grpcclient.InferInput(name, list(value.shape), "FP32")
+        i.set_data_from_numpy(value)
+        inputs.append(i)
+    return inputs
+
+
+def error_of(call) -> InferenceServerException:
+    with pytest.raises(InferenceServerException) as info:
+        call()
+    return info.value
+
+
+def test_health_and_metadata(client):
+    assert client.is_server_live() and client.is_server_ready()
+    meta = client.get_server_metadata()
+    assert meta.name == "azulite" and "binary_tensor_data" in meta.extensions
+    assert client.is_model_ready("add_sub_onnx")
+    assert not client.is_model_ready("no_such_model")
+    m = client.get_model_metadata("add_sub_pt")
+    assert m.platform == "pytorch_libtorch"
+    assert [i.name for i in m.inputs] == ["INPUT__0", "INPUT__1"] and list(m.inputs[0].shape) == [-1, 16]
+    config = client.get_model_config("add_sub_onnx").config
+    assert config.max_batch_size == 8 and list(config.input[0].dims) == [16]
+    stats = client.get_inference_statistics("add_sub_onnx")
+    assert stats.model_stats[0].name == "add_sub_onnx"
+    index = {(m.name, m.version): m.state for m in client.get_model_repository_index().models}
+    assert index[("versioned_py", "1")] == "READY" and index[("versioned_py", "2")] == "READY"
+
+
+@pytest.mark.parametrize(("model", "ins", "outs"), [
+    ("add_sub_onnx", ("INPUT0", "INPUT1"), ("OUTPUT0", "OUTPUT1")),
+    ("add_sub_pt", ("INPUT__0", "INPUT__1"), ("OUTPUT__0", "OUTPUT__1")),
+    ("add_sub_py", ("INPUT0", "INPUT1"), ("OUTPUT0", "OUTPUT1")),
+])
+def test_infer_add_sub(client, model, ins, outs):
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    y = rng.standard_normal((2, 16)).astype(np.float32)
+    result = client.infer(model, add_sub_inputs(x, y, ins), request_id="g-1",
+                          outputs=[grpcclient.InferRequestedOutput(o) for o in outs])
+    np.testing.assert_allclose(result.as_numpy(outs[0]), x + y, rtol=1e-6)
+    np.testing.assert_allclose(result.as_numpy(outs[1]), x - y, rtol=1e-6)
+    assert result.get_response().id == "g-1"
+
+
+def test_infer_bytes_and_versions(client):
+    text = np.array([[b"abc", b"Hello world"]], dtype=np.object_)
+    i = grpcclient.InferInput("TEXT", [1, 2], "BYTES")
+    i.set_data_from_numpy(text)
+    result = client.infer("string_py", [i])
+    assert result.as_numpy("UPPER").reshape(-1).tolist() == [b"ABC", b"HELLO WORLD"]
+    assert result.as_numpy("LENGTH").tolist() == [[3, 11]]
+    x = np.zeros(4, np.float32)
+    for version in ("1", "2"):
+        v = grpcclient.InferInput("INPUT0", [4], "FP32")
+        v.set_data_from_numpy(x)
+        out = client.infer("versioned_py", [v], model_version=version)
+        np.testing.assert_array_equal(out.as_numpy("OUTPUT0"), x + float(version))
+
+
+def test_typed_contents_and_classification(stub):
+    """tritonclient always sends raw contents; the protocol also allows typed ``contents``."""
+    request = service_pb2.ModelInferRequest(model_name="add_sub_onnx")
+    x = [float(v) for v in (0, 5, 1, 9, 3, 2, 7, 4, 8, 6, 0, 0, 0, 0, 0, 0)]
+    for name, values in (("INPUT0", x), ("INPUT1", [0.0] * 16)):
+        t = request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        t.contents.fp32_contents.extend(values)
+    out = request.outputs.add(name="OUTPUT0")
+    out.parameters["classification"].int64_param = 2
+    response = stub.ModelInfer(request, timeout=60)
+    assert response.outputs[0].datatype == "BYTES"
+    raw = response.raw_output_contents[0]
+    items, pos = [], 0
+    while pos < len(raw):
+        n = int.from_bytes(raw[pos:pos + 4], "little")
+        items.append(raw[pos + 4:pos + 4 + n].decode())
+        pos += 4 + n
+    assert [s.split(":")[1] for s in items] == ["3", "8"]
+
+
+def test_bench_model(client):
+    x = np.linspace(0, 1, 256, dtype=np.float32).reshape(1, 256)
+    i = grpcclient.InferInput("x", [1, 256], "FP32")
+    i.set_data_from_numpy(x)
+    np.testing.assert_allclose(client.infer("bench_matmul", [i]).as_numpy("y"), x @ bench_weights(),
+                               rtol=1e-5, atol=1e-5)
+
+
+def test_stream_infer(client):
+    results: queue.Queue = queue.Queue()
+    client.start_stream(callback=lambda result, error: results.put((result, error)))
+    try:
+        for k in range(6):
+            x = np.full((1, 16), k, np.float32)
+            client.async_stream_infer("add_sub_onnx", add_sub_inputs(x, x), request_id=str(k))
+        bad = np.ones((1, 3), np.float32)
+        client.async_stream_infer("add_sub_onnx", add_sub_inputs(bad, bad), request_id="bad")
+        seen, errors = {}, []
+        for _ in range(7):
+            result, error = results.get(timeout=60)
+            if error is not None:
+                errors.append(error)
+            else:
+                seen[result.get_response().id] = result.as_numpy("OUTPUT0")
+    finally:
+        client.stop_stream()
+    assert sorted(seen) == [str(k) for k in range(6)]
+    for k, out in seen.items():
+        np.testing.assert_array_equal(out, np.full((1, 16), 2 * int(k), np.float32))
+    assert len(errors) == 1 and "INPUT0" in str(errors[0])
+
+
+def test_asyncio_client(server):
+    async def main():
+        client = aiogrpcclient.InferenceServerClient(server.grpc_url)
+        try:
+            assert await client.is_server_ready()
+            assert (await client.get_model_metadata("add_sub_py")).name == "add_sub_py"
+
+            async def one(k):
+                x = np.full((1, 16), k, np.float32)
+                return (await client.infer("add_sub_py", add_sub_inputs(x, x))).as_numpy("OUTPUT1")
+
+            outs = await asyncio.gather(*(one(k) for k in range(16)))
+            assert all(np.all(o == 0) for o in outs)
+        finally:
+            await client.close()
+
+    asyncio.run(main())
+
+
+# --- errors and status codes ---------------------------------------------------------------------------
+
+
+def test_bad_input_status_codes(client):
+    x = np.ones((1, 16), np.float32)
+    err = error_of(lambda: client.infer("add_sub_onnx", add_sub_inputs(x, x, ("INPUT0", "WRONG"))))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT" and "WRONG" in err.message()
+    short = np.ones((1, 4), np.float32)
+    err = error_of(lambda: client.infer("add_sub_onnx", add_sub_inputs(short, short)))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT" and "INPUT0" in err.message()
+    ints = [grpcclient.InferInput(n, [1, 16], "INT32") for n in ("INPUT0", "INPUT1")]
+    for i in ints:
+        i.set_data_from_numpy(np.ones((1, 16), np.int32))
+    err = error_of(lambda: client.infer("add_sub_onnx", ints))
+    assert err.status() == "StatusCode.INVALID_ARGUMENT" and "INT32" in err.message()
+    err = error_of(lambda: client.infer("no_such_model", add_sub_inputs(x, x)))
+    assert err.status() == "StatusCode.NOT_FOUND" and "no_such_model" in err.message()
+    err = error_of(lambda: client.infer("add_sub_onnx", add_sub_inputs(x, x), model_version="9"))
+    assert err.status() == "StatusCode.NOT_FOUND"
+    err = error_of(lambda: client.get_model_config("no_such_model"))
+    assert err.status() == "StatusCode.NOT_FOUND"
+
+
+def test_raw_size_mismatch_is_invalid_argument(stub):
+    request = service_pb2.ModelInferRequest(model_name="add_sub_onnx")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        request.raw_input_contents.append(b"\0" * 60)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "60" in info.value.details() and "64" in info.value.details()
+    request.raw_input_contents.pop()
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "raw_input_contents" in info.value.details()
+
+
+def test_unsupported_rpcs_are_unimplemented(client, stub):
+    assert client.get_system_shared_memory_status().regions == {}
+    err = error_of(lambda: client.register_system_shared_memory("r0", "/r0", 64))
+    assert err.status() == "StatusCode.UNIMPLEMENTED" and "shared memory" in err.message()
+    err = error_of(lambda: client.register_cuda_shared_memory("r0", b"aGFuZGxl", 0, 64))
+    assert err.status() == "StatusCode.UNIMPLEMENTED"
+    with pytest.raises(grpc.RpcError) as info:
+        stub.TraceSetting(service_pb2.TraceSettingRequest(), timeout=60)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    with pytest.raises(grpc.RpcError) as info:
+        stub.LogSettings(service_pb2.LogSettingsRequest(), timeout=60)
+    assert info.value.code() == grpc.StatusCode.UNIMPLEMENTED
+    client.unregister_system_shared_memory()
+    client.unregister_cuda_shared_memory()
+    assert client.get_cuda_shared_memory_status().regions == {}
+
+
+def test_compressed_request(client):
+    x = np.full((1, 16), 3, np.float32)
+    result = client.infer("add_sub_onnx", add_sub_inputs(x, x), compression_algorithm="gzip")
+    np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), 2 * x)
+
+
+def test_large_messages_cross_flow_control_windows(client):
+    """Megabytes each way: split into frames and paced by HTTP/2 flow control."""
+    big = np.array([[bytes(range(97, 123)) * 120_000, b"x" * 70_000]], dtype=np.object_)  # ~3 MB
+    i = grpcclient.InferInput("TEXT", [1, 2], "BYTES")
+    i.set_data_from_numpy(big)
+    result = client.infer("string_py", [i])
+    upper = result.as_numpy("UPPER").reshape(-1)
+    assert upper[0] == big[0, 0].upper() and upper[1] == b"X" * 70_000
+    assert result.as_numpy("LENGTH").tolist() == [[len(big[0, 0]), 70_000]]
+
+
+def test_garbage_on_the_grpc_port_closes_only_that_connection(server, client):
+    import socket
+
+    host, port = server.grpc_url.split(":")
+    with socket.create_connection((host, int(port)), timeout=30) as sock:
+        sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 64)
+        sock.settimeout(30)
+        while sock.recv(4096):  # the server answers (GOAWAY or nothing) and closes
+            pass
+    assert client.is_server_live()

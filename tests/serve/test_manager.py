@@ -1,0 +1,233 @@
+"""Model control: modes none / explicit / poll, --load-model, load with a config override and files,
+ensembles pulling in their composing models, unload_dependents, reload without dropping requests."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import time
+
+import numpy as np
+import pytest
+
+from azulite.errors import ModelLoadError, NotFound, Unavailable, Unsupported
+from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
+from azulite.serve.types import InferRequest, InferTensor
+
+
+def plane(repo, **kw) -> TritonDataPlane:
+    return TritonDataPlane(DataPlaneSettings(repository=repo, **kw))
+
+
+def fp32(name, array) -> InferTensor:
+    array = np.asarray(array, dtype=np.float32)
+    return InferTensor(name, "FP32", array.shape, array)
+
+
+def versioned(version: str = "") -> InferRequest:
+    return InferRequest("versioned_py", [fp32("INPUT0", [0, 0, 0, 0])], model_version=version)
+
+
+def test_none_mode_loads_everything_and_refuses_control(model_repository):
+    dp = plane(model_repository)
+    assert dp.ready() and dp.model_ready("add_sub_pt") and dp.model_ready("add_sub_ensemble")
+
+    async def main():
+        with pytest.raises(Unsupported, match="not allowed if model control mode is 'none'"):
+            await dp.load_model("add_sub_py")
+        with pytest.raises(Unsupported):
+            await dp.unload_model("add_sub_py")
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+def test_explicit_mode_load_unload(model_repository):
+    dp = plane(model_repository, control_mode="explicit", load_models=("versioned_py",))
+    assert dp.ready() and dp.model_ready("versioned_py") and not dp.model_ready("add_sub_py")
+    index = {m.name: m for m in dp.repository_index().models}
+    assert index["add_sub_py"].state == "" and index["versioned_py"].state == "READY"
+
+    async def main():
+        with pytest.raises(NotFound, match="'add_sub_py' is not found"):
+            await dp.infer(InferRequest("add_sub_py", []))
+        await dp.load_model("add_sub_py")
+        assert dp.model_ready("add_sub_py")
+        await dp.unload_model("versioned_py")
+        assert not dp.model_ready("versioned_py")
+        with pytest.raises(Unavailable, match="no available versions"):
+            await dp.infer(versioned())
+        assert {m.state for m in dp.repository_index().models if m.name == "versioned_py"} == {"UNAVAILABLE"}
+        await dp.load_model("versioned_py")
+        assert (await dp.infer(versioned())).model_version == "2"
+        with pytest.raises(NotFound, match="no model directory 'ghost'"):
+            await dp.load_model("ghost")
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+def test_explicit_star_and_unknown_load_model(model_repository):
+    assert plane(model_repository, control_mode="explicit", load_models=("*",)).model_ready("bench_matmul")
+    dp = plane(model_repository, control_mode="explicit", load_models=("ghost", "string_py"))
+    assert dp.model_ready("string_py") and not dp.ready()
+    assert "no model directory 'ghost'" in {m.name: m for m in dp.repository_index().models}["ghost"].reason
+
+
+def test_ensemble_load_pulls_composing_models_and_unload_dependents(model_repository):
+    dp = plane(model_repository, control_mode="explicit")
+
+    async def main():
+        await dp.load_model("add_sub_ensemble")
+        assert dp.model_ready("add_sub_onnx") and dp.model_ready("add_sub_py")
+        await dp.unload_model("add_sub_onnx", unload_dependents=True)
+        assert not dp.model_ready("add_sub_ensemble") and dp.model_ready("add_sub_py")
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+def test_load_with_config_override_and_files(model_repository, tmp_path):
+    dp = plane(model_repository, control_mode="explicit")
+    onnx = (model_repository / "add_sub_onnx" / "1" / "model.onnx").read_bytes()
+
+    async def main():
+        config = json.loads(json.dumps({
+            "name": "add_sub_onnx", "platform": "onnxruntime_onnx", "max_batch_size": 2,
+            "input": [{"name": "INPUT0", "data_type": "TYPE_FP32", "dims": [16]},
+                      {"name": "INPUT1", "data_type": "TYPE_FP32", "dims": [16]}],
+            "output": [{"name": "OUTPUT0", "data_type": "TYPE_FP32", "dims": [16]}]}))
+        await dp.load_model("add_sub_onnx", {"config": json.dumps(config)})
+        assert dp.model_config("add_sub_onnx").max_batch_size == 2
+        assert [o.name for o in dp.model_metadata("add_sub_onnx").outputs] == ["OUTPUT0"]
+        config["name"] = "uploaded"
+        await dp.load_model("uploaded", {"config": json.dumps(config), "file:1/model.onnx": onnx})
+        x = np.ones((1, 16), np.float32)
+        r = await dp.infer(InferRequest("uploaded", [fp32("INPUT0", x), fp32("INPUT1", x)]))
+        assert r.outputs[0].data.sum() == 32
+        with pytest.raises(ModelLoadError, match="requires a 'config' parameter"):
+            await dp.load_model("other", {"file:1/model.onnx": onnx})
+        with pytest.raises(ModelLoadError, match="invalid JSON model configuration"):
+            await dp.load_model("add_sub_onnx", {"config": "{not json"})
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+def bump_mtime(path):
+    later = time.time() + 5
+    os.utime(path, (later, later))
+
+
+def test_poll_mode_loads_new_reloads_changed_unloads_removed(repository_copy):
+    root = repository_copy
+    dp = plane(root, control_mode="poll")
+    assert dp.model_config("versioned_py").version_policy.HasField("all")
+
+    async def main():
+        # changed: serve only version 1; new: a copy under another name; removed: string_py
+        config = root / "versioned_py" / "config.pbtxt"
+        config.write_text(config.read_text().replace("version_policy: { all { } }", "version_policy: { specific { versions: [1] } }"))
+        bump_mtime(config)
+        shutil.copytree(root / "add_sub_py", root / "add_sub_py2")
+        c2 = root / "add_sub_py2" / "config.pbtxt"
+        c2.write_text(c2.read_text().replace('name: "add_sub_py"', 'name: "add_sub_py2"'))
+        shutil.rmtree(root / "string_py")
+        slow = root / "slow_py" / "config.pbtxt"
+        slow.write_text(slow.read_text().replace('string_value: "0.2"', 'string_value: "0.0"'))
+        bump_mtime(slow)
+        running = asyncio.ensure_future(dp.infer(InferRequest("slow_py", [fp32("INPUT0", [[7]])])))
+        while not dp.model_statistics("slow_py").model_stats[0].inference_stats.queue.count:
+            await asyncio.sleep(0.005)  # executing now (0.2 s), on the old instance
+        await dp.poll()
+        assert (await running).outputs[0].data.tolist() == [[7]]  # in flight during the reload: answered
+        assert dp.model_config("slow_py").parameters["delay_s"].string_value == "0.0"  # reloaded
+        assert (await dp.infer(InferRequest("slow_py", [fp32("INPUT0", [[8]])]))).outputs[0].data.tolist() == [[8]]
+        assert (await dp.infer(versioned())).model_version == "1"
+        assert dp.model_ready("add_sub_py2") and not dp.model_ready("string_py")
+        assert dp.model_ready("add_sub_onnx")  # unchanged models stay as they were
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+def test_poll_mode_broken_edit_keeps_other_models(repository_copy):
+    dp = plane(repository_copy, control_mode="poll", strict_readiness=False)
+
+    async def main():
+        config = repository_copy / "add_sub_py" / "config.pbtxt"
+        config.write_text("this is not protobuf text")
+        bump_mtime(config)
+        await dp.poll()
+        assert not dp.model_ready("add_sub_py") and dp.model_ready("add_sub_onnx")
+        reason = {m.name: m for m in dp.repository_index().models}["add_sub_py"].reason
+        assert "failed to parse the model configuration of 'add_sub_py'" in reason
+        with pytest.raises(Unsupported):
+            plane(repository_copy).start_polling(1)
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+def test_version_policy_latest_n_serves_only_those(tmp_path, model_repository):
+    shutil.copytree(model_repository / "versioned_py", tmp_path / "versioned_py")
+    shutil.copytree(tmp_path / "versioned_py" / "2", tmp_path / "versioned_py" / "3")
+    config = tmp_path / "versioned_py" / "config.pbtxt"
+    config.write_text(config.read_text().replace("version_policy: { all { } }", "version_policy: { latest { num_versions: 2 } }"))
+    dp = plane(tmp_path)
+    assert list(dp.model_metadata("versioned_py").versions) == ["2", "3"]
+    assert not dp.model_ready("versioned_py", "1") and dp.model_ready("versioned_py", "3")
+
+    async def main():
+        assert (await dp.infer(versioned())).model_version == "3"
+        assert (await dp.infer(versioned("2"))).outputs[0].data.tolist() == [2, 2, 2, 2]
+        with pytest.raises(NotFound, match="version 1 is not found"):
+            await dp.infer(versioned("1"))
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+WARM = """
+import triton_python_backend_utils as pb_utils
+
+class TritonPythonModel:
+    def initialize(self, args):
+        self.seen = []
+
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = pb_utils.get_input_tensor_by_name(r, "x").as_numpy()
+            self.seen.append(x.shape)
+            if (x < 0).any():
+                return [pb_utils.InferenceResponse(error=pb_utils.TritonError("negative warmup")) for _ in requests]
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("n", np.array([[len(self.seen)]] * x.shape[0], np.int64))]))
+        return out
+"""
+
+
+def test_model_warmup_runs_before_ready_and_failing_warmup_fails_the_load(tmp_path):
+    for name, data in (("warm", "zero_data: true"), ("cold", "zero_data: true")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.py").write_text("import numpy as np\n" + WARM)
+        (tmp_path / name / "config.pbtxt").write_text(
+            f'backend: "python" max_batch_size: 4\n'
+            'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ] output [ { name: "n" data_type: TYPE_INT64 dims: [ 1 ] } ]\n'
+            f'model_warmup [ {{ name: "w" batch_size: 2 count: 3 inputs {{ key: "x" value: {{ data_type: TYPE_FP32 dims: [ 2 ] {data} }} }} }} ]')
+    (tmp_path / "cold" / "warmup").mkdir()
+    (tmp_path / "cold" / "warmup" / "neg").write_bytes(np.array([-1.0, -2.0], np.float32).tobytes())
+    cfg = tmp_path / "cold" / "config.pbtxt"
+    cfg.write_text(cfg.read_text().replace("zero_data: true", 'input_data_file: "neg"'))
+    dp = plane(tmp_path, strict_readiness=False)
+    index = {m.name: m for m in dp.repository_index().models}
+    assert "warmup 'w' failed: negative warmup" in index["cold"].reason
+
+    async def main():
+        r = await dp.infer(InferRequest("warm", [fp32("x", [[1, 2]])]))
+        assert r.outputs[0].data.tolist() == [[4]]  # three warmup executions came first
+        await dp.shutdown()
+
+    asyncio.run(main())

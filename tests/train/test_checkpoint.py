@@ -1,0 +1,171 @@
+"""The Checkpointer in one process: manifest, retention, listing, resharding 2 -> 1 rank, policies."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import pytest
+import torch
+
+from azulite.errors import CheckpointError
+from azulite.train import (
+    CheckpointConfig,
+    Checkpointer,
+    ModelState,
+    ObjectState,
+    Progress,
+    ResumableSampler,
+    RNGState,
+    init,
+    list_checkpoints,
+)
+from tests.train.conftest import STEPS
+from tests.train.scripts import toy_train
+
+
+def _state(ctx, model, opt, **extra):
+    return {"model": ModelState(model, opt), "progress": Progress(), "rng": RNGState(ctx), **extra}
+
+
+def _tiny():
+    torch.manual_seed(0)
+    model = torch.nn.Linear(4, 2)
+    return model, torch.optim.SGD(model.parameters(), lr=0.1)
+
+
+def test_manifest_lists_every_file_with_its_hash(tmp_path):
+    ctx = init({})
+    model, opt = _tiny()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path), model_config={"d": 4}), ctx, _state(ctx, model, opt))
+    assert ck.save(3)
+    step = tmp_path / "step-00000003"
+    manifest = json.loads((step / "manifest.json").read_text())
+    assert manifest["step"] == 3 and manifest["world_size"] == 1 and manifest["model_config"] == {"d": 4}
+    on_disk = {p.name for p in step.iterdir()} - {"manifest.json"}
+    assert set(manifest["files"]) == on_disk and ".metadata" in on_disk
+    for name, entry in manifest["files"].items():
+        data = (step / name).read_bytes()
+        assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+
+
+def test_retention_keep_last_and_keep_every(tmp_path):
+    ctx = init({})
+    model, opt = _tiny()
+    progress = Progress()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path), interval=1, keep_last=2, keep_every=4, async_save=True),
+                      ctx, {"model": ModelState(model, opt), "progress": progress})
+    (tmp_path / "step-00000002").mkdir()  # an interrupted save from an earlier attempt
+    for step in range(1, 11):
+        progress.step = step
+        ck.maybe_save(step)
+    ck.close()
+    assert [(c.step, c.committed) for c in list_checkpoints(str(tmp_path))] == [
+        (4, True), (8, True), (9, True), (10, True)]
+    assert ck.last_committed == 10
+
+
+def test_list_checkpoints_reports_partial_ones(tmp_path):
+    ctx = init({})
+    model, opt = _tiny()
+    Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt)).save(5)
+    partial = tmp_path / "step-00000007"
+    partial.mkdir()
+    (partial / "__0_0.distcp").write_bytes(b"x" * 100)
+    infos = list_checkpoints(str(tmp_path))
+    assert [(c.step, c.committed) for c in infos] == [(5, True), (7, False)]
+    assert infos[0].bytes > 1000 and infos[1].bytes == 100
+    assert infos[0].uri == str(tmp_path / "step-00000005")
+    assert list_checkpoints(str(tmp_path / "nothing-here")) == []
+
+
+def test_two_rank_checkpoint_loads_on_one_rank(baseline, caplog):
+    """(f) The baseline's 2-rank DDP checkpoint, loaded by one process without a process group."""
+    ctx = init({})
+    model = toy_train.build_model()
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=8, gamma=0.7)
+    sampler, progress = ResumableSampler(toy_train.DATASET, ctx, seed=7), Progress()
+    state = {"model": ModelState(model, opt), "sched": ObjectState(sched), "data": sampler,
+             "progress": progress, "rng": RNGState(ctx)}
+    with caplog.at_level(logging.INFO, logger="azulite.train"):
+        ck = Checkpointer(CheckpointConfig(uri=str(baseline["ckpt"])), ctx, state)
+        assert ck.load_latest() == STEPS
+    assert toy_train.params_sha256(model) == baseline["sha256"]
+    assert progress.step == STEPS and sched.last_epoch == STEPS
+    assert int(opt.state_dict()["state"][0]["step"]) == STEPS
+    assert ck.loaded_manifest["world_size"] == 2 and ck.loaded_manifest["model_config"] == {"layers": toy_train.LAYERS}
+    assert "saved by 2 ranks, loaded on 1" in caplog.text
+
+
+def test_all_checkpoints_corrupt_is_an_error_not_a_fresh_start(tmp_path):
+    ctx = init({})
+    model, opt = _tiny()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    ck.save(1)
+    shard = next((tmp_path / "step-00000001").glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:-1])
+    for _ in range(2):  # and again on the next attempt, once the corrupt one was un-committed
+        with pytest.raises(CheckpointError, match="none of the 1 committed checkpoint"):
+            Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt)).load_latest()
+
+
+def test_fresh_directory_starts_from_scratch(tmp_path):
+    ctx = init({})
+    model, opt = _tiny()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path / "new")), ctx, _state(ctx, model, opt))
+    assert ck.load_latest() is None and ck.loaded_manifest is None
+
+
+def test_async_save_snapshots_the_state_and_round_trips(tmp_path):
+    ctx = init({})
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(2, 512)).sum().backward()
+    opt.step()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    ck.save(1, sync=False)
+    with torch.no_grad():  # training goes on while the save writes; the checkpoint keeps the old values
+        before = [p.clone() for p in model.parameters()]
+        for p in model.parameters():
+            p.add_(1.0)
+    ck.wait()
+    assert ck.last_committed == 1
+    model2 = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
+    ck2 = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model2, torch.optim.Adam(model2.parameters())))
+    assert ck2.load_latest() == 1
+    assert all(torch.equal(a, b) for a, b in zip(before, model2.parameters()))
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "field"),
+    [({"keep_last": 0}, "keep_last"), ({"interval": -1}, "interval"), ({"on_save_error": "ignore"}, "on_save_error"),
+     ({"model_config": {"f": object()}}, "model_config")],
+)
+def test_config_is_validated_when_built(kwargs, field):
+    with pytest.raises(CheckpointError) as info:
+        CheckpointConfig(uri="/tmp/x", **kwargs)
+    assert info.value.where == f"CheckpointConfig.{field}"
+
+
+def test_missing_file_is_detected_logged_and_previous_used(tmp_path, caplog):
+    ctx = init({})
+    model, opt = _tiny()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    ck.save(1)
+    saved = [p.clone() for p in model.parameters()]
+    with torch.no_grad():
+        for p in model.parameters():
+            p.add_(1.0)
+    ck.save(2)
+    shard = next((tmp_path / "step-00000002").glob("*.distcp"))
+    shard.unlink()
+    model2, opt2 = _tiny()
+    with caplog.at_level(logging.INFO, logger="azulite.train"):
+        assert Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model2, opt2)).load_latest() == 1
+    assert f"checkpoint step 2 is corrupt: file {shard.name} is missing" in caplog.text
+    assert all(torch.equal(a, b) for a, b in zip(saved, model2.parameters()))
+    assert [(c.step, c.committed) for c in list_checkpoints(str(tmp_path))] == [(1, True), (2, False)]
