@@ -60,7 +60,8 @@ def run_azulite(steps: int, home: Path) -> dict:
     env = {**os.environ, "AZULITE_HOME": str(home)}
     azulite = str(Path(sys.executable).parent / "azulite")
     t0 = time.time()
-    out = subprocess.run([azulite, "job", "submit", "examples/ddp/job.yaml", "--set", f"inputs.steps={steps}", "--json"],
+    out = subprocess.run([azulite, "job", "submit", "examples/ddp/job.yaml", "--set", f"inputs.steps={steps}",
+                          "--set", "inputs.checkpoint_every=0", "--json"],
                          env=env, cwd=REPO, capture_output=True, check=True)
     job = json.loads(out.stdout)
     while True:

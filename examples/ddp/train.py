@@ -1,19 +1,34 @@
-"""Minimal PyTorch DDP training on CPU (gloo), driven only by the Azure ML env contract.
+"""PyTorch DDP training on CPU (gloo) that survives failures, driven only by the Azure ML env contract.
 
-Every rank trains a tiny MLP on its own shard of a synthetic regression problem; DDP all-reduces the
-gradients, so all ranks must end with bit-identical parameters. The last line printed (by every rank) is
-``final_params_sha256=<hex>``: the test compares it across ranks.
+Every rank trains a small MLP on its share of a fixed synthetic regression data set; DDP all-reduces the
+gradients, so all ranks end with bit-identical parameters. With ``--checkpoints DIR_OR_AZ_URI`` (the job
+spec passes ``${{outputs.checkpoints}}``) it checkpoints every ``--checkpoint-every`` steps through
+``azulite.train``, resumes from the newest intact checkpoint when restarted (elastic restart, requeue after
+preemption), and on SIGTERM finishes the step, saves and exits 75 ("preempted"). A resumed run ends with
+the same parameters as one that never stopped.
+
+The last line printed by every rank is ``final_params_sha256=<hex>``: tests compare it across ranks and
+across interrupted and uninterrupted runs.
 """
+
+from __future__ import annotations
 
 import argparse
 import hashlib
+import logging
 import os
+import sys
 import time
 
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+from azulite import train
+from azulite.errors import AzuliteError
+
+FEATURES = 16
+DATASET = 4096
 
 
 def params_sha256(model: nn.Module) -> str:
@@ -23,52 +38,92 @@ def params_sha256(model: nn.Module) -> str:
     return h.hexdigest()
 
 
-def main() -> None:
+def main() -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=20)
-    ap.add_argument("--batch-size", type=int, default=32)
+    ap.add_argument("--batch-size", type=int, default=32, help="per rank")
     ap.add_argument("--lr", type=float, default=0.05)
-    ap.add_argument("--out", default=None)
+    ap.add_argument("--out", default=None, help="rank 0 saves the final model.pt here")
+    ap.add_argument("--checkpoints", default=None, help="checkpoint URI: a directory or az://container/path")
+    ap.add_argument("--checkpoint-every", type=int, default=10, help="steps between async checkpoints (0: none)")
+    ap.add_argument("--step-sleep", type=float, default=0.0, help="seconds to sleep per step (demos, tests)")
     args = ap.parse_args()
 
-    # the env contract: MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK set by the launcher (Azure ML or azulite).
-    # nccl when this node has a GPU per process (the launcher splits CUDA_VISIBLE_DEVICES per node), else gloo
-    node, local = int(os.environ.get("NODE_RANK", 0)), int(os.environ.get("LOCAL_RANK", 0))
-    cuda = torch.cuda.is_available() and torch.cuda.device_count() >= int(os.environ.get("LOCAL_WORLD_SIZE", 1))
-    device = torch.device("cuda", local) if cuda else torch.device("cpu")
-    dist.init_process_group(backend="nccl" if cuda else "gloo", init_method="env://")
-    rank, world = dist.get_rank(), dist.get_world_size()
-    print(f"rank {rank}/{world} node {node} local_rank {local} pid {os.getpid()} cwd {os.getcwd()}", flush=True)
+    # process group (gloo, or nccl with a GPU per local rank), device and seeds from the env contract
+    # (MASTER_ADDR/MASTER_PORT/WORLD_SIZE/RANK/LOCAL_RANK set by the launcher: Azure ML, AKS or azulite)
+    ctx = train.init(seed=0)
+    logging.basicConfig(level=logging.INFO, stream=sys.stderr, format=f"[rank{ctx.rank}] %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("azure").setLevel(logging.WARNING)  # the Azure SDK logs every HTTP request at INFO
+    print(f"rank {ctx.rank}/{ctx.world_size} node {os.environ.get('NODE_RANK', 0)} local_rank "
+          f"{os.environ.get('LOCAL_RANK', 0)} pid {os.getpid()} cwd {os.getcwd()}", flush=True)
 
-    torch.manual_seed(0)  # same init everywhere (DDP also broadcasts rank 0's parameters)
-    net = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1)).to(device)
-    model = DDP(net, device_ids=[local] if cuda else None)
-    opt = torch.optim.SGD(model.parameters(), lr=args.lr)
-    true_w = torch.randn(16, 1, generator=torch.Generator().manual_seed(1)).to(device)
-    data_gen = torch.Generator().manual_seed(100 + rank)  # each rank its own data shard
+    net = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, 1)).to(ctx.device)
+    model = DDP(net, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) if ctx.distributed else net
+    opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
+    g = torch.Generator().manual_seed(1)
+    true_w = torch.randn(FEATURES, 1, generator=g)
+    x_all = torch.randn(DATASET, FEATURES, generator=g)
+    y_all = x_all @ true_w
+    sampler = train.ResumableSampler(DATASET, ctx, seed=7)  # remembers its place in the epoch
+    progress = train.Progress()
 
-    for step in range(1, args.steps + 1):
+    ckpt = None
+    if args.checkpoints:
+        ckpt = train.Checkpointer(
+            train.CheckpointConfig(uri=args.checkpoints, interval=args.checkpoint_every, keep_last=3,
+                                   model_config={"features": FEATURES, "hidden": 32}),
+            ctx,
+            state={"model": train.ModelState(model, opt), "data": sampler, "progress": progress,
+                   "rng": train.RNGState(ctx)},
+        )
+        resumed = ckpt.load_latest()
+        if ctx.is_main:
+            print(f"resumed from step {resumed}" if resumed is not None else "no checkpoint: starting fresh", flush=True)
+    preemption = train.Preemption(ctx).install()  # SIGTERM: finish the step, save, exit 75
+
+    global_batch = args.batch_size * ctx.world_size
+    while progress.step < args.steps:
         t0 = time.perf_counter()
-        x = torch.randn(args.batch_size, 16, generator=data_gen).to(device)
-        y = x @ true_w
+        idx = torch.tensor(list(iter(sampler))[: args.batch_size])
+        x, y = x_all[idx].to(ctx.device), y_all[idx].to(ctx.device)
         loss = nn.functional.mse_loss(model(x), y)
-        opt.zero_grad()
+        opt.zero_grad(set_to_none=True)
         loss.backward()
         opt.step()
-        if rank == 0:
+        sampler.advance(global_batch)
+        progress.step += 1
+        progress.samples += global_batch
+        if ctx.is_main:
             # wall-clock stamp per step: bench/launch.py measures submit -> first step and time per step from it
-            print(f"step {step} loss {loss.item():.5f} step_s {time.perf_counter() - t0:.5f} t {time.time():.6f}", flush=True)
+            print(f"step {progress.step} loss {loss.item():.5f} step_s {time.perf_counter() - t0:.5f} "
+                  f"t {time.time():.6f}", flush=True)
+        if args.step_sleep:
+            time.sleep(args.step_sleep)
+        if preemption.should_stop():  # every rank agrees on the same step
+            if ckpt is not None:
+                ckpt.save(progress.step, sync=True, raise_on_error=True)
+            preemption.exit()
+        if ckpt is not None:
+            ckpt.maybe_save(progress.step)
 
-    if rank == 0 and args.out:
+    if ckpt is not None:
+        ckpt.save(progress.step, sync=True, raise_on_error=True)  # the final state is always committed
+        ckpt.close()
+    if ctx.is_main and args.out:
         os.makedirs(args.out, exist_ok=True)
-        torch.save(model.module.state_dict(), os.path.join(args.out, "model.pt"))
-    digest = params_sha256(model.module)
-    dist.barrier()
-    # DDP's reducer holds the process group: drop it before destroying the group, or gloo may abort at exit
+        torch.save(net.state_dict(), os.path.join(args.out, "model.pt"))
+    digest = params_sha256(net)
+    preemption.uninstall()
+    # DDP's reducer holds the process group: drop it before the group goes, or gloo may abort at exit
     del model, opt
-    dist.destroy_process_group()
+    train.shutdown(ctx)
     print(f"final_params_sha256={digest}", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        sys.exit(main())
+    except AzuliteError as e:  # bad checkpoint URI, unreachable storage: the message, not a traceback
+        print(f"error: {e}", file=sys.stderr, flush=True)
+        sys.exit(e.exit_code)

@@ -173,7 +173,7 @@ def test_statistics_metrics_and_metadata(model_repository):
         assert sum(b.batch_size * b.compute_infer.count for b in stats.batch_stats) == 20
         assert stats.last_inference > 0
         assert [m.name for m in dp.model_statistics().model_stats] == ["add_sub_py"]
-        with pytest.raises(NotFound):
+        with pytest.raises(InvalidArgument, match="'string_py' is not available"):  # Triton: 400
             dp.model_statistics("string_py")
         text = dp.metrics.metrics_text().decode()
         for line in ('nv_inference_request_success{model="add_sub_py",version="1"} 10',

@@ -102,6 +102,9 @@ def test_statistics_count_inferences(client):
     assert success["count"] == before["inference_stats"]["success"]["count"] + 1
     everything = client.get_inference_statistics()["model_stats"]
     assert {"add_sub_onnx", "add_sub_py", "string_py"} <= {m["name"] for m in everything}
+    with pytest.raises(InferenceServerException) as err:  # Triton answers 400 for a model it does not know
+        client.get_inference_statistics("no_such_model")
+    assert err.value.status() == "400" and "no_such_model" in err.value.message()
 
 
 def test_repository_index(client):

@@ -35,9 +35,9 @@ def test_none_mode_loads_everything_and_refuses_control(model_repository):
     assert dp.ready() and dp.model_ready("add_sub_pt") and dp.model_ready("add_sub_ensemble")
 
     async def main():
-        with pytest.raises(Unsupported, match="not allowed if model control mode is 'none'"):
+        with pytest.raises(Unavailable, match="not allowed if model control mode is 'none'"):
             await dp.load_model("add_sub_py")
-        with pytest.raises(Unsupported):
+        with pytest.raises(Unavailable):
             await dp.unload_model("add_sub_py")
         await dp.shutdown()
 

@@ -9,7 +9,6 @@ import json
 import random
 import shutil
 import signal
-import time
 from pathlib import Path
 
 import pytest

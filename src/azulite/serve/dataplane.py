@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import threadpoolctl
 
-from azulite.errors import Internal, InvalidArgument, ModelLoadError, NotFound, ServeError, Unavailable, Unsupported
+from azulite.errors import Internal, InvalidArgument, ModelLoadError, ServeError, Unavailable, Unsupported
 from azulite.serve import config as cfg
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import WorkItem
@@ -169,7 +169,7 @@ class TritonDataPlane:
             return response
         entry = self.manager.entries.get(name)
         if entry is None or not entry.ready:
-            raise NotFound(f"requested model '{name}' is not available")
+            raise InvalidArgument(f"requested model '{name}' is not available")  # Triton: 400 / INVALID_ARGUMENT
         if version and version != "-1":
             model = self.manager.get(name, version)
             response.model_stats.append(model.stats.to_proto())

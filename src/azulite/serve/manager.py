@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from azulite.errors import ModelLoadError, NotFound, ServeError, Unavailable, Unsupported
+from azulite.errors import ModelLoadError, NotFound, ServeError, Unavailable
 from azulite.serve import config as cfg
 from azulite.serve import repository as repo
 from azulite.serve.backends.base import LoadContext, get_backend
@@ -263,7 +263,7 @@ class ModelManager:
     def check_load(self, name: str, *, files: dict[str, bytes] | None = None) -> None:
         """Refuse a load API call the mode or the repository does not allow (before loading anything)."""
         if self.settings.control_mode != "explicit":
-            raise Unsupported(
+            raise Unavailable(  # Triton answers UNAVAILABLE / 503 here
                 f"explicit model load / unload is not allowed if model control mode is '{self.settings.control_mode}'",
                 fix="start the server with --model-control-mode=explicit",
             )
@@ -273,7 +273,7 @@ class ModelManager:
 
     def unload(self, name: str, *, unload_dependents: bool = False, check_mode: bool = True) -> list[Batcher]:
         if check_mode and self.settings.control_mode != "explicit":
-            raise Unsupported(
+            raise Unavailable(  # Triton answers UNAVAILABLE / 503 here
                 f"explicit model load / unload is not allowed if model control mode is '{self.settings.control_mode}'",
                 fix="start the server with --model-control-mode=explicit",
             )

@@ -9,6 +9,7 @@ otherwise silently do nothing).
 from __future__ import annotations
 
 import re
+from pathlib import Path
 from typing import Annotated, Any, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -45,6 +46,10 @@ class Output(_Model):
     type: Literal["uri_folder", "uri_file", "mlflow_model", "custom_model"] = "uri_folder"
     path: str | None = None
     mode: str | None = None
+
+    def location(self, job_dir: str | Path, name: str) -> str:
+        """Where this output goes for a job whose directory is ``job_dir``."""
+        return self.path or str(Path(job_dir) / "outputs" / name)
 
 
 Literal_ = Union[bool, int, float, str]

@@ -179,7 +179,7 @@ def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
     if t in ("union_tag_invalid", "union_tag_not_found"):
         return (
             f"unknown distribution type {ctx.get('tag', value)!r}" if t == "union_tag_invalid" else "distribution needs a type",
-            f"use `type: pytorch` (also DeepSpeed), `type: tensorflow` or `type: mpi`",
+            "use `type: pytorch` (also DeepSpeed), `type: tensorflow` or `type: mpi`",
         )
     if t in ("greater_than_equal", "greater_than"):
         bound = ctx.get("ge", ctx.get("gt"))

@@ -9,7 +9,6 @@ supervisor's; this class only reads the store and writes requests into it (cance
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 import sys

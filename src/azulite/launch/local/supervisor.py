@@ -82,7 +82,7 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
     """The per-attempt context: directories, substituted command, base environment."""
     outputs = {}
     for name, out in spec.outputs.items():
-        path = out.path or str(job_dir / "outputs" / name)
+        path = out.location(job_dir, name)
         if make_dirs and "://" not in path and out.type == "uri_folder":
             Path(path).mkdir(parents=True, exist_ok=True)
         outputs[name] = path

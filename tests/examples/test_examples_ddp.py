@@ -1,0 +1,114 @@
+"""examples/ddp end to end through the real console script: the job checkpoints into outputs.checkpoints,
+``job show --json`` lists those checkpoints, and a run that is preempted (``azulite job preempt``: SIGTERM
+→ commit → exit 75 → requeue → resume) or loses a rank to kill -9 (elastic restart with max_restarts)
+ends with exactly the parameters of a run that never stopped."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+from pathlib import Path
+
+import pytest
+
+from tests.examples.runner import az, final_hashes, run_example
+from tests.launch.jobkit import home, wait_for
+
+_ = home  # fixture
+pytestmark = pytest.mark.slow
+
+# 2 nodes x 1 process keeps the cross-node path at half the processes of the 2x2 default
+SMALL = ("instance_count=2", "distribution.process_count_per_instance=1", "inputs.steps=30",
+         "inputs.checkpoint_every=5")
+
+
+def show(job_id: str) -> dict:
+    p = az("job", "show", job_id, "--json")
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def submit_slow(*sets: str) -> str:
+    args = ["job", "submit", "examples/ddp/job.yaml", "--json"]
+    for s in (*SMALL, "inputs.step_sleep=0.15", *sets):
+        args += ["--set", s]
+    p = az(*args)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return json.loads(p.stdout)["id"]
+
+
+def committed_steps(rec: dict) -> list[int]:
+    return [c["step"] for c in rec["checkpoints"] if c["committed"]]
+
+
+def wait_end(job_id: str) -> dict:
+    return wait_for(lambda: (r := show(job_id))["state"] in ("succeeded", "failed", "canceled") and r, 300,
+                    f"{job_id} to end", every=0.5)
+
+
+def rank_logs(rec: dict, attempt: int) -> dict[int, str]:
+    return {p["rank"]: Path(p["log"]).read_text() for p in rec["processes"]
+            if p["kind"] == "rank" and p["attempt"] == attempt}
+
+
+@pytest.fixture(scope="module")
+def reference_hash(tmp_path_factory) -> str:
+    """The uninterrupted run's final parameters (own AZULITE_HOME, cleaned up like the ``home`` fixture)."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AZULITE_HOME", str(tmp_path_factory.mktemp("ref") / "azhome"))
+    try:
+        rec = run_example("ddp", *SMALL)
+    finally:
+        mp.undo()
+    hashes = final_hashes(rec)
+    assert len(set(hashes.values())) == 1, hashes
+    # checkpoints every 5 steps, the newest 3 kept, the last one committed at the final step
+    assert committed_steps(rec) == [20, 25, 30], rec["checkpoints"]
+    assert all(c["bytes"] > 0 and c["uri"].endswith(f"step-{c['step']:08d}") for c in rec["checkpoints"])
+    assert rec["checkpoints_error"] is None
+    assert "no checkpoint: starting fresh" in rec["rank_logs"][0]
+    return hashes[0]
+
+
+def test_preempted_job_is_requeued_resumes_and_ends_identical(home, reference_hash):
+    job = submit_slow()
+    wait_for(lambda: committed_steps(show(job)), 180, "a first committed checkpoint")
+    assert az("job", "preempt", job).returncode == 0
+    rec = wait_end(job)
+    assert rec["state"] == "succeeded", rec["reason"]
+    assert [(a["attempt"], a["state"]) for a in rec["attempts"]] == [(1, "requeued"), (2, "succeeded")]
+    first = {p["rank"]: p["exit_code"] for p in rec["processes"] if p["kind"] == "rank" and p["attempt"] == 1}
+    assert first == {0: 75, 1: 75}  # both ranks committed and exited 'preempted'
+    logs = rank_logs(rec, 2)
+    resumed = int(logs[0].split("resumed from step ", 1)[1].split()[0])
+    assert 5 <= resumed < 30
+    assert {h.strip().splitlines()[-1] for h in logs.values()} == {f"final_params_sha256={reference_hash}"}
+
+
+def test_kill9_of_a_rank_restarts_the_group_which_resumes_identical(home, reference_hash):
+    job = submit_slow("max_restarts=2")
+    rec = wait_for(lambda: (r := show(job)) and committed_steps(r) and r, 180, "a first committed checkpoint")
+    victim = next(p for p in rec["processes"] if p["kind"] == "rank" and p["rank"] == 1)
+    os.kill(victim["pid"], signal.SIGKILL)
+    rec = wait_end(job)
+    assert rec["state"] == "succeeded", rec["reason"]
+    assert rec["attempt"] == 1  # restarted by the elastic agent inside the attempt, not requeued
+    assert max(p["restarts"] for p in rec["processes"] if p["kind"] == "rank") >= 1
+    log0 = rank_logs(rec, 1)[0]
+    assert "resumed from step " in log0
+    assert log0.strip().splitlines()[-1] == f"final_params_sha256={reference_hash}"
+
+
+def test_checkpoints_on_blob_without_credentials_fail_at_start_and_show_says_why(home, monkeypatch):
+    for name in ("AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME"):
+        monkeypatch.delenv(name, raising=False)
+    p = az("job", "submit", "examples/ddp/job.yaml", "--json", *[a for s in SMALL for a in ("--set", s)],
+           "--set", "outputs.checkpoints.path=az://ckpt/ddp")
+    assert p.returncode == 0, p.stderr
+    rec = wait_end(json.loads(p.stdout)["id"])
+    assert rec["state"] == "failed" and rec["exit_code"] == 1  # StorageError, before the first step
+    log = "\n".join(rank_logs(rec, 1).values())
+    assert "no Azure Storage credentials for az://ckpt/ddp" in log and "Traceback" not in log
+    assert "step 1 " not in log
+    assert rec["checkpoints"] == [] and "no Azure Storage credentials" in rec["checkpoints_error"]
