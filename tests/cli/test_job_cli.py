@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.launch.jobkit import FAILING_RANK, REPO, home, spec_2x1, wait_done, write_job
+from tests.launch.jobkit import FAILING_RANK, REPO, SLEEPER, home, spec_2x1, wait_done, write_job
 
 _ = home
 AZULITE = [str(Path(sys.executable).parent / "azulite")]  # the installed console script
@@ -138,3 +138,15 @@ def test_cancel_from_the_cli(home, tmp_path):
     assert not job_procs({job_id})
     p = az("job", "preempt", job_id)
     assert p.returncode == 2 and "not running" in p.stderr
+
+
+def test_wait_times_out_with_124_then_reports_the_outcome(home, tmp_path):
+    spec = write_job(tmp_path / "s", SLEEPER, spec_2x1(nodes=1, per_node=1))
+    job = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
+    p = az("job", "wait", job, "--checkpoint", "--timeout", "1", check=124)
+    assert f"timed out after 1 s waiting for a committed checkpoint of {job}" in p.stderr
+    az("job", "cancel", job, check=0)
+    p = az("job", "wait", job, "--json", check=130)  # the outcome's exit code, as submit --wait
+    assert json.loads(p.stdout)["state"] == "canceled"
+    p = az("job", "wait", "nope-9", check=2)  # an unknown id: a message, not a traceback
+    assert "nope-9" in p.stderr and "Traceback" not in p.stderr

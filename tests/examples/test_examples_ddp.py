@@ -43,8 +43,10 @@ def committed_steps(rec: dict) -> list[int]:
 
 
 def wait_end(job_id: str) -> dict:
-    return wait_for(lambda: (r := show(job_id))["state"] in ("succeeded", "failed", "canceled") and r, 300,
-                    f"{job_id} to end", every=0.5)
+    p = az("job", "wait", job_id, "--json", "--timeout", "300")
+    rec = json.loads(p.stdout)
+    assert p.returncode == (0 if rec["state"] == "succeeded" else rec["exit_code"]), (p.returncode, rec["state"])
+    return show(job_id)
 
 
 def rank_logs(rec: dict, attempt: int) -> dict[int, str]:
@@ -72,9 +74,11 @@ def reference_hash(tmp_path_factory) -> str:
 
 
 def test_preempted_job_is_requeued_resumes_and_ends_identical(home, reference_hash):
-    job = submit_slow()
-    wait_for(lambda: committed_steps(show(job)), 180, "a first committed checkpoint")
-    assert az("job", "preempt", job).returncode == 0
+    job = submit_slow("inputs.step_sleep=0.3")  # leaves the CLI calls below time to act mid-run
+    p = az("job", "wait", job, "--checkpoint", "--timeout", "180")  # returns at the first committed one
+    assert p.returncode == 0, p.stderr
+    p = az("job", "preempt", job)
+    assert p.returncode == 0, p.stderr  # 2 if the job had already ended
     rec = wait_end(job)
     assert rec["state"] == "succeeded", rec["reason"]
     assert [(a["attempt"], a["state"]) for a in rec["attempts"]] == [(1, "requeued"), (2, "succeeded")]

@@ -5,12 +5,14 @@ import json
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from azulite.errors import LaunchError
+from azulite.launch.local.procs import port_in_use
 from azulite.launch.records import JobState
 from azulite.spec.loader import load_job
 from tests.launch.jobkit import (
@@ -34,6 +36,14 @@ def test_failing_rank_fails_the_job_with_its_exit_code(home, tmp_path):
     log = Path(ranks[1].log).read_text().splitlines()
     assert log[-1] == "rank 1: something broke"
     assert not job_procs({rec.id})
+
+
+def test_a_command_that_does_not_exist_fails_127_with_a_message_not_a_traceback(home, tmp_path):
+    spec = write_job(tmp_path / "typo", "print('x')\n", spec_2x1("pyhton run.py", nodes=1, per_node=1))
+    rec = wait_done(backend().submit(load_job(spec)).id)
+    assert (rec.state, rec.exit_code) == (JobState.FAILED, 127), rec.reason
+    log = Path(next(p.log for p in rec.processes if p.kind == "rank")).read_text()
+    assert "cannot run 'pyhton': No such file or directory" in log and "Traceback" not in log
 
 
 def test_cancel_ends_every_process_including_orphans(home, tmp_path):
@@ -80,6 +90,37 @@ def test_a_rank_exiting_75_by_itself_requeues(home, tmp_path):
     spec = write_job(tmp_path / "p75", script, spec_2x1(nodes=1, per_node=2))
     rec = wait_done(backend().submit(load_job(spec)).id)
     assert rec.state == JobState.SUCCEEDED and rec.attempt == 2, rec.reason
+
+
+def test_a_real_failure_beside_a_75_is_a_failure_not_a_preemption(home, tmp_path):
+    # rank 0 says "preempted", rank 1 crashed by itself: retrying that as a preemption would hide the crash
+    script = "import os, sys\nsys.exit(75 if os.environ['RANK'] == '0' else 3)\n"
+    spec = write_job(tmp_path / "mix", script, spec_2x1(nodes=1, per_node=2))
+    rec = wait_done(backend().submit(load_job(spec)).id)
+    assert (rec.state, rec.exit_code, rec.failed_rank, rec.attempt) == (JobState.FAILED, 3, 1, 1), rec.reason
+
+
+def test_a_job_preempted_too_often_fails_instead_of_requeuing_forever(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("AZULITE_MAX_PREEMPTIONS", "2")
+    spec = write_job(tmp_path / "always75", "import sys\nsys.exit(75)\n", spec_2x1(nodes=1, per_node=1))
+    rec = wait_done(backend().submit(load_job(spec)).id)
+    assert (rec.state, rec.exit_code, rec.attempt) == (JobState.FAILED, 75, 3), rec.reason
+    assert "AZULITE_MAX_PREEMPTIONS=2" in rec.reason
+
+
+def test_a_pinned_port_is_free_again_while_its_last_connections_linger_in_time_wait(home):
+    with socket.socket() as srv:  # a server that closes first leaves its side in TIME_WAIT, as torchrun's store
+        srv.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        srv.bind(("127.0.0.1", 0))
+        srv.listen()
+        port = srv.getsockname()[1]
+        cli = socket.create_connection(("127.0.0.1", port))
+        conn, _ = srv.accept()
+        assert port_in_use(port)
+    conn.close()
+    time.sleep(0.1)
+    cli.close()
+    assert not port_in_use(port)
 
 
 def test_port_in_use_is_refused_before_anything_starts(home, tmp_path):

@@ -54,3 +54,17 @@ def test_concurrent_submits_from_processes_get_distinct_ids(tmp_path):
         p.join(60)
     assert sorted(ids, key=lambda i: int(i.split("-")[1])) == [f"same-{n}" for n in range(1, 41)]
     assert len(JobStore(db).list(100)) == 40
+
+
+def test_preempt_is_flagged_only_on_a_running_job(tmp_path):
+    s = JobStore(tmp_path / "jobs.db")
+    j = s.create(name="j", backend="local", spec={}, spec_path=None, environment=None, jobs_dir=tmp_path).id
+    assert not s.request_preempt(j) and s.flags(j) == (False, False)  # queued: nothing to preempt
+    s.transition(j, JobState.RUNNING, attempt=1)
+    assert s.request_preempt(j) and s.flags(j) == (False, True)
+    s.transition(j, JobState.PREEMPTED, exit_code=75)
+    s.transition(j, JobState.REQUEUED)
+    assert not s.request_preempt(j)  # between attempts: refused, not silently dropped by the next start
+    s.transition(j, JobState.RUNNING, attempt=2)
+    assert s.flags(j) == (False, False)
+    assert not s.request_preempt("nope-1")

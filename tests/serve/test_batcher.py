@@ -266,6 +266,27 @@ def test_preserve_ordering(preserve: bool):
     asyncio.run(main())
 
 
+def test_preserve_ordering_answers_requests_failed_in_the_queue_in_order_too():
+    async def main():
+        gate = threading.Event()
+        s = settings(max_batch_size=1, preserve_ordering=True)
+        batcher = Batcher(model="m", settings=s, instances=[("i0", Doubler(gate))])
+        done: list[str] = []
+        running, queued = batcher.submit(item(1)), batcher.submit(item(2))
+        running.add_done_callback(lambda f: done.append("running"))
+        queued.add_done_callback(lambda f: done.append("queued"))
+        await until(lambda: batcher.queued == 1)
+        closing = asyncio.ensure_future(batcher.close(drain_timeout_s=0.1))  # gives up on the queued one
+        await asyncio.sleep(0.3)
+        assert done == []  # its error waits behind the request still running
+        gate.set()
+        await closing
+        assert done == ["running", "queued"]
+        assert running.result()["y"][0, 0] == 2.0 and isinstance(queued.exception(), Unavailable)
+
+    asyncio.run(main())
+
+
 def test_failed_batch_fails_every_request_and_batcher_keeps_serving():
     async def main():
         model = Doubler(fail=True)

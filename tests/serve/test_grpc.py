@@ -122,6 +122,16 @@ def test_typed_contents_and_classification(stub):
     assert [s.split(":")[1] for s in items] == ["3", "8"]
 
 
+def test_typed_contents_out_of_range_are_invalid_argument(stub):
+    request = service_pb2.ModelInferRequest(model_name="add_sub_onnx")
+    t = request.inputs.add(name="INPUT0", datatype="INT8", shape=[1])
+    t.contents.int_contents.append(300)
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=60)
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert "input 'INPUT0': contents do not fit INT8" in info.value.details()
+
+
 def test_bench_model(client):
     x = np.linspace(0, 1, 256, dtype=np.float32).reshape(1, 256)
     i = grpcclient.InferInput("x", [1, 256], "FP32")
@@ -211,6 +221,26 @@ def test_raw_size_mismatch_is_invalid_argument(stub):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "raw_input_contents" in info.value.details()
 
 
+def test_a_broken_request_stream_ends_with_its_error_status_after_the_answers_due(server):
+    """A stream whose second message cannot be parsed: the first still gets its answer, then the call
+    ends INVALID_ARGUMENT (not OK, which would tell the client everything went through)."""
+    good = service_pb2.ModelInferRequest(model_name="add_sub_onnx", id="ok")
+    for name in ("INPUT0", "INPUT1"):
+        t = good.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        t.contents.fp32_contents.extend([1.0] * 16)
+    with grpc.insecure_channel(server.grpc_url) as channel:
+        call = channel.stream_stream("/inference.GRPCInferenceService/ModelStreamInfer",
+                                     request_serializer=lambda b: b,
+                                     response_deserializer=service_pb2.ModelStreamInferResponse.FromString)
+        answers = call(iter([good.SerializeToString(), b"\xff\xff\xff"]), timeout=60)
+        got = []
+        with pytest.raises(grpc.RpcError) as info:
+            for a in answers:
+                got.append(a)
+    assert [(a.error_message, a.infer_response.id) for a in got] == [("", "ok")]
+    assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT, info.value.details()
+
+
 def test_unsupported_rpcs_are_unimplemented(client, stub):
     assert client.get_system_shared_memory_status().regions == {}
     err = error_of(lambda: client.register_system_shared_memory("r0", "/r0", 64))
@@ -243,6 +273,18 @@ def test_large_messages_cross_flow_control_windows(client):
     upper = result.as_numpy("UPPER").reshape(-1)
     assert upper[0] == big[0, 0].upper() and upper[1] == b"X" * 70_000
     assert result.as_numpy("LENGTH").tolist() == [[len(big[0, 0]), 70_000]]
+
+
+def test_a_huge_error_message_is_cut_not_a_broken_connection(stub):
+    """The status of a request naming a 50 kB model: the same code as for a short name, the message cut
+    to fit the trailers (an over-long trailer block would kill the call with a protocol error)."""
+    with pytest.raises(grpc.RpcError) as short:
+        stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="nope"), timeout=60)
+    with pytest.raises(grpc.RpcError) as long:
+        stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="é" * 25_000), timeout=60)
+    assert long.value.code() == short.value.code() != grpc.StatusCode.UNKNOWN
+    assert long.value.details().startswith(short.value.details().split("'nope'")[0])
+    assert len(long.value.details()) < 20_000
 
 
 def test_garbage_on_the_grpc_port_closes_only_that_connection(server, client):

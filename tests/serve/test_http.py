@@ -176,6 +176,16 @@ def test_classification_extension(client):
     assert float(top[0].split(":")[0]) == 9.0
 
 
+@pytest.mark.parametrize("k", ['"three"', "-1", "2.5", "true"])
+def test_a_bad_classification_count_is_a_400_naming_it(server, k):
+    doc = ('{"inputs": [{"name": "INPUT0", "shape": [1, 16], "datatype": "FP32", "data": %s},'
+           ' {"name": "INPUT1", "shape": [1, 16], "datatype": "FP32", "data": %s}],'
+           ' "outputs": [{"name": "OUTPUT0", "parameters": {"classification": %s}}]}') % ([1.0] * 16, [1.0] * 16, k)
+    status, _, body = raw(server, "POST", "/v2/models/add_sub_onnx/infer", doc.encode())
+    assert status == 400, body
+    assert "parameter 'classification' must be a positive integer" in json.loads(body)["error"]
+
+
 def test_bench_model_matches_numpy(client):
     x = np.linspace(-1, 1, 2 * 256, dtype=np.float32).reshape(2, 256)
     i = httpclient.InferInput("x", [2, 256], "FP32")

@@ -82,8 +82,20 @@ def test_ensemble_load_pulls_composing_models_and_unload_dependents(model_reposi
     async def main():
         await dp.load_model("add_sub_ensemble")
         assert dp.model_ready("add_sub_onnx") and dp.model_ready("add_sub_py")
-        await dp.unload_model("add_sub_onnx", unload_dependents=True)
+        # an ensemble cannot outlive a composing model; the other composing model stays
+        await dp.unload_model("add_sub_onnx")
         assert not dp.model_ready("add_sub_ensemble") and dp.model_ready("add_sub_py")
+        reason = {m.name: m.reason for m in dp.repository_index().models}["add_sub_ensemble"]
+        assert "composing model 'add_sub_onnx' was unloaded" in reason
+        # unload_dependents: the ensemble takes the composing models loaded only for it, not those loaded by name
+        await dp.load_model("add_sub_onnx")
+        await dp.load_model("add_sub_ensemble")
+        await dp.unload_model("add_sub_ensemble", unload_dependents=True)
+        assert not dp.model_ready("add_sub_ensemble") and not dp.model_ready("add_sub_py")
+        assert dp.model_ready("add_sub_onnx")
+        await dp.load_model("add_sub_ensemble")  # without the flag the composing models stay
+        await dp.unload_model("add_sub_ensemble")
+        assert dp.model_ready("add_sub_py") and dp.model_ready("add_sub_onnx")
         await dp.shutdown()
 
     asyncio.run(main())

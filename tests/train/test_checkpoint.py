@@ -9,7 +9,7 @@ import logging
 import pytest
 import torch
 
-from azulite.errors import CheckpointError
+from azulite.errors import CheckpointError, StorageError
 from azulite.train import (
     CheckpointConfig,
     Checkpointer,
@@ -64,6 +64,31 @@ def test_retention_keep_last_and_keep_every(tmp_path):
     assert [(c.step, c.committed) for c in list_checkpoints(str(tmp_path))] == [
         (4, True), (8, True), (9, True), (10, True)]
     assert ck.last_committed == 10
+
+
+def test_a_failed_save_never_deletes_a_step_another_writer_committed(tmp_path):
+    # a second writer (a stale attempt) commits the same step between our shards and our manifest: our
+    # If-None-Match commit fails, and cleaning up after that failure must leave its checkpoint alone
+    ctx = init({})
+    model, opt = _tiny()
+    other = tmp_path / "other"
+    Checkpointer(CheckpointConfig(uri=str(other)), ctx, _state(ctx, model, opt)).save(5)
+    ours = tmp_path / "ours"
+
+    def commit_first(phase, step):
+        if phase == "before_manifest":
+            (ours / "step-00000005" / "manifest.json").write_bytes((other / "step-00000005" / "manifest.json").read_bytes())
+
+    ck = Checkpointer(CheckpointConfig(uri=str(ours)), ctx, _state(ctx, model, opt), phase_hook=commit_first)
+    assert ck.save(5, raise_on_error=False) is False
+    assert [(c.step, c.committed) for c in list_checkpoints(str(ours))] == [(5, True)]
+
+
+def test_listing_unreachable_blob_storage_is_a_storage_error(tmp_path):
+    dead = "DefaultEndpointsProtocol=http;AccountName=devstoreaccount1;AccountKey=a2V5;BlobEndpoint=http://127.0.0.1:9/devstoreaccount1;"
+    with pytest.raises(StorageError) as e:
+        list_checkpoints("az://ckpts/run", environ={"AZURE_STORAGE_CONNECTION_STRING": dead, "AZULITE_STORAGE_RETRIES": "0"})
+    assert "cannot list checkpoints under az://ckpts/run" in e.value.message and e.value.fix
 
 
 def test_list_checkpoints_reports_partial_ones(tmp_path):

@@ -107,7 +107,7 @@ def checkpoints_of(rec: JobRecord) -> tuple[list[dict], str | None]:
     raw = (rec.spec.get("outputs") or {}).get(CHECKPOINT_OUTPUT)
     if raw is None:
         return [], None
-    from azulite.train.checkpoint import list_checkpoints  # torch and DCP: only `job show` pays for them
+    from azulite.train.catalog import list_checkpoints  # torch-free; adlfs only for az:// locations
 
     try:
         location = Output.model_validate(raw).location(rec.job_dir, CHECKPOINT_OUTPUT)
@@ -185,6 +185,44 @@ def _wait(b: Backend, rec: JobRecord, *, quiet: bool) -> JobRecord:
             if rec.state.terminal:
                 return rec
             time.sleep(0.3)
+
+
+@app.command("wait")
+def wait_(
+    job_id: str = typer.Argument(..., help="Job id."),
+    checkpoint: bool = typer.Option(False, "--checkpoint", help="Return once the job has a committed checkpoint."),
+    timeout: float = typer.Option(0, "--timeout", help="Give up after this many seconds (exit 124); 0: never."),
+    json_: bool = typer.Option(False, "--json", help="Print the job record as JSON."),
+) -> None:
+    """Block until the job ends (exit code as `submit --wait`), or with --checkpoint until it has committed
+    a checkpoint (exit 0; 1 if it ended without one).
+
+    Examples:
+
+      azulite job wait ddp-1
+
+      azulite job wait ddp-1 --checkpoint --timeout 120 && azulite job preempt ddp-1
+    """
+    b = _backend()
+    deadline = time.monotonic() + timeout if timeout > 0 else None
+    while True:
+        rec = b.status(job_id)
+        if checkpoint and any(c["committed"] for c in checkpoints_of(rec)[0]):
+            if json_:
+                print(json.dumps(rec.to_json()))
+            return
+        if rec.state.terminal:
+            if json_:
+                print(json.dumps(rec.to_json()))
+            elif not checkpoint:
+                _print_show(rec)
+            raise typer.Exit(1 if checkpoint else outcome_exit_code(rec))
+        if deadline is not None and time.monotonic() > deadline:
+            what = "a committed checkpoint" if checkpoint else "the job to end"
+            Console(stderr=True).print(f"[yellow]timed out[/] after {timeout:g} s waiting for {what} of {job_id} "
+                                       f"(state {rec.state.value})")
+            raise typer.Exit(124)
+        time.sleep(0.5 if checkpoint else 0.3)
 
 
 @app.command("list")

@@ -22,6 +22,8 @@ class Settings:
     #: after one process of an attempt failed, how long its peers get to end by themselves before SIGTERM
     #: (a DDP peer of a dead rank blocks in a collective until gloo's 30-minute timeout otherwise)
     peer_grace_s: float = 5.0
+    #: a job preempted more often than this fails instead of requeuing (AZULITE_MAX_PREEMPTIONS)
+    max_preemptions: int = 20
 
     @property
     def db_path(self) -> Path:
@@ -35,18 +37,19 @@ class Settings:
     def from_environ(cls, environ: Mapping[str, str] | None = None) -> "Settings":
         env = os.environ if environ is None else environ
         home = Path(env.get("AZULITE_HOME") or Path(env.get("HOME", "~")) / ".azulite").expanduser().resolve()
-        def seconds(name: str, default: str) -> float:
+        def number(name: str, default: str) -> float:
             raw = env.get(name, default)
             try:
                 return float(raw)
             except ValueError:
-                raise AzuliteError(f"{name}={raw!r} is not a number of seconds", where=name,
+                raise AzuliteError(f"{name}={raw!r} is not a number", where=name,
                                    fix=f"set it to a number such as {default}, or unset it") from None
 
         return cls(
             home=home,
             backend=env.get("AZULITE_BACKEND", "local"),
-            kill_grace_s=seconds("AZULITE_KILL_GRACE_S", "10"),
-            preempt_grace_s=seconds("AZULITE_PREEMPT_GRACE_S", "60"),
-            peer_grace_s=seconds("AZULITE_PEER_GRACE_S", "5"),
+            kill_grace_s=number("AZULITE_KILL_GRACE_S", "10"),
+            preempt_grace_s=number("AZULITE_PREEMPT_GRACE_S", "60"),
+            peer_grace_s=number("AZULITE_PEER_GRACE_S", "5"),
+            max_preemptions=int(number("AZULITE_MAX_PREEMPTIONS", "20")),
         )

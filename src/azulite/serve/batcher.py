@@ -286,11 +286,12 @@ class Batcher:
             task.add_done_callback(self._running.discard)
 
     def _fail_queued(self, error: ServeError) -> None:
+        failed = sorted((p for lane in self._levels for p in (*lane.queue, *lane.delayed)), key=lambda p: p.seq)
         for lane in self._levels:
-            for pending in (*lane.queue, *lane.delayed):
-                self._settle(pending, error)
             lane.queue.clear()
             lane.delayed.clear()
+        for pending in failed:  # through _complete: with preserve_ordering, errors too are answered in order
+            self._complete(pending, error)
         self.observer.queued(-self._count)
         self._count = self._rows = self._with_deadline = 0
 

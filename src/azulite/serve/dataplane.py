@@ -95,6 +95,20 @@ def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool)
     return out if batched else out[0]
 
 
+def _top_k(output: str, k: object) -> int:
+    """The classification parameter: a positive integer (a client's mistake otherwise, never a 500)."""
+    try:
+        if isinstance(k, bool) or isinstance(k, float) and not k.is_integer():
+            raise ValueError
+        n = int(k)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise InvalidArgument(f"output '{output}': parameter 'classification' must be a positive integer "
+                              f"(how many top classes to return), got {k!r}", fix='e.g. "classification": 3')
+    return n
+
+
 class TritonDataPlane:
     """Implements :class:`azulite.serve.types.DataPlane`. Construct it (loads the start-up models,
     synchronously), then call it from one event loop. Extras the front-ends may use: ``metrics``
@@ -336,8 +350,8 @@ class TritonDataPlane:
         if request.outputs:
             for out in request.outputs:
                 k = out.parameters.get("classification")
-                if k:
-                    classes[out.name] = int(k)
+                if k is not None and k != 0:
+                    classes[out.name] = _top_k(out.name, k)
         tensors = []
         batched = model.max_batch_size > 0
         for name in wanted:

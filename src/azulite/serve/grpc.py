@@ -15,6 +15,7 @@ import logging
 from typing import Any
 
 import grpc
+from google.protobuf.message import DecodeError
 import numpy as np
 
 from azulite.errors import InvalidArgument, ServeError, Unsupported
@@ -46,11 +47,21 @@ _CONTENTS_FIELD = {
 }
 
 
+#: longest grpc-message, in UTF-8 bytes: percent-encoded (up to 3x) it stays well inside grpc's 8 KiB
+#: metadata soft limit, over which a client drops the call instead of reading its status
+MAX_STATUS_BYTES = 2048
+
+
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, ServeError):
-        return GRPC_CODE.get(exc.status, grpc.StatusCode.INTERNAL), str(exc)
-    log.exception("internal error answering an RPC", exc_info=exc)
-    return grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+        code, message = GRPC_CODE.get(exc.status, grpc.StatusCode.INTERNAL), str(exc)
+    else:
+        log.exception("internal error answering an RPC", exc_info=exc)
+        code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
+    raw = message.encode()
+    if len(raw) > MAX_STATUS_BYTES:
+        message = raw[:MAX_STATUS_BYTES - 16].decode(errors="ignore") + " ...(truncated)"
+    return code, message
 
 
 def _param_value(p) -> Any:
@@ -127,7 +138,10 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
                 array[:] = list(values)
                 array = array.reshape(shape)
             else:
-                array = np.array(values, dtype=dtype).reshape(shape)
+                try:
+                    array = np.array(values, dtype=dtype).reshape(shape)
+                except (OverflowError, ValueError) as exc:
+                    raise InvalidArgument(f"input '{name}': contents do not fit {datatype}: {exc}") from None
         inputs.append(InferTensor(name, datatype, shape, array, _params_in(t.parameters)))
     outputs = None
     if req.outputs:
@@ -219,14 +233,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             return pb.ModelStreamInferResponse(
                 error_message=message, infer_response=pb.ModelInferResponse(id=request.id,
                                                                             model_name=request.model_name))
-        finally:
-            self.in_flight -= 1
 
     async def ModelStreamInfer(self, request_iterator, context):
-        """Requests of a stream run concurrently; each response is sent when ready (match them by id)."""
+        """Requests of a stream run concurrently; each response is sent when ready (match them by id). A
+        broken request stream ends the call with its error status, after the responses already due."""
         queue: asyncio.Queue = asyncio.Queue()
+        read_done, skipped = object(), object()
         pending = 0
         done_reading = False
+
+        def finished(task: asyncio.Task) -> None:
+            self.in_flight -= 1  # here, not in the coroutine: a task canceled before it ran counts too
+            queue.put_nowait(skipped if task.cancelled() else task.result())
 
         async def reader():
             nonlocal pending, done_reading
@@ -234,24 +252,25 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 async for request in request_iterator:
                     pending += 1
                     self.in_flight += 1
-                    task = asyncio.ensure_future(self._stream_one(request))
-                    task.add_done_callback(lambda t: queue.put_nowait(t.result()))
+                    asyncio.ensure_future(self._stream_one(request)).add_done_callback(finished)
             finally:
                 done_reading = True
-                queue.put_nowait(None)
+                queue.put_nowait(read_done)
 
         read_task = asyncio.ensure_future(reader())
         try:
-            while True:
+            while not (done_reading and pending == 0):
                 item = await queue.get()
-                if item is None:
-                    if pending == 0:
-                        break
+                if item is read_done:
                     continue
                 pending -= 1
-                yield item
-                if done_reading and pending == 0:
-                    break
+                if item is not skipped:
+                    yield item
+            exc = None if read_task.cancelled() else read_task.exception()
+            if isinstance(exc, DecodeError):  # grpc.aio's request iterator, on a message it cannot parse
+                await context.abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse a request message: {exc}")
+            if exc is not None:  # the transport's own error keeps its status
+                raise exc
         finally:
             read_task.cancel()
 

@@ -109,7 +109,7 @@ def _methods(servicer: InferenceServicer) -> dict[str, tuple[Any, Any, bool]]:
 
 class _Stream:
     __slots__ = ("sid", "path", "headers", "body", "send_window", "out", "trailers", "headers_sent",
-                 "task", "queue", "encoding", "closed_remote")
+                 "task", "queue", "encoding", "closed_remote", "recv_consumed")
 
     def __init__(self, sid: int, send_window: int) -> None:
         self.sid = sid
@@ -124,6 +124,7 @@ class _Stream:
         self.queue: asyncio.Queue | None = None  # streaming RPCs: parsed request messages
         self.encoding = b""
         self.closed_remote = False
+        self.recv_consumed = 0  # DATA bytes received since this stream's last WINDOW_UPDATE
 
 
 class _H2Connection(asyncio.Protocol):
@@ -319,6 +320,7 @@ class _H2Connection(asyncio.Protocol):
             stream.queue = asyncio.Queue()
             stream.task = asyncio.ensure_future(self._run_streaming(stream, handler, request_type))
             self.server.in_flight += 1
+            stream.task.add_done_callback(self._call_done)
         if end_stream:
             self._end_of_request(stream)
 
@@ -337,8 +339,12 @@ class _H2Connection(asyncio.Protocol):
         if len(stream.body) > MAX_MESSAGE + 5:
             self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, "message larger than 2 GiB")
             return
-        if not (flags & END_STREAM) and len(stream.body) >= RECV_WINDOW // 2:
-            self.transport.write(_frame(WINDOW_UPDATE, 0, sid, _U32.pack(len(stream.body))))
+        stream.recv_consumed += size
+        if not (flags & END_STREAM) and stream.recv_consumed >= RECV_WINDOW // 2:
+            # give back exactly what was received: the window never exceeds 2^31-1, and a long stream
+            # (whose body is consumed message by message) keeps getting credit
+            self.transport.write(_frame(WINDOW_UPDATE, 0, sid, _U32.pack(stream.recv_consumed)))
+            stream.recv_consumed = 0
         if stream.queue is not None:
             self._feed_messages(stream)
         if flags & END_STREAM:
@@ -401,6 +407,11 @@ class _H2Connection(asyncio.Protocol):
         request_type, handler, _ = self.server.methods[stream.path]
         self.server.in_flight += 1
         stream.task = asyncio.ensure_future(self._run_unary(stream, handler, request_type, messages[0]))
+        stream.task.add_done_callback(self._call_done)
+
+    def _call_done(self, _task: asyncio.Task) -> None:
+        # a callback, not the coroutine's finally: a task canceled before it started runs no finally
+        self.server.request_done()
 
     async def _run_unary(self, stream: _Stream, handler, request_type, message: bytes) -> None:
         try:
@@ -416,8 +427,6 @@ class _H2Connection(asyncio.Protocol):
             self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
         except Exception as exc:  # noqa: BLE001
             self._finish(stream, *_status(exc))
-        finally:
-            self.server.request_done()
 
     async def _run_streaming(self, stream: _Stream, handler, request_type) -> None:
         async def requests():
@@ -440,8 +449,6 @@ class _H2Connection(asyncio.Protocol):
             self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
         except Exception as exc:  # noqa: BLE001
             self._finish(stream, *_status(exc))
-        finally:
-            self.server.request_done()
 
     # --- responses ---------------------------------------------------------------------------------
 

@@ -136,6 +136,7 @@ class ModelManager:
         the entry (the data plane's load API raises them). Returns the batchers the swap retired."""
         entry = self.entries.get(name) or ModelEntry(name=name)
         self.entries.setdefault(name, entry)
+        entry.explicit = not _chain or (entry.explicit and bool(entry.ready))
         tmp: Path | None = None
         try:
             root = self.root
@@ -282,15 +283,30 @@ class ModelManager:
             if (self.root / name).is_dir():
                 return []  # never loaded: unloading is a no-op, as in Triton
             raise NotFound(f"failed to unload '{name}': no such model")
+        return self._unload(entry, "unloaded", unload_dependents)
+
+    def _unload(self, entry: ModelEntry, reason: str, unload_dependents: bool) -> list[Batcher]:
+        """As Triton: an ensemble cannot outlive a composing model, so the ensembles using ``entry`` go too;
+        with ``unload_dependents``, an ensemble also takes the composing models that were loaded only for
+        it (not by name) and that no other loaded ensemble uses."""
         retired = [m.batcher for m in entry.ready.values() if m.batcher is not None]
         entry.ready = {}
-        entry.states = {v: VersionState(UNAVAILABLE, "unloaded") for v in entry.states}
-        entry.state, entry.reason = UNAVAILABLE, "unloaded"
+        entry.states = {v: VersionState(UNAVAILABLE, reason) for v in entry.states}
+        entry.state, entry.reason = UNAVAILABLE, reason
+        users = [e for e in self.entries.values() if e.ready and entry.name in self._steps(e)]
+        for user in users:
+            retired += self._unload(user, f"composing model '{entry.name}' was unloaded", False)
         if unload_dependents:
-            for other in list(self.entries.values()):
-                if other.config is not None and name in ensemble_dependencies(other.config) and other.ready:
-                    retired += self.unload(other.name, check_mode=False)
+            for dep in dict.fromkeys(self._steps(entry)):
+                d = self.entries.get(dep)
+                if d is not None and d.ready and not d.explicit and not any(
+                        dep in self._steps(e) for e in self.entries.values() if e.ready):
+                    retired += self._unload(d, "unloaded", True)
         return retired
+
+    @staticmethod
+    def _steps(entry: ModelEntry) -> list[str]:
+        return ensemble_dependencies(entry.config) if entry.config is not None else []
 
     def poll(self) -> list[Batcher]:
         """Poll mode: load new models, reload changed ones, unload removed ones."""

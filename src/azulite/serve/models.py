@@ -98,6 +98,9 @@ class ModelEntry:
     reason: str = ""
     fingerprint: tuple = ()
     config: mc.ModelConfig | None = None
+    #: loaded by name (start-up set, load API), not only as an ensemble's composing model: an ensemble's
+    #: unload with unload_dependents leaves it loaded
+    explicit: bool = True
 
     def default(self) -> LoadedModel | None:
         """The version a request without one gets: the highest ready version."""

@@ -8,17 +8,38 @@
 See README.md, "Checkpoints and resume", and tests/train/scripts/toy_train.py for a whole script.
 """
 
+from __future__ import annotations
+
+import importlib
+from typing import Any
+
 from azulite.contract import EXIT_PREEMPTED
-from azulite.train.checkpoint import (
-    CheckpointConfig,
-    CheckpointInfo,
-    Checkpointer,
-    list_checkpoints,
-)
-from azulite.train.env import DistEnv, TrainContext, init, seed_everything, shutdown
-from azulite.train.preempt import Preemption, ScheduledEventsSettings, ScheduledEventsWatcher
-from azulite.train.state import ModelState, ObjectState, Progress, ResumableSampler, RNGState
-from azulite.train.storage import CheckpointStorage, StorageSettings, parse_uri
+
+# Names load their module on first use (PEP 562): `azulite job show` lists checkpoints through
+# azulite.train.catalog without importing torch; a training script pays for torch when it touches init.
+_WHERE = {
+    "CheckpointConfig": "checkpoint", "Checkpointer": "checkpoint",
+    "CheckpointInfo": "catalog", "list_checkpoints": "catalog",
+    "DistEnv": "env", "TrainContext": "env", "init": "env", "seed_everything": "env", "shutdown": "env",
+    "Preemption": "preempt", "ScheduledEventsSettings": "preempt", "ScheduledEventsWatcher": "preempt",
+    "ModelState": "state", "ObjectState": "state", "Progress": "state", "ResumableSampler": "state",
+    "RNGState": "state",
+    "CheckpointStorage": "storage", "StorageSettings": "storage", "parse_uri": "storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _WHERE.get(name)
+    if module is None:
+        raise AttributeError(f"module 'azulite.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"azulite.train.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)
+
 
 __all__ = [
     "EXIT_PREEMPTED",

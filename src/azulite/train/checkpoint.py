@@ -27,7 +27,6 @@ import hashlib
 import json
 import logging
 import os
-import re
 import shutil
 import tempfile
 import time
@@ -48,23 +47,16 @@ from torch.futures import Future as TorchFuture
 
 from azulite.errors import CheckpointError, StorageError
 from azulite.train.env import TrainContext
+from azulite.train.catalog import MANIFEST, MANIFEST_FORMAT, read_manifest, scan_steps, step_dir
 from azulite.train.storage import CheckpointStorage, StorageSettings
 
 log = logging.getLogger("azulite.train.checkpoint")
-
-MANIFEST = "manifest.json"
-MANIFEST_FORMAT = "azulite.checkpoint/1"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 #: Called with (phase, step) at the points where a failure matters: "save_start" on every rank before a
 #: save touches storage, "shards_written" on every rank after its local shards are on disk (before
 #: upload), "before_manifest" on rank 0 before the commit. A seam for
 #: fault-injection tests and telemetry.
 PhaseHook = Callable[[str, int], None]
-
-
-def step_dir(step: int) -> str:
-    return f"step-{step:08d}"
 
 
 def _sha256_file(path: str | os.PathLike) -> str:
@@ -82,64 +74,6 @@ def _hash_files(paths: Mapping[str, Path], threads: int) -> dict[str, dict[str, 
 
     with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths) or 1))) as pool:
         return dict(pool.map(one, sorted(paths)))
-
-
-# --- public listing (the CLI's `job show`) -------------------------------------------------------------
-@dataclass(frozen=True)
-class CheckpointInfo:
-    step: int
-    uri: str
-    #: a valid manifest is present (the checkpoint exists); False for an interrupted save
-    committed: bool
-    bytes: int
-
-
-def _read_manifest(storage: CheckpointStorage, rel: str, step: int) -> dict[str, Any] | None:
-    try:
-        data = storage.read_bytes(f"{rel}/{MANIFEST}")
-    except FileNotFoundError:
-        return None
-    try:
-        manifest = json.loads(data)
-    except ValueError:
-        return None
-    if (
-        not isinstance(manifest, dict)
-        or manifest.get("format") != MANIFEST_FORMAT
-        or manifest.get("step") != step
-        or not isinstance(manifest.get("files"), dict)
-    ):
-        return None
-    return manifest
-
-
-def _scan(storage: CheckpointStorage) -> list[tuple[int, str]]:
-    steps = []
-    for name in storage.list_dir():
-        m = _STEP_DIR.match(name)
-        if m:
-            steps.append((int(m.group(1)), name))
-    return sorted(steps)
-
-
-def list_checkpoints(
-    uri: str, *, settings: StorageSettings | None = None, environ: Mapping[str, str] | None = None
-) -> list[CheckpointInfo]:
-    """Every step directory under ``uri``, oldest first. ``committed`` means a valid manifest (hashes are
-    not verified here: that is resume's job). ``bytes`` is the manifest's total for committed ones and
-    what is on storage for the others."""
-    if settings is None:
-        settings = StorageSettings.from_environ(os.environ if environ is None else environ)
-    storage = CheckpointStorage(uri, settings)
-    out = []
-    for step, rel in _scan(storage):
-        manifest = _read_manifest(storage, rel, step)
-        if manifest is not None:
-            size = sum(int(f.get("bytes", 0)) for f in manifest["files"].values())
-        else:
-            size = storage.du(rel)
-        out.append(CheckpointInfo(step=step, uri=storage.display(rel), committed=manifest is not None, bytes=size))
-    return out
 
 
 # --- configuration -------------------------------------------------------------------------------------
@@ -417,7 +351,7 @@ class Checkpointer:
         # the others skipped.
         committed, err = False, None
         try:
-            committed = _read_manifest(self.storage, rel, step) is not None
+            committed = read_manifest(self.storage, rel, step) is not None
             if not committed and self.ctx.is_main and self.storage.exists(rel):
                 log.warning("removing %s: an interrupted save of the same step", self.storage.display(rel))
                 self.storage.remove_tree(rel)
@@ -499,8 +433,8 @@ class Checkpointer:
         prev = f"step {self.last_committed}" if self.last_committed is not None else "none yet"
         log.error("CHECKPOINT SAVE FAILED at step %d (%s); nothing was committed for this step; the last "
                   "committed checkpoint is %s", step, reason, prev)
-        if self.ctx.is_main and not self.storage.remote:
-            shutil.rmtree(self.storage.path(step_dir(step)), ignore_errors=True)
+        if self.ctx.is_main and not self.storage.remote and not self._is_committed(step):
+            shutil.rmtree(self.storage.path(step_dir(step)), ignore_errors=True)  # never a committed one
         shutil.rmtree(self._staging / step_dir(step), ignore_errors=True)
         stop = raise_on_error if raise_on_error is not None else (
             self.config.on_save_error == "stop" or self._failed_in_a_row >= self.config.max_failed_saves)
@@ -513,9 +447,11 @@ class Checkpointer:
             ) from exc
         return False
 
-    def _barrier(self) -> None:
-        if self._pg is not None:
-            dist.barrier(group=self._pg)
+    def _is_committed(self, step: int) -> bool:
+        try:
+            return read_manifest(self.storage, step_dir(step), step) is not None
+        except Exception:  # noqa: BLE001 - storage unreadable: treat as committed, i.e. leave it alone
+            return True
 
     def _manifest_extra(self) -> dict[str, Any]:
         env = self.ctx.env
@@ -524,8 +460,8 @@ class Checkpointer:
     def _retain(self, *, newest: int) -> None:
         keep_every = self.config.keep_every
         committed, partial = [], []
-        for step, rel in _scan(self.storage):
-            (committed if _read_manifest(self.storage, rel, step) is not None else partial).append(step)
+        for step, rel in scan_steps(self.storage):
+            (committed if read_manifest(self.storage, rel, step) is not None else partial).append(step)
         keep = set(committed[-self.config.keep_last:]) | {newest}
         if keep_every:
             keep |= {s for s in committed if s % keep_every == 0}
@@ -578,8 +514,8 @@ class Checkpointer:
 
     def _choose(self) -> tuple[int, dict[str, Any]] | None:
         corrupt = 0
-        for step, rel in reversed(_scan(self.storage)):
-            manifest = _read_manifest(self.storage, rel, step)
+        for step, rel in reversed(scan_steps(self.storage)):
+            manifest = read_manifest(self.storage, rel, step)
             if manifest is None:
                 if self.storage.exists(f"{rel}/manifest.corrupt.json"):
                     log.warning("ignoring %s: found corrupt earlier", self.storage.display(rel))

@@ -198,7 +198,7 @@ class CheckpointStorage:
             raise
         except Exception as e:  # noqa: BLE001 - any SDK/network failure is the same user problem
             raise StorageError(
-                f"cannot reach Azure Blob storage for {self.uri}: {type(e).__name__}: {_first_line(e)}",
+                f"cannot reach Azure Blob storage for {self.uri}: {type(e).__name__}: {first_line(e)}",
                 where=self.uri,
                 fix="check AZURE_STORAGE_CONNECTION_STRING / the account, and that the endpoint is up "
                 "(for tests: Azurite started with --skipApiVersionCheck)",
@@ -289,6 +289,6 @@ class CheckpointStorage:
             pass
 
 
-def _first_line(e: BaseException) -> str:
+def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:300] if text else ""

@@ -118,11 +118,11 @@ class LocalBackend(Backend):
         return self.store.get(job_id)
 
     def _preempt_impl(self, job_id: str) -> JobRecord:
-        rec = self._status_impl(job_id)
-        if rec.state != JobState.RUNNING:
-            raise LaunchError(f"job {job_id} is {rec.state.value}, not running: nothing to preempt",
+        self._status_impl(job_id)  # an unknown id: NotFound
+        if not self.store.request_preempt(job_id):
+            state = self.store.get(job_id).state.value
+            raise LaunchError(f"job {job_id} is {state}, not running: nothing to preempt",
                               fix="preempt a running job (see `azulite job list`)")
-        self.store.set_fields(job_id, preempt_requested=1)
         self.store.event(job_id, "preempt requested")
         return self.store.get(job_id)
 

@@ -84,10 +84,12 @@ def free_port(host: str = "127.0.0.1") -> int:
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
-    """True if something listens on (or holds) ``host:port``: a bind attempt fails."""
+    """True if something listens on (or holds) ``host:port``: a bind attempt fails. SO_REUSEADDR as the
+    rendezvous store binds, so the TIME_WAIT sockets a just-ended attempt leaves do not count as in use."""
     import socket
 
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         try:
             s.bind((host, port))
         except OSError:

@@ -68,19 +68,35 @@ def main(argv: list[str]) -> int:
         "exit_code": None,
     }
 
+    proc: subprocess.Popen | None = None
+    caught: list[int] = []
+
+    def forward(signum, _frame):  # keep waiting: the command decides how to end (e.g. exit 75)
+        if proc is None:
+            caught.append(signum)  # arrived before the command started: delivered once it has
+            return
+        try:
+            proc.send_signal(signum)
+        except ProcessLookupError:
+            pass
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
     with open(log_path, "ab", buffering=0) as log:
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
+        try:
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        except OSError as e:  # a typo in the job's command: say so in the rank's log, exit as a shell would
+            code = 126 if isinstance(e, PermissionError) else 127
+            log.write(f"azulite: cannot run {cmd[0]!r}: {e.strerror or e} (exit {code}); check the job's "
+                      f"command and that the program is on PATH or in the code folder\n".encode())
+            record.update(exit_code=code, ended_at=time.time())
+            _write_record(record_path, record)
+            return code
         record["child_pid"] = proc.pid
         _write_record(record_path, record)
-
-        def forward(signum, _frame):  # keep waiting: the command decides how to end (e.g. exit 75)
-            try:
-                proc.send_signal(signum)
-            except ProcessLookupError:
-                pass
-
-        signal.signal(signal.SIGTERM, forward)
-        signal.signal(signal.SIGINT, forward)
+        for signum in caught:
+            forward(signum, None)
         out = sys.stdout.buffer
         assert proc.stdout is not None
         for line in iter(proc.stdout.readline, b""):

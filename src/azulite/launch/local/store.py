@@ -150,6 +150,14 @@ class JobStore:
             cols = ", ".join(f"{k}=?" for k in fields)
             db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
 
+    def request_preempt(self, job_id: str) -> bool:
+        """Flag a running job for preemption in one conditional write (no check-then-act race with the
+        supervisor's own transitions); False if it is not running."""
+        with self._tx() as db:
+            n = db.execute("UPDATE jobs SET preempt_requested=1 WHERE id=? AND state=?",
+                           (job_id, JobState.RUNNING.value)).rowcount
+        return n == 1
+
     def flags(self, job_id: str) -> tuple[bool, bool]:
         """(cancel_requested, preempt_requested)"""
         with self._read() as db:

@@ -40,6 +40,8 @@ from azulite.spec.job import JobSpec
 from azulite.spec.loader import render_command
 
 POLL_S = 0.2
+#: rank exits that are effects (a clean end, a preempted save, our own SIGTERM/SIGKILL), never a root cause
+_NOT_A_CAUSE = (0, None, EXIT_PREEMPTED, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 #: inherited variables that would confuse the rank identity of the job's processes
 _STRIP_ENV = (
     "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "NODE_RANK", "MASTER_ADDR",
@@ -185,7 +187,7 @@ class Supervisor:
         self.store.transition(self.job_id, state, message=message, **kw)  # refused if already ended: fine
 
     def _loop(self, spec: JobSpec, job_dir: Path, strategy: LaunchStrategy, attempt: int) -> int:
-        failures = 0
+        failures = preemptions = 0
         while True:
             attempt += 1
             if self._flags()[0]:
@@ -209,10 +211,15 @@ class Supervisor:
             if agents_ok and all(c in (0, None) for c in codes):  # finished, even if a preemption came late
                 self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
                 return 0
-            if out.preempt_asked or EXIT_PREEMPTED in codes:
+            if self._preempted(out):
+                preemptions += 1
                 who = "preempt requested" if out.preempt_asked else \
                     f"rank {codes.index(EXIT_PREEMPTED)} exited {EXIT_PREEMPTED} (preempted)"
                 self.store.transition(self.job_id, JobState.PREEMPTED, message=who, exit_code=EXIT_PREEMPTED)
+                if preemptions > self.settings.max_preemptions:
+                    self._end(JobState.FAILED, f"preempted {preemptions} times, more than AZULITE_MAX_PREEMPTIONS="
+                              f"{self.settings.max_preemptions}; not requeued", exit_code=EXIT_PREEMPTED)
+                    return 0
                 if not self.store.transition(self.job_id, JobState.REQUEUED, message=f"requeued as attempt {attempt + 1}"):
                     return 0
                 continue
@@ -228,10 +235,19 @@ class Supervisor:
             return 0
 
     @staticmethod
+    def _preempted(out: AttemptOutcome) -> bool:
+        """We asked for it, or a rank said so (exit 75: its own eviction notice) while no rank failed by
+        itself: a real failure beside a 75 is a failure, and retried as one."""
+        if out.preempt_asked:
+            return True
+        codes = [r.exit_code for r in out.results]
+        return EXIT_PREEMPTED in codes and all(c in _NOT_A_CAUSE for c in codes)
+
+    @staticmethod
     def _root_cause(ctx: LaunchContext, out: AttemptOutcome) -> tuple[int | None, int, str]:
         """The rank that failed first (a rank we killed after its peer died is an effect, not a cause)."""
         bad = [r for r in out.results if r.exit_code not in (0, None)]
-        own = [r for r in bad if r.exit_code not in (128 + signal.SIGTERM, 128 + signal.SIGKILL)]
+        own = [r for r in bad if r.exit_code not in _NOT_A_CAUSE]
         pool = own or bad
         if pool:
             r = min(pool, key=lambda r: (r.ended_at or float("inf"), r.rank))
