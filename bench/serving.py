@@ -41,18 +41,12 @@ def free_port() -> int:
 
 
 def anchors(explicit: str | None) -> Path:
-    """The anchors' bin/ folder, installing them with shared/anchors/install.sh when missing."""
-    candidates = [Path(explicit)] if explicit else [ROOT / ".cache" / "anchors",
-                                                     Path.home() / ".cache" / "azulite-anchors"]
-    for c in candidates:
-        if (c / "bin" / "tritonserver").exists() and (c / "bin" / "perf_analyzer").exists():
-            return c / "bin"
-    script = ROOT.parent / "shared" / "anchors" / "install.sh"
-    if not script.exists():
-        sys.exit(f"anchors not found in {', '.join(map(str, candidates))} and no {script} to install them")
-    print(f"installing the anchors with {script} ...", flush=True)
-    subprocess.run(["bash", str(script), str(candidates[0])], check=True)
-    return candidates[0] / "bin"
+    """The anchors' bin/ folder, installing them with scripts/anchors.sh when missing."""
+    where = Path(explicit) if explicit else ROOT / ".cache" / "anchors"
+    if not ((where / "bin" / "tritonserver").exists() and (where / "bin" / "perf_analyzer").exists()):
+        print(f"installing the anchors into {where} (scripts/anchors.sh) ...", flush=True)
+        subprocess.run(["bash", str(ROOT / "scripts" / "anchors.sh"), str(where)], check=True)
+    return where / "bin"
 
 
 def wait_ready(http_port: int, proc: subprocess.Popen, timeout: float = 180) -> None:

@@ -25,9 +25,7 @@ else
   # (sections are appended below by the parts that need them)
   # --- serve: the real Triton 2.51 + perf_analyzer anchors (tests/serve/test_server.py drives our server
   # with perf_analyzer; bench/serving.py compares against tritonserver). From PyPI only, idempotent.
-  if [[ -f ../shared/anchors/install.sh && ! -x .cache/anchors/bin/perf_analyzer ]]; then
-    bash ../shared/anchors/install.sh "$PWD/.cache/anchors" >/dev/null
-  fi
+  bash scripts/anchors.sh >/dev/null
   # --- launch examples: DeepSpeed (ZeRO-3 on CPU), TensorFlow (MultiWorkerMirroredStrategy), MPI -----------
   # DeepSpeed's sdist lists torch as a requirement: --no-deps keeps torch==2.13.0, then its light deps.
   pip install --no-deps --no-build-isolation deepspeed==0.19.8

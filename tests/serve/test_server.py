@@ -190,19 +190,13 @@ def test_graceful_drain_answers_in_flight_requests(model_repository):
             httpclient.InferenceServerClient(s.http_url, connection_timeout=5).is_server_live()
 
 
-def _perf_analyzer() -> Path | None:
-    for candidate in (REPO_ROOT / ".cache" / "anchors" / "bin" / "perf_analyzer",
-                      Path.home() / ".cache" / "azulite-anchors" / "bin" / "perf_analyzer"):
-        if candidate.exists():
-            return candidate
-    return None
+PERF_ANALYZER = REPO_ROOT / ".cache" / "anchors" / "bin" / "perf_analyzer"  # scripts/anchors.sh
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])
 def test_perf_analyzer_drives_the_server(model_repository, tmp_path, protocol):
-    pa = _perf_analyzer()
-    if pa is None:
-        pytest.skip("perf_analyzer not installed (scripts/install.sh --dev installs the anchors)")
+    assert PERF_ANALYZER.exists(), "perf_analyzer missing: `make test` installs it (scripts/anchors.sh)"
+    pa = PERF_ANALYZER
     data = tmp_path / "input.json"
     values = np.linspace(-1, 1, 256, dtype=np.float32).round(4).tolist()
     data.write_text(json.dumps({"data": [{"x": {"content": values, "shape": [256]}}]}))
