@@ -58,7 +58,12 @@ def main() -> int:
           f"{os.environ.get('LOCAL_RANK', 0)} pid {os.getpid()} cwd {os.getcwd()}", flush=True)
 
     net = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, 1)).to(ctx.device)
-    model = DDP(net, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None) if ctx.distributed else net
+    # find_unused_parameters=True keeps DDP's gradient buckets in their initial layout: by default DDP
+    # re-lays them out after the first step, so a resumed run's first step would sum each gradient over
+    # 3+ ranks in another order than the uninterrupted run did, and the parameters would differ in the
+    # last bit (with 2 ranks the order cannot matter)
+    model = DDP(net, device_ids=[ctx.device.index] if ctx.device.type == "cuda" else None,
+                find_unused_parameters=True) if ctx.distributed else net
     opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9)
     g = torch.Generator().manual_seed(1)
     true_w = torch.randn(FEATURES, 1, generator=g)

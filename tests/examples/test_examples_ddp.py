@@ -18,9 +18,9 @@ from tests.launch.jobkit import home, wait_for
 _ = home  # fixture
 pytestmark = pytest.mark.slow
 
-# 2 nodes x 1 process keeps the cross-node path at half the processes of the 2x2 default
-SMALL = ("instance_count=2", "distribution.process_count_per_instance=1", "inputs.steps=30",
-         "inputs.checkpoint_every=5")
+# the example's 2 nodes x 2 processes: with more than 2 ranks the order in which DDP sums gradients
+# matters to the last bit, which is what a resumed run must get right
+SMALL = ("inputs.steps=30", "inputs.checkpoint_every=5")
 
 
 def show(job_id: str) -> dict:
@@ -83,7 +83,7 @@ def test_preempted_job_is_requeued_resumes_and_ends_identical(home, reference_ha
     assert rec["state"] == "succeeded", rec["reason"]
     assert [(a["attempt"], a["state"]) for a in rec["attempts"]] == [(1, "requeued"), (2, "succeeded")]
     first = {p["rank"]: p["exit_code"] for p in rec["processes"] if p["kind"] == "rank" and p["attempt"] == 1}
-    assert first == {0: 75, 1: 75}  # both ranks committed and exited 'preempted'
+    assert first == {r: 75 for r in range(4)}  # every rank committed and exited 'preempted'
     logs = rank_logs(rec, 2)
     resumed = int(logs[0].split("resumed from step ", 1)[1].split()[0])
     assert 5 <= resumed < 30
