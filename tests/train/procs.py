@@ -34,12 +34,12 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def torchrun_cmd(args: Sequence[str], *, nproc: int = 2, max_restarts: int = 0) -> list[str]:
+def torchrun_cmd(args: Sequence[str], *, nproc: int = 2, max_restarts: int = 0, script: Path = TOY) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc-per-node={nproc}", "--nnodes=1", f"--max-restarts={max_restarts}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.5",
-        str(TOY), *args,
+        str(script), *args,
     ]
 
 
@@ -134,11 +134,11 @@ class Runner:
         self.procs: list[Proc] = []
 
     def start(self, args: Sequence[str], *, nproc: int = 2, max_restarts: int = 0,
-              env: dict[str, str] | None = None, torchrun: bool = True) -> Proc:
+              env: dict[str, str] | None = None, torchrun: bool = True, script: Path = TOY) -> Proc:
         if torchrun:
-            cmd = torchrun_cmd(args, nproc=nproc, max_restarts=max_restarts)
+            cmd = torchrun_cmd(args, nproc=nproc, max_restarts=max_restarts, script=script)
         else:
-            cmd = [sys.executable, str(TOY), *args]
+            cmd = [sys.executable, str(script), *args]
         proc = Proc(cmd, base_env(env), self.log_dir)
         self.procs.append(proc)
         return proc

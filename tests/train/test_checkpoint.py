@@ -21,8 +21,13 @@ from azulite.train import (
     init,
     list_checkpoints,
 )
-from tests.train.conftest import STEPS
+from tests.train.conftest import STEPS, runner
+from tests.train.procs import ROOT
 from tests.train.scripts import toy_train
+
+
+_ = runner  # fixture
+REPLICATED = ROOT / "tests" / "train" / "scripts" / "replicated_async.py"
 
 
 def _state(ctx, model, opt, **extra):
@@ -162,6 +167,40 @@ def test_async_save_snapshots_the_state_and_round_trips(tmp_path):
     ck2 = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model2, torch.optim.Adam(model2.parameters())))
     assert ck2.load_latest() == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model2.parameters()))
+
+
+@pytest.mark.slow
+def test_replicated_async_saves_copy_only_what_each_rank_writes_and_stay_snapshots(runner, tmp_path):
+    """DDP state on 3 ranks: from the second async save on, each rank copies only the tensors DCP has it
+    write (together: every tensor, once), and each checkpoint still loads to the values of its step."""
+    res = runner.run(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")], nproc=3,
+                     script=REPLICATED)
+    assert res.returncode == 0, res.output[-4000:]
+    ranks = [json.loads((tmp_path / "out" / f"rank-{r}.json").read_text()) for r in range(3)]
+    tensors = set(ranks[0]["tensors"])
+    assert all(r["copied"][0] is None for r in ranks)  # the first save copies everything
+    for save in (1, 2):
+        parts = [set(r["copied"][save]) for r in ranks]
+        assert all(p and p < tensors for p in parts), parts
+        assert sum(len(p) for p in parts) == len(tensors) and set().union(*parts) == tensors
+    assert all(r["loaded"] == {"3": True, "2": True} for r in ranks), ranks
+
+
+def test_a_save_that_would_write_a_tensor_it_did_not_copy_fails_instead(tmp_path, caplog):
+    ctx = init({})
+    model, opt = _tiny()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    ck.save(1, sync=False)
+    ck.wait()
+    ck._stager.owned = frozenset()  # as if DCP had planned this rank's writes differently last time
+    with caplog.at_level(logging.ERROR, logger="azulite.train"):
+        ck.save(2, sync=False)
+        ck.wait()
+    assert ck.last_committed == 1 and "did not copy" in caplog.text
+    assert [c.step for c in list_checkpoints(str(tmp_path)) if c.committed] == [1]
+    ck.save(3, sync=False)  # and the next save copies everything again
+    ck.wait()
+    assert ck.last_committed == 3
 
 
 @pytest.mark.parametrize(

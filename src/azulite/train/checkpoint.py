@@ -37,10 +37,13 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import Any, Literal
 
+import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
+from torch.distributed.checkpoint.planner import WriteItemType
 from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.futures import Future as TorchFuture
@@ -125,6 +128,13 @@ class _CachedStager(AsyncStager):
     DCP's own cache needs pinned memory, which a CPU-only torch cannot allocate; re-allocating ~GBs per
     save would make the step block far longer than a memcpy. Safe because the Checkpointer never starts
     a save before the previous one finished writing.
+
+    Replicated state (DDP: every rank holds all of it) is written once, each tensor by one rank, as DCP's
+    deterministic de-duplication decides. So from the second save of the same state on, a rank copies only
+    the tensors it wrote last time (``owned``) and hands the others to DCP as they are: with N ranks the
+    step blocks for 1/N of the copy. The writer checks the plan against what was copied: a save that would
+    write a tensor not copied fails (nothing is committed) rather than write one that training moves, and
+    the next save copies everything again.
     """
 
     _synchronize_after_execute = False
@@ -132,12 +142,23 @@ class _CachedStager(AsyncStager):
     def __init__(self) -> None:
         self._cache: dict[str, Any] | None = None
         self._keys: Any = None
+        #: tensors (flat DCP names) this rank wrote in the last committed save of this structure
+        self.owned: frozenset[str] | None = None
+        #: tensors the last stage() copied; None: all of them
+        self.copied: frozenset[str] | None = None
 
     def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
-        keys = _structure(state_dict)
-        if self._cache is None or keys != self._keys:
-            self._cache, self._keys = _create_cpu_state_dict(state_dict), keys
-        return _copy_state_dict(state_dict, self._cache, type_check=False)
+        flat, mapping = flatten_state_dict(state_dict)
+        keys = _structure(flat)
+        if keys != self._keys:
+            self._cache, self._keys, self.owned = None, keys, None
+        if self._cache is None:
+            self._cache = _create_cpu_state_dict(flat)  # buffers for all: the owned set may change
+        owned = self.owned
+        chosen = {k: v for k, v in flat.items() if owned is None or k in owned or not isinstance(v, torch.Tensor)}
+        staged = {**flat, **_copy_state_dict(chosen, {k: self._cache[k] for k in chosen}, type_check=False)}
+        self.copied = None if owned is None else frozenset(k for k in chosen if isinstance(flat[k], torch.Tensor))
+        return unflatten_state_dict(staged, mapping)
 
     def synchronize_staging(self) -> None:  # staging is blocking
         pass
@@ -247,12 +268,21 @@ def _write_synced(path: Path, data: bytes) -> None:
 class _CommitWriter(FileSystemWriter):
     """DCP's FileSystemWriter plus azulite's commit protocol (see the module docstring)."""
 
-    def __init__(self, job: _SaveJob) -> None:
+    def __init__(self, job: _SaveJob, stager: _CachedStager | None = None) -> None:
         super().__init__(job.local_dir, single_file_per_rank=True, sync_files=True,
                          thread_count=job.threads, overwrite=True)
         self.job = job
+        self.stager = stager  # an async save's: what it copied
+        self.written: frozenset[str] | None = None  # the tensors this rank's plan wrote
 
     def write_data(self, plan: Any, planner: Any) -> TorchFuture:
+        tensors = {i.index.fqn for i in plan.items if i.type != WriteItemType.BYTE_IO}
+        copied = self.stager.copied if self.stager is not None else None
+        if copied is not None and not tensors <= copied:
+            moving = sorted(tensors - copied)
+            raise CheckpointError(f"rank {self.job.rank}: the save plan writes {len(moving)} tensor(s) this rank did "
+                                  f"not copy (e.g. {moving[0]}); the next save copies everything")
+        self.written = frozenset(tensors)
         results = super().write_data(plan, planner).wait()
         self.job.after_write(results)
         fut: TorchFuture = TorchFuture()
@@ -295,7 +325,7 @@ class Checkpointer:
         base = settings.staging_dir or os.path.join(tempfile.gettempdir(), "azulite-staging")
         self._staging = Path(base) / hashlib.sha1(self.storage.uri.encode()).hexdigest()[:12]
         self._stager = _CachedStager()
-        self._pending: tuple[Future, int, float] | None = None
+        self._pending: tuple[Future, int, float, _CommitWriter] | None = None
         self._failed_in_a_row = 0
         self.last_committed: int | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
@@ -369,7 +399,7 @@ class Checkpointer:
         job = _SaveJob(storage=self.storage, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size,
                        local_dir=local, threads=self.config.thread_count, extra=self._manifest_extra(),
                        hook=self.phase_hook)
-        writer = _CommitWriter(job)
+        writer = _CommitWriter(job, None if sync else self._stager)
         t0 = time.perf_counter()
         if sync:
             try:
@@ -385,7 +415,7 @@ class Checkpointer:
         fut = dcp.async_save(self.state, storage_writer=writer, process_group=self._pg,
                              async_stager=self._stager, no_dist=self._pg is None)
         self.last_blocking_s = time.perf_counter() - t0
-        self._pending = (fut, step, t0)
+        self._pending = (fut, step, t0, writer)
         return True
 
     def wait(self) -> None:
@@ -402,7 +432,7 @@ class Checkpointer:
     def _reap(self, *, block: bool) -> None:
         if self._pending is None:
             return
-        fut, step, t0 = self._pending
+        fut, step, t0, writer = self._pending
         # a failure is only acted on at a blocking point (the next save, wait, close), which every rank
         # reaches at the same step: a 'stop' policy then stops all ranks together
         if not block and (not fut.done() or fut.exception() is not None):
@@ -413,8 +443,10 @@ class Checkpointer:
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
+            self._stager.owned = None  # copy everything next time
             self._failed(step, e, None)
             return
+        self._stager.owned = writer.written  # DCP's de-duplication assigns this rank the same tensors again
         self._committed(step, time.perf_counter() - t0)
 
     def _committed(self, step: int, seconds: float) -> None:
