@@ -42,6 +42,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
 from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
+from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 from torch.distributed.checkpoint.planner import WriteItemType
 from torch.distributed.checkpoint.staging import AsyncStager
@@ -190,14 +191,16 @@ class _SaveJob:
     def rel(self) -> str:
         return step_dir(self.step)
 
-    def after_write(self, results: list[Any]) -> None:
-        """On every rank, after DCP wrote its shards locally: hash, upload (Blob), write the sidecar."""
+    def after_write(self, results: list[Any], hashed: Mapping[str, dict[str, Any]]) -> None:
+        """On every rank, after DCP wrote its shards locally: hashes, upload (Blob), the sidecar."""
         with _plain_errors(f"rank {self.rank}"):
-            self._after_write(results)
+            self._after_write(results, hashed)
 
-    def _after_write(self, results: list[Any]) -> None:
+    def _after_write(self, results: list[Any], hashed: Mapping[str, dict[str, Any]]) -> None:
         names = sorted({r.storage_data.relative_path for r in results})
-        digests = _hash_files({n: self.local_dir / n for n in names}, self.threads)
+        # hashed while written; a file whose size disagrees (written some other way) is read back
+        digests = {n: hashed[n] for n in names if n in hashed and hashed[n]["bytes"] == (self.local_dir / n).stat().st_size}
+        digests.update(_hash_files({n: self.local_dir / n for n in names if n not in digests}, self.threads))
         if self.hook:
             self.hook("shards_written", self.step)
         if self.storage.remote:
@@ -265,6 +268,62 @@ def _write_synced(path: Path, data: bytes) -> None:
         os.fsync(f.fileno())
 
 
+class _HashingFile:
+    """A file being written that hashes every byte on its way in: a shard is hashed once, as DCP writes
+    it, instead of read back afterwards. DCP writes shard files front to back (``write``/``tell`` only);
+    anything else is refused rather than allowed to make the hash wrong."""
+
+    def __init__(self, f: Any) -> None:
+        self._f, self._h, self.nbytes = f, hashlib.sha256(), 0
+
+    def write(self, b: Any) -> int:
+        view = memoryview(b).cast("B")
+        self._f.write(view)
+        self._h.update(view)  # releases the GIL on large buffers
+        self.nbytes += view.nbytes
+        return view.nbytes
+
+    def digest(self) -> dict[str, Any]:
+        return {"sha256": self._h.hexdigest(), "bytes": self.nbytes}
+
+    def tell(self) -> int:
+        return self._f.tell()
+
+    def flush(self) -> None:
+        self._f.flush()
+
+    def fileno(self) -> int:
+        return self._f.fileno()
+
+    def close(self) -> None:
+        self._f.close()
+
+    def writable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return False
+
+
+class _HashingFileSystem(FileSystem):
+    """DCP's local file system, with shard files hashed as they are written (``digests`` by file name)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.digests: dict[str, dict[str, Any]] = {}
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        if mode != "wb":
+            with super().create_stream(path, mode) as stream:
+                yield stream
+            return
+        with super().create_stream(path, mode) as stream:
+            hashing = _HashingFile(stream)
+            yield hashing
+        self.digests[Path(path).name] = hashing.digest()  # one writer thread per file: no lock needed
+
+
 class _CommitWriter(FileSystemWriter):
     """DCP's FileSystemWriter plus azulite's commit protocol (see the module docstring)."""
 
@@ -272,6 +331,7 @@ class _CommitWriter(FileSystemWriter):
         super().__init__(job.local_dir, single_file_per_rank=True, sync_files=True,
                          thread_count=job.threads, overwrite=True)
         self.job = job
+        self.fs = _HashingFileSystem()
         self.stager = stager  # an async save's: what it copied
         self.written: frozenset[str] | None = None  # the tensors this rank's plan wrote
 
@@ -284,7 +344,7 @@ class _CommitWriter(FileSystemWriter):
                                   f"not copy (e.g. {moving[0]}); the next save copies everything")
         self.written = frozenset(tensors)
         results = super().write_data(plan, planner).wait()
-        self.job.after_write(results)
+        self.job.after_write(results, self.fs.digests)
         fut: TorchFuture = TorchFuture()
         fut.set_result(results)
         return fut
