@@ -4,6 +4,7 @@ ensembles pulling in their composing models, unload_dependents, reload without d
 from __future__ import annotations
 
 import asyncio
+import logging
 import json
 import os
 import shutil
@@ -123,6 +124,12 @@ def test_load_with_config_override_and_files(model_repository, tmp_path):
             await dp.load_model("other", {"file:1/model.onnx": onnx})
         with pytest.raises(ModelLoadError, match="invalid JSON model configuration"):
             await dp.load_model("add_sub_onnx", {"config": "{not json"})
+        # the failed reload left the loaded model as it was, serving
+        assert dp.model_ready("add_sub_onnx") and dp.model_config("add_sub_onnx").max_batch_size == 2
+        r = await dp.infer(InferRequest("add_sub_onnx", [fp32("INPUT0", x), fp32("INPUT1", x)]))
+        assert r.outputs[0].data.sum() == 32
+        await dp.load_model("add_sub_onnx")  # a good reload clears the failure
+        assert dp.model_config("add_sub_onnx").max_batch_size != 2
         await dp.shutdown()
 
     asyncio.run(main())
@@ -165,17 +172,25 @@ def test_poll_mode_loads_new_reloads_changed_unloads_removed(repository_copy):
     asyncio.run(main())
 
 
-def test_poll_mode_broken_edit_keeps_other_models(repository_copy):
+def test_poll_mode_broken_edit_keeps_the_loaded_model_serving(repository_copy, caplog):
+    """As Triton: a reload that fails leaves the loaded model as it was; a new model that fails is
+    UNAVAILABLE with its reason; the others never notice."""
     dp = plane(repository_copy, control_mode="poll", strict_readiness=False)
 
     async def main():
         config = repository_copy / "add_sub_py" / "config.pbtxt"
         config.write_text("this is not protobuf text")
         bump_mtime(config)
-        await dp.poll()
-        assert not dp.model_ready("add_sub_py") and dp.model_ready("add_sub_onnx")
-        reason = {m.name: m for m in dp.repository_index().models}["add_sub_py"].reason
-        assert "failed to parse the model configuration of 'add_sub_py'" in reason
+        shutil.copytree(repository_copy / "add_sub_py", repository_copy / "new_broken")
+        with caplog.at_level(logging.WARNING, logger="azulite.serve"):
+            await dp.poll()
+        assert "reloading model 'add_sub_py' failed; the loaded version(s) 1 serve on" in caplog.text
+        assert dp.model_ready("add_sub_py") and dp.model_ready("add_sub_onnx")
+        x = fp32("INPUT0", [[1.0] * 16]), fp32("INPUT1", [[2.0] * 16])
+        assert (await dp.infer(InferRequest("add_sub_py", list(x)))).outputs[0].data.tolist() == [[3.0] * 16]
+        assert not dp.model_ready("new_broken")
+        reason = {m.name: m for m in dp.repository_index().models}["new_broken"].reason
+        assert "failed to parse the model configuration of 'new_broken'" in reason
         with pytest.raises(Unsupported):
             plane(repository_copy).start_polling(1)
         await dp.shutdown()

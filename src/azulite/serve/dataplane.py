@@ -432,10 +432,10 @@ class TritonDataPlane:
             self.manager.check_load(name, files=files or None)
             retired = await asyncio.to_thread(self.manager.load, name, config_json=config_json, files=files or None)
             self._limit_threads()
-            await self._retire(retired)  # the versions it replaced (or lost, if the load failed)
+            await self._retire(retired)  # the versions it replaced (none if the load failed: they serve on)
             entry = self.manager.entries[name]
-            if not entry.ready:
-                reason = entry.reason
+            if entry.load_error:
+                reason = entry.load_error
                 if not reason.startswith("failed to load"):
                     reason = f"failed to load '{name}': {reason}"
                 raise ModelLoadError(reason, where=f"model '{name}'")

@@ -12,6 +12,7 @@ atomically; the old ones drain and are finalized after the swap, so serving neve
 
 from __future__ import annotations
 
+import logging
 import shutil
 import tempfile
 from collections.abc import Callable, Iterable
@@ -31,6 +32,7 @@ from azulite.serve.stats import ModelStats
 from azulite.serve.warmup import warm_up
 
 ControlMode = Literal["none", "explicit", "poll"]
+log = logging.getLogger("azulite.serve")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,18 +187,22 @@ class ModelManager:
             if not ready:
                 raise ModelLoadError("; ".join(s.reason for s in states.values()) or f"model '{name}' has no versions")
         except ServeError as exc:
-            retired = [m.batcher for m in entry.ready.values() if m.batcher is not None]
-            entry.ready = {}
+            entry.fingerprint = repo.fingerprint(self.root / name)
+            entry.load_error = exc.message
+            if entry.ready:  # as Triton: a failed reload leaves the loaded model serving, unchanged
+                log.warning("reloading model '%s' failed; the loaded version(s) %s serve on: %s", name,
+                            ", ".join(map(str, sorted(entry.ready))), exc.message)
+                return []
+            log.warning("model '%s' failed to load: %s", name, exc.message)
             entry.states = {v: VersionState(UNAVAILABLE, exc.message) for v in entry.states}
             entry.state, entry.reason = UNAVAILABLE, exc.message
-            entry.fingerprint = repo.fingerprint(self.root / name)
-            return retired
+            return []
         finally:
             if tmp is not None:
                 shutil.rmtree(tmp, ignore_errors=True)
         retired = [m.batcher for v, m in entry.ready.items() if m.batcher is not None]
         entry.ready, entry.states, entry.config = ready, states, config
-        entry.state, entry.reason = READY, ""
+        entry.state, entry.reason, entry.load_error = READY, "", ""
         entry.fingerprint = repo.fingerprint(self.root / name)
         return retired
 

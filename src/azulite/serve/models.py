@@ -101,6 +101,8 @@ class ModelEntry:
     #: loaded by name (start-up set, load API), not only as an ensemble's composing model: an ensemble's
     #: unload with unload_dependents leaves it loaded
     explicit: bool = True
+    #: why the last load of this model failed ("" if it succeeded); the loaded versions may still serve
+    load_error: str = ""
 
     def default(self) -> LoadedModel | None:
         """The version a request without one gets: the highest ready version."""
