@@ -12,7 +12,7 @@ import pytest
 from azulite.errors import Internal, Unavailable
 from azulite.serve import merge
 from azulite.serve.backends.base import Timing, WorkItem
-from azulite.serve.batcher import Batcher, BatcherSettings, QueuePolicy
+from azulite.serve.batcher import Batcher, BatcherSettings, QueuePolicy, shape_key
 from azulite.serve.config import parse_config_text
 from azulite.serve.stats import ModelStats
 
@@ -154,6 +154,12 @@ def test_different_shapes_are_not_merged():
         await batcher.close()
 
     asyncio.run(main())
+
+
+def test_inputs_listed_in_another_order_still_batch_together():
+    x, y = np.ones((1, 2), np.float32), np.zeros((1, 3), np.float32)
+    assert shape_key(WorkItem({"a": x, "b": y}, None, 1)) == shape_key(WorkItem({"b": y, "a": x}, None, 1))
+    assert shape_key(WorkItem({"a": x, "b": y}, None, 1)) != shape_key(WorkItem({"a": y, "b": x}, None, 1))
 
 
 def test_priority_levels_serve_level_one_first():

@@ -5,8 +5,12 @@ from __future__ import annotations
 
 import asyncio
 import queue
+import socket
+import struct
+import time
 
 import grpc
+from hpack import Encoder
 import numpy as np
 import pytest
 import tritonclient.grpc as grpcclient
@@ -287,9 +291,107 @@ def test_a_huge_error_message_is_cut_not_a_broken_connection(stub):
     assert len(long.value.details()) < 20_000
 
 
-def test_garbage_on_the_grpc_port_closes_only_that_connection(server, client):
-    import socket
+def test_canceled_calls_leave_nothing_in_flight(server, stub):
+    """Clients that give up mid-call (RST_STREAM): the server counts them out (a drain on shutdown
+    would wait for them otherwise) and goes on serving."""
+    request = service_pb2.ModelInferRequest(model_name="slow_py")
+    t = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
+    t.contents.fp32_contents.append(1.0)
+    calls = [stub.ModelInfer.future(request, timeout=60) for _ in range(4)]
+    for call in calls:
+        call.cancel()
+    frontend = getattr(server.server.grpc, "servicer", server.server.grpc)  # grpc.aio's counts in its servicer
+    deadline = time.monotonic() + 30
+    while frontend.in_flight and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert frontend.in_flight == 0
+    assert stub.ModelInfer(request, timeout=60).raw_output_contents
 
+
+def _frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
+    return struct.pack(">I", len(payload))[1:] + bytes([kind, flags]) + struct.pack(">I", sid) + payload
+
+
+def _h2_call(encoder, sid: int, message) -> bytes:
+    """HEADERS and DATA(END_STREAM) of one unary ModelInfer call, as raw HTTP/2 frames."""
+    headers = encoder.encode([(":method", "POST"), (":scheme", "http"), (":authority", "x"),
+                              (":path", "/inference.GRPCInferenceService/ModelInfer"),
+                              ("content-type", "application/grpc"), ("te", "trailers")])
+    body = message.SerializeToString()
+    return _frame(0x1, 0x4, sid, headers) + _frame(0x0, 0x1, sid, b"\0" + struct.pack(">I", len(body)) + body)
+
+
+def _slow_request():
+    request = service_pb2.ModelInferRequest(model_name="slow_py")
+    t = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
+    t.contents.fp32_contents.append(1.0)
+    return request
+
+
+def _frames(data: bytes) -> list[tuple[int, int]]:
+    out, pos = [], 0
+    while len(data) - pos >= 9:
+        n = int.from_bytes(data[pos:pos + 3], "big")
+        out.append((data[pos + 3], int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF))
+        pos += 9 + n
+    return out
+
+
+def _read_until_closed(sock, timeout: float) -> bytes:
+    sock.settimeout(timeout)
+    data = b""
+    while chunk := sock.recv(65536):
+        data += chunk
+    return data
+
+
+PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + _frame(0x4, 0, 0, b"")
+
+
+def test_h2_calls_reset_before_they_start_are_counted_out(model_repository):
+    """HEADERS, DATA and RST_STREAM of four calls in one packet: each call is canceled before its task
+    ever runs, and must still be counted out (azulite's HTTP/2 transport)."""
+    encoder = Encoder()
+    packet = PREFACE + b"".join(_h2_call(encoder, sid, _slow_request()) + _frame(0x3, 0, sid, struct.pack(">I", 0x8))
+                                for sid in (1, 3, 5, 7))
+    with running_server(model_repository) as s:
+        with socket.create_connection(tuple_of(s.grpc_url), timeout=30) as sock:
+            sock.sendall(packet)
+            deadline = time.monotonic() + 5  # at once, in fact; a leak lingers until the connection ends
+            while s.server.grpc.in_flight and time.monotonic() < deadline:
+                time.sleep(0.05)
+            assert s.server.grpc.in_flight == 0
+
+
+def test_h2_goaway_then_the_last_reset_closes_the_connection(model_repository):
+    """A client that said GOAWAY and then reset its last call: nothing is left, the server hangs up."""
+    encoder = Encoder()
+    packet = (PREFACE + _h2_call(encoder, 1, _slow_request()) + _frame(0x7, 0, 0, struct.pack(">II", 0, 0))
+              + _frame(0x3, 0, 1, struct.pack(">I", 0x8)))
+    with running_server(model_repository) as s:
+        with socket.create_connection(tuple_of(s.grpc_url), timeout=30) as sock:
+            sock.sendall(packet)
+            _read_until_closed(sock, timeout=10)  # socket.timeout if the server kept it open
+
+
+def test_h2_frames_after_a_protocol_error_are_not_served(model_repository):
+    """A CONTINUATION out of place is a connection error (GOAWAY); a call in the same packet behind it is
+    never answered."""
+    ready = service_pb2.ModelInferRequest(model_name="add_sub_onnx")
+    packet = PREFACE + _frame(0x9, 0x4, 1, b"") + _h2_call(Encoder(), 3, ready)
+    with running_server(model_repository) as s:
+        with socket.create_connection(tuple_of(s.grpc_url), timeout=30) as sock:
+            sock.sendall(packet)
+            frames = _frames(_read_until_closed(sock, timeout=10))
+    assert (0x7, 0) in frames and not [f for f in frames if f[1] == 3], frames
+
+
+def tuple_of(url: str) -> tuple[str, int]:
+    host, port = url.split(":")
+    return host, int(port)
+
+
+def test_garbage_on_the_grpc_port_closes_only_that_connection(server, client):
     host, port = server.grpc_url.split(":")
     with socket.create_connection((host, int(port)), timeout=30) as sock:
         sock.sendall(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n" + b"\0" * 64)

@@ -123,9 +123,10 @@ class _Instance:
 
 
 def shape_key(item: WorkItem) -> tuple:
-    """Requests batch together only if every input has the same shape past the batch dimension."""
+    """Requests batch together only if every input has the same shape past the batch dimension (in
+    whatever order a client listed its inputs)."""
     skip = 1 if item.batch_size else 0
-    return tuple((name, array.shape[skip:]) for name, array in item.inputs.items())
+    return tuple(sorted((name, array.shape[skip:]) for name, array in item.inputs.items()))
 
 
 @dataclass(slots=True)

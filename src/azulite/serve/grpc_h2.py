@@ -189,7 +189,7 @@ class _H2Connection(asyncio.Protocol):
                 payload = bytes(buf[pos + 9:pos + 9 + length])
                 pos += 9 + length
                 self._on_frame(ftype, flags, sid & 0x7FFFFFFF, payload)
-                if self.transport is None:
+                if self.transport is None or self.transport.is_closing():  # after a GOAWAY: no more frames
                     return
         finally:
             if pos:
@@ -232,8 +232,12 @@ class _H2Connection(asyncio.Protocol):
                 self.transport.write(_frame(PING, ACK, 0, payload))
         elif ftype == RST_STREAM:
             stream = self.streams.pop(sid, None)
-            if stream is not None and stream.task is not None:
-                stream.task.cancel()
+            if stream is not None:
+                if stream.task is not None:
+                    stream.task.cancel()
+                if stream in self.blocked:
+                    self.blocked.remove(stream)
+                self._maybe_close()
         elif ftype == GOAWAY:
             self.going_away = True
             self._maybe_close()
