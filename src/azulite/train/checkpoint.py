@@ -584,8 +584,12 @@ class Checkpointer:
             log.info("no committed checkpoint under %s: starting from scratch", self.storage.uri)
             return None
         step, manifest = choice
-        # rank 0 verified (and, for Blob, downloaded) it while choosing; the others fetch and verify theirs
-        path = self._restore_dir(step) if self.ctx.is_main else self._local_copy(step, manifest, verify=True)
+        # rank 0 verified (and, for Blob, downloaded) it while choosing; on Blob the others download and
+        # verify their own copy; local files rank 0 verified are the very files the others read
+        if self.ctx.is_main or not self.storage.remote:
+            path = self._restore_dir(step)
+        else:
+            path = self._local_copy(step, manifest, verify=True)
         state = dict(self.state)
         saved_ws = int(manifest["world_size"])
         for name, obj in self.state.items():
