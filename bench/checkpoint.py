@@ -170,7 +170,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=1, help="blocks of `interval` steps without / with a checkpoint")
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="DCP writer threads per rank")
-    ap.add_argument("--repeat", type=int, default=2, help="repetitions of each save/load measurement (median)")
+    ap.add_argument("--repeat", type=int, default=3, help="repetitions of each save/load measurement (median)")
     ap.add_argument("--dir", help="where to write (default: a temporary directory, removed after)")
     args = ap.parse_args()
     tmp = None
