@@ -253,9 +253,10 @@ def test_python_bls_calls_another_model(tmp_path, model_repository, code):
 
     async def main():
         x = np.arange(32, dtype=np.float32).reshape(2, 16)
-        r = await dp.infer(InferRequest("bls", [fp32("x", x)]))
-        np.testing.assert_array_equal(r.outputs[0].data, 2 * x)
-        assert dp.model_statistics("add_sub_onnx").model_stats[0].inference_stats.success.count == 1
+        for _ in range(5):  # past the first batch too: a BLS model must never run on the event loop (deadlock)
+            r = await asyncio.wait_for(dp.infer(InferRequest("bls", [fp32("x", x)])), 30)
+            np.testing.assert_array_equal(r.outputs[0].data, 2 * x)
+        assert dp.model_statistics("add_sub_onnx").model_stats[0].inference_stats.success.count == 5
         await dp.shutdown()
 
     asyncio.run(main())

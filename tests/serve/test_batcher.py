@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -160,6 +161,41 @@ def test_inputs_listed_in_another_order_still_batch_together():
     x, y = np.ones((1, 2), np.float32), np.zeros((1, 3), np.float32)
     assert shape_key(WorkItem({"a": x, "b": y}, None, 1)) == shape_key(WorkItem({"b": y, "a": x}, None, 1))
     assert shape_key(WorkItem({"a": x, "b": y}, None, 1)) != shape_key(WorkItem({"a": y, "b": x}, None, 1))
+
+
+class Recorder(Doubler):
+    """A Doubler the batcher may run inline; records the thread of every execution; ``sleep_s`` per batch."""
+
+    inline_safe = True
+
+    def __init__(self, sleep_s: float = 0.0) -> None:
+        super().__init__()
+        self.sleep_s = sleep_s
+        self.threads: list[str] = []
+
+    def execute(self, items):
+        self.threads.append(threading.current_thread().name)
+        if self.sleep_s:
+            time.sleep(self.sleep_s)
+        return super().execute(items)
+
+
+@pytest.mark.parametrize(("sleep_s", "count", "inline"), [(0.0, 1, True), (0.005, 1, False), (0.0, 2, False)],
+                         ids=["short-runs-inline", "long-keeps-its-thread", "two-instances-keep-threads"])
+def test_short_executions_of_a_single_instance_run_on_the_event_loop(sleep_s, count, inline):
+    async def main():
+        models = [Recorder(sleep_s) for _ in range(count)]
+        batcher = Batcher(model="m", settings=settings(max_batch_size=1),
+                          instances=[(f"i{k}", m) for k, m in enumerate(models)])
+        for v in range(6):
+            assert (await batcher.submit(item(v)))["y"][0, 0] == 2 * v
+        await batcher.close()
+        return [t for m in models for t in m.threads]
+
+    threads = asyncio.run(main())
+    assert threads[0].startswith("azulite-i")  # the first execution is measured on the instance's thread
+    on_loop = [t == threading.main_thread().name for t in threads[1:]]
+    assert all(on_loop) if inline else not any(on_loop), threads
 
 
 def test_priority_levels_serve_level_one_first():

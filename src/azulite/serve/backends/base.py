@@ -45,7 +45,13 @@ Result = dict[str, np.ndarray] | ServeError
 
 class ModelInstance(Protocol):
     """One loaded instance. ``execute`` runs in the instance's own thread; it returns one result per
-    item (outputs or a per-request error) or raises to fail the whole batch."""
+    item (outputs or a per-request error) or raises to fail the whole batch.
+
+    ``inline_safe``: execute may also run on the server's event loop thread (it never waits on the
+    server itself, as a Python model's BLS call or its own event loop would); the batcher does so for a
+    single-instance model whose executions are short (see :mod:`azulite.serve.batcher`)."""
+
+    inline_safe: bool
 
     def execute(self, items: list[WorkItem]) -> tuple[list[Result], Timing]: ...
 

@@ -69,6 +69,8 @@ def _dynamic(dim) -> bool:
 
 
 class OnnxInstance:
+    inline_safe = True  # a pure function of its inputs
+
     def __init__(self, ctx: LoadContext) -> None:
         self.model = ctx.model_name
         self.session = _session(ctx.model_file, ctx.config, model=ctx.model_name, threads=ctx.compute_threads)

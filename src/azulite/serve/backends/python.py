@@ -77,6 +77,10 @@ class PythonInstance:
         self._aloop: asyncio.AbstractEventLoop | None = None
         module = _load_module(ctx.model_file, ctx.model_name)
         self.impl = module.TritonPythonModel()
+        # On the event loop a BLS call (which waits for the server) or an `async def execute` (which
+        # runs its own loop) would deadlock: a model whose code could do either always gets its thread.
+        self.inline_safe = not inspect.iscoroutinefunction(getattr(self.impl, "execute", None)) and \
+            "InferenceRequest" not in ctx.model_file.read_text(errors="replace")
         self.config_json = json.dumps(cfg.config_to_dict(ctx.config))
         args = {
             "model_config": self.config_json,

@@ -38,6 +38,8 @@ def _writable(array: np.ndarray) -> np.ndarray:
 
 
 class TorchInstance:
+    inline_safe = True  # a pure function of its inputs
+
     def __init__(self, ctx: LoadContext) -> None:
         import torch
 
