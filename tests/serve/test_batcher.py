@@ -187,15 +187,16 @@ def test_short_executions_of_a_single_instance_run_on_the_event_loop(sleep_s, co
         models = [Recorder(sleep_s) for _ in range(count)]
         batcher = Batcher(model="m", settings=settings(max_batch_size=1),
                           instances=[(f"i{k}", m) for k, m in enumerate(models)])
-        for v in range(6):
+        for v in range(30):
             assert (await batcher.submit(item(v)))["y"][0, 0] == 2 * v
         await batcher.close()
         return [t for m in models for t in m.threads]
 
     threads = asyncio.run(main())
     assert threads[0].startswith("azulite-i")  # the first execution is measured on the instance's thread
-    on_loop = [t == threading.main_thread().name for t in threads[1:]]
-    assert all(on_loop) if inline else not any(on_loop), threads
+    on_loop = [t == threading.main_thread().name for t in threads]
+    # a loaded machine may stretch the first few past the threshold; the model's time decides in the end
+    assert all(on_loop[-10:]) if inline else not any(on_loop), threads
 
 
 def test_priority_levels_serve_level_one_first():

@@ -46,6 +46,12 @@ class Rejected(Unavailable):
 #: loop never stalls for long; the average follows the model, inline or not.
 INLINE_MAX_NS = 500_000
 
+
+def _timed_execute(model: ModelInstance, items: list[WorkItem]) -> tuple[list[Result], Timing, int]:
+    t0 = time.perf_counter_ns()
+    results, timing = model.execute(items)
+    return results, timing, time.perf_counter_ns() - t0
+
 @dataclass(frozen=True, slots=True)
 class QueuePolicy:
     delay_on_timeout: bool = False  # timeout_action DELAY (else REJECT)
@@ -406,9 +412,11 @@ class Batcher:
         timing = Timing()
         try:
             if self._may_inline and self._exec_ns is not None and self._exec_ns < INLINE_MAX_NS:
-                results, timing = inst.model.execute(items)
+                results, timing, took = _timed_execute(inst.model, items)
             else:
-                results, timing = await loop.run_in_executor(inst.executor, inst.model.execute, items)
+                results, timing, took = await loop.run_in_executor(inst.executor, _timed_execute, inst.model, items)
+            # the model's own time, not the hand-off's: that is what inline execution would block the loop for
+            self._exec_ns = took if self._exec_ns is None else 0.8 * self._exec_ns + 0.2 * took
             if len(results) != len(batch):
                 error = Internal(f"model '{self.model}': {len(results)} results for {len(batch)} requests")
         except ServeError as exc:
@@ -416,8 +424,6 @@ class Batcher:
         except Exception as exc:  # a backend bug: fail the batch, keep serving
             error = Internal(f"model '{self.model}': {type(exc).__name__}: {exc}")
         finally:
-            took = time.monotonic_ns() - start
-            self._exec_ns = took if self._exec_ns is None else 0.8 * self._exec_ns + 0.2 * took
             self._inflight -= 1
             self._idle.put_nowait(inst)  # type: ignore[union-attr]
         batch_size = sum(p.item.batch_size for p in batch) or 1
