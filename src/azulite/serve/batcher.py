@@ -39,7 +39,6 @@ class Rejected(Unavailable):
     as reason REJECTED."""
 
 
-
 #: A single-instance model whose executions take less than this (moving average) runs them on the event
 #: loop itself: handing a short batch to the instance's thread and its answer back costs more than the
 #: batch (bench model at concurrency 8: 6.8k -> 11.5k infer/s). Longer ones keep their thread, so the
@@ -51,6 +50,7 @@ def _timed_execute(model: ModelInstance, items: list[WorkItem]) -> tuple[list[Re
     t0 = time.perf_counter_ns()
     results, timing = model.execute(items)
     return results, timing, time.perf_counter_ns() - t0
+
 
 @dataclass(frozen=True, slots=True)
 class QueuePolicy:
@@ -167,7 +167,7 @@ class Batcher:
         ]
         # one instance (nothing to run concurrently) whose backend allows it: short executions run inline
         self._may_inline = len(instances) == 1 and bool(getattr(instances[0][1], "inline_safe", False))
-        self._exec_ns: float | None = None  # moving average of an execution's wall time
+        self._exec_ns: float | None = None  # moving average of execute()'s own time (no hand-off)
         self._levels = [_Level() for _ in range(settings.priority_levels)]
         self._count = 0  # requests queued (all levels, normal + delayed)
         self._rows = 0  # their batch sizes summed

@@ -15,8 +15,8 @@ import logging
 from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 import numpy as np
+from google.protobuf.message import DecodeError
 
 from azulite.errors import InvalidArgument, ServeError, Unsupported
 from azulite.serve.config import WIRE_TO_NUMPY
