@@ -5,6 +5,9 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -23,11 +26,12 @@ from azulite.train import (
 )
 from tests.train.conftest import STEPS, runner
 from tests.train.procs import ROOT
-from tests.train.scripts import toy_train
+from tests.train.scripts import fsdp_async, toy_train
 
 
 _ = runner  # fixture
 REPLICATED = ROOT / "tests" / "train" / "scripts" / "replicated_async.py"
+FSDP = ROOT / "tests" / "train" / "scripts" / "fsdp_async.py"
 
 
 def _state(ctx, model, opt, **extra):
@@ -53,6 +57,7 @@ def test_manifest_lists_every_file_with_its_hash(tmp_path):
     for name, entry in manifest["files"].items():
         data = (step / name).read_bytes()
         assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+    assert torch.serialization.get_crc32_options()  # shards skip torch.save's CRC32 in the writer only
 
 
 def test_retention_keep_last_and_keep_every(tmp_path):
@@ -156,17 +161,85 @@ def test_async_save_snapshots_the_state_and_round_trips(tmp_path):
     model(torch.randn(2, 512)).sum().backward()
     opt.step()
     ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    before = [p.detach().clone() for p in model.parameters()]
     ck.save(1, sync=False)
-    with torch.no_grad():  # training goes on while the save writes; the checkpoint keeps the old values
-        before = [p.clone() for p in model.parameters()]
-        for p in model.parameters():
-            p.add_(1.0)
+    model(torch.randn(2, 512)).sum().backward()  # training goes on while the save writes
+    opt.step()
     ck.wait()
-    assert ck.last_committed == 1
+    assert ck.last_committed == 1 and not all(torch.equal(a, b) for a, b in zip(before, model.parameters()))
     model2 = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(8)])
     ck2 = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model2, torch.optim.Adam(model2.parameters())))
     assert ck2.load_latest() == 1
     assert all(torch.equal(a, b) for a, b in zip(before, model2.parameters()))
+
+
+def _hold_background_copies(ck, seconds):
+    """White box: occupy the stager's copy thread for ``seconds``, so a save's background copy is
+    certainly still pending when training goes on (without it the race below is usually won anyway)."""
+    ck._stager._pool = ThreadPoolExecutor(max_workers=1)
+    ck._stager._pool.submit(time.sleep, seconds)
+
+
+def _bn_model():
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 64), torch.nn.BatchNorm1d(64), torch.nn.Linear(64, 8))
+    opt = torch.optim.Adam(model.parameters())
+    model(torch.randn(8, 64)).square().mean().backward()
+    opt.step()
+    return model, opt
+
+
+def _loaded_state(ctx, uri):
+    model, opt = _bn_model()
+    ck = Checkpointer(CheckpointConfig(uri=uri), ctx, _state(ctx, model, opt))
+    ck.load_latest()
+    return {k: v.clone() for k, v in model.state_dict().items()}, opt.state_dict()["state"]
+
+
+def test_async_save_copies_parameters_while_training_goes_on_and_step_waits_for_the_copy(tmp_path):
+    """Parameters and optimizer state are copied in the background; buffers (which forward changes)
+    before save() returns; the optimizer's next step() waits for the copy, so the checkpoint holds the
+    state of its step exactly, and that wait counts as blocking."""
+    ctx = init({})
+    model, opt = _bn_model()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    saved = {k: v.clone() for k, v in model.state_dict().items()}
+    saved_exp_avg = opt.state_dict()["state"][0]["exp_avg"].clone()
+    _hold_background_copies(ck, 0.5)
+    ck.save(1, sync=False)
+    assert not ck._stager.copying.done()  # save() returned before the copy
+    deferred = ck._stager.deferred
+    assert {"model.model.0.weight", "model.optim.state.0.weight.exp_avg"} <= deferred
+    assert not any("running_mean" in k for k in deferred)
+    model(torch.randn(8, 64)).square().mean().backward()  # forward changes the BatchNorm statistics
+    opt.step()  # waits for the copy
+    assert ck.last_blocking_s > 0.2
+    ck.wait()
+    assert not torch.equal(model[1].running_mean, saved["1.running_mean"])
+    loaded, optim = _loaded_state(ctx, str(tmp_path))
+    assert all(torch.equal(loaded[k], saved[k]) for k in saved), [k for k in saved if not torch.equal(loaded[k], saved[k])]
+    assert torch.equal(optim[0]["exp_avg"], saved_exp_avg)
+    ck.close()
+    assert not opt._optimizer_step_pre_hooks  # close() takes its hook off the optimizer
+
+
+def test_changes_outside_the_optimizer_wait_with_wait_staged_or_overlap_off(tmp_path):
+    ctx = init({})
+    for overlap in (True, False):
+        model, opt = _bn_model()
+        uri = str(tmp_path / str(overlap))
+        ck = Checkpointer(CheckpointConfig(uri=uri, overlap_staging=overlap), ctx, _state(ctx, model, opt))
+        saved = {k: v.clone() for k, v in model.state_dict().items()}
+        _hold_background_copies(ck, 0.3)
+        ck.save(1, sync=False)
+        assert bool(ck._stager.deferred) is overlap
+        ck.wait_staged()  # a no-op without overlap
+        with torch.no_grad():
+            for p in model.parameters():
+                p.add_(1.0)
+        ck.close()
+        loaded, _ = _loaded_state(ctx, uri)
+        assert all(torch.equal(loaded[k], saved[k]) for k in saved)
 
 
 @pytest.mark.slow
@@ -184,6 +257,49 @@ def test_replicated_async_saves_copy_only_what_each_rank_writes_and_stay_snapsho
         assert all(p and p < tensors for p in parts), parts
         assert sum(len(p) for p in parts) == len(tensors) and set().union(*parts) == tensors
     assert all(r["loaded"] == {"3": True, "2": True} for r in ranks), ranks
+
+
+def test_a_background_copy_that_fails_fails_that_save_only(tmp_path, caplog):
+    ctx = init({})
+    model, opt = _bn_model()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    copy = ck._stager._copy
+
+    def failing(part):  # white box: the copy made in the background thread runs out of memory
+        if threading.current_thread() is not threading.main_thread():
+            raise MemoryError("no memory for the staging buffers")
+        return copy(part)
+
+    ck._stager._copy = failing
+    with caplog.at_level(logging.ERROR, logger="azulite.train"):
+        assert ck.save(1, sync=False)
+        ck.wait()
+    assert ck.last_committed is None and "copying the state failed: MemoryError" in caplog.text
+    assert not (tmp_path / "step-00000001").exists()
+    ck._stager._copy = copy
+    ck.save(2, sync=False)
+    ck.close()
+    assert ck.last_committed == 2
+
+
+@pytest.mark.slow
+def test_fsdp2_sharded_state_saves_async_and_loads_on_two_ranks_and_on_one(runner, tmp_path):
+    """FSDP2 on 2 CPU ranks: parameters and Adam state are DTensor shards; an async save copies them in
+    the background while the next step runs, and the checkpoint loads into a fresh sharded model and,
+    resharded, into a plain model in one process."""
+    res = runner.run(["--ckpt", str(tmp_path / "ckpt"), "--out", str(tmp_path / "out")], nproc=2, script=FSDP)
+    assert res.returncode == 0, res.output[-4000:]
+    for r in range(2):
+        out = json.loads((tmp_path / "out" / f"rank-{r}.json").read_text())
+        assert out["moved"] and out["loaded_step"] == 2 and out["equal"], out
+        assert "model.model.0.weight" in out["deferred"] and "model.optim.state.0.weight.exp_avg" in out["deferred"]
+    saved = torch.load(tmp_path / "out" / "saved.pt")
+    model = fsdp_async.plain_model()
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    ctx = init({})
+    state = {"model": ModelState(model, opt), "progress": Progress()}
+    assert Checkpointer(CheckpointConfig(uri=str(tmp_path / "ckpt")), ctx, state).load_latest() == 2
+    assert all(torch.equal(saved[k], v) for k, v in model.state_dict().items())
 
 
 def test_a_save_that_would_write_a_tensor_it_did_not_copy_fails_instead(tmp_path, caplog):

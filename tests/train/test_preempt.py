@@ -115,6 +115,6 @@ def test_scheduled_terminate_in_a_torchrun_job_commits_and_exits_75(runner, meta
     res = proc.wait(timeout=180)
     # only rank 0 may have seen the event first: the all-reduce makes both ranks stop at the same step
     assert res.output.count("checkpoint committed, exiting 75") == 2, res.output[-4000:]
-    assert "exitcode  : 75" in res.output  # torchrun reports its workers' 'preempted' exit code
+    assert "exitcode  : 75" in res.output, res.output  # torchrun reports its workers' 'preempted' exit code
     committed = [c.step for c in list_checkpoints(str(ckpt)) if c.committed]
     assert committed and 3 <= committed[-1] < 400

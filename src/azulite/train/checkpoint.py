@@ -13,7 +13,9 @@ A step directory without a valid ``manifest.json`` is an interrupted save: it do
 checkpoint, resume ignores it and retention deletes it. Saves go through ``torch.distributed.checkpoint``
 on the Checkpointer's own gloo process group (async saves on the default group hang in torch 2.13); the
 commit (sidecars, manifest) runs inside DCP's own protocol — shards in ``write_data`` on every rank, the
-manifest in ``finish`` on the coordinator — so an async save needs no extra collective.
+manifest in ``finish`` on the coordinator. An async save is DCP's synchronous save of a staged copy of
+the state, run in the Checkpointer's own thread (with the storage checks before it), so the training
+thread takes part in no collective of the save.
 
 For ``az://`` every rank first writes its shards to a local staging directory (hashing a local file is
 cheap, hashing a blob means downloading it), uploads them, then the coordinator uploads the manifest with
@@ -30,6 +32,7 @@ import os
 import shutil
 import tempfile
 import time
+import weakref
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -45,13 +48,14 @@ from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
 from torch.distributed.checkpoint.planner import WriteItemType
-from torch.distributed.checkpoint.staging import AsyncStager
 from torch.distributed.checkpoint.stateful import Stateful
 from torch.futures import Future as TorchFuture
+from torch.utils.serialization import config as serialization_config
 
 from azulite.errors import CheckpointError, StorageError
-from azulite.train.env import TrainContext
 from azulite.train.catalog import MANIFEST, MANIFEST_FORMAT, read_manifest, scan_steps, step_dir
+from azulite.train.env import TrainContext
+from azulite.train.state import ModelState
 from azulite.train.storage import CheckpointStorage, StorageSettings
 
 log = logging.getLogger("azulite.train.checkpoint")
@@ -95,6 +99,11 @@ class CheckpointConfig:
     keep_every: int = 0
     #: periodic saves write in a background thread; the step blocks only to copy the state
     async_save: bool = True
+    #: async saves copy parameters and optimizer state in the background while the next forward and
+    #: backward run; the optimizer's next ``step()`` waits until the copy is done (a step pre-hook). Turn
+    #: off when the loop changes parameters in place outside ``optimizer.step()`` (or call
+    #: :meth:`Checkpointer.wait_staged` before it does)
+    overlap_staging: bool = True
     #: writer threads per rank (files per rank); 2 doubles DCP's write bandwidth here
     thread_count: int = 2
     #: what a failed save does: "continue" logs it loudly and trains on (the previous checkpoint stays
@@ -123,12 +132,20 @@ class CheckpointConfig:
 
 
 # --- the save path -------------------------------------------------------------------------------------
-class _CachedStager(AsyncStager):
+class _CachedStager:
     """Copies the state into CPU buffers allocated once and reused by every async save.
 
-    DCP's own cache needs pinned memory, which a CPU-only torch cannot allocate; re-allocating ~GBs per
-    save would make the step block far longer than a memcpy. Safe because the Checkpointer never starts
-    a save before the previous one finished writing.
+    Tensors whose storage only an optimizer's ``step()`` changes (``deferrable``: parameters and
+    optimizer state of optimizers that wait for staging in a step pre-hook) are copied in a background
+    thread while training goes on to the next forward and backward, which only read them; the rest
+    (buffers, which forward may change, and anything else) is copied before ``stage`` returns. ``stage``
+    then returns a Future that the save thread waits on. This is CheckFreq's pipelined snapshot
+    (Mohan et al., FAST '21), and DCP's own ``StagingOptions(use_async_staging=True)`` minus the part
+    that needs CUDA.
+
+    DCP's own stager caches its buffers only in pinned memory, which a CPU-only torch cannot allocate;
+    re-allocating ~GBs per save would cost far more than a memcpy. Safe because the Checkpointer never
+    starts a save before the previous one finished writing.
 
     Replicated state (DDP: every rank holds all of it) is written once, each tensor by one rank, as DCP's
     deterministic de-duplication decides. So from the second save of the same state on, a rank copies only
@@ -138,34 +155,80 @@ class _CachedStager(AsyncStager):
     the next save copies everything again.
     """
 
-    _synchronize_after_execute = False
-
     def __init__(self) -> None:
-        self._cache: dict[str, Any] | None = None
+        self._cache: dict[str, Any] = {}
         self._keys: Any = None
         #: tensors (flat DCP names) this rank wrote in the last committed save of this structure
         self.owned: frozenset[str] | None = None
         #: tensors the last stage() copied; None: all of them
         self.copied: frozenset[str] | None = None
+        #: storages (data_ptr) that only a waiting optimizer's step() changes; set before each save
+        self.deferrable: frozenset[int] = frozenset()
+        #: tensors the last stage() left to the background copy
+        self.deferred: frozenset[str] = frozenset()
+        #: the background copy of the last stage(), while it may still run
+        self.copying: Future | None = None
+        self._pool: ThreadPoolExecutor | None = None
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any]:
+    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future:
         flat, mapping = flatten_state_dict(state_dict)
         keys = _structure(flat)
         if keys != self._keys:
-            self._cache, self._keys, self.owned = None, keys, None
-        if self._cache is None:
-            self._cache = _create_cpu_state_dict(flat)  # buffers for all: the owned set may change
+            self._cache, self._keys, self.owned = {}, keys, None
         owned = self.owned
         chosen = {k: v for k, v in flat.items() if owned is None or k in owned or not isinstance(v, torch.Tensor)}
-        staged = {**flat, **_copy_state_dict(chosen, {k: self._cache[k] for k in chosen}, type_check=False)}
+        later = {k: v for k, v in chosen.items() if isinstance(v, torch.Tensor) and _storage_ptr(v) in self.deferrable}
+        staged = {**flat, **self._copy({k: v for k, v in chosen.items() if k not in later})}
         self.copied = None if owned is None else frozenset(k for k in chosen if isinstance(flat[k], torch.Tensor))
-        return unflatten_state_dict(staged, mapping)
+        self.deferred = frozenset(later)
+        if not later:
+            self.copying = None
+            return unflatten_state_dict(staged, mapping)
 
-    def synchronize_staging(self) -> None:  # staging is blocking
-        pass
+        def finish() -> dict[str, Any]:
+            staged.update(self._copy(later))
+            return unflatten_state_dict(staged, mapping)
+
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="azulite-stage")
+        self.copying = self._pool.submit(finish)
+        return self.copying
+
+    def _copy(self, part: dict[str, Any]) -> dict[str, Any]:
+        # buffers are made on first use, for every tensor eventually: the owned set may change
+        missing = {k: v for k, v in part.items() if k not in self._cache}
+        if missing:
+            self._cache.update(_create_cpu_state_dict(missing))
+        return _copy_state_dict(part, {k: self._cache[k] for k in part}, type_check=False)
 
     def close(self) -> None:
-        self._cache = None
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+        self._cache, self._keys, self.copying = {}, None, None
+
+
+def _wait_staged_hook(checkpointer: Checkpointer) -> Callable[..., None]:
+    """An optimizer step pre-hook that waits for the Checkpointer's background copy. It holds the
+    Checkpointer weakly: an optimizer must not keep it (and its process group) alive until interpreter
+    shutdown, where destroying a gloo group aborts the process."""
+    ref = weakref.ref(checkpointer)
+
+    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
+        ck = ref()
+        if ck is not None:
+            ck.wait_staged()
+
+    return hook
+
+
+def _storage_ptr(t: Any) -> int | None:
+    """The address of the memory a tensor (a DTensor: its local shard) lives in; None when unknown."""
+    try:
+        local = t.to_local() if hasattr(t, "to_local") else t
+        return int(local.untyped_storage().data_ptr())
+    except Exception:  # noqa: BLE001 - a tensor subclass without storage: copied before stage() returns
+        return None
 
 
 def _structure(obj: Any) -> Any:
@@ -186,6 +249,8 @@ class _SaveJob:
     threads: int
     extra: dict[str, Any]
     hook: PhaseHook | None
+    keep_last: int
+    keep_every: int
 
     @property
     def rel(self) -> str:
@@ -246,6 +311,29 @@ class _SaveJob:
         self.storage.write_exclusive(f"{self.rel}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
         if self.storage.remote:
             shutil.rmtree(self.local_dir, ignore_errors=True)
+        # here, not on the training thread: deleting GBs takes rank 0 long enough to stall every rank
+        try:
+            _retain(self.storage, newest=self.step, keep_last=self.keep_last, keep_every=self.keep_every)
+        except Exception as e:  # noqa: BLE001 - retention failing must not fail the save or stop training
+            log.warning("could not delete old checkpoints under %s: %s", self.storage.uri, e)
+
+
+def _retain(storage: CheckpointStorage, *, newest: int, keep_last: int, keep_every: int) -> None:
+    """Delete committed checkpoints beyond ``keep_last`` (except multiples of ``keep_every``) and
+    interrupted saves older than ``newest``."""
+    committed, partial = [], []
+    for step, rel in scan_steps(storage):
+        (committed if read_manifest(storage, rel, step) is not None else partial).append(step)
+    keep = set(committed[-keep_last:]) | {newest}
+    if keep_every:
+        keep |= {s for s in committed if s % keep_every == 0}
+    doomed = [s for s in committed if s not in keep] + [s for s in partial if s < newest]
+    for step in doomed:
+        rel = step_dir(step)
+        # un-commit first: a half-deleted directory must never look like a checkpoint
+        storage.remove_file(f"{rel}/{MANIFEST}")
+        storage.remove_tree(rel)
+        log.info("deleted old checkpoint %s", storage.display(rel))
 
 
 @contextlib.contextmanager
@@ -318,9 +406,17 @@ class _HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        with super().create_stream(path, mode) as stream:
-            hashing = _HashingFile(stream)
-            yield hashing
+        # torch.save's zip records carry a CRC32 of every tensor: a second checksum pass, as costly as the
+        # sha256 here (~100 ms per 150 MB), that nothing reads (torch.load does not check it; resume checks
+        # the sha256). The setting is thread-local: this writer thread only.
+        prior = serialization_config.save.compute_crc32
+        serialization_config.save.compute_crc32 = False
+        try:
+            with super().create_stream(path, mode) as stream:
+                hashing = _HashingFile(stream)
+                yield hashing
+        finally:
+            serialization_config.save.compute_crc32 = prior
         self.digests[Path(path).name] = hashing.digest()  # one writer thread per file: no lock needed
 
 
@@ -385,12 +481,24 @@ class Checkpointer:
         base = settings.staging_dir or os.path.join(tempfile.gettempdir(), "azulite-staging")
         self._staging = Path(base) / hashlib.sha1(self.storage.uri.encode()).hexdigest()[:12]
         self._stager = _CachedStager()
-        self._pending: tuple[Future, int, float, _CommitWriter] | None = None
+        self._pending: tuple[Future, int, float] | None = None
+        self._thread: ThreadPoolExecutor | None = None  # where async saves write
+        # optimizers whose step() waits for an async save's background copy (overlap_staging)
+        self._waiting_optimizers: list[torch.optim.Optimizer] = []
+        self._hooks: list[Any] = []
+        if config.overlap_staging:
+            for obj in self.state.values():
+                opt = obj.optimizer if isinstance(obj, ModelState) else None
+                if isinstance(opt, torch.optim.Optimizer) and opt not in self._waiting_optimizers:
+                    self._waiting_optimizers.append(opt)
+                    self._hooks.append(opt.register_step_pre_hook(_wait_staged_hook(self)))
         self._failed_in_a_row = 0
         self.last_committed: int | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
         self.loaded_manifest: dict[str, Any] | None = None
-        #: seconds the training loop was blocked by the last save (staging for async, all of it for sync)
+        #: seconds the training loop was blocked by the last save: all of it for a sync save; for an async
+        #: save the copy made before save() returns plus any wait for the background copy at the next
+        #: optimizer step (or :meth:`wait_staged`)
         self.last_blocking_s = 0.0
 
     # -- collectives on the checkpoint group ------------------------------------------------------------
@@ -430,19 +538,73 @@ class Checkpointer:
 
     def save(self, step: int, *, sync: bool = True, raise_on_error: bool | None = None) -> bool:
         """Save ``state`` as checkpoint ``step``. Sync: returns True once committed. Async: returns True
-        once the state is copied (commit is reaped later). Failures follow ``on_save_error`` unless
+        at once; the state is copied (buffers now, parameters and optimizer state before the optimizer's
+        next step) and written in the background, and the commit is reaped at a later call. Failures follow ``on_save_error`` unless
         ``raise_on_error`` says otherwise (preemption saves raise: exiting 'preempted' must mean committed).
         """
+        t0 = time.perf_counter()
+        try:
+            return self._save(step, sync, raise_on_error, t0)
+        finally:
+            self.last_blocking_s = time.perf_counter() - t0
+
+    def _save(self, step: int, sync: bool, raise_on_error: bool | None, t0: float) -> bool:
         self._reap(block=True)  # one save at a time, and every rank reaps at the same step
         if self.phase_hook:
             self.phase_hook("save_start", step)
-        rel = step_dir(step)
-        # Storage may be gone before DCP even starts: decide together, so no rank waits in a collective
-        # the others skipped.
-        committed, err = False, None
+        if sync:
+            try:
+                if self._already_committed(step):
+                    return True
+                dcp.save(self.state, storage_writer=self._writer(step, None), process_group=self._pg,
+                         no_dist=self._pg is None)
+            except (KeyboardInterrupt, SystemExit):
+                raise
+            except BaseException as e:  # noqa: BLE001 - DCP wraps every rank's failure in a BaseException
+                return self._failed(step, e, raise_on_error)
+            self._committed(step, time.perf_counter() - t0)
+            return True
+        # Async: the training thread only takes the state dicts and copies what forward may change; the
+        # rest of the copy, the storage checks (a network round trip on Blob) and their collective, and
+        # DCP's save run in the Checkpointer's thread, on its own process group.
+        self._stager.deferrable = self._step_owned_storages()
         try:
-            committed = read_manifest(self.storage, rel, step) is not None
-            if not committed and self.ctx.is_main and self.storage.exists(rel):
+            staged = self._stager.stage({k: v.state_dict() if isinstance(v, Stateful) else v
+                                         for k, v in self.state.items()})
+        except (KeyboardInterrupt, SystemExit):
+            raise
+        except BaseException as e:  # noqa: BLE001 - e.g. no memory for the staging buffers
+            self._stager.owned = None
+            return self._failed(step, e, raise_on_error)
+
+        def write() -> _CommitWriter | None:
+            state_dict, failed = staged, None
+            if isinstance(staged, Future):
+                try:
+                    state_dict = staged.result()
+                except Exception as e:  # noqa: BLE001 - told to every rank below, so none waits alone
+                    failed = f"rank {self.ctx.rank}: copying the state failed: {type(e).__name__}: {e}"
+            if self._already_committed(step, failed):
+                return None
+            writer = self._writer(step, self._stager)
+            dcp.save(state_dict, storage_writer=writer, process_group=self._pg, no_dist=self._pg is None)
+            return writer
+
+        if self._thread is None:
+            self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="azulite-ckpt")
+        self._pending = (self._thread.submit(write), step, t0)
+        return True
+
+    def _already_committed(self, step: int, failed: str | None = None) -> bool:
+        """Before DCP starts, on every rank: is ``step`` committed already (then nothing is saved), and can
+        every rank reach the storage (and did it stage the state: ``failed`` says why not)? Decided
+        together, so no rank waits in a collective the others skipped; a leftover of an interrupted save
+        of the same step is removed."""
+        rel = step_dir(step)
+        committed, err = False, failed
+        try:
+            committed = failed is None and read_manifest(self.storage, rel, step) is not None
+            if failed is None and not committed and self.ctx.is_main and self.storage.exists(rel):
                 log.warning("removing %s: an interrupted save of the same step", self.storage.display(rel))
                 self.storage.remove_tree(rel)
         except Exception as e:  # noqa: BLE001 - any storage failure
@@ -450,41 +612,55 @@ class Checkpointer:
         verdicts = self._gather((committed, err))
         errors = [e for _, e in verdicts if e]
         if errors:
-            return self._failed(step, CheckpointError(errors[0]), raise_on_error)
+            raise CheckpointError(errors[0])
         if verdicts[0][0]:
             log.info("checkpoint step %d is already committed; not saving it again", step)
             return True
+        return False
+
+    def _writer(self, step: int, stager: _CachedStager | None) -> _CommitWriter:
+        rel = step_dir(step)
         local = Path(self.storage.path(rel)) if not self.storage.remote else self._staging / rel / f"rank-{self.ctx.rank}"
         local.mkdir(parents=True, exist_ok=True)
         job = _SaveJob(storage=self.storage, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size,
                        local_dir=local, threads=self.config.thread_count, extra=self._manifest_extra(),
-                       hook=self.phase_hook)
-        writer = _CommitWriter(job, None if sync else self._stager)
-        t0 = time.perf_counter()
-        if sync:
-            try:
-                dcp.save(self.state, storage_writer=writer, process_group=self._pg, no_dist=self._pg is None)
-            except (KeyboardInterrupt, SystemExit):
-                raise
-            except BaseException as e:  # noqa: BLE001 - DCP wraps every rank's failure in a BaseException
-                self.last_blocking_s = time.perf_counter() - t0
-                return self._failed(step, e, raise_on_error)
-            self.last_blocking_s = time.perf_counter() - t0
-            self._committed(step, time.perf_counter() - t0)
-            return True
-        fut = dcp.async_save(self.state, storage_writer=writer, process_group=self._pg,
-                             async_stager=self._stager, no_dist=self._pg is None)
-        self.last_blocking_s = time.perf_counter() - t0
-        self._pending = (fut, step, t0, writer)
-        return True
+                       hook=self.phase_hook, keep_last=self.config.keep_last, keep_every=self.config.keep_every)
+        return _CommitWriter(job, stager)
 
     def wait(self) -> None:
         """Block until a pending async save is committed (or failed, per the policy)."""
         self._reap(block=True)
 
+    def wait_staged(self) -> None:
+        """Block until a pending async save holds its own copy of the state. Optimizers of the saved
+        ModelStates do this in a step pre-hook; call it before changing parameters or optimizer state in
+        place any other way while a save may be pending (or set ``overlap_staging=False``)."""
+        copying = self._stager.copying
+        if copying is None or copying.done():
+            return
+        t0 = time.perf_counter()
+        with contextlib.suppress(Exception):  # a failed copy fails the save: reaped per the policy
+            copying.result()
+        self.last_blocking_s += time.perf_counter() - t0
+
+    def _step_owned_storages(self) -> frozenset[int]:
+        """Storages of the parameters and optimizer state of optimizers that wait in a step pre-hook."""
+        ptrs: set[int | None] = set()
+        for opt in self._waiting_optimizers:
+            ptrs.update(_storage_ptr(p) for group in opt.param_groups for p in group["params"])
+            ptrs.update(_storage_ptr(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+        ptrs.discard(None)
+        return frozenset(p for p in ptrs if p)  # 0: an empty storage, shared by all of them
+
     def close(self) -> None:
         self.wait()
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks, self._waiting_optimizers = [], []
         self._stager.close()
+        if self._thread is not None:
+            self._thread.shutdown(wait=True)
+            self._thread = None
         if self._pg is not None and dist.is_initialized():
             dist.destroy_process_group(self._pg)
             self._pg = None
@@ -492,32 +668,28 @@ class Checkpointer:
     def _reap(self, *, block: bool) -> None:
         if self._pending is None:
             return
-        fut, step, t0, writer = self._pending
+        fut, step, t0 = self._pending
         # a failure is only acted on at a blocking point (the next save, wait, close), which every rank
         # reaches at the same step: a 'stop' policy then stops all ranks together
         if not block and (not fut.done() or fut.exception() is not None):
             return
         self._pending = None
         try:
-            fut.result()
+            writer = fut.result()
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - DCP's CheckpointException is a BaseException
             self._stager.owned = None  # copy everything next time
             self._failed(step, e, None)
             return
-        self._stager.owned = writer.written  # DCP's de-duplication assigns this rank the same tensors again
-        self._committed(step, time.perf_counter() - t0)
+        if writer is not None:  # None: the step was committed already
+            self._stager.owned = writer.written  # DCP's de-duplication assigns this rank the same tensors again
+            self._committed(step, time.perf_counter() - t0)
 
     def _committed(self, step: int, seconds: float) -> None:
         self._failed_in_a_row = 0
         self.last_committed = step
         log.info("checkpoint step %d committed to %s in %.2fs", step, self.storage.display(step_dir(step)), seconds)
-        if self.ctx.is_main:
-            try:
-                self._retain(newest=step)
-            except Exception as e:  # noqa: BLE001 - retention failing must not stop training
-                log.warning("could not delete old checkpoints under %s: %s", self.storage.uri, e)
 
     def _failed(self, step: int, exc: BaseException, raise_on_error: bool | None) -> bool:
         self._failed_in_a_row += 1
@@ -549,27 +721,12 @@ class Checkpointer:
         env = self.ctx.env
         return {"model_config": dict(self.config.model_config), "job_id": env.job_id, "attempt": env.attempt}
 
-    def _retain(self, *, newest: int) -> None:
-        keep_every = self.config.keep_every
-        committed, partial = [], []
-        for step, rel in scan_steps(self.storage):
-            (committed if read_manifest(self.storage, rel, step) is not None else partial).append(step)
-        keep = set(committed[-self.config.keep_last:]) | {newest}
-        if keep_every:
-            keep |= {s for s in committed if s % keep_every == 0}
-        doomed = [s for s in committed if s not in keep] + [s for s in partial if s < newest]
-        for step in doomed:
-            rel = step_dir(step)
-            # un-commit first: a half-deleted directory must never look like a checkpoint
-            self.storage.remove_file(f"{rel}/{MANIFEST}")
-            self.storage.remove_tree(rel)
-            log.info("deleted old checkpoint %s", self.storage.display(rel))
-
     # -- restoring ----------------------------------------------------------------------------------------
     def load_latest(self) -> int | None:
         """Restore the newest checkpoint whose files all match their manifest hashes; returns its step,
         or None when there is none (a fresh start). Corrupt or incomplete checkpoints are skipped, and
         the log says which file was wrong and which checkpoint is used instead."""
+        self.wait()  # loading writes into the very tensors a pending save may still be copying
         choice: tuple[int, dict[str, Any]] | str | None = None
         if self.ctx.is_main:
             try:

@@ -1,7 +1,8 @@
 """Async saves of replicated (DDP) state on every rank of a torchrun group, training moving on while each
 save writes. From the second save on a rank copies only the tensors DCP has it write; every checkpoint must
 still hold the values of its own step. Writes ``--out/rank-R.json`` with what each rank copied and whether
-the checkpoints of steps 3 and 2 load back to the parameters they were saved with."""
+the checkpoints of steps 3 and 2 load back to the parameters they were saved with. Parameters and Adam
+state are copied in the background while the next step runs (its ``opt.step()`` waits for the copy)."""
 
 from __future__ import annotations
 
@@ -44,9 +45,9 @@ def main() -> None:
         ck.save(step, sync=False)
         staged = ck._stager.copied  # white box: what this save copied (None: everything)
         copied.append(None if staged is None else sorted(staged))
-        with torch.no_grad():  # training moves on while the save writes
-            for p in model.parameters():
-                p.mul_(0.5).add_(1.0)
+        opt.zero_grad()  # training moves on while the save copies and writes (step() waits for the copy)
+        ddp(torch.randn(2, 128)).square().mean().backward()
+        opt.step()
         ck.wait()
     cache = ck._stager._cache or {}
     tensors = sorted(k for k, v in cache.items() if isinstance(v, torch.Tensor))
