@@ -97,7 +97,8 @@ class CheckpointConfig:
     keep_last: int = 3
     #: also keep every checkpoint whose step is a multiple of K, forever (0: none)
     keep_every: int = 0
-    #: periodic saves write in a background thread; the step blocks only to copy the state
+    #: periodic saves copy and write in the Checkpointer's thread; the step blocks only to take the state
+    #: dicts and copy the buffers (see ``overlap_staging``)
     async_save: bool = True
     #: async saves copy parameters and optimizer state in the background while the next forward and
     #: backward run; the optimizer's next ``step()`` waits until the copy is done (a step pre-hook). Turn
