@@ -5,6 +5,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -25,7 +27,7 @@ from azulite.train import (
     list_checkpoints,
 )
 from tests.train.conftest import STEPS, runner
-from tests.train.procs import ROOT
+from tests.train.procs import ROOT, base_env
 from tests.train.scripts import fsdp_async, toy_train
 
 
@@ -280,6 +282,14 @@ def test_a_background_copy_that_fails_fails_that_save_only(tmp_path, caplog):
     ck.save(2, sync=False)
     ck.close()
     assert ck.last_committed == 2
+
+
+def test_a_script_that_ends_without_close_still_commits_its_last_async_save(tmp_path):
+    script = ROOT / "tests" / "train" / "scripts" / "exit_without_close.py"
+    res = subprocess.run([sys.executable, str(script), str(tmp_path)], capture_output=True, text=True, timeout=120,
+                         env=base_env())
+    assert res.returncode == 0, res.stderr[-3000:]
+    assert [c.step for c in list_checkpoints(str(tmp_path)) if c.committed] == [1], res.stderr[-3000:]
 
 
 @pytest.mark.slow

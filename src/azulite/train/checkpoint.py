@@ -31,6 +31,7 @@ import logging
 import os
 import shutil
 import tempfile
+import threading
 import time
 import weakref
 from collections.abc import Callable, Iterator, Mapping
@@ -80,7 +81,9 @@ def _hash_files(paths: Mapping[str, Path], threads: int) -> dict[str, dict[str, 
         p = paths[name]
         return name, {"sha256": _sha256_file(p), "bytes": p.stat().st_size}
 
-    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(paths) or 1))) as pool:
+    if threads <= 1 or len(paths) <= 1:
+        return dict(map(one, sorted(paths)))
+    with ThreadPoolExecutor(max_workers=min(threads, len(paths))) as pool:
         return dict(pool.map(one, sorted(paths)))
 
 
@@ -221,6 +224,27 @@ def _wait_staged_hook(checkpointer: Checkpointer) -> Callable[..., None]:
             ck.wait_staged()
 
     return hook
+
+
+def _commit_before_exit(checkpointer: Checkpointer) -> None:
+    """A script that ends without ``close()`` still gets its last async save committed: wait for it when
+    the main thread ends, before the interpreter joins threads and refuses new thread pools (which the
+    commit uses). ``threading._register_atexit`` is how concurrent.futures itself gets that slot; an
+    ``atexit`` handler would run too late."""
+    ref = weakref.ref(checkpointer)
+
+    def drain() -> None:
+        ck = ref()
+        if ck is not None and ck._pending is not None:
+            log.info("waiting for the checkpoint of step %d to commit before exiting", ck._pending[1])
+            try:
+                ck.wait()
+            except Exception as e:  # noqa: BLE001 - the failure is logged; exiting goes on
+                log.error("%s", e)
+
+    register = getattr(threading, "_register_atexit", None)
+    if register is not None:
+        register(drain)
 
 
 def _storage_ptr(t: Any) -> int | None:
@@ -493,6 +517,7 @@ class Checkpointer:
                 if isinstance(opt, torch.optim.Optimizer) and opt not in self._waiting_optimizers:
                     self._waiting_optimizers.append(opt)
                     self._hooks.append(opt.register_step_pre_hook(_wait_staged_hook(self)))
+        _commit_before_exit(self)
         self._failed_in_a_row = 0
         self.last_committed: int | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
