@@ -261,6 +261,24 @@ def test_replicated_async_saves_copy_only_what_each_rank_writes_and_stay_snapsho
     assert all(r["loaded"] == {"3": True, "2": True} for r in ranks), ranks
 
 
+def test_only_torch_optimizers_are_trusted_to_change_tensors_in_step_alone(tmp_path):
+    """An optimizer from elsewhere may update in backward (TorchRec's fused ones): its parameters are
+    copied before save() returns, not while training goes on."""
+
+    class FusedLike(torch.optim.SGD):  # not from torch.optim: could update anywhere
+        pass
+
+    ctx = init({})
+    model, _ = _bn_model()
+    for opt, deferred in ((torch.optim.SGD(model.parameters(), lr=0.1), True),
+                          (FusedLike(model.parameters(), lr=0.1), False)):
+        ck = Checkpointer(CheckpointConfig(uri=str(tmp_path / str(deferred))), ctx, _state(ctx, model, opt))
+        ck.save(1, sync=False)
+        assert ("model.model.0.weight" in ck._stager.deferred) is deferred
+        assert bool(opt._optimizer_step_pre_hooks) is deferred
+        ck.close()
+
+
 def test_a_background_copy_that_fails_fails_that_save_only(tmp_path, caplog):
     ctx = init({})
     model, opt = _bn_model()

@@ -247,6 +247,11 @@ def _commit_before_exit(checkpointer: Checkpointer) -> None:
         register(drain)
 
 
+def _updates_in_step(optimizer: Any) -> bool:
+    """Whether ``optimizer`` is one of torch.optim's, which change parameters and state only in step()."""
+    return isinstance(optimizer, torch.optim.Optimizer) and type(optimizer).__module__.startswith("torch.optim.")
+
+
 def _storage_ptr(t: Any) -> int | None:
     """The address of the memory a tensor (a DTensor: its local shard) lives in; None when unknown."""
     try:
@@ -508,13 +513,15 @@ class Checkpointer:
         self._stager = _CachedStager()
         self._pending: tuple[Future, int, float] | None = None
         self._thread: ThreadPoolExecutor | None = None  # where async saves write
-        # optimizers whose step() waits for an async save's background copy (overlap_staging)
+        # optimizers whose step() waits for an async save's background copy (overlap_staging): torch's
+        # own, whose step() is where parameters and their state change. Others are not trusted with it
+        # (TorchRec's fused optimizers update embeddings in backward): their tensors are copied at save().
         self._waiting_optimizers: list[torch.optim.Optimizer] = []
         self._hooks: list[Any] = []
         if config.overlap_staging:
             for obj in self.state.values():
                 opt = obj.optimizer if isinstance(obj, ModelState) else None
-                if isinstance(opt, torch.optim.Optimizer) and opt not in self._waiting_optimizers:
+                if _updates_in_step(opt) and opt not in self._waiting_optimizers:
                     self._waiting_optimizers.append(opt)
                     self._hooks.append(opt.register_step_pre_hook(_wait_staged_hook(self)))
         _commit_before_exit(self)
