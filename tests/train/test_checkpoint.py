@@ -176,10 +176,10 @@ def test_async_save_snapshots_the_state_and_round_trips(tmp_path):
 
 
 def _hold_background_copies(ck, seconds):
-    """White box: occupy the stager's copy thread for ``seconds``, so a save's background copy is
+    """White box: occupy the Checkpointer's save thread for ``seconds``, so a save's background copy is
     certainly still pending when training goes on (without it the race below is usually won anyway)."""
-    ck._stager._pool = ThreadPoolExecutor(max_workers=1)
-    ck._stager._pool.submit(time.sleep, seconds)
+    ck._thread = ThreadPoolExecutor(max_workers=1)
+    ck._thread.submit(time.sleep, seconds)
 
 
 def _bn_model():
@@ -209,7 +209,7 @@ def test_async_save_copies_parameters_while_training_goes_on_and_step_waits_for_
     saved_exp_avg = opt.state_dict()["state"][0]["exp_avg"].clone()
     _hold_background_copies(ck, 0.5)
     ck.save(1, sync=False)
-    assert not ck._stager.copying.done()  # save() returned before the copy
+    assert not ck._stager.copying.is_set()  # save() returned before the copy
     deferred = ck._stager.deferred
     assert {"model.model.0.weight", "model.optim.state.0.weight.exp_avg"} <= deferred
     assert not any("running_mean" in k for k in deferred)

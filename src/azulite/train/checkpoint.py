@@ -140,10 +140,11 @@ class _CachedStager:
     """Copies the state into CPU buffers allocated once and reused by every async save.
 
     Tensors whose storage only an optimizer's ``step()`` changes (``deferrable``: parameters and
-    optimizer state of optimizers that wait for staging in a step pre-hook) are copied in a background
-    thread while training goes on to the next forward and backward, which only read them; the rest
-    (buffers, which forward may change, and anything else) is copied before ``stage`` returns. ``stage``
-    then returns a Future that the save thread waits on. This is CheckFreq's pipelined snapshot
+    optimizer state of optimizers that wait for staging in a step pre-hook) are copied by the save thread
+    while training goes on to the next forward and backward, which only read them; the rest (buffers,
+    which forward may change, and anything else) is copied before ``stage`` returns. ``stage`` returns
+    the rest of the copy, for the save thread to run; ``copying`` is set once it is done. This is
+    CheckFreq's pipelined snapshot
     (Mohan et al., FAST '21), and DCP's own ``StagingOptions(use_async_staging=True)`` minus the part
     that needs CUDA.
 
@@ -170,11 +171,10 @@ class _CachedStager:
         self.deferrable: frozenset[int] = frozenset()
         #: tensors the last stage() left to the background copy
         self.deferred: frozenset[str] = frozenset()
-        #: the background copy of the last stage(), while it may still run
-        self.copying: Future | None = None
-        self._pool: ThreadPoolExecutor | None = None
+        #: set when the last stage()'s deferred copy is done (or failed); None: nothing was deferred
+        self.copying: threading.Event | None = None
 
-    def stage(self, state_dict: dict[str, Any]) -> dict[str, Any] | Future:
+    def stage(self, state_dict: dict[str, Any]) -> Callable[[], dict[str, Any]]:
         flat, mapping = flatten_state_dict(state_dict)
         keys = _structure(flat)
         if keys != self._keys:
@@ -185,18 +185,17 @@ class _CachedStager:
         staged = {**flat, **self._copy({k: v for k, v in chosen.items() if k not in later})}
         self.copied = None if owned is None else frozenset(k for k in chosen if isinstance(flat[k], torch.Tensor))
         self.deferred = frozenset(later)
-        if not later:
-            self.copying = None
-            return unflatten_state_dict(staged, mapping)
+        copying = self.copying = threading.Event() if later else None
 
         def finish() -> dict[str, Any]:
-            staged.update(self._copy(later))
+            if copying is not None:
+                try:
+                    staged.update(self._copy(later))
+                finally:
+                    copying.set()
             return unflatten_state_dict(staged, mapping)
 
-        if self._pool is None:
-            self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="azulite-stage")
-        self.copying = self._pool.submit(finish)
-        return self.copying
+        return finish
 
     def _copy(self, part: dict[str, Any]) -> dict[str, Any]:
         # buffers are made on first use, for every tensor eventually: the owned set may change
@@ -206,9 +205,6 @@ class _CachedStager:
         return _copy_state_dict(part, {k: self._cache[k] for k in part}, type_check=False)
 
     def close(self) -> None:
-        if self._pool is not None:
-            self._pool.shutdown(wait=True)
-            self._pool = None
         self._cache, self._keys, self.copying = {}, None, None
 
 
@@ -602,8 +598,8 @@ class Checkpointer:
         # DCP's save run in the Checkpointer's thread, on its own process group.
         self._stager.deferrable = self._step_owned_storages()
         try:
-            staged = self._stager.stage({k: v.state_dict() if isinstance(v, Stateful) else v
-                                         for k, v in self.state.items()})
+            finish_copy = self._stager.stage({k: v.state_dict() if isinstance(v, Stateful) else v
+                                              for k, v in self.state.items()})
         except (KeyboardInterrupt, SystemExit):
             raise
         except BaseException as e:  # noqa: BLE001 - e.g. no memory for the staging buffers
@@ -611,12 +607,11 @@ class Checkpointer:
             return self._failed(step, e, raise_on_error)
 
         def write() -> _CommitWriter | None:
-            state_dict, failed = staged, None
-            if isinstance(staged, Future):
-                try:
-                    state_dict = staged.result()
-                except Exception as e:  # noqa: BLE001 - told to every rank below, so none waits alone
-                    failed = f"rank {self.ctx.rank}: copying the state failed: {type(e).__name__}: {e}"
+            state_dict, failed = None, None
+            try:
+                state_dict = finish_copy()
+            except Exception as e:  # noqa: BLE001 - told to every rank below, so none waits alone
+                failed = f"rank {self.ctx.rank}: copying the state failed: {type(e).__name__}: {e}"
             if self._already_committed(step, failed):
                 return None
             writer = self._writer(step, self._stager)
@@ -669,11 +664,10 @@ class Checkpointer:
         ModelStates do this in a step pre-hook; call it before changing parameters or optimizer state in
         place any other way while a save may be pending (or set ``overlap_staging=False``)."""
         copying = self._stager.copying
-        if copying is None or copying.done():
+        if copying is None or copying.is_set():
             return
         t0 = time.perf_counter()
-        with contextlib.suppress(Exception):  # a failed copy fails the save: reaped per the policy
-            copying.result()
+        copying.wait()  # a failed copy fails the save: reaped per the policy
         self.last_blocking_s += time.perf_counter() - t0
 
     def _step_owned_storages(self) -> frozenset[int]:

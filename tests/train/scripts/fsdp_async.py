@@ -58,10 +58,10 @@ def main() -> None:
     ck = train.Checkpointer(train.CheckpointConfig(uri=args.ckpt), ctx,
                             {"model": train.ModelState(model, opt), "progress": progress})
     saved = full_params(model)
-    # white box: keep the stager's copy thread busy a moment, so the step below certainly finds the
+    # white box: keep the Checkpointer's save thread busy a moment, so the step below certainly finds the
     # background copy unfinished (a model this small is otherwise copied before the step starts)
-    ck._stager._pool = ThreadPoolExecutor(max_workers=1)
-    ck._stager._pool.submit(time.sleep, 0.5)
+    ck._thread = ThreadPoolExecutor(max_workers=1)
+    ck._thread.submit(time.sleep, 0.5)
     ck.save(2, sync=False)
     deferred = sorted(ck._stager.deferred)  # white box: what the background copy took
     step()  # waits for the copy in the optimizer's step pre-hook
