@@ -128,7 +128,12 @@ def main() -> int:
 
 if __name__ == "__main__":
     try:
-        sys.exit(main())
+        code = main()
     except AzuliteError as e:  # bad checkpoint URI, unreachable storage: the message, not a traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
-        sys.exit(e.exit_code)
+        code = e.exit_code
+    # out of the except block the error's traceback, and with it main()'s model and DDP reducer, are gone:
+    # the process group can go now rather than at interpreter teardown, where gloo aborts the process
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+    sys.exit(code)
