@@ -2,13 +2,18 @@
 VENV ?= .venv
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: demo test install install-dev clean
+.PHONY: demo test soak install install-dev clean
 
 demo: install
 	bash scripts/demo.sh
 
 test: install-dev
 	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+
+# The full trial counts of the property runs (many kills, 10k fuzz cases): tests marked `soak`, which
+# `make test` runs with their small counts only.
+soak: install-dev
+	AZULITE_SOAK=1 $(VENV)/bin/python -m pytest -m soak $(PYTEST_ARGS)
 
 install:
 	bash scripts/install.sh

@@ -15,8 +15,27 @@ stamp="$venv/.installed-$mode-$(cat pyproject.toml scripts/install.sh | sha256su
 # pip's own exit status counts; only the noise about this machine's empty local indexes is dropped.
 pip() { "$venv/bin/python" -m pip --disable-pip-version-check -q "$@" 2> >(grep -v "is ignored: it is neither a file nor a directory" >&2); }
 pip install --upgrade pip
+# apt_need BIN PKG...: installs Debian packages when BIN is not on PATH (as root; otherwise says what to run).
+apt_updated=
+apt_need() {
+  local bin=$1; shift
+  command -v "$bin" >/dev/null && return 0
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    [[ -n $apt_updated ]] || { DEBIAN_FRONTEND=noninteractive apt-get update -qq; apt_updated=1; }
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "$@" >/dev/null
+  else
+    echo "install: $bin not found and not root: run sudo apt-get install $*" >&2
+  fi
+}
 # torch first and pinned: this version's CPU build lies on disk; any other pulls GBs of CUDA wheels.
 pip install torch==2.13.0
+# --- both modes (what `make demo` needs beyond the package) ------------------------------------------
+# --- demo: dlrm (issue 9)
+# (end demo: dlrm (issue 9))
+
+# --- demo: export (issue 10)
+# (end demo: export (issue 10))
+
 if [[ $mode == runtime ]]; then
   pip install -e .
 else
@@ -32,16 +51,8 @@ else
   pip install einops hjson msgpack ninja psutil py-cpuinfo pydantic tqdm
   # tensorflow-cpu 2.21 (~275 MB) leaves torch/numpy/protobuf as they are (checked: numpy>=1.26, protobuf<8).
   pip install tensorflow-cpu==2.21.0
-  # Open MPI from Debian (mpirun + headers), only as root and only when no mpirun is on PATH; then mpi4py.
-  if ! command -v mpirun >/dev/null; then
-    if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-      DEBIAN_FRONTEND=noninteractive apt-get update -qq
-      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq openmpi-bin libopenmpi-dev >/dev/null
-    else
-      echo "install: mpirun not found and not root: the mpi example/tests will be skipped" \
-           "(sudo apt-get install openmpi-bin libopenmpi-dev)" >&2
-    fi
-  fi
+  # Open MPI from Debian (mpirun + headers) when no mpirun is on PATH; then mpi4py.
+  apt_need mpirun openmpi-bin libopenmpi-dev
   need="deepspeed tensorflow"
   if command -v mpirun >/dev/null; then pip install mpi4py; need="$need mpi4py"; fi
   "$venv/bin/python" -c "import importlib.util as u, sys; m = [n for n in sys.argv[1:] if not u.find_spec(n)]; sys.exit(f'install failed: {m} missing' if m else 0)" $need
@@ -52,6 +63,24 @@ else
     mkdir -p .cache/node
     npm install --prefix .cache/node --no-audit --no-fund --loglevel=error azurite@3.35.0 >/dev/null
   fi
+  # --- dlrm (issue 9) ------------------------------------------------------------------------------------
+  # (end dlrm (issue 9))
+  # --- export (issue 10) ------------------------------------------------------------------------------------
+  # (end export (issue 10))
+  # --- protection (issue 11) ------------------------------------------------------------------------------------
+  # (end protection (issue 11))
+  # --- aks-azureml (issue 12) ------------------------------------------------------------------------------------
+  # (end aks-azureml (issue 12))
+  # --- cost (issue 13) ------------------------------------------------------------------------------------
+  # (end cost (issue 13))
+  # --- operations (issue 14) ------------------------------------------------------------------------------------
+  # (end operations (issue 14))
+  # --- serving-workers (issue 15) ------------------------------------------------------------------------------------
+  # (end serving-workers (issue 15))
+  # --- jobs-round-2 (issue 16) ------------------------------------------------------------------------------------
+  # (end jobs-round-2 (issue 16))
+  # --- tests-pass (issue 17) ------------------------------------------------------------------------------------
+  # (end tests-pass (issue 17))
 fi
 "$venv/bin/python" -c "import torch, azulite" || { echo "install failed: torch or azulite does not import" >&2; exit 1; }
 rm -f "$venv"/.installed-"$mode"-*
