@@ -123,3 +123,32 @@ class Internal(ServeError):
     """A failure inside the server or a model's own code: not the client's fault."""
 
     status = "INTERNAL"
+
+
+class CatalogError(AzuliteError):
+    """A SKU or price the catalog cannot give: an unknown SKU, a price file with a wrong field."""
+
+
+class UnknownSku(CatalogError):
+    """No SKU of that name; ``suggestions`` holds the nearest names in the catalog."""
+
+    def __init__(self, name: str, suggestions: list[str], *, where: str | None = None) -> None:
+        self.name = name
+        self.suggestions = suggestions
+        hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
+        super().__init__(
+            f"unknown SKU {name!r}", where=where,
+            fix=f"{hint}list the known SKUs with `azulite catalog`, or add it in a catalog file (--catalog FILE)",
+        )
+
+
+class PriceUnknown(CatalogError):
+    """A price the catalog has no source for (never invented)."""
+
+
+class TraceError(AzuliteError):
+    """A job trace (CSV, Philly, Alibaba PAI) that cannot be read: names the file, the row and the column."""
+
+
+class SimulationError(AzuliteError):
+    """A cluster and trace that cannot be simulated as given (e.g. a job no node pool can ever fit)."""

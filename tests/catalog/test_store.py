@@ -1,0 +1,101 @@
+"""The catalog: packaged SKUs and prices as the seeds and Microsoft's size pages give them, derived prices
+naming their rule, unknown prices left unknown, nearest-name suggestions, and the user's override file."""
+
+from __future__ import annotations
+
+import pytest
+
+from azulite.catalog import Catalog, get_sku, skus
+from azulite.errors import CatalogError, UnknownSku
+
+SEED_SKUS = ["NC6s_v3", "NC24rs_v3", "NC4as_T4_v3", "NC24ads_A100_v4", "NC96ads_A100_v4", "ND40rs_v2",
+             "ND96asr_v4", "ND96amsr_A100_v4", "ND96isr_H100_v5", "D4s_v3"]
+
+
+def test_every_seed_sku_is_there_with_prefix_and_case_optional():
+    for short in SEED_SKUS:
+        s = get_sku(short)
+        assert s.name == f"Standard_{short}" and s.cloud == "azure"
+        assert get_sku(s.name.upper()) is s
+    assert {s.name for s in skus(cloud="aws")} == {"ml.p3.2xlarge", "ml.p4d.24xlarge"}
+    assert {s.name for s in skus(cloud="gcp")} == {"n1-standard-8-v100", "a2-highgpu-1g"}
+
+
+def test_specs_follow_microsoft_where_a_seed_disagrees():
+    nc96 = get_sku("NC96ads_A100_v4")  # seed 001 §2.1: 8x A100 / 640 GB; Microsoft: 4x A100 80 GB
+    assert (nc96.gpus, nc96.gpu_memory_gb, nc96.total_gpu_memory_gb) == (4, 80, 320)
+    assert "seed" in nc96.notes
+    nd40 = get_sku("ND40rs_v2")  # seed 001 §1.5: 200 Gb/s; Microsoft: 100 Gb EDR
+    assert (nd40.gpus, nd40.gpu_memory_gb, nd40.infiniband_gbps) == (8, 32, 100)
+    assert get_sku("ND96isr_H100_v5").infiniband_gbps == 3200
+    assert get_sku("D4s_v3").gpus == 0
+    assert [s.short for s in skus("a100", cloud="azure")] == ["NC24ads_A100_v4", "NC96ads_A100_v4", "ND96asr_v4", "ND96amsr_A100_v4"]
+
+
+def test_prices_are_the_seeds_with_source_and_date():
+    nc24 = get_sku("NC24rs_v3")
+    assert nc24.price("on_demand").usd_per_hour == 3.06 and nc24.price("spot").usd_per_hour == 0.92
+    assert nc24.price("on_demand").date == "2025-11-14" and "seed 001" in nc24.price("on_demand").source
+    assert nc24.price("on_demand").derived is None
+    nd96 = get_sku("ND96asr_v4")
+    assert nd96.price("on_demand").usd_per_hour == 27.0 and nd96.price("spot").usd_per_hour == 9.5
+    assert nd96.price("on_demand").date is None  # seed 002 is undated: shown as such, not given a date
+
+
+def test_derived_prices_name_their_rule_and_unknown_stays_unknown():
+    t4 = get_sku("NC4as_T4_v3")
+    sp1 = t4.price("savings_1y")
+    assert sp1.usd_per_hour == pytest.approx(0.526 * 0.7) and "30%" in sp1.derived and "Savings Plans" in sp1.source
+    assert t4.price("reserved_1y") is None and t4.price("reserved_3y") is None  # "up to 72%" is no price
+    assert get_sku("ND96isr_H100_v5").prices == {}  # no seed prices it
+    assert get_sku("D4s_v3").price("on_demand") is None
+
+
+def test_unknown_sku_suggests_the_nearest_names():
+    with pytest.raises(UnknownSku) as e:
+        get_sku("NC24r_v3")
+    assert e.value.suggestions[0] == "Standard_NC24rs_v3"
+    assert "did you mean Standard_NC24rs_v3" in str(e.value)
+    with pytest.raises(UnknownSku) as e:
+        get_sku("ND96isr_H100_v6")
+    assert "Standard_ND96isr_H100_v5" in e.value.suggestions
+
+
+def test_override_file_adds_a_sku_and_replaces_a_price(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text(
+        '[[sku]]\nname = "Standard_NC8as_T4_v3"\ncloud = "azure"\ngpus = 1\ngpu_type = "T4"\ngpu_memory_gb = 16\nvcpus = 8\nram_gb = 56\n'
+        '[[sku]]\nname = "ND96isr_H100_v5"\nnotes = "ours"\n'
+        '[[price]]\nsku = "Standard_NC8as_T4_v3"\nkind = "on_demand"\nusd_per_hour = 0.752\nsource = "EA sheet"\ndate = "2026-01-05"\n'
+        '[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 0.5\nsource = "EA sheet"\n'
+        '[[price]]\nsku = "ND96isr_H100_v5"\nkind = "reserved_1y"\nusd_per_hour = 60\nsource = "quote"\n'
+    )
+    cat = Catalog.load(f)
+    new = cat.get("NC8as_T4_v3")
+    assert new.gpus == 1 and new.price("on_demand").usd_per_hour == 0.752
+    assert new.price("spot").derived  # the packaged 70% rule applies to the user's on-demand price too
+    assert cat.get("NC24rs_v3").price("spot").usd_per_hour == 0.5
+    h100 = cat.get("ND96isr_H100_v5")
+    assert h100.notes == "ours" and h100.gpus == 8 and h100.price("reserved_1y").source == "quote"
+    assert Catalog.load().get("NC24rs_v3").price("spot").usd_per_hour == 0.92  # the packaged data is untouched
+
+
+@pytest.mark.parametrize(
+    "text, where, words",
+    [
+        ('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hr = 0.5\nsource = "x"\n', "price[0]", "unknown field 'usd_per_hr'"),
+        ('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = -1\nsource = "x"\n', "price[0]", "usd_per_hour"),
+        ('[[price]]\nsku = "NC24rs_v3"\nkind = "cheap"\nusd_per_hour = 1\nsource = "x"\n', "price[0]", "kind"),
+        ('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 1\n', "price[0]", "'source' is missing"),
+        ('[[price]]\nsku = "NC24zz_v3"\nkind = "spot"\nusd_per_hour = 1\nsource = "x"\n', "price[0]", "did you mean"),
+        ('[[sku]]\nname = "Brand_New"\ngpus = 2\n', "sku[0]", "lacks cloud"),
+        ('[[skus]]\nname = "x"\n', "mine.toml", "unknown table 'skus'"),
+        ('[[price]\n', "mine.toml", "not valid TOML"),
+    ],
+)
+def test_bad_override_file_names_the_entry_and_field(tmp_path, text, where, words):
+    f = tmp_path / "mine.toml"
+    f.write_text(text)
+    with pytest.raises(CatalogError) as e:
+        Catalog.load(f)
+    assert where in str(e.value) and words in str(e.value)

@@ -1,0 +1,38 @@
+"""``azulite catalog``: the table, --gpu filter, --json with sources, and an unknown-catalog-file error
+as a message with exit code 2."""
+
+from __future__ import annotations
+
+import json
+
+from azulite.cli import main
+
+
+def run(*args: str) -> int:
+    """The exit code of ``azulite ARGS`` run in this process (typer exits even on success)."""
+    try:
+        main(list(args))
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
+def test_catalog_json_filters_and_carries_sources(capsys):
+    assert run("catalog", "--gpu", "T4", "--json") == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["name"] for r in rows] == ["Standard_NC4as_T4_v3"]
+    p = rows[0]["prices"]
+    assert p["on_demand"]["usd_per_hour"] == 0.526 and p["on_demand"]["date"] == "2025-11-14"
+    assert p["reserved_1y"] is None
+
+
+def test_catalog_table_marks_unknown_and_derived(capsys):
+    assert run("catalog", "--cloud", "azure", "--sources") == 0
+    out = capsys.readouterr().out
+    assert "NC24rs_v3" in out and "3.060" in out and "0.630*" in out and "ND96isr_H100_v5" in out
+    assert "seed 001 §4.1" in out
+
+
+def test_catalog_missing_file_is_an_error_not_a_traceback(capsys, tmp_path):
+    assert run("catalog", "--catalog", str(tmp_path / "nope.toml")) == 2
+    assert "catalog file not found" in capsys.readouterr().err
