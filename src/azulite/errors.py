@@ -152,3 +152,14 @@ class TraceError(AzuliteError):
 
 class SimulationError(AzuliteError):
     """A cluster and trace that cannot be simulated as given (e.g. a job no node pool can ever fit)."""
+
+
+class DeployError(AzuliteError):
+    """A spec or option that cannot be rendered or sent to a cluster target (AKS, Azure ML): a SKU with
+    too few GPUs, a spot job without a checkpoint location, no image, no kubeconfig, no credentials."""
+
+
+class RemoteError(AzuliteError):
+    """A cluster or workspace API that refused or failed a call (Kubernetes, Azure ML)."""
+
+    exit_code = 1

@@ -1,0 +1,68 @@
+"""``azulite deploy render`` and ``azulite cluster render``: specs as AKS / Azure ML artifacts on disk."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from azulite.errors import AzuliteError
+
+app = typer.Typer(no_args_is_help=True, help=(
+    "Render a job or serving spec for AKS or Azure ML.\n\n"
+    "Examples:\n\n"
+    "  azulite deploy render examples/aks/torchrec-job.yaml --target aks --out build/\n\n"
+    "  azulite deploy render examples/aks/torchrec-job.yaml --target aks --flavor pytorchjob --out build/\n\n"
+    "  azulite deploy render examples/aks/arr-coc-triton.yaml --target azureml --out build/"))
+cluster_app = typer.Typer(no_args_is_help=True, help=(
+    "Render what sets up an AKS cluster for GPU work.\n\n"
+    "Example:\n\n  azulite cluster render examples/aks/cluster.yaml --out build/cluster"))
+
+
+@app.command("render")
+def render(
+    spec: Path = typer.Argument(..., help="A job spec or a serving spec (YAML)."),
+    target: str = typer.Option("aks", "--target", help="aks or azureml."),
+    out: Path = typer.Option(..., "--out", help="Folder to write into (created)."),
+    flavor: str = typer.Option("indexed-job", "--flavor", help="AKS jobs: indexed-job or pytorchjob."),
+    namespace: str = typer.Option("default", "--namespace", "-n"),
+    image: Optional[str] = typer.Option(None, "--image", help="Image to run (default: the spec's environment.image)."),
+    code_uri: Optional[str] = typer.Option(None, "--code-uri", help="az://container/prefix the code snapshot is fetched from (default: baked into the image)."),
+    storage_account: Optional[str] = typer.Option(None, "--storage-account", help="Storage account of az:// locations."),
+    pvc: Optional[str] = typer.Option(None, "--pvc", help="PersistentVolumeClaim for outputs that are not az:// URIs."),
+    service_account: str = typer.Option("azulite", "--service-account", help="Service account with a workload identity (Blob)."),
+    grace: int = typer.Option(120, "--termination-grace", help="Seconds for the preemption checkpoint after SIGTERM."),
+    compute: Optional[str] = typer.Option(None, "--compute", help="Azure ML compute cluster (default: the spec's compute)."),
+    datastore: Optional[str] = typer.Option(None, "--datastore", help="Azure ML datastore of az:// outputs."),
+    set_: List[str] = typer.Option([], "--set", help="Override a spec field: --set path=value."),
+) -> None:
+    """Write the manifests of one spec. Nothing is written unless all of it renders."""
+    from azulite.deploy.azureml import AzureMLOptions
+    from azulite.deploy.options import AksOptions
+    from azulite.deploy.render import render_spec, write_files
+
+    if target not in ("aks", "azureml"):
+        raise AzuliteError(f"unknown target {target!r}", where="--target", fix="use --target aks or --target azureml")
+    if flavor not in ("indexed-job", "pytorchjob"):
+        raise AzuliteError(f"unknown flavor {flavor!r}", where="--flavor", fix="use --flavor indexed-job or --flavor pytorchjob")
+    aks = AksOptions(namespace=namespace, flavor=flavor, image=image, code_uri=code_uri, storage_account=storage_account,
+                     pvc=pvc, service_account=service_account, termination_grace_s=grace)
+    aml = AzureMLOptions(compute=compute, datastore=datastore, storage_account=storage_account)
+    files = render_spec(spec, target, aks, aml, set_)
+    for p in write_files(out, files):
+        Console(highlight=False).print(f"wrote {p}")
+
+
+@cluster_app.command("render")
+def cluster_render(
+    spec: Path = typer.Argument(..., help="A cluster spec (YAML): resource group, cluster, node pools."),
+    out: Path = typer.Option(..., "--out", help="Folder to write into (created)."),
+    set_: List[str] = typer.Option([], "--set", help="Override a spec field: --set path=value."),
+) -> None:
+    """Write nodepools.sh (az aks nodepool add ...), the NVIDIA device plugin, the DCGM exporter and the GPU alerts."""
+    from azulite.deploy.render import render_cluster, write_files
+
+    for p in write_files(out, render_cluster(spec, set_)):
+        Console(highlight=False).print(f"wrote {p}")

@@ -1,0 +1,164 @@
+"""A job spec as an Azure ML command job, a serving spec as a managed online endpoint + deployment with a
+``triton_model`` (seed 001 §1.2 and §3.3), as the YAML ``az ml`` and azure-ai-ml's ``load_*`` read.
+
+Written as plain YAML documents rather than built with azure-ai-ml entities: rendering must not need the
+SDK (a 1.5 s import and a large dependency tree) and 1.x has dump traps (``command()`` returns a pipeline
+node, ``ManagedOnlineEndpoint.dump`` writes nothing: FIELD-NOTES). Tests load every document back with
+azure-ai-ml; ``azulite.launch.azureml`` submits the same document.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from azulite.deploy.image import DEFAULT_BASE
+from azulite.deploy.sku import check_processes, sku_facts
+from azulite.errors import DeployError
+from azulite.spec.deploy import ServingSpec
+from azulite.spec.job import Environment, JobSpec, MpiDistribution, PathInput, PyTorchDistribution, TensorFlowDistribution
+
+SCHEMA = "https://azuremlschemas.azureedge.net/latest/{}.schema.json"
+
+
+@dataclass(frozen=True)
+class AzureMLOptions:
+    #: the compute cluster (``azureml:<name>``); default: the spec's ``compute``
+    compute: str | None = None
+    #: the datastore whose container az:// locations live in (outputs and model paths)
+    datastore: str | None = None
+    #: the storage account of az:// inputs (read over https)
+    storage_account: str | None = None
+    experiment_name: str | None = None
+
+
+def _az_to_datastore(uri: str, opts: AzureMLOptions, field: str) -> str:
+    if not opts.datastore:
+        raise DeployError(f"{uri} needs the Azure ML datastore registered for its container", where=field,
+                          fix="pass --datastore NAME (az ml datastore list), or use an azureml:// path")
+    _, _, path = uri[len("az://"):].partition("/")
+    return f"azureml://datastores/{opts.datastore}/paths/{path}"
+
+
+def _environment(spec: JobSpec) -> Any:
+    env = spec.environment
+    if env is None:
+        raise DeployError("an Azure ML job needs an environment", where="environment",
+                          fix="set environment: azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest, or {image: ..., conda_file: ...}")
+    if isinstance(env, str):
+        return env if env.startswith("azureml:") or "/" not in env else {"image": env}
+    out: dict[str, Any] = {"image": env.image or DEFAULT_BASE}
+    if env.conda_file:
+        out["conda_file"] = env.conda_file
+    if env.name:
+        out["name"] = env.name
+    if env.version:
+        out["version"] = env.version
+    return out
+
+
+def _distribution(spec: JobSpec) -> dict | None:
+    d = spec.distribution
+    if isinstance(d, PyTorchDistribution):
+        return {"type": "pytorch", "process_count_per_instance": d.process_count_per_instance}
+    if isinstance(d, MpiDistribution):
+        return {"type": "mpi", "process_count_per_instance": d.process_count_per_instance}
+    if isinstance(d, TensorFlowDistribution):
+        return {"type": "tensorflow", "worker_count": d.worker_count, "parameter_server_count": d.parameter_server_count}
+    return None
+
+
+def command_job(spec: JobSpec, opts: AzureMLOptions) -> dict:
+    """The command job document (``az ml job create -f``; ``load_job``)."""
+    sku = sku_facts(spec.resources.instance_type)
+    if spec.distribution_type in ("pytorch", "mpi"):
+        check_processes(spec.processes_per_node, sku)
+    compute = opts.compute or spec.azureml.get("compute")
+    if not compute:
+        raise DeployError("no compute cluster to run on", where="compute",
+                          fix="add `compute: azureml:gpu-cluster` to the spec or pass --compute gpu-cluster")
+    if not str(compute).startswith("azureml:"):
+        compute = f"azureml:{compute}"
+    inputs: dict[str, Any] = {}
+    for name, v in spec.inputs.items():
+        if not isinstance(v, PathInput):
+            inputs[name] = v
+            continue
+        path = v.path
+        if path.startswith("az://"):
+            if not opts.storage_account:
+                raise DeployError(f"input {name!r} ({path}) needs its storage account", where=f"inputs.{name}.path",
+                                  fix="pass --storage-account ACCOUNT, or use an azureml:// path")
+            container, _, rest = path[len("az://"):].partition("/")
+            path = f"https://{opts.storage_account}.blob.core.windows.net/{container}/{rest}"
+        elif path.startswith("nfs://"):
+            raise DeployError(f"input {name!r} is an NFS export; Azure ML jobs read datastores", where=f"inputs.{name}.path",
+                              fix="register the data as a datastore/data asset and use its azureml:// path")
+        item = {"type": v.type, "path": path}
+        if v.mode:
+            item["mode"] = v.mode
+        inputs[name] = item
+    outputs: dict[str, Any] = {}
+    for name, o in spec.outputs.items():
+        item: dict[str, Any] = {"type": o.type}
+        if o.path and o.path.startswith("az://"):
+            item["path"] = _az_to_datastore(o.path, opts, f"outputs.{name}.path")
+        elif o.path and o.path.startswith("azureml://"):
+            item["path"] = o.path
+        # a local path means "the default datastore" in the cloud: Azure ML picks the location
+        if o.mode:
+            item["mode"] = o.mode
+        outputs[name] = item
+    doc: dict[str, Any] = {
+        "$schema": SCHEMA.format("commandJob"), "type": "command",
+        "display_name": spec.azureml.get("display_name", spec.name),
+        "experiment_name": opts.experiment_name or spec.azureml.get("experiment_name", spec.name),
+        "code": spec.code, "command": spec.command,
+        "environment": _environment(spec), "compute": compute,
+        "resources": {"instance_type": sku.name, "instance_count": spec.nodes},
+    }
+    for key, value in (("inputs", inputs), ("outputs", outputs), ("environment_variables", spec.environment_variables)):
+        if value:
+            doc[key] = dict(value)
+    dist = _distribution(spec)
+    if dist:
+        doc["distribution"] = dist
+    if spec.timeout:
+        doc["limits"] = {"timeout": int(spec.timeout)}
+    if spec.priority == "spot":
+        doc["queue_settings"] = {"job_tier": "spot"}  # low-priority (evictable) capacity
+    if spec.azureml.get("tags"):
+        doc["tags"] = spec.azureml["tags"]
+    return doc
+
+
+def online_endpoint(spec: ServingSpec) -> dict:
+    return {"$schema": SCHEMA.format("managedOnlineEndpoint"), "name": spec.name, "auth_mode": spec.auth_mode}
+
+
+def online_deployment(spec: ServingSpec, opts: AzureMLOptions, name: str = "blue") -> dict:
+    """A no-code Triton deployment: the repository as a ``triton_model`` (no scoring script or environment)."""
+    if spec.server != "triton" and spec.image:
+        raise DeployError("an Azure ML no-code Triton deployment runs Azure's Triton, not an image", where="image",
+                          fix="remove image (or use --target aks to run your own image)")
+    sku = sku_facts(spec.instance_type, field="instance_type")
+    repo = spec.model_repository
+    if repo.startswith("az://"):
+        repo = _az_to_datastore(repo, opts, "model_repository")
+    if repo.startswith("azureml:") and not repo.startswith("azureml://datastores"):
+        model: Any = repo if not repo.startswith("azureml://") else f"azureml:{repo.rsplit('/', 1)[-1]}:{spec.model_version}"
+    else:
+        model = {"name": spec.model_name or f"{spec.name}-model", "version": spec.model_version,
+                 "path": repo, "type": "triton_model"}
+    doc: dict[str, Any] = {
+        "$schema": SCHEMA.format("managedOnlineDeployment"), "name": name, "endpoint_name": spec.name,
+        "model": model, "instance_type": sku.name,
+        "instance_count": spec.autoscaling.min_replicas if spec.autoscaling else max(1, spec.replicas),
+    }
+    if spec.autoscaling:
+        a = spec.autoscaling
+        doc["scale_settings"] = {"type": "target_utilization", "min_instances": a.min_replicas,
+                                 "max_instances": a.max_replicas, "target_utilization_percentage": a.target_cpu_utilization}
+    if spec.environment_variables:
+        doc["environment_variables"] = dict(spec.environment_variables)
+    return doc

@@ -1,0 +1,100 @@
+"""How a job's code, environment and image reach a pod.
+
+- The image: ``--image`` or the spec's ``environment.image``. An Azure ML environment name
+  (``azureml:...``) exists only in a workspace, so an AKS target needs an image of its own.
+- A Dockerfile is rendered beside the manifests when the environment names a conda file or the code
+  folder has a requirements.txt (then ``--image`` names the image it builds), or when ``--image`` is given
+  without ``--code-uri`` (the code is baked in): ``docker build -t IMAGE -f Dockerfile CODE`` builds what the
+  manifests run.
+- The code: with ``--code-uri az://container/prefix`` it is uploaded as ``<prefix>/<job>/code.tar.gz`` at
+  submit and fetched by an init container (Azure CLI, logged in through workload identity) into an
+  emptyDir at /code; otherwise it is in the image at /code (the Dockerfile's ``COPY``, or an image of
+  yours that already holds it, as seed 002's manifests assume).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from azulite.deploy.options import CODE_DIR, AksOptions
+from azulite.errors import DeployError
+from azulite.spec.job import Environment, JobSpec
+
+#: the base the seeds run on (seed 002): CUDA 12.1, cuDNN 8, Open MPI; Azure ML's own training base
+DEFAULT_BASE = "mcr.microsoft.com/azureml/openmpi4.1.0-cuda12.1-cudnn8-ubuntu22.04"
+AZ_CLI_IMAGE = "mcr.microsoft.com/azure-cli:2.67.0"
+CODE_ARCHIVE = "code.tar.gz"
+
+
+def _needs_build(spec: JobSpec) -> bool:
+    env = spec.environment
+    return bool(isinstance(env, Environment) and env.conda_file) or (Path(spec.code) / "requirements.txt").is_file()
+
+
+def container_image(spec: JobSpec, opts: AksOptions) -> str:
+    if opts.image:
+        return opts.image
+    if _needs_build(spec):
+        raise DeployError(
+            "the environment has a conda file or requirements.txt: the image to run is built from the rendered Dockerfile",
+            where="environment", fix="pass --image REGISTRY/NAME:TAG, the tag you build and push the Dockerfile as",
+        )
+    env = spec.environment
+    if isinstance(env, Environment) and env.image:
+        return env.image
+    if isinstance(env, str) and not env.startswith("azureml:") and "/" in env:
+        return env  # a plain image reference
+    shown = env if isinstance(env, str) else (env.conda_file or env.name) if env else None
+    raise DeployError(
+        "no image to run" + (f": {shown!r} is not an image a pod can pull" if shown else ""),
+        where="environment",
+        fix="set environment.image (e.g. mcr.microsoft.com/azureml/openmpi4.1.0-cuda12.1-cudnn8-ubuntu22.04), "
+            "or pass --image REGISTRY/NAME:TAG and build it from the rendered Dockerfile",
+    )
+
+
+def code_archive_uri(opts: AksOptions, job: str) -> str:
+    assert opts.code_uri
+    return f"{opts.code_uri.rstrip('/')}/{job}/{CODE_ARCHIVE}"
+
+
+def code_init_container(opts: AksOptions, job: str) -> dict:
+    """Downloads and unpacks the code snapshot uploaded at submit (see ``azulite.launch.kubernetes``)."""
+    uri = code_archive_uri(opts, job)
+    if not uri.startswith("az://"):
+        raise DeployError(f"--code-uri must be an az://container/prefix URI, got {opts.code_uri!r}", where="--code-uri",
+                          fix="pass --code-uri az://container/prefix")
+    if not opts.storage_account:
+        raise DeployError("an az:// code location needs its storage account", where="--storage-account",
+                          fix="pass --storage-account ACCOUNT (the account holding the container)")
+    container, _, blob = uri[len("az://"):].partition("/")
+    script = (
+        'az login --service-principal -u "$AZURE_CLIENT_ID" -t "$AZURE_TENANT_ID" '
+        '--federated-token "$(cat $AZURE_FEDERATED_TOKEN_FILE)" >/dev/null && '
+        f"az storage blob download --auth-mode login --account-name {opts.storage_account} "
+        f"-c {container} -n {blob} -f /tmp/{CODE_ARCHIVE} >/dev/null && tar -xzf /tmp/{CODE_ARCHIVE} -C {CODE_DIR}"
+    )
+    return {"name": "fetch-code", "image": AZ_CLI_IMAGE, "command": ["bash", "-c", script],
+            "volumeMounts": [{"name": "code", "mountPath": CODE_DIR}]}
+
+
+def dockerfile(spec: JobSpec, opts: AksOptions) -> str | None:
+    """The Dockerfile that builds the job's image, or None when the spec's image runs as it is."""
+    env = spec.environment
+    conda = env.conda_file if isinstance(env, Environment) else None
+    requirements = (Path(spec.code) / "requirements.txt").is_file()
+    bake = opts.code_uri is None and opts.image is not None
+    if not (conda or requirements or bake):
+        return None
+    base = env.image if isinstance(env, Environment) and env.image else DEFAULT_BASE
+    lines = [f"# Builds the image of job {spec.name}: docker build -t {opts.image or 'REGISTRY/NAME:TAG'} -f Dockerfile CODE_FOLDER",
+             f"FROM {base}"]
+    if conda:
+        lines += [f"COPY {Path(conda).name} /tmp/conda.yaml",
+                  "RUN conda env update -n base -f /tmp/conda.yaml && conda clean -afy"]
+    if requirements:
+        lines += ["COPY requirements.txt /tmp/requirements.txt", "RUN pip install --no-cache-dir -r /tmp/requirements.txt"]
+    if bake:
+        lines += [f"COPY . {CODE_DIR}"]
+    lines += [f"WORKDIR {CODE_DIR}"]
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,35 @@
+"""How a spec meets a particular cluster: what the spec cannot say because it is the same everywhere
+(namespace, image registry, where the code snapshot lives, which claim holds outputs)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+#: where the code snapshot lives in the pod (the working directory)
+CODE_DIR = "/code"
+#: a PVC given with --pvc is mounted here; local outputs go to outputs/<name> under it
+PVC_DIR = "/mnt/azulite"
+#: nfs:// inputs are mounted at /mnt/<input name> (seed 002 mounts its NetApp volume at /mnt/netapp)
+NFS_DIR = "/mnt"
+
+
+@dataclass(frozen=True)
+class AksOptions:
+    namespace: str = "default"
+    flavor: Literal["indexed-job", "pytorchjob"] = "indexed-job"
+    #: the image to run; overrides the spec's environment.image (and names the image the Dockerfile builds)
+    image: str | None = None
+    #: az://container/prefix: the code snapshot is uploaded there at submit and fetched by an init container;
+    #: None: the code is baked into the image at /code (the rendered Dockerfile does that)
+    code_uri: str | None = None
+    #: storage account of az:// locations (code, outputs): adlfs reads AZURE_STORAGE_ACCOUNT_NAME
+    storage_account: str | None = None
+    #: PersistentVolumeClaim for outputs and checkpoints that are not az:// URIs
+    pvc: str | None = None
+    #: the Kubernetes service account federated with an Azure identity (workload identity) for Blob
+    service_account: str = "azulite"
+    #: seconds between SIGTERM and SIGKILL: the preemption checkpoint must commit inside it
+    termination_grace_s: int = 120
+    #: the c10d rendezvous port on pod 0
+    rdzv_port: int = 29500

@@ -1,0 +1,85 @@
+"""``deploy render`` / ``cluster render``: a spec file in, named documents out, written all or nothing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Iterable, Literal
+
+import yaml
+
+from azulite.deploy import azureml, cluster, serving, training
+from azulite.deploy.image import dockerfile
+from azulite.deploy.options import AksOptions
+from azulite.errors import DeployError
+from azulite.spec.deploy import ClusterSpec, ServingSpec, load_model, read_yaml, spec_kind
+
+Target = Literal["aks", "azureml"]
+
+
+def dump_all(objects: Iterable[dict]) -> str:
+    return yaml.safe_dump_all(list(objects), sort_keys=False, default_flow_style=False)
+
+
+def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.AzureMLOptions,
+                overrides: Iterable[str] = ()) -> dict[str, str]:
+    """File name -> content for a job or serving spec. Every check runs before anything is returned."""
+    from azulite.spec.loader import load_job
+
+    data, _ = read_yaml(path)
+    kind = spec_kind(data)
+    if kind == "cluster":
+        raise DeployError("this is a cluster spec", where=str(path), fix=f"use `azulite cluster render {path}`")
+    if kind == "serving":
+        spec = load_model(path, ServingSpec, overrides)
+        repo = spec.model_repository
+        if "://" not in repo and not repo.startswith("azureml:"):  # a local folder, relative to the spec file
+            spec = spec.model_copy(update={"model_repository": str((Path(path).resolve().parent / repo).resolve())})
+        if target == "aks":
+            return {f"{spec.name}.yaml": dump_all(serving.serving_objects(spec, aks))}
+        return {f"{spec.name}-endpoint.yml": dump_all([azureml.online_endpoint(spec)]),
+                f"{spec.name}-deployment.yml": dump_all([azureml.online_deployment(spec, aml)])}
+    job = load_job(path, overrides)
+    if target == "azureml":
+        return {f"{training.k8s_name(job.name)}.azureml.yml": dump_all([azureml.command_job(job, aml)])}
+    objects = training.indexed_job(job, aks) if aks.flavor == "indexed-job" else training.pytorch_job(job, aks)
+    name = training.k8s_name(job.name)
+    files = {f"{name}-{aks.flavor}.yaml": dump_all(objects)}
+    docker = dockerfile(job, aks)
+    if docker:
+        files["Dockerfile"] = docker
+    return files
+
+
+def render_cluster(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, str]:
+    spec = load_model(path, ClusterSpec, overrides)
+    return {
+        "nodepools.sh": cluster.nodepool_script(spec),
+        "nvidia-device-plugin.yaml": dump_all(cluster.device_plugin(spec)),
+        "dcgm-exporter.yaml": dump_all(cluster.dcgm_exporter(spec)),
+        "gpu-alerts.yaml": dump_all([cluster.prometheus_rule(spec)]),
+        # the same groups as a plain rules file: `promtool check rules`, or Prometheus without the operator
+        "gpu-alerts.rules.yml": yaml.safe_dump({"groups": cluster.gpu_alert_rules(spec.monitoring.alerts)}, sort_keys=False),
+    }
+
+
+def write_files(out: str | Path, files: dict[str, str]) -> list[Path]:
+    """Write every file or none: into a temporary folder beside ``out``, then moved in one by one with
+    ``os.replace`` (an interrupted render leaves earlier versions whole, never half a file)."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
+    try:
+        for name, content in files.items():
+            (tmp / name).write_text(content)
+            if name.endswith(".sh"):
+                (tmp / name).chmod(0o755)
+        written = []
+        for name in files:
+            os.replace(tmp / name, out / name)
+            written.append(out / name)
+        return written
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)

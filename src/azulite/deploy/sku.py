@@ -1,0 +1,76 @@
+"""What a rendered manifest needs to know about a VM size: GPUs (the ``nvidia.com/gpu`` limit and the
+processes a node may run), RAM (the ``/dev/shm`` size) and InfiniBand (NCCL/UCX settings).
+
+The facts come from the shared SKU catalog (``azulite.catalog``); this module only turns them into the
+settings of seeds 001 §1.5 and 002 ("Environment Variables"), and checks a job against them before
+anything is rendered.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from azulite.errors import DeployError
+
+
+@dataclass(frozen=True)
+class SkuFacts:
+    name: str
+    gpus: int
+    ram_gb: float
+    infiniband: bool
+
+
+def sku_facts(name: str | None, *, field: str = "resources.instance_type") -> SkuFacts:
+    """The catalog's facts for ``name``; an unknown SKU is the catalog's own error, placed at ``field``."""
+    if not name:
+        raise DeployError(
+            "no VM size: a cluster target needs one to size GPUs, /dev/shm and the network",
+            where=field, fix="set resources.instance_type, e.g. Standard_NC24rs_v3 (`azulite catalog` lists them)",
+        )
+    from azulite.catalog import get_sku  # the shared catalog: SKUs as dated, sourced data
+    from azulite.errors import UnknownSku
+
+    try:
+        sku = get_sku(name)
+    except UnknownSku as e:
+        e.where = field
+        raise
+    if sku.cloud != "azure":
+        raise DeployError(f"{sku.name} is a {sku.cloud} instance type; AKS and Azure ML run Azure VM sizes", where=field,
+                          fix="pick an Azure VM size (`azulite catalog` lists them)")
+    return SkuFacts(name=sku.name, gpus=int(sku.gpus), ram_gb=float(sku.ram_gb),
+                    infiniband=bool(sku.infiniband_gbps))
+
+
+def nccl_env(sku: SkuFacts) -> dict[str, str]:
+    """NCCL/UCX settings for ``sku``: InfiniBand over the mlx5 HCAs where the VM has it (seed 002's
+    "Optimal NCCL settings for Azure InfiniBand"), plain sockets on eth0 elsewhere."""
+    if sku.infiniband:
+        return {
+            "NCCL_DEBUG": "INFO",
+            "NCCL_IB_DISABLE": "0",
+            "NCCL_IB_HCA": "mlx5",
+            "NCCL_SOCKET_IFNAME": "eth0",
+            "NCCL_IB_TIMEOUT": "22",
+            "UCX_TLS": "rc,cuda_copy,cuda_ipc",
+            "UCX_NET_DEVICES": "mlx5_ib0:1",
+        }
+    return {"NCCL_DEBUG": "INFO", "NCCL_IB_DISABLE": "1", "NCCL_SOCKET_IFNAME": "eth0", "UCX_TLS": "tcp"}
+
+
+def check_processes(processes: int, sku: SkuFacts, *, field: str = "distribution.process_count_per_instance") -> None:
+    """One process per GPU: asking for more processes than the VM has GPUs cannot be scheduled."""
+    if sku.gpus and processes > sku.gpus:
+        raise DeployError(
+            f"{processes} processes per instance but {sku.name} has {sku.gpus} GPU(s)",
+            where=field, fix=f"set {field} to at most {sku.gpus}, or pick a VM size with more GPUs",
+        )
+
+
+def shm_size(sku: SkuFacts, requested: str | None) -> str:
+    """The ``/dev/shm`` memory emptyDir's size: the spec's ``resources.shm_size``, else half the VM's RAM
+    capped at seed 002's 64Gi (a memory emptyDir counts against the pod's memory)."""
+    if requested:
+        return requested
+    return f"{max(1, min(64, int(sku.ram_gb // 2)))}Gi"

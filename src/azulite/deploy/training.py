@@ -1,0 +1,248 @@
+"""A job spec as Kubernetes training objects: (a) an Indexed Job + headless Service with torchrun in each
+pod and the c10d rendezvous on pod 0 (seed 002 "Option A"), (b) a Kubeflow PyTorchJob with an
+``elasticPolicy`` (seed 002 "Option C").
+
+Both share one pod template: GPU pool nodeSelector/tolerations (``sku=gpu:NoSchedule``; spot pools
+``kubernetes.azure.com/scalesetpriority=spot``), ``nvidia.com/gpu`` = processes per instance, ``/dev/shm``
+as a memory emptyDir, NCCL/UCX from the SKU, a grace period for the preemption checkpoint, outputs on Blob
+(workload identity) or a PVC, and the code either fetched by an init container or baked into the image.
+"""
+
+from __future__ import annotations
+
+import re
+import shlex
+from pathlib import Path
+from typing import Any
+
+from azulite.contract import CHECKPOINT_OUTPUT, EXIT_PREEMPTED
+from azulite.deploy.image import code_init_container, container_image
+from azulite.deploy.options import CODE_DIR, NFS_DIR, PVC_DIR, AksOptions
+from azulite.deploy.sku import SkuFacts, check_processes, nccl_env, shm_size, sku_facts
+from azulite.errors import DeployError
+from azulite.spec.job import JobSpec, PathInput
+from azulite.spec.loader import render_command
+
+CONTAINER = "trainer"
+GPU_TAINT = {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
+SPOT_KEY = "kubernetes.azure.com/scalesetpriority"
+SPOT_TAINT = {"key": SPOT_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
+_SHELL = re.compile(r"[;&|<>`$()]|\$\(")
+
+
+def k8s_name(name: str) -> str:
+    """A DNS-1123 label from a job name (lowercase, '-' for '_'), at most 52 characters so that
+    ``<name>-<index>`` pod hostnames stay valid."""
+    out = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")[:52].strip("-")
+    return out or "job"
+
+
+def _remote(path: str) -> bool:
+    return "://" in path or path.startswith("azureml:")
+
+
+class _Plan:
+    """Paths as the pod sees them, and the volumes that make them so."""
+
+    def __init__(self, spec: JobSpec, opts: AksOptions) -> None:
+        self.spec, self.opts = spec, opts
+        self.volumes: list[dict] = []
+        self.mounts: list[dict] = []
+        self.env: dict[str, str] = {}
+        self.uses_blob = False
+        self.inputs = {name: self._input(name, v) for name, v in spec.inputs.items()}
+        self.outputs = {name: self._output(name, o.path) for name, o in spec.outputs.items()}
+        if opts.pvc:
+            self.volumes.append({"name": "outputs", "persistentVolumeClaim": {"claimName": opts.pvc}})
+            self.mounts.append({"name": "outputs", "mountPath": PVC_DIR})
+
+    def _input(self, name: str, value: Any) -> Any:
+        if not isinstance(value, PathInput):
+            return value
+        path = value.path
+        if path.startswith("nfs://"):
+            server, _, export = path[len("nfs://"):].partition("/")
+            vol = re.sub(r"[^a-z0-9-]", "-", f"{name.lower()}-volume")
+            self.volumes.append({"name": vol, "nfs": {"server": server, "path": "/" + export}})
+            self.mounts.append({"name": vol, "mountPath": f"{NFS_DIR}/{name}"})
+            return value.model_copy(update={"path": f"{NFS_DIR}/{name}"})
+        if path.startswith("azureml:"):
+            raise DeployError(
+                f"input {name!r} is an Azure ML data asset ({path}); a Kubernetes pod cannot read it",
+                where=f"inputs.{name}.path", fix="use an az://container/path or nfs://server/export URI, or --target azureml",
+            )
+        if path.startswith("az://"):
+            self.uses_blob = True
+            return value
+        if _remote(path):
+            return value
+        try:
+            rel = Path(path).resolve().relative_to(Path(self.spec.code).resolve())
+        except ValueError:
+            raise DeployError(
+                f"input {name!r} is a local path outside the code folder ({path}); the pod cannot see it",
+                where=f"inputs.{name}.path", fix="move it under the code folder, or upload it and use an az:// URI",
+            ) from None
+        return value.model_copy(update={"path": f"{CODE_DIR}/{rel}"})
+
+    def _output(self, name: str, path: str | None) -> str:
+        if path and path.startswith("az://"):
+            self.uses_blob = True
+            return path
+        if path and _remote(path):
+            raise DeployError(f"output {name!r} at {path} cannot be written from a pod", where=f"outputs.{name}.path",
+                              fix="use an az://container/dir URI, or leave the path out and pass --pvc CLAIM")
+        if not self.opts.pvc:
+            raise DeployError(
+                f"output {name!r} has no az:// location and no volume to land on: a pod's disk goes with it",
+                where=f"outputs.{name}.path",
+                fix=f"set outputs.{name}.path to az://container/dir (Blob via workload identity), or pass --pvc CLAIM",
+            )
+        return f"{PVC_DIR}/outputs/{name}"
+
+
+def check_job(spec: JobSpec, opts: AksOptions) -> SkuFacts:
+    """Everything that must hold before anything is rendered or sent."""
+    if spec.distribution_type != "pytorch":
+        raise DeployError(
+            f"the Kubernetes targets run torchrun (pytorch, DeepSpeed); this job is {spec.distribution_type}",
+            where="distribution.type", fix="use --target azureml for tensorflow and mpi jobs",
+        )
+    sku = sku_facts(spec.resources.instance_type)
+    check_processes(spec.processes_per_node, sku)
+    if spec.priority == "spot" and CHECKPOINT_OUTPUT not in spec.outputs:
+        raise DeployError(
+            "a spot job without a checkpoint location loses its progress at every eviction",
+            where=f"outputs.{CHECKPOINT_OUTPUT}",
+            fix=f"add `outputs: {{{CHECKPOINT_OUTPUT}: {{path: az://container/dir}}}}` (or pass --pvc) and resume from it",
+        )
+    return sku
+
+
+def _command(spec: JobSpec, plan: _Plan) -> list[str]:
+    """The user's command with pod paths substituted, as an argv for torchrun: a ``python X.py`` command
+    runs X.py under torchrun; anything else (or anything needing a shell) runs with ``--no-python``."""
+    cmd = render_command(spec.command, plan.inputs, plan.outputs)
+    if _SHELL.search(cmd):
+        return ["--no-python", "bash", "-c", cmd]
+    argv = shlex.split(cmd)
+    if argv and Path(argv[0]).name in ("python", "python3"):
+        return argv[1:]
+    return ["--no-python", *argv]
+
+
+def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dict[str, str]) -> list[dict]:
+    env = {**nccl_env(sku), **extra, "AZUREML_NODE_COUNT": str(spec.nodes)}
+    for name, path in plan.outputs.items():
+        env[f"AZULITE_OUTPUT_{name.upper()}"] = path
+    if plan.uses_blob and opts.storage_account:
+        env["AZURE_STORAGE_ACCOUNT_NAME"] = opts.storage_account
+    env.update(spec.environment_variables)  # the user's word wins
+    return [{"name": k, "value": v} for k, v in env.items()]
+
+
+def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: list[str], env_extra: dict[str, str],
+                 labels: dict[str, str], restart_policy: str, subdomain: str | None = None) -> dict:
+    plan = _Plan(spec, opts)
+    image = container_image(spec, opts)
+    volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(sku, spec.resources.shm_size)}}]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    init = []
+    if opts.code_uri:
+        volumes.append({"name": "code", "emptyDir": {}})
+        mounts.append({"name": "code", "mountPath": CODE_DIR})
+        init.append(code_init_container(opts, k8s_name(spec.name)))
+        plan.uses_blob = True
+    container: dict[str, Any] = {
+        "name": CONTAINER,
+        "image": image,
+        "workingDir": CODE_DIR,
+        "command": command[:1],
+        "args": command[1:] + _command(spec, plan),
+        "env": _env(spec, sku, plan, opts, env_extra),
+        "volumeMounts": plan.mounts + mounts,
+    }
+    if sku.gpus:
+        container["resources"] = {"limits": {"nvidia.com/gpu": spec.processes_per_node}}
+    node_selector = {"sku": "gpu"} if sku.gpus else {}
+    node_selector["node.kubernetes.io/instance-type"] = sku.name
+    tolerations = [dict(GPU_TAINT)] if sku.gpus else []
+    if spec.priority == "spot":
+        node_selector[SPOT_KEY] = "spot"
+        tolerations.append(dict(SPOT_TAINT))
+    pod: dict[str, Any] = {
+        "restartPolicy": restart_policy,
+        "terminationGracePeriodSeconds": opts.termination_grace_s,
+        "nodeSelector": node_selector,
+        "tolerations": tolerations,
+        "containers": [container],
+        "volumes": plan.volumes + volumes,
+    }
+    if init:
+        pod["initContainers"] = init
+    if subdomain:
+        pod["subdomain"] = subdomain
+    if plan.uses_blob:
+        # workload identity: the webhook injects the federated token for this service account's identity
+        pod["serviceAccountName"] = opts.service_account
+        labels = {**labels, "azure.workload.identity/use": "true"}
+    return {"metadata": {"labels": labels}, "spec": pod}
+
+
+def _meta(name: str, opts: AksOptions, spec: JobSpec) -> dict:
+    return {"name": name, "namespace": opts.namespace,
+            "labels": {"app.kubernetes.io/managed-by": "azulite", "azulite.io/job": name}}
+
+
+def indexed_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
+    """[headless Service, Indexed Job]: pod ``<name>-0.<name>`` hosts the c10d rendezvous."""
+    sku = check_job(spec, opts)
+    name = name or k8s_name(spec.name)
+    selector = {"azulite.io/job": name}
+    service = {
+        "apiVersion": "v1", "kind": "Service", "metadata": _meta(name, opts, spec),
+        "spec": {"clusterIP": "None", "selector": selector, "publishNotReadyAddresses": True,
+                 "ports": [{"name": "c10d", "port": opts.rdzv_port, "targetPort": opts.rdzv_port}]},
+    }
+    master = f"{name}-0.{name}.{opts.namespace}.svc.cluster.local"
+    torchrun = [
+        "torchrun", f"--nnodes={spec.nodes}", f"--nproc_per_node={spec.processes_per_node}",
+        "--rdzv_backend=c10d", f"--rdzv_endpoint=$(MASTER_ADDR):{opts.rdzv_port}", f"--rdzv_id={name}",
+        f"--max_restarts={spec.max_restarts}",
+    ]
+    template = pod_template(spec, opts, sku, command=torchrun, labels=selector, restart_policy="Never", subdomain=name,
+                            env_extra={"MASTER_ADDR": master, "MASTER_PORT": str(opts.rdzv_port)})
+    job_spec: dict[str, Any] = {
+        "parallelism": spec.nodes, "completions": spec.nodes, "completionMode": "Indexed",
+        "backoffLimit": spec.max_retries,
+        # a rank that checkpointed after SIGTERM (exit 75) or a pod evicted from a spot node is not a failure
+        "podFailurePolicy": {"rules": [
+            {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_PREEMPTED]}},
+            {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
+        ]},
+        "template": template,
+    }
+    if spec.timeout:
+        job_spec["activeDeadlineSeconds"] = int(spec.timeout)
+    job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, opts, spec), "spec": job_spec}
+    return [service, job]
+
+
+def pytorch_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
+    """[PyTorchJob]: the training operator sets the PET_* rendezvous variables torchrun reads."""
+    sku = check_job(spec, opts)
+    name = name or k8s_name(spec.name)
+    # min = max = the spec's node count until the spec has a node range (elastic ranges: issue 16)
+    lo = hi = spec.nodes
+    template = pod_template(spec, opts, sku, command=["torchrun"], labels={"azulite.io/job": name},
+                            restart_policy="OnFailure", env_extra={})
+    body: dict[str, Any] = {
+        "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": lo, "maxReplicas": hi,
+                          "maxRestarts": spec.max_restarts or 3},
+        "nprocPerNode": str(spec.processes_per_node),
+        "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "OnFailure", "template": template}},
+        "runPolicy": {"backoffLimit": spec.max_retries, "cleanPodPolicy": "None"},
+    }
+    if spec.timeout:
+        body["runPolicy"]["activeDeadlineSeconds"] = int(spec.timeout)
+    return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(name, opts, spec), "spec": body}]

@@ -1,0 +1,200 @@
+"""Specs for what runs on a cluster besides jobs: a serving deployment (a model repository behind N
+replicas of ``azulite serve`` or Triton, autoscaled) and a cluster (its GPU and spot node pools and their
+monitoring). YAML read like the job spec: typed, validated when read, errors naming file, line and fix.
+
+A file is a serving spec when it has ``model_repository``, a cluster spec when it has ``node_pools``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Iterable, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from azulite.errors import SpecError
+
+_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a Kubernetes object name (DNS-1123 label)
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+
+
+class Autoscaling(_Model):
+    """An autoscaling/v2 HPA on CPU utilisation (seed 001 §4.2); on Azure ML, the deployment's
+    instance range."""
+
+    min_replicas: int = Field(default=1, ge=1)
+    max_replicas: int = Field(default=5, ge=1)
+    target_cpu_utilization: int = Field(default=70, ge=1, le=100)
+
+    @model_validator(mode="after")
+    def _range(self) -> "Autoscaling":
+        if self.max_replicas < self.min_replicas:
+            raise ValueError(f"max_replicas ({self.max_replicas}) is below min_replicas ({self.min_replicas})")
+        return self
+
+
+class ServingResources(_Model):
+    """Per replica. ``gpus`` defaults to 1 on a GPU VM size, 0 elsewhere."""
+
+    gpus: int | None = Field(default=None, ge=0)
+    cpu: str | None = None
+    memory: str | None = None
+    cpu_request: str | None = None
+    memory_request: str | None = None
+
+
+class ServingSpec(_Model):
+    """``model_repository``: a local folder, ``az://container/path`` (downloaded by ``azulite serve``),
+    or a URI the server itself reads (``azureml://``, ``as://``, ``s3://`` for Triton)."""
+
+    name: str = Field(pattern=_NAME)
+    model_repository: str = Field(min_length=1)
+    server: Literal["azulite", "triton"] = "azulite"
+    image: str | None = None
+    args: list[str] = Field(default_factory=list)
+    replicas: int = Field(default=1, ge=0)
+    autoscaling: Autoscaling | None = None
+    instance_type: str | None = None
+    node_pool: str | None = None
+    priority: Literal["dedicated", "spot"] = "dedicated"
+    resources: ServingResources = Field(default_factory=ServingResources)
+    environment_variables: dict[str, str] = Field(default_factory=dict)
+    #: Azure ML managed endpoint: key or aml_token auth
+    auth_mode: Literal["key", "aml_token"] = "key"
+    #: Azure ML model asset name/version of the repository (type triton_model)
+    model_name: str | None = None
+    model_version: str = "1"
+
+
+class NodePool(_Model):
+    """One ``az aks nodepool add``. GPU VM sizes get the ``sku=gpu:NoSchedule`` taint and ``sku=gpu``
+    label (seed 002) unless ``taints``/``labels`` say otherwise; spot pools get Azure's own taint."""
+
+    name: str = Field(pattern=r"^[a-z][a-z0-9]{0,11}$")  # AKS: lowercase alphanumeric, <= 12
+    sku: str
+    count: int | None = Field(default=None, ge=0)
+    min_count: int | None = Field(default=None, ge=0)
+    max_count: int | None = Field(default=None, ge=1)
+    spot: bool = False
+    spot_max_price: float = -1
+    taints: list[str] | None = None
+    labels: dict[str, str] | None = None
+    os_sku: str | None = None
+
+    @model_validator(mode="after")
+    def _counts(self) -> "NodePool":
+        if (self.min_count is None) != (self.max_count is None):
+            raise ValueError("set both min_count and max_count to enable the cluster autoscaler, or neither")
+        if self.min_count is not None and self.max_count is not None and self.max_count < self.min_count:
+            raise ValueError(f"max_count ({self.max_count}) is below min_count ({self.min_count})")
+        return self
+
+
+class Alerts(_Model):
+    """Thresholds of the PrometheusRule (seed 001 §2.5)."""
+
+    gpu_memory_free_mb: int = Field(default=1024, ge=1)
+    gpu_temperature_c: int = Field(default=85, ge=1)
+    gpu_idle_utilization: int = Field(default=5, ge=0, le=100)
+    for_: str = Field(default="2m", alias="for")
+
+
+class Monitoring(_Model):
+    namespace: str = "monitoring"
+    device_plugin_image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
+    dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+    alerts: Alerts = Field(default_factory=Alerts)
+
+
+class Autoscaler(_Model):
+    """The cluster autoscaler profile (``az aks update --cluster-autoscaler-profile``; seed 001 §2.6)."""
+
+    scale_down_unneeded_time: str = "10m"
+    scale_down_delay_after_add: str = "10m"
+    max_node_provision_time: str = "15m"
+
+
+class ClusterSpec(_Model):
+    resource_group: str = Field(min_length=1)
+    cluster_name: str = Field(min_length=1)
+    node_pools: list[NodePool] = Field(min_length=1)
+    autoscaler: Autoscaler = Field(default_factory=Autoscaler)
+    monitoring: Monitoring = Field(default_factory=Monitoring)
+
+
+def _line_of(node: yaml.Node | None, path: tuple) -> int | None:
+    line = None
+    for part in path:
+        if isinstance(node, yaml.MappingNode):
+            nxt = next(((k, v) for k, v in node.value if k.value == part), None)
+            if nxt is None:
+                break
+            line, node = nxt[0].start_mark.line + 1, nxt[1]
+        elif isinstance(node, yaml.SequenceNode) and isinstance(part, int) and part < len(node.value):
+            node = node.value[part]
+            line = node.start_mark.line + 1
+        else:
+            break
+    return line
+
+
+def spec_kind(data: Any) -> str:
+    """``serving``, ``cluster`` or ``job`` for a parsed YAML mapping."""
+    if isinstance(data, dict) and "model_repository" in data:
+        return "serving"
+    if isinstance(data, dict) and "node_pools" in data:
+        return "cluster"
+    return "job"
+
+
+def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
+    shown = str(path)
+    try:
+        text = Path(path).read_text()
+    except FileNotFoundError:
+        raise SpecError("spec not found", file=shown, fix="check the path") from None
+    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the spec ({exc.__class__.__name__})", file=shown, fix="pass a readable YAML file") from None
+    try:
+        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        raise SpecError(f"not valid YAML: {exc.problem or exc}", file=shown, line=mark.line + 1 if mark else None,
+                        fix="check indentation and quoting around this line") from None
+
+
+def load_model(path: str | Path, model: type[BaseModel], overrides: Iterable[str] = ()) -> Any:
+    """Read ``path`` as ``model`` (ServingSpec or ClusterSpec); every error names the line and field."""
+    from azulite.spec.loader import _apply_override, _dotted, parse_overrides
+
+    data, node = read_yaml(path)
+    if not isinstance(data, dict):
+        raise SpecError("a spec must be a YAML mapping", file=str(path), line=1, value=data, fix="write `key: value` lines")
+    over = parse_overrides(overrides)
+    for p, value, item in over:
+        _apply_override(data, p, value, item)
+    try:
+        return model.model_validate(data)
+    except ValidationError as exc:
+        problems = []
+        for err in exc.errors():
+            loc = tuple(err["loc"])
+            field = _dotted(loc)
+            msg = err["msg"].removeprefix("Value error, ")
+            if err["type"] == "extra_forbidden":
+                msg, fix = f"unknown field '{loc[-1]}'", "remove it (see the Deploy section of README.md for the fields)"
+            elif err["type"] == "missing":
+                msg, fix = f"required field '{field}' is missing", f"add `{loc[-1]}: ...`"
+            else:
+                fix = f"correct {field or 'the spec'} (see the Deploy section of README.md)"
+            set_item = next((item for p, _, item in over if loc[: len(p)] == p), None)
+            where = dict(file=f"--set {set_item}") if set_item else dict(file=str(path), line=_line_of(node, loc))
+            problems.append(SpecError(msg, field=field or None, fix=fix, **where))
+        first = problems[0]
+        if len(problems) > 1:
+            first.fix = (first.fix or "") + "".join(f"\n  also: {p.where}: {p.message}" for p in problems[1:])
+        raise first from None

@@ -1,0 +1,91 @@
+"""Offline schema checks for rendered objects, reporting every error (not the first).
+
+- Built-in kinds: the strict JSON schemas kubernetes-validate ships (generated from Kubernetes' published
+  OpenAPI, one set per minor version); strict = unknown fields are errors. kubernetes_validate.validate()
+  stops at the first error, so the same schemas are walked here with jsonschema's iter_errors.
+- PyTorchJob: the openAPIV3Schema of the Kubeflow training-operator CRD (data/, see data/README.md), made
+  strict the way ``kubectl apply --validate=strict`` treats a structural schema: an object with
+  ``properties`` and no ``additionalProperties``/``x-kubernetes-preserve-unknown-fields`` admits no other key.
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import json
+from pathlib import Path
+from typing import Any
+
+import jsonschema
+import yaml
+from referencing import Registry, Resource
+
+import kubernetes_validate.utils as kv
+
+DATA = Path(__file__).parent / "data"
+VERSIONS = ("1.30", "1.37")
+
+
+@functools.lru_cache(maxsize=None)
+def _definitions(version: str) -> Resource:
+    return Resource.from_contents(kv.schema_contents(f"kubernetes-json-schema/v{version}.0-local-strict/_definitions.json", version))
+
+
+@functools.lru_cache(maxsize=None)
+def _validator(version: str, kind: str, api_version: str) -> jsonschema.Validator:
+    group = api_version.split("/")[0].split(".")[0] + "-" + api_version.split("/")[-1] if "/" in api_version else api_version
+    schema = kv.schema_contents(f"kubernetes-json-schema/v{version}.0-local-strict/{kind.lower()}-{group}.json", version)
+    registry = Resource.from_contents(schema) @ Registry()
+    registry = _definitions(version) @ registry
+    return jsonschema.validators.Draft202012Validator(schema, registry=registry)
+
+
+def _fmt(e: jsonschema.ValidationError) -> str:
+    return f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
+
+
+def k8s_errors(obj: dict, version: str) -> list[str]:
+    """Every strict-schema error of a built-in object for Kubernetes ``version`` (e.g. "1.30")."""
+    v = _validator(version, obj["kind"], obj["apiVersion"])
+    return sorted(_fmt(e) for e in v.iter_errors(obj))
+
+
+def _strict(node: Any) -> Any:
+    if isinstance(node, dict):
+        node = {k: _strict(v) for k, v in node.items()}
+        if ("properties" in node and "additionalProperties" not in node
+                and not node.get("x-kubernetes-preserve-unknown-fields")):
+            node["additionalProperties"] = False
+        return node
+    if isinstance(node, list):
+        return [_strict(v) for v in node]
+    return node
+
+
+@functools.lru_cache(maxsize=None)
+def _crd_validator(filename: str) -> jsonschema.Validator:
+    crd = yaml.safe_load((DATA / filename).read_text())
+    version = next(v for v in crd["spec"]["versions"] if v.get("served") and v.get("storage"))
+    schema = _strict(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+    # metadata is the API server's ObjectMeta, not part of a CRD's schema
+    schema["properties"]["metadata"] = {"type": "object"}
+    return jsonschema.validators.Draft202012Validator(schema)
+
+
+def pytorchjob_errors(obj: dict) -> list[str]:
+    errors = []
+    if obj.get("apiVersion") != "kubeflow.org/v1" or obj.get("kind") != "PyTorchJob":
+        errors.append(f"<root>: not a kubeflow.org/v1 PyTorchJob ({obj.get('apiVersion')} {obj.get('kind')})")
+    errors += sorted(_fmt(e) for e in _crd_validator("kubeflow.org_pytorchjobs-v1.9.0.yaml").iter_errors(obj))
+    return errors
+
+
+def errors(obj: dict, version: str) -> list[str]:
+    """Errors of any rendered object: built-in kinds against Kubernetes, PyTorchJob against its CRD."""
+    if obj.get("kind") == "PyTorchJob":
+        return pytorchjob_errors(obj)
+    return k8s_errors(obj, version)
+
+
+def dumps(obj: Any) -> str:
+    return json.dumps(obj, indent=1)[:4000]

@@ -1,0 +1,208 @@
+"""Training jobs for AKS: the Indexed Job + Service and the PyTorchJob, validated offline (strict
+Kubernetes 1.30 and 1.37 schemas; the training-operator CRD), compared with seed 002's manifests."""
+
+from __future__ import annotations
+
+import kubernetes_validate
+import pytest
+
+from azulite.deploy.options import AksOptions
+from azulite.deploy.render import render_spec
+from azulite.deploy.azureml import AzureMLOptions
+from azulite.errors import AzuliteError, DeployError, UnknownSku
+from tests.deploy import schemas
+from tests.deploy.conftest import EXAMPLES, docs, seed
+
+TORCHREC = EXAMPLES / "aks" / "torchrec" / "job.yaml"
+BASE = {
+    "name": "job",
+    "command": "python train.py --steps ${{inputs.steps}} --ckpt ${{outputs.checkpoints}}",
+    "inputs": {"steps": 10},
+    "environment": {"image": "myregistry.azurecr.io/train:1"},
+    "resources": {"instance_type": "Standard_NC24rs_v3", "instance_count": 2},
+    "distribution": {"type": "pytorch", "process_count_per_instance": 4},
+    "outputs": {"checkpoints": {"path": "az://ckpt/run1"}},
+}
+
+
+def render(path, flavor="indexed-job", **opts) -> list[dict]:
+    files = render_spec(path, "aks", AksOptions(flavor=flavor, **opts), AzureMLOptions())
+    return [d for name, text in files.items() if name.endswith(".yaml") for d in docs(text)]
+
+
+def assert_valid(objects: list[dict]) -> None:
+    for obj in objects:
+        for version in schemas.VERSIONS:
+            errs = schemas.errors(obj, version)
+            assert errs == [], f"{obj['kind']} {obj['metadata']['name']} on {version}:\n" + "\n".join(errs)
+            if obj["kind"] != "PyTorchJob":
+                kubernetes_validate.validate(obj, version, strict=True)
+
+
+def the(objects: list[dict], kind: str) -> dict:
+    (obj,) = [o for o in objects if o["kind"] == kind]
+    return obj
+
+
+@pytest.mark.parametrize("flavor", ["indexed-job", "pytorchjob"])
+@pytest.mark.parametrize("variant", [
+    {},
+    {"priority": "spot"},
+    {"max_restarts": 2, "timeout": "2h", "max_retries": 1},
+])
+def test_rendered_jobs_validate_strictly(job_file, flavor, variant):
+    path = job_file({**BASE, **variant})
+    objects = render(path, flavor, code_uri="az://code/jobs", storage_account="acct")
+    assert_valid(objects)
+
+
+def test_validation_reports_every_error_and_can_fail():
+    job = the(render(TORCHREC), "Job")
+    job["spec"]["completionsMode"] = "Indexed"  # typo
+    job["spec"]["template"]["spec"]["containers"][0]["resources"]["limit"] = {}  # typo
+    job["spec"]["parallelism"] = "two"
+    errs = schemas.errors(job, "1.37")
+    assert len(errs) == 3, errs
+    assert any("completionsMode" in e for e in errs) and any("'limit'" in e for e in errs)
+    (pj,) = render(TORCHREC, "pytorchjob")
+    pj["spec"]["elasticPolicy"]["minReplica"] = 1
+    pj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "2"
+    assert len(schemas.errors(pj, "1.37")) == 2
+
+
+def _container(pod_spec: dict) -> dict:
+    return pod_spec["containers"][0]
+
+
+def _common_pod_fields(ours: dict, theirs: dict) -> None:
+    """The fields that matter in seed 002's pod template: placement, image, GPUs, NCCL, volumes."""
+    for k, v in theirs["nodeSelector"].items():
+        assert ours["nodeSelector"][k] == v
+    for t in theirs["tolerations"]:
+        assert t in ours["tolerations"]
+    assert ours["restartPolicy"] == theirs["restartPolicy"]
+    c, sc = _container(ours), _container(theirs)
+    assert c["image"] == sc["image"]
+    assert c["resources"]["limits"] == sc["resources"]["limits"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    for e in sc["env"]:
+        assert env[e["name"]] == e["value"], e
+    for m in sc["volumeMounts"]:
+        assert m in c["volumeMounts"]
+    for v in theirs["volumes"]:
+        assert v in ours["volumes"]
+
+
+def test_option_a_reproduces_seed_002_indexed_job():
+    objects = render(TORCHREC)
+    assert_valid(objects)
+    job, svc, s = the(objects, "Job"), the(objects, "Service"), seed("torchrec-training-job.yaml")
+    assert job["metadata"]["name"] == s["metadata"]["name"]
+    for k in ("parallelism", "completions", "completionMode"):
+        assert job["spec"][k] == s["spec"][k]
+    pod, spod = job["spec"]["template"]["spec"], s["spec"]["template"]["spec"]
+    _common_pod_fields(pod, spod)
+    c, sc = _container(pod), _container(spod)
+    assert c["command"] == sc["command"] == ["torchrun"]
+    script = sc["args"].index("train_dlrm.py")
+    assert c["args"][c["args"].index("train_dlrm.py"):] == sc["args"][script:]
+    for flag in sc["args"][:script]:
+        assert flag in c["args"], flag
+    # c10d on pod 0, reachable through the headless Service the pods' subdomain names
+    assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"]
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["MASTER_ADDR"].startswith(f"{job['metadata']['name']}-0.{svc['metadata']['name']}.")
+    assert svc["spec"]["selector"].items() <= job["spec"]["template"]["metadata"]["labels"].items()
+    # InfiniBand SKU: NCCL over mlx5, as seed 002's "Environment Variables"
+    assert env["NCCL_IB_DISABLE"] == "0" and env["NCCL_SOCKET_IFNAME"] == "eth0" and env["UCX_TLS"].startswith("rc")
+
+
+def test_option_c_reproduces_seed_002_pytorchjob():
+    (pj,) = render(TORCHREC, "pytorchjob")
+    assert_valid([pj])
+    s = seed("torchrec-pytorchjob.yaml")
+    assert pj["metadata"]["name"] == s["metadata"]["name"]
+    assert pj["spec"]["elasticPolicy"]["rdzvBackend"] == s["spec"]["elasticPolicy"]["rdzvBackend"]
+    # min = max = the spec's node count until the spec has a node range (issue 16)
+    assert pj["spec"]["elasticPolicy"]["minReplicas"] == pj["spec"]["elasticPolicy"]["maxReplicas"] == 2
+    w, sw = pj["spec"]["pytorchReplicaSpecs"]["Worker"], s["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert w["replicas"] == sw["replicas"]
+    _common_pod_fields(w["template"]["spec"], sw["template"]["spec"])
+    # torchrun reads the operator's PET_* rendezvous variables; the script and its flags are the seed's
+    c, sc = _container(w["template"]["spec"]), _container(sw["template"]["spec"])
+    assert c["command"] == ["torchrun"] and c["args"] == sc["command"][1:]
+    assert pj["spec"]["nprocPerNode"] == "8"
+
+
+def test_non_infiniband_sku_uses_sockets(job_file):
+    path = job_file({**BASE, "resources": {"instance_type": "Standard_NC4as_T4_v3", "instance_count": 2},
+                     "distribution": {"type": "pytorch", "process_count_per_instance": 1}})
+    env = {e["name"]: e["value"] for e in _container(the(render(path), "Job")["spec"]["template"]["spec"])["env"]}
+    assert env["NCCL_IB_DISABLE"] == "1" and "NCCL_IB_HCA" not in env
+
+
+def test_spot_job_placement_checkpoints_and_preemption(job_file):
+    path = job_file({**BASE, "priority": "spot"})
+    job = the(render(path, termination_grace_s=300), "Job")
+    pod = job["spec"]["template"]["spec"]
+    assert pod["nodeSelector"]["kubernetes.azure.com/scalesetpriority"] == "spot"
+    assert {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
+            "effect": "NoSchedule"} in pod["tolerations"]
+    assert pod["terminationGracePeriodSeconds"] == 300
+    # Blob checkpoints through workload identity
+    assert pod["serviceAccountName"] == "azulite"
+    assert job["spec"]["template"]["metadata"]["labels"]["azure.workload.identity/use"] == "true"
+    c = _container(pod)
+    env = {e["name"]: e["value"] for e in c["env"]}
+    assert env["AZULITE_OUTPUT_CHECKPOINTS"] == "az://ckpt/run1"
+    assert "--ckpt" in c["args"] and c["args"][c["args"].index("--ckpt") + 1] == "az://ckpt/run1"
+    # a rank that committed after SIGTERM exits 75: not a failure of the Job
+    rules = job["spec"]["podFailurePolicy"]["rules"]
+    assert {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}} in rules
+
+
+def test_pvc_outputs_and_code_from_blob(job_file):
+    spec = {**BASE, "outputs": {"checkpoints": {}, "model": {}}}
+    spec["command"] += " --model ${{outputs.model}}"
+    path = job_file(spec)
+    objects = render(path, pvc="train-data", code_uri="az://code/jobs", storage_account="acct")
+    assert_valid(objects)
+    pod = the(objects, "Job")["spec"]["template"]["spec"]
+    assert {"name": "outputs", "persistentVolumeClaim": {"claimName": "train-data"}} in pod["volumes"]
+    args = _container(pod)["args"]
+    assert args[args.index("--model") + 1] == "/mnt/azulite/outputs/model"
+    (init,) = pod["initContainers"]
+    assert "az://" not in init["command"][-1] and "-c code -n jobs/job/code.tar.gz" in init["command"][-1]
+    assert {"name": "code", "mountPath": "/code"} in init["volumeMounts"]
+
+
+def test_dockerfile_from_requirements(job_file, tmp_path):
+    path = job_file({**BASE, "environment": {"image": "mcr.microsoft.com/azureml/openmpi4.1.0-cuda12.1-cudnn8-ubuntu22.04"}})
+    (tmp_path / "code" / "requirements.txt").write_text("numpy\n")
+    with pytest.raises(DeployError) as e:
+        render(path)
+    assert e.value.where == "environment" and "--image" in e.value.fix
+    files = render_spec(path, "aks", AksOptions(image="reg.io/train:2"), AzureMLOptions())
+    assert "RUN pip install --no-cache-dir -r /tmp/requirements.txt" in files["Dockerfile"]
+    assert "COPY . /code" in files["Dockerfile"]
+    assert "image: reg.io/train:2" in files["job-indexed-job.yaml"]
+
+
+@pytest.mark.parametrize("change, where, words", [
+    ({"resources": {"instance_type": "Standard_ND96asrr_v4", "instance_count": 2}}, "resources.instance_type", "Standard_ND96asr_v4"),
+    ({"distribution": {"type": "pytorch", "process_count_per_instance": 8}}, "distribution.process_count_per_instance", "at most 4"),
+    ({"priority": "spot", "outputs": {}, "command": "python train.py"}, "outputs.checkpoints", "az://"),
+    ({"environment": "azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest"}, "environment", "--image"),
+    ({"environment": None}, "environment", "environment.image"),
+    ({"distribution": {"type": "tensorflow", "worker_count": 2}}, "distribution.type", "--target azureml"),
+    ({"outputs": {"checkpoints": {}}}, "outputs.checkpoints.path", "--pvc"),
+    ({"inputs": {"steps": 3, "data": {"type": "uri_folder", "path": "azureml://datasets/x"}}}, "inputs.data.path", "az://"),
+])
+def test_bad_input_is_refused_before_rendering(job_file, change, where, words):
+    path = job_file({**BASE, **change})
+    with pytest.raises(AzuliteError) as e:
+        render(path)
+    assert e.value.where == where, str(e.value)
+    assert words in str(e.value)
+    if where == "resources.instance_type":
+        assert isinstance(e.value, UnknownSku)
