@@ -191,7 +191,7 @@ def load_model(path: str | Path, model: type[BaseModel], overrides: Iterable[str
                 msg, fix = f"required field '{field}' is missing", f"add `{loc[-1]}: ...`"
             else:
                 fix = f"correct {field or 'the spec'} (see the Deploy section of README.md)"
-            set_item = next((item for p, _, item in over if loc[: len(p)] == p), None)
+            set_item = next((item for p, _, item in over if loc[: len(p)] == p or p[: len(loc)] == loc), None)
             where = dict(file=f"--set {set_item}") if set_item else dict(file=str(path), line=_line_of(node, loc))
             problems.append(SpecError(msg, field=field or None, fix=fix, **where))
         first = problems[0]

@@ -1,0 +1,96 @@
+"""Azure ML documents round-trip through azure-ai-ml's own loaders (load_job, load_online_endpoint,
+load_online_deployment: the SDK's marshmallow schemas), and match seed 001's documents."""
+
+from __future__ import annotations
+
+import pytest
+import yaml
+
+from azulite.deploy.azureml import AzureMLOptions
+from azulite.deploy.options import AksOptions
+from azulite.deploy.render import render_spec, write_files
+from azulite.errors import AzuliteError
+from tests.deploy.conftest import EXAMPLES, seed
+from tests.deploy.test_training import BASE
+
+ml = pytest.importorskip("azure.ai.ml")
+
+
+def render_to(path, out, **aml):
+    files = render_spec(path, "azureml", AksOptions(), AzureMLOptions(**aml))
+    return {p.name: p for p in write_files(out, files)}
+
+
+def test_command_job_round_trips(tmp_path):
+    files = render_to(EXAMPLES / "azureml" / "arr-coc" / "job.yaml", tmp_path / "out")
+    job = ml.load_job(files["arr-coc.azureml.yml"])
+    assert job.type == "command"
+    assert job.distribution.type == "pytorch" and job.distribution.process_count_per_instance == 4
+    assert job.resources.instance_count == 2 and job.resources.instance_type == "Standard_NC24rs_v3"
+    assert job.compute == "gpu-cluster"
+    assert job.environment == "AzureML-pytorch-2.2-cuda12.1@latest"  # the SDK drops the azureml: prefix
+    assert job.inputs["vqa_data"].path == "azureml://datasets/vqav2"
+    assert "${{inputs.vqa_data}}" in job.command
+
+
+def test_spot_job_with_blob_outputs_round_trips(job_file, tmp_path):
+    spec = {**BASE, "priority": "spot", "compute": "gpu-cluster", "environment_variables": {"X": "1"},
+            "inputs": {"steps": 10, "data": {"type": "uri_folder", "path": "az://data/criteo"}}, "timeout": "2h"}
+    files = render_to(job_file(spec), tmp_path / "out", datastore="ckptstore", storage_account="acct")
+    job = ml.load_job(files["job.azureml.yml"])
+    assert job.queue_settings.job_tier == "spot"
+    assert job.outputs["checkpoints"].path == "azureml://datastores/ckptstore/paths/run1"
+    assert job.inputs["data"].path == "https://acct.blob.core.windows.net/data/criteo"
+    assert job.limits.timeout == 7200 and job.environment_variables == {"X": "1"}
+    assert job.environment.image == "myregistry.azurecr.io/train:1"
+
+
+def test_load_job_rejects_a_broken_document(tmp_path):
+    """The round trip can fail: the SDK's schema refuses what azure ML would."""
+    files = render_to(EXAMPLES / "azureml" / "arr-coc" / "job.yaml", tmp_path / "out")
+    doc = yaml.safe_load(files["arr-coc.azureml.yml"].read_text())
+    doc["distribution"]["process_count_per_instance"] = "four"
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(Exception, match="process_count_per_instance"):
+        ml.load_job(bad)
+
+
+def test_triton_endpoint_reproduces_seed_001(tmp_path):
+    files = render_to(EXAMPLES / "aks" / "triton-endpoint.yaml", tmp_path / "out")
+    ep = ml.load_online_endpoint(files["triton-endpoint-endpoint.yml"])
+    dep = ml.load_online_deployment(files["triton-endpoint-deployment.yml"])
+    s_ep, s_dep = seed("create-managed-endpoint.yaml"), seed("create-managed-deployment.yaml")
+    assert ep.name == s_ep["name"] and ep.auth_mode == s_ep["auth_mode"]
+    assert dep.name == s_dep["name"] and dep.endpoint_name == s_dep["endpoint_name"]
+    assert dep.model.type == s_dep["model"]["type"] == "triton_model"
+    assert dep.model.name == s_dep["model"]["name"] and str(dep.model.version) == str(s_dep["model"]["version"])
+    assert dep.instance_type == s_dep["instance_type"] and dep.instance_count == s_dep["instance_count"]
+    assert dep.model.path.endswith("examples/aks/models")
+
+
+def test_autoscaled_endpoint_from_blob(tmp_path):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"name": "dens", "server": "triton", "model_repository": "az://models/dens",
+                                 "instance_type": "Standard_NC4as_T4_v3",
+                                 "autoscaling": {"min_replicas": 1, "max_replicas": 4, "target_cpu_utilization": 60}}))
+    files = render_to(p, tmp_path / "out", datastore="workspaceblobstore")
+    dep = ml.load_online_deployment(files["dens-deployment.yml"])
+    assert dep.scale_settings.type == "target_utilization"
+    assert (dep.scale_settings.min_instances, dep.scale_settings.max_instances) == (1, 4)
+    assert dep.model.path == "azureml://datastores/workspaceblobstore/paths/dens"
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"compute": None}, "compute"),
+    ({"environment": None}, "environment"),
+    ({"distribution": {"type": "pytorch", "process_count_per_instance": 5}}, "distribution.process_count_per_instance"),
+    ({"resources": {"instance_type": "ml.p3.2xlarge", "instance_count": 1}}, "resources.instance_type"),
+])
+def test_bad_azureml_jobs(job_file, tmp_path, change, where):
+    spec = {**BASE, "compute": "gpu-cluster", **change}
+    spec = {k: v for k, v in spec.items() if v is not None}
+    with pytest.raises(AzuliteError) as e:
+        render_to(job_file(spec), tmp_path / "out", datastore="d")
+    assert e.value.where == where, str(e.value)
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())

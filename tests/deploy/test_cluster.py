@@ -1,0 +1,136 @@
+"""``cluster render``: node pool commands from the spec and the catalog, the device plugin and DCGM exporter
+validated strictly, the GPU alerts checked and unit-tested with promtool (Prometheus' own tool)."""
+
+from __future__ import annotations
+
+import shlex
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from azulite.deploy.render import render_cluster, write_files
+from azulite.errors import AzuliteError
+from tests.deploy.conftest import EXAMPLES, docs, seed
+from tests.deploy.test_training import assert_valid, the
+
+CLUSTER = EXAMPLES / "aks" / "cluster.yaml"
+promtool = shutil.which("promtool")
+needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (Debian prometheus; scripts/install.sh --dev)")
+
+
+@pytest.fixture(scope="module")
+def files():
+    return render_cluster(CLUSTER)
+
+
+def _commands(script: str) -> list[list[str]]:
+    return [shlex.split(c) for c in script.replace("\\\n", " ").splitlines() if c.startswith("az ")]
+
+
+def test_node_pool_commands(files):
+    add = [c for c in _commands(files["nodepools.sh"]) if c[:4] == ["az", "aks", "nodepool", "add"]]
+    assert len(add) == 3
+    flags = [dict(zip(c[4::1], c[5::1])) for c in add]
+    gpu, spot, t4 = flags
+    # seed 001 §2.2 / seed 002 step 2: tainted, labelled, autoscaled GPU pool
+    assert gpu["--node-vm-size"] == "Standard_ND96asr_v4" and gpu["--node-taints"] == "sku=gpu:NoSchedule"
+    assert gpu["--labels"] == "sku=gpu" and gpu["--min-count"] == "1" and gpu["--max-count"] == "4"
+    assert "--enable-cluster-autoscaler" in add[0]
+    # seed 001 §2.6: a spot pool that scales to zero, evicted VMs deleted, up to the on-demand price
+    assert spot["--priority"] == "Spot" and spot["--eviction-policy"] == "Delete" and spot["--spot-max-price"] == "-1"
+    assert spot["--min-count"] == "0" and "kubernetes.azure.com/scalesetpriority=spot:NoSchedule" in spot["--node-taints"]
+    assert t4["--node-vm-size"] == "Standard_NC4as_T4_v3"
+    (update,) = [c for c in _commands(files["nodepools.sh"]) if c[:3] == ["az", "aks", "update"]]
+    assert "scale-down-unneeded-time=10m" in update
+    assert subprocess.run(["bash", "-n"], input=files["nodepools.sh"], text=True).returncode == 0
+
+
+def test_device_plugin_reproduces_seed_001_and_objects_validate(files):
+    plugin = docs(files["nvidia-device-plugin.yaml"])
+    dcgm = docs(files["dcgm-exporter.yaml"])
+    assert_valid(plugin + dcgm)
+    ds, s = the(plugin, "DaemonSet"), seed("nvidia-device-plugin-ds.yaml")
+    assert ds["metadata"] == s["metadata"]
+    assert ds["spec"]["selector"] == s["spec"]["selector"]
+    pod, spod = ds["spec"]["template"]["spec"], s["spec"]["template"]["spec"]
+    assert pod["containers"] == spod["containers"] and pod["volumes"] == spod["volumes"]
+    assert pod["priorityClassName"] == spod["priorityClassName"]
+    for t in spod["tolerations"]:
+        assert t in pod["tolerations"]
+    assert the(dcgm, "Service")["spec"]["ports"][0]["port"] == 9400
+
+
+def test_prometheus_rule_matches_seed_001(files):
+    (rule,) = docs(files["gpu-alerts.yaml"])
+    s = seed("gpu-alerts.yaml")
+    assert (rule["apiVersion"], rule["kind"], rule["metadata"]) == (s["apiVersion"], s["kind"], s["metadata"])
+    ours = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
+    for r in s["spec"]["groups"][0]["rules"]:
+        assert ours[r["alert"]] == r
+    assert yaml.safe_load(files["gpu-alerts.rules.yml"])["groups"] == rule["spec"]["groups"]
+
+
+@needs_promtool
+def test_promtool_checks_the_rules_and_refuses_a_broken_one(files, tmp_path):
+    write_files(tmp_path, files)
+    ok = subprocess.run([promtool, "check", "rules", str(tmp_path / "gpu-alerts.rules.yml")], capture_output=True, text=True)
+    assert ok.returncode == 0, ok.stdout + ok.stderr
+    broken = yaml.safe_load(files["gpu-alerts.rules.yml"])
+    broken["groups"][0]["rules"][0]["expr"] = "DCGM_FI_DEV_FB_FREE <"
+    (tmp_path / "broken.yml").write_text(yaml.safe_dump(broken))
+    bad = subprocess.run([promtool, "check", "rules", str(tmp_path / "broken.yml")], capture_output=True, text=True)
+    assert bad.returncode != 0
+
+
+@needs_promtool
+def test_promtool_unit_tests_the_alerts(files, tmp_path):
+    write_files(tmp_path, files)
+    tests = {
+        "rule_files": ["gpu-alerts.rules.yml"],
+        "evaluation_interval": "1m",
+        "tests": [{
+            "interval": "1m",
+            "input_series": [
+                {"series": 'DCGM_FI_DEV_FB_FREE{gpu="0",Hostname="n1"}', "values": "500x10"},
+                {"series": 'DCGM_FI_DEV_FB_FREE{gpu="1",Hostname="n1"}', "values": "4000x10"},
+                {"series": 'DCGM_FI_DEV_GPU_TEMP{gpu="0",Hostname="n1"}', "values": "70x5 90x10"},
+                {"series": 'DCGM_FI_DEV_GPU_UTIL{gpu="0",Hostname="n1"}', "values": "0x60"},
+                {"series": 'DCGM_FI_DEV_GPU_UTIL{gpu="1",Hostname="n1"}', "values": "95x60"},
+            ],
+            "alert_rule_test": [
+                {"eval_time": "1m", "alertname": "GPUMemoryExhausted", "exp_alerts": []},
+                {"eval_time": "3m", "alertname": "GPUMemoryExhausted", "exp_alerts": [{
+                    "exp_labels": {"severity": "critical", "gpu": "0", "Hostname": "n1"},
+                    "exp_annotations": {"summary": "GPU 0 memory exhausted", "description": "Only 500MB free GPU memory"}}]},
+                {"eval_time": "6m", "alertname": "GPUTemperatureHigh", "exp_alerts": []},
+                {"eval_time": "9m", "alertname": "GPUTemperatureHigh", "exp_alerts": [{
+                    "exp_labels": {"severity": "warning", "gpu": "0", "Hostname": "n1"},
+                    "exp_annotations": {"summary": "GPU 0 at 90 C", "description": "GPU temperature above 85 C"}}]},
+                {"eval_time": "20m", "alertname": "GPUIdle", "exp_alerts": []},
+                {"eval_time": "45m", "alertname": "GPUIdle", "exp_alerts": [{
+                    "exp_labels": {"severity": "info", "gpu": "0", "Hostname": "n1"},
+                    "exp_annotations": {"summary": "GPU 0 idle for 30 minutes",
+                                        "description": "Utilisation 0%: a node paid for and not used"}}]},
+            ],
+        }],
+    }
+    (tmp_path / "tests.yml").write_text(yaml.safe_dump(tests))
+    run = subprocess.run([promtool, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode == 0, run.stdout + run.stderr
+    # the same tests fail when the threshold moves: the unit test can fail
+    write_files(tmp_path, render_cluster(CLUSTER, ["monitoring.alerts.gpu_memory_free_mb=100"]))
+    run = subprocess.run([promtool, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
+    assert run.returncode != 0 and "GPUMemoryExhausted" in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("override, where", [
+    ("node_pools.0.sku=Standard_ND96asr", "node_pools[0].sku"),
+    ("node_pools.0.min_count=5", "--set node_pools.0.min_count=5 (node_pools[0])"),
+    ("node_pools.0.name=GPU_Pool", "node_pools[0].name"),
+])
+def test_bad_cluster_specs(override, where):
+    with pytest.raises(AzuliteError) as e:
+        render_cluster(CLUSTER, [override])
+    assert where in str(e.value.where), str(e.value)
