@@ -30,3 +30,8 @@ def job_file(tmp_path):
         return p
 
     return make
+
+
+def quantities(resources: dict) -> dict:
+    """Resource quantities as strings (the API takes 8 and "8" alike; the kubernetes client wants strings)."""
+    return {k: {n: str(q) for n, q in v.items()} for k, v in resources.items()}

@@ -31,10 +31,14 @@ def _definitions(version: str) -> Resource:
     return Resource.from_contents(kv.schema_contents(f"kubernetes-json-schema/v{version}.0-local-strict/_definitions.json", version))
 
 
-@functools.lru_cache(maxsize=None)
 def _validator(version: str, kind: str, api_version: str) -> jsonschema.Validator:
     group = api_version.split("/")[0].split(".")[0] + "-" + api_version.split("/")[-1] if "/" in api_version else api_version
-    schema = kv.schema_contents(f"kubernetes-json-schema/v{version}.0-local-strict/{kind.lower()}-{group}.json", version)
+    return _file_validator(version, f"{kind.lower()}-{group}.json")
+
+
+@functools.lru_cache(maxsize=None)
+def _file_validator(version: str, filename: str) -> jsonschema.Validator:
+    schema = kv.schema_contents(f"kubernetes-json-schema/v{version}.0-local-strict/{filename}", version)
     registry = Resource.from_contents(schema) @ Registry()
     registry = _definitions(version) @ registry
     return jsonschema.validators.Draft202012Validator(schema, registry=registry)
@@ -48,6 +52,11 @@ def k8s_errors(obj: dict, version: str) -> list[str]:
     """Every strict-schema error of a built-in object for Kubernetes ``version`` (e.g. "1.30")."""
     v = _validator(version, obj["kind"], obj["apiVersion"])
     return sorted(_fmt(e) for e in v.iter_errors(obj))
+
+
+def file_errors(obj: Any, filename: str, version: str = "1.37") -> list[str]:
+    """Errors of ``obj`` against one schema file by name (e.g. ``deleteoptions-meta-v1.json``)."""
+    return sorted(_fmt(e) for e in _file_validator(version, filename).iter_errors(obj))
 
 
 def _strict(node: Any) -> Any:

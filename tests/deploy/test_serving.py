@@ -11,7 +11,7 @@ from azulite.deploy.options import AksOptions
 from azulite.deploy.render import render_spec
 from azulite.errors import AzuliteError
 from tests.deploy.test_training import assert_valid, the
-from tests.deploy.conftest import EXAMPLES, docs, seed
+from tests.deploy.conftest import EXAMPLES, docs, quantities, seed
 
 AKS = EXAMPLES / "aks"
 
@@ -32,7 +32,7 @@ def test_arr_coc_triton_reproduces_seed_001():
     c, sc = pod["containers"][0], spod["containers"][0]
     for k in ("name", "image", "command", "args"):
         assert c[k] == sc[k], k
-    assert c["resources"]["limits"] == sc["resources"]["limits"]
+    assert quantities(c["resources"]) == quantities(sc["resources"])
     assert [p["containerPort"] for p in sc["ports"]] == [p["containerPort"] for p in c["ports"]][:2]
     assert c["readinessProbe"]["httpGet"]["path"] == "/v2/health/ready"
     assert c["livenessProbe"]["httpGet"]["path"] == "/v2/health/live"
@@ -51,7 +51,7 @@ def test_gpu_workload_and_hpa_reproduce_seed_001():
     pod, spod = dep["spec"]["template"]["spec"], s_dep["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == spod["nodeSelector"]
     assert pod["containers"][0]["image"] == spod["containers"][0]["image"]
-    assert pod["containers"][0]["resources"] == spod["containers"][0]["resources"]
+    assert quantities(pod["containers"][0]["resources"]) == quantities(spod["containers"][0]["resources"])
     # `azulite serve` reads the az:// repository itself
     assert pod["containers"][0]["command"] == ["azulite", "serve"]
     assert "az://models/gpu-workload" in pod["containers"][0]["args"]

@@ -11,7 +11,7 @@ from azulite.deploy.render import render_spec
 from azulite.deploy.azureml import AzureMLOptions
 from azulite.errors import AzuliteError, DeployError, UnknownSku
 from tests.deploy import schemas
-from tests.deploy.conftest import EXAMPLES, docs, seed
+from tests.deploy.conftest import EXAMPLES, docs, quantities, seed
 
 TORCHREC = EXAMPLES / "aks" / "torchrec" / "job.yaml"
 BASE = {
@@ -83,7 +83,7 @@ def _common_pod_fields(ours: dict, theirs: dict) -> None:
     assert ours["restartPolicy"] == theirs["restartPolicy"]
     c, sc = _container(ours), _container(theirs)
     assert c["image"] == sc["image"]
-    assert c["resources"]["limits"] == sc["resources"]["limits"]
+    assert quantities(c["resources"]) == quantities(sc["resources"])
     env = {e["name"]: e["value"] for e in c["env"]}
     for e in sc["env"]:
         assert env[e["name"]] == e["value"], e

@@ -52,9 +52,21 @@ def _out() -> Console:
     return Console(highlight=False, soft_wrap=True)
 
 
-def _backend(name: Optional[str] = None) -> Backend:
+def _backend(name: Optional[str] = None, environ: Optional[dict] = None) -> Backend:
     settings = Settings.from_environ()
-    return get_backend(name or settings.backend, settings)
+    return get_backend(name or settings.backend, settings, environ)
+
+
+def _backend_for(job_id: str) -> Backend:
+    """The backend the job store says the job runs on (a kubernetes job is read from its cluster)."""
+    from azulite.launch.local.store import JobStore
+
+    settings = Settings.from_environ()
+    try:
+        name = JobStore(settings.db_path).get(job_id).backend
+    except AzuliteError:
+        name = settings.backend
+    return get_backend(name, settings)
 
 
 def _state(s: JobState | str) -> str:
@@ -144,6 +156,7 @@ def submit(
     wait: bool = typer.Option(False, "--wait", "-w", help="Block until the job ends; exit 0 only if it succeeded."),
     json_: bool = typer.Option(False, "--json", help="Print the job record as JSON."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Launch backend (default: AZULITE_BACKEND or local)."),
+    flavor: Optional[str] = typer.Option(None, "--flavor", help="kubernetes backend: indexed-job or pytorchjob (AZULITE_K8S_FLAVOR)."),
 ) -> None:
     """Submit a job. It runs detached (it outlives this shell); --wait follows it to the end.
 
@@ -154,7 +167,7 @@ def submit(
       azulite job submit examples/ddp/job.yaml --set inputs.steps=200 --set max_restarts=2
     """
     spec = load_job(file, set_)
-    b = _backend(backend)
+    b = _backend(backend, {**os.environ, "AZULITE_K8S_FLAVOR": flavor} if flavor else None)
     rec = b.submit(spec, spec_path=str(file))
     if not wait:
         if json_:
@@ -203,7 +216,7 @@ def wait_(
 
       azulite job wait ddp-1 --checkpoint --timeout 120 && azulite job preempt ddp-1
     """
-    b = _backend()
+    b = _backend_for(job_id)
     deadline = time.monotonic() + timeout if timeout > 0 else None
     while True:
         rec = b.status(job_id)
@@ -266,7 +279,7 @@ def show(
 
     Example: azulite job show ddp-1 --json
     """
-    rec = _backend().status(job_id)
+    rec = _backend_for(job_id).status(job_id)
     if json_:
         d = rec.to_json()
         rank, path = failed_rank_log(rec)
@@ -331,7 +344,7 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
 ) -> None:
     """Print the latest attempt's rank logs.  Example: azulite job logs ddp-1 --rank 0 --follow"""
-    for line in _backend().logs(job_id, rank=rank, follow=follow):
+    for line in _backend_for(job_id).logs(job_id, rank=rank, follow=follow):
         print(line, flush=follow)
 
 
@@ -344,7 +357,7 @@ def cancel(
 
     Example: azulite job cancel ddp-1
     """
-    rec = _backend().cancel(job_id)
+    rec = _backend_for(job_id).cancel(job_id)
     if json_:
         print(json.dumps({"id": rec.id, "state": rec.state.value}))
     else:
@@ -358,7 +371,7 @@ def preempt(
 ) -> None:
     """Simulate a spot eviction: SIGTERM every rank; ranks that commit a checkpoint and exit 75 get the job
     requeued as a new attempt (AZULITE_ATTEMPT=n+1).  Example: azulite job preempt ddp-1"""
-    rec = _backend().preempt(job_id)
+    rec = _backend_for(job_id).preempt(job_id)
     if json_:
         print(json.dumps({"id": rec.id, "state": rec.state.value, "preempt_requested": True}))
     else:

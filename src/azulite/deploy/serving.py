@@ -52,7 +52,7 @@ def serving_objects(spec: ServingSpec, opts: AksOptions) -> list[dict]:
     limits: dict[str, Any] = {}
     requests: dict[str, Any] = {}
     if gpus:
-        limits["nvidia.com/gpu"] = gpus
+        limits["nvidia.com/gpu"] = str(gpus)
     r = spec.resources
     if r.memory:
         limits["memory"] = r.memory
@@ -66,7 +66,7 @@ def serving_objects(spec: ServingSpec, opts: AksOptions) -> list[dict]:
         # a CPU utilisation target is a share of the request: without one the HPA cannot compute it
         requests["cpu"] = r.cpu or "1"
     if requests and gpus:
-        requests["nvidia.com/gpu"] = gpus
+        requests["nvidia.com/gpu"] = str(gpus)
     probe = lambda path, delay: {"httpGet": {"path": path, "port": "http"}, "initialDelaySeconds": delay, "periodSeconds": 10}  # noqa: E731
     container = {
         "name": spec.server, "image": _image(spec), "command": command, "args": args,

@@ -163,7 +163,7 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
         "volumeMounts": plan.mounts + mounts,
     }
     if sku.gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": spec.processes_per_node}}
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(spec.processes_per_node)}}
     node_selector = {"sku": "gpu"} if sku.gpus else {}
     node_selector["node.kubernetes.io/instance-type"] = sku.name
     tolerations = [dict(GPU_TAINT)] if sku.gpus else []

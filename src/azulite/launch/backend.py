@@ -112,7 +112,10 @@ class Backend(ABC):
 
 
 _REGISTRY: dict[str, type[Backend]] = {}
-_BACKEND_MODULES = {"local": "azulite.launch.local.backend"}
+_BACKEND_MODULES = {
+    "local": "azulite.launch.local.backend",
+    "kubernetes": "azulite.launch.kubernetes",
+}
 B = TypeVar("B", bound=type[Backend])
 
 

@@ -1,0 +1,198 @@
+"""The ``kubernetes`` backend end to end through the official client against a local API server that
+validates every request body against Kubernetes' published schemas and the PyTorchJob CRD
+(tests/launch/k8s_api.py says what that server does not exercise)."""
+
+from __future__ import annotations
+
+import io
+import tarfile
+import threading
+from pathlib import Path
+
+import pytest
+import yaml
+
+from azulite.errors import AzuliteError, DeployError, RemoteError
+from azulite.launch.backend import get_backend
+from azulite.launch.records import JobState
+from azulite.launch.settings import Settings
+from azulite.spec.loader import load_job
+from tests.launch.k8s_api import FakeKubernetes
+
+pytest.importorskip("kubernetes")
+
+SPEC = {
+    "name": "dlrm",
+    "code": "code",
+    "command": "python train.py --ckpt ${{outputs.checkpoints}}",
+    "environment": {"image": "myregistry.azurecr.io/train:1"},
+    "resources": {"instance_type": "Standard_NC24rs_v3", "instance_count": 2},
+    "distribution": {"type": "pytorch", "process_count_per_instance": 4},
+    "outputs": {"checkpoints": {"path": "az://ckpt/dlrm"}},
+    "priority": "spot",
+}
+
+
+@pytest.fixture
+def api():
+    with FakeKubernetes() as fake:
+        yield fake
+        assert fake.errors == [], fake.errors
+
+
+@pytest.fixture
+def spec_file(tmp_path):
+    (tmp_path / "code").mkdir()
+    (tmp_path / "code" / "train.py").write_text("print('train')\n")
+    p = tmp_path / "job.yaml"
+    p.write_text(yaml.safe_dump(SPEC))
+    return p
+
+
+def backend(tmp_path, api, **env):
+    environ = {"HOME": str(tmp_path), "KUBECONFIG": api.kubeconfig(tmp_path / "kubeconfig"), **env}
+    settings = Settings.from_environ({"AZULITE_HOME": str(tmp_path / "home")})
+    return get_backend("kubernetes", settings, environ)
+
+
+def test_indexed_job_submit_watch_logs_preempt_cancel(tmp_path, api, spec_file):
+    b = backend(tmp_path, api)
+    rec = b.submit(load_job(spec_file), spec_path=str(spec_file))
+    assert rec.backend == "kubernetes" and rec.state == JobState.QUEUED
+    name = f"dlrm-{rec.id.rsplit('-', 1)[1]}"
+    assert ("default", name) in api.objects["services"] and ("default", name) in api.objects["jobs"]
+    job = api.objects["jobs"][("default", name)]
+    assert job["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.azure.com/scalesetpriority"] == "spot"
+
+    # the job's state follows the cluster, through the API server's watch
+    seen: list[JobState] = []
+    running, done = threading.Event(), threading.Event()
+
+    def watch():
+        for r in b.watch(rec.id, timeout_s=60):
+            seen.append(r.state)
+            if r.state == JobState.RUNNING:
+                running.set()
+        done.set()
+
+    t = threading.Thread(target=watch)
+    t.start()
+    api.wait_for(lambda: api.watchers >= 1)
+    api.set_status("jobs", name, {"active": 2, "ready": 2})
+    assert running.wait(timeout=60)
+    assert b.status(rec.id).state == JobState.RUNNING
+
+    api.add_pod(name, 1, "rank 4 step 10\n")
+    api.add_pod(name, 0, "rank 0 step 10\nrank 0 loss 0.5\n")
+    lines = list(b.logs(rec.id))
+    assert lines[0].startswith(f"[{name}-0-") and lines[-1] == f"[{name}-1-abcde] rank 4 step 10"
+    assert list(b.logs(rec.id, rank=1)) == [f"[{name}-1-abcde] rank 4 step 10"]
+
+    b.preempt(rec.id)
+    assert sorted(api.evicted) == [f"{name}-0-abcde", f"{name}-1-abcde"]
+
+    api.set_status("jobs", name, {"succeeded": 2, "conditions": [
+        {"type": "Complete", "status": "True", "reason": "Completed", "message": "all indexes succeeded"}]})
+    t.join(timeout=60)
+    assert done.is_set() and seen == [JobState.RUNNING, JobState.SUCCEEDED]
+    assert b.status(rec.id).state == JobState.SUCCEEDED
+
+    # cancel deletes what was created (a finished job's record stays succeeded)
+    assert b.cancel(rec.id).state == JobState.SUCCEEDED
+    assert api.objects["jobs"] == {} and api.objects["services"] == {}
+    assert ("DELETE", f"/apis/batch/v1/namespaces/default/jobs/{name}") in api.requests
+
+
+def test_pytorchjob_flavor_and_cancel(tmp_path, api, spec_file):
+    b = backend(tmp_path, api, AZULITE_K8S_FLAVOR="pytorchjob", AZULITE_K8S_NAMESPACE="train")
+    rec = b.submit(load_job(spec_file))
+    ((ns, name),) = api.objects["pytorchjobs"]
+    assert ns == "train" and api.objects["services"] == {} and api.objects["jobs"] == {}
+    api.set_status("pytorchjobs", name, {"conditions": [{"type": "Running", "status": "True"}]}, ns="train")
+    assert b.status(rec.id).state == JobState.RUNNING
+    assert b.cancel(rec.id).state == JobState.CANCELED
+    assert api.objects["pytorchjobs"] == {}
+
+
+def test_the_api_server_refuses_malformed_bodies_and_the_backend_says_so(tmp_path, api, spec_file):
+    import json
+    import urllib.error
+    import urllib.request
+
+    b = backend(tmp_path, api)
+    # a typo in a Job is refused, as the real API server would (sent raw: the client would refuse it first)
+    bad = {"apiVersion": "batch/v1", "kind": "Job", "metadata": {"name": "x"},
+           "spec": {"template": {"spec": {"restartPolicy": "Never", "containers": [{"name": "c", "imagee": "x"}]}}}}
+    req = urllib.request.Request(f"{api.url}/apis/batch/v1/namespaces/default/jobs", data=json.dumps(bad).encode(),
+                                 headers={"Authorization": "Bearer t0ken", "Content-Type": "application/json"})
+    with pytest.raises(urllib.error.HTTPError) as e:
+        urllib.request.urlopen(req, timeout=30)
+    status = json.loads(e.value.read())
+    assert e.value.code == 422 and status["reason"] == "Invalid" and "imagee" in status["message"]
+    # an object that already exists: the backend's error names it and the job is recorded as failed
+    rec = b.submit(load_job(spec_file))
+    api.objects["jobs"][("default", "dlrm-2")] = api.objects["jobs"][("default", f"dlrm-{rec.id.rsplit('-', 1)[1]}")]
+    with pytest.raises(RemoteError, match="409"):
+        b.submit(load_job(spec_file))
+    assert [r.state for r in b.list()] == [JobState.FAILED, JobState.QUEUED]
+
+
+@pytest.mark.parametrize("kubeconfig, env, where", [
+    ("missing", {}, "KUBECONFIG"),
+    ("no-context", {}, "KUBECONFIG"),
+    ("ok", {"AZULITE_K8S_CONTEXT": "prod"}, "AZULITE_K8S_CONTEXT"),
+])
+def test_kubeconfig_errors_before_anything_is_sent(tmp_path, api, spec_file, kubeconfig, env, where):
+    path = tmp_path / "kc"
+    if kubeconfig != "missing":
+        api.kubeconfig(path)
+    if kubeconfig == "no-context":
+        data = yaml.safe_load(path.read_text())
+        data.pop("current-context")
+        path.write_text(yaml.safe_dump(data))
+    settings = Settings.from_environ({"AZULITE_HOME": str(tmp_path / "home")})
+    b = get_backend("kubernetes", settings, {"KUBECONFIG": str(path), **env})
+    with pytest.raises(DeployError) as e:
+        b.submit(load_job(spec_file))
+    assert e.value.where == where and e.value.fix
+    assert api.requests == [] and b.list() == []
+
+
+def test_bad_spec_refused_before_anything_is_recorded(tmp_path, api, spec_file):
+    b = backend(tmp_path, api)
+    data = yaml.safe_load(spec_file.read_text())
+    data["distribution"]["process_count_per_instance"] = 8
+    spec_file.write_text(yaml.safe_dump(data))
+    with pytest.raises(AzuliteError, match="has 4 GPU"):
+        b.submit(load_job(spec_file))
+    assert api.requests == [] and b.list() == []
+
+
+def test_code_snapshot_uploaded_to_blob_for_the_init_container(tmp_path, api, spec_file, azurite):
+    b = backend(tmp_path, api, AZULITE_K8S_CODE_URI="az://code/jobs", AZULITE_K8S_STORAGE_ACCOUNT="devstoreaccount1",
+                AZURE_STORAGE_CONNECTION_STRING=azurite.connection_string)
+    rec = b.submit(load_job(spec_file))
+    name = f"dlrm-{rec.id.rsplit('-', 1)[1]}"
+    pod = api.objects["jobs"][("default", name)]["spec"]["template"]["spec"]
+    assert pod["initContainers"][0]["name"] == "fetch-code"
+    from azure.storage.blob import BlobServiceClient
+
+    blob = BlobServiceClient.from_connection_string(azurite.connection_string).get_blob_client("code", f"jobs/{name}/code.tar.gz")
+    with tarfile.open(fileobj=io.BytesIO(blob.download_blob().readall())) as tar:
+        assert tar.extractfile("./train.py").read() == b"print('train')\n"
+
+
+@pytest.fixture(scope="module")
+def azurite(tmp_path_factory):
+    from tests.train.azurite import Azurite, azurite_binary
+
+    if azurite_binary() is None:
+        pytest.skip("azurite not installed (scripts/install.sh --dev)")
+    az = Azurite(tmp_path_factory.mktemp("azurite")).start()
+    from azure.storage.blob import BlobServiceClient
+
+    BlobServiceClient.from_connection_string(az.connection_string).create_container("code")
+    try:
+        yield az
+    finally:
+        az.stop()
