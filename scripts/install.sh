@@ -70,6 +70,10 @@ else
   # --- protection (issue 11) ------------------------------------------------------------------------------------
   # (end protection (issue 11))
   # --- aks-azureml (issue 12) ------------------------------------------------------------------------------------
+  # kubernetes 37 (not kubeflow-training, which pins kubernetes<36: the PyTorchJob is checked against the CRD
+  # schema in tests/deploy/data), kubernetes-validate, azure-ai-ml come from pyproject's dev extra; none of
+  # them changes torch/numpy/protobuf (checked with --dry-run). promtool checks and unit-tests the GPU alerts.
+  apt_need promtool prometheus
   # (end aks-azureml (issue 12))
   # --- cost (issue 13) ------------------------------------------------------------------------------------
   # (end cost (issue 13))
