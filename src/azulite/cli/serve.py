@@ -9,6 +9,7 @@ repository are AzuliteErrors (exit 2, no traceback).
 from __future__ import annotations
 
 import logging
+import os
 from pathlib import Path
 from typing import List, Optional
 
@@ -42,10 +43,10 @@ def _table(rows: list[tuple[str, str, str]]) -> Table:
 
 
 def serve(
-    repository: Optional[Path] = typer.Argument(None, help="The model repository (Triton's layout).",
-                                                show_default=False),
-    model_repository: Optional[Path] = typer.Option(None, "--model-repository", "--model-store",
-                                                    help="Same as REPOSITORY (tritonserver's flag)."),
+    repository: Optional[str] = typer.Argument(None, help="The model repository (Triton's layout): a folder or az://container/path.",
+                                               show_default=False),
+    model_repository: Optional[str] = typer.Option(None, "--model-repository", "--model-store",
+                                                   help="Same as REPOSITORY (tritonserver's flag)."),
     http_port: int = typer.Option(8000, "--http-port", help="HTTP port (0: any free port)."),
     grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port (0: any free port)."),
     metrics_port: int = typer.Option(8002, "--metrics-port", help="Prometheus metrics port."),
@@ -90,6 +91,16 @@ def serve(
     if repo is None:
         raise SpecError("no model repository given", field="REPOSITORY",
                         fix="azulite serve path/to/model_repository")
+    remote = None
+    if repo.startswith("az://"):
+        # mirrored into a local cache (AZULITE_MODEL_CACHE); re-synced each --repository-poll-secs
+        from azulite.serve.remote import RemoteRepository
+
+        cache = os.environ.get("AZULITE_MODEL_CACHE") or Path(os.environ.get("AZULITE_HOME") or Path.home() / ".azulite") / "model-cache"
+        remote = RemoteRepository(repo, cache)
+        remote.sync()
+        repo = remote.path
+    repo = Path(repo)
     if not repo.is_dir():
         raise SpecError(f"model repository {str(repo)!r} is not a directory", field="REPOSITORY",
                         fix="point at a directory holding <model>/config.pbtxt and <model>/<version>/")
@@ -137,11 +148,16 @@ def serve(
     def stopping(signame: str) -> None:
         console.print(f"{signame}: draining in-flight requests (up to {exit_timeout_secs:g} s), then stopping")
 
+    if remote is not None:
+        remote.start_polling(repository_poll_secs)
     try:
         run(settings, on_started=started, on_stopping=stopping)
     except OSError as exc:
         raise AzuliteError(f"cannot listen: {exc}", fix="choose free ports with --http-port/--grpc-port/"
                            "--metrics-port (0 picks any free port)") from None
+    finally:
+        if remote is not None:
+            remote.stop()
     console.print("azulite serve stopped")
 
 
