@@ -1,0 +1,39 @@
+"""``azulite deploy render`` / ``azulite cluster render`` through the console script."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+ROOT = Path(__file__).resolve().parents[2]
+AZULITE = str(Path(sys.executable).parent / "azulite")
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([AZULITE, *args], capture_output=True, text=True, timeout=120)
+
+
+def test_deploy_render_writes_manifests(tmp_path):
+    r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "aks",
+            "--flavor", "pytorchjob", "--namespace", "train", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    (pj,) = yaml.safe_load_all((tmp_path / "torchrec-dlrm-training-pytorchjob.yaml").read_text())
+    assert pj["kind"] == "PyTorchJob" and pj["metadata"]["namespace"] == "train"
+    r = run("cluster", "render", str(ROOT / "examples/aks/cluster.yaml"), "--out", str(tmp_path / "c"))
+    assert r.returncode == 0, r.stderr
+    assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
+        "dcgm-exporter.yaml", "gpu-alerts.rules.yml", "gpu-alerts.yaml", "nodepools.sh", "nvidia-device-plugin.yaml"]
+
+
+def test_bad_input_exits_2_with_field_and_fix_and_writes_nothing(tmp_path):
+    r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "aks",
+            "--set", "distribution.process_count_per_instance=16", "--out", str(tmp_path / "out"))
+    assert r.returncode == 2
+    assert "distribution.process_count_per_instance" in r.stderr and "fix:" in r.stderr
+    assert "Traceback" not in r.stderr
+    assert not (tmp_path / "out").exists()
+    r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "gke", "--out", str(tmp_path))
+    assert r.returncode == 2 and "--target" in r.stderr
