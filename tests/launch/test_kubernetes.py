@@ -5,6 +5,10 @@ validates every request body against Kubernetes' published schemas and the PyTor
 from __future__ import annotations
 
 import io
+import json
+import os
+import subprocess
+import sys
 import tarfile
 import threading
 from pathlib import Path
@@ -87,6 +91,7 @@ def test_indexed_job_submit_watch_logs_preempt_cancel(tmp_path, api, spec_file):
     lines = list(b.logs(rec.id))
     assert lines[0].startswith(f"[{name}-0-") and lines[-1] == f"[{name}-1-abcde] rank 4 step 10"
     assert list(b.logs(rec.id, rank=1)) == [f"[{name}-1-abcde] rank 4 step 10"]
+    assert list(b.logs(rec.id, rank=0, follow=True)) == [f"[{name}-0-abcde] rank 0 step 10", f"[{name}-0-abcde] rank 0 loss 0.5"]
 
     b.preempt(rec.id)
     assert sorted(api.evicted) == [f"{name}-0-abcde", f"{name}-1-abcde"]
@@ -196,3 +201,24 @@ def azurite(tmp_path_factory):
         yield az
     finally:
         az.stop()
+
+
+def test_job_commands_follow_the_store_to_the_cluster(tmp_path, api, spec_file):
+    """`job submit --backend kubernetes --flavor`, then `job show` / `job cancel` without --backend: the
+    store says where the job runs."""
+    azulite = str(Path(sys.executable).parent / "azulite")
+    env = {**os.environ, "AZULITE_HOME": str(tmp_path / "home"), "KUBECONFIG": api.kubeconfig(tmp_path / "kc")}
+    env.pop("AZULITE_BACKEND", None)
+
+    def run(*args):
+        r = subprocess.run([azulite, "job", *args], capture_output=True, text=True, env=env, timeout=120)
+        assert r.returncode == 0, r.stderr
+        return r.stdout
+
+    rec = json.loads(run("submit", str(spec_file), "--backend", "kubernetes", "--flavor", "pytorchjob", "--json"))
+    ((_, name),) = api.objects["pytorchjobs"]
+    api.set_status("pytorchjobs", name, {"conditions": [{"type": "Running", "status": "True"}]})
+    shown = json.loads(run("show", rec["id"], "--json"))
+    assert shown["backend"] == "kubernetes" and shown["state"] == "running"
+    run("cancel", rec["id"])
+    assert api.objects["pytorchjobs"] == {}
