@@ -115,6 +115,7 @@ _REGISTRY: dict[str, type[Backend]] = {}
 _BACKEND_MODULES = {
     "local": "azulite.launch.local.backend",
     "kubernetes": "azulite.launch.kubernetes",
+    "azureml": "azulite.launch.azureml",
 }
 B = TypeVar("B", bound=type[Backend])
 
