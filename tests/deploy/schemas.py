@@ -81,18 +81,30 @@ def _crd_validator(filename: str) -> jsonschema.Validator:
     return jsonschema.validators.Draft202012Validator(schema)
 
 
-def pytorchjob_errors(obj: dict) -> list[str]:
+#: kind -> (apiVersion, the CRD file in data/)
+CRDS = {
+    "PyTorchJob": ("kubeflow.org/v1", "kubeflow.org_pytorchjobs-v1.9.0.yaml"),
+    "PrometheusRule": ("monitoring.coreos.com/v1", "monitoring.coreos.com_prometheusrules-v0.82.2.yaml"),
+}
+
+
+def crd_errors(obj: dict) -> list[str]:
+    api_version, filename = CRDS[obj["kind"]]
     errors = []
-    if obj.get("apiVersion") != "kubeflow.org/v1" or obj.get("kind") != "PyTorchJob":
-        errors.append(f"<root>: not a kubeflow.org/v1 PyTorchJob ({obj.get('apiVersion')} {obj.get('kind')})")
-    errors += sorted(_fmt(e) for e in _crd_validator("kubeflow.org_pytorchjobs-v1.9.0.yaml").iter_errors(obj))
+    if obj.get("apiVersion") != api_version:
+        errors.append(f"<root>: apiVersion {obj.get('apiVersion')!r} is not {api_version}")
+    errors += sorted(_fmt(e) for e in _crd_validator(filename).iter_errors(obj))
     return errors
 
 
+def pytorchjob_errors(obj: dict) -> list[str]:
+    return crd_errors({**obj, "kind": "PyTorchJob"}) if obj.get("kind") == "PyTorchJob" else [f"<root>: not a PyTorchJob ({obj.get('kind')})"]
+
+
 def errors(obj: dict, version: str) -> list[str]:
-    """Errors of any rendered object: built-in kinds against Kubernetes, PyTorchJob against its CRD."""
-    if obj.get("kind") == "PyTorchJob":
-        return pytorchjob_errors(obj)
+    """Errors of any rendered object: built-in kinds against Kubernetes, custom resources against their CRD."""
+    if obj.get("kind") in CRDS:
+        return crd_errors(obj)
     return k8s_errors(obj, version)
 
 

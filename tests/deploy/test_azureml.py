@@ -94,3 +94,14 @@ def test_bad_azureml_jobs(job_file, tmp_path, change, where):
         render_to(job_file(spec), tmp_path / "out", datastore="d")
     assert e.value.where == where, str(e.value)
     assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+@pytest.mark.parametrize("dist, check", [
+    ({"type": "tensorflow", "worker_count": 2, "parameter_server_count": 1},
+     lambda d: d.type == "tensorflow" and d.worker_count == 2 and d.parameter_server_count == 1),
+    ({"type": "mpi", "process_count_per_instance": 2}, lambda d: d.type == "mpi" and d.process_count_per_instance == 2),
+])
+def test_tensorflow_and_mpi_jobs_round_trip(job_file, tmp_path, dist, check):
+    files = render_to(job_file({**BASE, "compute": "gpu-cluster", "distribution": dist}), tmp_path / "out", datastore="d")
+    job = ml.load_job(files["job.azureml.yml"])
+    assert check(job.distribution)

@@ -12,6 +12,7 @@ import yaml
 
 from azulite.deploy.render import render_cluster, write_files
 from azulite.errors import AzuliteError
+from tests.deploy import schemas
 from tests.deploy.conftest import EXAMPLES, docs, seed
 from tests.deploy.test_training import assert_valid, the
 
@@ -64,6 +65,9 @@ def test_device_plugin_reproduces_seed_001_and_objects_validate(files):
 
 def test_prometheus_rule_matches_seed_001(files):
     (rule,) = docs(files["gpu-alerts.yaml"])
+    assert_valid([rule])  # against the prometheus-operator CRD
+    broken = {**rule, "spec": {"groups": [{"rules": [{"alert": "X", "for": "2 minutes"}]}]}}
+    assert len(schemas.errors(broken, "1.37")) == 3  # no group name, no expr, a bad duration
     s = seed("gpu-alerts.yaml")
     assert (rule["apiVersion"], rule["kind"], rule["metadata"]) == (s["apiVersion"], s["kind"], s["metadata"])
     ours = {r["alert"]: r for r in rule["spec"]["groups"][0]["rules"]}
