@@ -404,7 +404,8 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
             return
         for p in pool_ids:
             ng = ngpu[p]
-            per_job = math.ceil(g / ng)
+            # a gang over several nodes counts the pool's wholly free nodes (e.g. the survivors of an eviction)
+            per_job = math.ceil(g / ng) if g <= ng else max(1, math.ceil(g / ng) - len(levels[p][ng]))
             per_node = max(1, ng // g) if g <= ng else 1
             room = pools[p].max_nodes - pool_nodes[p]
             if room < per_job:
@@ -478,6 +479,7 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
             add_node(p, now, [])
 
     dirty_keys: set[tuple] = set()
+    idle_checks: list[tuple[int, int]] = []
     ptr = 0
     capacity_changed = False
     last_t = 0.0
@@ -532,18 +534,22 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
                     remove_node(a)
                     capacity_changed = True
             elif kind == _IDLE:
-                if n_alive[a] and n_ready[a] and n_idle_epoch[a] == b and n_free[a] == ngpu[n_pool[a]]:
-                    p = n_pool[a]
-                    if pool_nodes[p] <= pools[p].min_nodes:
-                        continue
-                    hold = last_up[p] + cfg.scale_down_delay_after_add
-                    if now < hold:
-                        push(hold, _IDLE, a, b)
-                        continue
-                    remove_node(a)
-                    scale_downs += 1
+                idle_checks.append((a, b))
         if pending and (capacity_changed or dirty_keys):
             schedule(capacity_changed)
+        # scale-down after the pass: a node a pending job just took is not unneeded
+        for a, b in idle_checks:
+            if n_alive[a] and n_ready[a] and n_idle_epoch[a] == b and n_free[a] == ngpu[n_pool[a]]:
+                p = n_pool[a]
+                if pool_nodes[p] <= pools[p].min_nodes:
+                    continue
+                hold = last_up[p] + cfg.scale_down_delay_after_add
+                if now < hold:
+                    push(hold, _IDLE, a, b)
+                    continue
+                remove_node(a)
+                scale_downs += 1
+        idle_checks.clear()
         dirty_keys.clear()
         capacity_changed = False
         if progress is not None and events >= next_progress:
