@@ -12,6 +12,7 @@ from azulite.errors import AzuliteError
 from azulite.cli import job as _job
 from azulite.cli import serve as _serve
 from azulite.cli import catalog as _catalog
+from azulite.cli import cluster as _cluster
 from azulite.cli import deploy as _deploy
 
 app = typer.Typer(
@@ -30,6 +31,7 @@ app = typer.Typer(
 app.add_typer(_job.app, name="job")
 _serve.register(app)
 _catalog.register(app)
+_cluster.register(app)
 app.add_typer(_deploy.app, name="deploy")
 app.add_typer(_deploy.cluster_app, name="cluster")
 

@@ -1,0 +1,362 @@
+"""``azulite cost``, ``azulite simulate`` and ``azulite plan``: thin shells over :mod:`azulite.cluster`
+(flags -> typed inputs, rich tables for people, ``--json`` for scripts)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from azulite.catalog import Sku, load_catalog
+from azulite.cluster.cost import CostError, serving_cost, training_cost
+from azulite.errors import AzuliteError, SpecError, TraceError
+from azulite.spec.job import parse_duration
+
+
+def _console() -> Console:
+    out = Console(highlight=False)
+    if not out.is_terminal:
+        out.width = 200
+    return out
+
+
+def _hours(value: Optional[str], flag: str) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        text = value.strip()
+        return parse_duration(text if text[-1:].isalpha() else text + "h") / 3600.0
+    except (ValueError, IndexError):
+        raise SpecError(f"{flag} takes hours (50, 2.5) or a duration (90m, 2d), and must be > 0, got {value!r}",
+                        field=flag, fix=f"e.g. {flag} 48") from None
+
+
+def _seconds(value: Optional[str], flag: str) -> Optional[float]:
+    if value is None:
+        return None
+    try:
+        return parse_duration(value)
+    except ValueError:
+        raise SpecError(f"{flag} takes seconds or a duration (30m), > 0, got {value!r}", field=flag, fix=f"e.g. {flag} 30m") from None
+
+
+def _job_facts(spec_path: Path) -> tuple[Optional[str], int, bool]:
+    """(instance_type, nodes, spot) of a job spec."""
+    from azulite.spec.loader import load_job
+
+    spec = load_job(spec_path)
+    props = spec.resources.properties or {}
+    low = str((props.get("AmlCompute") or {}).get("vmPriority", "")).lower() == "lowpriority"
+    return spec.resources.instance_type, spec.nodes, spec.priority == "spot" or low
+
+
+def _work_hours(hours: Optional[str], sps: Optional[float], samples: Optional[float], epochs: float) -> float:
+    if hours is not None:
+        return _hours(hours, "--hours")
+    if sps is not None and samples is not None:
+        if sps <= 0 or samples <= 0 or epochs <= 0:
+            raise CostError("--samples-per-second, --samples and --epochs must be > 0", fix="e.g. --samples-per-second 1200 --samples 443757 --epochs 100")
+        return samples * epochs / sps / 3600.0
+    raise CostError("how long does the job run? give --hours, or --samples-per-second with --samples and --epochs",
+                    fix="e.g. --hours 50, or --samples-per-second 250 --samples 443757 --epochs 100")
+
+
+def cost(
+    spec: Optional[Path] = typer.Argument(None, help="A job spec: SKU, nodes and spot come from it.", show_default=False),
+    sku: Optional[str] = typer.Option(None, "--sku", help="VM size, e.g. Standard_NC24rs_v3 (overrides the spec)."),
+    nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes (training) or replicas (serving)."),
+    hours: Optional[str] = typer.Option(None, "--hours", help="Wall time: 50, 2.5, 90m, 2d."),
+    samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured training throughput."),
+    samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
+    epochs: float = typer.Option(1.0, "--epochs"),
+    spot: bool = typer.Option(False, "--spot", help="Spot (low-priority) VMs, with the expected eviction overhead."),
+    pricing: str = typer.Option("on_demand", "--pricing", help="on_demand, reserved_1y, reserved_3y, savings_1y, savings_3y."),
+    eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour (0: none)."),
+    save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration (s)."),
+    checkpoint_interval: Optional[str] = typer.Option(None, "--checkpoint-interval", help="Default: Young/Daly."),
+    serve: bool = typer.Option(False, "--serve", help="Price an always-on / autoscaled endpoint per month instead."),
+    mode: str = typer.Option("always-on", "--mode", help="Serving: always-on, autoscale, scale-to-zero."),
+    hours_per_month: float = typer.Option(730.0, "--hours-per-month", help="Serving: 730 (8,760/12) or 720."),
+    utilization: Optional[float] = typer.Option(None, "--utilization", help="Serving: share of hours replicas run."),
+    curve: Optional[Path] = typer.Option(None, "--curve", help="Serving: CSV of hour,rps (a day's request rate)."),
+    capacity: Optional[float] = typer.Option(None, "--capacity", help="Serving: req/s one replica handles."),
+    catalog_file: Optional[Path] = typer.Option(None, "--catalog", help="A TOML catalog file (your SKUs / prices)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object with total_usd and the breakdown."),
+) -> None:
+    """What a training job or an endpoint costs, with the price's source and every assumption.
+
+    Examples:
+
+      azulite cost --sku Standard_NC24rs_v3 --nodes 2 --hours 50
+
+      azulite cost --sku NC24rs_v3 --nodes 2 --hours 50 --spot --eviction-rate 0 --json
+
+      azulite cost examples/ddp/job.yaml --hours 10
+
+      azulite cost --serve --sku NC4as_T4_v3 --hours-per-month 720
+    """
+    cat = load_catalog(str(catalog_file) if catalog_file else None)
+    spec_sku, spec_nodes, spec_spot = (None, 1, False)
+    if spec is not None:
+        spec_sku, spec_nodes, spec_spot = _job_facts(spec)
+    name = sku or spec_sku
+    if not name:
+        raise CostError("which VM size? the spec has no resources.instance_type", fix="pass --sku, e.g. --sku Standard_NC24rs_v3")
+    the_sku = cat.get(name)
+    kind = "spot" if (spot or (spec_spot and pricing == "on_demand")) else pricing
+    out = _console()
+    if serve:
+        rates = _read_curve(curve) if curve else None
+        result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=nodes or 1, hours_per_month=hours_per_month,
+                              utilization=utilization, curve=rates, capacity_rps=capacity)
+        if as_json:
+            print(json.dumps(result.to_json(), indent=2))
+            return
+        out.print(f"[bold]{result.sku}[/] endpoint, {mode}: [bold]${result.monthly_usd:,.2f}[/] per month")
+        out.print(f"  = {result.computation}")
+        out.print(f"  price: ${result.usd_per_node_hour:g}/h — {result.price_source}")
+        for a in result.assumptions:
+            out.print(f"  assumes: {a}")
+        if mode == "always-on":
+            per = result.monthly_usd / result.hours_per_month
+            out.print("  hours-per-month conventions: " + "; ".join(
+                f"{h:g} h -> ${per * h:,.2f}" for h in (720.0, 730.0)) + " (pick with --hours-per-month)")
+        return
+    n = nodes or spec_nodes
+    h = _work_hours(hours, samples_per_second, samples, epochs)
+    est = training_cost(the_sku, n, h, pricing=kind, eviction_rate=eviction_rate,
+                        checkpoint_interval_s=_seconds(checkpoint_interval, "--checkpoint-interval"), save_seconds=save_seconds)
+    alternatives = {}
+    for k in ("on_demand", "spot", "savings_1y", "savings_3y", "reserved_1y", "reserved_3y"):
+        try:
+            alternatives[k] = training_cost(the_sku, n, h, pricing=k, eviction_rate=eviction_rate, save_seconds=save_seconds).total_usd
+        except AzuliteError:
+            alternatives[k] = None
+    if as_json:
+        print(json.dumps(est.to_json() | {"alternatives_usd": alternatives}, indent=2))
+        return
+    out.print(f"[bold]{n} x {est.sku}[/], {h:g} h, {kind}: [bold]${est.total_usd:,.2f}[/]")
+    out.print(f"  compute {n} x {h:g} h x ${est.usd_per_node_hour:g}/node-hour = ${est.compute_usd:,.2f}  ({est.price_source})")
+    if kind == "spot" and est.evictions_per_node_hour:
+        out.print(f"  + checkpoint saves ${est.checkpoint_overhead_usd:,.2f} + expected evictions ({est.expected_evictions:.2f}) "
+                  f"${est.eviction_overhead_usd:,.2f}; completion {est.expected_hours:.1f} h ± {est.hours_sd:.1f} h")
+    for a in est.assumptions:
+        out.print(f"  assumes: {a}")
+    table = Table(title="Same job, other prices", title_justify="left")
+    table.add_column("pricing")
+    table.add_column("total", justify="right")
+    for k, v in alternatives.items():
+        table.add_row(k, "unknown (no source)" if v is None else f"${v:,.2f}")
+    out.print(table)
+
+
+def _read_curve(path: Path) -> list[float]:
+    rates: list[float] = []
+    try:
+        with open(path, newline="") as f:
+            for row_no, row in enumerate(csv.reader(f), start=1):
+                if not row or row[0].strip().startswith("#") or (row_no == 1 and not row[-1].strip().replace(".", "").isdigit()):
+                    continue
+                try:
+                    rates.append(float(row[-1]))
+                except ValueError:
+                    raise TraceError(f"request rate must be a number, got {row[-1]!r}", where=f"{path}: row {row_no}",
+                                     fix="rows of hour,rps") from None
+    except FileNotFoundError:
+        raise TraceError("request-rate curve not found", where=str(path)) from None
+    return rates
+
+
+def simulate_cmd(
+    cluster: Path = typer.Argument(..., help="Cluster spec (YAML: pools, autoscaler)."),
+    trace: Path = typer.Argument(..., help="Job trace (CSV, or --format philly / pai2020 / pai2023)."),
+    fmt: str = typer.Option("csv", "--format", help="csv, philly (cluster_job_log), pai2020 (task table), pai2023 (pod list)."),
+    job_table: Optional[Path] = typer.Option(None, "--job-table", help="pai2020: pai_job_table.csv for submit times."),
+    plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of utilization, queue and nodes here."),
+    checkpoint_cost: float = typer.Option(0.0, "--checkpoint-cost", help="Seconds each checkpoint save takes."),
+    seed: int = typer.Option(0, "--seed", help="Random seed (spot evictions)."),
+    catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
+    as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
+    no_progress: bool = typer.Option(False, "--no-progress"),
+) -> None:
+    """Simulate a job trace on node pools: gang scheduling, priorities and preemption, the cluster
+    autoscaler, spot evictions with checkpoint/restart. Prints cost, GPU utilization, queueing delay
+    (p50/p99), lost work and makespan.
+
+    Examples:
+
+      azulite simulate examples/cluster/cluster.yaml examples/cluster/trace.csv --plot sim.png
+
+      azulite simulate cluster.yaml cluster_job_log --format philly --json
+    """
+    from azulite.cluster.pools import resolve_pools
+    from azulite.cluster.report import plot, summary_table
+    from azulite.cluster.sim import Settings, simulate
+    from azulite.cluster.trace import FORMATS, read_trace
+    from azulite.spec.cluster import load_cluster
+
+    if fmt not in FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}", fix=f"use one of: {', '.join(FORMATS)}")
+    spec = load_cluster(cluster)
+    pools = resolve_pools(spec, catalog=load_catalog(str(catalog_file) if catalog_file else None), spec_file=cluster)
+    jobs = read_trace(trace, fmt, job_table=job_table)
+    a = spec.autoscaler
+    settings = Settings(autoscale=a.enabled, scale_up_delay=a.scale_up_delay, scale_down_unneeded_time=a.scale_down_unneeded_time,
+                        scale_down_delay_after_add=a.scale_down_delay_after_add, restart_overhead=spec.restart_overhead,
+                        checkpoint_cost=checkpoint_cost, least_cost=spec.expander == "least-cost", seed=seed)
+    err = Console(stderr=True, highlight=False)
+    if no_progress or as_json or not err.is_terminal:
+        result = simulate(jobs, pools, settings)
+    else:
+        with Progress(TextColumn("simulating"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} jobs"),
+                      TextColumn("t={task.fields[t]}"), TimeElapsedColumn(), console=err, transient=True) as bar:
+            task = bar.add_task("sim", total=len(jobs), t="0 h")
+            result = simulate(jobs, pools, settings,
+                              progress=lambda done, total, t: bar.update(task, completed=done, t=f"{t / 3600:.1f} h"))
+    if plot_path is not None:
+        plot(result, plot_path, title=f"{spec.name}: {Path(trace).name}")
+    if as_json:
+        print(json.dumps(result.summary() | {"skipped": jobs.skipped, "trace": jobs.source,
+                                             "prices": {p.name: p.price_label for p in pools}}, indent=2))
+        return
+    out = _console()
+    out.print(summary_table(result, pools, title=f"{spec.name}: {len(jobs):,} jobs from {jobs.source}"))
+    if jobs.skipped:
+        out.print("skipped while importing: " + ", ".join(f"{k}: {v}" for k, v in jobs.skipped.items()))
+    for p in pools:
+        out.print(f"  {p.name}: {p.price_label}" + (f"; spot evictions {p.evictions_per_hour:g}/node-hour" if p.spot else ""))
+    if plot_path is not None:
+        out.print(f"plot: {plot_path}")
+
+
+def measured_save_seconds(uri: str) -> tuple[Optional[float], str]:
+    """The median ``save_seconds`` of the committed checkpoints under ``uri`` (written by azulite.train
+    when it records it), and where it came from."""
+    from azulite.train.catalog import read_manifest, scan_steps
+    from azulite.train.storage import CheckpointStorage, StorageSettings
+
+    storage = CheckpointStorage(uri, StorageSettings.from_environ(os.environ))
+    values = []
+    for step, rel in scan_steps(storage):
+        m = read_manifest(storage, rel, step)
+        if m and isinstance(m.get("save_seconds"), (int, float)) and m["save_seconds"] > 0:
+            values.append(float(m["save_seconds"]))
+    if not values:
+        return None, f"no save_seconds in the manifests under {uri}"
+    return statistics.median(values), f"median of {len(values)} measured saves under {uri}"
+
+
+def plan_cmd(
+    spec: Path = typer.Argument(..., help="The job spec (resources.instance_type and instance_count: where --hours was measured)."),
+    hours: Optional[str] = typer.Option(None, "--hours", help="Wall time measured on the spec's SKU and nodes."),
+    samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second"),
+    samples: Optional[float] = typer.Option(None, "--samples"),
+    epochs: float = typer.Option(1.0, "--epochs"),
+    deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within (p90): 48, 48h, 2d."),
+    budget: Optional[float] = typer.Option(None, "--budget", help="Expected cost at most (USD)."),
+    checkpoints: Optional[str] = typer.Option(None, "--checkpoints", help="A checkpoint location: read measured save_seconds from its manifests."),
+    save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration when no manifest has one (default 60)."),
+    eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour."),
+    speedup: Optional[List[str]] = typer.Option(None, "--speedup", help="Weigh another GPU type: A100=2.5 (per GPU vs the spec's)."),
+    runs: int = typer.Option(16, "--runs", help="Simulated runs per spot candidate."),
+    catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Recommend SKU, node count, spot or on-demand and the checkpoint interval (Young/Daly) for a job,
+    with expected cost and completion time and their spread, and the alternatives weighed.
+
+    Examples:
+
+      azulite plan examples/ddp/job.yaml --hours 50 --deadline 24h
+
+      azulite plan job.yaml --hours 50 --budget 200 --checkpoints ./ckpt --speedup A100=2.5
+    """
+    from azulite.cluster.plan import Job, plan
+    from azulite.spec.cluster import DEFAULT_EVICTION_RATE_PER_HOUR
+
+    cat = load_catalog(str(catalog_file) if catalog_file else None)
+    inst, n, _ = _job_facts(spec)
+    if not inst:
+        raise SpecError("the planner needs the SKU the run time was measured on", file=str(spec), field="resources.instance_type",
+                        fix="add resources: {instance_type: Standard_NC24rs_v3, instance_count: 2}")
+    ref: Sku = cat.get(inst)
+    h = _work_hours(hours, samples_per_second, samples, epochs)
+    delta, source = None, "default (no measured save duration)"
+    if checkpoints:
+        delta, source = measured_save_seconds(checkpoints)
+    if delta is None and save_seconds is not None:
+        delta, source = save_seconds, "--save-seconds"
+    if delta is None:
+        delta = 60.0
+        source = (source + "; " if checkpoints else "") + "default 60 s"
+    ups = {}
+    for item in speedup or []:
+        k, _, v = item.partition("=")
+        try:
+            ups[k.strip()] = float(v)
+        except ValueError:
+            raise SpecError(f"--speedup takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5") from None
+        if not ups[k.strip()] > 0:
+            raise SpecError(f"--speedup factor must be > 0, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
+    job = Job(hours=h, ref_sku=ref, ref_nodes=n, save_seconds=delta, save_source=source)
+    rate = DEFAULT_EVICTION_RATE_PER_HOUR if eviction_rate is None else eviction_rate
+    result = plan(job, deadline_h=_hours(deadline, "--deadline"), budget_usd=budget, catalog=cat, eviction_rate=rate,
+                  runs=runs, speedup=ups)
+    if as_json:
+        from dataclasses import asdict
+
+        print(json.dumps(_finite({"objective": result.objective, "pick": asdict(result.pick) if result.pick else None,
+                                  "simulated": result.simulated, "assumptions": result.assumptions,
+                                  "alternatives": [asdict(c) for c in result.candidates]}), indent=2))
+        if result.pick is None:
+            raise typer.Exit(1)
+        return
+    out = _console()
+    p = result.pick
+    if p is None:
+        out.print(f"[bold red]no candidate meets the constraints[/] ({result.objective})")
+    else:
+        ck = f"checkpoint every {p.checkpoint_interval_s / 60:.0f} min (Young/Daly)" if p.checkpoint_interval_s else "no evictions modelled: checkpoint as your failure rate needs"
+        out.print(f"[bold]pick: {p.label}[/] — expected ${p.cost_mean:,.2f} (p10 ${p.cost_p10:,.2f}, p90 ${p.cost_p90:,.2f}), "
+                  f"{p.hours_mean:.1f} h (p90 {p.hours_p90:.1f} h); {ck}")
+    out.print(f"objective: {result.objective}; {result.simulated} candidates simulated")
+    for a in result.assumptions:
+        out.print(f"  assumes: {a}")
+    table = Table(title="Alternatives weighed", title_justify="left")
+    for col in ("candidate", "$/node-h", "bound $", "expected $", "p90 $", "hours", "p90 h", "evictions", "note"):
+        table.add_column(col, justify="left" if col in ("candidate", "note") else "right")
+    for c in sorted(result.candidates, key=lambda c: (c.cost_mean if c.cost_mean is not None else math.inf, c.bound_usd)):
+        f = lambda v, fmt: "-" if v is None or (isinstance(v, float) and math.isinf(v)) else format(v, fmt)  # noqa: E731
+        mark = " ✓" if c is p else ""
+        table.add_row(c.label + mark, f(c.usd_per_node_hour, ".3f"), f(c.bound_usd, ",.0f"), f(c.cost_mean, ",.2f"),
+                      f(c.cost_p90, ",.2f"), f(c.hours_mean, ".1f"), f(c.hours_p90, ".1f"), f(c.evictions_mean, ".2f"),
+                      c.note or ("" if c.feasible is not False else "misses a constraint"))
+    out.print(table)
+    if p is None:
+        raise typer.Exit(1)
+
+
+def _finite(v: object) -> object:
+    """JSON has no Infinity: an unbounded figure (unknown price) is null."""
+    if isinstance(v, float) and not math.isfinite(v):
+        return None
+    if isinstance(v, dict):
+        return {k: _finite(x) for k, x in v.items()}
+    if isinstance(v, list):
+        return [_finite(x) for x in v]
+    return v
+
+
+def register(app: typer.Typer) -> None:
+    app.command("cost")(cost)
+    app.command("simulate")(simulate_cmd)
+    app.command("plan")(plan_cmd)

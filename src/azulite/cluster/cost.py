@@ -1,0 +1,215 @@
+"""The cost model: training (nodes x hours x the price that applies, plus the expected cost of spot
+evictions) and serving (always-on, autoscaled by a request-rate curve, scale-to-zero), every figure with
+the price's source and every assumption spelled out.
+
+Spot evictions (first-order model, the one Young's and Daly's checkpoint intervals come from): a job on n
+nodes is interrupted at rate L = n x lambda per hour; each interruption loses on average half a checkpoint
+interval of work plus the restart (restore) time R; checkpoints cost delta each. The expected wall time is
+
+    T = T0 x (1 + delta/tau) / (1 - L x (tau/2 + R))
+
+with tau = sqrt(2 x delta x MTBF) (Young/Daly) when not given, MTBF = 1/L. A denominator <= 0 means the job
+is expected never to finish (evictions faster than progress): an error, not a number.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+
+from azulite.catalog import PRICE_KINDS, Sku
+from azulite.errors import AzuliteError, PriceUnknown
+from azulite.spec.cluster import DEFAULT_EVICTION_RATE_PER_HOUR, DEFAULT_EVICTION_RATE_SOURCE
+
+#: Save duration assumed when no checkpoint manifest gives a measured one (seconds).
+DEFAULT_SAVE_SECONDS = 60.0
+#: Restore-and-restart time after an eviction when not given (seconds).
+DEFAULT_RESTART_SECONDS = 300.0
+HOURS_PER_MONTH = 730.0  # 8,760 h / 12; the other common convention is 720 (30 days)
+
+
+class CostError(AzuliteError):
+    """Inputs the cost model cannot price (a zero duration, evictions faster than progress)."""
+
+
+def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
+    """Young/Daly's first-order optimum checkpoint interval tau = sqrt(2 x delta x MTBF) (seconds)."""
+    if save_seconds <= 0 or mtbf_seconds <= 0:
+        raise CostError("Young/Daly needs a save duration > 0 and an MTBF > 0",
+                        fix="pass --save-seconds (measured in the checkpoint manifest) and an eviction rate > 0")
+    return math.sqrt(2.0 * save_seconds * mtbf_seconds)
+
+
+def price_of(sku: Sku, kind: str) -> float:
+    p = sku.price(kind)
+    if p is None:
+        known = [k for k in PRICE_KINDS if sku.price(k)]
+        raise PriceUnknown(
+            f"no {kind} price for {sku.name}: no source gives one",
+            fix=(f"known for this SKU: {', '.join(known)}; " if known else "") + "or add a [[price]] with its source in a --catalog file",
+        )
+    return p.usd_per_hour
+
+
+@dataclass
+class TrainingCost:
+    sku: str
+    nodes: int
+    pricing: str
+    usd_per_node_hour: float
+    price_source: str
+    compute_hours: float            # T0: wall hours without evictions or checkpoint overhead
+    expected_hours: float           # T: with checkpoint saves and expected evictions
+    compute_usd: float              # T0 x nodes x price
+    checkpoint_overhead_usd: float
+    eviction_overhead_usd: float
+    total_usd: float
+    expected_evictions: float = 0.0
+    evictions_per_node_hour: float = 0.0
+    checkpoint_interval_s: float | None = None
+    save_seconds: float | None = None
+    restart_seconds: float | None = None
+    hours_sd: float = 0.0           # spread of the completion time (eviction count is Poisson)
+    assumptions: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        d["breakdown"] = {
+            "compute_usd": self.compute_usd, "checkpoint_overhead_usd": self.checkpoint_overhead_usd,
+            "eviction_overhead_usd": self.eviction_overhead_usd,
+            "formula": f"{self.nodes} nodes x {self.expected_hours:.4g} h x ${self.usd_per_node_hour:g}/node-hour",
+        }
+        return d
+
+
+def training_cost(
+    sku: Sku, nodes: int, hours: float, *, pricing: str = "on_demand", eviction_rate: float | None = None,
+    checkpoint_interval_s: float | None = None, save_seconds: float | None = None,
+    restart_seconds: float | None = None,
+) -> TrainingCost:
+    """Cost of ``hours`` of wall time on ``nodes`` x ``sku`` at ``pricing`` (a PRICE_KINDS name). For spot,
+    ``eviction_rate`` (per node-hour) defaults to the labelled assumption; 0 prices spot without evictions."""
+    if nodes < 1:
+        raise CostError(f"nodes must be >= 1, got {nodes}", fix="e.g. --nodes 2")
+    if not (hours > 0) or math.isinf(hours):
+        raise CostError(f"hours must be > 0, got {hours:g}", fix="give the job's wall time, e.g. --hours 50")
+    if pricing not in PRICE_KINDS:
+        raise CostError(f"unknown pricing {pricing!r}", fix=f"use one of: {', '.join(PRICE_KINDS)}")
+    rate = price_of(sku, pricing)
+    source = sku.price(pricing).label()
+    assumptions: list[str] = []
+    t0 = hours
+    compute = t0 * nodes * rate
+    if pricing != "spot":
+        return TrainingCost(sku.name, nodes, pricing, rate, source, t0, t0, compute, 0.0, 0.0, compute, assumptions=assumptions)
+    lam = DEFAULT_EVICTION_RATE_PER_HOUR if eviction_rate is None else eviction_rate
+    if eviction_rate is None:
+        assumptions.append(f"spot eviction rate {lam:g}/node-hour: {DEFAULT_EVICTION_RATE_SOURCE}")
+    if lam < 0:
+        raise CostError(f"eviction rate must be >= 0, got {lam:g}", fix="e.g. --eviction-rate 0.01")
+    if lam == 0:
+        assumptions.append("no spot evictions (eviction rate 0): the seeds' spot figures assume this")
+        return TrainingCost(sku.name, nodes, pricing, rate, source, t0, t0, compute, 0.0, 0.0, compute,
+                            evictions_per_node_hour=0.0, assumptions=assumptions)
+    delta = DEFAULT_SAVE_SECONDS if save_seconds is None else save_seconds
+    if save_seconds is None:
+        assumptions.append(f"checkpoint save takes {delta:g} s (default; no measured save_seconds given)")
+    restart = DEFAULT_RESTART_SECONDS if restart_seconds is None else restart_seconds
+    if restart_seconds is None:
+        assumptions.append(f"restore and restart after an eviction take {restart:g} s (default)")
+    big_l = lam * nodes / 3600.0  # interruptions per second
+    tau = checkpoint_interval_s or young_daly_interval(delta, 1.0 / big_l)
+    if checkpoint_interval_s is None:
+        assumptions.append(f"checkpoint every {tau / 60:.1f} min (Young/Daly: sqrt(2 x {delta:g} s x MTBF {1 / big_l / 3600:.1f} h))")
+    denom = 1.0 - big_l * (tau / 2.0 + restart)
+    if denom <= 0:
+        raise CostError(
+            f"with {lam:g} evictions per node-hour on {nodes} nodes the job is expected never to finish "
+            f"(an eviction every {1 / big_l / 60:.0f} min loses {tau / 120 + restart / 60:.0f} min on average)",
+            fix="use fewer nodes, on-demand nodes, or checkpoint more often (--checkpoint-interval)",
+        )
+    base = t0 * (1.0 + delta / tau)
+    t = base / denom
+    n_evict = big_l * t * 3600.0
+    per = (tau / 2.0 + restart) / 3600.0
+    sd = math.sqrt(n_evict) * per
+    ckpt_usd = (base - t0) * nodes * rate
+    evict_usd = (t - base) * nodes * rate
+    return TrainingCost(
+        sku.name, nodes, pricing, rate, source, t0, t, compute, ckpt_usd, evict_usd, t * nodes * rate,
+        expected_evictions=n_evict, evictions_per_node_hour=lam, checkpoint_interval_s=tau, save_seconds=delta,
+        restart_seconds=restart, hours_sd=sd, assumptions=assumptions,
+    )
+
+
+@dataclass
+class ServingCost:
+    sku: str
+    pricing: str
+    mode: str
+    usd_per_node_hour: float
+    price_source: str
+    hours_per_month: float
+    replica_hours_per_month: float
+    monthly_usd: float
+    computation: str
+    assumptions: list[str] = field(default_factory=list)
+    hourly_replicas: list[int] | None = None
+
+    @property
+    def total_usd(self) -> float:
+        return self.monthly_usd
+
+    def to_json(self) -> dict:
+        return asdict(self) | {"total_usd": self.monthly_usd}
+
+
+def serving_cost(
+    sku: Sku, *, mode: str = "always-on", pricing: str = "on_demand", replicas: int = 1,
+    hours_per_month: float = HOURS_PER_MONTH, utilization: float | None = None,
+    curve: list[float] | None = None, capacity_rps: float | None = None, max_replicas: int | None = None,
+) -> ServingCost:
+    """Monthly cost of an endpoint on ``sku``.
+
+    - ``always-on``: ``replicas`` all month;
+    - ``autoscale`` (min 1 replica): from a request-rate ``curve`` (req/s per hour of a day, repeated) and
+      the ``capacity_rps`` of one replica, or from a mean ``utilization`` (the share of hours a replica runs);
+    - ``scale-to-zero``: like autoscale with min 0: hours with no traffic cost nothing.
+    """
+    if hours_per_month <= 0:
+        raise CostError(f"hours per month must be > 0, got {hours_per_month:g}", fix="730 (8,760/12) or 720 (30 days)")
+    if replicas < 1:
+        raise CostError(f"replicas must be >= 1, got {replicas}")
+    rate = price_of(sku, pricing)
+    source = sku.price(pricing).label()
+    notes = [f"{hours_per_month:g} hours per month"]
+    hourly = None
+    if mode == "always-on":
+        rh = replicas * hours_per_month
+        comp = f"{replicas} x {hours_per_month:g} h x ${rate:g}/h"
+    elif mode in ("autoscale", "scale-to-zero"):
+        floor_ = 1 if mode == "autoscale" else 0
+        if curve is not None:
+            if not curve or any(r < 0 for r in curve):
+                raise CostError("the request-rate curve needs one rate >= 0 per hour", fix="a CSV of hour,rps rows")
+            if not capacity_rps or capacity_rps <= 0:
+                raise CostError("a request-rate curve needs the capacity of one replica", fix="pass --capacity RPS (> 0)")
+            cap = max_replicas or 10**9
+            hourly = [min(cap, max(floor_, math.ceil(r / capacity_rps - 1e-9))) for r in curve]
+            rh = sum(hourly) / len(hourly) * hours_per_month
+            comp = f"mean {sum(hourly) / len(hourly):.3g} replicas over the {len(hourly)}-hour curve x {hours_per_month:g} h x ${rate:g}/h"
+            notes.append(f"one replica serves {capacity_rps:g} req/s; min {floor_} replica(s)")
+        elif utilization is not None:
+            if not 0 <= utilization <= 1:
+                raise CostError(f"utilization must be within [0, 1], got {utilization:g}", fix="e.g. --utilization 0.5")
+            # min 1 replica (autoscale) never runs less than 1 of the max replicas
+            share = utilization if floor_ == 0 else max(utilization, 1.0 / replicas)
+            rh = replicas * hours_per_month * share
+            comp = f"{replicas} x {hours_per_month:g} h x {share:g} (running share) x ${rate:g}/h"
+            notes.append(f"replicas run {share:.0%} of the hours")
+        else:
+            raise CostError(f"{mode} needs a request-rate curve (--curve FILE --capacity RPS) or --utilization",
+                            fix="e.g. --utilization 0.5")
+    else:
+        raise CostError(f"unknown serving mode {mode!r}", fix="use always-on, autoscale or scale-to-zero")
+    return ServingCost(sku.name, pricing, mode, rate, source, hours_per_month, rh, rh * rate, comp, notes, hourly)

@@ -1,0 +1,126 @@
+"""``azulite cost | simulate | plan`` in-process: JSON figures, the PNG plot, measured save durations read
+from checkpoint manifests, and user mistakes as messages with exit code 2 (no traceback)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from azulite.cli import main
+from azulite.cli.cluster import measured_save_seconds
+
+ROOT = Path(__file__).resolve().parents[2]
+CLUSTER = ROOT / "examples" / "cluster" / "cluster.yaml"
+TRACE = ROOT / "examples" / "cluster" / "trace.csv"
+DATA = ROOT / "tests" / "cluster" / "data"
+
+
+def err_of(capsys) -> str:
+    """stderr with rich's line wrapping undone."""
+    return " ".join(capsys.readouterr().err.split())
+
+
+def run(*args: str) -> int:
+    try:
+        main([str(a) for a in args])
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
+def test_cost_json_reproduces_the_seed(capsys):
+    assert run("cost", "--sku", "Standard_NC24rs_v3", "--nodes", "2", "--hours", "50", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["total_usd"] == pytest.approx(306.0) and d["breakdown"]["compute_usd"] == pytest.approx(306.0)
+    assert d["alternatives_usd"]["spot"] > 92 and d["alternatives_usd"]["reserved_1y"] is None
+    assert run("cost", "--sku", "NC24rs_v3", "--nodes", "2", "--hours", "50", "--spot", "--eviction-rate", "0", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["total_usd"] == pytest.approx(92.0)
+
+
+def test_cost_from_a_job_spec_and_samples(capsys, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python train.py\nresources: {instance_type: Standard_ND96asr_v4, instance_count: 2}\n")
+    assert run("cost", spec, "--samples-per-second", "1000", "--samples", "1800000", "--epochs", "2", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["nodes"] == 2 and d["compute_hours"] == pytest.approx(1.0) and d["total_usd"] == pytest.approx(54.0)
+
+
+def test_cost_serving_month(capsys):
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3") == 0
+    out = capsys.readouterr().out
+    assert "$383.98 per month" in out and "720 h -> $378.72" in out
+
+
+@pytest.mark.parametrize("args, words", [
+    (("cost", "--sku", "NC24r_v3", "--nodes", "2", "--hours", "5"), "did you mean Standard_NC24rs_v3"),
+    (("cost", "--sku", "NC24rs_v3", "--nodes", "2", "--hours", "0"), "--hours"),
+    (("cost", "--sku", "NC24rs_v3", "--nodes", "2"), "give --hours"),
+    (("cost", "--sku", "ND96isr_H100_v5", "--hours", "1"), "no on_demand price"),
+])
+def test_cost_errors_exit_2(capsys, args, words):
+    assert run(*args) == 2
+    err = err_of(capsys)
+    assert words in err and "Traceback" not in err
+
+
+def test_simulate_json_and_plot(capsys, tmp_path):
+    png = tmp_path / "sim.png"
+    assert run("simulate", CLUSTER, TRACE, "--json", "--plot", png) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["finished"] == d["jobs"] == 9 and d["cost_usd"] > 0 and 0 < d["gpu_utilization"] <= 1
+    assert d["preemptions"] >= 1  # "urgent" (priority 20) takes nodes from lower-priority jobs
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert run("simulate", CLUSTER, TRACE) == 0
+    assert "GPU utilization" in capsys.readouterr().out
+
+
+def test_simulate_imports_a_public_trace(capsys):
+    assert run("simulate", CLUSTER, DATA / "openb_pod_list_default.head40.csv", "--format", "pai2023", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["jobs"] == 38 and d["skipped"] == {"CPU-only pod": 2, "never scheduled": 2}
+
+
+def test_simulate_errors_exit_2(capsys, tmp_path):
+    bad = tmp_path / "t.csv"
+    bad.write_text("job_id,submit_time,gpus,duration\na,5,4,10\nb,1,4,10\n")
+    assert run("simulate", CLUSTER, bad) == 2
+    assert "row 3" in err_of(capsys)
+    huge = tmp_path / "huge.csv"
+    huge.write_text("job_id,submit_time,gpus,duration\nmonster,0,512,10\n")
+    assert run("simulate", CLUSTER, huge) == 2
+    assert "job 'monster' needs 512 GPUs and can never fit" in err_of(capsys)
+
+
+def _manifest(root: Path, step: int, save_seconds: float | None) -> None:
+    d = root / f"step-{step:08d}"
+    d.mkdir(parents=True)
+    m = {"format": "azulite.checkpoint/1", "step": step, "files": {}}
+    if save_seconds is not None:
+        m["save_seconds"] = save_seconds
+    (d / "manifest.json").write_text(json.dumps(m))
+
+
+def test_plan_reads_measured_save_seconds_from_manifests(capsys, tmp_path):
+    ck = tmp_path / "ckpt"
+    for step, s in ((10, 30.0), (20, 50.0), (30, 40.0), (40, None)):
+        _manifest(ck, step, s)
+    assert measured_save_seconds(str(ck)) == (40.0, f"median of 3 measured saves under {ck}")
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python train.py\nresources: {instance_type: Standard_NC24rs_v3, instance_count: 2}\n")
+    assert run("plan", spec, "--hours", "50", "--deadline", "20h", "--checkpoints", ck, "--eviction-rate", "0.05",
+               "--runs", "4", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["pick"]["spot"] and d["pick"]["hours_p90"] <= 20
+    assert any("delta = 40 s (median of 3 measured saves" in a for a in d["assumptions"])
+    assert run("plan", spec, "--hours", "50", "--deadline", "20h", "--runs", "2") == 0
+    out = capsys.readouterr().out
+    assert "pick:" in out and "Alternatives weighed" in out and "default 60 s" in out
+
+
+def test_plan_without_instance_type_is_an_error(capsys, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python train.py\n")
+    assert run("plan", spec, "--hours", "5") == 2
+    assert "resources.instance_type" in err_of(capsys)
