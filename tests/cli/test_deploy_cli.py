@@ -22,7 +22,7 @@ def test_deploy_render_writes_manifests(tmp_path):
     assert r.returncode == 0, r.stderr
     (pj,) = yaml.safe_load_all((tmp_path / "torchrec-dlrm-training-pytorchjob.yaml").read_text())
     assert pj["kind"] == "PyTorchJob" and pj["metadata"]["namespace"] == "train"
-    r = run("cluster", "render", str(ROOT / "examples/aks/cluster.yaml"), "--out", str(tmp_path / "c"))
+    r = run("cluster", "render", str(ROOT / "examples/aks/cluster.yaml"), "--resource-group", "rg", "--out", str(tmp_path / "c"))
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [
         "dcgm-exporter.yaml", "gpu-alerts.rules.yml", "gpu-alerts.yaml", "nodepools.sh", "nvidia-device-plugin.yaml"]

@@ -10,6 +10,7 @@ import subprocess
 import pytest
 import yaml
 
+from azulite.deploy.cluster import AksCluster
 from azulite.deploy.render import render_cluster, write_files
 from azulite.errors import AzuliteError
 from tests.deploy import schemas
@@ -17,13 +18,14 @@ from tests.deploy.conftest import EXAMPLES, docs, seed
 from tests.deploy.test_training import assert_valid, the
 
 CLUSTER = EXAMPLES / "aks" / "cluster.yaml"
+AKS = AksCluster(resource_group="torchrec-rg")
 promtool = shutil.which("promtool")
 needs_promtool = pytest.mark.skipif(promtool is None, reason="promtool not installed (Debian prometheus; scripts/install.sh --dev)")
 
 
 @pytest.fixture(scope="module")
 def files():
-    return render_cluster(CLUSTER)
+    return render_cluster(CLUSTER, AKS)
 
 
 def _commands(script: str) -> list[list[str]]:
@@ -37,6 +39,7 @@ def test_node_pool_commands(files):
     gpu, spot, t4 = flags
     # seed 001 §2.2 / seed 002 step 2: tainted, labelled, autoscaled GPU pool
     assert gpu["--node-vm-size"] == "Standard_ND96asr_v4" and gpu["--node-taints"] == "sku=gpu:NoSchedule"
+    assert gpu["--resource-group"] == "torchrec-rg" and gpu["--cluster-name"] == "torchrec-aks" and gpu["--node-count"] == "2"
     assert gpu["--labels"] == "sku=gpu" and gpu["--min-count"] == "1" and gpu["--max-count"] == "4"
     assert "--enable-cluster-autoscaler" in add[0]
     # seed 001 §2.6: a spot pool that scales to zero, evicted VMs deleted, up to the on-demand price
@@ -44,7 +47,7 @@ def test_node_pool_commands(files):
     assert spot["--min-count"] == "0" and "kubernetes.azure.com/scalesetpriority=spot:NoSchedule" in spot["--node-taints"]
     assert t4["--node-vm-size"] == "Standard_NC4as_T4_v3"
     (update,) = [c for c in _commands(files["nodepools.sh"]) if c[:3] == ["az", "aks", "update"]]
-    assert "scale-down-unneeded-time=10m" in update
+    assert "scale-down-unneeded-time=10m" in update and "scale-down-delay-after-add=10m" in update
     assert subprocess.run(["bash", "-n"], input=files["nodepools.sh"], text=True).returncode == 0
 
 
@@ -124,17 +127,23 @@ def test_promtool_unit_tests_the_alerts(files, tmp_path):
     run = subprocess.run([promtool, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode == 0, run.stdout + run.stderr
     # the same tests fail when the threshold moves: the unit test can fail
-    write_files(tmp_path, render_cluster(CLUSTER, ["monitoring.alerts.gpu_memory_free_mb=100"]))
+    write_files(tmp_path, render_cluster(CLUSTER, AksCluster(resource_group="rg", gpu_memory_free_mb=100)))
     run = subprocess.run([promtool, "test", "rules", "tests.yml"], cwd=tmp_path, capture_output=True, text=True)
     assert run.returncode != 0 and "GPUMemoryExhausted" in run.stdout + run.stderr
 
 
-@pytest.mark.parametrize("override, where", [
-    ("node_pools.0.sku=Standard_ND96asr", "node_pools[0].sku"),
-    ("node_pools.0.min_count=5", "--set node_pools.0.min_count=5 (node_pools[0])"),
-    ("node_pools.0.name=GPU_Pool", "node_pools[0].name"),
+@pytest.mark.parametrize("change, where", [
+    ({"sku": "Standard_ND96asr"}, "pools[0].sku"),
+    ({"min_nodes": 5}, "pools"),
+    ({"name": "gpu-pool-for-training"}, "pools[0].name"),
+    ({"sku": "ml.p3.2xlarge"}, "pools[0].sku"),
 ])
-def test_bad_cluster_specs(override, where):
+def test_bad_cluster_specs(tmp_path, change, where):
+    data = yaml.safe_load(CLUSTER.read_text())
+    data["pools"][0].update(change)
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(data))
     with pytest.raises(AzuliteError) as e:
-        render_cluster(CLUSTER, [override])
+        render_cluster(p, AKS)
     assert where in str(e.value.where), str(e.value)
+    assert e.value.fix

@@ -17,8 +17,8 @@ app = typer.Typer(no_args_is_help=True, help=(
     "  azulite deploy render examples/aks/torchrec-job.yaml --target aks --flavor pytorchjob --out build/\n\n"
     "  azulite deploy render examples/aks/arr-coc-triton.yaml --target azureml --out build/"))
 cluster_app = typer.Typer(no_args_is_help=True, help=(
-    "Render what sets up an AKS cluster for GPU work.\n\n"
-    "Example:\n\n  azulite cluster render examples/aks/cluster.yaml --out build/cluster"))
+    "Render what sets up an AKS cluster for GPU work, from the cluster spec `azulite simulate` reads.\n\n"
+    "Example:\n\n  azulite cluster render examples/aks/cluster.yaml --resource-group torchrec-rg --out build/cluster"))
 
 
 @app.command("render")
@@ -57,12 +57,20 @@ def render(
 
 @cluster_app.command("render")
 def cluster_render(
-    spec: Path = typer.Argument(..., help="A cluster spec (YAML): resource group, cluster, node pools."),
+    spec: Path = typer.Argument(..., help="A cluster spec (YAML with `pools:`, as for azulite simulate)."),
+    resource_group: str = typer.Option(..., "--resource-group", "-g", help="The AKS cluster's resource group."),
     out: Path = typer.Option(..., "--out", help="Folder to write into (created)."),
-    set_: List[str] = typer.Option([], "--set", help="Override a spec field: --set path=value."),
+    cluster_name: Optional[str] = typer.Option(None, "--cluster-name", help="The AKS cluster (default: the spec's name)."),
+    namespace: str = typer.Option("monitoring", "--monitoring-namespace", help="Namespace of the DCGM exporter and alerts."),
+    gpu_memory_free_mb: int = typer.Option(1024, "--gpu-memory-free-mb", help="GPUMemoryExhausted below this many MB free."),
+    gpu_temperature_c: int = typer.Option(85, "--gpu-temperature-c", help="GPUTemperatureHigh above this."),
+    alert_for: str = typer.Option("2m", "--alert-for", help="How long a condition holds before it alerts."),
 ) -> None:
     """Write nodepools.sh (az aks nodepool add ...), the NVIDIA device plugin, the DCGM exporter and the GPU alerts."""
+    from azulite.deploy.cluster import AksCluster
     from azulite.deploy.render import render_cluster, write_files
 
-    for p in write_files(out, render_cluster(spec, set_)):
+    aks = AksCluster(resource_group=resource_group, cluster_name=cluster_name, monitoring_namespace=namespace,
+                     gpu_memory_free_mb=gpu_memory_free_mb, gpu_temperature_c=gpu_temperature_c, alert_for=alert_for)
+    for p in write_files(out, render_cluster(spec, aks)):
         Console(highlight=False).print(f"wrote {p}")

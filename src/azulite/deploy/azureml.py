@@ -15,7 +15,7 @@ from typing import Any
 from azulite.deploy.image import DEFAULT_BASE
 from azulite.deploy.sku import check_processes, sku_facts
 from azulite.errors import DeployError
-from azulite.spec.deploy import ServingSpec
+from azulite.spec.serving import ServingSpec
 from azulite.spec.job import Environment, JobSpec, MpiDistribution, PathInput, PyTorchDistribution, TensorFlowDistribution
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/{}.schema.json"

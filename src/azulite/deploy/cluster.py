@@ -1,50 +1,85 @@
-"""A cluster spec as what sets up AKS for GPU work (seed 001 §2, seed 002 steps 2-3): the ``az aks
-nodepool add`` commands for GPU and spot pools with the cluster autoscaler, the autoscaler profile, the
-NVIDIA device plugin DaemonSet, the DCGM exporter and the PrometheusRule alerts of seed 001 §2.5.
+"""A cluster spec (``azulite.spec.cluster``: the same file ``azulite simulate`` and ``plan`` read) as what
+sets up AKS for GPU work (seed 001 §2, seed 002 steps 2-3): the ``az aks nodepool add`` commands for GPU and
+spot pools with the cluster autoscaler, the autoscaler profile, the NVIDIA device plugin DaemonSet, the DCGM
+exporter and the PrometheusRule alerts of seed 001 §2.5.
 """
 
 from __future__ import annotations
 
+import re
 import shlex
+from dataclasses import dataclass
 from typing import Any
 
 from azulite.deploy.sku import sku_facts
 from azulite.deploy.training import GPU_TAINT, SPOT_TAINT
-from azulite.spec.deploy import Alerts, ClusterSpec, NodePool
+from azulite.errors import DeployError
+from azulite.spec.cluster import SPOT_TAINT as SPOT_TAINT_TEXT
+from azulite.spec.cluster import ClusterSpec, NodePool
 
 DEVICE_PLUGIN_NS = "gpu-resources"
 DCGM_PORT = 9400
+_AKS_POOL_NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")  # AKS: Linux node pool names
 
 
-def _pool_command(spec: ClusterSpec, i: int, pool: NodePool) -> list[str]:
-    sku = sku_facts(pool.sku, field=f"node_pools[{i}].sku")
+@dataclass(frozen=True)
+class AksCluster:
+    """Where the pools go and what watches them: what a cluster spec for simulation does not say."""
+
+    resource_group: str
+    #: the AKS cluster (default: the spec's ``name``)
+    cluster_name: str | None = None
+    monitoring_namespace: str = "monitoring"
+    device_plugin_image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
+    dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
+    max_node_provision_time: str = "15m"
+    #: alert thresholds (seed 001 §2.5: 1024 MB free for 2 minutes)
+    gpu_memory_free_mb: int = 1024
+    gpu_temperature_c: int = 85
+    gpu_idle_utilization: int = 5
+    alert_for: str = "2m"
+
+
+def _duration(seconds: float) -> str:
+    """Seconds as the autoscaler profile writes durations (10m, 90s)."""
+    s = int(round(seconds))
+    return f"{s // 3600}h" if s and s % 3600 == 0 else f"{s // 60}m" if s and s % 60 == 0 else f"{s}s"
+
+
+def _pool_command(spec: ClusterSpec, aks: AksCluster, i: int, pool: NodePool) -> list[str]:
+    where = f"pools[{i}]"
+    if not _AKS_POOL_NAME.match(pool.name):
+        raise DeployError(f"{pool.name!r} is not an AKS node pool name", where=f"{where}.name",
+                          fix="use 1-12 lowercase letters and digits, starting with a letter, e.g. gpunp")
+    sku = sku_facts(pool.sku, field=f"{where}.sku")
     gpu = sku.gpus > 0
-    taints = pool.taints if pool.taints is not None else (["sku=gpu:NoSchedule"] if gpu else [])
-    if pool.spot and not any(t.startswith("kubernetes.azure.com/scalesetpriority=") for t in taints):
-        taints = [*taints, "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"]
-    labels = pool.labels if pool.labels is not None else ({"sku": "gpu"} if gpu else {})
-    count = pool.count if pool.count is not None else (pool.min_count if pool.min_count is not None else 1)
-    argv = ["az", "aks", "nodepool", "add", "--resource-group", spec.resource_group, "--cluster-name", spec.cluster_name,
-            "--name", pool.name, "--node-vm-size", sku.name, "--node-count", str(count)]
-    if pool.os_sku:
-        argv += ["--os-sku", pool.os_sku]
+    taints = [str(t) for t in pool.taints] or (["sku=gpu:NoSchedule"] if gpu else [])
+    if pool.spot and SPOT_TAINT_TEXT not in taints:
+        taints.append(SPOT_TAINT_TEXT)
+    labels = pool.labels or ({"sku": "gpu"} if gpu else {})
+    argv = ["az", "aks", "nodepool", "add", "--resource-group", aks.resource_group,
+            "--cluster-name", aks.cluster_name or spec.name, "--name", pool.name, "--node-vm-size", sku.name,
+            "--node-count", str(pool.start_nodes)]
     if taints:
         argv += ["--node-taints", ",".join(taints)]
     if labels:
         argv += ["--labels", *(f"{k}={v}" for k, v in labels.items())]
     if pool.spot:
-        argv += ["--priority", "Spot", "--eviction-policy", "Delete", "--spot-max-price", f"{pool.spot_max_price:g}"]
-    if pool.min_count is not None:
-        argv += ["--enable-cluster-autoscaler", "--min-count", str(pool.min_count), "--max-count", str(pool.max_count)]
+        argv += ["--priority", "Spot", "--eviction-policy", "Delete", "--spot-max-price", "-1"]
+    if spec.autoscaler.enabled:
+        argv += ["--enable-cluster-autoscaler", "--min-count", str(pool.min_nodes), "--max-count", str(pool.max_nodes)]
     return argv
 
 
-def nodepool_script(spec: ClusterSpec) -> str:
+def pool_commands(spec: ClusterSpec, aks: AksCluster) -> list[list[str]]:
+    return [_pool_command(spec, aks, i, p) for i, p in enumerate(spec.pools)]
+
+
+def nodepool_script(spec: ClusterSpec, aks: AksCluster) -> str:
     """A bash script: one ``az aks nodepool add`` per pool, then the autoscaler profile."""
     lines = ["#!/usr/bin/env bash", "# Rendered by `azulite cluster render`: GPU/spot node pools and the autoscaler profile.",
              "set -euo pipefail"]
-    for i, pool in enumerate(spec.node_pools):
-        argv = _pool_command(spec, i, pool)
+    for argv in pool_commands(spec, aks):
         parts = [" ".join(argv[:4])]
         for a in argv[4:]:
             if a.startswith("--"):
@@ -53,19 +88,17 @@ def nodepool_script(spec: ClusterSpec) -> str:
                 parts[-1] += " " + shlex.quote(a)
         lines.append(" \\\n    ".join(parts))
     a = spec.autoscaler
-    if any(p.min_count is not None for p in spec.node_pools):
+    if a.enabled:
         lines.append(" \\\n    ".join([
-            "az aks update", f"--resource-group {shlex.quote(spec.resource_group)}", f"--name {shlex.quote(spec.cluster_name)}",
-            "--cluster-autoscaler-profile", f"scale-down-unneeded-time={a.scale_down_unneeded_time}",
-            f"scale-down-delay-after-add={a.scale_down_delay_after_add}", f"max-node-provision-time={a.max_node_provision_time}"]))
+            "az aks update", f"--resource-group {shlex.quote(aks.resource_group)}",
+            f"--name {shlex.quote(aks.cluster_name or spec.name)}", "--cluster-autoscaler-profile",
+            f"scale-down-unneeded-time={_duration(a.scale_down_unneeded_time)}",
+            f"scale-down-delay-after-add={_duration(a.scale_down_delay_after_add)}",
+            f"max-node-provision-time={aks.max_node_provision_time}"]))
     return "\n".join(lines) + "\n"
 
 
-def pool_commands(spec: ClusterSpec) -> list[list[str]]:
-    return [_pool_command(spec, i, p) for i, p in enumerate(spec.node_pools)]
-
-
-def device_plugin(spec: ClusterSpec) -> list[dict]:
+def device_plugin(aks: AksCluster) -> list[dict]:
     """[Namespace, DaemonSet]: seed 001 §2.3's manifest, also tolerating spot pools."""
     labels = {"name": "nvidia-device-plugin-ds"}
     return [
@@ -78,7 +111,7 @@ def device_plugin(spec: ClusterSpec) -> list[dict]:
                  "tolerations": [dict(GPU_TAINT), dict(SPOT_TAINT)],
                  "priorityClassName": "system-node-critical",
                  "containers": [{
-                     "image": spec.monitoring.device_plugin_image, "name": "nvidia-device-plugin-ctr",
+                     "image": aks.device_plugin_image, "name": "nvidia-device-plugin-ctr",
                      "env": [{"name": "FAIL_ON_INIT_ERROR", "value": "false"}],
                      "securityContext": {"allowPrivilegeEscalation": False, "capabilities": {"drop": ["ALL"]}},
                      "volumeMounts": [{"name": "device-plugin", "mountPath": "/var/lib/kubelet/device-plugins"}],
@@ -89,9 +122,9 @@ def device_plugin(spec: ClusterSpec) -> list[dict]:
     ]
 
 
-def dcgm_exporter(spec: ClusterSpec) -> list[dict]:
-    """[DaemonSet, Service]: DCGM metrics (DCGM_FI_DEV_*) on :9400 of every GPU node, scraped by Prometheus."""
-    ns = spec.monitoring.namespace
+def dcgm_exporter(aks: AksCluster) -> list[dict]:
+    """[Namespace, DaemonSet, Service]: DCGM metrics (DCGM_FI_DEV_*) on :9400 of every GPU node."""
+    ns = aks.monitoring_namespace
     labels = {"app.kubernetes.io/name": "dcgm-exporter"}
     return [
         {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": ns}},
@@ -102,7 +135,7 @@ def dcgm_exporter(spec: ClusterSpec) -> list[dict]:
                  "prometheus.io/scrape": "true", "prometheus.io/port": str(DCGM_PORT)}}, "spec": {
                  "tolerations": [dict(GPU_TAINT), dict(SPOT_TAINT)],
                  "containers": [{
-                     "name": "dcgm-exporter", "image": spec.monitoring.dcgm_exporter_image,
+                     "name": "dcgm-exporter", "image": aks.dcgm_exporter_image,
                      "ports": [{"name": "metrics", "containerPort": DCGM_PORT}],
                      "securityContext": {"runAsNonRoot": False, "runAsUser": 0, "capabilities": {"add": ["SYS_ADMIN"]}},
                      "volumeMounts": [{"name": "pod-resources", "mountPath": "/var/lib/kubelet/pod-resources", "readOnly": True}],
@@ -115,26 +148,26 @@ def dcgm_exporter(spec: ClusterSpec) -> list[dict]:
     ]
 
 
-def gpu_alert_rules(alerts: Alerts) -> list[dict[str, Any]]:
-    """The Prometheus rule groups of the GPU alerts. Kept as data in this one function so that the
-    observe part's rule renderer (issue 11) can take them over."""
+def gpu_alert_rules(aks: AksCluster) -> list[dict[str, Any]]:
+    """The Prometheus rule groups of the GPU alerts, as data in this one function so that the observe part's
+    rule renderer (``azulite.observe.rules``, issue 11) can take them over at merge."""
     return [{"name": "gpu.rules", "rules": [
-        {"alert": "GPUMemoryExhausted", "expr": f"DCGM_FI_DEV_FB_FREE < {alerts.gpu_memory_free_mb}", "for": alerts.for_,
+        {"alert": "GPUMemoryExhausted", "expr": f"DCGM_FI_DEV_FB_FREE < {aks.gpu_memory_free_mb}", "for": aks.alert_for,
          "labels": {"severity": "critical"},
          "annotations": {"summary": "GPU {{ $labels.gpu }} memory exhausted",
                          "description": "Only {{ $value }}MB free GPU memory"}},
-        {"alert": "GPUTemperatureHigh", "expr": f"DCGM_FI_DEV_GPU_TEMP > {alerts.gpu_temperature_c}", "for": alerts.for_,
+        {"alert": "GPUTemperatureHigh", "expr": f"DCGM_FI_DEV_GPU_TEMP > {aks.gpu_temperature_c}", "for": aks.alert_for,
          "labels": {"severity": "warning"},
          "annotations": {"summary": "GPU {{ $labels.gpu }} at {{ $value }} C",
-                         "description": f"GPU temperature above {alerts.gpu_temperature_c} C"}},
-        {"alert": "GPUIdle", "expr": f"avg_over_time(DCGM_FI_DEV_GPU_UTIL[10m]) < {alerts.gpu_idle_utilization}",
+                         "description": f"GPU temperature above {aks.gpu_temperature_c} C"}},
+        {"alert": "GPUIdle", "expr": f"avg_over_time(DCGM_FI_DEV_GPU_UTIL[10m]) < {aks.gpu_idle_utilization}",
          "for": "30m", "labels": {"severity": "info"},
          "annotations": {"summary": "GPU {{ $labels.gpu }} idle for 30 minutes",
                          "description": "Utilisation {{ $value }}%: a node paid for and not used"}},
     ]}]
 
 
-def prometheus_rule(spec: ClusterSpec) -> dict:
+def prometheus_rule(aks: AksCluster) -> dict:
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": {"name": "gpu-alerts", "namespace": spec.monitoring.namespace},
-            "spec": {"groups": gpu_alert_rules(spec.monitoring.alerts)}}
+            "metadata": {"name": "gpu-alerts", "namespace": aks.monitoring_namespace},
+            "spec": {"groups": gpu_alert_rules(aks)}}

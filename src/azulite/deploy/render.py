@@ -14,7 +14,7 @@ from azulite.deploy import azureml, cluster, serving, training
 from azulite.deploy.image import dockerfile
 from azulite.deploy.options import AksOptions
 from azulite.errors import DeployError
-from azulite.spec.deploy import ClusterSpec, ServingSpec, load_model, read_yaml, spec_kind
+from azulite.spec.serving import ServingSpec, load_model, read_yaml, spec_kind
 
 Target = Literal["aks", "azureml"]
 
@@ -31,7 +31,7 @@ def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.
     data, _ = read_yaml(path)
     kind = spec_kind(data)
     if kind == "cluster":
-        raise DeployError("this is a cluster spec", where=str(path), fix=f"use `azulite cluster render {path}`")
+        raise DeployError("this is a cluster spec", where=str(path), fix=f"use `azulite cluster render {path} --resource-group RG`")
     if kind == "serving":
         spec = load_model(path, ServingSpec, overrides)
         repo = spec.model_repository
@@ -53,15 +53,18 @@ def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.
     return files
 
 
-def render_cluster(path: str | Path, overrides: Iterable[str] = ()) -> dict[str, str]:
-    spec = load_model(path, ClusterSpec, overrides)
+def render_cluster(path: str | Path, aks: cluster.AksCluster) -> dict[str, str]:
+    """The files of ``cluster render`` for a cluster spec (``azulite.spec.cluster``, as ``simulate`` reads)."""
+    from azulite.spec.cluster import load_cluster
+
+    spec = load_cluster(path)
     return {
-        "nodepools.sh": cluster.nodepool_script(spec),
-        "nvidia-device-plugin.yaml": dump_all(cluster.device_plugin(spec)),
-        "dcgm-exporter.yaml": dump_all(cluster.dcgm_exporter(spec)),
-        "gpu-alerts.yaml": dump_all([cluster.prometheus_rule(spec)]),
+        "nodepools.sh": cluster.nodepool_script(spec, aks),
+        "nvidia-device-plugin.yaml": dump_all(cluster.device_plugin(aks)),
+        "dcgm-exporter.yaml": dump_all(cluster.dcgm_exporter(aks)),
+        "gpu-alerts.yaml": dump_all([cluster.prometheus_rule(aks)]),
         # the same groups as a plain rules file: `promtool check rules`, or Prometheus without the operator
-        "gpu-alerts.rules.yml": yaml.safe_dump({"groups": cluster.gpu_alert_rules(spec.monitoring.alerts)}, sort_keys=False),
+        "gpu-alerts.rules.yml": yaml.safe_dump({"groups": cluster.gpu_alert_rules(aks)}, sort_keys=False),
     }
 
 

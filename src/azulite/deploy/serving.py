@@ -14,7 +14,7 @@ from azulite.deploy.options import AksOptions
 from azulite.deploy.sku import sku_facts
 from azulite.deploy.training import GPU_TAINT, SPOT_KEY, SPOT_TAINT
 from azulite.errors import DeployError
-from azulite.spec.deploy import ServingSpec
+from azulite.spec.serving import ServingSpec
 
 HTTP, GRPC, METRICS = 8000, 8001, 8002
 TRITON_IMAGE = "nvcr.io/nvidia/tritonserver:24.01-py3"

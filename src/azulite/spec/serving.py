@@ -1,8 +1,9 @@
-"""Specs for what runs on a cluster besides jobs: a serving deployment (a model repository behind N
-replicas of ``azulite serve`` or Triton, autoscaled) and a cluster (its GPU and spot node pools and their
-monitoring). YAML read like the job spec: typed, validated when read, errors naming file, line and fix.
+"""The serving spec: a model repository behind N replicas of ``azulite serve`` or Triton, autoscaled, on
+AKS or an Azure ML managed endpoint. YAML read like the job spec: typed, validated when read, errors
+naming file, line and fix.
 
-A file is a serving spec when it has ``model_repository``, a cluster spec when it has ``node_pools``.
+A file is a serving spec when it has ``model_repository``, a cluster spec (``azulite.spec.cluster``) when
+it has ``pools``, a job spec otherwise.
 """
 
 from __future__ import annotations
@@ -70,62 +71,6 @@ class ServingSpec(_Model):
     model_version: str = "1"
 
 
-class NodePool(_Model):
-    """One ``az aks nodepool add``. GPU VM sizes get the ``sku=gpu:NoSchedule`` taint and ``sku=gpu``
-    label (seed 002) unless ``taints``/``labels`` say otherwise; spot pools get Azure's own taint."""
-
-    name: str = Field(pattern=r"^[a-z][a-z0-9]{0,11}$")  # AKS: lowercase alphanumeric, <= 12
-    sku: str
-    count: int | None = Field(default=None, ge=0)
-    min_count: int | None = Field(default=None, ge=0)
-    max_count: int | None = Field(default=None, ge=1)
-    spot: bool = False
-    spot_max_price: float = -1
-    taints: list[str] | None = None
-    labels: dict[str, str] | None = None
-    os_sku: str | None = None
-
-    @model_validator(mode="after")
-    def _counts(self) -> "NodePool":
-        if (self.min_count is None) != (self.max_count is None):
-            raise ValueError("set both min_count and max_count to enable the cluster autoscaler, or neither")
-        if self.min_count is not None and self.max_count is not None and self.max_count < self.min_count:
-            raise ValueError(f"max_count ({self.max_count}) is below min_count ({self.min_count})")
-        return self
-
-
-class Alerts(_Model):
-    """Thresholds of the PrometheusRule (seed 001 §2.5)."""
-
-    gpu_memory_free_mb: int = Field(default=1024, ge=1)
-    gpu_temperature_c: int = Field(default=85, ge=1)
-    gpu_idle_utilization: int = Field(default=5, ge=0, le=100)
-    for_: str = Field(default="2m", alias="for")
-
-
-class Monitoring(_Model):
-    namespace: str = "monitoring"
-    device_plugin_image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
-    dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
-    alerts: Alerts = Field(default_factory=Alerts)
-
-
-class Autoscaler(_Model):
-    """The cluster autoscaler profile (``az aks update --cluster-autoscaler-profile``; seed 001 §2.6)."""
-
-    scale_down_unneeded_time: str = "10m"
-    scale_down_delay_after_add: str = "10m"
-    max_node_provision_time: str = "15m"
-
-
-class ClusterSpec(_Model):
-    resource_group: str = Field(min_length=1)
-    cluster_name: str = Field(min_length=1)
-    node_pools: list[NodePool] = Field(min_length=1)
-    autoscaler: Autoscaler = Field(default_factory=Autoscaler)
-    monitoring: Monitoring = Field(default_factory=Monitoring)
-
-
 def _line_of(node: yaml.Node | None, path: tuple) -> int | None:
     line = None
     for part in path:
@@ -146,7 +91,7 @@ def spec_kind(data: Any) -> str:
     """``serving``, ``cluster`` or ``job`` for a parsed YAML mapping."""
     if isinstance(data, dict) and "model_repository" in data:
         return "serving"
-    if isinstance(data, dict) and "node_pools" in data:
+    if isinstance(data, dict) and "pools" in data:
         return "cluster"
     return "job"
 
@@ -168,7 +113,7 @@ def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
 
 
 def load_model(path: str | Path, model: type[BaseModel], overrides: Iterable[str] = ()) -> Any:
-    """Read ``path`` as ``model`` (ServingSpec or ClusterSpec); every error names the line and field."""
+    """Read ``path`` as ``model`` (ServingSpec); every error names the line and field."""
     from azulite.spec.loader import _apply_override, _dotted, parse_overrides
 
     data, node = read_yaml(path)
