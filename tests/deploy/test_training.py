@@ -206,3 +206,26 @@ def test_bad_input_is_refused_before_rendering(job_file, change, where, words):
     assert words in str(e.value)
     if where == "resources.instance_type":
         assert isinstance(e.value, UnknownSku)
+
+
+@pytest.mark.parametrize("command, args", [
+    ("deepspeed train.py --deepspeed_config ds.json", ["train.py", "--deepspeed_config", "ds.json"]),
+    ("torchrun --nproc_per_node=4 train.py --lr 0.1", ["train.py", "--lr", "0.1"]),
+    ("python -m mypkg.train --x 1", ["-m", "mypkg.train", "--x", "1"]),
+    ("./run.sh 3", ["--no-python", "./run.sh", "3"]),
+    ("python train.py && echo done", ["--no-python", "bash", "-c", "python train.py && echo done"]),
+])
+def test_commands_become_torchrun_arguments(job_file, command, args):
+    path = job_file({**BASE, "command": command, "outputs": {}, "priority": "dedicated"})
+    c = _container(the(render(path), "Job")["spec"]["template"]["spec"])
+    assert c["args"][c["args"].index("--max_restarts=0") + 1:] == args
+
+
+def test_dockerfile_from_a_conda_file(job_file, tmp_path):
+    path = job_file({**BASE, "environment": {"image": "mcr.microsoft.com/azureml/curated/acpt:1", "conda_file": "code/conda.yaml"}})
+    (tmp_path / "code" / "conda.yaml").write_text("dependencies: [python=3.11]\n")
+    files = render_spec(path, "aks", AksOptions(image="reg.io/train:3", code_uri="az://code/jobs", storage_account="a"),
+                        AzureMLOptions())
+    assert files["Dockerfile"].splitlines()[1:] == [
+        "FROM mcr.microsoft.com/azureml/curated/acpt:1", "COPY conda.yaml /tmp/conda.yaml",
+        "RUN conda env update -n base -f /tmp/conda.yaml && conda clean -afy", "WORKDIR /code"]

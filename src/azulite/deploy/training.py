@@ -119,15 +119,25 @@ def check_job(spec: JobSpec, opts: AksOptions) -> SkuFacts:
     return sku
 
 
+_LAUNCHERS = ("torchrun", "deepspeed")
+
+
 def _command(spec: JobSpec, plan: _Plan) -> list[str]:
     """The user's command with pod paths substituted, as an argv for torchrun: a ``python X.py`` command
-    runs X.py under torchrun; anything else (or anything needing a shell) runs with ``--no-python``."""
+    runs X.py under torchrun; a ``torchrun``/``deepspeed X.py`` command has its launcher replaced (the pod's
+    torchrun already sets the env:// contract DeepSpeed reads); anything else (or anything needing a
+    shell) runs with ``--no-python``."""
     cmd = render_command(spec.command, plan.inputs, plan.outputs)
     if _SHELL.search(cmd):
         return ["--no-python", "bash", "-c", cmd]
     argv = shlex.split(cmd)
     if argv and Path(argv[0]).name in ("python", "python3"):
         return argv[1:]
+    if argv and Path(argv[0]).name in _LAUNCHERS:
+        # the launcher's own options end at the script (or -m module)
+        for i, a in enumerate(argv[1:], 1):
+            if a == "-m" or a.endswith(".py"):
+                return argv[i:]
     return ["--no-python", *argv]
 
 
