@@ -16,7 +16,7 @@ from azulite.deploy.image import DEFAULT_BASE
 from azulite.deploy.sku import check_processes, sku_facts
 from azulite.errors import DeployError
 from azulite.spec.serving import ServingSpec
-from azulite.spec.job import Environment, JobSpec, MpiDistribution, PathInput, PyTorchDistribution, TensorFlowDistribution
+from azulite.spec.job import JobSpec, MpiDistribution, PathInput, PyTorchDistribution, TensorFlowDistribution
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/{}.schema.json"
 
