@@ -72,6 +72,8 @@ else
   # --- aks-azureml (issue 12) ------------------------------------------------------------------------------------
   # (end aks-azureml (issue 12))
   # --- cost (issue 13) ------------------------------------------------------------------------------------
+  # SimPy: the anchor of bench/simulate.py (matplotlib, for the simulator's plot, comes with the package)
+  pip install simpy==4.1.2
   # (end cost (issue 13))
   # --- operations (issue 14) ------------------------------------------------------------------------------------
   # (end operations (issue 14))
