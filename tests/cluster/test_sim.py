@@ -47,6 +47,12 @@ def test_mmc_queue_waiting_time_matches_erlang_c(c, rho):
     r = simulate(t, [pool(node_gpus=1, nodes=c)], Settings(autoscale=False))
     assert r.finished == n
     assert r.queue_mean_s == pytest.approx(erlang_c_wait(c, lam, mu), rel=0.07)
+    # FIFO's waiting-time distribution: P(W > 0) = C(c, a) and P(W > t) = C(c, a) exp(-(c mu - lambda) t)
+    wait = r.start - t.submit
+    prob_wait = erlang_c_wait(c, lam, mu) * (c * mu - lam)
+    assert (wait > 0).mean() == pytest.approx(prob_wait, rel=0.03)
+    t2 = 2 / (c * mu - lam)
+    assert (wait > t2).mean() == pytest.approx(prob_wait * math.exp(-2), rel=0.1)
     assert r.gpu_utilization == pytest.approx(rho, rel=0.03)
 
 
