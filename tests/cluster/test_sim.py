@@ -138,3 +138,10 @@ def test_taints_and_selectors_steer_jobs():
         t.selectors = [(), (("agentpool", "gpu"),)]
         t.selector = np.array([1])
         simulate(t, [spot, od], Settings())
+
+
+def test_jobs_evicted_faster_than_they_progress_stop_with_an_error():
+    # 120 evictions per node-hour (one every 30 s) against a 300 s restore: no progress is ever kept
+    t = trace([("doomed", 0, 8, 3600, 0, 600)])
+    with pytest.raises(SimulationError, match="does not converge"):
+        simulate(t, [pool(nodes=1, spot=True, rate=120.0)], Settings(scale_up_delay=10, restart_overhead=300, max_events=20_000))

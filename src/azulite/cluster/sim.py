@@ -61,6 +61,8 @@ class Settings:
     seed: int = 0
     #: at most this many samples of the time series (utilization, queue, nodes)
     series_points: int = 2000
+    #: stop with an error after this many events (default 500 per job + 1M: only runaway evictions reach it)
+    max_events: int | None = None
 
 
 @dataclass
@@ -484,7 +486,15 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
     capacity_changed = False
     last_t = 0.0
     next_progress = 0
+    # a safety net, not a model limit: jobs evicted faster than they progress would never finish
+    event_cap = cfg.max_events or 500 * n_jobs + 1_000_000
     while finished < n_jobs:
+        if events > event_cap:
+            raise SimulationError(
+                f"the simulation does not converge: {n_jobs - finished} jobs still unfinished after {events:,} events "
+                f"({evictions:,} spot evictions, {preemptions:,} preemptions)",
+                fix="jobs are interrupted faster than they progress: lower eviction_rate_per_hour, checkpoint more "
+                    "often (checkpoint_interval), or shorten restart_overhead")
         t_arr = submit[ptr] if ptr < n_jobs else math.inf
         t_ev = heap[0][0] if heap else math.inf
         t = t_arr if t_arr <= t_ev else t_ev
