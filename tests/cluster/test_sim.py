@@ -145,3 +145,10 @@ def test_jobs_evicted_faster_than_they_progress_stop_with_an_error():
     t = trace([("doomed", 0, 8, 3600, 0, 600)])
     with pytest.raises(SimulationError, match="does not converge"):
         simulate(t, [pool(nodes=1, spot=True, rate=120.0)], Settings(scale_up_delay=10, restart_overhead=300, max_events=20_000))
+
+
+def test_progress_reports_reach_the_end():
+    seen = []
+    t = trace([(f"j{i}", i, 1, 10) for i in range(50)])
+    simulate(t, [pool(node_gpus=1, nodes=2)], Settings(autoscale=False), progress=lambda d, n, now: seen.append((d, n)))
+    assert seen[0] == (0, 50) and seen[-1] == (50, 50)

@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from azulite.catalog import PRICE_KINDS, Sku
-from azulite.errors import AzuliteError, PriceUnknown
+from azulite.errors import CostError, PriceUnknown
 from azulite.spec.cluster import DEFAULT_EVICTION_RATE_PER_HOUR, DEFAULT_EVICTION_RATE_SOURCE
 
 #: Save duration assumed when no checkpoint manifest gives a measured one (seconds).
@@ -26,10 +26,6 @@ DEFAULT_SAVE_SECONDS = 60.0
 #: Restore-and-restart time after an eviction when not given (seconds).
 DEFAULT_RESTART_SECONDS = 300.0
 HOURS_PER_MONTH = 730.0  # 8,760 h / 12; the other common convention is 720 (30 days)
-
-
-class CostError(AzuliteError):
-    """Inputs the cost model cannot price (a zero duration, evictions faster than progress)."""
 
 
 def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
