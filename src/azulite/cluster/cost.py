@@ -202,7 +202,8 @@ def serving_cost(
             share = utilization if floor_ == 0 else max(utilization, 1.0 / replicas)
             rh = replicas * hours_per_month * share
             comp = f"{replicas} x {hours_per_month:g} h x {share:g} (running share) x ${rate:g}/h"
-            notes.append(f"replicas run {share:.0%} of the hours")
+            notes.append(f"replicas run {share:.0%} of the hours"
+                         + (f" (min 1 of {replicas} replicas never stops: {utilization:.0%} asked)" if share > utilization else ""))
         else:
             raise CostError(f"{mode} needs a request-rate curve (--curve FILE --capacity RPS) or --utilization",
                             fix="e.g. --utilization 0.5")
