@@ -188,9 +188,10 @@ def simulate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
-    """Simulate a job trace on node pools: gang scheduling, priorities and preemption, the cluster
-    autoscaler, spot evictions with checkpoint/restart. Prints cost, GPU utilization, queueing delay
-    (p50/p99), lost work and makespan.
+    """Simulate a job trace on a cluster's node pools: cost, utilization, queueing delay, lost work.
+
+    Gang scheduling, priorities and preemption, the cluster autoscaler, spot evictions with
+    checkpoint/restart. Prints cost, GPU utilization, queueing delay (p50/p99), lost work and makespan.
 
     Examples:
 
@@ -271,8 +272,9 @@ def plan_cmd(
     catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Recommend SKU, node count, spot or on-demand and the checkpoint interval (Young/Daly) for a job,
-    with expected cost and completion time and their spread, and the alternatives weighed.
+    """Recommend SKU, node count, spot or on-demand and the checkpoint interval for a job.
+
+    With expected cost and completion time and their spread (simulated), and the alternatives weighed.
 
     Examples:
 
