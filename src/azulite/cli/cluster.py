@@ -268,6 +268,7 @@ def plan_cmd(
     save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration when no manifest has one (default 60)."),
     eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour."),
     speedup: Optional[List[str]] = typer.Option(None, "--speedup", help="Weigh another GPU type: A100=2.5 (per GPU vs the spec's)."),
+    scaling_efficiency: float = typer.Option(0.9, "--scaling-efficiency", help="Throughput kept per doubling of GPUs (assumption)."),
     runs: int = typer.Option(16, "--runs", help="Simulated runs per spot candidate."),
     catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
     as_json: bool = typer.Option(False, "--json"),
@@ -309,10 +310,13 @@ def plan_cmd(
             raise SpecError(f"--speedup takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5") from None
         if not ups[k.strip()] > 0:
             raise SpecError(f"--speedup factor must be > 0, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
+    if not 0 < scaling_efficiency <= 1 or runs < 1:
+        raise SpecError("--scaling-efficiency must be in (0, 1] and --runs >= 1", field="--scaling-efficiency",
+                        fix="e.g. --scaling-efficiency 0.9 --runs 16")
     job = Job(hours=h, ref_sku=ref, ref_nodes=n, save_seconds=delta, save_source=source)
     rate = DEFAULT_EVICTION_RATE_PER_HOUR if eviction_rate is None else eviction_rate
     result = plan(job, deadline_h=_hours(deadline, "--deadline"), budget_usd=budget, catalog=cat, eviction_rate=rate,
-                  runs=runs, speedup=ups)
+                  runs=runs, speedup=ups, scaling_efficiency=scaling_efficiency)
     if as_json:
         from dataclasses import asdict
 
