@@ -76,6 +76,8 @@ else
   apt_need promtool prometheus
   # (end aks-azureml (issue 12))
   # --- cost (issue 13) ------------------------------------------------------------------------------------
+  # SimPy: the anchor of bench/simulate.py (matplotlib, for the simulator's plot, comes with the package)
+  pip install simpy==4.1.2
   # (end cost (issue 13))
   # --- operations (issue 14) ------------------------------------------------------------------------------------
   # (end operations (issue 14))

@@ -146,6 +146,10 @@ class PriceUnknown(CatalogError):
     """A price the catalog has no source for (never invented)."""
 
 
+class CostError(AzuliteError):
+    """Inputs the cost model or planner cannot price (a zero duration, evictions faster than progress)."""
+
+
 class TraceError(AzuliteError):
     """A job trace (CSV, Philly, Alibaba PAI) that cannot be read: names the file, the row and the column."""
 

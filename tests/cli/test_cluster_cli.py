@@ -53,6 +53,16 @@ def test_cost_serving_month(capsys):
     assert "$383.98 per month" in out and "720 h -> $378.72" in out
 
 
+def test_cost_serving_from_a_request_rate_curve(capsys, tmp_path):
+    day = tmp_path / "day.csv"
+    day.write_text("hour,rps\n" + "".join(f"{h},{0 if h < 8 else 120}\n" for h in range(24)))
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "scale-to-zero", "--curve", day, "--capacity", "50",
+               "--hours-per-month", "720", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["hourly_replicas"] == [0] * 8 + [3] * 16
+    assert d["total_usd"] == pytest.approx(48 / 24 * 720 * 0.526)
+
+
 @pytest.mark.parametrize("args, words", [
     (("cost", "--sku", "NC24r_v3", "--nodes", "2", "--hours", "5"), "did you mean Standard_NC24rs_v3"),
     (("cost", "--sku", "NC24rs_v3", "--nodes", "2", "--hours", "0"), "--hours"),

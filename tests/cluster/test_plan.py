@@ -19,6 +19,8 @@ CASES = [
     {"deadline_h": 30, "budget_usd": 120},
     {"deadline_h": 24, "speedup": {"A100": 2.5}},
     {"deadline_h": 12, "eviction_rate": 0.2},
+    # spot's lower bound is simulated first, but evictions make it slower than on-demand: the bound must go on
+    {"budget_usd": 600, "eviction_rate": 0.2},
 ]
 
 
@@ -64,6 +66,14 @@ def test_without_a_seed_price_or_speed_a_sku_is_listed_not_weighed():
     assert "price unknown" in notes["8 x ND96isr_H100_v5 on-demand"]
     assert "single node only" in notes["2 x NC24ads_A100_v4 on-demand"]
     assert not any("NC4as_T4" in c.sku for c in p.candidates)  # T4: no speed given, not weighed
+
+
+def test_evictions_faster_than_progress_are_not_simulated():
+    job = Job(hours=50, ref_sku=get_sku("NC24rs_v3"), ref_nodes=2)
+    p = plan(job, eviction_rate=3.0, runs=2)
+    notes = {c.label: c.note for c in p.candidates}
+    assert "outpace progress" in notes["16 x NC24rs_v3 spot"]
+    assert p.pick is not None and "outpace" not in p.pick.note
 
 
 def test_impossible_deadline_has_no_pick_and_bad_inputs_are_errors():

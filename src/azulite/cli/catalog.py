@@ -30,8 +30,9 @@ def catalog(
     as_json: bool = typer.Option(False, "--json", help="One JSON array (prices with source and date; null = unknown)."),
     sources: bool = typer.Option(False, "--sources", help="Also list every price's source and date."),
 ) -> None:
-    """List VM SKUs (GPUs, GPU memory, vCPUs, RAM, InfiniBand) with on-demand, spot, reserved and
-    savings-plan prices in USD per VM-hour.
+    """List VM SKUs and their prices (USD per VM-hour), each price with its source and date.
+
+    GPUs, GPU memory, vCPUs, RAM and InfiniBand per SKU; on-demand, spot, reserved and savings-plan prices.
 
     Examples:
 

@@ -188,9 +188,10 @@ def simulate_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
     no_progress: bool = typer.Option(False, "--no-progress"),
 ) -> None:
-    """Simulate a job trace on node pools: gang scheduling, priorities and preemption, the cluster
-    autoscaler, spot evictions with checkpoint/restart. Prints cost, GPU utilization, queueing delay
-    (p50/p99), lost work and makespan.
+    """Simulate a job trace on a cluster's node pools: cost, utilization, queueing delay, lost work.
+
+    Gang scheduling, priorities and preemption, the cluster autoscaler, spot evictions with
+    checkpoint/restart. Prints cost, GPU utilization, queueing delay (p50/p99), lost work and makespan.
 
     Examples:
 
@@ -267,12 +268,14 @@ def plan_cmd(
     save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration when no manifest has one (default 60)."),
     eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour."),
     speedup: Optional[List[str]] = typer.Option(None, "--speedup", help="Weigh another GPU type: A100=2.5 (per GPU vs the spec's)."),
+    scaling_efficiency: float = typer.Option(0.9, "--scaling-efficiency", help="Throughput kept per doubling of GPUs (assumption)."),
     runs: int = typer.Option(16, "--runs", help="Simulated runs per spot candidate."),
     catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
     as_json: bool = typer.Option(False, "--json"),
 ) -> None:
-    """Recommend SKU, node count, spot or on-demand and the checkpoint interval (Young/Daly) for a job,
-    with expected cost and completion time and their spread, and the alternatives weighed.
+    """Recommend SKU, node count, spot or on-demand and the checkpoint interval for a job.
+
+    With expected cost and completion time and their spread (simulated), and the alternatives weighed.
 
     Examples:
 
@@ -307,10 +310,13 @@ def plan_cmd(
             raise SpecError(f"--speedup takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5") from None
         if not ups[k.strip()] > 0:
             raise SpecError(f"--speedup factor must be > 0, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
+    if not 0 < scaling_efficiency <= 1 or runs < 1:
+        raise SpecError("--scaling-efficiency must be in (0, 1] and --runs >= 1", field="--scaling-efficiency",
+                        fix="e.g. --scaling-efficiency 0.9 --runs 16")
     job = Job(hours=h, ref_sku=ref, ref_nodes=n, save_seconds=delta, save_source=source)
     rate = DEFAULT_EVICTION_RATE_PER_HOUR if eviction_rate is None else eviction_rate
     result = plan(job, deadline_h=_hours(deadline, "--deadline"), budget_usd=budget, catalog=cat, eviction_rate=rate,
-                  runs=runs, speedup=ups)
+                  runs=runs, speedup=ups, scaling_efficiency=scaling_efficiency)
     if as_json:
         from dataclasses import asdict
 

@@ -18,7 +18,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from azulite.catalog import PRICE_KINDS, Sku
-from azulite.errors import AzuliteError, PriceUnknown
+from azulite.errors import CostError, PriceUnknown
 from azulite.spec.cluster import DEFAULT_EVICTION_RATE_PER_HOUR, DEFAULT_EVICTION_RATE_SOURCE
 
 #: Save duration assumed when no checkpoint manifest gives a measured one (seconds).
@@ -26,10 +26,6 @@ DEFAULT_SAVE_SECONDS = 60.0
 #: Restore-and-restart time after an eviction when not given (seconds).
 DEFAULT_RESTART_SECONDS = 300.0
 HOURS_PER_MONTH = 730.0  # 8,760 h / 12; the other common convention is 720 (30 days)
-
-
-class CostError(AzuliteError):
-    """Inputs the cost model cannot price (a zero duration, evictions faster than progress)."""
 
 
 def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
@@ -206,7 +202,8 @@ def serving_cost(
             share = utilization if floor_ == 0 else max(utilization, 1.0 / replicas)
             rh = replicas * hours_per_month * share
             comp = f"{replicas} x {hours_per_month:g} h x {share:g} (running share) x ${rate:g}/h"
-            notes.append(f"replicas run {share:.0%} of the hours")
+            notes.append(f"replicas run {share:.0%} of the hours"
+                         + (f" (min 1 of {replicas} replicas never stops: {utilization:.0%} asked)" if share > utilization else ""))
         else:
             raise CostError(f"{mode} needs a request-rate curve (--curve FILE --capacity RPS) or --utilization",
                             fix="e.g. --utilization 0.5")

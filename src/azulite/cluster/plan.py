@@ -173,6 +173,13 @@ def plan(job: Job, *, deadline_h: float | None = None, budget_usd: float | None 
             c.note = f"needs {c.compute_hours:.1f} h without evictions > deadline"
         elif budget_usd is not None and c.bound_usd > budget_usd:
             c.note = f"compute alone ${c.bound_usd:,.0f} > budget"
+    for c in usable:
+        lam = eviction_rate * c.nodes / 3600.0 if c.spot else 0.0
+        if lam > 0:
+            tau = young_daly_interval(job.save_seconds, 1.0 / lam)
+            # first-order share of time lost to evictions: near 1 the job (and its simulation) never ends
+            if lam * (tau / 2 + job.restart_seconds + scale_up_delay) >= 0.9:
+                c.note = f"evictions every {1 / lam / 60:.0f} min outpace progress"
     usable = [c for c in usable if not c.note]
 
     def bound(c: Candidate) -> tuple:

@@ -32,94 +32,21 @@ import heapq
 import math
 import random
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
 
-from azulite.cluster.pools import Pool, eligible
+from azulite.cluster.pools import Pool
+from azulite.cluster.simtypes import Result, Settings, check_fits
 from azulite.cluster.trace import Trace
 from azulite.errors import SimulationError
+
+__all__ = ["Result", "Settings", "check_fits", "simulate"]
 
 # event kinds
 _FINISH, _READY, _EVICT, _IDLE = 0, 1, 2, 3
 # job states
 _PENDING, _RUNNING, _DONE, _NOT_YET = 0, 1, 2, 3
-
-
-@dataclass
-class Settings:
-    """How the autoscaler and restarts behave (seconds). ``checkpoint_cost`` is the save duration delta."""
-
-    autoscale: bool = True
-    scale_up_delay: float = 300.0
-    scale_down_unneeded_time: float = 600.0
-    scale_down_delay_after_add: float = 600.0
-    restart_overhead: float = 120.0
-    checkpoint_cost: float = 0.0
-    least_cost: bool = True
-    seed: int = 0
-    #: at most this many samples of the time series (utilization, queue, nodes)
-    series_points: int = 2000
-
-
-@dataclass
-class Result:
-    jobs: int
-    finished: int
-    makespan_s: float
-    cost_usd: float | None
-    cost_by_pool: dict[str, float | None]
-    node_hours_by_pool: dict[str, float]
-    gpu_utilization: float
-    queue_p50_s: float
-    queue_p99_s: float
-    queue_mean_s: float
-    lost_gpu_hours: float
-    evictions: int
-    preemptions: int
-    scale_ups: int
-    scale_downs: int
-    events: int
-    wall_s: float
-    start: np.ndarray = field(repr=False)
-    end: np.ndarray = field(repr=False)
-    series: dict[str, np.ndarray] = field(repr=False, default_factory=dict)
-
-    def summary(self) -> dict:
-        """The figures as plain JSON-able values."""
-        return {
-            "jobs": self.jobs, "finished": self.finished, "makespan_h": self.makespan_s / 3600,
-            "cost_usd": self.cost_usd, "cost_by_pool": self.cost_by_pool, "node_hours_by_pool": self.node_hours_by_pool,
-            "gpu_utilization": self.gpu_utilization, "queue_delay_p50_s": self.queue_p50_s,
-            "queue_delay_p99_s": self.queue_p99_s, "queue_delay_mean_s": self.queue_mean_s,
-            "lost_gpu_hours": self.lost_gpu_hours, "evictions": self.evictions, "preemptions": self.preemptions,
-            "scale_ups": self.scale_ups, "scale_downs": self.scale_downs, "events": self.events, "wall_s": self.wall_s,
-        }
-
-
-def check_fits(trace: Trace, pools: list[Pool]) -> dict[tuple[int, int], tuple[int, ...]]:
-    """Eligible pools per (selector, toleration) signature; raises SimulationError naming the first job
-    that no pool can ever hold (even at max_nodes)."""
-    sig_pools: dict[tuple[int, int], tuple[int, ...]] = {}
-    for s, t in set(zip(trace.selector.tolist(), trace.toleration.tolist())):
-        sig_pools[(s, t)] = tuple(eligible(pools, trace.selectors[s], trace.tolerations[t]))
-    cap = {sig: max((pools[p].node_gpus * pools[p].max_nodes for p in ps), default=0) for sig, ps in sig_pools.items()}
-    need = np.fromiter((cap[(s, t)] for s, t in zip(trace.selector.tolist(), trace.toleration.tolist())), np.int64, len(trace))
-    bad = np.nonzero(trace.gpus > need)[0]
-    if len(bad):
-        j = int(bad[0])
-        sig = (int(trace.selector[j]), int(trace.toleration[j]))
-        names = [pools[p].name for p in sig_pools[sig]]
-        detail = (f"its eligible pools ({', '.join(names)}) hold at most {need[j]} GPUs" if names else
-                  f"no pool matches its node selector {dict(trace.selectors[sig[0]])} and tolerations {list(trace.tolerations[sig[1]])}")
-        raise SimulationError(
-            f"job {trace.ids[j]!r} needs {int(trace.gpus[j])} GPUs and can never fit: {detail}"
-            + (f" ({len(bad)} such jobs)" if len(bad) > 1 else ""),
-            where=trace.source or None,
-            fix="raise max_nodes of a pool, add a pool it may use (labels/taints), or fix the job's gpus",
-        )
-    return sig_pools
 
 
 def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
@@ -484,7 +411,15 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
     capacity_changed = False
     last_t = 0.0
     next_progress = 0
+    # a safety net, not a model limit: jobs evicted faster than they progress would never finish
+    event_cap = cfg.max_events or 500 * n_jobs + 1_000_000
     while finished < n_jobs:
+        if events > event_cap:
+            raise SimulationError(
+                f"the simulation does not converge: {n_jobs - finished} jobs still unfinished after {events:,} events "
+                f"({evictions:,} spot evictions, {preemptions:,} preemptions)",
+                fix="jobs are interrupted faster than they progress: lower eviction_rate_per_hour, checkpoint more "
+                    "often (checkpoint_interval), or shorten restart_overhead")
         t_arr = submit[ptr] if ptr < n_jobs else math.inf
         t_ev = heap[0][0] if heap else math.inf
         t = t_arr if t_arr <= t_ev else t_ev
