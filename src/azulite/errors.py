@@ -123,3 +123,14 @@ class Internal(ServeError):
     """A failure inside the server or a model's own code: not the client's fault."""
 
     status = "INTERNAL"
+
+
+class ExportError(AzuliteError):
+    """A checkpoint that cannot become a served model as asked: missing rebuild metadata, a model file
+    config generate cannot read, a repository that cannot take the new version."""
+
+
+class ExportVerificationError(ExportError):
+    """The exported model does not reproduce the PyTorch model within the tolerance."""
+
+    exit_code = 1

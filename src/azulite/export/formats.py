@@ -1,0 +1,186 @@
+"""The rebuilt module -> one model file a Triton backend runs, in order of preference:
+
+1. ``onnx``: ``torch.onnx.export`` with its default, torch.export-based (dynamo) exporter, run by ONNX
+   Runtime. The legacy TorchScript-based exporter (``dynamo=False``) is deprecated in torch 2.13 and
+   slated for removal, so azulite installs ``onnxscript`` (which the new exporter writes through) instead.
+   The batch dimension is exported as a symbolic ``batch`` dimension.
+2. ``torchscript``: ``torch.jit.trace``, run by Triton's PyTorch (libtorch) backend, when the model has
+   something ONNX cannot express.
+3. ``python``: the module's own code in a Python-backend ``model.py`` (the factory imported from the
+   manifest, the weights from ``weights.pt``): it runs whatever PyTorch runs, at PyTorch's speed, but needs
+   the factory's package installed where the server runs.
+
+``auto`` tries them in that order and reports why each earlier one failed.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import warnings
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from azulite.errors import ExportError
+from azulite.export.recipe import ModelRecipe
+
+FORMATS = ("onnx", "torchscript", "python")
+
+
+@dataclass(frozen=True)
+class Exported:
+    format: str
+    filename: str
+    #: the served names, in the recipe's order (TorchScript renames them to Triton's <name>__<index>)
+    input_names: tuple[str, ...]
+    output_names: tuple[str, ...]
+    #: runs the written file on numpy inputs keyed by the recipe's names -> outputs keyed by the recipe's names
+    run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
+
+
+def _args(recipe: ModelRecipe, sample: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
+    import torch
+
+    return tuple(torch.from_numpy(np.ascontiguousarray(sample[t.name])) for t in recipe.inputs)
+
+
+def export_onnx(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray], version_dir: Path,
+                batching: bool) -> Exported:
+    import onnxruntime as ort
+    import torch
+
+    path = version_dir / "model.onnx"
+    dynamic_shapes = None
+    if batching:
+        batch = torch.export.Dim("batch")
+        dynamic_shapes = tuple({0: batch} for _ in recipe.inputs)
+    log = io.StringIO()
+    torch_onnx_log = logging.getLogger("torch.onnx")
+    level = torch_onnx_log.level
+    torch_onnx_log.setLevel(logging.ERROR)  # "torchvision is not installed. Skipping torchvision::nms" x4
+    try:  # the exporter prints its progress and warns a lot: not for the console
+        with contextlib.redirect_stdout(log), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(model, _args(recipe, sample), str(path), dynamo=True, external_data=False,
+                              input_names=[t.name for t in recipe.inputs],
+                              output_names=[t.name for t in recipe.outputs], dynamic_shapes=dynamic_shapes)
+    except Exception as e:  # noqa: BLE001 - torch.export / onnxscript raise many types
+        raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {_first(e)}") from None
+    finally:
+        torch_onnx_log.setLevel(level)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+    names = [t.name for t in recipe.outputs]
+
+    def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        return dict(zip(names, session.run(names, {t.name: feed[t.name] for t in recipe.inputs})))
+
+    return Exported("onnx", "model.onnx", tuple(t.name for t in recipe.inputs), tuple(names), run)
+
+
+def export_torchscript(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray], version_dir: Path,
+                       batching: bool) -> Exported:
+    import torch
+
+    path = version_dir / "model.pt"
+    try:
+        with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; Triton's libtorch backend needs it
+            warnings.simplefilter("ignore")
+            traced = torch.jit.trace(model, _args(recipe, sample), check_trace=True)
+            traced.save(str(path))
+            loaded = torch.jit.load(str(path), map_location="cpu").eval()
+    except Exception as e:  # noqa: BLE001
+        raise ExportError(f"torch.jit.trace failed: {type(e).__name__}: {_first(e)}") from None
+
+    def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            out = loaded(*_args(recipe, feed))
+        out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        return {t.name: o.numpy() for t, o in zip(recipe.outputs, out)}
+
+    return Exported("torchscript", "model.pt", tuple(f"{t.name}__{i}" for i, t in enumerate(recipe.inputs)),
+                    tuple(f"{t.name}__{i}" for i, t in enumerate(recipe.outputs)), run)
+
+
+_PYTHON_MODEL = '''"""Written by `azulite export --format python`: the trained module run by Triton's Python backend.
+The model is rebuilt by its factory ({factory}) with the weights in weights.pt; the factory's package
+must be importable where the server runs."""
+
+import importlib
+import json
+import logging
+import os
+
+import numpy as np
+import torch
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        here = os.path.dirname(os.path.abspath(__file__))
+        with open(os.path.join(here, "recipe.json")) as f:
+            recipe = json.load(f)
+        module, _, attr = recipe["factory"].partition(":")
+        factory = importlib.import_module(module)
+        for part in attr.split("."):
+            factory = getattr(factory, part)
+        self.model = factory(**recipe["kwargs"]).eval()
+        self.model.load_state_dict(torch.load(os.path.join(here, "weights.pt"), map_location="cpu", weights_only=True))
+        self.inputs = [t["name"] for t in recipe["inputs"]]
+        self.outputs = [t["name"] for t in recipe["outputs"]]
+
+    def execute(self, requests):
+        # the dynamic batcher hands several requests at once: one forward pass over all of them
+        feeds = [[pb_utils.get_input_tensor_by_name(r, n).as_numpy() for n in self.inputs] for r in requests]
+        sizes = [f[0].shape[0] for f in feeds]
+        args = [torch.from_numpy(np.ascontiguousarray(np.concatenate([f[i] for f in feeds]))) for i in range(len(self.inputs))]
+        with torch.inference_mode():
+            out = self.model(*args)
+        out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        responses, start = [], 0
+        for size in sizes:
+            tensors = [pb_utils.Tensor(n, o[start:start + size].numpy()) for n, o in zip(self.outputs, out)]
+            responses.append(pb_utils.InferenceResponse(output_tensors=tensors))
+            start += size
+        return responses
+'''
+
+
+def export_python(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray], version_dir: Path,
+                  batching: bool) -> Exported:
+    import torch
+
+    if not batching:
+        raise ExportError("the python format batches requests along the first dimension: it needs max batch size >= 1")
+    torch.save(model.state_dict(), version_dir / "weights.pt")
+    meta = {"factory": recipe.factory, "kwargs": dict(recipe.kwargs),
+            "inputs": [{"name": t.name} for t in recipe.inputs], "outputs": [{"name": t.name} for t in recipe.outputs]}
+    (version_dir / "recipe.json").write_text(json.dumps(meta, indent=1))
+    (version_dir / "model.py").write_text(_PYTHON_MODEL.format(factory=recipe.factory))
+    # what the served model.py does, done here: a fresh module from the factory and the written weights
+    rebuilt = recipe.build()
+    rebuilt.load_state_dict(torch.load(version_dir / "weights.pt", map_location="cpu", weights_only=True))
+
+    def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        with torch.inference_mode():
+            out = rebuilt(*_args(recipe, feed))
+        out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
+        return {t.name: o.numpy() for t, o in zip(recipe.outputs, out)}
+
+    return Exported("python", "model.py", tuple(t.name for t in recipe.inputs), tuple(t.name for t in recipe.outputs), run)
+
+
+EXPORTERS = {"onnx": export_onnx, "torchscript": export_torchscript, "python": export_python}
+
+
+def _first(e: BaseException) -> str:
+    text = str(e).strip().splitlines()
+    return text[0][:400] if text else ""
