@@ -19,6 +19,7 @@ import contextlib
 import io
 import json
 import logging
+import re
 import warnings
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -61,19 +62,24 @@ def export_onnx(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray
         batch = torch.export.Dim("batch")
         dynamic_shapes = tuple({0: batch} for _ in recipe.inputs)
     log = io.StringIO()
-    torch_onnx_log = logging.getLogger("torch.onnx")
-    level = torch_onnx_log.level
-    torch_onnx_log.setLevel(logging.ERROR)  # "torchvision is not installed. Skipping torchvision::nms" x4
+    # "torchvision is not installed. Skipping torchvision::nms", and torch.export's graph dumps on failure:
+    # the error says what failed
+    loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch._export",
+                                               "torch.fx.experimental.symbolic_shapes")]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.CRITICAL)
     try:  # the exporter prints its progress and warns a lot: not for the console
-        with contextlib.redirect_stdout(log), warnings.catch_warnings():
+        with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
             warnings.simplefilter("ignore")
             torch.onnx.export(model, _args(recipe, sample), str(path), dynamo=True, external_data=False,
                               input_names=[t.name for t in recipe.inputs],
                               output_names=[t.name for t in recipe.outputs], dynamic_shapes=dynamic_shapes)
     except Exception as e:  # noqa: BLE001 - torch.export / onnxscript raise many types
-        raise ExportError(f"torch.onnx.export failed: {type(e).__name__}: {_first(e)}") from None
+        raise ExportError(f"torch.onnx.export failed: {_first(e)}") from None
     finally:
-        torch_onnx_log.setLevel(level)
+        for lg, lv in zip(loggers, levels):
+            lg.setLevel(lv)
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
@@ -97,7 +103,7 @@ def export_torchscript(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.
             traced.save(str(path))
             loaded = torch.jit.load(str(path), map_location="cpu").eval()
     except Exception as e:  # noqa: BLE001
-        raise ExportError(f"torch.jit.trace failed: {type(e).__name__}: {_first(e)}") from None
+        raise ExportError(f"torch.jit.trace failed: {_first(e)}") from None
 
     def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with torch.inference_mode():
@@ -116,6 +122,7 @@ must be importable where the server runs."""
 import importlib
 import json
 import logging
+import re
 import os
 
 import numpy as np
@@ -182,5 +189,8 @@ EXPORTERS = {"onnx": export_onnx, "torchscript": export_torchscript, "python": e
 
 
 def _first(e: BaseException) -> str:
-    text = str(e).strip().splitlines()
-    return text[0][:400] if text else ""
+    """The root cause's first line, without the exporter's ANSI colours."""
+    while e.__cause__ is not None:
+        e = e.__cause__
+    text = re.sub(r"\x1b\[[0-9;]*m", "", str(e)).strip().splitlines()
+    return f"{type(e).__name__}: {text[0][:300]}" if text else type(e).__name__
