@@ -123,3 +123,12 @@ class Internal(ServeError):
     """A failure inside the server or a model's own code: not the client's fault."""
 
     status = "INTERNAL"
+
+
+class DataError(AzuliteError):
+    """Training data that cannot be read as asked: a missing path, a truncated gzip file, more malformed
+    lines than the configured limit."""
+
+
+class ModelConfigError(AzuliteError):
+    """Model flags that contradict each other or this machine (table sizes, layer sizes, memory)."""
