@@ -27,8 +27,8 @@ from azulite.errors import DataError
 #: the features that carry signal (0-based), and their vocabulary sizes
 SIGNAL_CATS = (0, 1, 2, 3, 4, 5)
 SIGNAL_DENSE = (0, 1, 2)
-VOCAB_SIGNAL = 40
-VOCAB_NOISE = 500
+VOCAB_SIGNAL = 10
+VOCAB_NOISE = 200
 ZIPF_A = 1.3
 EMPTY_RATE = 0.03
 
