@@ -21,6 +21,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -88,10 +89,13 @@ def local_state_sha256(model: torch.nn.Module) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
-    logging.basicConfig(level=logging.INFO, stream=sys.stderr,
+    # azulite's own INFO (checkpoint commits, resumes); TorchRec logs every kernel's arguments at INFO on
+    # the root logger, and deprecation notices (ShardedTensor -> DTensor) are not the user's to act on
+    logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format=f"[rank{os.environ.get('RANK', 0)}] %(levelname)s %(name)s: %(message)s")
-    for noisy in ("azure", "torchrec.distributed.planner", "torch.distributed"):
-        logging.getLogger(noisy).setLevel(logging.ERROR)
+    logging.getLogger("azulite").setLevel(logging.INFO)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*find_unused_parameters=True was specified.*")
 
     # every mistake a flag or the machine can reveal is named before any process group starts
     cfg = DLRMConfig(num_embeddings_per_feature=args.num_embeddings_per_feature, embedding_dim=args.embedding_dim,

@@ -97,10 +97,10 @@ class _Stream:
     """Chunking, epochs, file order and the position; subclasses read rows out of one file."""
 
     def __init__(self, files: Sequence[str], *, rank: int, world_size: int, batch_size: int,
-                 num_embeddings_per_feature: Sequence[int], split: str = "train", validation_permille: int = 0,
+                 num_embeddings_per_feature: Sequence[int] | None, split: str = "train", validation_permille: int = 0,
                  seed: int = 0, shuffle_files: bool = True, max_bad_fraction: float = 0.001,
                  warn: bool | None = None) -> None:
-        if split not in ("train", "val"):
+        if split not in ("train", "val", "all"):
             raise ValueError(f"split {split!r}")
         if not 0 <= validation_permille < 1000:
             raise DataError(f"validation share {validation_permille}/1000 must be in [0, 1000)",
@@ -109,7 +109,9 @@ class _Stream:
             raise DataError("no rows are held out for validation", where="--validation_fraction", fix="e.g. 0.1")
         self.files = list(files)
         self.rank, self.world_size, self.batch_size = rank, world_size, batch_size
-        self.num_embeddings = np.asarray(num_embeddings_per_feature, dtype=np.int64)
+        #: None: raw ids (the npy converter)
+        self.num_embeddings = (None if num_embeddings_per_feature is None
+                               else np.asarray(num_embeddings_per_feature, dtype=np.int64))
         self.split, self.permille = split, validation_permille
         self.seed, self.shuffle = seed, shuffle_files and split == "train"
         self.max_bad_fraction = max_bad_fraction
@@ -142,7 +144,7 @@ class _Stream:
         return row % 1000 < self.permille
 
     def _wanted(self, row: int) -> bool:
-        return self._held_out(row) == (self.split == "val")
+        return self.split == "all" or self._held_out(row) == (self.split == "val")
 
     # --- chunks ---------------------------------------------------------------------------------------
     def next_rows(self) -> Rows | None:
@@ -165,7 +167,7 @@ class _Stream:
             self.chunks += 1
             return _concat(parts)
         # end of the data: the same chunk on every rank
-        if self.split == "val" and got > 0 and not getattr(self, "_padded", False):
+        if self.split != "train" and got > 0 and not getattr(self, "_padded", False):
             self._padded = True
             return _pad(_concat(parts) if parts else None, self.batch_size)
         self.end_epoch()
@@ -190,6 +192,9 @@ class _Stream:
 
     def close(self) -> None:
         self._close()
+
+    def _hash(self, ids: np.ndarray) -> np.ndarray:
+        return ids if self.num_embeddings is None else hash_ids(ids, self.num_embeddings)
 
     def _own(self, chunk_start: int, n: int) -> list[int]:
         first = (self.rank - chunk_start) % self.world_size
@@ -286,7 +291,7 @@ class CriteoTSVReader(_Stream):
         labels = np.array([int(r[0]) for r in fields], dtype=np.float32)
         dense = np.array([[int(x) if x else 0 for x in r[1 : 1 + INT_FEATURE_COUNT]] for r in fields], dtype=np.int64)
         ids = np.array([[int(x, 16) if x else 0 for x in r[1 + INT_FEATURE_COUNT :]] for r in fields], dtype=np.int64)
-        return Rows(transform_dense(dense), hash_ids(ids, self.num_embeddings), labels,
+        return Rows(transform_dense(dense), self._hash(ids), labels,
                     np.ones(len(lines), np.float32))
 
     def _warn_bad(self, path: str, line: bytes) -> None:
@@ -351,8 +356,9 @@ class CriteoNpyReader(_Stream):
         while count < n and self.row_no < total:
             stop = min(total, self.row_no + max(2 * (n - count), 2000))
             idx = np.arange(self.row_no, stop)
-            held = idx % 1000 < self.permille
-            idx = idx[held] if self.split == "val" else idx[~held]
+            if self.split != "all":
+                held = idx % 1000 < self.permille
+                idx = idx[held] if self.split == "val" else idx[~held]
             idx = idx[: n - count]
             picked.append(idx)
             count += len(idx)
@@ -364,7 +370,7 @@ class CriteoNpyReader(_Stream):
         own = allidx[self._own(chunk_start, count)]
         if len(own) == 0:
             return None, count
-        return Rows(np.asarray(dense[own], np.float32), hash_ids(sparse[own], self.num_embeddings),
+        return Rows(np.asarray(dense[own], np.float32), self._hash(np.asarray(sparse[own])),
                     np.asarray(labels[own, 0], np.float32), np.ones(len(own), np.float32)), count
 
 
