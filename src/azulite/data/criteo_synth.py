@@ -117,7 +117,8 @@ def best_auc(dataset_path: str | os.PathLike, validation_permille: int) -> float
         return None
     # the labels as the readers see them (a well-formed row's index is its position in the file)
     reader = open_reader(dataset_path, rank=0, world_size=1, batch_size=1024, num_embeddings_per_feature=[1] * 26,
-                         split="val", validation_permille=validation_permille, shuffle_files=False)
+                         split="val", validation_permille=validation_permille, shuffle_files=False,
+                         max_bad_fraction=1.0, warn=False)  # the run itself enforces the limit
     labels = []
     while (rows := reader.next_rows()) is not None:
         labels.append(rows.labels[rows.weight > 0])
