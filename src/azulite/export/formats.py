@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from azulite.errors import ExportError
-from azulite.export.recipe import ModelRecipe
+from azulite.export.plan import ServingPlan
+from azulite.export.recipe import TensorSpec
 
 FORMATS = ("onnx", "torchscript", "python")
 
@@ -45,14 +46,13 @@ class Exported:
     run: Callable[[Mapping[str, np.ndarray]], dict[str, np.ndarray]]
 
 
-def _args(recipe: ModelRecipe, sample: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
+def _args(inputs: tuple[TensorSpec, ...], sample: Mapping[str, np.ndarray]) -> tuple[Any, ...]:
     import torch
 
-    return tuple(torch.from_numpy(np.ascontiguousarray(sample[t.name])) for t in recipe.inputs)
+    return tuple(torch.from_numpy(np.ascontiguousarray(sample[t.name])) for t in inputs)
 
 
-def export_onnx(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray], version_dir: Path,
-                batching: bool) -> Exported:
+def export_onnx(plan: ServingPlan, sample: Mapping[str, np.ndarray], version_dir: Path, batching: bool) -> Exported:
     import onnxruntime as ort
     import torch
 
@@ -60,7 +60,7 @@ def export_onnx(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray
     dynamic_shapes = None
     if batching:
         batch = torch.export.Dim("batch")
-        dynamic_shapes = tuple({0: batch} for _ in recipe.inputs)
+        dynamic_shapes = tuple({0: batch} for _ in plan.inputs)
     log = io.StringIO()
     # "torchvision is not installed. Skipping torchvision::nms", and torch.export's graph dumps on failure:
     # the error says what failed
@@ -72,9 +72,9 @@ def export_onnx(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray
     try:  # the exporter prints its progress and warns a lot: not for the console
         with contextlib.redirect_stdout(log), contextlib.redirect_stderr(log), warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            torch.onnx.export(model, _args(recipe, sample), str(path), dynamo=True, external_data=False,
-                              input_names=[t.name for t in recipe.inputs],
-                              output_names=[t.name for t in recipe.outputs], dynamic_shapes=dynamic_shapes)
+            torch.onnx.export(plan.module, _args(plan.inputs, sample), str(path), dynamo=True, external_data=False,
+                              input_names=[t.name for t in plan.inputs],
+                              output_names=[t.name for t in plan.outputs], dynamic_shapes=dynamic_shapes)
     except Exception as e:  # noqa: BLE001 - torch.export / onnxscript raise many types
         raise ExportError(f"torch.onnx.export failed: {_first(e)}") from None
     finally:
@@ -83,23 +83,22 @@ def export_onnx(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     session = ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
-    names = [t.name for t in recipe.outputs]
+    names = [t.name for t in plan.outputs]
 
     def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        return dict(zip(names, session.run(names, {t.name: feed[t.name] for t in recipe.inputs})))
+        return dict(zip(names, session.run(names, {t.name: feed[t.name] for t in plan.inputs})))
 
-    return Exported("onnx", "model.onnx", tuple(t.name for t in recipe.inputs), tuple(names), run)
+    return Exported("onnx", "model.onnx", tuple(t.name for t in plan.inputs), tuple(names), run)
 
 
-def export_torchscript(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray], version_dir: Path,
-                       batching: bool) -> Exported:
+def export_torchscript(plan: ServingPlan, sample: Mapping[str, np.ndarray], version_dir: Path, batching: bool) -> Exported:
     import torch
 
     path = version_dir / "model.pt"
     try:
         with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; Triton's libtorch backend needs it
             warnings.simplefilter("ignore")
-            traced = torch.jit.trace(model, _args(recipe, sample), check_trace=True)
+            traced = torch.jit.trace(plan.module, _args(plan.inputs, sample), check_trace=True)
             traced.save(str(path))
             loaded = torch.jit.load(str(path), map_location="cpu").eval()
     except Exception as e:  # noqa: BLE001
@@ -107,12 +106,12 @@ def export_torchscript(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.
 
     def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with torch.inference_mode():
-            out = loaded(*_args(recipe, feed))
+            out = loaded(*_args(plan.inputs, feed))
         out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        return {t.name: o.numpy() for t, o in zip(recipe.outputs, out)}
+        return {t.name: o.numpy() for t, o in zip(plan.outputs, out)}
 
-    return Exported("torchscript", "model.pt", tuple(f"{t.name}__{i}" for i, t in enumerate(recipe.inputs)),
-                    tuple(f"{t.name}__{i}" for i, t in enumerate(recipe.outputs)), run)
+    return Exported("torchscript", "model.pt", tuple(f"{t.name}__{i}" for i, t in enumerate(plan.inputs)),
+                    tuple(f"{t.name}__{i}" for i, t in enumerate(plan.outputs)), run)
 
 
 _PYTHON_MODEL = '''"""Written by `azulite export --format python`: the trained module run by Triton's Python backend.
@@ -161,15 +160,18 @@ class TritonPythonModel:
 '''
 
 
-def export_python(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarray], version_dir: Path,
-                  batching: bool) -> Exported:
+def export_python(plan: ServingPlan, sample: Mapping[str, np.ndarray], version_dir: Path, batching: bool) -> Exported:
     import torch
 
+    recipe = plan.recipe
+    if recipe is None or plan.preprocess is not None or plan.module is None:
+        raise ExportError("the python format serves the factory's own module; this model is served through an "
+                          "adapter (model_config.serving)", fix="use --format onnx or torchscript")
     if not batching:
         raise ExportError("the python format batches requests along the first dimension: it needs max batch size >= 1")
-    torch.save(model.state_dict(), version_dir / "weights.pt")
+    torch.save(plan.module.state_dict(), version_dir / "weights.pt")
     meta = {"factory": recipe.factory, "kwargs": dict(recipe.kwargs),
-            "inputs": [{"name": t.name} for t in recipe.inputs], "outputs": [{"name": t.name} for t in recipe.outputs]}
+            "inputs": [{"name": t.name} for t in plan.inputs], "outputs": [{"name": t.name} for t in plan.outputs]}
     (version_dir / "recipe.json").write_text(json.dumps(meta, indent=1))
     (version_dir / "model.py").write_text(_PYTHON_MODEL.format(factory=recipe.factory))
     # what the served model.py does, done here: a fresh module from the factory and the written weights
@@ -178,11 +180,11 @@ def export_python(model: Any, recipe: ModelRecipe, sample: Mapping[str, np.ndarr
 
     def run(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
         with torch.inference_mode():
-            out = rebuilt(*_args(recipe, feed))
+            out = rebuilt(*_args(plan.inputs, feed))
         out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-        return {t.name: o.numpy() for t, o in zip(recipe.outputs, out)}
+        return {t.name: o.numpy() for t, o in zip(plan.outputs, out)}
 
-    return Exported("python", "model.py", tuple(t.name for t in recipe.inputs), tuple(t.name for t in recipe.outputs), run)
+    return Exported("python", "model.py", tuple(t.name for t in plan.inputs), tuple(t.name for t in plan.outputs), run)
 
 
 EXPORTERS = {"onnx": export_onnx, "torchscript": export_torchscript, "python": export_python}

@@ -15,10 +15,11 @@ from typing import Any
 from azulite.errors import ExportError, ExportVerificationError
 from azulite.export import pbtxt
 from azulite.export.formats import EXPORTERS, FORMATS, Exported
+from azulite.export.plan import ServingPlan, plan_for
 from azulite.export.recipe import ModelRecipe, TensorSpec
 from azulite.export.repository import stage, update_integrity
 from azulite.export.source import CheckpointRef, fetch_verified, resolve
-from azulite.export.verify import Tolerance, Verification, compare, reference_outputs
+from azulite.export.verify import Tolerance, Verification, compare
 from azulite.export.weights import load_module_state
 
 
@@ -83,18 +84,23 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
     recipe = ModelRecipe.from_model_config(ref.manifest.get("model_config"), where=f"{ref.display}/manifest.json")
     model = _rebuild(ref, recipe)
     progress(f"rebuilt {recipe.factory}(**{dict(recipe.kwargs)}) and loaded its '{recipe.state_key}' state")
-    sample = recipe.sample_inputs(options.rows, options.seed)
-    reference = reference_outputs(model, recipe, sample)
+    plan = plan_for(model, recipe)
+    client_sample = plan.sample(options.rows, options.seed)
+    reference = plan.reference(client_sample)
+    sample = plan.preprocess.run(client_sample) if plan.preprocess else client_sample
     name = options.name or default_name(ref, recipe)
+    # with a preprocessing step, clients call the ensemble <name>; the exported model is <name>_model
+    core_name = f"{name}_model" if plan.preprocess else name
     batching = pbtxt.Batching(max_batch_size=options.max_batch_size, dynamic=options.dynamic_batching,
                               max_queue_delay_us=options.max_queue_delay_us)
     candidates = FORMATS if options.format == "auto" else (options.format,)
     skipped: list[tuple[str, str]] = []
-    with stage(options.repo, name, options.version) as staged:
+    origin = f"exported by `azulite export` from {ref.display} (step {ref.step})"
+    with stage(options.repo, core_name, options.version) as staged:
         exported: Exported | None = None
         for fmt in candidates:
             try:
-                exported = EXPORTERS[fmt](model, recipe, sample, staged.version_dir, batching.max_batch_size > 0)
+                exported = EXPORTERS[fmt](plan, sample, staged.version_dir, batching.max_batch_size > 0)
                 break
             except ExportError as e:
                 skipped.append((fmt, e.message))
@@ -105,7 +111,7 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
             raise ExportError("no format could export the model: " + "; ".join(f"{f}: {r}" for f, r in skipped),
                               fix="make the model traceable (torch.export / torch.jit.trace), or keep its factory "
                                   "importable and use --format python")
-        verification = compare(reference, exported.run(sample), options.tolerance, options.rows)
+        verification = compare(reference, _outputs(exported.run(sample), reference), options.tolerance, options.rows)
         if not verification.ok:
             bad = [o for o in verification.outputs if not o.ok]
             raise ExportVerificationError(
@@ -114,18 +120,58 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
                 where=f"model '{name}'", fix="nothing was written; loosen --atol/--rtol only if this error is acceptable")
         platform, backend = {"onnx": (pbtxt.ONNX_PLATFORM, ""), "torchscript": (pbtxt.TORCH_PLATFORM, ""),
                              "python": ("", "python")}[exported.format]
-        config = pbtxt.build(name, inputs=_renamed(recipe.inputs, exported.input_names),
-                             outputs=_renamed(recipe.outputs, exported.output_names), batching=batching,
+        config = pbtxt.build(core_name, inputs=_renamed(plan.inputs, exported.input_names),
+                             outputs=_renamed(plan.outputs, exported.output_names), batching=batching,
                              platform=platform, backend=backend)
-        notes = [f"exported by `azulite export` from {ref.display} (step {ref.step}) as {exported.format}",
-                 f"verified against PyTorch: {verification.summary()}"]
+        notes = [f"{origin} as {exported.format}", f"verified against PyTorch: {verification.summary()}"]
         (staged.root / "config.pbtxt").write_text(pbtxt.render(config, notes))
         version = staged.version
-    model_dir = options.repo / name
-    integrity = update_integrity(options.repo, [model_dir])
-    return ExportResult(checkpoint=ref.display, step=ref.step, name=name, version=version, model_dir=model_dir,
-                        format=exported.format, skipped=tuple(skipped), verification=verification,
-                        inputs=exported.input_names, outputs=exported.output_names, integrity=integrity)
+    written = [options.repo / core_name]
+    if plan.preprocess:
+        written += _write_pipeline(options.repo, name, core_name, plan, exported, batching, origin)
+        progress(f"raw records in: ensemble '{name}' = {name}_preprocess (python) -> {core_name} ({exported.format})")
+    integrity = update_integrity(options.repo, written)
+    return ExportResult(checkpoint=ref.display, step=ref.step, name=name, version=version,
+                        model_dir=options.repo / core_name, format=exported.format, skipped=tuple(skipped),
+                        verification=verification,
+                        inputs=tuple(t.name for t in plan.client_inputs) if plan.preprocess else exported.input_names,
+                        outputs=tuple(t.name for t in plan.outputs) if plan.preprocess else exported.output_names,
+                        integrity=integrity)
+
+
+def _outputs(got: dict[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: got[k] for k in reference}
+
+
+def _write_pipeline(repo: Path, name: str, core_name: str, plan: ServingPlan, exported: Exported,
+                    batching: pbtxt.Batching, origin: str) -> list[Path]:
+    """``<name>_preprocess`` (Python backend: raw records -> the model's inputs) and the ensemble ``<name>``
+    chaining it into the exported model; each a new version, written atomically as the model was."""
+    assert plan.preprocess is not None
+    pre_name = f"{name}_preprocess"
+    with stage(repo, pre_name, None) as staged:
+        (staged.version_dir / "model.py").write_text(plan.preprocess.model_py)
+        for fname, data in plan.preprocess.files.items():
+            (staged.version_dir / fname).write_bytes(data)
+        config = pbtxt.build(pre_name, inputs=list(plan.preprocess.inputs),
+                             outputs=_renamed(plan.inputs, exported.input_names), batching=batching, backend="python")
+        (staged.root / "config.pbtxt").write_text(pbtxt.render(config, [f"{origin}: the training preprocessing"]))
+    with stage(repo, name, None) as staged:
+        config = pbtxt.build(name, inputs=list(plan.preprocess.inputs),
+                             outputs=_renamed(plan.outputs, exported.output_names),
+                             batching=pbtxt.Batching(max_batch_size=batching.max_batch_size), platform="ensemble")
+        pre = config.ensemble_scheduling.step.add(model_name=pre_name, model_version=-1)
+        for t in plan.preprocess.inputs:
+            pre.input_map[t.name] = t.name
+        for n in exported.input_names:
+            pre.output_map[n] = f"_{n}"
+        core = config.ensemble_scheduling.step.add(model_name=core_name, model_version=-1)
+        for n in exported.input_names:
+            core.input_map[n] = f"_{n}"
+        for n in exported.output_names:
+            core.output_map[n] = n
+        (staged.root / "config.pbtxt").write_text(pbtxt.render(config, [f"{origin}: raw records -> scores"]))
+    return [repo / pre_name, repo / name]
 
 
 def _rebuild(ref: CheckpointRef, recipe: ModelRecipe) -> Any:

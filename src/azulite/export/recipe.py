@@ -8,7 +8,9 @@ in ``CheckpointConfig(model_config=...)``, which every manifest carries.
      "outputs": [{"name": "y", "dtype": "FP32", "dims": [1]}],
      # optional:
      "examples": "pkg.module:callable",          # (n, seed) -> {input name: np.ndarray [n, *dims]}
-     "preprocess": {...}}                        # raw rows -> model inputs, served as an ensemble step
+     "serving": "pkg.module:callable"}           # (model, model_config) -> azulite.export.plan.ServingPlan:
+                                                 # a wrapper module, raw-record preprocessing (an ensemble step);
+                                                 # with it, inputs/outputs may be left out
 
 Validated here, when read, so a missing field is reported once with what the training script must add.
 """
@@ -80,8 +82,9 @@ class ModelRecipe:
         state_key = config.get("state_key", "model")
         if not isinstance(state_key, str) or not state_key:
             raise _missing(f"model_config.state_key must name a Checkpointer state entry, got {state_key!r}", where)
-        inputs = _tensors(config, "inputs", where)
-        outputs = _tensors(config, "outputs", where)
+        served_by_adapter = isinstance(config.get("serving"), str) and ":" in config["serving"]
+        inputs = _tensors(config, "inputs", where) if not served_by_adapter or "inputs" in config else ()
+        outputs = _tensors(config, "outputs", where) if not served_by_adapter or "outputs" in config else ()
         examples = config.get("examples")
         if examples is not None and (not isinstance(examples, str) or ":" not in examples):
             raise _missing(f"model_config.examples {examples!r} is not 'package.module:callable'", where)
