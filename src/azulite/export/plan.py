@@ -52,9 +52,8 @@ class ServingPlan:
 
 
 def plan_for(model: Any, recipe: ModelRecipe) -> ServingPlan:
-    serving = recipe.raw.get("serving")
-    if serving:
-        fn = import_callable(str(serving), what="model_config.serving")
+    if recipe.serving:
+        fn = import_callable(recipe.serving, what="model_config.serving")
         return fn(model, dict(recipe.raw))
     from azulite.export.verify import reference_outputs
 

@@ -34,6 +34,12 @@ DTYPES: dict[str, np.dtype] = {
     "BYTES": np.dtype(np.object_),
 }
 
+#: serving adapters for the factories of azulite's own workloads, whose checkpoints (written before this
+#: existed, too) do not name one in model_config.serving
+ADAPTERS: dict[str, str] = {
+    "azulite.workloads.dlrm.model:build_model": "azulite.export.dlrm:plan",
+}
+
 _EXAMPLE = (
     'CheckpointConfig(model_config={"factory": "my_pkg.models:build_model", "kwargs": {"hidden": 32}, '
     '"state_key": "model", "inputs": [{"name": "x", "dtype": "FP32", "dims": [16]}], '
@@ -64,6 +70,8 @@ class ModelRecipe:
     inputs: tuple[TensorSpec, ...]
     outputs: tuple[TensorSpec, ...]
     examples: str | None = None
+    #: "pkg.module:callable" building the ServingPlan (model_config.serving, or the factory's adapter)
+    serving: str | None = None
     preprocess: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
 
@@ -82,7 +90,7 @@ class ModelRecipe:
         state_key = config.get("state_key", "model")
         if not isinstance(state_key, str) or not state_key:
             raise _missing(f"model_config.state_key must name a Checkpointer state entry, got {state_key!r}", where)
-        served_by_adapter = isinstance(config.get("serving"), str) and ":" in config["serving"]
+        served_by_adapter = (isinstance(config.get("serving"), str) and ":" in config["serving"]) or factory in ADAPTERS
         inputs = _tensors(config, "inputs", where) if not served_by_adapter or "inputs" in config else ()
         outputs = _tensors(config, "outputs", where) if not served_by_adapter or "outputs" in config else ()
         examples = config.get("examples")
@@ -91,8 +99,9 @@ class ModelRecipe:
         preprocess = config.get("preprocess")
         if preprocess is not None and not isinstance(preprocess, Mapping):
             raise _missing(f"model_config.preprocess must be a mapping, got {preprocess!r}", where)
+        serving = config.get("serving") or ADAPTERS.get(factory)
         return cls(factory=factory, kwargs=dict(kwargs), state_key=state_key, inputs=inputs, outputs=outputs,
-                   examples=examples, preprocess=preprocess, raw=dict(config))
+                   examples=examples, serving=serving, preprocess=preprocess, raw=dict(config))
 
     def build(self) -> Any:
         """The freshly built (untrained) module, in eval mode."""
