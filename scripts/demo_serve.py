@@ -8,6 +8,7 @@ import gzip
 import json
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,9 @@ def main() -> int:
     from azulite.export.dlrm import reference_scores
     from azulite.workloads.dlrm.model import load_plain_model
 
-    model, mc = load_plain_model(step_dir)
+    with warnings.catch_warnings():  # DCP: "torch.distributed is disabled ... load in a single process": intended
+        warnings.simplefilter("ignore", UserWarning)
+        model, mc = load_plain_model(step_dir)
     torch_scores = reference_scores(model, rows, mc["kwargs"]["num_embeddings_per_feature"]).reshape(-1)
     served = {}
     for proto, module, client in (("http", httpclient, httpclient.InferenceServerClient(f"127.0.0.1:{http_port}")),

@@ -11,16 +11,21 @@ work=$(mktemp -d)
 repo=${2:-$work/model_repository}
 server=
 cleanup() {
-  [[ -n $server ]] && kill -TERM "$server" 2>/dev/null && wait "$server" 2>/dev/null || true
+  if [[ -n $server ]]; then kill -TERM "$server" 2>/dev/null || true; wait "$server" 2>/dev/null || true; fi
   rm -rf "$work"
 }
 trap cleanup EXIT
 
 echo "== export: $job's newest checkpoint -> $repo"
 azulite export "$job" --to "$repo" --name dlrm --json > "$work/export.json"
-python -c 'import json,sys; r=json.load(open(sys.argv[1])); v=r["verification"]
-print(f"exported {r[\"checkpoint\"]} as {r[\"format\"]}: ensemble dlrm = dlrm_preprocess -> dlrm_model (version {r[\"version\"]})")
-print(f"verified against PyTorch: max abs error {v[\"max_abs_error\"]:.3g}, max rel error {v[\"max_rel_error\"]:.3g} on {v[\"rows\"]} rows")' "$work/export.json"
+python - "$work/export.json" <<'PY'
+import json, sys
+r = json.load(open(sys.argv[1]))
+v = r["verification"]
+print(f"exported {r['checkpoint']} as {r['format']}: ensemble dlrm = dlrm_preprocess -> dlrm_model (version {r['version']})")
+print(f"verified against PyTorch: max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g} "
+      f"on {v['rows']} rows")
+PY
 
 echo
 echo "== azulite serve $repo"
@@ -39,5 +44,5 @@ echo "serving on HTTP :$http and gRPC :$grpc"
 
 echo
 echo "== score held-out rows through tritonclient"
-python scripts/demo_serve.py "$job" "$http" "$grpc" \
-  "$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["checkpoint"])' "$work/export.json")"
+ckpt=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["checkpoint"])' "$work/export.json")
+python scripts/demo_serve.py "$job" "$http" "$grpc" "$ckpt"

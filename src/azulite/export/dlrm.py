@@ -18,6 +18,7 @@ Python. The reference the export is verified against is the training path itself
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Mapping
 from typing import Any
 
@@ -152,8 +153,14 @@ def reference_scores(dlrm: Any, rows: np.ndarray, num_embeddings: list[int]) -> 
     kjt = KeyedJaggedTensor.from_lengths_sync(
         keys=list(criteo.CAT_FEATURE_NAMES), values=torch.from_numpy(np.ascontiguousarray(ids.T)).reshape(-1),
         lengths=torch.ones(criteo.CAT_FEATURE_COUNT * b, dtype=torch.int32))
-    with torch.inference_mode():
-        return torch.sigmoid(dlrm(d, kjt)).numpy()
+    fx_log = logging.getLogger("torch.fx._symbolic_trace")  # TorchRec's forward asks is_fx_tracing(): it warns
+    level = fx_log.level
+    fx_log.setLevel(logging.ERROR)
+    try:
+        with torch.inference_mode():
+            return torch.sigmoid(dlrm(d, kjt)).numpy()
+    finally:
+        fx_log.setLevel(level)
 
 
 def plan(model: Any, model_config: Mapping[str, Any]) -> ServingPlan:

@@ -65,7 +65,7 @@ def export_onnx(plan: ServingPlan, sample: Mapping[str, np.ndarray], version_dir
     # "torchvision is not installed. Skipping torchvision::nms", and torch.export's graph dumps on failure:
     # the error says what failed
     loggers = [logging.getLogger(n) for n in ("torch.onnx", "torch.export", "torch._dynamo", "torch._export",
-                                               "torch.fx.experimental.symbolic_shapes")]
+                                               "torch.fx.experimental.symbolic_shapes", "torch.fx._symbolic_trace")]
     levels = [lg.level for lg in loggers]
     for lg in loggers:
         lg.setLevel(logging.CRITICAL)

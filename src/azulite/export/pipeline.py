@@ -4,6 +4,7 @@ is a plain Triton repository, and the server never imports training code."""
 
 from __future__ import annotations
 
+import json
 import re
 import shutil
 import tempfile
@@ -83,7 +84,9 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
     progress(f"checkpoint {ref.display} (step {ref.step}, saved by {ref.manifest.get('world_size', '?')} ranks)")
     recipe = ModelRecipe.from_model_config(ref.manifest.get("model_config"), where=f"{ref.display}/manifest.json")
     model = _rebuild(ref, recipe)
-    progress(f"rebuilt {recipe.factory}(**{dict(recipe.kwargs)}) and loaded its '{recipe.state_key}' state")
+    kwargs = json.dumps(dict(recipe.kwargs))
+    progress(f"rebuilt {recipe.factory}(**{kwargs if len(kwargs) < 160 else kwargs[:150] + ' ...}'}) "
+             f"and loaded its '{recipe.state_key}' state")
     plan = plan_for(model, recipe)
     client_sample = plan.sample(options.rows, options.seed)
     reference = plan.reference(client_sample)
