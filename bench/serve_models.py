@@ -106,7 +106,9 @@ MODELS: list[tuple[str, Callable[[Path], BenchModel]]] = [("dlrm", build_dlrm)]
 def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms: int, work: Path) -> dict:
     """bench/serving.py's perf_analyzer run, for this model and its input data."""
     out = work / f"pa-{bm.model}-{protocol}-{c}.csv"
-    cmd = [str(pa), "-m", bm.model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", *bm.shape_args,
+    # -x 1: perf_analyzer 2.51 with no version cannot match an ensemble's server-side statistics on azulite
+    # ("failed to find the requested model version"); both servers get it
+    cmd = [str(pa), "-m", bm.model, "-x", "1", "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", *bm.shape_args,
            "--input-data", str(bm.input_data), "--concurrency-range", str(c), "-p", str(measure_ms),
            "--max-trials", "5", "--stability-percentage", "50", "-f", str(out)]
     import csv
