@@ -68,6 +68,8 @@ def export(
     atol: float = typer.Option(1e-5, "--atol", help="Verification: absolute tolerance."),
     rtol: float = typer.Option(1e-4, "--rtol", help="Verification: relative tolerance."),
     rows: int = typer.Option(64, "--rows", help="Verification: sample rows."),
+    sign_key: Optional[Path] = typer.Option(None, "--sign-key",
+                                            help="Private key (PEM) re-signing the repository's integrity manifest."),
     json_: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Export a trained checkpoint into a Triton model repository: rebuild the model from the checkpoint's
@@ -86,7 +88,8 @@ def export(
     uri, environ = _checkpoint_uri(source)
     options = ExportOptions(repo=to, name=name, version=version, format=format_, step=step,
                             max_batch_size=max_batch_size, dynamic_batching=dynamic_batching and max_batch_size > 0,
-                            max_queue_delay_us=max_queue_delay_us, tolerance=Tolerance(atol=atol, rtol=rtol), rows=rows)
+                            max_queue_delay_us=max_queue_delay_us, tolerance=Tolerance(atol=atol, rtol=rtol), rows=rows,
+                            sign_key=sign_key)
     result = export_checkpoint(uri, options, environ=environ, progress=lambda m: err.print(m, markup=False))
     if json_:
         print(json.dumps(result.as_dict()))

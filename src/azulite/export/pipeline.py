@@ -18,7 +18,7 @@ from azulite.export import pbtxt
 from azulite.export.formats import EXPORTERS, FORMATS, Exported
 from azulite.export.plan import ServingPlan, plan_for
 from azulite.export.recipe import ModelRecipe, TensorSpec
-from azulite.export.repository import stage, update_integrity
+from azulite.export.repository import check_integrity_before, stage, update_integrity
 from azulite.export.source import CheckpointRef, fetch_verified, resolve
 from azulite.export.verify import Tolerance, Verification, compare
 from azulite.export.weights import load_module_state
@@ -43,6 +43,8 @@ class ExportOptions:
     #: rows the export is verified on (a batch: the batch dimension is exercised too)
     rows: int = 64
     seed: int = 0
+    #: Ed25519 private key (PEM) re-signing the repository's integrity manifest (azulite.integrity)
+    sign_key: Path | None = None
 
     def __post_init__(self) -> None:
         if self.format != "auto" and self.format not in FORMATS:
@@ -80,6 +82,7 @@ class ExportResult:
 
 def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[str, str] | None = None,
                       progress: Callable[[str], None] = lambda _: None) -> ExportResult:
+    check_integrity_before(options.repo, options.sign_key)
     ref = resolve(source, step=options.step, environ=environ)
     progress(f"checkpoint {ref.display} (step {ref.step}, saved by {ref.manifest.get('world_size', '?')} ranks)")
     recipe = ModelRecipe.from_model_config(ref.manifest.get("model_config"), where=f"{ref.display}/manifest.json")
@@ -133,7 +136,7 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
     if plan.preprocess:
         written += _write_pipeline(options.repo, name, core_name, plan, exported, batching, origin)
         progress(f"raw records in: ensemble '{name}' = {name}_preprocess (python) -> {core_name} ({exported.format})")
-    integrity = update_integrity(options.repo, written)
+    integrity = update_integrity(options.repo, written, options.sign_key)
     return ExportResult(checkpoint=ref.display, step=ref.step, name=name, version=version,
                         model_dir=options.repo / core_name, format=exported.format, skipped=tuple(skipped),
                         verification=verification,

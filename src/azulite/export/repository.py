@@ -11,10 +11,11 @@ from __future__ import annotations
 import os
 import shutil
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from azulite.errors import ExportError
 from azulite.serve.repository import version_dirs
@@ -84,15 +85,40 @@ def _fsync_tree(root: Path) -> None:
                 os.close(fd)
 
 
-def update_integrity(repo: Path, written: list[Path]) -> str | None:
-    """INTEGRITY HOOK (issue 11), the single call site of the export for the repository's integrity
-    manifest: called once after every model of an export is in place, with the folders written. Returns
-    what was done (for the report) or None. Until ``azulite.integrity`` lands, nothing is signed."""
-    sign: Callable[..., str | None] | None
+#: the integrity manifest (issue 11, ``azulite.integrity``) at a repository's root, and its signature
+INTEGRITY_MANIFEST = "azulite-manifest.json"
+INTEGRITY_SIGNATURE = "azulite-manifest.sig"
+
+
+def _integrity() -> Any:
     try:
-        from azulite.integrity import update_for_export as sign  # type: ignore[import-not-found,attr-defined]
+        from azulite import integrity  # type: ignore[attr-defined]
     except ImportError:
-        sign = None
-    if sign is None:
         return None
-    return sign(repo, written)
+    return integrity
+
+
+def check_integrity_before(repo: Path, sign_key: Path | None) -> None:
+    """Before anything is written: an export into a repository with an integrity manifest must be able to
+    update it (and re-sign it when it is signed), or it fails here, leaving the repository as it was."""
+    if not (repo / INTEGRITY_MANIFEST).is_file():
+        return
+    if _integrity() is None:
+        raise ExportError(f"{repo} carries an integrity manifest ({INTEGRITY_MANIFEST}) but this azulite cannot "
+                          "update it (no azulite.integrity)", where=str(repo / INTEGRITY_MANIFEST),
+                          fix="export with an azulite that has `azulite repo sign`, or into another repository")
+    if (repo / INTEGRITY_SIGNATURE).is_file() and sign_key is None:
+        raise ExportError(f"{repo}'s integrity manifest is signed: exporting into it must re-sign it",
+                          where=str(repo / INTEGRITY_SIGNATURE), fix="pass the signing key: --sign-key PRIVATE.pem")
+
+
+def update_integrity(repo: Path, written: list[Path], sign_key: Path | None = None) -> str | None:
+    """INTEGRITY HOOK, the export's single call site for the repository's integrity manifest (issue 11):
+    after every model of an export is in place, re-hash the folders written and re-sign. A repository
+    without a manifest gets one only when a signing key is given. Returns what was done, or None."""
+    integrity = _integrity()
+    if integrity is None or (not (repo / INTEGRITY_MANIFEST).is_file() and sign_key is None):
+        return None
+    names = [p.relative_to(repo).as_posix() for p in written]
+    integrity.update_manifest(repo, names, private_key=sign_key)
+    return f"{INTEGRITY_MANIFEST} updated for {', '.join(names)}" + (" and re-signed" if sign_key else "")
