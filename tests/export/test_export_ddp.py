@@ -23,7 +23,7 @@ from tests.cli.test_serve import Served
 from tests.examples.runner import AZULITE, run_example
 from tests.launch.jobkit import REPO
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a safety net: a real job trains first
 
 
 def cli(*args: str, env: dict | None = None, timeout: float = 300) -> subprocess.CompletedProcess:

@@ -26,7 +26,7 @@ from tests.cli.test_serve import Served
 from tests.examples.runner import run_example
 from tests.export.test_export_ddp import cli
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a safety net: a real job trains first
 TRITON = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "bin" / "tritonserver"  # scripts/anchors.sh
 
 

@@ -29,7 +29,7 @@ config_app = typer.Typer(
     ),
 )
 
-_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.]*-\d+$")
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*-\d+$")
 
 
 def _checkpoint_uri(source: str) -> tuple[str, dict[str, str]]:
