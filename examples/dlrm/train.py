@@ -146,7 +146,7 @@ def main(argv: list[str] | None = None) -> int:
     global_batch = args.batch_size * ctx.world_size
     window_loss, window_preds, window_labels = [], [], []
     t_window, steps_window = time.perf_counter(), 0
-    train_start, train_samples = time.perf_counter(), 0
+    train_start, train_samples = None, 0  # the clock starts after this run's first step (one-time costs)
     model.train()
     while reader.epoch < args.epochs:
         if args.limit_train_batches and reader.chunks >= args.limit_train_batches:
@@ -163,7 +163,10 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         progress.step += 1
         progress.samples += global_batch
-        train_samples += global_batch
+        if train_start is None:
+            train_start = time.perf_counter()
+        else:
+            train_samples += global_batch
         steps_window += 1
         if ctx.is_main:
             window_loss.append(loss.item())
@@ -191,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
             preemption.exit()
         if ckpt is not None:
             ckpt.maybe_save(progress.step)
-    train_s = time.perf_counter() - train_start
+    train_s = time.perf_counter() - train_start if train_start is not None else 0.0
 
     if ckpt is not None:
         ckpt.save(progress.step, sync=True, raise_on_error=True)  # the final state is always committed

@@ -54,6 +54,7 @@ def tsv_run(tmp_path_factory, data) -> dict:
     return rec
 
 
+@pytest.mark.timeout(900)
 def test_sharded_dlrm_learns_the_planted_signal_and_its_checkpoint_loads_unsharded(tsv_run, data):
     res = result_of(tsv_run)
     assert res["val_rows"] == 1600 and res["steps"] == 200
@@ -72,6 +73,7 @@ def test_sharded_dlrm_learns_the_planted_signal_and_its_checkpoint_loads_unshard
     assert unsharded["log_loss"] == pytest.approx(res["val_log_loss"], abs=1e-4)
 
 
+@pytest.mark.timeout(900)
 def test_the_npy_conversion_trains_to_the_same_parameters(tmp_path_factory, tsv_run, data):
     rec = isolated_run(tmp_path_factory, f"inputs.dataset.path={data['npy']}", "inputs.checkpoint_every=0")
     assert final_hashes(rec)[0] == final_hashes(tsv_run)[0]
@@ -87,6 +89,7 @@ def show(job_id: str) -> dict:
     return json.loads(p.stdout)
 
 
+@pytest.mark.timeout(1200)
 def test_on_4_ranks_a_kill9_then_a_preemption_resume_to_the_uninterrupted_parameters(home, tmp_path_factory, data):
     reference = final_hashes(isolated_run(tmp_path_factory, f"inputs.dataset.path={data['tsv']}", *FOUR))
     assert len(set(reference.values())) == 1

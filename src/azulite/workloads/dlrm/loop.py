@@ -67,11 +67,26 @@ class ShardedModelState(Stateful):
         self.optimizer = optimizer
 
     def state_dict(self) -> dict[str, Any]:
-        return {"model": self.model.state_dict(), "optim": self.optimizer.state_dict()}
+        return {"model": _local(self.model.state_dict()), "optim": _local(self.optimizer.state_dict())}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        self.model.load_state_dict(state_dict["model"])
+        # DCP loaded the tensors in place; load_state_dict also takes the non-tensor values (param groups)
+        # and wants every key, so the tables this rank holds no part of come back from the model itself
+        model = self.model.state_dict()
+        model.update(state_dict["model"])
+        self.model.load_state_dict(model)
         self.optimizer.load_state_dict(state_dict["optim"])
+
+
+def _local(tree: Any) -> Any:
+    """``tree`` without the ShardedTensors of which this rank holds no shard (a table_wise table that
+    lives on another rank). DCP saves each tensor from the ranks that hold it, so nothing is lost; but a
+    rank asking on load for a key it cannot hold makes DCP 2.13 take the checkpoint for a pre-2.4 one,
+    and its old key scheme then misses every non-tensor value ("Missing key in checkpoint state_dict")."""
+    if isinstance(tree, dict):
+        return {k: _local(v) for k, v in tree.items()
+                if not (hasattr(v, "local_shards") and not v.local_shards())}
+    return tree
 
 
 class ReaderState(Stateful):
