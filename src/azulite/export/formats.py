@@ -120,8 +120,6 @@ must be importable where the server runs."""
 
 import importlib
 import json
-import logging
-import re
 import os
 
 import numpy as np
