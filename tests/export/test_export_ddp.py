@@ -76,6 +76,10 @@ def test_export_job_serve_and_infer_equal_to_pytorch(ddp_job, tmp_path):
     assert p.returncode == 0, p.stderr
     assert 'name: "ddp_generated"' in (repo / "ddp_generated" / "config.pbtxt").read_text()
 
+    # the last-resort format: the factory and weights.pt in a Python-backend model.py
+    p = cli("export", ddp_job["id"], "--to", str(repo), "--name", "ddp_py", "--format", "python", env=env)
+    assert p.returncode == 0 and "as python" in p.stdout, p.stdout + p.stderr
+
     reference = trained_model(ddp_job)
     x = np.random.default_rng(5).standard_normal((7, 16)).astype(np.float32)
     want = reference(torch.from_numpy(x)).detach().numpy()
@@ -85,7 +89,7 @@ def test_export_job_serve_and_infer_equal_to_pytorch(ddp_job, tmp_path):
         g = grpcclient.InferenceServerClient(f"127.0.0.1:{s.ports['GRPCInferenceService']}")
         try:
             for module, client in ((httpclient, h), (grpcclient, g)):
-                for model in ("ddp", "ddp_generated"):
+                for model in ("ddp", "ddp_generated", "ddp_py"):
                     got = infer(client, module, model, "x", "y", x)
                     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
             # a new version through the export, picked up by the polling server without a restart
