@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
 # The serving anchors azulite is measured and tested against, from PyPI only, into one folder (idempotent):
 #   DIR/bin/tritonserver   NVIDIA Triton 2.51, CPU, with its Python backend (shipped in the nvidia-pytriton wheel)
+#                          (+ onnxruntime in its venv, for ONNX models wrapped as Python-backend models)
 #   DIR/bin/perf_analyzer  Triton's load generator 2.51 (shipped in the tritonclient 2.51.0 wheel; later
 #                          builds need glibc 2.38, newer than Debian 12's)
 # Usage: scripts/anchors.sh [DIR]   (default: .cache/anchors in the repository)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(realpath -m "${1:-.cache/anchors}")
-[[ -x $dir/bin/perf_analyzer && -x $dir/bin/tritonserver ]] && exit 0
+[[ -x $dir/bin/perf_analyzer && -x $dir/bin/tritonserver ]] && "$dir/venv/bin/python" -c "import onnxruntime" 2>/dev/null && exit 0
 py=${PYTHON:-python3}
 mkdir -p "$dir/bin" "$dir/lib" "$dir/backends/python" "$dir/dl"
 [[ -x $dir/venv/bin/python ]] || "$py" -m venv "$dir/venv"
 vpy=$dir/venv/bin/python
 "$vpy" -m pip install -q nvidia-pytriton==0.7.0   # its own venv: it pins numpy < 2
+# ONNX models in real Triton: this build ships no ONNX Runtime backend, so they run through Python-backend
+# wrappers (onnxruntime inside model.py, azulite.export.wrappers); 1.32 keeps the venv's numpy 1.26
+"$vpy" -m pip install -q onnxruntime==1.32.0
 read -r site pyver pylib < <("$vpy" -c 'import sys, sysconfig as s
 print(s.get_paths()["purelib"], f"{sys.version_info[0]}.{sys.version_info[1]}", s.get_config_var("LIBDIR"))')
 triton=$site/pytriton/tritonserver

@@ -1,29 +1,37 @@
 #!/usr/bin/env bash
-# The main job: a real distributed DDP run (2 simulated nodes x 2 processes, torchrun agents, gloo on CPU)
-# on this machine with checkpoints, then the same job evicted mid-run, requeued and resumed from its last
+# The main job: TorchRec's DLRM on Criteo-format data (the seed's train_dlrm.py), 2 simulated nodes x 1
+# process with the embedding tables sharded by TorchRec's planner, on a synthetic Criteo dataset whose best
+# achievable AUC is known; then the same job evicted mid-run, requeued and resumed from its last
 # checkpoint, ending with the very same parameters.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 id_of() { python -c 'import json,sys; print(json.loads(sys.stdin.readline())["id"])'; }
 hash_of() { azulite job logs "$1" --rank 0 | grep -o 'final_params_sha256=[0-9a-f]*' | tail -1; }
+data=.cache/criteo-synth   # examples/dlrm/job.yaml's inputs.dataset
 
-echo "== 1. DDP, 2 nodes x 2 processes, checkpointing every 10 steps"
-# --wait follows the job to its end (state changes on stderr, the summary on stdout) and exits with its
-# outcome: 0 = succeeded
-azulite job submit examples/ddp/job.yaml --wait
-job=$(azulite job list --json --limit 1 | id_of)
+echo "== 1. a synthetic Criteo dataset: 2 files x 4000 rows of real-format TSV with a planted click signal"
+[[ -f $data/synthetic.json ]] || python -m azulite.data.criteo_synth "$data" --rows 4000 --files 2 --seed 0
+head -c 160 "$data/day_0"; echo " ..."
+
 echo
-echo "every rank's last line (identical parameters after DDP):"
+echo "== 2. DLRM, 2 nodes x 1 process, tables sharded across the ranks, checkpointing every 20 steps"
+job=$(azulite job submit examples/dlrm/job.yaml --json | id_of)
+# rank 0's progress as it trains (the log ends when the job does)
+azulite job logs "$job" --rank 0 --follow \
+  | grep --line-buffered -E '^(rank 0/|step |held-out|trained|checkpoint:|resumed|no checkpoint)' || true
+azulite job wait "$job" >/dev/null   # exits with the job's outcome: 0 = succeeded
+echo
+echo "every rank's last line (a hash of all the ranks' shards: identical on every rank):"
 azulite job logs "$job" | grep final_params_sha256
 
 echo
-echo "== 2. the same job, preempted (a spot eviction) after its first checkpoint"
-job2=$(azulite job submit examples/ddp/job.yaml --set inputs.step_sleep=0.2 --json | id_of)
+echo "== 3. the same job, preempted (a spot eviction) after its first checkpoint"
+job2=$(azulite job submit examples/dlrm/job.yaml --set inputs.step_sleep=0.05 --json | id_of)
 azulite job wait "$job2" --checkpoint --timeout 300
 azulite job preempt "$job2"        # SIGTERM: every rank finishes its step, commits it, exits 75 -> requeued
 azulite job wait "$job2" >/dev/null
 azulite job show "$job2"
-azulite job logs "$job2" --rank 0 | grep "^resumed from step"   # all of the log is read: no SIGPIPE under pipefail
+azulite job logs "$job2" --rank 0 | grep -E "^(resumed from step|held-out)"   # all of the log is read: no SIGPIPE under pipefail
 echo
 a=$(hash_of "$job")
 b=$(hash_of "$job2")

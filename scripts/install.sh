@@ -31,6 +31,12 @@ apt_need() {
 pip install torch==2.13.0
 # --- both modes (what `make demo` needs beyond the package) ------------------------------------------
 # --- demo: dlrm (issue 9)
+# TorchRec for the DLRM job. torchrec's metadata asks for the CUDA `fbgemm-gpu` (GBs) and fbgemm-gpu-cpu 1.9
+# fails to load with torch 2.13 (undefined symbol): both 1.8.0 with --no-deps, then their light requirements
+# (torchmetrics==1.0.3 is torchrec's pin; it pulls only lightning-utilities). Leaves torch/numpy as they are.
+pip install --no-deps torchrec==1.8.0 fbgemm-gpu-cpu==1.8.0
+pip install tensordict==0.15.3 torchmetrics==1.0.3 pyre-extensions tqdm
+"$venv/bin/python" -c "import torchrec, fbgemm_gpu, torchmetrics" || { echo "install failed: torchrec does not import" >&2; exit 1; }
 # (end demo: dlrm (issue 9))
 
 # --- demo: export (issue 10)

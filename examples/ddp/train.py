@@ -26,8 +26,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from azulite import train
 from azulite.errors import AzuliteError
+from azulite.workloads import mlp
 
 FEATURES = 16
+HIDDEN = 32
 DATASET = 4096
 
 
@@ -57,7 +59,9 @@ def main() -> int:
     print(f"rank {ctx.rank}/{ctx.world_size} node {os.environ.get('NODE_RANK', 0)} local_rank "
           f"{os.environ.get('LOCAL_RANK', 0)} pid {os.getpid()} cwd {os.getcwd()}", flush=True)
 
-    net = nn.Sequential(nn.Linear(FEATURES, 32), nn.ReLU(), nn.Linear(32, 1)).to(ctx.device)
+    # the model comes from an importable factory: the checkpoint records it (model_config), so
+    # `azulite export` rebuilds the model from the checkpoint alone
+    net = mlp.build_mlp(FEATURES, HIDDEN).to(ctx.device)
     # find_unused_parameters=True keeps DDP's gradient buckets in their initial layout: by default DDP
     # re-lays them out after the first step, so a resumed run's first step would sum each gradient over
     # 3+ ranks in another order than the uninterrupted run did, and the parameters would differ in the
@@ -76,7 +80,7 @@ def main() -> int:
     if args.checkpoints:
         ckpt = train.Checkpointer(
             train.CheckpointConfig(uri=args.checkpoints, interval=args.checkpoint_every, keep_last=3,
-                                   model_config={"features": FEATURES, "hidden": 32}),
+                                   model_config=mlp.model_config(FEATURES, HIDDEN)),
             ctx,
             state={"model": train.ModelState(model, opt), "data": sampler, "progress": progress,
                    "rng": train.RNGState(ctx)},

@@ -167,3 +167,23 @@ class RemoteError(AzuliteError):
     """A cluster or workspace API that refused or failed a call (Kubernetes, Azure ML)."""
 
     exit_code = 1
+
+
+class DataError(AzuliteError):
+    """Training data that cannot be read as asked: a missing path, a truncated gzip file, more malformed
+    lines than the configured limit."""
+
+
+class ModelConfigError(AzuliteError):
+    """Model flags that contradict each other or this machine (table sizes, layer sizes, memory)."""
+
+
+class ExportError(AzuliteError):
+    """A checkpoint that cannot become a served model as asked: missing rebuild metadata, a model file
+    config generate cannot read, a repository that cannot take the new version."""
+
+
+class ExportVerificationError(ExportError):
+    """The exported model does not reproduce the PyTorch model within the tolerance."""
+
+    exit_code = 1

@@ -14,6 +14,7 @@ from azulite.cli import serve as _serve
 from azulite.cli import catalog as _catalog
 from azulite.cli import cluster as _cluster
 from azulite.cli import deploy as _deploy
+from azulite.cli import export as _export
 
 app = typer.Typer(
     name="azulite",
@@ -34,6 +35,7 @@ _catalog.register(app)
 _cluster.register(app)
 app.add_typer(_deploy.app, name="deploy")
 app.add_typer(_deploy.cluster_app, name="cluster")
+_export.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

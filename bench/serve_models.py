@@ -1,0 +1,208 @@
+"""Serving exported models: azulite serve vs real Triton 2.51 on the same exported repository, and vs a
+bare in-process onnxruntime session (the limit), driven by Triton's own perf_analyzer over HTTP and gRPC
+at concurrency 1, 8 and 32 (one row per request; dynamic batching merges them).
+
+- DLRM: a checkpoint of the example job's model shape (26 tables x 1000 rows x 8, dense 32-8, over 32-1;
+  untrained: speed does not depend on the weights) exported by ``azulite export`` exactly as a trained
+  one is: the ensemble ``dlrm`` = ``dlrm_preprocess`` (Python: raw Criteo TSV row -> int64) ->
+  ``dlrm_model`` (ONNX). Clients send raw rows.
+- Real Triton here has only its Python backend: it serves the same repository with the ONNX model
+  wrapped in a model.py running the same model.onnx with onnxruntime (azulite.export.wrappers), one
+  intra-op thread, as azulite's sessions.
+- The bare session: the same preprocessing function and an onnxruntime session (1 thread) in this
+  process, on batches of c rows for concurrency c: what dynamic batching could at best merge, with no
+  server at all.
+
+More models join through MODELS, a list of (name, builder): a builder gets a work folder and returns a
+BenchModel (the ARR-COC ensemble of examples/arrcoc adds itself there).
+Both servers stay up; each point is measured on one, then the other, so a change in the machine's load
+hits both alike. The last line printed is one JSON object.
+
+    python bench/serve_models.py [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 3000] [--models dlrm]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "bench"))
+import serving as base  # noqa: E402 - bench/serving.py: ports, server start/stop, perf_analyzer runs
+
+
+@dataclass
+class BenchModel:
+    #: the repository azulite serves (as exported); real Triton serves its Python-backend copy
+    repo: Path
+    #: the model clients call
+    model: str
+    #: perf_analyzer --input-data JSON and --shape arguments
+    input_data: Path
+    shape_args: list[str]
+    #: rows/s of the in-process limit on batches of ``b`` rows, measured for about ``seconds``
+    bare: Callable[[int, float], float]
+
+
+def build_dlrm(work: Path) -> BenchModel:
+    from azulite import train
+    from azulite.export import ExportOptions, export_checkpoint
+    from azulite.export.dlrm import PREPROCESS_MODEL_PY, sample_rows
+    from azulite.workloads.dlrm.model import DLRMConfig, build_model
+
+    cfg = DLRMConfig(num_embeddings_per_feature=(1000,) * 26, embedding_dim=8, dense_arch_layer_sizes=(32, 8),
+                     over_arch_layer_sizes=(32, 1))
+    ctx = train.init(seed=0)
+    model = build_model(**cfg.kwargs())
+    ckpt = train.Checkpointer(train.CheckpointConfig(uri=str(work / "ckpt"), interval=0, model_config=cfg.model_config()),
+                              ctx, state={"model": train.ModelState(model)})
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        ckpt.save(1, sync=True, raise_on_error=True)
+    ckpt.close()
+    repo = work / "repo"
+    export_checkpoint(str(work / "ckpt"), ExportOptions(repo=repo, name="dlrm", max_batch_size=64))
+    rows = sample_rows(256, seed=1).reshape(-1)
+    data = work / "dlrm-input.json"
+    data.write_text(json.dumps({"data": [{"ROW": {"content": [r.decode()], "shape": [1]}} for r in rows]}))
+
+    import onnxruntime as ort
+
+    namespace: dict = {}
+    exec(compile(PREPROCESS_MODEL_PY, "dlrm_preprocess", "exec"), namespace)  # noqa: S102 - the served text
+    parse_rows = namespace["parse_rows"]
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    session = ort.InferenceSession(str(repo / "dlrm_model" / "1" / "model.onnx"), sess_options=options,
+                                   providers=["CPUExecutionProvider"])
+
+    def bare(batch: int, seconds: float) -> float:
+        done, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            start = done % (len(rows) - batch) if len(rows) > batch else 0
+            dense, cats = parse_rows(rows[start:start + batch])
+            session.run(["SCORE"], {"DENSE_RAW": dense, "CATEGORY_IDS": cats})
+            done += batch
+        return done / (time.perf_counter() - t0)
+
+    return BenchModel(repo=repo, model="dlrm", input_data=data, shape_args=["--shape", "ROW:1"], bare=bare)
+
+
+#: (name, builder) of every model measured; the ARR-COC ensemble (examples/arrcoc) appends itself here
+MODELS: list[tuple[str, Callable[[Path], BenchModel]]] = [("dlrm", build_dlrm)]
+
+
+def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms: int, work: Path) -> dict:
+    """bench/serving.py's perf_analyzer run, for this model and its input data."""
+    out = work / f"pa-{bm.model}-{protocol}-{c}.csv"
+    # -x 1: perf_analyzer 2.51 with no version cannot match an ensemble's server-side statistics on azulite
+    # ("failed to find the requested model version"); both servers get it
+    cmd = [str(pa), "-m", bm.model, "-x", "1", "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", *bm.shape_args,
+           "--input-data", str(bm.input_data), "--concurrency-range", str(c), "-p", str(measure_ms),
+           "--max-trials", "5", "--stability-percentage", "50", "-f", str(out)]
+    import csv
+    import subprocess
+
+    stable = True
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    if p.returncode != 0 or not out.exists():
+        cmd[cmd.index("--stability-percentage") + 1] = "1000"  # a loaded machine: accept any spread, say so
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        stable = False
+        if p.returncode != 0 or not out.exists():
+            return {"error": (p.stdout + p.stderr)[-400:]}
+    row = next(csv.DictReader(out.open()))
+    return {"infer_per_s": round(float(row["Inferences/Second"]), 1), "p50_ms": round(float(row["p50 latency"]) / 1000, 3),
+            "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable}
+
+
+def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], measure_ms: int, work: Path) -> dict:
+    from azulite.export.wrappers import python_backend_copy
+
+    triton_repo = python_backend_copy(bm.repo, work / f"{name}-triton-repo")
+    figures: dict = {"triton": {}, "azulite": {}, "bare": {}}
+    servers: dict = {}
+    base.MODEL = bm.model  # wait_ready polls this model
+    try:
+        for server in ("triton", "azulite"):
+            http_port, grpc_port, metrics_port = base.free_port(), base.free_port(), base.free_port()
+            if server == "triton":
+                cmd = [str(bin_dir / "tritonserver"), f"--model-repository={triton_repo}", "--http-address=127.0.0.1",
+                       "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+                       f"--metrics-port={metrics_port}"]
+            else:
+                cmd = [str(Path(sys.executable).parent / "azulite"), "serve", str(bm.repo), "--http-port", str(http_port),
+                       "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--http-address",
+                       "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+            print(f"starting {server} on {name} ...", flush=True)
+            servers[server] = (base.start_server(f"{name}-{server}", cmd, http_port, work), http_port, grpc_port)
+        for protocol in ("http", "grpc"):
+            for c in concurrency:
+                for server, (_, http_port, grpc_port) in servers.items():
+                    r = perf(bin_dir / "perf_analyzer", bm, protocol, http_port if protocol == "http" else grpc_port,
+                             c, measure_ms, work)
+                    figures[server][f"{protocol}_c{c}"] = r
+                    shown = (f"{r['infer_per_s']:>9.1f} rows/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
+                             + ("" if r["stable"] else "  (unstable: machine load)") if "error" not in r
+                             else f"error: {r['error']}")
+                    print(f"  {name} {server:8s} {protocol:4s} c={c:<3d} {shown}", flush=True)
+    finally:
+        for proc, _, _ in servers.values():
+            base.stop(proc)
+    for c in concurrency:
+        figures["bare"][f"b{c}"] = round(bm.bare(c, measure_ms / 1000), 1)
+        print(f"  {name} bare onnxruntime session, batches of {c:<3d} {figures['bare'][f'b{c}']:>9.1f} rows/s", flush=True)
+    ratios: dict = {}
+    for key, t in figures["triton"].items():
+        a = figures["azulite"].get(key, {})
+        if "error" in t or "error" in a:
+            continue
+        c = int(key.split("_c")[1])
+        ratios[key] = {"vs_triton_throughput": round(a["infer_per_s"] / t["infer_per_s"], 3),
+                       "vs_triton_p99": round(a["p99_ms"] / t["p99_ms"], 3),
+                       "vs_bare_throughput": round(a["infer_per_s"] / figures["bare"][f"b{c}"], 3)}
+    c_max = max(concurrency)
+    goals = {
+        "ge_1x_triton_every_point": bool(ratios) and all(r["vs_triton_throughput"] >= 1.0 for r in ratios.values()),
+        f"ge_0.8x_bare_c{c_max}": all(ratios.get(f"{p}_c{c_max}", {}).get("vs_bare_throughput", 0) >= 0.8
+                                       for p in ("http", "grpc")),
+    }
+    return {**figures, "ratio": ratios, "goals": goals}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--anchors", help="folder holding bin/tritonserver and bin/perf_analyzer")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--measure-ms", type=int, default=3000)
+    ap.add_argument("--models", nargs="+", default=[n for n, _ in MODELS], help="which of MODELS to measure")
+    args = ap.parse_args()
+    bin_dir = base.anchors(args.anchors)
+    work = Path(tempfile.mkdtemp(prefix="azulite-bench-serve-models-"))
+    results: dict = {}
+    try:
+        for name, builder in MODELS:
+            if name not in args.models:
+                continue
+            print(f"== {name}: building its repository", flush=True)
+            bm = builder(work / name)
+            results[name] = measure(name, bm, bin_dir, args.concurrency, args.measure_ms, work)
+        print(json.dumps({"bench": "serve_models", "concurrency": args.concurrency, "rows_per_request": 1,
+                          "models": results}))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

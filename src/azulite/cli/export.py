@@ -1,0 +1,147 @@
+"""``azulite export JOB_ID|CHECKPOINT_URI --to REPO`` and ``azulite config generate MODEL_FILE``.
+
+Thin: a job id is resolved to its ``outputs.checkpoints`` location here (the job store is the CLI's to
+read), everything else is :mod:`azulite.export`. Errors are AzuliteErrors (exit 2 for bad input, 1 for an
+export that does not verify); nothing is half-written into the repository either way.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from azulite.contract import CHECKPOINT_OUTPUT
+from azulite.errors import CheckpointError, JobNotFound
+
+config_app = typer.Typer(
+    no_args_is_help=True,
+    help=(
+        "Model configurations (config.pbtxt) for Triton model repositories.\n\n"
+        "Examples:\n\n"
+        "  azulite config generate model_repository/dlrm/1/model.onnx --max-batch-size 64 --dynamic-batching\n\n"
+        "  azulite config generate model.pt -o model_repository/m/config.pbtxt"
+    ),
+)
+
+_JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]*-\d+$")
+
+
+def _checkpoint_uri(source: str) -> tuple[str, dict[str, str]]:
+    """A job id -> its checkpoint location and its environment (Blob credentials); a URI stays itself."""
+    if "://" in source or "/" in source or os.path.exists(source) or not _JOB_ID.match(source):
+        return source, dict(os.environ)
+    from azulite.launch.backend import get_backend
+    from azulite.launch.settings import Settings
+    from azulite.spec.job import Output
+
+    settings = Settings.from_environ()
+    try:
+        rec = get_backend(settings.backend, settings).status(source)
+    except JobNotFound:
+        raise CheckpointError(f"no job {source!r} and no checkpoint directory of that name",
+                              fix="pass a job id from `azulite job list`, or a checkpoint directory / az:// URI") from None
+    raw = (rec.spec.get("outputs") or {}).get(CHECKPOINT_OUTPUT)
+    if raw is None:
+        raise CheckpointError(f"job {source} has no outputs.{CHECKPOINT_OUTPUT}: it wrote no checkpoints to export",
+                              where=source, fix=f"declare outputs.{CHECKPOINT_OUTPUT} in the job spec and pass it "
+                                                "to train.CheckpointConfig(uri=...)")
+    location = Output.model_validate(raw).location(rec.job_dir, CHECKPOINT_OUTPUT)
+    return location, {**os.environ, **rec.spec.get("environment_variables", {})}
+
+
+def export(
+    source: str = typer.Argument(..., help="A job id (ddp-3), a checkpoint location, or one step directory."),
+    to: Path = typer.Option(..., "--to", help="The Triton model repository to write into (created if missing)."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name (default: the job's name)."),
+    version: Optional[int] = typer.Option(None, "--version", help="Version folder (default: the next one)."),
+    format_: str = typer.Option("auto", "--format", help="auto | onnx | torchscript | python."),
+    step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the newest committed)."),
+    max_batch_size: int = typer.Option(64, "--max-batch-size", help="config.pbtxt max_batch_size (0: no batching)."),
+    dynamic_batching: bool = typer.Option(True, "--dynamic-batching/--no-dynamic-batching"),
+    max_queue_delay_us: int = typer.Option(0, "--max-queue-delay-us", help="Dynamic batching queue delay."),
+    atol: float = typer.Option(1e-5, "--atol", help="Verification: absolute tolerance."),
+    rtol: float = typer.Option(1e-4, "--rtol", help="Verification: relative tolerance."),
+    rows: int = typer.Option(64, "--rows", help="Verification: sample rows."),
+    sign_key: Optional[Path] = typer.Option(None, "--sign-key",
+                                            help="Private key (PEM) re-signing the repository's integrity manifest."),
+    json_: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
+) -> None:
+    """Export a trained checkpoint into a Triton model repository: rebuild the model from the checkpoint's
+    own metadata, export it (ONNX, else TorchScript, else Python backend), write config.pbtxt, and verify it
+    against PyTorch (max abs / rel error; fails past the tolerance, writing nothing).
+
+    Examples:
+
+      azulite export ddp-1 --to model_repository/
+
+      azulite export runs/ckpt/step-00000040 --to model_repository/ --name mlp --format torchscript
+    """
+    from azulite.export import ExportOptions, Tolerance, export_checkpoint
+
+    err = Console(stderr=True, highlight=False, soft_wrap=True)
+    uri, environ = _checkpoint_uri(source)
+    options = ExportOptions(repo=to, name=name, version=version, format=format_, step=step,
+                            max_batch_size=max_batch_size, dynamic_batching=dynamic_batching and max_batch_size > 0,
+                            max_queue_delay_us=max_queue_delay_us, tolerance=Tolerance(atol=atol, rtol=rtol), rows=rows,
+                            sign_key=sign_key)
+    result = export_checkpoint(uri, options, environ=environ, progress=lambda m: err.print(m, markup=False))
+    if json_:
+        print(json.dumps(result.as_dict()))
+        return
+    out = Console(highlight=False, soft_wrap=True)
+    why = "" if not result.skipped else " (" + "; ".join(f"{f} not possible: {r}" for f, r in result.skipped) + ")"
+    out.print(f"exported {result.checkpoint} as [bold]{result.format}[/]{why}", markup=True)
+    out.print(f"  -> {result.model_dir}/{result.version}  model '{result.name}' version {result.version}; "
+              f"inputs {', '.join(result.inputs)}; outputs {', '.join(result.outputs)}", markup=False)
+    v = result.verification
+    out.print(f"  verified: max abs error {v.max_abs:.3g}, max rel error {v.max_rel:.3g} over {v.rows} rows "
+              f"(atol {v.tolerance.atol:g}, rtol {v.tolerance.rtol:g})", markup=False)
+    if result.integrity:
+        out.print(f"  integrity: {result.integrity}", markup=False)
+
+
+@config_app.command("generate")
+def generate(
+    model_file: Path = typer.Argument(..., help="An ONNX (.onnx) or TorchScript (.pt) model file."),
+    name: Optional[str] = typer.Option(None, "--name", help="Model name (default: the repository folder's)."),
+    max_batch_size: Optional[int] = typer.Option(None, "--max-batch-size",
+                                                 help="Default: 8 if the model has a variable first dimension, else 0."),
+    dynamic_batching: bool = typer.Option(False, "--dynamic-batching", help="Add dynamic_batching { }."),
+    output: Optional[Path] = typer.Option(None, "--output", "-o", help="Write here instead of printing."),
+) -> None:
+    """Write a complete config.pbtxt for a model file, offline (no server): names, datatypes, dims,
+    batching. For TorchScript, which records no types or shapes, the comments list the fields to check.
+
+    Examples:
+
+      azulite config generate repo/dlrm/1/model.onnx --max-batch-size 64 --dynamic-batching -o repo/dlrm/config.pbtxt
+    """
+    from azulite.export import generate as gen
+
+    result = gen(model_file, name=name, max_batch_size=max_batch_size, dynamic_batching=dynamic_batching)
+    text = result.text()
+    if output is None:
+        print(text, end="")
+    else:
+        tmp = output.with_name(f".{output.name}.tmp")
+        output.parent.mkdir(parents=True, exist_ok=True)
+        tmp.write_text(text)
+        os.replace(tmp, output)
+        Console(stderr=True, highlight=False).print(f"wrote {output}", markup=False)
+    if result.needs_user:
+        err = Console(stderr=True, highlight=False, soft_wrap=True)
+        err.print("check these fields (the model file cannot tell them):", markup=False)
+        for note in result.needs_user:
+            err.print(f"  - {note}", markup=False)
+
+
+def register(app: typer.Typer) -> None:
+    """Adds ``export`` and the ``config`` group to the top-level app."""
+    app.command("export", no_args_is_help=True)(export)
+    app.add_typer(config_app, name="config")

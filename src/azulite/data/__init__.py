@@ -1,0 +1,1 @@
+"""Training data formats: readers, converters and synthetic generators (``azulite.data.criteo``)."""

@@ -1,0 +1,182 @@
+"""Serving TorchRec's DLRM (``azulite.workloads.dlrm``) from raw Criteo rows.
+
+TorchRec's DLRM takes a KeyedJaggedTensor, which neither ONNX nor Triton's wire format carries, and
+training hashes and transforms the raw features first (``azulite.data.criteo``). Served, the pipeline is
+a Triton ensemble a client sends one raw TSV line per row to, so it never re-implements preprocessing:
+
+    ROW (BYTES [1], "label? \\t I1..I13 \\t C1..C26")
+      -> dlrm_preprocess (Python backend): split the line, decimal counts and hex categories -> int64
+      -> dlrm_model (ONNX): log(1 + max(x, 0)) on the counts, id % num_embeddings per table, the
+         embedding rows (one id per bag: the sum pooling is the row itself), DLRM's dense, interaction and
+         over arches -> SCORE = sigmoid(logit) (FP32 [1])
+
+The arithmetic of the preprocessing (the transform and the hash, whose constants the checkpoint
+records) lives in the exported graph; only the text parsing, which ONNX has no operator for (hex), runs in
+Python. The reference the export is verified against is the training path itself: the same rows through
+``azulite.data.criteo`` and TorchRec's own DLRM forward with a KeyedJaggedTensor.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping
+from typing import Any
+
+import numpy as np
+
+from azulite.export.plan import PreprocessStep, ServingPlan
+from azulite.export.recipe import TensorSpec
+
+ROW = TensorSpec(name="ROW", dtype="BYTES", dims=(1,))
+DENSE = TensorSpec(name="DENSE_RAW", dtype="INT64", dims=(13,))
+CATEGORIES = TensorSpec(name="CATEGORY_IDS", dtype="INT64", dims=(26,))
+SCORE = TensorSpec(name="SCORE", dtype="FP32", dims=(1,))
+
+# The Python-backend step, whole: it must run in any Triton (numpy only, no azulite). ``parse_rows`` is
+# also what the export runs in-process to verify the pipeline, from this very text.
+PREPROCESS_MODEL_PY = '''"""Written by `azulite export`: raw Criteo TSV rows -> the DLRM model's int64 inputs.
+A row is "I1..I13 <tab> C1..C26" (39 fields) or the same after a label (40 fields): decimal counts (empty: 0)
+and hex category ids (empty: 0). The transform and the hashing run in the next model of the ensemble."""
+
+import re
+
+import numpy as np
+
+_DENSE = re.compile(r"-?[0-9]*")
+_CAT = re.compile(r"[0-9a-fA-F]{0,16}")
+INT64_MAX = (1 << 63) - 1
+
+
+def parse_rows(rows):
+    """rows: array of bytes, shape [B] or [B, 1] -> (dense [B, 13] int64, categories [B, 26] int64).
+    Raises ValueError naming the first bad row and field."""
+    rows = np.asarray(rows, dtype=object).reshape(-1)
+    dense = np.zeros((len(rows), 13), dtype=np.int64)
+    cats = np.zeros((len(rows), 26), dtype=np.int64)
+    for i, raw in enumerate(rows):
+        line = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+        fields = line.rstrip("\\r\\n").split("\\t")
+        if len(fields) == 40:
+            fields = fields[1:]
+        if len(fields) != 39:
+            raise ValueError(f"row {i}: {len(fields)} tab-separated fields; a Criteo row has 13 counts and 26 "
+                             "categories (39 fields), optionally after its label (40)")
+        for j, f in enumerate(fields[:13]):
+            if not _DENSE.fullmatch(f):
+                raise ValueError(f"row {i}, I{j + 1}: {f[:20]!r} is not a decimal integer (or empty)")
+            dense[i, j] = int(f) if f not in ("", "-") else 0
+        for j, f in enumerate(fields[13:]):
+            if not _CAT.fullmatch(f):
+                raise ValueError(f"row {i}, C{j + 1}: {f[:20]!r} is not a hex category id of 1-16 digits (or empty)")
+            v = int(f, 16) if f else 0
+            if v > INT64_MAX:
+                raise ValueError(f"row {i}, C{j + 1}: {f!r} does not fit in int64")
+            cats[i, j] = v
+    return dense, cats
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        responses = []
+        for request in requests:
+            try:
+                dense, cats = parse_rows(pb_utils.get_input_tensor_by_name(request, "ROW").as_numpy())
+            except ValueError as e:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))))
+                continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor("{dense}", dense), pb_utils.Tensor("{cats}", cats)]))
+        return responses
+'''
+
+
+def _served_module(dlrm: Any, num_embeddings: list[int]) -> Any:
+    import torch
+    from torch import nn
+
+    from azulite.data.criteo import CAT_FEATURE_NAMES
+
+    bags = dlrm.sparse_arch.embedding_bag_collection.embedding_bags
+
+    class ServedDLRM(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.dense_arch, self.inter_arch, self.over_arch = dlrm.dense_arch, dlrm.inter_arch, dlrm.over_arch
+            self.tables = nn.ParameterList([bags[f"t_{n}"].weight for n in CAT_FEATURE_NAMES])
+            self.register_buffer("modulus", torch.tensor(num_embeddings, dtype=torch.int64))
+
+        def forward(self, dense_raw: torch.Tensor, category_ids: torch.Tensor) -> torch.Tensor:
+            # azulite.data.criteo.transform_dense: log1p(max(x, 0)) in float64, then float32
+            dense = torch.log1p(torch.clamp(dense_raw, min=0).to(torch.float64)).to(torch.float32)
+            ids = torch.remainder(category_ids, self.modulus)  # hash_ids: id % num_embeddings of the table
+            sparse = torch.stack([nn.functional.embedding(ids[:, i], w) for i, w in enumerate(self.tables)], dim=1)
+            logits = self.over_arch(self.inter_arch(dense_features=self.dense_arch(dense), sparse_features=sparse))
+            return torch.sigmoid(logits)
+
+    return ServedDLRM().eval()
+
+
+def sample_rows(n: int, seed: int = 0) -> np.ndarray:
+    """``n`` raw Criteo rows (with a label), with empty, negative and large fields: what clients send."""
+    rng = np.random.default_rng(seed)
+    rows = []
+    for _ in range(n):
+        dense = [("" if rng.random() < 0.1 else str(int(rng.integers(-3, 5000)))) for _ in range(13)]
+        cats = [("" if rng.random() < 0.05 else f"{int(rng.integers(0, 1 << 32)):08x}") for _ in range(26)]
+        rows.append("\t".join([str(int(rng.integers(0, 2))), *dense, *cats]).encode())
+    return np.array(rows, dtype=object).reshape(n, 1)
+
+
+def reference_scores(dlrm: Any, rows: np.ndarray, num_embeddings: list[int]) -> np.ndarray:
+    """The training path: azulite.data.criteo's parse, transform and hash, a KeyedJaggedTensor, TorchRec's
+    DLRM forward, sigmoid. Rows without a label get a dummy one (parse_line expects it)."""
+    import torch
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+    from azulite.data import criteo
+
+    dense, cats = [], []
+    for raw in np.asarray(rows, dtype=object).reshape(-1):
+        line = raw if isinstance(raw, bytes) else str(raw).encode()
+        if line.count(b"\t") == criteo.FIELD_COUNT - 2:
+            line = b"0\t" + line
+        parsed = criteo.parse_line(line)
+        if parsed is None:
+            raise ValueError(f"not a Criteo row: {line[:60]!r}")
+        dense.append(parsed[1])
+        cats.append(parsed[2])
+    d = torch.from_numpy(criteo.transform_dense(np.array(dense, dtype=np.int64)))
+    ids = criteo.hash_ids(np.array(cats, dtype=np.int64), num_embeddings)
+    b = len(dense)
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=list(criteo.CAT_FEATURE_NAMES), values=torch.from_numpy(np.ascontiguousarray(ids.T)).reshape(-1),
+        lengths=torch.ones(criteo.CAT_FEATURE_COUNT * b, dtype=torch.int32))
+    fx_log = logging.getLogger("torch.fx._symbolic_trace")  # TorchRec's forward asks is_fx_tracing(): it warns
+    level = fx_log.level
+    fx_log.setLevel(logging.ERROR)
+    try:
+        with torch.inference_mode():
+            return torch.sigmoid(dlrm(d, kjt)).numpy()
+    finally:
+        fx_log.setLevel(level)
+
+
+def plan(model: Any, model_config: Mapping[str, Any]) -> ServingPlan:
+    num_embeddings = [int(n) for n in model_config["kwargs"]["num_embeddings_per_feature"]]
+    namespace: dict[str, Any] = {}
+    exec(compile(PREPROCESS_MODEL_PY, "dlrm_preprocess/model.py", "exec"), namespace)  # noqa: S102 - our own text
+    parse_rows = namespace["parse_rows"]
+
+    def preprocess(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+        dense, cats = parse_rows(feed[ROW.name])
+        return {DENSE.name: dense, CATEGORIES.name: cats}
+
+    step = PreprocessStep(inputs=(ROW,), run=preprocess,
+                          model_py=PREPROCESS_MODEL_PY.replace("{dense}", DENSE.name).replace("{cats}", CATEGORIES.name))
+    return ServingPlan(
+        module=_served_module(model, num_embeddings), inputs=(DENSE, CATEGORIES), outputs=(SCORE,),
+        sample=lambda n, seed: {ROW.name: sample_rows(n, seed)},
+        reference=lambda feed: {SCORE.name: reference_scores(model, feed[ROW.name], num_embeddings)},
+        preprocess=step)

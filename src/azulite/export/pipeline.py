@@ -1,0 +1,199 @@
+"""``azulite export``: checkpoint -> rebuilt model -> exported file + config.pbtxt, verified, in the next
+version folder of a Triton model repository. The only bridge between training and serving: what it writes
+is a plain Triton repository, and the server never imports training code."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from azulite.errors import ExportError, ExportVerificationError
+from azulite.export import pbtxt
+from azulite.export.formats import EXPORTERS, FORMATS, Exported
+from azulite.export.plan import ServingPlan, plan_for
+from azulite.export.recipe import ModelRecipe, TensorSpec
+from azulite.export.repository import check_integrity_before, stage, update_integrity
+from azulite.export.source import CheckpointRef, fetch_verified, resolve
+from azulite.export.verify import Tolerance, Verification, compare
+from azulite.export.weights import load_module_state
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExportOptions:
+    #: repository root the model folder goes into
+    repo: Path
+    #: model name (folder); default: the job's name (``ddp`` for job ``ddp-3``), else the factory's name
+    name: str | None = None
+    #: version folder; default: one past the newest already there (1 for a new model)
+    version: int | None = None
+    #: "auto" tries onnx, then torchscript, then python
+    format: str = "auto"
+    #: checkpoint step when the source is a location holding several; default the newest committed one
+    step: int | None = None
+    max_batch_size: int = 64
+    dynamic_batching: bool = True
+    max_queue_delay_us: int = 0
+    tolerance: Tolerance = field(default_factory=Tolerance)
+    #: rows the export is verified on (a batch: the batch dimension is exercised too)
+    rows: int = 64
+    seed: int = 0
+    #: Ed25519 private key (PEM) re-signing the repository's integrity manifest (azulite.integrity)
+    sign_key: Path | None = None
+
+    def __post_init__(self) -> None:
+        if self.format != "auto" and self.format not in FORMATS:
+            raise ExportError(f"unknown format {self.format!r}", fix=f"use one of auto, {', '.join(FORMATS)}")
+        if self.rows < 2:
+            raise ExportError(f"verification rows {self.rows} must be >= 2 (a batch)")
+
+
+@dataclass(frozen=True)
+class ExportResult:
+    checkpoint: str
+    step: int
+    name: str
+    version: int
+    model_dir: Path
+    format: str
+    #: formats tried before the one used, each with why it failed
+    skipped: tuple[tuple[str, str], ...]
+    verification: Verification
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    integrity: str | None
+
+    def as_dict(self) -> dict[str, Any]:
+        v = self.verification
+        return {
+            "checkpoint": self.checkpoint, "step": self.step, "name": self.name, "version": self.version,
+            "model_dir": str(self.model_dir), "format": self.format,
+            "skipped": [{"format": f, "reason": r} for f, r in self.skipped],
+            "verification": {"rows": v.rows, "max_abs_error": v.max_abs, "max_rel_error": v.max_rel,
+                             "atol": v.tolerance.atol, "rtol": v.tolerance.rtol, "ok": v.ok},
+            "inputs": list(self.inputs), "outputs": list(self.outputs), "integrity": self.integrity,
+        }
+
+
+def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[str, str] | None = None,
+                      progress: Callable[[str], None] = lambda _: None) -> ExportResult:
+    check_integrity_before(options.repo, options.sign_key)
+    ref = resolve(source, step=options.step, environ=environ)
+    progress(f"checkpoint {ref.display} (step {ref.step}, saved by {ref.manifest.get('world_size', '?')} ranks)")
+    recipe = ModelRecipe.from_model_config(ref.manifest.get("model_config"), where=f"{ref.display}/manifest.json")
+    model = _rebuild(ref, recipe)
+    kwargs = json.dumps(dict(recipe.kwargs))
+    progress(f"rebuilt {recipe.factory}(**{kwargs if len(kwargs) < 160 else kwargs[:150] + ' ...}'}) "
+             f"and loaded its '{recipe.state_key}' state")
+    plan = plan_for(model, recipe)
+    client_sample = plan.sample(options.rows, options.seed)
+    reference = plan.reference(client_sample)
+    sample = plan.preprocess.run(client_sample) if plan.preprocess else client_sample
+    name = options.name or default_name(ref, recipe)
+    # with a preprocessing step, clients call the ensemble <name>; the exported model is <name>_model
+    core_name = f"{name}_model" if plan.preprocess else name
+    batching = pbtxt.Batching(max_batch_size=options.max_batch_size, dynamic=options.dynamic_batching,
+                              max_queue_delay_us=options.max_queue_delay_us)
+    candidates = FORMATS if options.format == "auto" else (options.format,)
+    skipped: list[tuple[str, str]] = []
+    origin = f"exported by `azulite export` from {ref.display} (step {ref.step})"
+    with stage(options.repo, core_name, options.version) as staged:
+        exported: Exported | None = None
+        for fmt in candidates:
+            try:
+                exported = EXPORTERS[fmt](plan, sample, staged.version_dir, batching.max_batch_size > 0)
+                break
+            except ExportError as e:
+                skipped.append((fmt, e.message))
+                progress(f"{fmt}: not possible ({e.message})")
+                shutil.rmtree(staged.version_dir, ignore_errors=True)
+                staged.version_dir.mkdir()
+        if exported is None:
+            raise ExportError("no format could export the model: " + "; ".join(f"{f}: {r}" for f, r in skipped),
+                              fix="make the model traceable (torch.export / torch.jit.trace), or keep its factory "
+                                  "importable and use --format python")
+        verification = compare(reference, _outputs(exported.run(sample), reference), options.tolerance, options.rows)
+        if not verification.ok:
+            bad = [o for o in verification.outputs if not o.ok]
+            raise ExportVerificationError(
+                f"the {exported.format} export does not match PyTorch: {verification.summary()}; out of tolerance: "
+                + ", ".join(f"{o.name} (max abs {o.max_abs:.3g})" for o in bad),
+                where=f"model '{name}'", fix="nothing was written; loosen --atol/--rtol only if this error is acceptable")
+        platform, backend = {"onnx": (pbtxt.ONNX_PLATFORM, ""), "torchscript": (pbtxt.TORCH_PLATFORM, ""),
+                             "python": ("", "python")}[exported.format]
+        config = pbtxt.build(core_name, inputs=_renamed(plan.inputs, exported.input_names),
+                             outputs=_renamed(plan.outputs, exported.output_names), batching=batching,
+                             platform=platform, backend=backend)
+        notes = [f"{origin} as {exported.format}", f"verified against PyTorch: {verification.summary()}"]
+        (staged.root / "config.pbtxt").write_text(pbtxt.render(config, notes))
+        version = staged.version
+    written = [options.repo / core_name]
+    if plan.preprocess:
+        written += _write_pipeline(options.repo, name, core_name, plan, exported, batching, origin)
+        progress(f"raw records in: ensemble '{name}' = {name}_preprocess (python) -> {core_name} ({exported.format})")
+    integrity = update_integrity(options.repo, written, options.sign_key)
+    return ExportResult(checkpoint=ref.display, step=ref.step, name=name, version=version,
+                        model_dir=options.repo / core_name, format=exported.format, skipped=tuple(skipped),
+                        verification=verification,
+                        inputs=tuple(t.name for t in plan.client_inputs) if plan.preprocess else exported.input_names,
+                        outputs=tuple(t.name for t in plan.outputs) if plan.preprocess else exported.output_names,
+                        integrity=integrity)
+
+
+def _outputs(got: dict[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: got[k] for k in reference}
+
+
+def _write_pipeline(repo: Path, name: str, core_name: str, plan: ServingPlan, exported: Exported,
+                    batching: pbtxt.Batching, origin: str) -> list[Path]:
+    """``<name>_preprocess`` (Python backend: raw records -> the model's inputs) and the ensemble ``<name>``
+    chaining it into the exported model; each a new version, written atomically as the model was."""
+    assert plan.preprocess is not None
+    pre_name = f"{name}_preprocess"
+    with stage(repo, pre_name, None) as staged:
+        (staged.version_dir / "model.py").write_text(plan.preprocess.model_py)
+        for fname, data in plan.preprocess.files.items():
+            (staged.version_dir / fname).write_bytes(data)
+        config = pbtxt.build(pre_name, inputs=list(plan.preprocess.inputs),
+                             outputs=_renamed(plan.inputs, exported.input_names), batching=batching, backend="python")
+        (staged.root / "config.pbtxt").write_text(pbtxt.render(config, [f"{origin}: the training preprocessing"]))
+    with stage(repo, name, None) as staged:
+        config = pbtxt.build(name, inputs=list(plan.preprocess.inputs),
+                             outputs=_renamed(plan.outputs, exported.output_names),
+                             batching=pbtxt.Batching(max_batch_size=batching.max_batch_size), platform="ensemble")
+        pre = config.ensemble_scheduling.step.add(model_name=pre_name, model_version=-1)
+        for t in plan.preprocess.inputs:
+            pre.input_map[t.name] = t.name
+        for n in exported.input_names:
+            pre.output_map[n] = f"_{n}"
+        core = config.ensemble_scheduling.step.add(model_name=core_name, model_version=-1)
+        for n in exported.input_names:
+            core.input_map[n] = f"_{n}"
+        for n in exported.output_names:
+            core.output_map[n] = n
+        (staged.root / "config.pbtxt").write_text(pbtxt.render(config, [f"{origin}: raw records -> scores"]))
+    return [repo / pre_name, repo / name]
+
+
+def _rebuild(ref: CheckpointRef, recipe: ModelRecipe) -> Any:
+    model = recipe.build()
+    with tempfile.TemporaryDirectory(prefix="azulite-export-") as tmp:
+        local = fetch_verified(ref, Path(tmp))
+        load_module_state(model, local, recipe.state_key, where=ref.display)
+    return model.eval()
+
+
+def _renamed(specs: tuple[TensorSpec, ...], names: tuple[str, ...]) -> list[TensorSpec]:
+    return [TensorSpec(name=n, dtype=t.dtype, dims=t.dims) for t, n in zip(specs, names)]
+
+
+def default_name(ref: CheckpointRef, recipe: ModelRecipe) -> str:
+    job = ref.manifest.get("job_id")
+    if isinstance(job, str) and job:
+        return re.sub(r"-\d+$", "", job)
+    return re.sub(r"^build_", "", recipe.factory.rpartition(":")[2]) or "model"

@@ -1,0 +1,110 @@
+"""Which checkpoint an export reads, and its files, verified: a step directory (``.../step-00000040``) or a
+checkpoint location (the newest committed step, or ``step``), on local disk or Blob (``az://``).
+
+Export refuses what resume would refuse: a step without a valid manifest (an interrupted save) and files
+whose size or sha256 differ from the manifest. It never falls back to an older step on its own: exporting
+something other than what was asked for would be a silent surprise; the error names the steps there are.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from azulite.errors import CheckpointError, StorageError
+from azulite.train.catalog import MANIFEST, read_manifest, scan_steps, step_dir
+from azulite.train.storage import CheckpointStorage, StorageSettings, first_line
+
+_STEP = re.compile(r"^step-(\d{8,})$")
+
+
+@dataclass(frozen=True)
+class CheckpointRef:
+    storage: CheckpointStorage
+    step: int
+    manifest: dict[str, Any]
+
+    @property
+    def rel(self) -> str:
+        return step_dir(self.step)
+
+    @property
+    def display(self) -> str:
+        return self.storage.display(self.rel)
+
+
+def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | None = None) -> CheckpointRef:
+    """The committed checkpoint ``uri`` names (a step directory), or the newest (or ``step``) under it."""
+    settings = StorageSettings.from_environ(os.environ if environ is None else environ)
+    head, _, last = uri.rstrip("/").rpartition("/")
+    m = _STEP.match(last)
+    if m and head:
+        if step is not None and step != int(m.group(1)):
+            raise CheckpointError(f"--step {step} contradicts the step directory {last} in the URI", where=uri)
+        step = int(m.group(1))
+        uri = head
+    storage = CheckpointStorage(uri, settings)
+    try:
+        steps = scan_steps(storage)
+        if step is None:
+            committed = [(s, rel) for s, rel in reversed(steps) if read_manifest(storage, rel, s) is not None]
+            if not committed:
+                what = f"{len(steps)} step director{'y' if len(steps) == 1 else 'ies'}, none committed" if steps else "no step directories"
+                raise CheckpointError(f"no committed checkpoint under {storage.uri} ({what})", where=storage.uri,
+                                      fix="export a job after its first checkpoint is committed "
+                                          "(azulite job wait ID --checkpoint)")
+            step = committed[0][0]
+        rel = step_dir(step)
+        manifest = read_manifest(storage, rel, step)
+    except (CheckpointError, StorageError):
+        raise
+    except Exception as e:  # noqa: BLE001 - any SDK/network/OS failure is the same user problem
+        raise StorageError(f"cannot read checkpoints under {storage.uri}: {type(e).__name__}: {first_line(e)}",
+                           where=storage.uri, fix="check that the storage is reachable and its credentials are set") from None
+    if manifest is None:
+        known = [s for s, _ in steps]
+        if step not in known:
+            raise CheckpointError(f"no checkpoint step {step} under {storage.uri} (steps there: {known or 'none'})",
+                                  where=storage.uri)
+        corrupt = storage.exists(f"{rel}/manifest.corrupt.json")
+        why = "it was found corrupt by a resume (manifest.corrupt.json)" if corrupt else \
+            f"it has no valid {MANIFEST}: an interrupted save"
+        raise CheckpointError(f"checkpoint {storage.display(rel)} is not committed: {why}", where=storage.display(rel),
+                              fix="export a committed step (omit --step for the newest one)")
+    return CheckpointRef(storage=storage, step=step, manifest=manifest)
+
+
+def fetch_verified(ref: CheckpointRef, staging: Path) -> Path:
+    """A local directory holding the checkpoint's files, each checked against the manifest (size and
+    sha256). Local checkpoints are read in place; Blob ones are downloaded under ``staging``."""
+    files: dict[str, Any] = ref.manifest["files"]
+    if ref.storage.remote:
+        local = staging / ref.rel
+        for name in files:
+            try:
+                ref.storage.download(f"{ref.rel}/{name}", local / name)
+            except FileNotFoundError:
+                raise CheckpointError(f"file {name} is missing", where=ref.display) from None
+    else:
+        local = Path(ref.storage.path(ref.rel))
+    for name, want in sorted(files.items()):
+        path = local / name
+        if not path.is_file():
+            raise CheckpointError(f"file {name} listed in the manifest is missing", where=ref.display,
+                                  fix="the checkpoint is damaged: export another step (--step)")
+        h = hashlib.sha256()
+        with open(path, "rb", buffering=0) as f:
+            while chunk := f.read(8 << 20):
+                h.update(chunk)
+        size = path.stat().st_size
+        if h.hexdigest() != want.get("sha256") or size != want.get("bytes"):
+            raise CheckpointError(
+                f"file {name} does not match the manifest (sha256 {h.hexdigest()[:12]}.. {size} B, expected "
+                f"{str(want.get('sha256'))[:12]}.. {want.get('bytes')} B)",
+                where=ref.display, fix="the checkpoint is damaged: export another step (--step)")
+    return local

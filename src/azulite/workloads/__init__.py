@@ -1,0 +1,1 @@
+"""Reference training programs built on azulite (DLRM on Criteo-format data: ``azulite.workloads.dlrm``)."""

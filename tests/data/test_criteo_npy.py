@@ -1,0 +1,60 @@
+"""TSV -> npy: TorchRec's file names, dtypes and shapes, the readers' transform and bad-line rule, and an
+npy reader that yields exactly the TSV reader's batches."""
+
+from __future__ import annotations
+
+import gzip
+
+import numpy as np
+import pytest
+
+from azulite.data.criteo_npy import convert
+from azulite.data.criteo_reader import CriteoNpyReader, open_reader
+from azulite.data.criteo_synth import best_auc, generate
+from azulite.errors import DataError
+
+N = [97] * 26
+
+
+def test_converted_npy_yields_the_tsv_readers_batches(tmp_path):
+    tsv = tmp_path / "tsv"
+    generate(tsv, rows=700, files=2, seed=2, gzip_files=True)
+    # a malformed line in the middle of day_1: skipped by both, so the rows still line up
+    data = gzip.decompress((tsv / "day_1.gz").read_bytes()).split(b"\n")
+    data.insert(300, b"1\tbroken")
+    (tsv / "day_1.gz").write_bytes(gzip.compress(b"\n".join(data)))
+    prefixes = convert(tsv, tmp_path / "npy", max_bad_fraction=0.01)
+    assert [p.rsplit("/", 1)[1] for p in prefixes] == ["day_0", "day_1"]
+    dense = np.load(tmp_path / "npy" / "day_1_dense.npy")
+    sparse = np.load(tmp_path / "npy" / "day_1_sparse.npy")
+    labels = np.load(tmp_path / "npy" / "day_1_labels.npy")
+    assert (dense.dtype, dense.shape) == (np.float32, (700, 13))
+    assert (sparse.dtype, sparse.shape) == (np.int64, (700, 26))
+    assert (labels.dtype, labels.shape) == (np.int32, (700, 1))
+    assert not list((tmp_path / "npy").glob(".convert-*"))  # no temporary left
+    for split in ("train", "val"):
+        kw = dict(rank=1, world_size=2, batch_size=25, num_embeddings_per_feature=N, validation_permille=150,
+                  split=split, max_bad_fraction=0.01, seed=4)
+        a, b = open_reader(tsv, **kw), open_reader(tmp_path / "npy", **kw)
+        assert isinstance(b, CriteoNpyReader)
+        n = 0
+        while True:
+            ra, rb = a.next_rows(), b.next_rows()
+            if ra is None or rb is None:
+                assert ra is None and rb is None
+                break
+            for f in ("dense", "sparse", "labels", "weight"):
+                assert np.array_equal(getattr(ra, f), getattr(rb, f)), (split, n, f)
+            n += 1
+        assert n > 3
+    # the generator's truth follows the rows (the broken line was no row)
+    best = best_auc(tmp_path / "npy", 150)
+    assert best is not None and 0.5 < best < 1 and best == best_auc(tsv, 150)
+
+
+def test_conversion_keeps_the_bad_line_limit(tmp_path):
+    (tmp_path / "day_0").write_text("0\tbad\n" * 3 + "\t".join(["1"] + ["1"] * 13 + ["0a"] * 26) + "\n")
+    with pytest.raises(DataError) as e:
+        convert(tmp_path / "day_0", tmp_path / "out")
+    assert "day_0" in str(e.value) and "malformed" in str(e.value)
+    assert not list((tmp_path / "out").glob("*.npy"))  # nothing half-written

@@ -1,0 +1,144 @@
+"""The DLRM job end to end: TorchRec's DLRM trained on 2 gloo ranks with its tables sharded; ``azulite
+export JOB_ID`` gathers the shards into one model, exports the served pipeline (raw Criteo row -> Python
+parse step -> ONNX graph with the training transform, hashing and embeddings) and ``azulite serve``
+answers Triton's clients, over HTTP and gRPC, with the scores TorchRec's own forward gives the same raw
+rows through the training preprocessing. A malformed row is the client's error, named, not a 500."""
+
+from __future__ import annotations
+
+import json
+import socket
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.utils import InferenceServerException
+
+from azulite.data.criteo_synth import generate
+from azulite.export.wrappers import python_backend_copy
+from azulite.export.dlrm import reference_scores
+from azulite.workloads.dlrm.model import load_plain_model
+from tests.cli.test_serve import Served
+from tests.examples.runner import run_example
+from tests.export.test_export_ddp import cli
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a safety net: a real job trains first
+TRITON = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "bin" / "tritonserver"  # scripts/anchors.sh
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def dlrm_job(tmp_path_factory) -> dict:
+    root = tmp_path_factory.mktemp("dlrm_export")
+    generate(root / "tsv", rows=2000, files=2, seed=0)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("AZULITE_HOME", str(root / "azhome"))
+    try:
+        rec = run_example("dlrm", f"inputs.dataset.path={root / 'tsv'}", "inputs.epochs=1",
+                          "inputs.limit_train_batches=12", "inputs.checkpoint_every=0", timeout=400)
+    finally:
+        mp.undo()
+    rec["home"] = str(root / "azhome")
+    rec["data"] = root / "tsv"
+    return rec
+
+
+def held_out_rows(data: Path, n: int) -> np.ndarray:
+    """Rows 0..n-1 of the first file: held out from training (row i with i % 1000 < 200)."""
+    first = sorted(p for p in data.iterdir() if p.name.startswith("day_"))[0]
+    lines = first.read_bytes().splitlines()[:n]
+    return np.array(lines, dtype=object).reshape(n, 1)
+
+
+@pytest.fixture(scope="module")
+def exported(dlrm_job, tmp_path_factory) -> dict:
+    repo = tmp_path_factory.mktemp("dlrm_repo") / "repo"
+    p = cli("export", dlrm_job["id"], "--to", str(repo), "--json", env={"AZULITE_HOME": dlrm_job["home"]})
+    assert p.returncode == 0, p.stdout + p.stderr
+    result = json.loads(p.stdout)
+    step_dir = Path(result["checkpoint"])
+    model, mc = load_plain_model(step_dir)  # the DLRM engineer's own unsharded loader: independent weights
+    rows = held_out_rows(dlrm_job["data"], 24)
+    want = reference_scores(model, rows, mc["kwargs"]["num_embeddings_per_feature"])
+    return {"repo": repo, "result": result, "step_dir": step_dir, "rows": rows, "want": want}
+
+
+def test_export_sharded_dlrm_serve_raw_rows_equal_to_torchrec(exported):
+    repo, result, step_dir = exported["repo"], exported["result"], exported["step_dir"]
+    rows, want = exported["rows"], exported["want"]
+    assert (result["name"], result["format"], result["inputs"], result["outputs"]) == ("dlrm", "onnx", ["ROW"], ["SCORE"])
+    assert result["verification"]["ok"]
+    assert sorted(x.name for x in repo.iterdir()) == ["dlrm", "dlrm_model", "dlrm_preprocess"]
+    assert json.loads((step_dir / "manifest.json").read_text())["world_size"] == 2
+    assert want.shape == (24, 1) and 0 < want.min() and want.max() < 1
+    s = Served(str(repo))
+    try:
+        h = httpclient.InferenceServerClient(f"127.0.0.1:{s.ports['HTTPService']}")
+        g = grpcclient.InferenceServerClient(f"127.0.0.1:{s.ports['GRPCInferenceService']}")
+        try:
+            for module, client in ((httpclient, h), (grpcclient, g)):
+                inp = module.InferInput("ROW", [24, 1], "BYTES")
+                inp.set_data_from_numpy(rows)
+                got = client.infer("dlrm", [inp]).as_numpy("SCORE")
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
+                # rows without their label are the same rows
+                bare = np.array([r.split(b"\t", 1)[1] for r in rows.reshape(-1)], dtype=object).reshape(24, 1)
+                inp = module.InferInput("ROW", [24, 1], "BYTES")
+                inp.set_data_from_numpy(bare)
+                np.testing.assert_allclose(client.infer("dlrm", [inp]).as_numpy("SCORE"), got, rtol=1e-6)
+                bad = np.array([b"1\t2\tnot-a-row"], dtype=object).reshape(1, 1)
+                inp = module.InferInput("ROW", [1, 1], "BYTES")
+                inp.set_data_from_numpy(bad)
+                with pytest.raises(InferenceServerException, match="3 tab-separated fields"):
+                    client.infer("dlrm", [inp])
+        finally:
+            h.close()
+            g.close()
+    finally:
+        s.stop()
+
+
+def test_real_triton_serves_the_exported_repository_with_the_same_scores(exported, tmp_path):
+    """The exported repository is a plain Triton one: the anchors' Triton (Python backend only) runs it with
+    the ONNX model wrapped in a model.py running the same file with onnxruntime; the ensemble and the
+    Python preprocessing step load unchanged."""
+    assert TRITON.exists(), "tritonserver missing: `make test` installs it (scripts/anchors.sh)"
+    triton_repo = python_backend_copy(exported["repo"], tmp_path / "triton_repo")
+    ports = [free_port() for _ in range(3)]
+    log = (tmp_path / "triton.log").open("w")
+    proc = subprocess.Popen([str(TRITON), f"--model-repository={triton_repo}", "--http-address=127.0.0.1",
+                             "--grpc-address=127.0.0.1", f"--http-port={ports[0]}", f"--grpc-port={ports[1]}",
+                             f"--metrics-port={ports[2]}"], stdout=log, stderr=subprocess.STDOUT)
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
+        deadline = time.monotonic() + 180  # a safety net: the condition is the server's readiness
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if client.is_model_ready("dlrm"):
+                    break
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            time.sleep(0.2)
+        assert client.is_model_ready("dlrm"), (tmp_path / "triton.log").read_text()[-3000:]
+        inp = httpclient.InferInput("ROW", [24, 1], "BYTES")
+        inp.set_data_from_numpy(exported["rows"])
+        got = client.infer("dlrm", [inp]).as_numpy("SCORE")
+        np.testing.assert_allclose(got, exported["want"], rtol=1e-4, atol=1e-5)
+        client.close()
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(30)
+        log.close()

@@ -1,0 +1,122 @@
+"""azulite.export in-process: formats and their fallbacks, verification, version folders, and every bad
+input the issue lists — each a clear error, with nothing written into the repository."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnxruntime as ort
+import pytest
+import torch
+
+from azulite.errors import CheckpointError, ExportError, ExportVerificationError
+from azulite.export import ExportOptions, Tolerance, export_checkpoint
+from azulite.serve import config as serve_config
+from azulite.workloads import mlp
+from tests.export import models
+from tests.export.conftest import repo_entries, save_checkpoint
+
+
+@pytest.fixture(scope="module")
+def mlp_ckpt(tmp_path_factory) -> tuple[Path, torch.nn.Module]:
+    torch.manual_seed(3)
+    model = mlp.build_mlp(8, 16)
+    root = tmp_path_factory.mktemp("mlp") / "ckpt"
+    save_checkpoint(root, model, mlp.model_config(8, 16), step=7)
+    return root, model
+
+
+def test_onnx_export_equals_the_trained_model_and_versions_count_up(mlp_ckpt, tmp_path):
+    root, model = mlp_ckpt
+    repo = tmp_path / "repo"
+    first = export_checkpoint(str(root), ExportOptions(repo=repo, name="m"))
+    assert (first.format, first.version, first.step, first.skipped) == ("onnx", 1, 7, ())
+    assert first.verification.ok and first.verification.max_abs < 1e-5
+    x = np.random.default_rng(1).standard_normal((5, 8)).astype(np.float32)
+    got = ort.InferenceSession(str(repo / "m" / "1" / "model.onnx")).run(["y"], {"x": x})[0]
+    np.testing.assert_allclose(got, model(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
+    config = serve_config.parse_config_file(repo / "m" / "config.pbtxt", model="m")
+    serve_config.validate_config(config, model="m")
+    assert (config.platform, config.max_batch_size, list(config.input[0].dims)) == ("onnxruntime_onnx", 64, [8])
+    assert config.HasField("dynamic_batching")
+    second = export_checkpoint(str(root / "step-00000007"), ExportOptions(repo=repo, name="m", format="torchscript"))
+    assert (second.version, second.inputs, second.outputs) == (2, ("x__0",), ("y__0",))
+    assert repo_entries(repo) == ["m", "m/1", "m/1/model.onnx", "m/2", "m/2/model.pt", "m/config.pbtxt"]
+    with pytest.raises(ExportError, match="version 2 already exists"):
+        export_checkpoint(str(root), ExportOptions(repo=repo, name="m", version=2))
+
+
+def test_auto_falls_back_to_torchscript_and_says_why(tmp_path):
+    root = tmp_path / "ckpt"
+    save_checkpoint(root, models.build_branchy(), models.recipe("build_branchy"))
+    result = export_checkpoint(str(root), ExportOptions(repo=tmp_path / "repo", name="b"))
+    assert result.format == "torchscript"
+    assert [f for f, _ in result.skipped] == ["onnx"]
+    assert "data-dependent" in result.skipped[0][1]
+    assert result.verification.ok
+
+
+def test_python_backend_format(mlp_ckpt, tmp_path):
+    root, _ = mlp_ckpt
+    result = export_checkpoint(str(root), ExportOptions(repo=tmp_path / "repo", name="p", format="python"))
+    vdir = tmp_path / "repo" / "p" / "1"
+    assert sorted(p.name for p in vdir.iterdir()) == ["model.py", "recipe.json", "weights.pt"]
+    assert json.loads((vdir / "recipe.json").read_text())["factory"] == "azulite.workloads.mlp:build_mlp"
+    assert result.verification.max_abs == 0.0
+
+
+def test_export_that_does_not_match_pytorch_fails_and_writes_nothing(tmp_path):
+    root = tmp_path / "ckpt"
+    save_checkpoint(root, models.build_liar(), models.recipe("build_liar"))
+    repo = tmp_path / "repo"
+    with pytest.raises(ExportVerificationError, match=r"does not match PyTorch: max abs error 0\.5"):
+        export_checkpoint(str(root), ExportOptions(repo=repo, name="liar"))
+    assert repo_entries(repo) == []
+    # a tolerance that admits the difference lets it through (the check is the tolerance, not a constant)
+    ok = export_checkpoint(str(root), ExportOptions(repo=repo, name="liar", tolerance=Tolerance(atol=0.6)))
+    assert ok.verification.ok and abs(ok.verification.max_abs - 0.5) < 1e-6
+
+
+def test_uncommitted_and_corrupt_checkpoints_are_refused(mlp_ckpt, tmp_path):
+    root, _ = mlp_ckpt
+    copy = tmp_path / "ckpt"
+    shutil.copytree(root, copy)
+    step = copy / "step-00000007"
+    repo = tmp_path / "repo"
+    shard = sorted(step.glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{shard.name} does not match the manifest"):
+        export_checkpoint(str(copy), ExportOptions(repo=repo))
+    (step / "manifest.json").unlink()
+    with pytest.raises(CheckpointError, match="is not committed: it has no valid manifest.json"):
+        export_checkpoint(str(step), ExportOptions(repo=repo))
+    with pytest.raises(CheckpointError, match=r"no committed checkpoint under .* \(1 step directory, none committed\)"):
+        export_checkpoint(str(copy), ExportOptions(repo=repo))
+    with pytest.raises(CheckpointError, match=r"no committed checkpoint .* \(no step directories\)"):
+        export_checkpoint(str(tmp_path / "empty"), ExportOptions(repo=repo))
+    assert repo_entries(repo) == []
+
+
+def test_missing_rebuild_metadata_says_what_the_training_script_must_record(tmp_path):
+    root = tmp_path / "ckpt"
+    save_checkpoint(root, mlp.build_mlp(), {"features": 16, "hidden": 32})  # the DDP example's old model_config
+    with pytest.raises(ExportError) as err:
+        export_checkpoint(str(root), ExportOptions(repo=tmp_path / "repo"))
+    text = str(err.value)
+    assert "model_config has no 'factory'" in text and "manifest.json" in text
+    assert 'the training script must record how to rebuild its model, e.g. CheckpointConfig(model_config={"factory"' in text
+    wrong = {**mlp.model_config(), "kwargs": {"features": 16, "hidden": 64}}
+    root2 = tmp_path / "ckpt2"
+    save_checkpoint(root2, mlp.build_mlp(), wrong)
+    with pytest.raises(ExportError, match=r"shapes differ from the checkpoint's 'model': 0.weight: checkpoint \[32, 16\], model \[64, 16\]"):
+        export_checkpoint(str(root2), ExportOptions(repo=tmp_path / "repo"))
+    root3 = tmp_path / "ckpt3"
+    save_checkpoint(root3, mlp.build_mlp(), {**mlp.model_config(), "factory": "no_such_pkg.models:build"})
+    with pytest.raises(ExportError, match="cannot import module 'no_such_pkg.models'"):
+        export_checkpoint(str(root3), ExportOptions(repo=tmp_path / "repo"))
+    assert repo_entries(tmp_path / "repo") == []

@@ -1,0 +1,92 @@
+"""The DLRM factory and its checks: every inconsistent flag is named before any process group starts,
+the seed's 105 GB of tables do not fit this machine, and the unsharded model runs."""
+
+from __future__ import annotations
+
+import importlib.util
+
+import pytest
+import torch
+import torch.distributed as dist
+
+from azulite.data.criteo_reader import Rows
+from azulite.errors import DataError, ModelConfigError
+from azulite.workloads.dlrm import loop, sharding
+from azulite.workloads.dlrm.model import FACTORY, DLRMConfig, build_model
+from tests.launch.jobkit import REPO
+
+SEED_TABLES = (40000000, 39060, 17295, 7424, 20265, 3, 7122, 1543, 63, 40000000, 3067956, 405282, 10, 2209, 11938,
+               155, 4, 976, 14, 40000000, 40000000, 40000000, 590152, 12973, 108, 36)
+SMALL = dict(num_embeddings_per_feature=[50] * 26, embedding_dim=8, dense_arch_layer_sizes=[16, 8],
+             over_arch_layer_sizes=[16, 1])
+
+
+@pytest.mark.parametrize("change, where, words", [
+    ({"num_embeddings_per_feature": [50] * 25}, "--num_embeddings_per_feature", "has 25 values"),
+    ({"num_embeddings_per_feature": [50] * 25 + [0]}, "--num_embeddings_per_feature", "C26 must be an integer >= 1"),
+    ({"embedding_dim": 16}, "--dense_arch_layer_sizes", "last layer (8) does not match --embedding_dim=16"),
+    ({"over_arch_layer_sizes": [16, 2]}, "--over_arch_layer_sizes", "click logit: 1"),
+    ({"dense_arch_layer_sizes": []}, "--dense_arch_layer_sizes", "layer sizes must be integers >= 1"),
+])
+def test_inconsistent_flags_are_named(change, where, words):
+    kw = {**SMALL, **change}
+    with pytest.raises(ModelConfigError) as e:
+        DLRMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in kw.items()})
+    assert e.value.where == where and words in str(e.value) and e.value.fix
+
+
+def test_the_seeds_tables_do_not_fit_this_machine():
+    cfg = DLRMConfig(num_embeddings_per_feature=SEED_TABLES, embedding_dim=128, dense_arch_layer_sizes=(512, 256, 128),
+                     over_arch_layer_sizes=(1024, 1024, 512, 256, 1))
+    assert cfg.table_bytes() > 100e9  # ~105 GB of fp32
+    with pytest.raises(ModelConfigError) as e:
+        sharding.check_fits(cfg, world_size=2, ranks_here=2)
+    assert "the embedding tables need" in str(e.value) and "available on this machine" in str(e.value)
+    # scaled down, they fit and each rank gets a share of the memory for the planner
+    small = DLRMConfig(num_embeddings_per_feature=(1000,) * 26, embedding_dim=8, dense_arch_layer_sizes=(8,),
+                       over_arch_layer_sizes=(1,))
+    assert sharding.check_fits(small, world_size=2, ranks_here=2, available_bytes=10 * 1024**3) == 4 * 1024**3
+
+
+def test_row_wise_needs_cuda():
+    with pytest.raises(ModelConfigError) as e:
+        sharding.sharding_types(torch.device("cpu"), ["table_wise", "row_wise"])
+    assert "row_wise" in str(e.value) and "CUDA" in str(e.value)
+    assert sharding.sharding_types(torch.device("cpu")) == ["table_wise", "column_wise", "data_parallel"]
+    assert "row_wise" in sharding.sharding_types(torch.device("cuda"))
+
+
+def test_the_unsharded_model_runs_and_its_config_is_json_for_the_manifest():
+    cfg = DLRMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in SMALL.items()})
+    mc = cfg.model_config()
+    assert mc["factory"] == FACTORY and mc["state_key"] == "model"
+    assert mc["preprocess"]["num_embeddings_per_feature"] == [50] * 26
+    model = build_model(**mc["kwargs"])
+    rows = Rows(torch.rand(4, 13).numpy(), torch.randint(0, 50, (4, 26)).numpy(), torch.ones(4).numpy(),
+                torch.ones(4).numpy())
+    dense, kjt, labels, _ = loop.to_batch(rows)
+    assert model(dense, kjt).shape == (4, 1)
+    keys = set(model.state_dict())
+    assert "sparse_arch.embedding_bag_collection.embedding_bags.t_cat_25.weight" in keys
+
+
+def _train_module():
+    spec = importlib.util.spec_from_file_location("dlrm_train", REPO / "examples" / "dlrm" / "train.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("args, error, words", [
+    (["--embedding_dim", "7"], ModelConfigError, "does not match --embedding_dim=7"),
+    (["--dataset_path", "/nonexistent/criteo"], DataError, "does not exist"),
+    (["--num_embeddings_per_feature", ",".join(map(str, SEED_TABLES)), "--embedding_dim", "128",
+      "--dense_arch_layer_sizes", "512,256,128"], ModelConfigError, "the embedding tables need"),
+])
+def test_the_script_fails_before_any_process_group_starts(tmp_path, args, error, words):
+    (tmp_path / "day_0").write_text("")
+    base = ["--dataset_path", str(tmp_path), "--num_embeddings_per_feature", "100", "--embedding_dim", "16"]
+    with pytest.raises(error) as e:
+        _train_module().main(base + args)
+    assert words in str(e.value)
+    assert not dist.is_initialized()
