@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -64,6 +65,10 @@ class DataPlaneSettings:
     # Triton's --disable-auto-complete-config: configs are used exactly as written.
     disable_auto_complete_config: bool = False
     extensions: tuple[str, ...] = field(default=EXTENSIONS)
+    #: the name /v2 and ServerMetadata report (``azulite serve --server-name``; Triton's clients expect "triton")
+    server_name: str = SERVER_NAME
+    #: see ManagerSettings.verify_model (the repository manifest check)
+    verify_model: Callable[[Path, str], None] | None = None
 
 
 def _request_int(request: InferRequest, key: str) -> int:
@@ -121,7 +126,8 @@ class TritonDataPlane:
         self.manager = ModelManager(
             ManagerSettings(repository=Path(settings.repository), control_mode=settings.control_mode,
                             load_models=settings.load_models, compute_threads=settings.compute_threads,
-                            auto_complete=not settings.disable_auto_complete_config),
+                            auto_complete=not settings.disable_auto_complete_config,
+                            verify_model=settings.verify_model),
             bls=self._bls,
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
@@ -156,7 +162,7 @@ class TritonDataPlane:
         return all(name in self.manager.entries and self.manager.entries[name].ready for name in self._initial)
 
     def server_metadata(self) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION,
+        return pb.ServerMetadataResponse(name=self.settings.server_name, version=SERVER_VERSION,
                                          extensions=list(self.settings.extensions))
 
     def model_ready(self, name: str, version: str = "") -> bool:

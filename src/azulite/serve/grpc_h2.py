@@ -86,10 +86,14 @@ class _Abort(Exception):
 class _Context:
     """The part of grpc.aio.ServicerContext the servicer uses."""
 
-    __slots__ = ("metadata",)
+    __slots__ = ("metadata", "address")
 
-    def __init__(self, metadata) -> None:
+    def __init__(self, metadata, address: str = "") -> None:
         self.metadata = metadata
+        self.address = address
+
+    def peer(self) -> str:
+        return self.address
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
         raise _Abort(code, details)
@@ -146,12 +150,15 @@ class _H2Connection(asyncio.Protocol):
         self.header_end_stream = False
         self.blocked: deque[_Stream] = deque()
         self.going_away = False
+        self.peer = ""
 
     # --- asyncio.Protocol -------------------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.server.connections.add(self)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
         settings = (struct.pack(">HL", 0x3, 1 << 20) + struct.pack(">HL", 0x4, RECV_WINDOW)
                     + struct.pack(">HL", 0x5, MAX_FRAME) + struct.pack(">HL", 0x6, HEADER_LIST_LIMIT))
         transport.write(_frame(SETTINGS, 0, 0, settings)
@@ -423,7 +430,7 @@ class _H2Connection(asyncio.Protocol):
                 request = request_type.FromString(message)
             except DecodeError as exc:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse the request message: {exc}") from None
-            response = await handler(request, _Context(stream.headers))
+            response = await handler(request, _Context(stream.headers, self.peer))
             self._reply(stream, response.SerializeToString())
         except _Abort as exc:
             self._finish(stream, exc.code, exc.details)
@@ -444,7 +451,7 @@ class _H2Connection(asyncio.Protocol):
                     raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse a request message: {exc}") from None
 
         try:
-            async for response in handler(requests(), _Context(stream.headers)):
+            async for response in handler(requests(), _Context(stream.headers, self.peer)):
                 self._send_message(stream, response.SerializeToString())
             self._finish(stream, grpc.StatusCode.OK, "")
         except _Abort as exc:
@@ -556,8 +563,12 @@ class _H2Connection(asyncio.Protocol):
 class GrpcH2Server:
     """Same interface as :class:`azulite.serve.grpc.GrpcServer`."""
 
-    def __init__(self, dataplane) -> None:
+    def __init__(self, dataplane, guard=None) -> None:
         self.servicer = InferenceServicer(dataplane)
+        if guard is not None:
+            from azulite.serve.grpc_guard import GuardedServicer
+
+            self.servicer = GuardedServicer(self.servicer, guard)
         self.methods = _methods(self.servicer)
         self.connections: set[_H2Connection] = set()
         self.in_flight = 0

@@ -20,6 +20,7 @@ import base64
 import gzip
 import json
 import logging
+import time
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,7 @@ import httptools
 
 from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
+from azulite.serve.auth import Guard, bearer, http_route
 from azulite.serve.types import DataPlane
 
 log = logging.getLogger("azulite.serve.http")
@@ -44,14 +46,22 @@ HTTP_STATUS: dict[str, int] = {
     "UNAVAILABLE": 503,
     "UNIMPLEMENTED": 501,
     "INTERNAL": 500,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
 }
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
-            413: b"Payload Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
+            413: b"Payload Too Large", 429: b"Too Many Requests", 500: b"Internal Server Error", 501: b"Not Implemented",
             503: b"Service Unavailable"}
 JSON = b"application/json"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # Triton's --http-max-input-size default
 
 Reply = tuple[int, bytes, bytes, tuple[tuple[bytes, bytes], ...]]  # status, content type, body, headers
+
+
+def _header(headers: dict[bytes, bytes], name: str) -> str | None:
+    value = headers.get(name.encode("latin-1"))
+    return None if value is None else value.decode("latin-1")
 
 
 class _MethodNotAllowed(InvalidArgument):
@@ -63,12 +73,17 @@ def error_reply(exc: BaseException) -> Reply:
     else is the server's fault (500) and is logged with its traceback."""
     if isinstance(exc, _MethodNotAllowed):
         return 405, JSON, json.dumps({"error": str(exc)}).encode(), ()
+    extra: tuple[tuple[bytes, bytes], ...] = ()
     if isinstance(exc, ServeError):
         status, message = HTTP_STATUS.get(exc.status, 500), str(exc)
+        if status == 429 or status == 503:  # rate limit, quota, full queue: say when to come back
+            extra = ((b"Retry-After", b"%d" % getattr(exc, "retry_after_s", 1)),)
+        elif status == 401:
+            extra = ((b"WWW-Authenticate", b"Bearer"),)
     else:
         log.exception("internal error answering a request", exc_info=exc)
         status, message = 500, f"internal error: {type(exc).__name__}: {exc}"
-    return status, JSON, json.dumps({"error": message}).encode(), ()
+    return status, JSON, json.dumps({"error": message}).encode(), extra
 
 
 def _json_reply(doc: Any, status: int = 200) -> Reply:
@@ -108,10 +123,14 @@ class HttpApp:
     """The route table: (method, path, headers, body) -> Reply. Separate from the socket code so the
     metrics port reuses the protocol with its own app."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, guard: Guard | None = None) -> None:
         self.dp = dataplane
+        self.guard = guard
 
-    async def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
+    async def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
+                     client: str = "") -> Reply:
+        if self.guard is not None:
+            return await self._guarded(method, path, headers, body, client)
         try:
             result = self.dispatch(method, path, headers, body)
             if isinstance(result, Awaitable):
@@ -119,6 +138,42 @@ class HttpApp:
             return result
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             return error_reply(exc)
+
+    async def _guarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
+                       client: str) -> Reply:
+        """Keys, restricted APIs and limits before the route; the audit line after it."""
+        start = time.perf_counter()
+        category, model, version = http_route(path)
+        principal = None
+        try:
+            principal = self.guard.check("http", category, model, bearer(headers.get(b"authorization")),
+                                         lambda name: _header(headers, name))
+            if principal.models is not None and not model and category == "statistics":
+                stats = self.dp.model_statistics("", "")
+                keep = [s for s in stats.model_stats if principal.may_see(s.name)]
+                del stats.model_stats[:]
+                stats.model_stats.extend(keep)
+                reply = _json_reply(codec.message_to_json(stats))
+            elif principal.models is not None and category == "model-repository" and path.rstrip("/").endswith(
+                    "/index"):
+                index = self.dp.repository_index(bool(_parse_json_body(body).get("ready", False)))
+                keep = [m for m in index.models if principal.may_see(m.name)]
+                del index.models[:]
+                index.models.extend(keep)
+                reply = _json_reply(codec.repository_index_json(index))
+            else:
+                result = self.dispatch(method, path, headers, body)
+                reply = await result if isinstance(result, Awaitable) else result
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
+            reply = error_reply(exc)
+        audit = self.guard.audit
+        if audit is not None:
+            rid = headers.get(b"x-request-id")
+            audit.record(request_id=rid.decode("latin-1") if rid else audit.request_id(),
+                         key_id=principal.key_id if principal is not None else None, client=client, model=model,
+                         version=version, protocol="http", status=reply[0], latency_s=time.perf_counter() - start,
+                         bytes_in=len(body), bytes_out=len(reply[2]))
+        return reply
 
     def dispatch(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes):
         parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
@@ -244,7 +299,7 @@ class MetricsApp:
         self.render = render
         self.content_type = content_type.encode()
 
-    async def handle(self, method: bytes, path: str, headers, body: bytes) -> Reply:
+    async def handle(self, method: bytes, path: str, headers, body: bytes, client: str = "") -> Reply:
         if path.split("?", 1)[0] == "/metrics":
             try:
                 return 200, self.content_type, self.render(), ()
@@ -258,7 +313,7 @@ class _Connection(asyncio.Protocol):
     reply goes into a FIFO; replies are written as soon as every earlier one is."""
 
     __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
-                 "replies", "closing")
+                 "replies", "closing", "peer")
 
     def __init__(self, server: "HttpServer") -> None:
         self.server = server
@@ -271,10 +326,13 @@ class _Connection(asyncio.Protocol):
         self.too_large = False
         self.replies: deque[list] = deque()  # [reply-or-None, keep_alive]
         self.closing = False
+        self.peer = ""
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
         self.server.connections.add(self)
 
     def connection_lost(self, exc) -> None:
@@ -330,7 +388,7 @@ class _Connection(asyncio.Protocol):
         self.replies.append(slot)
         try:
             path = self.url.decode("latin-1")
-            coro = self.server.app.handle(method, path, self.headers, body)
+            coro = self.server.app.handle(method, path, self.headers, body, self.peer)
         except Exception as exc:  # noqa: BLE001
             slot[0] = error_reply(exc)
             self._flush()

@@ -45,6 +45,9 @@ class ManagerSettings:
     load_models: tuple[str, ...] = ()
     compute_threads: int | None = 1
     auto_complete: bool = True  # Triton's --disable-auto-complete-config turns it off
+    #: called as verify_model(root, name) before a model's files are read; raises ModelLoadError naming a
+    #: file that does not match the repository manifest (None: no integrity check)
+    verify_model: Callable[[Path, str], None] | None = None
 
 
 def ensemble_dependencies(config: mc.ModelConfig) -> list[str]:
@@ -156,6 +159,11 @@ class ModelManager:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(data)
                 root = tmp
+            if self.settings.verify_model is not None:
+                if files:
+                    raise ModelLoadError(f"failed to load '{name}': the repository is verified against its "
+                                         "manifest, so models cannot be loaded from 'file:' parameters")
+                self.settings.verify_model(root, name)
             source = repo.read_model(root, name, config_json=config_json)
             config = self._final_config(source)
             if cfg.backend_of(config) == "ensemble":
