@@ -109,6 +109,9 @@ class Guard:
         self.store: KeyStore | None = None
         self._keys: dict[str, KeyRecord] = {}
         self._version = -1
+        #: token -> (record, principal) of keys already verified: the hash is computed once per key
+        #: and reload (a reload makes new record objects, so stale entries stop matching)
+        self._verified: dict[str, tuple[KeyRecord, Principal]] = {}
         self._next_reload = 0.0
         self._lock = threading.Lock()
         if settings.auth:
@@ -154,12 +157,23 @@ class Guard:
         if now >= self._next_reload:
             self._next_reload = now + self.settings.reload_interval_s
             self._reload()
-        parts = split_token(token)
-        record = self._keys.get(parts[0]) if parts else None
-        if record is None or not check_token(record, parts[1]) or not record.live(self.clock.time()):
+        hit = self._verified.get(token)
+        if hit is not None and hit[0] is self._keys.get(hit[0].id):  # same record: not revoked or reloaded
+            record, principal = hit
+        else:
+            parts = split_token(token)
+            record = self._keys.get(parts[0]) if parts else None
+            if record is None or not check_token(record, parts[1]):
+                raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
+                                      fix="use a live key: azulite keys list")
+            principal = Principal(record.id, record.models, record.admin)
+            if len(self._verified) >= 4096:  # only verified keys get here; the bound is for rotations
+                self._verified.clear()
+            self._verified[token] = (record, principal)
+        if not record.live(self.clock.time()):
             raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
                                   fix="use a live key: azulite keys list")
-        return Principal(record.id, record.models, record.admin)
+        return principal
 
     # --- the check -----------------------------------------------------------------------------------
 
@@ -220,9 +234,23 @@ def bearer(value: str | bytes | None) -> str | None:
     return token.strip() or None if scheme.lower() == "bearer" else None
 
 
+_ROUTES: dict[str, tuple[str, str, str]] = {}
+
+
 def http_route(path: str) -> tuple[str, str, str]:
-    """An HTTP path -> (category, model, version), as HttpApp.dispatch routes it."""
-    parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
+    """An HTTP path -> (category, model, version), as HttpApp.dispatch routes it. Clients repeat a few
+    paths, so answers are cached (bounded: a client inventing paths only refills it)."""
+    route = _ROUTES.get(path)
+    if route is None:
+        if len(_ROUTES) >= 1024:
+            _ROUTES.clear()
+        route = _ROUTES[path] = _http_route(path)
+    return route
+
+
+def _http_route(path: str) -> tuple[str, str, str]:
+    path = path.split("?", 1)[0]
+    parts = [unquote(p) for p in path.strip("/").split("/")] if "%" in path else path.strip("/").split("/")
     if not parts or parts[0] != "v2":
         return "metadata", "", ""
     rest = parts[1:]

@@ -26,6 +26,8 @@ from azulite.serve import repository as repo
 from azulite.serve.backends.base import LoadContext, get_backend
 from azulite.serve.batcher import Batcher, BatcherSettings
 from azulite.serve.ensemble import check_ensemble
+from azulite.serve.drift import window_of
+from azulite.serve.fallback import policy_of
 from azulite.serve.models import READY, UNAVAILABLE, LoadedModel, ModelEntry, VersionState
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.stats import ModelStats
@@ -243,6 +245,8 @@ class ModelManager:
             config = get_backend(backend).auto_complete(config, model_file)
         cfg.fill_defaults(config, model=name)
         cfg.validate_config(config, model=name)
+        policy_of(config)  # a bad fallback or drift parameter fails the load, naming it
+        window_of(config)
         return config
 
     def _load_version(self, source: repo.ModelSource, config: mc.ModelConfig, version: int,

@@ -15,7 +15,6 @@ from __future__ import annotations
 import math
 import threading
 import time
-from dataclasses import dataclass
 from typing import Protocol
 
 from azulite.errors import ResourceExhausted
@@ -32,21 +31,13 @@ class SystemClock:
     time = staticmethod(time.time)
 
 
-@dataclass(slots=True)
-class _Bucket:
-    rate: float
-    burst: float
-    tokens: float
-    stamp: float
-
-
 class TokenBuckets:
     """Named buckets created on first use with ``rate`` and ``burst`` (default: one second's worth, at
-    least 1)."""
+    least 1). A bucket is a list [rate, burst, tokens, stamp]: this runs on every request."""
 
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock or SystemClock()
-        self._buckets: dict[str, _Bucket] = {}
+        self._buckets: dict[str, list[float]] = {}
         self._lock = threading.Lock()
 
     def take(self, name: str, rate: float, burst: float | None = None) -> float:
@@ -54,16 +45,20 @@ class TokenBuckets:
         now = self.clock.monotonic()
         with self._lock:
             b = self._buckets.get(name)
-            if b is None or b.rate != rate:
+            if b is None or b[0] != rate:
                 size = burst if burst is not None else max(1.0, rate)
-                b = self._buckets[name] = _Bucket(rate, size, size, now)
-            elif now > b.stamp:
-                b.tokens = min(b.burst, b.tokens + (now - b.stamp) * b.rate)
-                b.stamp = now
-            if b.tokens >= 1.0:
-                b.tokens -= 1.0
+                b = self._buckets[name] = [rate, size, size, now]
+                tokens = size
+            else:
+                tokens = b[2]
+                if now > b[3]:
+                    tokens = min(b[1], tokens + (now - b[3]) * rate)
+                    b[3] = now
+            if tokens >= 1.0:
+                b[2] = tokens - 1.0
                 return 0.0
-            return (1.0 - b.tokens) / b.rate
+            b[2] = tokens
+            return (1.0 - tokens) / rate
 
 
 class DailyQuotas:
