@@ -28,6 +28,7 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from azulite.serve.grpc import InferenceServicer, _status
+from azulite.serve.limits import ConnectionLimits, close_soon
 from azulite.serve.proto import service_pb2 as pb
 
 log = logging.getLogger("azulite.serve.grpc")
@@ -151,6 +152,17 @@ class _H2Connection(asyncio.Protocol):
         self.blocked: deque[_Stream] = deque()
         self.going_away = False
         self.peer = ""
+        # hostile-client defences (azulite.serve.limits): counters and timers per connection
+        self.limits: ConnectionLimits = server.limits
+        self.settled = False  # preface and first SETTINGS received
+        self.resets = 0  # streams the client cancelled
+        self.completed = 0  # streams answered to the end
+        self.control = 0  # control frames since the last new stream
+        self.continuations = 0
+        self.last_progress = 0.0
+        self.stall_timer: asyncio.TimerHandle | None = None
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.write_paused = False
 
     # --- asyncio.Protocol -------------------------------------------------------------------------
 
@@ -159,7 +171,11 @@ class _H2Connection(asyncio.Protocol):
         self.server.connections.add(self)
         peer = transport.get_extra_info("peername")
         self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
-        settings = (struct.pack(">HL", 0x3, 1 << 20) + struct.pack(">HL", 0x4, RECV_WINDOW)
+        loop = asyncio.get_running_loop()
+        self.last_progress = loop.time()
+        self.head_timer = loop.call_later(self.limits.header_timeout_s, self._head_timeout)
+        transport.set_write_buffer_limits(high=self.limits.max_write_buffer)
+        settings = (struct.pack(">HL", 0x3, self.limits.max_streams) + struct.pack(">HL", 0x4, RECV_WINDOW)
                     + struct.pack(">HL", 0x5, MAX_FRAME) + struct.pack(">HL", 0x6, HEADER_LIST_LIMIT))
         transport.write(_frame(SETTINGS, 0, 0, settings)
                         + _frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECV_WINDOW - 65535)))
@@ -167,6 +183,9 @@ class _H2Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        for timer in (self.stall_timer, self.head_timer):
+            if timer is not None:
+                timer.cancel()
         for stream in self.streams.values():
             if stream.task is not None and not stream.task.done():
                 stream.task.cancel()
@@ -208,6 +227,11 @@ class _H2Connection(asyncio.Protocol):
         if self.header_block is not None and ftype != CONTINUATION:
             self._goaway(0x1, "expected CONTINUATION")
             return
+        if ftype != HEADERS and ftype != CONTINUATION and (ftype != DATA or not payload and not flags & END_STREAM):
+            self.control += 1  # SETTINGS, PING, WINDOW_UPDATE, PRIORITY, RST_STREAM, unknown, empty DATA
+            if self.control > self.limits.max_control_frames:
+                self._goaway(0xB, "too many control frames")  # ENHANCE_YOUR_CALM
+                return
         if ftype == DATA:
             self._on_data(flags, sid, payload)
         elif ftype == HEADERS:
@@ -217,8 +241,12 @@ class _H2Connection(asyncio.Protocol):
                 self._goaway(0x1, "unexpected CONTINUATION")
                 return
             self.header_block += payload
-            if len(self.header_block) > MAX_FRAME:
+            self.continuations += 1
+            if len(self.header_block) > self.limits.max_header_bytes:
                 self._goaway(0xB, "header block too large")  # ENHANCE_YOUR_CALM
+                return
+            if self.continuations > self.limits.max_continuations:
+                self._goaway(0xB, "too many CONTINUATION frames")
                 return
             if flags & END_HEADERS:
                 block, self.header_block = bytes(self.header_block), None
@@ -226,6 +254,11 @@ class _H2Connection(asyncio.Protocol):
         elif ftype == SETTINGS:
             if not flags & ACK:
                 self._on_settings(payload)
+                if not self.settled:
+                    self.settled = True
+                    if self.head_timer is not None:
+                        self.head_timer.cancel()
+                        self.head_timer = None
         elif ftype == WINDOW_UPDATE:
             (inc,) = _U32.unpack(payload[:4])
             inc &= 0x7FFFFFFF
@@ -233,13 +266,20 @@ class _H2Connection(asyncio.Protocol):
                 self.send_window += inc
             elif sid in self.streams:
                 self.streams[sid].send_window += inc
+            if inc:
+                self.last_progress = asyncio.get_running_loop().time()
             self._pump()
         elif ftype == PING:
             if not flags & ACK:
                 self.transport.write(_frame(PING, ACK, 0, payload))
+                self._check_write_buffer()
         elif ftype == RST_STREAM:
             stream = self.streams.pop(sid, None)
             if stream is not None:
+                self.resets += 1
+                if self.resets > self.limits.reset_allowance and self.resets > self.completed:
+                    self._goaway(0xB, "too many stream resets")  # rapid reset, CVE-2023-44487
+                    return
                 if stream.task is not None:
                     stream.task.cancel()
                 if stream in self.blocked:
@@ -263,6 +303,7 @@ class _H2Connection(asyncio.Protocol):
             elif key == 0x5:
                 self.peer_max_frame = value
         self.transport.write(_frame(SETTINGS, ACK, 0))
+        self._check_write_buffer()
         self._pump()
 
     def _on_headers(self, flags: int, sid: int, payload: bytes) -> None:
@@ -274,10 +315,14 @@ class _H2Connection(asyncio.Protocol):
             pos += 5
         block = payload[pos:end]
         end_stream = bool(flags & END_STREAM)
+        if len(block) > self.limits.max_header_bytes:
+            self._goaway(0xB, "header block too large")
+            return
         if flags & END_HEADERS:
             self._headers_complete(sid, block, end_stream)
         else:
             self.header_block, self.header_sid, self.header_end_stream = bytearray(block), sid, end_stream
+            self.continuations = 0
 
     def _decode(self, block: bytes) -> list:
         cached = self.cache.get(block)
@@ -311,6 +356,10 @@ class _H2Connection(asyncio.Protocol):
             self._goaway(0x1, "bad stream id")
             return
         self.last_sid = sid
+        self.control = 0
+        if len(self.streams) >= self.limits.max_streams:
+            self.transport.write(_frame(RST_STREAM, 0, sid, _U32.pack(0x7)))  # REFUSED_STREAM: retry later
+            return
         stream = _Stream(sid, self.peer_initial_window)
         self.streams[sid] = stream
         for name, value in headers:
@@ -347,9 +396,17 @@ class _H2Connection(asyncio.Protocol):
         if stream is None or stream.closed_remote:
             return
         stream.body += payload
-        if len(stream.body) > MAX_MESSAGE + 5:
-            self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, "message larger than 2 GiB")
-            return
+        if len(stream.body) > (1 << 16):  # big bodies only: the check sums over the streams (below: bounded
+            # by max_streams x 64 KiB)
+            if len(stream.body) > self.limits.max_message_bytes + 5:
+                stream.body = bytearray()
+                stream.closed_remote = True  # the rest of this message is dropped as it arrives
+                self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"message larger than the server's limit of {self.limits.max_message_bytes} bytes")
+                return
+            if sum(len(s.body) for s in self.streams.values()) > self.limits.max_buffered_bytes:
+                self._goaway(0xB, "too much request data buffered on one connection")
+                return
         stream.recv_consumed += size
         if not (flags & END_STREAM) and stream.recv_consumed >= RECV_WINDOW // 2:
             # give back exactly what was received: the window never exceeds 2^31-1, and a long stream
@@ -472,9 +529,11 @@ class _H2Connection(asyncio.Protocol):
             return
         data = _GRPC_PREFIX.pack(0, len(payload)) + payload
         n = len(data)
+        self.control = 0  # the client's WINDOW_UPDATEs and PINGs answer our data: not a flood
         if n <= self.send_window and n <= stream.send_window and n <= self.peer_max_frame and not stream.out:
             self.send_window -= n
             del self.streams[stream.sid]
+            self.completed += 1
             self.transport.write(self._headers_frame(stream.sid, _RESPONSE_HEADERS, False)
                                  + _frame(DATA, 0, stream.sid, data)
                                  + self._headers_frame(stream.sid, _OK_TRAILERS, True))
@@ -486,6 +545,7 @@ class _H2Connection(asyncio.Protocol):
     def _send_message(self, stream: _Stream, payload: bytes, prefixed: bytes | None = None) -> None:
         if self.transport is None or stream.sid not in self.streams:
             return
+        self.control = 0
         if not stream.headers_sent:
             stream.headers_sent = True
             self.transport.write(self._headers_frame(stream.sid, _RESPONSE_HEADERS, False))
@@ -516,6 +576,7 @@ class _H2Connection(asyncio.Protocol):
             if n <= 0:
                 if stream not in self.blocked:
                     self.blocked.append(stream)
+                self._arm_stall_timer()
                 return
             self.transport.write(_frame(DATA, 0, stream.sid, bytes(chunk[:n])))
             self.send_window -= n
@@ -527,6 +588,7 @@ class _H2Connection(asyncio.Protocol):
         if stream.trailers is not None:
             self.transport.write(stream.trailers)
             self.streams.pop(stream.sid, None)
+            self.completed += 1
             self._maybe_close()
 
     def _pump(self) -> None:
@@ -534,6 +596,54 @@ class _H2Connection(asyncio.Protocol):
             stream = self.blocked.popleft()
             if stream.sid in self.streams and self.transport is not None:
                 self._flush_stream(stream)
+
+    # --- defences ----------------------------------------------------------------------------------
+
+    def _head_timeout(self) -> None:
+        self.head_timer = None
+        if not self.settled:
+            self._goaway(0xB, "no connection preface and SETTINGS in time")
+
+    def _arm_stall_timer(self) -> None:
+        if self.stall_timer is None and self.transport is not None:
+            self.stall_timer = asyncio.get_running_loop().call_later(self.limits.stall_timeout_s, self._check_stall)
+
+    def _check_stall(self) -> None:
+        """Answers blocked by flow control, or a socket the client does not read, with no progress for
+        stall_timeout_s: the client holds our memory without reading it; close."""
+        self.stall_timer = None
+        if self.transport is None:
+            return
+        stuck = self.write_paused or any(s.sid in self.streams and s.out for s in self.blocked)
+        if not stuck:
+            return
+        idle = asyncio.get_running_loop().time() - self.last_progress
+        if idle >= self.limits.stall_timeout_s * 0.999:
+            log.info("gRPC connection from %s closed: no flow-control progress for %.0f s", self.peer, idle)
+            self._goaway(0xB, "flow control stalled")
+            if self.transport is not None:
+                self.transport.abort()
+        else:
+            self.stall_timer = asyncio.get_running_loop().call_later(self.limits.stall_timeout_s - idle,
+                                                                    self._check_stall)
+
+    def _check_write_buffer(self) -> None:
+        if self.transport is not None and self.transport.get_write_buffer_size() > self.limits.max_write_buffer:
+            self.transport.abort()  # answers to control frames pile up unread: a flood
+
+    def pause_writing(self) -> None:
+        """The client does not read: stop reading its requests until it does (bounded memory)."""
+        self.write_paused = True
+        self.last_progress = asyncio.get_running_loop().time()
+        if self.transport is not None:
+            self.transport.pause_reading()
+        self._arm_stall_timer()
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        self.last_progress = asyncio.get_running_loop().time()
+        if self.transport is not None:
+            self.transport.resume_reading()
 
     # --- connection --------------------------------------------------------------------------------
 
@@ -550,9 +660,11 @@ class _H2Connection(asyncio.Protocol):
             self.transport.close()
 
     def _goaway(self, code: int, message: str) -> None:
+        if code:
+            log.info("gRPC connection from %s closed: %s", self.peer, message)
         if self.transport is not None:
             self.transport.write(_frame(GOAWAY, 0, 0, _U32.pack(self.last_sid) + _U32.pack(code) + message.encode()))
-            self.transport.close()
+            close_soon(self.transport, self.limits)
 
     def _close(self, message: str) -> None:
         log.info("gRPC connection closed: %s", message)
@@ -563,7 +675,8 @@ class _H2Connection(asyncio.Protocol):
 class GrpcH2Server:
     """Same interface as :class:`azulite.serve.grpc.GrpcServer`."""
 
-    def __init__(self, dataplane, guard=None) -> None:
+    def __init__(self, dataplane, guard=None, limits: ConnectionLimits | None = None) -> None:
+        self.limits = limits or ConnectionLimits()
         self.servicer = InferenceServicer(dataplane)
         if guard is not None:
             from azulite.serve.grpc_guard import GuardedServicer

@@ -32,6 +32,7 @@ import httptools
 from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
 from azulite.serve.auth import Guard, bearer, http_route
+from azulite.serve.limits import ConnectionLimits, close_soon
 from azulite.serve.types import DataPlane
 
 log = logging.getLogger("azulite.serve.http")
@@ -51,7 +52,7 @@ HTTP_STATUS: dict[str, int] = {
     "RESOURCE_EXHAUSTED": 429,
 }
 _REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
-            413: b"Payload Too Large", 429: b"Too Many Requests", 500: b"Internal Server Error", 501: b"Not Implemented",
+            408: b"Request Timeout", 413: b"Payload Too Large", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
             503: b"Service Unavailable"}
 JSON = b"application/json"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # Triton's --http-max-input-size default
@@ -62,6 +63,10 @@ Reply = tuple[int, bytes, bytes, tuple[tuple[bytes, bytes], ...]]  # status, con
 def _header(headers: dict[bytes, bytes], name: str) -> str | None:
     value = headers.get(name.encode("latin-1"))
     return None if value is None else value.decode("latin-1")
+
+
+class _Stop(Exception):
+    """Raised from a parser callback: stop parsing this connection's input."""
 
 
 class _MethodNotAllowed(InvalidArgument):
@@ -313,7 +318,8 @@ class _Connection(asyncio.Protocol):
     reply goes into a FIFO; replies are written as soon as every earlier one is."""
 
     __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
-                 "replies", "closing", "peer")
+                 "replies", "closing", "peer", "head_size", "head_tick", "stall_timer", "read_paused",
+                 "write_paused")
 
     def __init__(self, server: "HttpServer") -> None:
         self.server = server
@@ -327,21 +333,73 @@ class _Connection(asyncio.Protocol):
         self.replies: deque[list] = deque()  # [reply-or-None, keep_alive]
         self.closing = False
         self.peer = ""
+        self.head_size = 0
+        self.head_tick = -1  # server tick at which the current request head began; -1: none pending
+        self.stall_timer: asyncio.TimerHandle | None = None
+        self.read_paused = False  # too many pipelined requests ahead of their answers
+        self.write_paused = False  # the client does not read its answers
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+        transport.set_write_buffer_limits(high=self.server.limits.max_write_buffer)
         self.server.connections.add(self)
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+
+    # defences (azulite.serve.limits): slowloris heads, oversized heads, clients that do not read
+    def _head_timeout(self) -> None:
+        if self.transport is not None:
+            log.info("HTTP connection from %s closed: request head not complete in time", self.peer)
+            self._fail(408, "the request head did not arrive in time")
+
+    def pause_writing(self) -> None:
+        self.write_paused = True
+        self._reading()
+        if self.stall_timer is None:
+            self.stall_timer = asyncio.get_running_loop().call_later(self.server.limits.stall_timeout_s,
+                                                                    self._stalled)
+
+    def resume_writing(self) -> None:
+        self.write_paused = False
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+            self.stall_timer = None
+        self._reading()
+
+    def _stalled(self) -> None:
+        self.stall_timer = None
+        if self.write_paused and self.transport is not None:
+            log.info("HTTP connection from %s closed: its answers went unread", self.peer)
+            self.transport.abort()
+
+    def _reading(self) -> None:
+        """Read while the client reads its answers and has few requests ahead of them."""
+        if self.transport is None:
+            return
+        want = not self.write_paused and len(self.replies) < self.server.limits.max_pipelined
+        if want and self.read_paused:
+            self.read_paused = False
+            if self.head_tick >= 0:  # a head cut by our pause gets a whole timeout again
+                self.head_tick = self.server.tick
+            self.transport.resume_reading()
+        elif not want and not self.read_paused:
+            self.read_paused = True
+            self.transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # answered and closing: what else arrives is not parsed
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            pass  # a callback refused the request (_Stop): already answered
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrade is not supported")
         except httptools.HttpParserError as exc:
@@ -354,14 +412,28 @@ class _Connection(asyncio.Protocol):
         self.headers = {}
         self.body = []
         self.body_size = 0
+        self.head_size = 0
+        self.head_tick = self.server.tick  # the server's sweep closes heads older than two ticks
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self.head_size += len(url)
+        if self.head_size > self.server.limits.max_header_bytes:
+            self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.lower()] = value
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size > self.server.limits.max_header_bytes:
+            self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        if not self.closing:
+            self._fail(431, f"the request head is larger than {self.server.limits.max_header_bytes} bytes")
+        raise _Stop  # llhttp stops parsing this connection's input
 
     def on_headers_complete(self) -> None:
+        self.head_tick = -1
         length = self.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_input_size:
             self._too_large(int(length))
@@ -386,6 +458,8 @@ class _Connection(asyncio.Protocol):
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         slot = [None, keep_alive]
         self.replies.append(slot)
+        if len(self.replies) >= self.server.limits.max_pipelined:
+            self._reading()
         try:
             path = self.url.decode("latin-1")
             coro = self.server.app.handle(method, path, self.headers, body, self.peer)
@@ -407,13 +481,20 @@ class _Connection(asyncio.Protocol):
         self.server.check_idle()
 
     def _flush(self) -> None:
+        try:
+            self._write_ready()
+        finally:
+            if self.read_paused and len(self.replies) <= self.server.limits.max_pipelined // 2:
+                self._reading()
+
+    def _write_ready(self) -> None:
         while self.replies and self.replies[0][0] is not None:
             reply, keep_alive = self.replies.popleft()
             if self.transport is None:
                 continue
             self._write(reply, keep_alive and not self.server.stopping)
             if not keep_alive or self.server.stopping:
-                self.transport.close()
+                close_soon(self.transport, self.server.limits)
                 self.transport = None
 
     def _write(self, reply: Reply, keep_alive: bool) -> None:
@@ -442,32 +523,46 @@ class _Connection(asyncio.Protocol):
             return
         body = json.dumps({"error": message}).encode()
         if any(slot[0] is None for slot in self.replies):  # earlier requests still running: drop, close
-            self.transport.close()
+            close_soon(self.transport, self.server.limits)
             return
         self._flush()
         if self.transport is not None:
             self._write((status, JSON, body, ()), False)
-            self.transport.close()
+            close_soon(self.transport, self.server.limits)
             self.transport = None
 
 
 class HttpServer:
     """Listens on one address and serves ``app`` (an HttpApp or MetricsApp) on the running loop."""
 
-    def __init__(self, app, *, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> None:
+    def __init__(self, app, *, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+                 limits: ConnectionLimits | None = None) -> None:
         self.app = app
         self.max_input_size = max_input_size
+        self.limits = limits or ConnectionLimits()
         self.connections: set[_Connection] = set()
         self.in_flight = 0
         self.stopping = False
         self._server: asyncio.base_events.Server | None = None
         self._idle: asyncio.Event | None = None
+        self.tick = 0
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
                                                 backlog=1024)
+        self._sweeper = loop.call_later(self.limits.header_timeout_s / 2, self._sweep)
         return self._server.sockets[0].getsockname()[1]
+
+    def _sweep(self) -> None:
+        """Slowloris: every half header timeout, close connections whose request head began two ticks
+        ago (so after between one and 1.5 timeouts). One timer per server, not one per request."""
+        self.tick += 1
+        for conn in list(self.connections):
+            if conn.head_tick >= 0 and self.tick - conn.head_tick >= 2 and not conn.read_paused:
+                conn._head_timeout()
+        self._sweeper = asyncio.get_running_loop().call_later(self.limits.header_timeout_s / 2, self._sweep)
 
     def check_idle(self) -> None:
         if self.in_flight == 0 and self._idle is not None:
@@ -476,6 +571,9 @@ class HttpServer:
     def stop_accepting(self) -> None:
         """Close the listening socket; connections stay open to finish what they started."""
         self.stopping = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
 

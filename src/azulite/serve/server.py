@@ -23,6 +23,7 @@ from azulite.serve.dataplane import SERVER_NAME, DataPlaneSettings, TritonDataPl
 from azulite.serve.grpc import GrpcServer
 from azulite.serve.grpc_h2 import GrpcH2Server
 from azulite.serve.http import DEFAULT_MAX_INPUT_SIZE, HttpApp, HttpServer, MetricsApp
+from azulite.serve.limits import ConnectionLimits
 from azulite.serve.manager import ControlMode
 
 log = logging.getLogger("azulite.serve")
@@ -55,6 +56,8 @@ class ServerSettings:
     verify: bool = False
     #: the Ed25519 public key (PEM) a signed manifest is checked with
     manifest_key: Path | None = None
+    #: per-connection defences of the HTTP/1.1 and HTTP/2 transports (slow, flooding, hostile clients)
+    limits: ConnectionLimits = ConnectionLimits()
 
 
 def exposure_warnings(s: ServerSettings) -> list[str]:
@@ -101,10 +104,11 @@ class Server:
             strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify))
         try:
             if s.http_port >= 0:
-                self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size)
+                self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size,
+                                       limits=s.limits)
                 self.ports["http"] = await self.http.start(s.http_address, s.http_port)
             if s.grpc_port >= 0:
-                self.grpc = (GrpcH2Server(self.dataplane, guard) if s.grpc_impl == "h2"
+                self.grpc = (GrpcH2Server(self.dataplane, guard, s.limits) if s.grpc_impl == "h2"
                              else GrpcServer(self.dataplane, guard=guard))
                 self.ports["grpc"] = await self.grpc.start(s.grpc_address, s.grpc_port)
             if s.metrics_port >= 0:
