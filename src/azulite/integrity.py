@@ -45,7 +45,7 @@ def repository_files(root: Path, model: str | None = None) -> list[str]:
     root = Path(root)
     base = root / model if model else root
     out = []
-    for folder, dirs, files in os.walk(base, followlinks=True):
+    for folder, dirs, files in os.walk(base):  # symlinked folders are not followed (no loops)
         dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
         for name in files:
             rel = Path(folder, name).relative_to(root).as_posix()

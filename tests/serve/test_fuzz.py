@@ -11,7 +11,6 @@ import http.client
 import json
 import os
 import random
-import struct
 
 import grpc
 import numpy as np

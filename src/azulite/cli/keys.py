@@ -8,14 +8,13 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
-
-from azulite.errors import KeyStoreError
 
 app = typer.Typer(no_args_is_help=True, help="Endpoint keys for azulite serve --auth.\n\n"
                   "Examples:\n\n  azulite keys create team-a --models densenet_onnx --rps 50 --quota 100000/day\n\n"
@@ -83,7 +82,7 @@ def list_(
         table.add_column(col)
     for r in records:
         p = r.public()
-        state = "revoked" if r.revoked is not None else ("expired" if not r.live(__import__("time").time()) else "live")
+        state = "revoked" if r.revoked is not None else ("expired" if not r.live(time.time()) else "live")
         table.add_row(r.id, r.name, ",".join(p["models"]) if p["models"] else "*", f"{r.rps:g}" if r.rps else "-",
                       str(r.quota_per_day or "-"), "yes" if r.admin else "", (p["expires"] or "-")[:19], state)
     Console(highlight=False).print(table)
@@ -108,6 +107,3 @@ def rotate(
     """Replace a key's secret (same name, models and limits); the old secret stops working."""
     record, token = _store(key_store).rotate(name)
     _print_secret(Console(highlight=False, stderr=True), record, token, as_json)
-
-
-__all__ = ["app", "default_store", "KeyStoreError"]

@@ -9,7 +9,6 @@ The infer path builds no protobuf and loops over tensors, never over elements.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,8 +24,8 @@ from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import WorkItem
 from azulite.serve.batcher import Rejected
 from azulite.serve.ensemble import run_ensemble
-from azulite.serve.drift import OutputMonitor, window_of
-from azulite.serve.fallback import FallbackPolicy, policy_of
+from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
+from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallback_metrics, policy_of
 from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
 from azulite.serve.models import READY, LoadedModel
@@ -144,42 +143,12 @@ class TritonDataPlane:
         self._policies: dict[str, tuple[mc.ModelConfig, FallbackPolicy | None, OutputMonitor | None]] = {}
         #: (model, fallback, reason) -> requests answered by the fallback (azulite_fallback_total)
         self.fallbacks: dict[tuple[str, str, str], int] = {}
-        self.metrics.extra.append(self._fallback_metrics)
-        self.metrics.extra.append(self._drift_metrics)
+        self.metrics.extra.append(lambda: fallback_metrics(self.fallbacks))
+        self.metrics.extra.append(lambda: drift_metrics(self.manager.entries, self._policies))
         self.manager.load_initial()
         self._limit_threads()  # again: models may have loaded more BLAS libraries (scipy, MKL...)
         explicit = settings.control_mode == "explicit" and "*" not in settings.load_models
         self._initial = list(settings.load_models) if explicit else list(self.manager.entries)
-
-    def _fallback_metrics(self):
-        from prometheus_client.core import Metric
-
-        metric = Metric("azulite_fallback_total", "Requests answered by a model's fallback, by reason", "counter")
-        for (model, fallback, reason), n in sorted(self.fallbacks.items()):
-            metric.add_sample("azulite_fallback_total", {"model": model, "fallback": fallback, "reason": reason}, n)
-        yield metric
-
-    def _drift_metrics(self):
-        from prometheus_client.core import Metric
-
-        psi_m = Metric("azulite_output_psi", "PSI of an output's current window against its reference window",
-                       "gauge")
-        ks_m = Metric("azulite_output_ks", "Two-sample KS statistic of an output's current window against its "
-                      "reference window", "gauge")
-        n_m = Metric("azulite_output_drift_values", "Values held in an output's drift windows", "gauge")
-        for name, (config, _, monitor) in sorted(self._policies.items()):
-            entry = self.manager.entries.get(name)
-            if monitor is None or entry is None or entry.config is not config:
-                continue
-            for f in monitor.figures():
-                labels = {"model": name, "output": f.output}
-                psi_m.add_sample("azulite_output_psi", labels, f.psi)
-                ks_m.add_sample("azulite_output_ks", labels, f.ks)
-                n_m.add_sample("azulite_output_drift_values", {**labels, "window": "reference"}, f.reference)
-                n_m.add_sample("azulite_output_drift_values", {**labels, "window": "current"}, f.current)
-        yield psi_m
-        yield ks_m
-        yield n_m
 
     def _limit_threads(self) -> None:
         """Cap the BLAS pools of the whole process (numpy in Python models) to ``compute_threads``:
@@ -288,37 +257,12 @@ class TritonDataPlane:
             cached = self._policies[request.model_name] = (
                 entry.config, policy_of(entry.config), OutputMonitor(window) if window else None)
         if cached[1] is not None:
-            response = await self._infer_or_fall_back(request, entry, cached[1])
+            response = await answer_with_fallback(request, cached[1], get_model=self.manager.get,
+                                                  infer=self._infer, counts=self.fallbacks)
         else:
             response = await self._infer(request)
         if cached[2] is not None and response.model_name == request.model_name:  # not the fallback's answers
             cached[2].observe([(t.name, t.data) for t in response.outputs])
-        return response
-
-    async def _infer_or_fall_back(self, request: InferRequest, entry, policy: FallbackPolicy) -> InferResponse:
-        """The primary when it can answer; else the fallback, marked in the answer and counted."""
-        reason = None
-        try:
-            model = self.manager.get(request.model_name, request.model_version)
-        except Unavailable:
-            reason = "unavailable"
-        else:
-            if policy.queue_threshold and model.batcher is not None and model.batcher.queued >= policy.queue_threshold:
-                reason = "queue_threshold"
-        if reason is None:
-            try:
-                return await self._infer(request)
-            except Rejected as exc:
-                if "queue size" not in exc.message:
-                    raise  # a request's own timeout: not the model's inability to answer
-                reason = "queue_full"
-            except (Internal, Unavailable):
-                reason = "failed"
-        response = await self._infer(dataclasses.replace(request, model_name=policy.model, model_version=""))
-        response.parameters["fallback_from"] = request.model_name
-        response.parameters["fallback_reason"] = reason
-        key = (request.model_name, policy.model, reason)
-        self.fallbacks[key] = self.fallbacks.get(key, 0) + 1
         return response
 
     async def _infer(self, request: InferRequest) -> InferResponse:

@@ -145,3 +145,27 @@ class OutputMonitor:
             out.append(DriftFigures(name, psi(reference, current), ks(reference, current), len(reference),
                                     len(current)))
         return out
+
+
+def drift_metrics(entries, monitors):
+    """``azulite_output_psi`` / ``azulite_output_ks`` / ``azulite_output_drift_values`` of the models whose
+    monitor belongs to their current config (``monitors``: name -> (config, policy, monitor))."""
+    from prometheus_client.core import Metric
+
+    psi_m = Metric("azulite_output_psi", "PSI of an output's current window against its reference window", "gauge")
+    ks_m = Metric("azulite_output_ks", "Two-sample KS statistic of an output's current window against its "
+                  "reference window", "gauge")
+    n_m = Metric("azulite_output_drift_values", "Values held in an output's drift windows", "gauge")
+    for name, (config, _, monitor) in sorted(monitors.items()):
+        entry = entries.get(name)
+        if monitor is None or entry is None or entry.config is not config:
+            continue
+        for f in monitor.figures():
+            labels = {"model": name, "output": f.output}
+            psi_m.add_sample("azulite_output_psi", labels, f.psi)
+            ks_m.add_sample("azulite_output_ks", labels, f.ks)
+            n_m.add_sample("azulite_output_drift_values", {**labels, "window": "reference"}, f.reference)
+            n_m.add_sample("azulite_output_drift_values", {**labels, "window": "current"}, f.current)
+    yield psi_m
+    yield ks_m
+    yield n_m

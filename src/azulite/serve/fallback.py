@@ -14,9 +14,11 @@ primary's inability to answer is. The fallback must take the same inputs and giv
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
-from azulite.errors import ModelLoadError
+from azulite.errors import Internal, ModelLoadError, Unavailable
+from azulite.serve.batcher import Rejected
 from azulite.serve.proto import model_config_pb2 as mc
 
 MODEL_PARAM = "azulite_fallback_model"
@@ -52,3 +54,41 @@ def policy_of(config: mc.ModelConfig) -> FallbackPolicy | None:
                                  f"of queued requests, got {text!r}", fix='e.g. string_value: "64"')
         threshold = int(text)
     return FallbackPolicy(target, threshold)
+
+
+def fallback_metrics(counts: dict[tuple[str, str, str], int]):
+    """``azulite_fallback_total{model,fallback,reason}`` from the data plane's counts (at scrape time)."""
+    from prometheus_client.core import Metric
+
+    metric = Metric("azulite_fallback_total", "Requests answered by a model's fallback, by reason", "counter")
+    for (model, fallback, reason), n in sorted(counts.items()):
+        metric.add_sample("azulite_fallback_total", {"model": model, "fallback": fallback, "reason": reason}, n)
+    yield metric
+
+
+async def answer_with_fallback(request, policy: FallbackPolicy, *, get_model, infer, counts: dict):
+    """The primary's answer when it can give one; else the fallback's, marked and counted.
+    ``get_model(name, version)`` and ``infer(request)`` are the data plane's; ``counts`` its tally."""
+    reason = None
+    try:
+        model = get_model(request.model_name, request.model_version)
+    except Unavailable:
+        reason = "unavailable"
+    else:
+        if policy.queue_threshold and model.batcher is not None and model.batcher.queued >= policy.queue_threshold:
+            reason = "queue_threshold"
+    if reason is None:
+        try:
+            return await infer(request)
+        except Rejected as exc:
+            if "queue size" not in exc.message:
+                raise  # the request's own timeout: not the model's inability to answer
+            reason = "queue_full"
+        except (Internal, Unavailable):
+            reason = "failed"
+    response = await infer(dataclasses.replace(request, model_name=policy.model, model_version=""))
+    response.parameters["fallback_from"] = request.model_name
+    response.parameters["fallback_reason"] = reason
+    key = (request.model_name, policy.model, reason)
+    counts[key] = counts.get(key, 0) + 1
+    return response

@@ -20,7 +20,6 @@ import struct
 import zlib
 from collections import deque
 from typing import Any
-from urllib.parse import quote
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -28,55 +27,15 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from azulite.serve.grpc import InferenceServicer, _status
+from azulite.serve.h2_defences import H2Defences
+from azulite.serve.h2_frames import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADER_LIST_LIMIT,
+                                     HEADERS, MAX_FRAME, PADDED, PING, PREFACE, PRIORITY_FLAG, PUSH_PROMISE,
+                                     RECV_WINDOW, RST_STREAM, SERVICE, SETTINGS, WINDOW_UPDATE, _FRAME,
+                                     _GRPC_PREFIX, _OK_TRAILERS, _RESPONSE_HEADERS, _U32, _frame, _status_block)
 from azulite.serve.limits import ConnectionLimits, close_soon
 from azulite.serve.proto import service_pb2 as pb
 
 log = logging.getLogger("azulite.serve.grpc")
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-_FRAME = struct.Struct(">HBBBL")  # 24-bit length as (high 16, low 8), type, flags, stream id
-_U32 = struct.Struct(">L")
-_GRPC_PREFIX = struct.Struct(">BL")
-RECV_WINDOW = (1 << 31) - 1
-MAX_FRAME = 1 << 20  # what we accept; we send at most the peer's own limit
-HEADER_LIST_LIMIT = 1 << 16
-MAX_MESSAGE = (1 << 31) - 1
-SERVICE = "/inference.GRPCInferenceService/"
-
-
-def _frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return _FRAME.pack(n >> 8, n & 0xFF, ftype, flags, stream) + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = bytearray([first | limit])
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """A header as 'literal without indexing, new name' (never touches the peer's dynamic table)."""
-    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
-
-
-_RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + _hpack_int(16, 7) + b"application/grpc"  # :status 200, content-type
-_OK_TRAILERS = _literal(b"grpc-status", b"0")
-
-
-def _status_block(code: grpc.StatusCode, message: str) -> bytes:
-    return (_literal(b"grpc-status", str(code.value[0]).encode())
-            + _literal(b"grpc-message", quote(message, safe=" !#$&'()*+,/:;=?@[]~").encode()))
-
 
 class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
@@ -132,7 +91,7 @@ class _Stream:
         self.recv_consumed = 0  # DATA bytes received since this stream's last WINDOW_UPDATE
 
 
-class _H2Connection(asyncio.Protocol):
+class _H2Connection(H2Defences, asyncio.Protocol):
     def __init__(self, server: "GrpcH2Server") -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
@@ -596,54 +555,6 @@ class _H2Connection(asyncio.Protocol):
             stream = self.blocked.popleft()
             if stream.sid in self.streams and self.transport is not None:
                 self._flush_stream(stream)
-
-    # --- defences ----------------------------------------------------------------------------------
-
-    def _head_timeout(self) -> None:
-        self.head_timer = None
-        if not self.settled:
-            self._goaway(0xB, "no connection preface and SETTINGS in time")
-
-    def _arm_stall_timer(self) -> None:
-        if self.stall_timer is None and self.transport is not None:
-            self.stall_timer = asyncio.get_running_loop().call_later(self.limits.stall_timeout_s, self._check_stall)
-
-    def _check_stall(self) -> None:
-        """Answers blocked by flow control, or a socket the client does not read, with no progress for
-        stall_timeout_s: the client holds our memory without reading it; close."""
-        self.stall_timer = None
-        if self.transport is None:
-            return
-        stuck = self.write_paused or any(s.sid in self.streams and s.out for s in self.blocked)
-        if not stuck:
-            return
-        idle = asyncio.get_running_loop().time() - self.last_progress
-        if idle >= self.limits.stall_timeout_s * 0.999:
-            log.info("gRPC connection from %s closed: no flow-control progress for %.0f s", self.peer, idle)
-            self._goaway(0xB, "flow control stalled")
-            if self.transport is not None:
-                self.transport.abort()
-        else:
-            self.stall_timer = asyncio.get_running_loop().call_later(self.limits.stall_timeout_s - idle,
-                                                                    self._check_stall)
-
-    def _check_write_buffer(self) -> None:
-        if self.transport is not None and self.transport.get_write_buffer_size() > self.limits.max_write_buffer:
-            self.transport.abort()  # answers to control frames pile up unread: a flood
-
-    def pause_writing(self) -> None:
-        """The client does not read: stop reading its requests until it does (bounded memory)."""
-        self.write_paused = True
-        self.last_progress = asyncio.get_running_loop().time()
-        if self.transport is not None:
-            self.transport.pause_reading()
-        self._arm_stall_timer()
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        self.last_progress = asyncio.get_running_loop().time()
-        if self.transport is not None:
-            self.transport.resume_reading()
 
     # --- connection --------------------------------------------------------------------------------
 

@@ -32,6 +32,7 @@ import httptools
 from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
 from azulite.serve.auth import Guard, bearer, http_route
+from azulite.serve.http_defences import HttpDefences
 from azulite.serve.limits import ConnectionLimits, close_soon
 from azulite.serve.types import DataPlane
 
@@ -313,7 +314,7 @@ class MetricsApp:
         return error_reply(NotFound(f"no such endpoint: {path}", fix="metrics are at /metrics"))
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(HttpDefences, asyncio.Protocol):
     """One HTTP/1.1 connection. Requests are answered in arrival order (pipelining-safe): each request's
     reply goes into a FIFO; replies are written as soon as every earlier one is."""
 
@@ -352,46 +353,6 @@ class _Connection(asyncio.Protocol):
         self.transport = None
         if self.stall_timer is not None:
             self.stall_timer.cancel()
-
-    # defences (azulite.serve.limits): slowloris heads, oversized heads, clients that do not read
-    def _head_timeout(self) -> None:
-        if self.transport is not None:
-            log.info("HTTP connection from %s closed: request head not complete in time", self.peer)
-            self._fail(408, "the request head did not arrive in time")
-
-    def pause_writing(self) -> None:
-        self.write_paused = True
-        self._reading()
-        if self.stall_timer is None:
-            self.stall_timer = asyncio.get_running_loop().call_later(self.server.limits.stall_timeout_s,
-                                                                    self._stalled)
-
-    def resume_writing(self) -> None:
-        self.write_paused = False
-        if self.stall_timer is not None:
-            self.stall_timer.cancel()
-            self.stall_timer = None
-        self._reading()
-
-    def _stalled(self) -> None:
-        self.stall_timer = None
-        if self.write_paused and self.transport is not None:
-            log.info("HTTP connection from %s closed: its answers went unread", self.peer)
-            self.transport.abort()
-
-    def _reading(self) -> None:
-        """Read while the client reads its answers and has few requests ahead of them."""
-        if self.transport is None:
-            return
-        want = not self.write_paused and len(self.replies) < self.server.limits.max_pipelined
-        if want and self.read_paused:
-            self.read_paused = False
-            if self.head_tick >= 0:  # a head cut by our pause gets a whole timeout again
-                self.head_tick = self.server.tick
-            self.transport.resume_reading()
-        elif not want and not self.read_paused:
-            self.read_paused = True
-            self.transport.pause_reading()
 
     def data_received(self, data: bytes) -> None:
         if self.closing:
