@@ -9,8 +9,7 @@ from azulite.serve.audit import FIELDS, AuditLog
 
 
 def _record(log: AuditLog, i: int) -> None:
-    log.record(request_id=f"r{i}", key_id="k1", client="127.0.0.1:5", model="m", version="1", protocol="http",
-               status=200, latency_s=0.001, bytes_in=10, bytes_out=20)
+    log.record(f"r{i}", "k1", "127.0.0.1:5", "m", "1", "http", 200, 0.001, 10, 20)
 
 
 def test_lines_hold_every_field_and_never_a_secret(tmp_path):
@@ -47,6 +46,17 @@ def test_a_failed_write_is_counted_not_raised(tmp_path):
         _record(log, i)  # must not raise
     assert log.flush()
     assert log.write_errors == 5 and log.written == 0
+    log.close()
+
+
+def test_hostile_strings_stay_one_json_line_and_ids_are_assigned(tmp_path):
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.record(None, None, "c", 'model"\n\u2028}{', "", "grpc", "INVALID_ARGUMENT", 0.5, 0, 0)
+    log.record(None, None, "c", "m", "", "grpc", "OK", 0.5, 0, 0)
+    assert log.flush()
+    first, second = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert first["model"] == 'model"\n\u2028}{' and first["key_id"] is None and first["status"] == "INVALID_ARGUMENT"
+    assert first["request_id"] != second["request_id"] and first["latency_ms"] == 500.0
     log.close()
 
 

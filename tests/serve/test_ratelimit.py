@@ -3,7 +3,10 @@ threads take at once (no wall time involved)."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
+
+import pytest
 
 from azulite.serve.ratelimit import DailyQuotas, TokenBuckets, refuse
 
@@ -32,9 +35,30 @@ def test_bucket_grants_burst_then_rate():
     assert sum(b.take("k", 10.0) == 0.0 for _ in range(100)) == 10
 
 
-def test_bucket_holds_under_concurrency():
+def test_bucket_holds_under_concurrent_requests_of_one_loop():
+    """The server's concurrency: many requests interleaving on one event loop."""
     clock = FakeClock()
     b = TokenBuckets(clock)
+    granted = []
+
+    async def request():
+        await asyncio.sleep(0)
+        ok = b.take("shared", 20.0) == 0.0
+        await asyncio.sleep(0)
+        granted.append(ok)
+
+    async def main():
+        for _ in range(5):
+            await asyncio.gather(*(request() for _ in range(500)))
+            clock.t += 0.5  # half a second's refill between waves
+
+    asyncio.run(main())
+    assert sum(granted) == 20 + 4 * 10  # the burst, then 10 tokens per half second
+
+
+def test_thread_safe_bucket_holds_under_threads():
+    clock = FakeClock()
+    b = TokenBuckets(clock, thread_safe=True)
     granted = []
     start = threading.Barrier(8)
 
@@ -63,9 +87,10 @@ def test_buckets_are_independent_and_fractional_rates_work():
     assert b.take("a", 0.5) == 0.0
 
 
-def test_daily_quota_resets_at_utc_midnight():
+@pytest.mark.parametrize("thread_safe", [False, True])
+def test_daily_quota_resets_at_utc_midnight(thread_safe):
     clock = FakeClock(86400 * 20000 + 86000.0)  # 400 s before a UTC midnight
-    q = DailyQuotas(clock)
+    q = DailyQuotas(clock, thread_safe=thread_safe)
     assert [q.take("k", 3) for _ in range(3)] == [0.0, 0.0, 0.0]
     assert q.take("k", 3) == 400.0
     assert q.take("other", 3) == 0.0

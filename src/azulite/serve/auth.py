@@ -18,6 +18,7 @@ time, one bucket take; the key table is reloaded only when the store's ``PRAGMA 
 
 from __future__ import annotations
 
+import hmac
 import threading
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -120,7 +121,9 @@ class Guard:
                                 fix="create a key (azulite keys create NAME) or pass --key-store FILE")
             self.store = KeyStore(settings.key_store, create=False)
             self._reload()
-        self.buckets = TokenBuckets(self.clock)
+        self._now = self._wall = 0.0  # the clock, as read by the current request's authentication
+        self.buckets = TokenBuckets(self.clock)  # per key id
+        self.model_buckets = TokenBuckets(self.clock)  # per model name
         self.quotas = DailyQuotas(self.clock)
         self.model_rps = dict(settings.model_rps)
         self.headers: dict[str, dict[str, tuple[str, str]]] = {}
@@ -150,74 +153,81 @@ class Guard:
                 self._version = version
 
     def principal(self, token: str | None) -> Principal:
+        return self._authenticate(token)[1]
+
+    def _authenticate(self, token: str | None) -> tuple[KeyRecord, Principal]:
         if token is None:
             raise Unauthenticated("this endpoint needs a key", fix="send 'Authorization: Bearer <key>' (gRPC: "
                                   "'authorization' metadata); create one with: azulite keys create NAME")
-        now = self.clock.monotonic()
+        clock = self.clock
+        self._now = now = clock.monotonic()  # read once per request: the limits below reuse it
+        self._wall = wall = clock.time()
         if now >= self._next_reload:
             self._next_reload = now + self.settings.reload_interval_s
             self._reload()
         hit = self._verified.get(token)
-        if hit is not None and hit[0] is self._keys.get(hit[0].id):  # same record: not revoked or reloaded
-            record, principal = hit
-        else:
+        if hit is None or hit[0] is not self._keys.get(hit[0].id):  # a new key, or revoked or reloaded
             parts = split_token(token)
             record = self._keys.get(parts[0]) if parts else None
             if record is None or not check_token(record, parts[1]):
                 raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
                                       fix="use a live key: azulite keys list")
-            principal = Principal(record.id, record.models, record.admin)
+            hit = (record, Principal(record.id, record.models, record.admin))
             if len(self._verified) >= 4096:  # only verified keys get here; the bound is for rotations
                 self._verified.clear()
-            self._verified[token] = (record, principal)
-        if not record.live(self.clock.time()):
+            self._verified[token] = hit
+        expires = hit[0].expires
+        if expires is not None and wall >= expires:
             raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
                                   fix="use a live key: azulite keys list")
-        return principal
+        return hit
 
     # --- the check -----------------------------------------------------------------------------------
 
-    def check(self, protocol: str, category: str, model: str, token: str | None, header) -> Principal:
-        """``header(name)`` reads a request header / metadata value (or None)."""
+    def check(self, protocol: str, category: str, model: str, token: str | None, headers=None,
+              get_header=None) -> Principal:
+        """``get_header(headers, name)`` reads a request header / metadata value (or None); only asked
+        when a restricted-API header applies."""
         try:
-            return self._check(protocol, category, model, token, header)
+            return self._check(protocol, category, model, token, headers, get_header)
         except ServeError as exc:
             self.rejected[exc.status] = self.rejected.get(exc.status, 0) + 1
             raise
 
-    def _check(self, protocol: str, category: str, model: str, token: str | None, header) -> Principal:
+    def _check(self, protocol: str, category: str, model: str, token: str | None, headers, get_header) -> Principal:
         if category == OPEN:
             return ANONYMOUS
-        principal = self.principal(token) if self.auth else ANONYMOUS
         restricted = self.headers.get(protocol)
+        if self.auth:
+            record, principal = self._authenticate(token)
+        else:
+            record, principal = None, ANONYMOUS
         if restricted is not None and category in restricted:
             name, value = restricted[category]
-            got = header(name)
-            if got is None or got != value:
+            got = get_header(headers, name) if get_header is not None else None
+            if got is None or not hmac.compare_digest(got.encode("utf-8", "replace"), value.encode("utf-8", "replace")):
                 raise PermissionDenied(f"this API is restricted (category {category}), expecting header '{name}'",
                                        fix=f"send the '{name}' header the server was started with")
-        if self.auth:
+        if record is not None:
             if category in self.admin_categories and not principal.admin:
                 raise PermissionDenied(f"the {category} API needs an admin key",
                                        fix="use a key made with: azulite keys create NAME --admin")
-            if model and not principal.may_see(model):
+            if model and principal.models is not None and model not in principal.models:
                 raise PermissionDenied(f"this key does not reach model '{model}'",
                                        fix="use a key created with --models including it")
-            record = self._keys.get(principal.key_id)
-            if record is not None:
-                if record.rps:
-                    wait = self.buckets.take("key:" + record.id, record.rps)
-                    if wait:
-                        raise refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s",
-                                     wait, "slow down, or raise the key's --rps")
-                if record.quota_per_day:
-                    wait = self.quotas.take(record.id, record.quota_per_day)
-                    if wait:
-                        raise refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests "
-                                     "today (UTC)", wait, "wait for the next UTC day, or raise the key's --quota")
-        if category == "inference" and model in self.model_rps:
+            if record.rps:
+                wait = self.buckets.take(record.id, record.rps, now=self._now)
+                if wait:
+                    raise refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s",
+                                 wait, "slow down, or raise the key's --rps")
+            if record.quota_per_day:
+                wait = self.quotas.take(record.id, record.quota_per_day, now=self._wall)
+                if wait:
+                    raise refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests "
+                                 "today (UTC)", wait, "wait for the next UTC day, or raise the key's --quota")
+        if self.model_rps and category == "inference" and model in self.model_rps:
             rps = self.model_rps[model]
-            wait = self.buckets.take("model:" + model, rps)
+            wait = self.model_buckets.take(model, rps, now=self._now if self.auth else None)
             if wait:
                 raise refuse(f"model '{model}' is over its rate limit of {rps:g} requests/s", wait,
                              "slow down, or raise --model-rate-limit for this model")

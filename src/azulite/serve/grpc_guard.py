@@ -45,19 +45,18 @@ class GuardedServicer:
                 setattr(self, name, self._unary(name, method, category, field))
 
     def _check(self, category: str, model: str, context) -> Principal:
-        return self.guard.check("grpc", category, model, bearer(_metadata(context, "authorization")),
-                                lambda n: _metadata(context, n))
+        return self.guard.check("grpc", category, model, bearer(_metadata(context, "authorization")), context,
+                                _metadata)
 
     def _audit(self, start: float, principal: Principal | None, request, context, status: str, response) -> None:
         audit = self.guard.audit
         if audit is None:
             return
         model = getattr(request, "model_name", "") or getattr(request, "name", "")
-        audit.record(request_id=getattr(request, "id", "") or audit.request_id(),
-                     key_id=principal.key_id if principal is not None else None, client=context.peer(),
-                     model=model, version=getattr(request, "model_version", "") or getattr(request, "version", ""),
-                     protocol="grpc", status=status, latency_s=time.perf_counter() - start,
-                     bytes_in=request.ByteSize(), bytes_out=response.ByteSize() if response is not None else 0)
+        audit.record(getattr(request, "id", "") or None, principal.key_id if principal is not None else None,
+                     context.peer(), model, getattr(request, "model_version", "") or getattr(request, "version", ""),
+                     "grpc", status, time.perf_counter() - start, request.ByteSize(),
+                     response.ByteSize() if response is not None else 0)
 
     def _unary(self, name: str, method, category: str, field: str):
         async def call(request, context):
@@ -115,8 +114,7 @@ class GuardedServicer:
                     t0 = time.perf_counter()
                     try:  # per request: the model it names, and the limits
                         self.guard.check("grpc", "inference", request.model_name,
-                                         bearer(_metadata(context, "authorization")),
-                                         lambda n: _metadata(context, n))
+                                         bearer(_metadata(context, "authorization")), context, _metadata)
                     except ServeError as exc:
                         self._audit(t0, principal, request, context, exc.status, None)
                         raise

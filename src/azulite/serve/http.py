@@ -152,8 +152,8 @@ class HttpApp:
         category, model, version = http_route(path)
         principal = None
         try:
-            principal = self.guard.check("http", category, model, bearer(headers.get(b"authorization")),
-                                         lambda name: _header(headers, name))
+            principal = self.guard.check("http", category, model, bearer(headers.get(b"authorization")), headers,
+                                         _header)
             if principal.models is not None and not model and category == "statistics":
                 stats = self.dp.model_statistics("", "")
                 keep = [s for s in stats.model_stats if principal.may_see(s.name)]
@@ -175,10 +175,9 @@ class HttpApp:
         audit = self.guard.audit
         if audit is not None:
             rid = headers.get(b"x-request-id")
-            audit.record(request_id=rid.decode("latin-1") if rid else audit.request_id(),
-                         key_id=principal.key_id if principal is not None else None, client=client, model=model,
-                         version=version, protocol="http", status=reply[0], latency_s=time.perf_counter() - start,
-                         bytes_in=len(body), bytes_out=len(reply[2]))
+            audit.record(rid.decode("latin-1") if rid else None, principal.key_id if principal is not None else None,
+                         client, model, version, "http", reply[0], time.perf_counter() - start, len(body),
+                         len(reply[2]))
         return reply
 
     def dispatch(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes):
