@@ -45,8 +45,8 @@ class GuardedServicer:
                 setattr(self, name, self._unary(name, method, category, field))
 
     def _check(self, category: str, model: str, context) -> Principal:
-        return self.guard.check("grpc", category, model, bearer(_metadata(context, "authorization")), context,
-                                _metadata)
+        token = bearer(_metadata(context, "authorization")) if self.guard.auth else None
+        return self.guard.check("grpc", category, model, token, context, _metadata)
 
     def _audit(self, start: float, principal: Principal | None, request, context, status: str, response) -> None:
         audit = self.guard.audit
@@ -109,12 +109,13 @@ class GuardedServicer:
                 await context.abort(*_status(exc))
                 return
 
+            token = bearer(_metadata(context, "authorization")) if self.guard.auth else None
+
             async def checked():
                 async for request in request_iterator:
                     t0 = time.perf_counter()
                     try:  # per request: the model it names, and the limits
-                        self.guard.check("grpc", "inference", request.model_name,
-                                         bearer(_metadata(context, "authorization")), context, _metadata)
+                        self.guard.check("grpc", "inference", request.model_name, token, context, _metadata)
                     except ServeError as exc:
                         self._audit(t0, principal, request, context, exc.status, None)
                         raise

@@ -152,8 +152,8 @@ class HttpApp:
         category, model, version = http_route(path)
         principal = None
         try:
-            principal = self.guard.check("http", category, model, bearer(headers.get(b"authorization")), headers,
-                                         _header)
+            token = bearer(headers.get(b"authorization")) if self.guard.auth else None
+            principal = self.guard.check("http", category, model, token, headers, _header)
             if principal.models is not None and not model and category == "statistics":
                 stats = self.dp.model_statistics("", "")
                 keep = [s for s in stats.model_stats if principal.may_see(s.name)]
