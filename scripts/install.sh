@@ -74,6 +74,8 @@ else
   # --- export (issue 10) ------------------------------------------------------------------------------------
   # (end export (issue 10))
   # --- protection (issue 11) ------------------------------------------------------------------------------------
+  # promtool checks and unit-tests the rendered alert rules (tests/observe/test_rules.py)
+  apt_need promtool prometheus
   # (end protection (issue 11))
   # --- aks-azureml (issue 12) ------------------------------------------------------------------------------------
   # kubernetes 37 (not kubeflow-training, which pins kubernetes<36: the PyTorchJob is checked against the CRD

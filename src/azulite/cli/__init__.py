@@ -15,6 +15,8 @@ from azulite.cli import catalog as _catalog
 from azulite.cli import cluster as _cluster
 from azulite.cli import deploy as _deploy
 from azulite.cli import export as _export
+from azulite.cli import keys as _keys
+from azulite.cli import repo as _repo
 
 app = typer.Typer(
     name="azulite",
@@ -36,6 +38,8 @@ _cluster.register(app)
 app.add_typer(_deploy.app, name="deploy")
 app.add_typer(_deploy.cluster_app, name="cluster")
 _export.register(app)
+app.add_typer(_keys.app, name="keys")
+app.add_typer(_repo.app, name="repo")
 
 
 def main(argv: list[str] | None = None) -> None:
