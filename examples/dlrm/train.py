@@ -108,10 +108,13 @@ def main(argv: list[str] | None = None) -> int:
     permille = round(args.validation_fraction * 1000)
 
     ctx = train.init(seed=args.seed)
+    if not dist.is_initialized():
+        # one process: TorchRec's DMP still wants a process group (of one); the checkpoints need none
+        dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     sharding.sharding_types(ctx.device, allowed)
     model = build_model(**cfg.kwargs(), device="meta")
     loop.fuse_embedding_optimizer(model, args.learning_rate)
-    model = sharding.shard(model, pg=dist.group.WORLD if ctx.distributed else None, device=ctx.device,
+    model = sharding.shard(model, pg=dist.group.WORLD, device=ctx.device,
                            world_size=ctx.world_size,
                            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE") or ctx.world_size),
                            batch_size=args.batch_size, per_rank_bytes=per_rank_bytes, allowed=allowed)

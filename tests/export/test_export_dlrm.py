@@ -7,6 +7,7 @@ rows through the training preprocessing. A malformed row is the client's error, 
 from __future__ import annotations
 
 import json
+import shutil
 import socket
 import subprocess
 import time
@@ -112,7 +113,15 @@ def test_real_triton_serves_the_exported_repository_with_the_same_scores(exporte
     the ONNX model wrapped in a model.py running the same file with onnxruntime; the ensemble and the
     Python preprocessing step load unchanged."""
     assert TRITON.exists(), "tritonserver missing: `make test` installs it (scripts/anchors.sh)"
-    triton_repo = python_backend_copy(exported["repo"], tmp_path / "triton_repo")
+    src = tmp_path / "src_repo"
+    shutil.copytree(exported["repo"], src)
+    # beside it, the ONNX file under a config written offline by `azulite config generate`
+    (src / "generated" / "1").mkdir(parents=True)
+    shutil.copy(src / "dlrm_model" / "1" / "model.onnx", src / "generated" / "1" / "model.onnx")
+    p = cli("config", "generate", str(src / "generated" / "1" / "model.onnx"), "--max-batch-size", "16",
+            "-o", str(src / "generated" / "config.pbtxt"))
+    assert p.returncode == 0, p.stderr
+    triton_repo = python_backend_copy(src, tmp_path / "triton_repo")
     ports = [free_port() for _ in range(3)]
     log = (tmp_path / "triton.log").open("w")
     proc = subprocess.Popen([str(TRITON), f"--model-repository={triton_repo}", "--http-address=127.0.0.1",
@@ -133,6 +142,10 @@ def test_real_triton_serves_the_exported_repository_with_the_same_scores(exporte
         inp.set_data_from_numpy(exported["rows"])
         got = client.infer("dlrm", [inp]).as_numpy("SCORE")
         np.testing.assert_allclose(got, exported["want"], rtol=1e-4, atol=1e-5)
+        assert client.is_model_ready("generated")
+        meta = client.get_model_metadata("generated")
+        assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == \
+            [("DENSE_RAW", "INT64", [-1, 13]), ("CATEGORY_IDS", "INT64", [-1, 26])]
         client.close()
     finally:
         proc.terminate()
