@@ -121,6 +121,15 @@ def budgets(pool: Pool, embedding, participatory) -> torch.Tensor:
 
 def train(seed: int = 0, pool_size: int = 1000, scorer_steps: int = 300, decoder_steps: int = 600,
           log=print) -> Trained:
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: the same weights from the same seed on any machine
+    try:
+        return _train(seed, pool_size, scorer_steps, decoder_steps, log)
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _train(seed: int, pool_size: int, scorer_steps: int, decoder_steps: int, log) -> Trained:
     start = time.monotonic()
     torch.manual_seed(seed)
     rng = np.random.default_rng(seed)
@@ -388,7 +397,6 @@ def main(argv: list[str] | None = None) -> None:
         return
     if args.out is None:
         ap.error("--out DIR is required (or --images)")
-    torch.set_num_threads(1)  # training gives the same weights on any machine with the same seed
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731 - stdout's last line is the JSON
     summary = build(args.out, triton_python=args.triton_python, also_triton_python=args.also_triton_python,
                     seed=args.seed, overwrite=args.overwrite, log=log)
