@@ -8,15 +8,18 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 dir=$(realpath -m "${1:-.cache/anchors}")
-[[ -x $dir/bin/perf_analyzer && -x $dir/bin/tritonserver ]] && "$dir/venv/bin/python" -c "import onnxruntime" 2>/dev/null && exit 0
+# onnxruntime (the version of azulite's .venv when there is one: both then compute the same floats) and Pillow
+# for Python-backend models that run an ONNX file or decode images (examples/arrcoc)
+ort=$(.venv/bin/python -c 'import onnxruntime; print(onnxruntime.__version__)' 2>/dev/null || echo 1.32.0)
+extras=("onnxruntime==$ort" pillow)
+[[ -x $dir/bin/perf_analyzer && -x $dir/bin/tritonserver ]] && grep -q 'venv/bin:' "$dir/bin/tritonserver" &&
+  "$dir/venv/bin/python" -c "import onnxruntime, PIL; assert onnxruntime.__version__ == '$ort'" 2>/dev/null && exit 0
 py=${PYTHON:-python3}
 mkdir -p "$dir/bin" "$dir/lib" "$dir/backends/python" "$dir/dl"
 [[ -x $dir/venv/bin/python ]] || "$py" -m venv "$dir/venv"
 vpy=$dir/venv/bin/python
 "$vpy" -m pip install -q nvidia-pytriton==0.7.0   # its own venv: it pins numpy < 2
-# ONNX models in real Triton: this build ships no ONNX Runtime backend, so they run through Python-backend
-# wrappers (onnxruntime inside model.py, azulite.export.wrappers); 1.32 keeps the venv's numpy 1.26
-"$vpy" -m pip install -q onnxruntime==1.32.0
+"$vpy" -m pip install -q "${extras[@]}"
 read -r site pyver pylib < <("$vpy" -c 'import sys, sysconfig as s
 print(s.get_paths()["purelib"], f"{sys.version_info[0]}.{sys.version_info[1]}", s.get_config_var("LIBDIR"))')
 triton=$site/pytriton/tritonserver
@@ -46,6 +49,10 @@ cat > "$dir/bin/tritonserver" <<SH
 # --model-repository and the ports as usual; the Python backend and the anchors' venv are set here
 export LD_LIBRARY_PATH="$pylib:$libs\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH}"
 export PYTHONPATH="$site\${PYTHONPATH:+:\$PYTHONPATH}"
+# The Python-backend stub embeds an isolated interpreter (PYTHONPATH is ignored) that finds its prefix through
+# the python3 on PATH: this venv's, so Python models get its numpy < 2 (with numpy 2, Triton 2.51's
+# as_numpy() returns garbage for UINT8 inputs and BYTES inputs crash the stub) and its packages.
+export PATH="$dir/venv/bin:\$PATH"
 exec "$triton/bin/tritonserver" --backend-directory="$dir/backends" "\$@"
 SH
 chmod +x "$dir/bin/perf_analyzer" "$dir/bin/tritonserver"
