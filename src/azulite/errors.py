@@ -123,3 +123,16 @@ class Internal(ServeError):
     """A failure inside the server or a model's own code: not the client's fault."""
 
     status = "INTERNAL"
+
+
+class MetricsError(AzuliteError):
+    """A training metric that cannot be logged or read (not a number; MLflow missing or its store unreadable)."""
+
+
+class InputError(AzuliteError):
+    """A job input that cannot be made available: a remote URI that does not exist or cannot be read, a
+    registered data asset without a workspace to resolve it."""
+
+
+class SweepError(AzuliteError):
+    """A sweep job that cannot run as written: its search space, sampling algorithm, objective or limits."""

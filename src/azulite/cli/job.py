@@ -117,6 +117,18 @@ def checkpoints_of(rec: JobRecord) -> tuple[list[dict], str | None]:
     return [asdict(i) for i in infos], None
 
 
+def metrics_of(rec: JobRecord) -> tuple[dict[str, dict], str | None]:
+    """The last value of every metric the job logged to its MLflow store; and why it could not be read."""
+    from azulite.launch.tracking import last_metrics  # imports mlflow only when the job has a store
+
+    try:
+        return last_metrics(JobSpec.model_validate(rec.spec), rec.job_dir, job_id=rec.id), None
+    except AzuliteError as e:
+        return {}, str(e)
+    except ValueError as e:  # an old record whose spec no longer validates
+        return {}, f"spec does not validate: {str(e).splitlines()[0]}"
+
+
 @app.command()
 def validate(
     file: Path = typer.Argument(..., help="Job spec (YAML)."),
@@ -272,6 +284,7 @@ def show(
         rank, path = failed_rank_log(rec)
         d["failed_rank_log_tail"] = log_tail(path) if path else []
         d["checkpoints"], d["checkpoints_error"] = checkpoints_of(rec)
+        d["metrics"], d["metrics_error"] = metrics_of(rec)
         print(json.dumps(d, indent=2))
         return
     _print_show(rec)
@@ -317,6 +330,14 @@ def _print_show(rec: JobRecord) -> None:
         c.print(t)
     if error:
         c.print(f"[yellow]checkpoints could not be listed:[/] {error}", markup=True)
+    metrics, error = metrics_of(rec)
+    if metrics:
+        t = Table("metric", "last value", "step", box=None, title="metrics (MLflow)")
+        for name, m in sorted(metrics.items()):
+            t.add_row(name, f"{m['value']:.6g}", str(m["step"]))
+        c.print(t)
+    if error:
+        c.print(f"[yellow]metrics could not be read:[/] {error}", markup=True)
     rank, path = failed_rank_log(rec)
     if rec.state == JobState.FAILED and path:
         c.print(f"[red]last {LOG_TAIL_LINES} lines of rank {rank}[/] ({path}):")

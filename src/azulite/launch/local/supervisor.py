@@ -36,6 +36,7 @@ from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import LaunchContext, LaunchStrategy, RankResult, get_strategy, read_rank_records
 from azulite.launch.records import JobState, ProcessRecord
 from azulite.launch.settings import Settings
+from azulite.launch.tracking import tracking_env
 from azulite.spec.job import JobSpec
 from azulite.spec.loader import render_command
 
@@ -99,6 +100,7 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
         (attempt_dir / "ranks").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in environ.items() if k not in _STRIP_ENV and not k.startswith("TORCHELASTIC_")}
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "/usr/bin:/bin")])
+    env.update(tracking_env(spec, job_dir))  # the job's MLflow store, unless its spec names another
     env.update(spec.environment_variables)
     env.pop("MASTER_PORT", None)  # a pinned rendezvous port, handed to the strategy instead
     env.update({ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt), ENV_JOB_DIR: str(job_dir), "PYTHONUNBUFFERED": "1"})
