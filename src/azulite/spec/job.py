@@ -193,7 +193,8 @@ class JobSpec(_Model):
 
     @property
     def distribution_type(self) -> str:
-        return self.distribution.type if self.distribution else "pytorch"
+        """The distribution's type; "none" without one (the command runs once per node, see README)."""
+        return self.distribution.type if self.distribution else "none"
 
     @property
     def processes_per_node(self) -> int:
