@@ -18,6 +18,7 @@ from typing import Iterator
 
 from azulite.errors import LaunchError
 from azulite.launch.backend import Backend, register_backend
+from azulite.launch.data import check_inputs
 from azulite.launch.local.procs import pid_alive, terminate_tree
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import get_strategy
@@ -45,6 +46,7 @@ class LocalBackend(Backend):
         strategy = get_strategy(spec.distribution_type)
         strategy.preflight(build_context("preflight", 1, spec, self.settings.jobs_dir / "_preflight", self.environ,
                                          make_dirs=False))
+        check_inputs(spec, {**self.environ, **spec.environment_variables})  # remote inputs exist and can be read
         rec = self.store.create(
             name=spec.name, backend=self.name, spec=spec.model_dump(mode="json"), spec_path=spec_path,
             environment=spec.environment_label, jobs_dir=self.settings.jobs_dir,

@@ -35,9 +35,10 @@ from azulite.launch.local.rank import shell_exit_code
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import LaunchContext, LaunchStrategy, RankResult, get_strategy, read_rank_records
 from azulite.launch.records import JobState, ProcessRecord
+from azulite.launch.data import fetch_inputs, output_location, upload_outputs
 from azulite.launch.settings import Settings
 from azulite.launch.tracking import tracking_env
-from azulite.spec.job import JobSpec
+from azulite.spec.job import JobSpec, PathInput
 from azulite.spec.loader import render_command
 
 POLL_S = 0.2
@@ -81,14 +82,18 @@ def rdzv_port(spec: JobSpec) -> int | None:
 
 
 def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, environ: dict[str, str],
-                  *, python: str = sys.executable, make_dirs: bool = True) -> LaunchContext:
-    """The per-attempt context: directories, substituted command, base environment."""
+                  *, python: str = sys.executable, make_dirs: bool = True,
+                  inputs: dict[str, str] | None = None) -> LaunchContext:
+    """The per-attempt context: directories, substituted command, base environment. ``inputs`` maps
+    remote inputs to their local copies (``data.fetch_inputs``); others are handed over as written."""
     outputs = {}
     for name, out in spec.outputs.items():
-        path = out.location(job_dir, name)
-        if make_dirs and "://" not in path and out.type == "uri_folder":
-            Path(path).mkdir(parents=True, exist_ok=True)
+        path = output_location(name, out, job_dir)
+        if make_dirs and "://" not in path:
+            (Path(path) if out.type == "uri_folder" else Path(path).parent).mkdir(parents=True, exist_ok=True)
         outputs[name] = path
+    local_inputs = {n: (v.model_copy(update={"path": inputs[n]}) if isinstance(v, PathInput) and n in (inputs or {}) else v)
+                    for n, v in spec.inputs.items()}
     attempt_dir = job_dir / f"attempt-{attempt}"
     node_dirs = tuple(job_dir / "nodes" / f"node-{k}" for k in range(spec.nodes))
     if make_dirs:
@@ -105,9 +110,12 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
     env.pop("MASTER_PORT", None)  # a pinned rendezvous port, handed to the strategy instead
     env.update({ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt), ENV_JOB_DIR: str(job_dir), "PYTHONUNBUFFERED": "1"})
     env.update({f"AZULITE_OUTPUT_{n.upper()}": p for n, p in outputs.items()})
+    # the names Azure ML gives a command job's data (AZURE_ML_INPUT_<name>, AZURE_ML_OUTPUT_<name>)
+    env.update({f"AZURE_ML_INPUT_{n}": v.path for n, v in local_inputs.items() if isinstance(v, PathInput)})
+    env.update({f"AZURE_ML_OUTPUT_{n}": p for n, p in outputs.items()})
     return LaunchContext(
         job_id=job_id, attempt=attempt, spec=spec,
-        command=render_command(spec.command, spec.inputs, outputs),
+        command=render_command(spec.command, local_inputs, outputs),
         python=python, attempt_dir=attempt_dir, node_dirs=node_dirs, base_env=env,
         rdzv_port=rdzv_port(spec), gpus=visible_gpus(environ),
     )
@@ -195,13 +203,22 @@ class Supervisor:
             if self._flags()[0]:
                 self._end(JobState.CANCELED, "canceled before attempt started")
                 return 0
-            ctx = build_context(self.job_id, attempt, spec, job_dir, self.environ)
+            data_env = {**self.environ, **spec.environment_variables}  # the job's own credentials count
+            fetched = fetch_inputs(spec, self.settings.home / "cache" / "inputs", data_env)
+            for f in fetched.values():
+                self.store.event(self.job_id, f"input {f.name}: {f.uri} -> {f.local} "
+                                 f"({'downloaded' if f.downloaded else 'from the cache'})")
+            ctx = build_context(self.job_id, attempt, spec, job_dir, self.environ,
+                                inputs={n: f.local for n, f in fetched.items()})
             strategy.preflight(ctx)
             if not self.store.transition(self.job_id, JobState.RUNNING, attempt=attempt, message=f"attempt {attempt}"):
                 return 0  # canceled meanwhile
             self._preempt = False
             out = self._run_attempt(ctx, strategy, spec)
             self._record(ctx, out)
+            # after every attempt, whatever its end (a preempted one included): nothing written is lost
+            for uri in upload_outputs(spec, job_dir, data_env)[-1:]:
+                self.store.event(self.job_id, f"outputs uploaded (last: {uri})")
             if out.canceled:
                 self._end(JobState.CANCELED, "canceled by user")
                 return 0
