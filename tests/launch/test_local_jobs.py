@@ -207,6 +207,35 @@ def test_a_dead_supervisor_is_noticed_and_its_job_cleaned_up(home, tmp_path):
     assert not job_procs({rec.id})
 
 
+SLEEP_THEN_FINISH = """
+import os, sys, time
+if os.environ["AZULITE_ATTEMPT"] != "1":
+    sys.exit(0)
+open(f"started-{os.environ['RANK']}", "w").close()
+time.sleep(300)
+"""
+
+
+def test_a_dead_supervisor_is_requeued_under_a_new_one_within_max_retries(home, tmp_path):
+    spec = write_job(tmp_path / "sr", SLEEP_THEN_FINISH, spec_2x1(extra="max_retries: 1", nodes=1, per_node=2))
+    b = backend()
+    rec = b.submit(load_job(spec))
+    job_dir = Path(rec.job_dir)
+    wait_for(lambda: (job_dir / "nodes/node-0/started-0").exists() and (job_dir / "nodes/node-0/started-1").exists(),
+             120, "ranks to start")
+    first = b.status(rec.id).supervisor_pid
+    ranks = [p.pid for p in b.status(rec.id).processes if p.kind == "rank" and p.pid]
+    psutil.Process(first).kill()
+    # any command that looks (here: list) notices, ends the orphaned attempt and starts a new supervisor
+    wait_for(lambda: b.list() and b.status(rec.id).attempt == 2, 60, "attempt 2")
+    rec = wait_done(rec.id)
+    assert rec.state == JobState.SUCCEEDED, rec.reason
+    assert [(a.attempt, a.state) for a in rec.attempts] == [(1, "requeued"), (2, "succeeded")]
+    assert "supervisor died" in rec.attempts[0].reason and "retry 1/1" in rec.attempts[0].reason
+    assert rec.supervisor_pid != first
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in ranks)
+
+
 def test_max_retries_starts_a_new_attempt_after_a_failure(home, tmp_path):
     script = "import os, sys\nsys.exit(4 if os.environ['AZULITE_ATTEMPT'] == '1' else 0)\n"
     spec = write_job(tmp_path / "retry", script, spec_2x1(extra="max_retries: 1", nodes=1, per_node=2))

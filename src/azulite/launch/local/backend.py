@@ -16,13 +16,15 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import psutil
+
 from azulite.errors import LaunchError
 from azulite.launch.backend import Backend, register_backend
 from azulite.launch.data import check_inputs
 from azulite.launch.local.procs import pid_alive, terminate_tree
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import get_strategy
-from azulite.launch.local.supervisor import build_context, job_processes
+from azulite.launch.local.supervisor import build_context, job_processes, retries_used
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
 
@@ -62,17 +64,21 @@ class LocalBackend(Backend):
                 return skip | {n for n in names if (Path(folder) / n).resolve() == home}
 
             shutil.copytree(spec.code, job_dir / "code", symlinks=True, ignore=ignore)
-            env = {**self.environ, "AZULITE_HOME": str(self.settings.home)}
-            with open(job_dir / "supervisor.log", "ab") as log:
-                subprocess.run(
-                    [sys.executable, "-c", _DETACH, sys.executable, "-m", "azulite.launch.local.supervisor", rec.id],
-                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=job_dir,
-                )
+            self._start_supervisor(rec.id, job_dir)
         except (OSError, subprocess.CalledProcessError) as exc:
             self.store.transition(rec.id, JobState.FAILED, message=f"could not start: {exc}", exit_code=1)
             raise LaunchError(f"could not start job {rec.id}: {exc}", where=str(job_dir),
                               fix="check the code folder is readable and AZULITE_HOME is writable") from None
         return self.store.get(rec.id)
+
+    def _start_supervisor(self, job_id: str, job_dir: Path, claim: int | None = None) -> None:
+        env = {**self.environ, "AZULITE_HOME": str(self.settings.home)}
+        argv = [sys.executable, "-c", _DETACH, sys.executable, "-m", "azulite.launch.local.supervisor", job_id]
+        if claim is not None:
+            argv += ["--claim", str(claim)]
+        with open(job_dir / "supervisor.log", "ab") as log:
+            subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True,
+                           cwd=job_dir)
 
     # ---- status --------------------------------------------------------------------------------------
     def _status_impl(self, job_id: str) -> JobRecord:
@@ -80,22 +86,44 @@ class LocalBackend(Backend):
         if rec.state.terminal:
             return rec
         # the store is the truth, unless the supervisor that writes it died without a word
-        dead = (rec.supervisor_pid is not None and not pid_alive(rec.supervisor_pid)) or (
+        dead = (rec.supervisor_pid is not None and not _supervising(rec.supervisor_pid, job_id)) or (
             rec.supervisor_pid is None and time.time() - rec.created_at > _SUPERVISOR_START_S
         )
         if dead:
             time.sleep(0.5)  # it may be writing its last transition right now
             rec = self.store.get(job_id)
-            if not rec.state.terminal:
-                for p in job_processes(rec.job_dir):
-                    terminate_tree([p.pid], self.settings.kill_grace_s)
-                self.store.transition(job_id, JobState.FAILED, exit_code=1,
-                                      message=f"supervisor died (see {Path(rec.job_dir) / 'supervisor.log'})")
+            if not rec.state.terminal and not _supervising(rec.supervisor_pid, job_id):
+                self._recover(rec)
                 rec = self.store.get(job_id)
         return rec
 
+    def _recover(self, rec: JobRecord) -> None:
+        """A job whose supervisor died (killed, or the machine restarted): end what is left of its attempt
+        and requeue it under a new supervisor — its next attempt resumes from the last committed
+        checkpoint — while ``max_retries`` lasts (a death counts as a failed attempt); else fail it."""
+        token = -int(time.time())  # never a pid: a claim in progress, and since when
+        if not self.store.claim_supervision(rec.id, rec.supervisor_pid, token):
+            return  # another command is recovering it
+        for p in job_processes(rec.job_dir):
+            terminate_tree([p.pid], self.settings.kill_grace_s)
+        why = f"supervisor died (see {Path(rec.job_dir) / 'supervisor.log'})"
+        spec = JobSpec.model_validate(rec.spec)
+        if rec.state in (JobState.RUNNING, JobState.PREEMPTED):
+            used = retries_used(rec)
+            if used >= spec.max_retries:
+                self.store.transition(rec.id, JobState.FAILED, exit_code=1,
+                                      message=f"{why}; no retries left (max_retries={spec.max_retries})")
+                return
+            self.store.transition(rec.id, JobState.REQUEUED,
+                                  message=f"{why}; retry {used + 1}/{spec.max_retries} as attempt {rec.attempt + 1}")
+        try:
+            self._start_supervisor(rec.id, Path(rec.job_dir), claim=token)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=f"{why}; could not restart it: {exc}")
+
     def _list_impl(self, limit: int) -> list[JobRecord]:
-        return self.store.list(limit)
+        # looking is when a dead supervisor's job is noticed and requeued
+        return [r if r.state.terminal else self._status_impl(r.id) for r in self.store.list(limit)]
 
     # ---- cancel / preempt ----------------------------------------------------------------------------
     def _cancel_impl(self, job_id: str) -> JobRecord:
@@ -132,6 +160,23 @@ class LocalBackend(Backend):
     def _logs_impl(self, job_id: str, *, rank: int | None, follow: bool) -> Iterator[str]:
         rec = self.store.get(job_id)
         return _follow_logs(self, rec, rank, follow)
+
+
+def _supervising(pid: int | None, job_id: str) -> bool:
+    """Whether ``pid`` is this job's live supervisor (a pid reused after a machine restart is not), or a
+    claim by a command that is starting a new one (a negative token: the claim's time) less than
+    ``_SUPERVISOR_START_S`` old."""
+    if pid is None:
+        return False
+    if pid < 0:
+        return time.time() + pid < _SUPERVISOR_START_S
+    if not pid_alive(pid):
+        return False
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return "azulite.launch.local.supervisor" in cmd and job_id in cmd
 
 
 def rank_log_paths(job_dir: Path, attempt: int, rank: int | None) -> list[tuple[int, Path]]:

@@ -34,7 +34,7 @@ from azulite.launch.local.procs import signal_all, terminate_tree, tree
 from azulite.launch.local.rank import shell_exit_code
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import LaunchContext, LaunchStrategy, RankResult, get_strategy, read_rank_records
-from azulite.launch.records import JobState, ProcessRecord
+from azulite.launch.records import JobRecord, JobState, ProcessRecord
 from azulite.launch.data import fetch_inputs, output_location, upload_outputs
 from azulite.launch.settings import Settings
 from azulite.launch.tracking import tracking_env
@@ -197,7 +197,9 @@ class Supervisor:
         self.store.transition(self.job_id, state, message=message, **kw)  # refused if already ended: fine
 
     def _loop(self, spec: JobSpec, job_dir: Path, strategy: LaunchStrategy, attempt: int) -> int:
-        failures = preemptions = 0
+        rec = self.store.get(self.job_id)  # a restarted supervisor carries on the counts of the one before
+        failures = retries_used(rec)
+        preemptions = sum(1 for a in rec.attempts if a.exit_code == EXIT_PREEMPTED)
         while True:
             attempt += 1
             if self._flags()[0]:
@@ -363,13 +365,21 @@ class Supervisor:
             terminate_tree(live, self.settings.kill_grace_s, extra=left)
 
 
+def retries_used(rec: JobRecord) -> int:
+    """Attempts that ended in a failure and were retried (preemption requeues, exit 75, do not count)."""
+    return sum(1 for a in rec.attempts if a.state == JobState.REQUEUED.value and a.exit_code != EXIT_PREEMPTED)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m azulite.launch.local.supervisor JOB_ID", file=sys.stderr)
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--claim"):
+        print("usage: python -m azulite.launch.local.supervisor JOB_ID [--claim TOKEN]", file=sys.stderr)
         return 2
     environ = dict(os.environ)
     settings = Settings.from_environ(environ)
     store = JobStore(settings.db_path)
+    # a restarted supervisor takes over only if its claim still stands (exactly one takes over)
+    if len(argv) == 3 and not store.claim_supervision(argv[0], int(argv[2]), os.getpid()):
+        return 0
     return Supervisor(store, settings, argv[0], environ).run()
 
 
