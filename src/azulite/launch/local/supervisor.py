@@ -327,6 +327,14 @@ class Supervisor:
             if now - synced > 1.0:
                 synced = now
                 self._sync_ranks(ctx)
+                # A node that finished cannot rejoin: a rank lost on another node after that leaves its agent
+                # waiting minutes for a rendezvous that cannot happen. End the attempt now instead; it is
+                # retried (max_retries) from the last committed checkpoint.
+                if first_failure is None and any(c == 0 for c in exits.values()) and (lost := _lost_ranks(ctx)):
+                    first_failure = float("inf")
+                    self.store.event(self.job_id, f"rank(s) {lost} lost after a node finished: the group cannot "
+                                     f"re-form; stopping {', '.join(running)}")
+                    terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
             time.sleep(POLL_S)
         out.exits = exits
         out.results = strategy.collect(ctx, exits)
@@ -363,6 +371,16 @@ class Supervisor:
         left = job_processes(self.job_dir, exclude=(os.getpid(),))
         if left or live:
             terminate_tree(live, self.settings.kill_grace_s, extra=left)
+
+
+def _lost_ranks(ctx: LaunchContext) -> list[int]:
+    """Ranks of this attempt that died: a non-zero exit recorded, or a rank runner gone without a record."""
+    lost = []
+    for r, rec in read_rank_records(ctx.records_dir).items():
+        code = rec.get("exit_code")
+        if code not in (None, 0) or (code is None and not psutil.pid_exists(int(rec.get("pid") or 0) or -1)):
+            lost.append(r)
+    return sorted(lost)
 
 
 def retries_used(rec: JobRecord) -> int:
