@@ -27,9 +27,12 @@ from azulite.launch.local.strategy import get_strategy
 from azulite.launch.local.supervisor import build_context, job_processes, retries_used
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
+from azulite.spec.sweep import SweepSpec
 
 #: a supervisor that has not recorded its pid this long after submit is taken for dead
 _SUPERVISOR_START_S = 120.0
+SUPERVISOR = "azulite.launch.local.supervisor"
+SWEEPER = "azulite.launch.local.sweeper"
 _SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "node_modules", ".azulite")
 # double fork: the supervisor ends up re-parented to init, in its own session, never a zombie of ours
 _DETACH = "import os,sys; os.setsid(); os._exit(0) if os.fork() else os.execv(sys.argv[1], sys.argv[1:])"
@@ -71,9 +74,29 @@ class LocalBackend(Backend):
                               fix="check the code folder is readable and AZULITE_HOME is writable") from None
         return self.store.get(rec.id)
 
-    def _start_supervisor(self, job_id: str, job_dir: Path, claim: int | None = None) -> None:
+    def submit_sweep(self, spec: SweepSpec, *, spec_path: str | None = None) -> JobRecord:
+        """Submit a sweep: checked as its trials will be (features, inputs), then run by its own detached
+        driver (``sweeper.py``), which submits the trials as child jobs."""
+        template = spec.trial_spec()
+        self.check_supported(template)
+        check_inputs(template, {**self.environ, **template.environment_variables})
+        rec = self.store.create(
+            name=spec.name, backend=self.name, spec=spec.model_dump(mode="json"), spec_path=spec_path,
+            environment=template.environment_label, jobs_dir=self.settings.jobs_dir,
+        )
+        job_dir = Path(rec.job_dir)
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            self._start_supervisor(rec.id, job_dir, module=SWEEPER)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            self.store.transition(rec.id, JobState.FAILED, message=f"could not start: {exc}", exit_code=1)
+            raise LaunchError(f"could not start sweep {rec.id}: {exc}", where=str(job_dir),
+                              fix="check that AZULITE_HOME is writable") from None
+        return self.store.get(rec.id)
+
+    def _start_supervisor(self, job_id: str, job_dir: Path, claim: int | None = None, module: str = SUPERVISOR) -> None:
         env = {**self.environ, "AZULITE_HOME": str(self.settings.home)}
-        argv = [sys.executable, "-c", _DETACH, sys.executable, "-m", "azulite.launch.local.supervisor", job_id]
+        argv = [sys.executable, "-c", _DETACH, sys.executable, "-m", module, job_id]
         if claim is not None:
             argv += ["--claim", str(claim)]
         with open(job_dir / "supervisor.log", "ab") as log:
@@ -107,6 +130,9 @@ class LocalBackend(Backend):
         for p in job_processes(rec.job_dir):
             terminate_tree([p.pid], self.settings.kill_grace_s)
         why = f"supervisor died (see {Path(rec.job_dir) / 'supervisor.log'})"
+        if rec.spec.get("type") == "sweep":  # its trials are jobs of their own; the sweep itself ends here
+            self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=why.replace("supervisor", "sweep driver"))
+            return
         spec = JobSpec.model_validate(rec.spec)
         if rec.state in (JobState.RUNNING, JobState.PREEMPTED):
             used = retries_used(rec)
@@ -176,7 +202,7 @@ def _supervising(pid: int | None, job_id: str) -> bool:
         cmd = psutil.Process(pid).cmdline()
     except psutil.Error:
         return False
-    return "azulite.launch.local.supervisor" in cmd and job_id in cmd
+    return (SUPERVISOR in cmd or SWEEPER in cmd) and job_id in cmd
 
 
 def rank_log_paths(job_dir: Path, attempt: int, rank: int | None) -> list[tuple[int, Path]]:

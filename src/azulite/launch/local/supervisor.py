@@ -37,7 +37,7 @@ from azulite.launch.local.strategy import LaunchContext, LaunchStrategy, RankRes
 from azulite.launch.records import JobRecord, JobState, ProcessRecord
 from azulite.launch.data import fetch_inputs, output_location, upload_outputs
 from azulite.launch.settings import Settings
-from azulite.launch.tracking import tracking_env
+from azulite.launch.tracking import prepare_store, tracking_env
 from azulite.spec.job import JobSpec, PathInput
 from azulite.spec.loader import render_command
 
@@ -199,6 +199,11 @@ class Supervisor:
     def _loop(self, spec: JobSpec, job_dir: Path, strategy: LaunchStrategy, attempt: int) -> int:
         rec = self.store.get(self.job_id)  # a restarted supervisor carries on the counts of the one before
         failures = retries_used(rec)
+        try:
+            prepare_store(spec, job_dir)
+        except Exception as e:  # noqa: BLE001 - metrics are not worth failing a job over: say so, go on
+            self.store.event(self.job_id, f"no MLflow store for this job ({type(e).__name__}: {e}); metrics "
+                             "logged by the job will fail")
         preemptions = sum(1 for a in rec.attempts if a.exit_code == EXIT_PREEMPTED)
         while True:
             attempt += 1
