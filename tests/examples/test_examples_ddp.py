@@ -164,11 +164,13 @@ def _kill_trials(count: int, reference_hash: str, seed: int) -> None:
         print(f"ok: {where}")  # the soak's record (pytest -s)
 
 
+@pytest.mark.timeout(900)
 def test_kill9_of_any_process_at_a_random_moment_ends_succeeded_and_identical(home, reference_hash):
     """A few trials here; `make soak` runs 20 (AZULITE_SOAK=1)."""
     _kill_trials(2, reference_hash, seed=1600)
 
 
 @pytest.mark.soak
+@pytest.mark.timeout(5400)
 def test_kill9_soak(home, reference_hash):
     _kill_trials(20 if os.environ.get("AZULITE_SOAK") == "1" else 2, reference_hash, seed=16000)
