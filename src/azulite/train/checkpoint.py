@@ -55,7 +55,7 @@ from azulite.errors import CheckpointError, StorageError
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
-from azulite.train.restore import Restorer
+from azulite.train.restore import IntegrityError, Restorer, VerifyingReader
 from azulite.train.staging import CachedStager, storage_ptr, updates_in_step, wait_staged_hook
 from azulite.train.state import ModelState
 from azulite.train.storage import CheckpointStorage, StorageSettings
@@ -415,26 +415,44 @@ class Checkpointer:
         or None when there is none (a fresh start). Corrupt or incomplete checkpoints are skipped, and
         the log says which file was wrong and which checkpoint is used instead."""
         self.wait()  # loading writes into the very tensors a pending save may still be copying
-        choice: tuple[int, dict[str, Any]] | str | None = None
-        if self.ctx.is_main:
+        while True:
+            choice: tuple[int, dict[str, Any]] | str | None = None
+            if self.ctx.is_main:
+                try:
+                    # local: sizes now, every byte's hash as it is read (VerifyingReader); Blob: downloaded
+                    # and hashed here
+                    choice = self._restorer.choose(verify=self.storage.remote)
+                except Exception as e:  # noqa: BLE001 - every rank must raise the same thing
+                    choice = f"{type(e).__name__}: {e}"
+            choice = self._broadcast(choice)
+            if isinstance(choice, str):
+                raise CheckpointError(choice, where=self.storage.uri,
+                                      fix="inspect the checkpoints; delete the directory to start from scratch")
+            if choice is None:
+                log.info("no committed checkpoint under %s: starting from scratch", self.storage.uri)
+                return None
+            step, manifest = choice
             try:
-                choice = self._restorer.choose()
-            except Exception as e:  # noqa: BLE001 - every rank must raise the same thing
-                choice = f"{type(e).__name__}: {e}"
-        choice = self._broadcast(choice)
-        if isinstance(choice, str):
-            raise CheckpointError(choice, where=self.storage.uri,
-                                  fix="inspect the checkpoints; delete the directory to start from scratch")
-        if choice is None:
-            log.info("no committed checkpoint under %s: starting from scratch", self.storage.uri)
-            return None
-        step, manifest = choice
-        # rank 0 verified (and, for Blob, downloaded) it while choosing; on Blob the others download and
-        # verify their own copy; local files rank 0 verified are the very files the others read
-        if self.ctx.is_main or not self.storage.remote:
-            path = self._restorer.restore_dir(step)
+                self._load(step, manifest)
+            except BaseException as e:  # noqa: BLE001 - DCP gathers every rank's read failure into one
+                if not _integrity_failure(e):
+                    raise
+                # every rank got the same failure: the checkpoint is corrupt; the previous one is next
+                log.warning("checkpoint step %d is corrupt: %s; falling back to the previous one", step, _root_cause(e))
+                if self.ctx.is_main:
+                    self._restorer.quarantine(step_dir(step))
+                continue
+            return step
+
+    def _load(self, step: int, manifest: dict[str, Any]) -> None:
+        where = self.storage.display(step_dir(step))
+        if not self.storage.remote:
+            reader: FileSystemReader = VerifyingReader(self._restorer.restore_dir(step), manifest,
+                                                       self.config.thread_count, where)
+        elif self.ctx.is_main:  # rank 0 downloaded and verified it while choosing
+            reader = FileSystemReader(self._restorer.restore_dir(step))
         else:
-            path = self._restorer.local_copy(step, manifest, verify=True)
+            reader = FileSystemReader(self._restorer.local_copy(step, manifest, verify=True))
         state = dict(self.state)
         saved_ws = int(manifest["world_size"])
         for name, obj in self.state.items():
@@ -443,14 +461,13 @@ class Checkpointer:
                 log.info("no saved %r for rank %d (checkpoint of world size %d): keeping the seeded one",
                          name, self.ctx.rank, saved_ws)
                 state.pop(name)
-        dcp.load(state, storage_reader=FileSystemReader(path), process_group=self._pg, no_dist=self._pg is None)
+        dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
         self._restorer.discard(step)  # this rank's downloaded copy only
         self.loaded_manifest = manifest
         self.last_committed = step
         if saved_ws != self.ctx.world_size:
             log.info("checkpoint step %d was saved by %d ranks, loaded on %d", step, saved_ws, self.ctx.world_size)
-        log.info("resumed from checkpoint step %d (%s)", step, self.storage.display(step_dir(step)))
-        return step
+        log.info("resumed from checkpoint step %d (%s)", step, where)
 
 def _probe(storage: CheckpointStorage) -> tuple[str, str] | None:
     try:
@@ -458,6 +475,17 @@ def _probe(storage: CheckpointStorage) -> tuple[str, str] | None:
     except StorageError as e:
         return (e.message, e.fix or "")
     return None
+
+
+def _integrity_failure(exc: BaseException) -> bool:
+    """Whether a load failed because a checkpoint file is missing or does not match its manifest (on any
+    rank: DCP wraps them in CheckpointException(failures={rank: exc}))."""
+    if isinstance(exc, IntegrityError):
+        return True
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        return any(isinstance(v[0] if isinstance(v, tuple) else v, IntegrityError) for v in failures.values())
+    return False
 
 
 def _root_cause(exc: BaseException) -> str:
