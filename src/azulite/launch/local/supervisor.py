@@ -237,6 +237,12 @@ class Supervisor:
             if agents_ok and all(c in (0, None) for c in codes):  # finished, even if a preemption came late
                 self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
                 return 0
+            done = [n for n, c in out.exits.items() if c == 0]
+            if spec.elastic and len(done) >= spec.node_range[0] and not out.canceled and not out.preempt_asked and \
+                    all(c == 0 or (c or 0) > 128 for c in out.exits.values()):
+                # the nodes left finished the job; the others were lost (killed), not failed
+                self._end(JobState.SUCCEEDED, f"finished on {len(done)} of {len(out.exits)} node(s) (elastic)", exit_code=0)
+                return 0
             if self._preempted(out):
                 preemptions += 1
                 who = "preempt requested" if out.preempt_asked else \
@@ -300,6 +306,7 @@ class Supervisor:
         first_failure: float | None = None
         preempt_sent: float | None = None
         synced = 0.0
+        lost_nodes: set[str] = set()
         while True:
             exits = {n: (None if p.poll() is None else shell_exit_code(p.returncode)) for n, p in procs.items()}
             running = [n for n, c in exits.items() if c is None]
@@ -323,7 +330,15 @@ class Supervisor:
                 signal_all(tree(procs[n].pid for n in running), signal.SIGTERM)
             if preempt_sent is not None and now - preempt_sent > self.settings.preempt_grace_s:
                 terminate_tree([procs[n].pid for n in running], 1.0)
-            if first_failure is None and any(c not in (None, 0) for c in exits.values()):
+            failed = [n for n, c in exits.items() if c not in (None, 0)]
+            if failed and spec.elastic and len(running) >= spec.node_range[0]:
+                # an elastic job goes on while min_nodes agents are left: torchrun re-forms the group on them
+                for n in failed:
+                    if n not in lost_nodes:
+                        lost_nodes.add(n)
+                        self.store.event(self.job_id, f"{n} lost (exit {exits[n]}); continuing on {len(running)} "
+                                         f"node(s) (elastic, min {spec.node_range[0]})")
+            elif first_failure is None and failed:
                 first_failure = now
             if first_failure is not None and now - first_failure > self.settings.peer_grace_s and preempt_sent is None:
                 self.store.event(self.job_id, f"stopping {', '.join(running)}: a peer failed")
