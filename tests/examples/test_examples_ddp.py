@@ -153,7 +153,7 @@ def _kill_trials(count: int, reference_hash: str, seed: int) -> None:
         rng = random.Random(seed + trial)
         job = submit_slow("max_restarts=2", "max_retries=4")
         killed = _kill_one_at_random(job, rng, rng.uniform(0.0, 12.0))
-        p = az("job", "wait", job, "--json", "--timeout", "400")
+        p = az("job", "wait", job, "--json", "--timeout", "400", timeout=460)  # the CLI's limit, not the harness's
         rec = show(job)
         where = f"trial {trial} (seed {seed + trial}) killed {killed}; attempts {rec['attempts']}"
         assert rec["state"] == "succeeded", where
