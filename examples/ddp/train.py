@@ -106,6 +106,10 @@ def main() -> int:
             # wall-clock stamp per step: bench/launch.py measures submit -> first step and time per step from it
             print(f"step {progress.step} loss {loss.item():.5f} step_s {time.perf_counter() - t0:.5f} "
                   f"t {time.time():.6f}", flush=True)
+        if (args.checkpoint_every and progress.step % args.checkpoint_every == 0) or progress.step == args.steps:
+            # to the job's MLflow store, from rank 0 (job show, sweeps); every checkpoint_every steps, so
+            # the tracking store's cost stays off most steps
+            train.log_metrics({"loss": loss.item()}, step=progress.step)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if preemption.should_stop():  # every rank agrees on the same step

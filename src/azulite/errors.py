@@ -219,3 +219,16 @@ class IntegrityError(AzuliteError):
 
 class KeyStoreError(AzuliteError):
     """An endpoint key store that cannot be read or written, or a key name that does not exist."""
+
+
+class MetricsError(AzuliteError):
+    """A training metric that cannot be logged or read (not a number; MLflow missing or its store unreadable)."""
+
+
+class InputError(AzuliteError):
+    """A job input that cannot be made available: a remote URI that does not exist or cannot be read, a
+    registered data asset without a workspace to resolve it."""
+
+
+class SweepError(AzuliteError):
+    """A sweep job that cannot run as written: its search space, sampling algorithm, objective or limits."""

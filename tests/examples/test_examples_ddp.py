@@ -116,3 +116,61 @@ def test_checkpoints_on_blob_without_credentials_fail_at_start_and_show_says_why
     assert "no Azure Storage credentials for az://ckpt/ddp" in log and "Traceback" not in log
     assert "step 1 " not in log
     assert rec["checkpoints"] == [] and "no Azure Storage credentials" in rec["checkpoints_error"]
+
+
+# --- no lost job: kill -9 of any process of the job at a random moment ---------------------------------
+def _kill_one_at_random(job: str, rng, delay: float) -> str:
+    """After ``delay`` seconds, SIGKILL one live process of the job chosen at random: its supervisor, a
+    node agent (torchrun), a rank runner or a rank's training process. Says what it killed."""
+    import time
+
+    import psutil
+
+    from tests.launch.jobkit import job_procs
+
+    time.sleep(delay)  # the fault's moment (random), not a wait for anything
+    rec = show(job)
+    if rec["state"] in ("succeeded", "failed", "canceled"):
+        return "nothing (the job had ended)"
+    candidates = {p.pid: "process" for p in job_procs({job})}
+    if rec.get("supervisor_pid"):
+        candidates[rec["supervisor_pid"]] = "supervisor"
+    if not candidates:
+        return "nothing (no live process)"
+    pid = rng.choice(sorted(candidates))
+    try:
+        what = " ".join(psutil.Process(pid).cmdline())[:120]
+        os.kill(pid, signal.SIGKILL)
+    except (ProcessLookupError, psutil.Error):
+        return f"nothing (pid {pid} ended first)"
+    return f"{candidates[pid]} {pid}: {what}"
+
+
+def _kill_trials(count: int, reference_hash: str, seed: int) -> None:
+    import random
+
+    for trial in range(count):
+        rng = random.Random(seed + trial)
+        job = submit_slow("max_restarts=2", "max_retries=4")
+        killed = _kill_one_at_random(job, rng, rng.uniform(0.0, 12.0))
+        p = az("job", "wait", job, "--json", "--timeout", "400", timeout=460)  # the CLI's limit, not the harness's
+        rec = show(job)
+        where = f"trial {trial} (seed {seed + trial}) killed {killed}; attempts {rec['attempts']}"
+        assert rec["state"] == "succeeded", where
+        logs = rank_logs(rec, rec["attempt"])
+        assert len(logs) == 4, where
+        assert {h.strip().splitlines()[-1] for h in logs.values()} == {f"final_params_sha256={reference_hash}"}, where
+        assert p.returncode == 0, where
+        print(f"ok: {where}")  # the soak's record (pytest -s)
+
+
+@pytest.mark.timeout(900)
+def test_kill9_of_any_process_at_a_random_moment_ends_succeeded_and_identical(home, reference_hash):
+    """A few trials here; `make soak` runs 20 (AZULITE_SOAK=1)."""
+    _kill_trials(2, reference_hash, seed=1600)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(5400)
+def test_kill9_soak(home, reference_hash):
+    _kill_trials(20 if os.environ.get("AZULITE_SOAK") == "1" else 2, reference_hash, seed=16000)

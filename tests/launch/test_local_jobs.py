@@ -207,6 +207,87 @@ def test_a_dead_supervisor_is_noticed_and_its_job_cleaned_up(home, tmp_path):
     assert not job_procs({rec.id})
 
 
+SLEEP_THEN_FINISH = """
+import os, sys, time
+if os.environ["AZULITE_ATTEMPT"] != "1":
+    sys.exit(0)
+open(f"started-{os.environ['RANK']}", "w").close()
+time.sleep(300)
+"""
+
+
+def test_a_dead_supervisor_is_requeued_under_a_new_one_within_max_retries(home, tmp_path):
+    spec = write_job(tmp_path / "sr", SLEEP_THEN_FINISH, spec_2x1(extra="max_retries: 1", nodes=1, per_node=2))
+    b = backend()
+    rec = b.submit(load_job(spec))
+    job_dir = Path(rec.job_dir)
+    wait_for(lambda: (job_dir / "nodes/node-0/started-0").exists() and (job_dir / "nodes/node-0/started-1").exists(),
+             120, "ranks to start")
+    first = b.status(rec.id).supervisor_pid
+    ranks = [p.pid for p in b.status(rec.id).processes if p.kind == "rank" and p.pid]
+    psutil.Process(first).kill()
+    # any command that looks (here: list) notices, ends the orphaned attempt and starts a new supervisor
+    wait_for(lambda: b.list() and b.status(rec.id).attempt == 2, 60, "attempt 2")
+    rec = wait_done(rec.id)
+    assert rec.state == JobState.SUCCEEDED, rec.reason
+    assert [(a.attempt, a.state) for a in rec.attempts] == [(1, "requeued"), (2, "succeeded")]
+    assert "supervisor died" in rec.attempts[0].reason and "retry 1/1" in rec.attempts[0].reason
+    assert rec.supervisor_pid != first
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in ranks)
+
+
+SHRINKS = """
+import os, sys, time
+import torch, torch.distributed as dist
+dist.init_process_group("gloo")
+restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
+print(f"rank {dist.get_rank()} of {dist.get_world_size()} (restart {restart})", flush=True)
+if restart == 0:
+    open(f"started-{dist.get_rank()}", "w").close()
+    while True:  # until a node is lost: then this collective fails and torchrun re-forms the group
+        dist.all_reduce(torch.ones(1))
+        time.sleep(0.05)
+print(f"continued on world size {dist.get_world_size()}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_an_elastic_job_that_loses_a_node_goes_on_with_the_nodes_left(home, tmp_path):
+    spec = write_job(tmp_path / "shrink", SHRINKS, spec_2x1(extra="max_restarts: 2\n    elastic: {min_nodes: 1}"))
+    b = backend()
+    rec = b.submit(load_job(spec))
+    job_dir = Path(rec.job_dir)
+    wait_for(lambda: (job_dir / "nodes/node-0/started-0").exists() or (job_dir / "nodes/node-0/started-1").exists(),
+             120, "node 0's rank to start")
+    wait_for(lambda: list((job_dir / "nodes/node-1").glob("started-*")), 120, "node 1's rank to start")
+    agent = next(p for p in b.status(rec.id).processes if p.kind == "agent" and p.name == "node-1")
+    node = psutil.Process(agent.pid)
+    for p in [node, *node.children(recursive=True)]:  # the whole node goes: agent and ranks
+        p.kill()
+    rec = wait_done(rec.id, timeout=400)
+    assert rec.state == JobState.SUCCEEDED and "elastic" in rec.reason, rec.reason
+    assert rec.attempt == 1  # re-formed inside the attempt, not requeued
+    logs = "\n".join(Path(p.log).read_text() for p in rec.processes if p.kind == "rank" and p.log and Path(p.log).exists())
+    assert "continued on world size 1" in logs, logs[-3000:]
+    assert any("node-1 lost" in e["message"] for e in rec.events)
+
+
+def test_elastic_ranges_are_validated_and_reach_torchrun(tmp_path):
+    from azulite.errors import SpecError
+    from azulite.launch.local.strategy import get_strategy
+    from azulite.launch.local.supervisor import build_context
+
+    spec = write_job(tmp_path / "r", "print(1)\n", spec_2x1(extra="elastic: {min_nodes: 1}"))
+    job = load_job(spec)
+    assert job.node_range == (1, 2)
+    (tmp_path / "jd" / "code").mkdir(parents=True)
+    ctx = build_context("r-1", 1, job, tmp_path / "jd", {"PATH": "/usr/bin"}, python="/venv/bin/python")
+    assert all("--nnodes=1:2" in p.argv for p in get_strategy("pytorch").processes(ctx))
+    bad = write_job(tmp_path / "b", "print(1)\n", spec_2x1(extra="elastic: {min_nodes: 3}"))
+    with pytest.raises(SpecError, match="min_nodes"):
+        load_job(bad)
+
+
 def test_max_retries_starts_a_new_attempt_after_a_failure(home, tmp_path):
     script = "import os, sys\nsys.exit(4 if os.environ['AZULITE_ATTEMPT'] == '1' else 0)\n"
     spec = write_job(tmp_path / "retry", script, spec_2x1(extra="max_retries: 1", nodes=1, per_node=2))

@@ -82,7 +82,7 @@ def test_other_distributions_and_defaults(tmp_path):
     mpi = load_job(write(tmp_path, "command: python m.py\ndistribution: {type: mpi, process_count_per_instance: 3}\n"))
     assert isinstance(mpi.distribution, MpiDistribution) and mpi.world_size == 3
     plain = load_job(write(tmp_path, "command: echo hi\n"))
-    assert plain.distribution_type == "pytorch" and plain.world_size == 1 and plain.name == tmp_path.name
+    assert plain.distribution_type == "none" and plain.world_size == 1 and plain.name == tmp_path.name
 
 
 def test_example_specs_validate():

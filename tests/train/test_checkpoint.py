@@ -50,10 +50,14 @@ def test_manifest_lists_every_file_with_its_hash(tmp_path):
     ctx = init({})
     model, opt = _tiny()
     ck = Checkpointer(CheckpointConfig(uri=str(tmp_path), model_config={"d": 4}), ctx, _state(ctx, model, opt))
+    t0 = time.perf_counter()
     assert ck.save(3)
+    elapsed = time.perf_counter() - t0
     step = tmp_path / "step-00000003"
     manifest = json.loads((step / "manifest.json").read_text())
     assert manifest["step"] == 3 and manifest["world_size"] == 1 and manifest["model_config"] == {"d": 4}
+    # the duration of this save (the interval planner's checkpoint cost): within the save() call
+    assert 0 < manifest["save_seconds"] <= elapsed
     on_disk = {p.name for p in step.iterdir()} - {"manifest.json"}
     assert set(manifest["files"]) == on_disk and ".metadata" in on_disk
     for name, entry in manifest["files"].items():

@@ -25,7 +25,8 @@ from azulite.launch.backend import Backend, get_backend
 from azulite.launch.records import JobRecord, JobState
 from azulite.launch.settings import Settings
 from azulite.spec.job import JobSpec, Output
-from azulite.spec.loader import load_job
+from azulite.launch.local.sweeper import read_state as read_sweep_state
+from azulite.spec.sweep import SweepSpec, load_spec
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -129,6 +130,20 @@ def checkpoints_of(rec: JobRecord) -> tuple[list[dict], str | None]:
     return [asdict(i) for i in infos], None
 
 
+def metrics_of(rec: JobRecord) -> tuple[dict[str, dict], str | None]:
+    """The last value of every metric the job logged to its MLflow store; and why it could not be read."""
+    from azulite.launch.tracking import last_metrics  # imports mlflow only when the job has a store
+
+    if rec.spec.get("type") == "sweep":
+        return {}, None  # a sweep logs nothing itself: its trials do (see its trials table)
+    try:
+        return last_metrics(JobSpec.model_validate(rec.spec), rec.job_dir, job_id=rec.id), None
+    except AzuliteError as e:
+        return {}, str(e)
+    except ValueError as e:  # an old record whose spec no longer validates
+        return {}, f"spec does not validate: {str(e).splitlines()[0]}"
+
+
 @app.command()
 def validate(
     file: Path = typer.Argument(..., help="Job spec (YAML)."),
@@ -139,9 +154,14 @@ def validate(
 
     Example: azulite job validate examples/ddp/job.yaml --set distribution.process_count_per_instance=1
     """
-    spec = load_job(file, set_)
+    spec = load_spec(file, set_)
     if json_:
         print(json.dumps(spec.model_dump(mode="json"), indent=2))
+        return
+    if isinstance(spec, SweepSpec):
+        _out().print(f"[green]ok[/] {file}: sweep {spec.name}, {spec.sampling_algorithm.type} over "
+                     f"{', '.join(spec.search_space)}, up to {spec.limits.max_total_trials} trial(s), "
+                     f"{spec.objective.goal} {spec.objective.primary_metric}")
         return
     _out().print(
         f"[green]ok[/] {file}: {spec.name}, {spec.distribution_type} {spec.nodes} node(s) x "
@@ -166,14 +186,20 @@ def submit(
 
       azulite job submit examples/ddp/job.yaml --set inputs.steps=200 --set max_restarts=2
     """
-    spec = load_job(file, set_)
+    spec = load_spec(file, set_)
     b = _backend(backend, {**os.environ, "AZULITE_K8S_FLAVOR": flavor} if flavor else None)
-    rec = b.submit(spec, spec_path=str(file))
+    if isinstance(spec, SweepSpec):
+        if not hasattr(b, "submit_sweep"):
+            raise AzuliteError(f"the {b.name} backend cannot run sweep jobs", fix="use the local backend")
+        rec = b.submit_sweep(spec, spec_path=str(file))
+    else:
+        rec = b.submit(spec, spec_path=str(file))
     if not wait:
         if json_:
             print(json.dumps(rec.to_json()))
         else:
-            _out().print(f"submitted [bold]{rec.id}[/] ({spec.world_size} ranks)  ->  azulite job logs {rec.id} --follow")
+            what = "sweep" if isinstance(spec, SweepSpec) else f"{spec.world_size} ranks"
+            _out().print(f"submitted [bold]{rec.id}[/] ({what})  ->  azulite job logs {rec.id} --follow")
         return
     rec = _wait(b, rec, quiet=json_)
     if json_:
@@ -285,6 +311,9 @@ def show(
         rank, path = failed_rank_log(rec)
         d["failed_rank_log_tail"] = log_tail(path) if path else []
         d["checkpoints"], d["checkpoints_error"] = checkpoints_of(rec)
+        d["metrics"], d["metrics_error"] = metrics_of(rec)
+        if rec.spec.get("type") == "sweep":
+            d["sweep"] = read_sweep_state(rec.job_dir)
         print(json.dumps(d, indent=2))
         return
     _print_show(rec)
@@ -330,6 +359,23 @@ def _print_show(rec: JobRecord) -> None:
         c.print(t)
     if error:
         c.print(f"[yellow]checkpoints could not be listed:[/] {error}", markup=True)
+    sweep = read_sweep_state(rec.job_dir) if rec.spec.get("type") == "sweep" else None
+    if sweep:
+        t = Table("trial", "state", sweep["primary_metric"], "values", box=None,
+                  title=f"trials ({sweep['goal']} {sweep['primary_metric']}; best: {sweep['best_trial'] or '-'})")
+        for tr in sweep["trials"]:
+            mark = " [green]best[/]" if tr["id"] == sweep["best_trial"] else ""
+            t.add_row(tr["id"] + mark, tr["state"], "-" if tr["metric"] is None else f"{tr['metric']:.6g}",
+                      json.dumps(tr["values"]))
+        c.print(t)
+    metrics, error = metrics_of(rec)
+    if metrics:
+        t = Table("metric", "last value", "step", box=None, title="metrics (MLflow)")
+        for name, m in sorted(metrics.items()):
+            t.add_row(name, f"{m['value']:.6g}", str(m["step"]))
+        c.print(t)
+    if error:
+        c.print(f"[yellow]metrics could not be read:[/] {error}", markup=True)
     rank, path = failed_rank_log(rec)
     if rec.state == JobState.FAILED and path:
         c.print(f"[red]last {LOG_TAIL_LINES} lines of rank {rank}[/] ({path}):")

@@ -37,7 +37,8 @@ class Feature(str, Enum):
 
 
 def required_features(spec: JobSpec) -> set[Feature]:
-    need = {Feature(spec.distribution_type)}
+    # a job without distribution is a plain command: every backend runs one
+    need = {Feature(spec.distribution_type)} if spec.distribution is not None else set()
     if spec.priority == "spot":
         need.add(Feature.SPOT)
     if spec.max_restarts:

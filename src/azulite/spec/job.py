@@ -96,6 +96,17 @@ class MpiDistribution(_Model):
     process_count_per_instance: int = Field(default=1, ge=1)
 
 
+class Elastic(_Model):
+    """A range of nodes the job runs on (azulite's own field: Azure ML's command job takes only an integer
+    ``instance_count``, so this stays local and on AKS). ``instance_count`` nodes start; the job goes on
+    while ``min_nodes`` of them are left (torchrun ``--nnodes=MIN:MAX``; Kubeflow's PyTorchJob
+    ``elasticPolicy.minReplicas``/``maxReplicas``). Bitwise equality with an uninterrupted run holds at a
+    fixed world size only: a job that asks for a range trades it for progress."""
+
+    min_nodes: int = Field(ge=1)
+    max_nodes: int | None = Field(default=None, ge=1)
+
+
 Distribution = Annotated[
     Union[PyTorchDistribution, TensorFlowDistribution, MpiDistribution], Field(discriminator="type")
 ]
@@ -134,6 +145,8 @@ class JobSpec(_Model):
     resources: Resources = Field(default_factory=Resources)
     instance_count: int | None = Field(default=None, ge=1)
     distribution: Distribution | None = None
+    #: a range of nodes instead of exactly ``instance_count`` (pytorch only); see :class:`Elastic`
+    elastic: Elastic | None = None
     priority: Literal["dedicated", "spot"] = "dedicated"
     timeout: float | None = None
     max_retries: int = Field(default=0, ge=0)
@@ -185,6 +198,24 @@ class JobSpec(_Model):
             )
         return self
 
+    @model_validator(mode="after")
+    def _elastic_range(self) -> "JobSpec":
+        e = self.elastic
+        if e is not None:
+            if self.distribution_type != "pytorch":
+                raise ValueError("elastic node ranges need distribution type pytorch (torchrun)")
+            top = e.max_nodes if e.max_nodes is not None else self.nodes
+            if top != self.nodes:
+                raise ValueError(f"elastic.max_nodes ({top}) must equal instance_count ({self.nodes}): the nodes started")
+            if e.min_nodes > top:
+                raise ValueError(f"elastic.min_nodes ({e.min_nodes}) is above max_nodes ({top})")
+        return self
+
+    @property
+    def node_range(self) -> tuple[int, int]:
+        """(min, max) nodes: (n, n) unless ``elastic`` asks for a range."""
+        return (self.elastic.min_nodes, self.nodes) if self.elastic else (self.nodes, self.nodes)
+
     # ---- derived facts the launchers use -------------------------------------------------------------
     @property
     def nodes(self) -> int:
@@ -193,7 +224,8 @@ class JobSpec(_Model):
 
     @property
     def distribution_type(self) -> str:
-        return self.distribution.type if self.distribution else "pytorch"
+        """The distribution's type; "none" without one (the command runs once per node, see README)."""
+        return self.distribution.type if self.distribution else "none"
 
     @property
     def processes_per_node(self) -> int:

@@ -233,6 +233,21 @@ def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobSpec:
     """Read, override, validate and check a job spec. Local paths (``code``, ``uri_file``/``uri_folder``
     inputs, output paths) come back absolute, resolved against the spec file's folder; ``name`` defaults
     to that folder's name."""
+    data, src, base = read_spec(path, overrides)
+    if data.get("type") == "sweep":
+        raise src.error("this is a sweep job, not a command job", ("type",), "sweep",
+                        fix="submit it with `azulite job submit` (sweeps run their trials as command jobs)")
+    try:
+        spec = JobSpec.model_validate(data)
+    except ValidationError as exc:
+        raise _validation_error(exc, data, src) from None
+
+    return _check_and_resolve(spec, base, src)
+
+
+def read_spec(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict, "_Source", Path]:
+    """The YAML mapping of a spec with ``--set`` overrides applied, where each field came from, and the
+    spec file's folder (``name`` defaulted to that folder's name)."""
     file = Path(path)
     shown = str(path)
     try:
@@ -261,13 +276,7 @@ def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobSpec:
     src = _Source(shown, _line_map(node), {p: item for p, _, item in over})
     base = file.resolve().parent
     data.setdefault("name", re.sub(r"[^A-Za-z0-9_-]", "-", base.name).strip("-_") or "job")
-
-    try:
-        spec = JobSpec.model_validate(data)
-    except ValidationError as exc:
-        raise _validation_error(exc, data, src) from None
-
-    return _check_and_resolve(spec, base, src)
+    return data, src, base
 
 
 def _check_and_resolve(spec: JobSpec, base: Path, src: _Source) -> JobSpec:

@@ -4,6 +4,7 @@
     ckpt = train.Checkpointer(train.CheckpointConfig(uri=..., interval=50), ctx, state={...})
     ckpt.load_latest()                                   # newest checkpoint whose hashes verify, or None
     stop = train.Preemption(ctx).install()               # SIGTERM -> agree -> save -> exit 75
+    train.log_metrics({"loss": loss.item()}, step=step)  # rank 0 -> the job's MLflow store
 
 See README.md, "Checkpoints and resume", and tests/train/scripts/toy_train.py for a whole script.
 """
@@ -21,6 +22,7 @@ _WHERE = {
     "CheckpointConfig": "checkpoint", "Checkpointer": "checkpoint",
     "CheckpointInfo": "catalog", "list_checkpoints": "catalog",
     "DistEnv": "env", "TrainContext": "env", "init": "env", "seed_everything": "env", "shutdown": "env",
+    "log_metrics": "metrics",
     "Preemption": "preempt", "ScheduledEventsSettings": "preempt", "ScheduledEventsWatcher": "preempt",
     "ModelState": "state", "ObjectState": "state", "Progress": "state", "ResumableSampler": "state",
     "RNGState": "state",
@@ -60,6 +62,7 @@ __all__ = [
     "TrainContext",
     "init",
     "list_checkpoints",
+    "log_metrics",
     "parse_uri",
     "seed_everything",
     "shutdown",

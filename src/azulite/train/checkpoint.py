@@ -1,4 +1,8 @@
-"""Sharded checkpoints with an atomic commit, integrity hashes, retention and resume-latest.
+"""Sharded checkpoints with an atomic commit, integrity hashes, retention and resume-latest: the
+Checkpointer, which decides when to save and restore and runs the collectives. What it coordinates lives
+beside it, one idea per module: ``staging`` (an async save's copy of the state), ``commit`` (shards,
+hashes and the manifest that makes a checkpoint exist), ``restore`` (choosing and verifying the checkpoint
+to load).
 
 Layout under the checkpoint URI (a directory or ``az://container/path``)::
 
@@ -7,7 +11,8 @@ Layout under the checkpoint URI (a directory or ``az://container/path``)::
                                   rank and writer thread)
         .metadata                 DCP's index of the shards (written by rank 0)
         hashes-rank00000.json     each rank's sha256 of the shards it wrote (input to the manifest)
-        manifest.json             written LAST: step, world size, model config, sha256 + size of every file
+        manifest.json             written LAST: step, world size, model config, sha256 + size of every file,
+                                  save_seconds (from save() to the commit)
 
 A step directory without a valid ``manifest.json`` is an interrupted save: it does not exist as a
 checkpoint, resume ignores it and retention deletes it. Saves go through ``torch.distributed.checkpoint``
@@ -24,7 +29,6 @@ cheap, hashing a blob means downloading it), uploads them, then the coordinator 
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
 import logging
@@ -34,57 +38,31 @@ import tempfile
 import threading
 import time
 import weakref
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed._state_dict_utils import _copy_state_dict, _create_cpu_state_dict
-from torch.distributed.checkpoint import FileSystemReader, FileSystemWriter
-from torch.distributed.checkpoint.filesystem import FileSystem
-from torch.distributed.checkpoint._nested_dict import flatten_state_dict, unflatten_state_dict
-from torch.distributed.checkpoint.planner import WriteItemType
+from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.stateful import Stateful
-from torch.futures import Future as TorchFuture
-from torch.utils.serialization import config as serialization_config
 
 from azulite.errors import CheckpointError, StorageError
-from azulite.train.catalog import MANIFEST, MANIFEST_FORMAT, read_manifest, scan_steps, step_dir
+from azulite.train.catalog import read_manifest, step_dir
+from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
+from azulite.train.restore import IntegrityError, Restorer, VerifyingReader
+from azulite.train.staging import CachedStager, storage_ptr, updates_in_step, wait_staged_hook
 from azulite.train.state import ModelState
 from azulite.train.storage import CheckpointStorage, StorageSettings
 
 log = logging.getLogger("azulite.train.checkpoint")
 
-#: Called with (phase, step) at the points where a failure matters: "save_start" on every rank before a
-#: save touches storage, "shards_written" on every rank after its local shards are on disk (before
-#: upload), "before_manifest" on rank 0 before the commit. A seam for
-#: fault-injection tests and telemetry.
-PhaseHook = Callable[[str, int], None]
-
-
-def _sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)  # hashlib releases the GIL on large buffers: files hash in parallel threads
-    return h.hexdigest()
-
-
-def _hash_files(paths: Mapping[str, Path], threads: int) -> dict[str, dict[str, Any]]:
-    def one(name: str) -> tuple[str, dict[str, Any]]:
-        p = paths[name]
-        return name, {"sha256": _sha256_file(p), "bytes": p.stat().st_size}
-
-    if threads <= 1 or len(paths) <= 1:
-        return dict(map(one, sorted(paths)))
-    with ThreadPoolExecutor(max_workers=min(threads, len(paths))) as pool:
-        return dict(pool.map(one, sorted(paths)))
+__all__ = ["CheckpointConfig", "Checkpointer", "PhaseHook"]
 
 
 # --- configuration -------------------------------------------------------------------------------------
@@ -135,92 +113,6 @@ class CheckpointConfig:
                                   fix="pass plain numbers, strings, lists and dicts") from None
 
 
-# --- the save path -------------------------------------------------------------------------------------
-class _CachedStager:
-    """Copies the state into CPU buffers allocated once and reused by every async save.
-
-    Tensors whose storage only an optimizer's ``step()`` changes (``deferrable``: parameters and
-    optimizer state of optimizers that wait for staging in a step pre-hook) are copied by the save thread
-    while training goes on to the next forward and backward, which only read them; the rest (buffers,
-    which forward may change, and anything else) is copied before ``stage`` returns. ``stage`` returns
-    the rest of the copy, for the save thread to run; ``copying`` is set once it is done. This is
-    CheckFreq's pipelined snapshot
-    (Mohan et al., FAST '21), and DCP's own ``StagingOptions(use_async_staging=True)`` minus the part
-    that needs CUDA.
-
-    DCP's own stager caches its buffers only in pinned memory, which a CPU-only torch cannot allocate;
-    re-allocating ~GBs per save would cost far more than a memcpy. Safe because the Checkpointer never
-    starts a save before the previous one finished writing.
-
-    Replicated state (DDP: every rank holds all of it) is written once, each tensor by one rank, as DCP's
-    deterministic de-duplication decides. So from the second save of the same state on, a rank copies only
-    the tensors it wrote last time (``owned``) and hands the others to DCP as they are: with N ranks the
-    step blocks for 1/N of the copy. The writer checks the plan against what was copied: a save that would
-    write a tensor not copied fails (nothing is committed) rather than write one that training moves, and
-    the next save copies everything again.
-    """
-
-    def __init__(self) -> None:
-        self._cache: dict[str, Any] = {}
-        self._keys: Any = None
-        #: tensors (flat DCP names) this rank wrote in the last committed save of this structure
-        self.owned: frozenset[str] | None = None
-        #: tensors the last stage() copied; None: all of them
-        self.copied: frozenset[str] | None = None
-        #: storages (data_ptr) that only a waiting optimizer's step() changes; set before each save
-        self.deferrable: frozenset[int] = frozenset()
-        #: tensors the last stage() left to the background copy
-        self.deferred: frozenset[str] = frozenset()
-        #: set when the last stage()'s deferred copy is done (or failed); None: nothing was deferred
-        self.copying: threading.Event | None = None
-
-    def stage(self, state_dict: dict[str, Any]) -> Callable[[], dict[str, Any]]:
-        flat, mapping = flatten_state_dict(state_dict)
-        keys = _structure(flat)
-        if keys != self._keys:
-            self._cache, self._keys, self.owned = {}, keys, None
-        owned = self.owned
-        chosen = {k: v for k, v in flat.items() if owned is None or k in owned or not isinstance(v, torch.Tensor)}
-        later = {k: v for k, v in chosen.items() if isinstance(v, torch.Tensor) and _storage_ptr(v) in self.deferrable}
-        staged = {**flat, **self._copy({k: v for k, v in chosen.items() if k not in later})}
-        self.copied = None if owned is None else frozenset(k for k in chosen if isinstance(flat[k], torch.Tensor))
-        self.deferred = frozenset(later)
-        copying = self.copying = threading.Event() if later else None
-
-        def finish() -> dict[str, Any]:
-            if copying is not None:
-                try:
-                    staged.update(self._copy(later))
-                finally:
-                    copying.set()
-            return unflatten_state_dict(staged, mapping)
-
-        return finish
-
-    def _copy(self, part: dict[str, Any]) -> dict[str, Any]:
-        # buffers are made on first use, for every tensor eventually: the owned set may change
-        missing = {k: v for k, v in part.items() if k not in self._cache}
-        if missing:
-            self._cache.update(_create_cpu_state_dict(missing))
-        return _copy_state_dict(part, {k: self._cache[k] for k in part}, type_check=False)
-
-    def close(self) -> None:
-        self._cache, self._keys, self.copying = {}, None, None
-
-
-def _wait_staged_hook(checkpointer: Checkpointer) -> Callable[..., None]:
-    """An optimizer step pre-hook that waits for the Checkpointer's background copy. It holds the
-    Checkpointer weakly: an optimizer must not keep it (and its process group) alive until interpreter
-    shutdown, where destroying a gloo group aborts the process."""
-    ref = weakref.ref(checkpointer)
-
-    def hook(optimizer: Any, args: Any, kwargs: Any) -> None:
-        ck = ref()
-        if ck is not None:
-            ck.wait_staged()
-
-    return hook
-
 
 def _commit_before_exit(checkpointer: Checkpointer) -> None:
     """A script that ends without ``close()`` still gets its last async save committed: wait for it when
@@ -241,239 +133,6 @@ def _commit_before_exit(checkpointer: Checkpointer) -> None:
     register = getattr(threading, "_register_atexit", None)
     if register is not None:
         register(drain)
-
-
-def _updates_in_step(optimizer: Any) -> bool:
-    """Whether ``optimizer`` is one of torch.optim's, which change parameters and state only in step()."""
-    return isinstance(optimizer, torch.optim.Optimizer) and type(optimizer).__module__.startswith("torch.optim.")
-
-
-def _storage_ptr(t: Any) -> int | None:
-    """The address of the memory a tensor (a DTensor: its local shard) lives in; None when unknown."""
-    try:
-        local = t.to_local() if hasattr(t, "to_local") else t
-        return int(local.untyped_storage().data_ptr())
-    except Exception:  # noqa: BLE001 - a tensor subclass without storage: copied before stage() returns
-        return None
-
-
-def _structure(obj: Any) -> Any:
-    if isinstance(obj, Mapping):
-        return tuple((k, _structure(v)) for k, v in obj.items())
-    if hasattr(obj, "shape"):
-        return (tuple(obj.shape), str(obj.dtype))
-    return type(obj).__name__
-
-
-@dataclass
-class _SaveJob:
-    storage: CheckpointStorage
-    step: int
-    rank: int
-    world_size: int
-    local_dir: Path
-    threads: int
-    extra: dict[str, Any]
-    hook: PhaseHook | None
-    keep_last: int
-    keep_every: int
-
-    @property
-    def rel(self) -> str:
-        return step_dir(self.step)
-
-    def after_write(self, results: list[Any], hashed: Mapping[str, dict[str, Any]]) -> None:
-        """On every rank, after DCP wrote its shards locally: hashes, upload (Blob), the sidecar."""
-        with _plain_errors(f"rank {self.rank}"):
-            self._after_write(results, hashed)
-
-    def _after_write(self, results: list[Any], hashed: Mapping[str, dict[str, Any]]) -> None:
-        names = sorted({r.storage_data.relative_path for r in results})
-        # hashed while written; a file whose size disagrees (written some other way) is read back
-        digests = {n: hashed[n] for n in names if n in hashed and hashed[n]["bytes"] == (self.local_dir / n).stat().st_size}
-        digests.update(_hash_files({n: self.local_dir / n for n in names if n not in digests}, self.threads))
-        if self.hook:
-            self.hook("shards_written", self.step)
-        if self.storage.remote:
-            for n in names:
-                self.storage.upload(self.local_dir / n, f"{self.rel}/{n}")
-        sidecar = f"hashes-rank{self.rank:05d}.json"
-        payload = json.dumps(digests, sort_keys=True).encode()
-        if self.storage.remote:
-            self.storage.fs.pipe_file(self.storage.path(f"{self.rel}/{sidecar}"), payload)
-            for n in names:
-                (self.local_dir / n).unlink(missing_ok=True)
-        else:
-            _write_synced(self.local_dir / sidecar, payload)
-
-    def commit(self) -> None:
-        """On rank 0, after DCP wrote .metadata: gather the sidecars and commit the manifest, last."""
-        with _plain_errors("commit"):
-            self._commit()
-
-    def _commit(self) -> None:
-        meta = self.local_dir / ".metadata"
-        files = _hash_files({".metadata": meta}, 1)
-        if self.storage.remote:
-            self.storage.upload(meta, f"{self.rel}/.metadata")
-        for r in range(self.world_size):
-            sidecar = f"hashes-rank{r:05d}.json"
-            try:
-                raw = self.storage.read_bytes(f"{self.rel}/{sidecar}")
-            except FileNotFoundError:
-                raise CheckpointError(f"rank {r} wrote no {sidecar}", where=self.storage.display(self.rel)) from None
-            files.update(json.loads(raw))
-            files[sidecar] = {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
-        manifest = {
-            "format": MANIFEST_FORMAT,
-            "step": self.step,
-            "world_size": self.world_size,
-            "created_at": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "files": files,
-            **self.extra,
-        }
-        if self.hook:
-            self.hook("before_manifest", self.step)
-        self.storage.write_exclusive(f"{self.rel}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
-        if self.storage.remote:
-            shutil.rmtree(self.local_dir, ignore_errors=True)
-        # here, not on the training thread: deleting GBs takes rank 0 long enough to stall every rank
-        try:
-            _retain(self.storage, newest=self.step, keep_last=self.keep_last, keep_every=self.keep_every)
-        except Exception as e:  # noqa: BLE001 - retention failing must not fail the save or stop training
-            log.warning("could not delete old checkpoints under %s: %s", self.storage.uri, e)
-
-
-def _retain(storage: CheckpointStorage, *, newest: int, keep_last: int, keep_every: int) -> None:
-    """Delete committed checkpoints beyond ``keep_last`` (except multiples of ``keep_every``) and
-    interrupted saves older than ``newest``."""
-    committed, partial = [], []
-    for step, rel in scan_steps(storage):
-        (committed if read_manifest(storage, rel, step) is not None else partial).append(step)
-    keep = set(committed[-keep_last:]) | {newest}
-    if keep_every:
-        keep |= {s for s in committed if s % keep_every == 0}
-    doomed = [s for s in committed if s not in keep] + [s for s in partial if s < newest]
-    for step in doomed:
-        rel = step_dir(step)
-        # un-commit first: a half-deleted directory must never look like a checkpoint
-        storage.remove_file(f"{rel}/{MANIFEST}")
-        storage.remove_tree(rel)
-        log.info("deleted old checkpoint %s", storage.display(rel))
-
-
-@contextlib.contextmanager
-def _plain_errors(who: str) -> Iterator[None]:
-    """DCP pickles a rank's exception to send it to the others; SDK exceptions (aiohttp, azure) carry
-    tracebacks and fail to pickle, which would hide the real cause. Send a plain one instead."""
-    try:
-        yield
-    except CheckpointError:
-        raise
-    except Exception as e:  # noqa: BLE001
-        text = str(e).strip().splitlines()
-        raise CheckpointError(f"{who}: {type(e).__name__}: {text[0][:300] if text else ''}") from None
-
-
-def _write_synced(path: Path, data: bytes) -> None:
-    with open(path, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-class _HashingFile:
-    """A file being written that hashes every byte on its way in: a shard is hashed once, as DCP writes
-    it, instead of read back afterwards. DCP writes shard files front to back (``write``/``tell`` only);
-    anything else is refused rather than allowed to make the hash wrong."""
-
-    def __init__(self, f: Any) -> None:
-        self._f, self._h, self.nbytes = f, hashlib.sha256(), 0
-
-    def write(self, b: Any) -> int:
-        view = memoryview(b).cast("B")
-        self._f.write(view)
-        self._h.update(view)  # releases the GIL on large buffers
-        self.nbytes += view.nbytes
-        return view.nbytes
-
-    def digest(self) -> dict[str, Any]:
-        return {"sha256": self._h.hexdigest(), "bytes": self.nbytes}
-
-    def tell(self) -> int:
-        return self._f.tell()
-
-    def flush(self) -> None:
-        self._f.flush()
-
-    def fileno(self) -> int:
-        return self._f.fileno()
-
-    def close(self) -> None:
-        self._f.close()
-
-    def writable(self) -> bool:
-        return True
-
-    def seekable(self) -> bool:
-        return False
-
-
-class _HashingFileSystem(FileSystem):
-    """DCP's local file system, with shard files hashed as they are written (``digests`` by file name)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.digests: dict[str, dict[str, Any]] = {}
-
-    @contextlib.contextmanager
-    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
-        if mode != "wb":
-            with super().create_stream(path, mode) as stream:
-                yield stream
-            return
-        # torch.save's zip records carry a CRC32 of every tensor: a second checksum pass, as costly as the
-        # sha256 here (~100 ms per 150 MB), that nothing reads (torch.load does not check it; resume checks
-        # the sha256). The setting is thread-local: this writer thread only.
-        prior = serialization_config.save.compute_crc32
-        serialization_config.save.compute_crc32 = False
-        try:
-            with super().create_stream(path, mode) as stream:
-                hashing = _HashingFile(stream)
-                yield hashing
-        finally:
-            serialization_config.save.compute_crc32 = prior
-        self.digests[Path(path).name] = hashing.digest()  # one writer thread per file: no lock needed
-
-
-class _CommitWriter(FileSystemWriter):
-    """DCP's FileSystemWriter plus azulite's commit protocol (see the module docstring)."""
-
-    def __init__(self, job: _SaveJob, stager: _CachedStager | None = None) -> None:
-        super().__init__(job.local_dir, single_file_per_rank=True, sync_files=True,
-                         thread_count=job.threads, overwrite=True)
-        self.job = job
-        self.fs = _HashingFileSystem()
-        self.stager = stager  # an async save's: what it copied
-        self.written: frozenset[str] | None = None  # the tensors this rank's plan wrote
-
-    def write_data(self, plan: Any, planner: Any) -> TorchFuture:
-        tensors = {i.index.fqn for i in plan.items if i.type != WriteItemType.BYTE_IO}
-        copied = self.stager.copied if self.stager is not None else None
-        if copied is not None and not tensors <= copied:
-            moving = sorted(tensors - copied)
-            raise CheckpointError(f"rank {self.job.rank}: the save plan writes {len(moving)} tensor(s) this rank did "
-                                  f"not copy (e.g. {moving[0]}); the next save copies everything")
-        self.written = frozenset(tensors)
-        results = super().write_data(plan, planner).wait()
-        self.job.after_write(results, self.fs.digests)
-        fut: TorchFuture = TorchFuture()
-        fut.set_result(results)
-        return fut
-
-    def finish(self, metadata: Any, results: Any) -> None:
-        super().finish(metadata, results)
-        self.job.commit()
 
 
 # --- the Checkpointer ----------------------------------------------------------------------------------
@@ -506,7 +165,8 @@ class Checkpointer:
         self._check_storage()
         base = settings.staging_dir or os.path.join(tempfile.gettempdir(), "azulite-staging")
         self._staging = Path(base) / hashlib.sha1(self.storage.uri.encode()).hexdigest()[:12]
-        self._stager = _CachedStager()
+        self._stager = CachedStager()
+        self._restorer = Restorer(self.storage, rank=ctx.rank, staging=self._staging, threads=config.thread_count)
         self._pending: tuple[Future, int, float] | None = None
         self._thread: ThreadPoolExecutor | None = None  # where async saves write
         # optimizers whose step() waits for an async save's background copy (overlap_staging): torch's
@@ -517,9 +177,9 @@ class Checkpointer:
         if config.overlap_staging:
             for obj in self.state.values():
                 opt = obj.optimizer if isinstance(obj, ModelState) else None
-                if _updates_in_step(opt) and opt not in self._waiting_optimizers:
+                if updates_in_step(opt) and opt not in self._waiting_optimizers:
                     self._waiting_optimizers.append(opt)
-                    self._hooks.append(opt.register_step_pre_hook(_wait_staged_hook(self)))
+                    self._hooks.append(opt.register_step_pre_hook(wait_staged_hook(self)))
         _commit_before_exit(self)
         self._failed_in_a_row = 0
         self.last_committed: int | None = None
@@ -585,7 +245,7 @@ class Checkpointer:
             try:
                 if self._already_committed(step):
                     return True
-                dcp.save(self.state, storage_writer=self._writer(step, None), process_group=self._pg,
+                dcp.save(self.state, storage_writer=self._writer(step, None, t0), process_group=self._pg,
                          no_dist=self._pg is None)
             except (KeyboardInterrupt, SystemExit):
                 raise
@@ -606,7 +266,7 @@ class Checkpointer:
             self._stager.owned = None
             return self._failed(step, e, raise_on_error)
 
-        def write() -> _CommitWriter | None:
+        def write() -> CommitWriter | None:
             state_dict, failed = None, None
             try:
                 state_dict = finish_copy()
@@ -614,7 +274,7 @@ class Checkpointer:
                 failed = f"rank {self.ctx.rank}: copying the state failed: {type(e).__name__}: {e}"
             if self._already_committed(step, failed):
                 return None
-            writer = self._writer(step, self._stager)
+            writer = self._writer(step, self._stager, t0)
             dcp.save(state_dict, storage_writer=writer, process_group=self._pg, no_dist=self._pg is None)
             return writer
 
@@ -646,14 +306,15 @@ class Checkpointer:
             return True
         return False
 
-    def _writer(self, step: int, stager: _CachedStager | None) -> _CommitWriter:
+    def _writer(self, step: int, stager: CachedStager | None, started: float) -> CommitWriter:
         rel = step_dir(step)
         local = Path(self.storage.path(rel)) if not self.storage.remote else self._staging / rel / f"rank-{self.ctx.rank}"
         local.mkdir(parents=True, exist_ok=True)
-        job = _SaveJob(storage=self.storage, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size,
+        job = SaveJob(storage=self.storage, step=step, rank=self.ctx.rank, world_size=self.ctx.world_size,
                        local_dir=local, threads=self.config.thread_count, extra=self._manifest_extra(),
-                       hook=self.phase_hook, keep_last=self.config.keep_last, keep_every=self.config.keep_every)
-        return _CommitWriter(job, stager)
+                       hook=self.phase_hook, keep_last=self.config.keep_last, keep_every=self.config.keep_every,
+                      started=started)
+        return CommitWriter(job, stager)
 
     def wait(self) -> None:
         """Block until a pending async save is committed (or failed, per the policy)."""
@@ -674,8 +335,8 @@ class Checkpointer:
         """Storages of the parameters and optimizer state of optimizers that wait in a step pre-hook."""
         ptrs: set[int | None] = set()
         for opt in self._waiting_optimizers:
-            ptrs.update(_storage_ptr(p) for group in opt.param_groups for p in group["params"])
-            ptrs.update(_storage_ptr(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
+            ptrs.update(storage_ptr(p) for group in opt.param_groups for p in group["params"])
+            ptrs.update(storage_ptr(v) for st in opt.state.values() for v in st.values() if isinstance(v, torch.Tensor))
         ptrs.discard(None)
         return frozenset(p for p in ptrs if p)  # 0: an empty storage, shared by all of them
 
@@ -754,26 +415,44 @@ class Checkpointer:
         or None when there is none (a fresh start). Corrupt or incomplete checkpoints are skipped, and
         the log says which file was wrong and which checkpoint is used instead."""
         self.wait()  # loading writes into the very tensors a pending save may still be copying
-        choice: tuple[int, dict[str, Any]] | str | None = None
-        if self.ctx.is_main:
+        while True:
+            choice: tuple[int, dict[str, Any]] | str | None = None
+            if self.ctx.is_main:
+                try:
+                    # local: sizes now, every byte's hash as it is read (VerifyingReader); Blob: downloaded
+                    # and hashed here
+                    choice = self._restorer.choose(verify=self.storage.remote)
+                except Exception as e:  # noqa: BLE001 - every rank must raise the same thing
+                    choice = f"{type(e).__name__}: {e}"
+            choice = self._broadcast(choice)
+            if isinstance(choice, str):
+                raise CheckpointError(choice, where=self.storage.uri,
+                                      fix="inspect the checkpoints; delete the directory to start from scratch")
+            if choice is None:
+                log.info("no committed checkpoint under %s: starting from scratch", self.storage.uri)
+                return None
+            step, manifest = choice
             try:
-                choice = self._choose()
-            except Exception as e:  # noqa: BLE001 - every rank must raise the same thing
-                choice = f"{type(e).__name__}: {e}"
-        choice = self._broadcast(choice)
-        if isinstance(choice, str):
-            raise CheckpointError(choice, where=self.storage.uri,
-                                  fix="inspect the checkpoints; delete the directory to start from scratch")
-        if choice is None:
-            log.info("no committed checkpoint under %s: starting from scratch", self.storage.uri)
-            return None
-        step, manifest = choice
-        # rank 0 verified (and, for Blob, downloaded) it while choosing; on Blob the others download and
-        # verify their own copy; local files rank 0 verified are the very files the others read
-        if self.ctx.is_main or not self.storage.remote:
-            path = self._restore_dir(step)
+                self._load(step, manifest)
+            except BaseException as e:  # noqa: BLE001 - DCP gathers every rank's read failure into one
+                if not _integrity_failure(e):
+                    raise
+                # every rank got the same failure: the checkpoint is corrupt; the previous one is next
+                log.warning("checkpoint step %d is corrupt: %s; falling back to the previous one", step, _root_cause(e))
+                if self.ctx.is_main:
+                    self._restorer.quarantine(step_dir(step))
+                continue
+            return step
+
+    def _load(self, step: int, manifest: dict[str, Any]) -> None:
+        where = self.storage.display(step_dir(step))
+        if not self.storage.remote:
+            reader: FileSystemReader = VerifyingReader(self._restorer.restore_dir(step), manifest,
+                                                       self.config.thread_count, where)
+        elif self.ctx.is_main:  # rank 0 downloaded and verified it while choosing
+            reader = FileSystemReader(self._restorer.restore_dir(step))
         else:
-            path = self._local_copy(step, manifest, verify=True)
+            reader = FileSystemReader(self._restorer.local_copy(step, manifest, verify=True))
         state = dict(self.state)
         saved_ws = int(manifest["world_size"])
         for name, obj in self.state.items():
@@ -782,81 +461,13 @@ class Checkpointer:
                 log.info("no saved %r for rank %d (checkpoint of world size %d): keeping the seeded one",
                          name, self.ctx.rank, saved_ws)
                 state.pop(name)
-        dcp.load(state, storage_reader=FileSystemReader(path), process_group=self._pg, no_dist=self._pg is None)
-        if self.storage.remote:
-            shutil.rmtree(self._restore_dir(step), ignore_errors=True)  # this rank's copy only
+        dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
+        self._restorer.discard(step)  # this rank's downloaded copy only
         self.loaded_manifest = manifest
         self.last_committed = step
         if saved_ws != self.ctx.world_size:
             log.info("checkpoint step %d was saved by %d ranks, loaded on %d", step, saved_ws, self.ctx.world_size)
-        log.info("resumed from checkpoint step %d (%s)", step, self.storage.display(step_dir(step)))
-        return step
-
-    def _choose(self) -> tuple[int, dict[str, Any]] | None:
-        corrupt = 0
-        for step, rel in reversed(scan_steps(self.storage)):
-            manifest = read_manifest(self.storage, rel, step)
-            if manifest is None:
-                if self.storage.exists(f"{rel}/manifest.corrupt.json"):
-                    log.warning("ignoring %s: found corrupt earlier", self.storage.display(rel))
-                    corrupt += 1
-                else:
-                    log.warning("ignoring %s: no valid %s (an interrupted save)", self.storage.display(rel), MANIFEST)
-                continue
-            try:
-                self._local_copy(step, manifest, verify=True)
-            except CheckpointError as e:
-                if self.storage.remote:
-                    shutil.rmtree(self._restore_dir(step), ignore_errors=True)
-                log.warning("checkpoint step %d is corrupt: %s; falling back to the previous one", step, e.message)
-                self._quarantine(rel)
-                corrupt += 1
-                continue
-            return step, manifest
-        if corrupt:
-            raise CheckpointError(f"none of the {corrupt} committed checkpoint(s) under {self.storage.uri} is intact")
-        return None
-
-    def _quarantine(self, rel: str) -> None:
-        """Un-commit a corrupt checkpoint (manifest.json -> manifest.corrupt.json): it stops counting, the
-        evidence stays, and a later save of the same step replaces it."""
-        try:
-            self.storage.fs.mv(self.storage.path(f"{rel}/{MANIFEST}"), self.storage.path(f"{rel}/manifest.corrupt.json"))
-            log.warning("un-committed %s (manifest renamed to manifest.corrupt.json)", self.storage.display(rel))
-        except Exception as e:  # noqa: BLE001 - read-only storage: resume still skips it every time
-            log.warning("could not un-commit corrupt checkpoint %s: %s", self.storage.display(rel), e)
-
-    def _restore_dir(self, step: int) -> Path:
-        if self.storage.remote:
-            return self._staging / f"restore-{step_dir(step)}" / f"rank-{self.ctx.rank}"
-        return Path(self.storage.path(step_dir(step)))
-
-    def _local_copy(self, step: int, manifest: dict[str, Any], *, verify: bool) -> Path:
-        """The checkpoint as a local directory (downloaded for Blob), its files checked against the manifest."""
-        rel = step_dir(step)
-        files: dict[str, Any] = manifest["files"]
-        local = self._restore_dir(step)
-        if self.storage.remote:
-            for name in files:
-                try:
-                    self.storage.download(f"{rel}/{name}", local / name)
-                except FileNotFoundError:
-                    raise CheckpointError(f"file {name} is missing", where=self.storage.display(rel)) from None
-        if verify:
-            missing = [n for n in files if not (local / n).is_file()]
-            if missing:
-                raise CheckpointError(f"file {missing[0]} is missing", where=self.storage.display(rel))
-            actual = _hash_files({n: local / n for n in files}, self.config.thread_count)
-            for name, want in files.items():
-                got = actual[name]
-                if got["sha256"] != want["sha256"] or got["bytes"] != want["bytes"]:
-                    raise CheckpointError(
-                        f"file {name} does not match the manifest (sha256 {got['sha256'][:12]}.. "
-                        f"{got['bytes']} B, expected {want['sha256'][:12]}.. {want['bytes']} B)",
-                        where=self.storage.display(rel),
-                    )
-        return local
-
+        log.info("resumed from checkpoint step %d (%s)", step, where)
 
 def _probe(storage: CheckpointStorage) -> tuple[str, str] | None:
     try:
@@ -864,6 +475,17 @@ def _probe(storage: CheckpointStorage) -> tuple[str, str] | None:
     except StorageError as e:
         return (e.message, e.fix or "")
     return None
+
+
+def _integrity_failure(exc: BaseException) -> bool:
+    """Whether a load failed because a checkpoint file is missing or does not match its manifest (on any
+    rank: DCP wraps them in CheckpointException(failures={rank: exc}))."""
+    if isinstance(exc, IntegrityError):
+        return True
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict):
+        return any(isinstance(v[0] if isinstance(v, tuple) else v, IntegrityError) for v in failures.values())
+    return False
 
 
 def _root_cause(exc: BaseException) -> str:

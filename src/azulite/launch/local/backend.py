@@ -16,17 +16,23 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import psutil
+
 from azulite.errors import LaunchError
 from azulite.launch.backend import Backend, register_backend
+from azulite.launch.data import check_inputs
 from azulite.launch.local.procs import pid_alive, terminate_tree
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import get_strategy
-from azulite.launch.local.supervisor import build_context, job_processes
+from azulite.launch.local.supervisor import build_context, job_processes, retries_used
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
+from azulite.spec.sweep import SweepSpec
 
 #: a supervisor that has not recorded its pid this long after submit is taken for dead
 _SUPERVISOR_START_S = 120.0
+SUPERVISOR = "azulite.launch.local.supervisor"
+SWEEPER = "azulite.launch.local.sweeper"
 _SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "node_modules", ".azulite")
 # double fork: the supervisor ends up re-parented to init, in its own session, never a zombie of ours
 _DETACH = "import os,sys; os.setsid(); os._exit(0) if os.fork() else os.execv(sys.argv[1], sys.argv[1:])"
@@ -45,6 +51,7 @@ class LocalBackend(Backend):
         strategy = get_strategy(spec.distribution_type)
         strategy.preflight(build_context("preflight", 1, spec, self.settings.jobs_dir / "_preflight", self.environ,
                                          make_dirs=False))
+        check_inputs(spec, {**self.environ, **spec.environment_variables})  # remote inputs exist and can be read
         rec = self.store.create(
             name=spec.name, backend=self.name, spec=spec.model_dump(mode="json"), spec_path=spec_path,
             environment=spec.environment_label, jobs_dir=self.settings.jobs_dir,
@@ -60,17 +67,41 @@ class LocalBackend(Backend):
                 return skip | {n for n in names if (Path(folder) / n).resolve() == home}
 
             shutil.copytree(spec.code, job_dir / "code", symlinks=True, ignore=ignore)
-            env = {**self.environ, "AZULITE_HOME": str(self.settings.home)}
-            with open(job_dir / "supervisor.log", "ab") as log:
-                subprocess.run(
-                    [sys.executable, "-c", _DETACH, sys.executable, "-m", "azulite.launch.local.supervisor", rec.id],
-                    env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True, cwd=job_dir,
-                )
+            self._start_supervisor(rec.id, job_dir)
         except (OSError, subprocess.CalledProcessError) as exc:
             self.store.transition(rec.id, JobState.FAILED, message=f"could not start: {exc}", exit_code=1)
             raise LaunchError(f"could not start job {rec.id}: {exc}", where=str(job_dir),
                               fix="check the code folder is readable and AZULITE_HOME is writable") from None
         return self.store.get(rec.id)
+
+    def submit_sweep(self, spec: SweepSpec, *, spec_path: str | None = None) -> JobRecord:
+        """Submit a sweep: checked as its trials will be (features, inputs), then run by its own detached
+        driver (``sweeper.py``), which submits the trials as child jobs."""
+        template = spec.trial_spec()
+        self.check_supported(template)
+        check_inputs(template, {**self.environ, **template.environment_variables})
+        rec = self.store.create(
+            name=spec.name, backend=self.name, spec=spec.model_dump(mode="json"), spec_path=spec_path,
+            environment=template.environment_label, jobs_dir=self.settings.jobs_dir,
+        )
+        job_dir = Path(rec.job_dir)
+        try:
+            job_dir.mkdir(parents=True, exist_ok=True)
+            self._start_supervisor(rec.id, job_dir, module=SWEEPER)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            self.store.transition(rec.id, JobState.FAILED, message=f"could not start: {exc}", exit_code=1)
+            raise LaunchError(f"could not start sweep {rec.id}: {exc}", where=str(job_dir),
+                              fix="check that AZULITE_HOME is writable") from None
+        return self.store.get(rec.id)
+
+    def _start_supervisor(self, job_id: str, job_dir: Path, claim: int | None = None, module: str = SUPERVISOR) -> None:
+        env = {**self.environ, "AZULITE_HOME": str(self.settings.home)}
+        argv = [sys.executable, "-c", _DETACH, sys.executable, "-m", module, job_id]
+        if claim is not None:
+            argv += ["--claim", str(claim)]
+        with open(job_dir / "supervisor.log", "ab") as log:
+            subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, check=True,
+                           cwd=job_dir)
 
     # ---- status --------------------------------------------------------------------------------------
     def _status_impl(self, job_id: str) -> JobRecord:
@@ -78,22 +109,47 @@ class LocalBackend(Backend):
         if rec.state.terminal:
             return rec
         # the store is the truth, unless the supervisor that writes it died without a word
-        dead = (rec.supervisor_pid is not None and not pid_alive(rec.supervisor_pid)) or (
+        dead = (rec.supervisor_pid is not None and not _supervising(rec.supervisor_pid, job_id)) or (
             rec.supervisor_pid is None and time.time() - rec.created_at > _SUPERVISOR_START_S
         )
         if dead:
             time.sleep(0.5)  # it may be writing its last transition right now
             rec = self.store.get(job_id)
-            if not rec.state.terminal:
-                for p in job_processes(rec.job_dir):
-                    terminate_tree([p.pid], self.settings.kill_grace_s)
-                self.store.transition(job_id, JobState.FAILED, exit_code=1,
-                                      message=f"supervisor died (see {Path(rec.job_dir) / 'supervisor.log'})")
+            if not rec.state.terminal and not _supervising(rec.supervisor_pid, job_id):
+                self._recover(rec)
                 rec = self.store.get(job_id)
         return rec
 
+    def _recover(self, rec: JobRecord) -> None:
+        """A job whose supervisor died (killed, or the machine restarted): end what is left of its attempt
+        and requeue it under a new supervisor — its next attempt resumes from the last committed
+        checkpoint — while ``max_retries`` lasts (a death counts as a failed attempt); else fail it."""
+        token = -int(time.time())  # never a pid: a claim in progress, and since when
+        if not self.store.claim_supervision(rec.id, rec.supervisor_pid, token):
+            return  # another command is recovering it
+        for p in job_processes(rec.job_dir):
+            terminate_tree([p.pid], self.settings.kill_grace_s)
+        why = f"supervisor died (see {Path(rec.job_dir) / 'supervisor.log'})"
+        if rec.spec.get("type") == "sweep":  # its trials are jobs of their own; the sweep itself ends here
+            self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=why.replace("supervisor", "sweep driver"))
+            return
+        spec = JobSpec.model_validate(rec.spec)
+        if rec.state in (JobState.RUNNING, JobState.PREEMPTED):
+            used = retries_used(rec)
+            if used >= spec.max_retries:
+                self.store.transition(rec.id, JobState.FAILED, exit_code=1,
+                                      message=f"{why}; no retries left (max_retries={spec.max_retries})")
+                return
+            self.store.transition(rec.id, JobState.REQUEUED,
+                                  message=f"{why}; retry {used + 1}/{spec.max_retries} as attempt {rec.attempt + 1}")
+        try:
+            self._start_supervisor(rec.id, Path(rec.job_dir), claim=token)
+        except (OSError, subprocess.CalledProcessError) as exc:
+            self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=f"{why}; could not restart it: {exc}")
+
     def _list_impl(self, limit: int) -> list[JobRecord]:
-        return self.store.list(limit)
+        # looking is when a dead supervisor's job is noticed and requeued
+        return [r if r.state.terminal else self._status_impl(r.id) for r in self.store.list(limit)]
 
     # ---- cancel / preempt ----------------------------------------------------------------------------
     def _cancel_impl(self, job_id: str) -> JobRecord:
@@ -130,6 +186,23 @@ class LocalBackend(Backend):
     def _logs_impl(self, job_id: str, *, rank: int | None, follow: bool) -> Iterator[str]:
         rec = self.store.get(job_id)
         return _follow_logs(self, rec, rank, follow)
+
+
+def _supervising(pid: int | None, job_id: str) -> bool:
+    """Whether ``pid`` is this job's live supervisor (a pid reused after a machine restart is not), or a
+    claim by a command that is starting a new one (a negative token: the claim's time) less than
+    ``_SUPERVISOR_START_S`` old."""
+    if pid is None:
+        return False
+    if pid < 0:
+        return time.time() + pid < _SUPERVISOR_START_S
+    if not pid_alive(pid):
+        return False
+    try:
+        cmd = psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return False
+    return (SUPERVISOR in cmd or SWEEPER in cmd) and job_id in cmd
 
 
 def rank_log_paths(job_dir: Path, attempt: int, rank: int | None) -> list[tuple[int, Path]]:

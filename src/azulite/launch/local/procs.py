@@ -46,7 +46,7 @@ def terminate_tree(pids: Iterable[int], grace_s: float, *, extra: Iterable[psuti
 
 
 def pid_alive(pid: int | None) -> bool:
-    if not pid:
+    if not pid or pid < 0:  # negative: a claim token in the store, never a process
         return False
     try:
         p = psutil.Process(pid)

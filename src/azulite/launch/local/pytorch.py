@@ -58,7 +58,8 @@ class PyTorchStrategy(LaunchStrategy):
                 env["CUDA_VISIBLE_DEVICES"] = visible
             argv = (
                 ctx.python, "-m", "torch.distributed.run",
-                f"--nnodes={ctx.nodes}",
+                # a fixed count, or the spec's elastic range (MIN:MAX: the group re-forms on the nodes left)
+                "--nnodes={}:{}".format(*spec.node_range) if spec.elastic else f"--nnodes={ctx.nodes}",
                 f"--nproc-per-node={per_node}",
                 "--rdzv-backend=c10d",
                 f"--rdzv-endpoint=127.0.0.1:{port}",

@@ -150,6 +150,13 @@ class JobStore:
             cols = ", ".join(f"{k}=?" for k in fields)
             db.execute(f"UPDATE jobs SET {cols} WHERE id=?", (*fields.values(), job_id))
 
+    def claim_supervision(self, job_id: str, seen: int | None, token: int) -> bool:
+        """Swap the job's supervisor pid from ``seen`` (a dead one) to ``token`` in one conditional write:
+        of several commands that notice the same dead supervisor, exactly one gets to start a new one."""
+        with self._tx() as db:
+            cur = db.execute("UPDATE jobs SET supervisor_pid=? WHERE id=? AND supervisor_pid IS ?", (token, job_id, seen))
+            return cur.rowcount == 1
+
     def request_preempt(self, job_id: str) -> bool:
         """Flag a running job for preemption in one conditional write (no check-then-act race with the
         supervisor's own transitions); False if it is not running."""

@@ -206,6 +206,7 @@ def collect_rank_records(
 _STRATEGIES: dict[str, LaunchStrategy] = {}
 #: modules that register a strategy when imported (lazily, so a missing optional tool costs nothing)
 _STRATEGY_MODULES = {
+    "none": "azulite.launch.local.single",
     "pytorch": "azulite.launch.local.pytorch",
     "tensorflow": "azulite.launch.local.tensorflow",
     "mpi": "azulite.launch.local.mpi",

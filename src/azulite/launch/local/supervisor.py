@@ -34,9 +34,11 @@ from azulite.launch.local.procs import signal_all, terminate_tree, tree
 from azulite.launch.local.rank import shell_exit_code
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import LaunchContext, LaunchStrategy, RankResult, get_strategy, read_rank_records
-from azulite.launch.records import JobState, ProcessRecord
+from azulite.launch.records import JobRecord, JobState, ProcessRecord
+from azulite.launch.data import fetch_inputs, output_location, upload_outputs
 from azulite.launch.settings import Settings
-from azulite.spec.job import JobSpec
+from azulite.launch.tracking import prepare_store, tracking_env
+from azulite.spec.job import JobSpec, PathInput
 from azulite.spec.loader import render_command
 
 POLL_S = 0.2
@@ -80,14 +82,18 @@ def rdzv_port(spec: JobSpec) -> int | None:
 
 
 def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, environ: dict[str, str],
-                  *, python: str = sys.executable, make_dirs: bool = True) -> LaunchContext:
-    """The per-attempt context: directories, substituted command, base environment."""
+                  *, python: str = sys.executable, make_dirs: bool = True,
+                  inputs: dict[str, str] | None = None) -> LaunchContext:
+    """The per-attempt context: directories, substituted command, base environment. ``inputs`` maps
+    remote inputs to their local copies (``data.fetch_inputs``); others are handed over as written."""
     outputs = {}
     for name, out in spec.outputs.items():
-        path = out.location(job_dir, name)
-        if make_dirs and "://" not in path and out.type == "uri_folder":
-            Path(path).mkdir(parents=True, exist_ok=True)
+        path = output_location(name, out, job_dir)
+        if make_dirs and "://" not in path:
+            (Path(path) if out.type == "uri_folder" else Path(path).parent).mkdir(parents=True, exist_ok=True)
         outputs[name] = path
+    local_inputs = {n: (v.model_copy(update={"path": inputs[n]}) if isinstance(v, PathInput) and n in (inputs or {}) else v)
+                    for n, v in spec.inputs.items()}
     attempt_dir = job_dir / f"attempt-{attempt}"
     node_dirs = tuple(job_dir / "nodes" / f"node-{k}" for k in range(spec.nodes))
     if make_dirs:
@@ -99,13 +105,17 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
         (attempt_dir / "ranks").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in environ.items() if k not in _STRIP_ENV and not k.startswith("TORCHELASTIC_")}
     env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "/usr/bin:/bin")])
+    env.update(tracking_env(spec, job_dir))  # the job's MLflow store, unless its spec names another
     env.update(spec.environment_variables)
     env.pop("MASTER_PORT", None)  # a pinned rendezvous port, handed to the strategy instead
     env.update({ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt), ENV_JOB_DIR: str(job_dir), "PYTHONUNBUFFERED": "1"})
     env.update({f"AZULITE_OUTPUT_{n.upper()}": p for n, p in outputs.items()})
+    # the names Azure ML gives a command job's data (AZURE_ML_INPUT_<name>, AZURE_ML_OUTPUT_<name>)
+    env.update({f"AZURE_ML_INPUT_{n}": v.path for n, v in local_inputs.items() if isinstance(v, PathInput)})
+    env.update({f"AZURE_ML_OUTPUT_{n}": p for n, p in outputs.items()})
     return LaunchContext(
         job_id=job_id, attempt=attempt, spec=spec,
-        command=render_command(spec.command, spec.inputs, outputs),
+        command=render_command(spec.command, local_inputs, outputs),
         python=python, attempt_dir=attempt_dir, node_dirs=node_dirs, base_env=env,
         rdzv_port=rdzv_port(spec), gpus=visible_gpus(environ),
     )
@@ -187,19 +197,35 @@ class Supervisor:
         self.store.transition(self.job_id, state, message=message, **kw)  # refused if already ended: fine
 
     def _loop(self, spec: JobSpec, job_dir: Path, strategy: LaunchStrategy, attempt: int) -> int:
-        failures = preemptions = 0
+        rec = self.store.get(self.job_id)  # a restarted supervisor carries on the counts of the one before
+        failures = retries_used(rec)
+        try:
+            prepare_store(spec, job_dir)
+        except Exception as e:  # noqa: BLE001 - metrics are not worth failing a job over: say so, go on
+            self.store.event(self.job_id, f"no MLflow store for this job ({type(e).__name__}: {e}); metrics "
+                             "logged by the job will fail")
+        preemptions = sum(1 for a in rec.attempts if a.exit_code == EXIT_PREEMPTED)
         while True:
             attempt += 1
             if self._flags()[0]:
                 self._end(JobState.CANCELED, "canceled before attempt started")
                 return 0
-            ctx = build_context(self.job_id, attempt, spec, job_dir, self.environ)
+            data_env = {**self.environ, **spec.environment_variables}  # the job's own credentials count
+            fetched = fetch_inputs(spec, self.settings.home / "cache" / "inputs", data_env)
+            for f in fetched.values():
+                self.store.event(self.job_id, f"input {f.name}: {f.uri} -> {f.local} "
+                                 f"({'downloaded' if f.downloaded else 'from the cache'})")
+            ctx = build_context(self.job_id, attempt, spec, job_dir, self.environ,
+                                inputs={n: f.local for n, f in fetched.items()})
             strategy.preflight(ctx)
             if not self.store.transition(self.job_id, JobState.RUNNING, attempt=attempt, message=f"attempt {attempt}"):
                 return 0  # canceled meanwhile
             self._preempt = False
             out = self._run_attempt(ctx, strategy, spec)
             self._record(ctx, out)
+            # after every attempt, whatever its end (a preempted one included): nothing written is lost
+            for uri in upload_outputs(spec, job_dir, data_env)[-1:]:
+                self.store.event(self.job_id, f"outputs uploaded (last: {uri})")
             if out.canceled:
                 self._end(JobState.CANCELED, "canceled by user")
                 return 0
@@ -210,6 +236,12 @@ class Supervisor:
             agents_ok = all(c == 0 for c in out.exits.values())
             if agents_ok and all(c in (0, None) for c in codes):  # finished, even if a preemption came late
                 self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
+                return 0
+            done = [n for n, c in out.exits.items() if c == 0]
+            if spec.elastic and len(done) >= spec.node_range[0] and not out.canceled and not out.preempt_asked and \
+                    all(c == 0 or (c or 0) > 128 for c in out.exits.values()):
+                # the nodes left finished the job; the others were lost (killed), not failed
+                self._end(JobState.SUCCEEDED, f"finished on {len(done)} of {len(out.exits)} node(s) (elastic)", exit_code=0)
                 return 0
             if self._preempted(out):
                 preemptions += 1
@@ -274,6 +306,7 @@ class Supervisor:
         first_failure: float | None = None
         preempt_sent: float | None = None
         synced = 0.0
+        lost_nodes: set[str] = set()
         while True:
             exits = {n: (None if p.poll() is None else shell_exit_code(p.returncode)) for n, p in procs.items()}
             running = [n for n, c in exits.items() if c is None]
@@ -297,7 +330,15 @@ class Supervisor:
                 signal_all(tree(procs[n].pid for n in running), signal.SIGTERM)
             if preempt_sent is not None and now - preempt_sent > self.settings.preempt_grace_s:
                 terminate_tree([procs[n].pid for n in running], 1.0)
-            if first_failure is None and any(c not in (None, 0) for c in exits.values()):
+            failed = [n for n, c in exits.items() if c not in (None, 0)]
+            if failed and spec.elastic and len(running) >= spec.node_range[0]:
+                # an elastic job goes on while min_nodes agents are left: torchrun re-forms the group on them
+                for n in failed:
+                    if n not in lost_nodes:
+                        lost_nodes.add(n)
+                        self.store.event(self.job_id, f"{n} lost (exit {exits[n]}); continuing on {len(running)} "
+                                         f"node(s) (elastic, min {spec.node_range[0]})")
+            elif first_failure is None and failed:
                 first_failure = now
             if first_failure is not None and now - first_failure > self.settings.peer_grace_s and preempt_sent is None:
                 self.store.event(self.job_id, f"stopping {', '.join(running)}: a peer failed")
@@ -306,6 +347,14 @@ class Supervisor:
             if now - synced > 1.0:
                 synced = now
                 self._sync_ranks(ctx)
+                # A node that finished cannot rejoin: a rank lost on another node after that leaves its agent
+                # waiting minutes for a rendezvous that cannot happen. End the attempt now instead; it is
+                # retried (max_retries) from the last committed checkpoint.
+                if first_failure is None and any(c == 0 for c in exits.values()) and (lost := _lost_ranks(ctx)):
+                    first_failure = float("inf")
+                    self.store.event(self.job_id, f"rank(s) {lost} lost after a node finished: the group cannot "
+                                     f"re-form; stopping {', '.join(running)}")
+                    terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
             time.sleep(POLL_S)
         out.exits = exits
         out.results = strategy.collect(ctx, exits)
@@ -344,13 +393,31 @@ class Supervisor:
             terminate_tree(live, self.settings.kill_grace_s, extra=left)
 
 
+def _lost_ranks(ctx: LaunchContext) -> list[int]:
+    """Ranks of this attempt that died: a non-zero exit recorded, or a rank runner gone without a record."""
+    lost = []
+    for r, rec in read_rank_records(ctx.records_dir).items():
+        code = rec.get("exit_code")
+        if code not in (None, 0) or (code is None and not psutil.pid_exists(int(rec.get("pid") or 0) or -1)):
+            lost.append(r)
+    return sorted(lost)
+
+
+def retries_used(rec: JobRecord) -> int:
+    """Attempts that ended in a failure and were retried (preemption requeues, exit 75, do not count)."""
+    return sum(1 for a in rec.attempts if a.state == JobState.REQUEUED.value and a.exit_code != EXIT_PREEMPTED)
+
+
 def main(argv: list[str]) -> int:
-    if len(argv) != 1:
-        print("usage: python -m azulite.launch.local.supervisor JOB_ID", file=sys.stderr)
+    if len(argv) not in (1, 3) or (len(argv) == 3 and argv[1] != "--claim"):
+        print("usage: python -m azulite.launch.local.supervisor JOB_ID [--claim TOKEN]", file=sys.stderr)
         return 2
     environ = dict(os.environ)
     settings = Settings.from_environ(environ)
     store = JobStore(settings.db_path)
+    # a restarted supervisor takes over only if its claim still stands (exactly one takes over)
+    if len(argv) == 3 and not store.claim_supervision(argv[0], int(argv[2]), os.getpid()):
+        return 0
     return Supervisor(store, settings, argv[0], environ).run()
 
 

@@ -1,0 +1,206 @@
+"""One driver process per sweep job: ``python -m azulite.launch.local.sweeper SWEEP_ID``.
+
+Started detached by ``LocalBackend.submit`` for a ``type: sweep`` spec, as the supervisor is for a
+command job. It runs the sweep's trials as ordinary child jobs through the same backend (ids
+``<sweep id>-trial-<n>``, each with its own supervisor, MLflow store and logs), up to
+``max_concurrent_trials`` at a time, asks the sampler for values and tells it each trial's primary metric
+(the last value the trial logged), stops trials early by the sweep's policy, and keeps the sweep's state
+in ``<sweep dir>/sweep.json`` (trials, values, metrics, the best trial), which ``job show`` prints. A
+primary metric that the first finished trial never logged fails the sweep then, not at the end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import time
+import traceback
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from azulite.errors import AzuliteError, SweepError
+from azulite.launch.backend import get_backend
+from azulite.launch.early_stop import due_at, should_stop
+from azulite.launch.local.store import JobStore
+from azulite.launch.records import JobState
+from azulite.launch.sampling import Sampler, better, make_sampler
+from azulite.launch.settings import Settings
+from azulite.launch.tracking import metric_history
+from azulite.spec.job import JobSpec
+from azulite.spec.sweep import SweepSpec
+
+POLL_S = 0.5
+STATE_FILE = "sweep.json"
+
+
+@dataclass
+class Trial:
+    id: str
+    values: dict[str, Any]
+    state: str = "running"
+    metric: float | None = None
+    reports: list[float] = field(default_factory=list)
+    early_terminated: bool = False
+    evaluated: int = 0  # the last evaluation point (report count) the policy looked at
+    token: Any = None
+
+
+def read_state(job_dir: str | Path) -> dict[str, Any] | None:
+    """The sweep's state as its driver last wrote it (None before the first write)."""
+    try:
+        return json.loads((Path(job_dir) / STATE_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+class Sweeper:
+    def __init__(self, store: JobStore, settings: Settings, sweep_id: str, environ: dict[str, str]) -> None:
+        self.store, self.settings, self.sweep_id, self.environ = store, settings, sweep_id, environ
+        self.backend = get_backend("local", settings, environ)
+        self.trials: list[Trial] = []
+        self._cancel = False
+
+    def _on_term(self, *_: object) -> None:
+        self._cancel = True
+
+    def run(self) -> int:
+        signal.signal(signal.SIGTERM, self._on_term)
+        self.store.set_fields(self.sweep_id, supervisor_pid=os.getpid())
+        rec = self.store.get(self.sweep_id)
+        self.job_dir = Path(rec.job_dir)
+        try:
+            spec = SweepSpec.model_validate(rec.spec)
+            if not self.store.transition(self.sweep_id, JobState.RUNNING, attempt=1, message="sweep started"):
+                return 0
+            state, message = self._loop(spec, make_sampler(spec))
+        except AzuliteError as exc:
+            state, message = JobState.FAILED, str(exc)
+        except BaseException as exc:  # a sweep must never stay "running" behind a dead driver
+            traceback.print_exc()
+            state, message = JobState.FAILED, f"sweep driver error: {exc!r}"
+        self._cancel_running("the sweep ended")
+        self._write(spec if "spec" in locals() else None)
+        self.store.transition(self.sweep_id, state, message=message, exit_code=0 if state == JobState.SUCCEEDED else 1)
+        return 0
+
+    def _loop(self, spec: SweepSpec, sampler: Sampler) -> tuple[JobState, str]:
+        limits = spec.limits
+        deadline = time.monotonic() + limits.timeout if limits.timeout else None
+        exhausted = False
+        while True:
+            if self._cancel or self.store.flags(self.sweep_id)[0]:
+                return JobState.CANCELED, "canceled by user"
+            self._poll(spec, sampler)
+            if spec.early_termination is not None:
+                self._early_stop(spec)
+            timed_out = deadline is not None and time.monotonic() > deadline
+            if timed_out:
+                self._cancel_running(f"the sweep's timeout ({limits.timeout:g}s) passed")
+            running = [t for t in self.trials if t.state == "running"]
+            while (not timed_out and not exhausted and len(running) < limits.max_concurrent_trials
+                   and len(self.trials) < limits.max_total_trials):
+                asked = sampler.ask()
+                if asked is None:
+                    exhausted = True
+                    break
+                values, token = asked
+                trial = Trial(id="", values=values, token=token)
+                trial.id = self._submit(spec, values)
+                self.trials.append(trial)
+                running.append(trial)
+            self._write(spec)
+            if not running:
+                best = self._best(spec)
+                if best is None:
+                    return JobState.FAILED, f"no trial reported {spec.objective.primary_metric!r}"
+                return JobState.SUCCEEDED, (f"{len(self.trials)} trial(s); best {best.id}: "
+                                            f"{spec.objective.primary_metric}={best.metric:g} {best.values}")
+            time.sleep(POLL_S)
+
+    def _submit(self, spec: SweepSpec, values: dict[str, Any]) -> str:
+        job = spec.trial_spec(values)
+        job = job.model_copy(update={
+            "name": f"{self.sweep_id}-trial",
+            "environment_variables": {**job.environment_variables, "AZULITE_SWEEP_ID": self.sweep_id},
+        })
+        rec = self.backend.submit(job)
+        self.store.event(self.sweep_id, f"trial {rec.id}: {values}")
+        return rec.id
+
+    def _poll(self, spec: SweepSpec, sampler: Sampler) -> None:
+        metric = spec.objective.primary_metric
+        for t in self.trials:
+            if t.state != "running":
+                continue
+            rec = self.backend.status(t.id)
+            t.reports = metric_history(JobSpec.model_validate(rec.spec), rec.job_dir, metric)
+            if not rec.state.terminal:
+                continue
+            t.state = "early_terminated" if t.early_terminated else rec.state.value
+            t.metric = t.reports[-1] if t.reports else None
+            sampler.tell(t.token, t.metric if rec.state == JobState.SUCCEEDED else None)
+            if rec.state == JobState.SUCCEEDED and t.metric is None:
+                raise SweepError(
+                    f"trial {t.id} succeeded without logging the primary metric {metric!r}",
+                    where="objective.primary_metric",
+                    fix="log it from the trial (mlflow.log_metric or azulite.train.log_metrics) or name a metric it logs")
+
+    def _early_stop(self, spec: SweepSpec) -> None:
+        reports = {t.id: t.reports for t in self.trials if t.reports}
+        policy = spec.early_termination
+        for t in self.trials:
+            if t.state != "running" or t.early_terminated or t.id not in reports:
+                continue
+            point = due_at(policy, len(t.reports))
+            if point <= t.evaluated:  # each evaluation point once
+                continue
+            t.evaluated = point
+            if should_stop(policy, spec.objective, t.id, reports):
+                t.early_terminated = True
+                self.store.event(self.sweep_id, f"trial {t.id} stopped early ({spec.early_termination.type}) "
+                                 f"after {len(t.reports)} report(s)")
+                self.backend.cancel(t.id)
+
+    def _cancel_running(self, why: str) -> None:
+        for t in self.trials:
+            if t.state == "running":
+                self.store.event(self.sweep_id, f"canceling trial {t.id}: {why}")
+                self.backend.cancel(t.id)
+                t.state = self.backend.status(t.id).state.value
+
+    def _best(self, spec: SweepSpec) -> Trial | None:
+        best = None
+        for t in self.trials:
+            if t.state == JobState.SUCCEEDED.value and t.metric is not None:
+                if best is None or better(spec.objective, t.metric, best.metric):
+                    best = t
+        return best
+
+    def _write(self, spec: SweepSpec | None) -> None:
+        best = self._best(spec) if spec is not None else None
+        state = {
+            "primary_metric": spec.objective.primary_metric if spec else None,
+            "goal": spec.objective.goal if spec else None,
+            "trials": [{"id": t.id, "values": t.values, "state": t.state, "metric": t.metric,
+                        "reports": len(t.reports), "early_terminated": t.early_terminated} for t in self.trials],
+            "best_trial": best.id if best else None,
+        }
+        tmp = self.job_dir / f".{STATE_FILE}.tmp"
+        tmp.write_text(json.dumps(state, indent=1, default=str))
+        os.replace(tmp, self.job_dir / STATE_FILE)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print("usage: python -m azulite.launch.local.sweeper SWEEP_ID", file=sys.stderr)
+        return 2
+    environ = dict(os.environ)
+    settings = Settings.from_environ(environ)
+    return Sweeper(JobStore(settings.db_path), settings, argv[0], environ).run()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

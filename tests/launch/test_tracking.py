@@ -1,0 +1,77 @@
+"""Each job's MLflow store: ranks get MLFLOW_TRACKING_URI, rank 0 logs (mlflow's own API or
+azulite.train.log_metrics), `job show` / `--json` carry the last value of each metric across attempts,
+and a job that logs nothing runs."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from azulite.errors import MetricsError
+from azulite.launch.tracking import STORE_FILE
+from azulite.spec.loader import load_job
+from azulite.train.metrics import log_metrics
+from tests.launch.jobkit import REPO, backend, home, spec_2x1, wait_done, write_job
+
+_ = home
+
+# Azure ML style: mlflow.log_metric from rank 0; azulite's log_metrics from every rank (rank 0 logs).
+# Attempt 1 fails after logging, attempt 2 (max_retries: 1) logs later values: the last ones win.
+LOGGER = """
+import os, sys
+import mlflow
+from azulite import train
+rank = int(os.environ["RANK"])
+attempt = int(os.environ["AZULITE_ATTEMPT"])
+assert os.environ["MLFLOW_TRACKING_URI"].startswith("sqlite:///"), os.environ["MLFLOW_TRACKING_URI"]
+for step in range(3):
+    if rank == 0:
+        mlflow.log_metric("loss", 10.0 * attempt - step, step=step)
+    train.log_metrics({"who": 100 + rank, "acc": attempt / 10}, step=step)
+print("logged", flush=True)
+sys.exit(1 if attempt == 1 else 0)
+"""
+
+
+def az(*args):
+    p = subprocess.run([str(Path(sys.executable).parent / "azulite"), *args], capture_output=True, text=True,
+                       timeout=120, cwd=REPO, env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 0, (p.stdout, p.stderr)
+    return p.stdout
+
+
+@pytest.mark.slow
+def test_rank0_metrics_reach_job_show_last_value_across_attempts(home, tmp_path):
+    spec = write_job(tmp_path / "m", LOGGER, spec_2x1(nodes=1, per_node=2, extra="max_retries: 1"))
+    rec = backend().submit(load_job(spec))
+    rec = wait_done(rec.id)
+    assert rec.state.value == "succeeded" and rec.attempt == 2, rec.reason
+    shown = json.loads(az("job", "show", rec.id, "--json"))
+    assert shown["metrics_error"] is None
+    metrics = {k: (v["value"], v["step"]) for k, v in shown["metrics"].items()}
+    # attempt 2's values (a new run in the same store) win; only rank 0's "who" was logged
+    assert metrics == {"loss": (18.0, 2), "who": (100.0, 2), "acc": (0.2, 2)}
+    text = az("job", "show", rec.id)
+    assert "metrics (MLflow)" in text and "18" in text
+
+
+@pytest.mark.slow
+def test_a_job_that_logs_nothing_runs_and_shows_no_metrics(home, tmp_path):
+    spec = write_job(tmp_path / "q", "print('quiet')\n", spec_2x1(nodes=1, per_node=1))
+    rec = wait_done(backend().submit(load_job(spec)).id)
+    assert rec.state.value == "succeeded", rec.reason
+    assert (Path(rec.job_dir) / STORE_FILE).stat().st_size > 0  # ready before the job started
+    shown = json.loads(az("job", "show", rec.id, "--json"))
+    assert shown["metrics"] == {} and shown["metrics_error"] is None
+
+
+def test_log_metrics_rank0_only_and_a_noop_without_a_store(tmp_path):
+    uri = f"sqlite:///{tmp_path / 'm.db'}"
+    assert not log_metrics({"loss": 1.0}, step=1, environ={"RANK": "0"})  # no store: a script run by hand
+    assert not log_metrics({"loss": 1.0}, step=1, environ={"RANK": "1", "MLFLOW_TRACKING_URI": uri})
+    assert not (tmp_path / "m.db").exists()
+    with pytest.raises(MetricsError, match="'loss' = 'high' is not a number"):
+        log_metrics({"loss": "high"}, environ={"RANK": "0", "MLFLOW_TRACKING_URI": uri})
