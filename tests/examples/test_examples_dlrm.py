@@ -94,7 +94,7 @@ def test_on_4_ranks_a_kill9_then_a_preemption_resume_to_the_uninterrupted_parame
     reference = final_hashes(isolated_run(tmp_path_factory, f"inputs.dataset.path={data['tsv']}", *FOUR))
     assert len(set(reference.values())) == 1
     args = ["job", "submit", "examples/dlrm/job.yaml", "--json"]
-    for s in (f"inputs.dataset.path={data['tsv']}", *FOUR, "inputs.checkpoint_every=10", "inputs.step_sleep=0.2",
+    for s in (f"inputs.dataset.path={data['tsv']}", *FOUR, "inputs.checkpoint_every=10", "inputs.step_sleep=0.25",
               "max_restarts=2"):
         args += ["--set", s]
     p = az(*args)
