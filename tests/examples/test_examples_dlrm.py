@@ -1,7 +1,7 @@
 """examples/dlrm end to end through the real console script, on real TorchRec over gloo ranks: the
 sharded DLRM learns the synthetic data's planted signal (held-out AUC within 0.03 of the best any model
 can reach), its checkpoint loads unsharded in one process, the npy conversion trains to the very same
-parameters, and on 4 ranks (2 nodes x 2) a run that loses a rank to kill -9 and is then preempted ends
+parameters, and on 4 ranks (2 nodes x 2) a run that is preempted and then loses a rank to kill -9 ends
 with exactly the parameters of a run that never stopped."""
 
 from __future__ import annotations
@@ -90,31 +90,34 @@ def show(job_id: str) -> dict:
 
 
 @pytest.mark.timeout(1200)
-def test_on_4_ranks_a_kill9_then_a_preemption_resume_to_the_uninterrupted_parameters(home, tmp_path_factory, data):
+def test_on_4_ranks_a_preemption_then_a_kill9_resume_to_the_uninterrupted_parameters(home, tmp_path_factory, data):
     reference = final_hashes(isolated_run(tmp_path_factory, f"inputs.dataset.path={data['tsv']}", *FOUR))
     assert len(set(reference.values())) == 1
     args = ["job", "submit", "examples/dlrm/job.yaml", "--json"]
-    for s in (f"inputs.dataset.path={data['tsv']}", *FOUR, "inputs.checkpoint_every=10", "inputs.step_sleep=0.2",
+    for s in (f"inputs.dataset.path={data['tsv']}", *FOUR, "inputs.checkpoint_every=10", "inputs.step_sleep=0.3",
               "max_restarts=2"):
         args += ["--set", s]
     p = az(*args)
     assert p.returncode == 0, p.stdout + p.stderr
     job = json.loads(p.stdout)["id"]
-    committed = lambda r: [c["step"] for c in r["checkpoints"] if c["committed"]]  # noqa: E731
-    rec = wait_for(lambda: (r := show(job)) and committed(r) and r, 300, "a first committed checkpoint")
-    victim = next(p for p in rec["processes"] if p["kind"] == "rank" and p["rank"] == 1)
-    os.kill(victim["pid"], signal.SIGKILL)
-    # the elastic agent restarts the group, which resumes from the checkpoint; then the job is evicted
-    log0 = next(Path(p["log"]) for p in rec["processes"] if p["kind"] == "rank" and p["rank"] == 0)
-    wait_for(lambda: "resumed from step" in log0.read_text(), 300, "the restarted group to resume")
+    # evicted once its first checkpoint is committed: every rank commits its step, exits 75, requeued
+    p = az("job", "wait", job, "--checkpoint", "--timeout", "300")
+    assert p.returncode == 0, p.stderr
     p = az("job", "preempt", job)
     assert p.returncode == 0, p.stderr  # 2 if the job had already ended
+    # attempt 2 resumes; then one of its ranks is killed: the elastic agent restarts the group, which
+    # resumes again from the newest checkpoint
+    ranks2 = lambda r: {p["rank"]: p for p in r["processes"] if p["kind"] == "rank" and p["attempt"] == 2}  # noqa: E731
+    rec = wait_for(lambda: (r := show(job)) and len(ranks2(r)) == 4 and r, 300, "attempt 2's ranks")
+    log0 = Path(ranks2(rec)[0]["log"])
+    wait_for(lambda: log0.exists() and "resumed from step" in log0.read_text(), 300, "attempt 2 to resume")
+    os.kill(ranks2(rec)[1]["pid"], signal.SIGKILL)
     p = az("job", "wait", job, "--json", "--timeout", "400")
     rec = show(job)
     assert rec["state"] == "succeeded", rec["reason"]
     assert [(a["attempt"], a["state"]) for a in rec["attempts"]] == [(1, "requeued"), (2, "succeeded")]
-    assert max(p["restarts"] for p in rec["processes"] if p["kind"] == "rank" and p["attempt"] == 1) >= 1
-    logs = {p["rank"]: Path(p["log"]).read_text() for p in rec["processes"]
-            if p["kind"] == "rank" and p["attempt"] == 2}
-    assert "resumed from step" in logs[0]
+    assert {p["exit_code"] for p in rec["processes"] if p["kind"] == "rank" and p["attempt"] == 1} == {75}
+    assert max(p["restarts"] for p in ranks2(rec).values()) >= 1
+    logs = {r: Path(p["log"]).read_text() for r, p in ranks2(rec).items()}
+    assert logs[0].count("resumed from step") == 2  # after the eviction, and after the kill
     assert {t.strip().splitlines()[-1] for t in logs.values()} == {f"final_params_sha256={reference[0]}"}
