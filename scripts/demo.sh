@@ -2,7 +2,8 @@
 # The main job: TorchRec's DLRM on Criteo-format data (the seed's train_dlrm.py), 2 simulated nodes x 1
 # process with the embedding tables sharded by TorchRec's planner, on a synthetic Criteo dataset whose best
 # achievable AUC is known; then the same job evicted mid-run, requeued and resumed from its last
-# checkpoint, ending with the very same parameters.
+# checkpoint, ending with the very same parameters; last, the trained job exported to a Triton model repository,
+# served by azulite serve and scored over HTTP and gRPC with tritonclient.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 id_of() { python -c 'import json,sys; print(json.loads(sys.stdin.readline())["id"])'; }
@@ -39,3 +40,7 @@ echo "uninterrupted: $a"
 echo "preempted:     $b"
 [[ $a == "$b" ]] && echo "identical: the resumed run is indistinguishable from one that never stopped" \
   || { echo "MISMATCH: the resumed run diverged" >&2; exit 1; }
+
+echo
+echo "== 4. from checkpoint to endpoint: export the job, serve it, score held-out raw Criteo rows"
+bash scripts/demo_serve.sh "$job"
