@@ -123,3 +123,14 @@ class Internal(ServeError):
     """A failure inside the server or a model's own code: not the client's fault."""
 
     status = "INTERNAL"
+
+
+class BenchError(AzuliteError):
+    """A benchmark or health check that could not run, or whose results are wrong (a collective that
+    returned wrong values)."""
+
+    exit_code = 1
+
+
+class BenchInputError(AzuliteError):
+    """A benchmark or health check asked for with arguments that cannot work (a size that is not one)."""

@@ -11,6 +11,7 @@ from rich.console import Console
 from azulite.errors import AzuliteError
 from azulite.cli import job as _job
 from azulite.cli import serve as _serve
+from azulite.cli import bench as _bench
 
 app = typer.Typer(
     name="azulite",
@@ -27,6 +28,7 @@ app = typer.Typer(
 )
 app.add_typer(_job.app, name="job")
 _serve.register(app)
+app.add_typer(_bench.app, name="bench")
 
 
 def main(argv: list[str] | None = None) -> None:
