@@ -12,6 +12,7 @@ from azulite.errors import AzuliteError
 from azulite.cli import job as _job
 from azulite.cli import serve as _serve
 from azulite.cli import bench as _bench
+from azulite.cli import doctor as _doctor
 
 app = typer.Typer(
     name="azulite",
@@ -29,6 +30,7 @@ app = typer.Typer(
 app.add_typer(_job.app, name="job")
 _serve.register(app)
 app.add_typer(_bench.app, name="bench")
+_doctor.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
