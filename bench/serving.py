@@ -6,6 +6,12 @@ max_batch_size 64, dynamic batching with max_queue_delay_microseconds 100 (tests
 Both servers run, measured in turn point by point on this machine (perf_analyzer shares its cores): compare the ratios, an absolute
 figure moves from run to run. The last line printed is one JSON object.
 
+A third server, ``azulite_guarded``, is azulite with its protections on (issue 11): ``--auth`` with a key,
+a per-key and a per-model rate limit (set high: they are checked on every request but never refuse) and
+the audit log. It is measured at the highest concurrency beside plain azulite; ``guard_ratio`` is guarded /
+off (goal: throughput >= 0.95). perf_analyzer sends ``-H`` headers over HTTP only, so over gRPC the guarded
+server is measured with rate limits and the audit log but no key (``guard_grpc_auth: false``).
+
     python bench/serving.py [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 3000]
 """
 
@@ -51,7 +57,7 @@ def anchors(explicit: str | None) -> Path:
 
 def wait_ready(http_port: int, proc: subprocess.Popen, timeout: float = 180) -> None:
     deadline = time.monotonic() + timeout
-    url = f"http://127.0.0.1:{http_port}/v2/models/{MODEL}/ready"
+    url = f"http://127.0.0.1:{http_port}/v2/health/ready"  # open under --auth; strict: every model loaded
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
@@ -74,11 +80,14 @@ def stop(proc: subprocess.Popen) -> None:
             proc.wait(30)
 
 
-def perf(pa: Path, protocol: str, port: int, concurrency: int, data: Path, measure_ms: int, work: Path) -> dict:
+def perf(pa: Path, protocol: str, port: int, concurrency: int, data: Path, measure_ms: int, work: Path,
+         headers: tuple[str, ...] = ()) -> dict:
     out = work / f"pa-{protocol}-{concurrency}.csv"
     cmd = [str(pa), "-m", MODEL, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", "--shape", "x:256",
            "--input-data", str(data), "--concurrency-range", str(concurrency), "-p", str(measure_ms),
            "--max-trials", "5", "--stability-percentage", "50", "-f", str(out)]
+    for h in headers:
+        cmd += ["-H", h]
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     stable = True
     if p.returncode != 0 or not out.exists():
@@ -121,10 +130,16 @@ def main() -> None:
         values = np.random.default_rng(0).uniform(-1, 1, 256).astype(np.float32).round(4).tolist()
         data.write_text(json.dumps({"data": [{"x": {"content": values, "shape": [256]}}]}))
         pa = bin_dir / "perf_analyzer"
-        figures: dict = {"triton": {}, "azulite": {}}
+        figures: dict = {"triton": {}, "azulite": {}, "azulite_guarded": {}}
+        from azulite.serve.keystore import KeyStore
+
+        store = KeyStore(work / "keys.db")
+        _, token = store.create("bench", rps=1e9, quota_per_day=10**12)
+        store.close()
+        auth_header = (f"Authorization:Bearer {token}",)
         servers: dict[str, tuple[subprocess.Popen, int, int]] = {}
         try:
-            for name in ("triton", "azulite"):
+            for name in ("triton", "azulite", "azulite_guarded"):
                 http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
                 if name == "triton":
                     cmd = [str(bin_dir / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
@@ -135,15 +150,35 @@ def main() -> None:
                            "--http-port", str(http_port), "--grpc-port", str(grpc_port),
                            "--metrics-port", str(metrics_port), "--http-address", "127.0.0.1",
                            "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+                if name == "azulite_guarded":
+                    # two processes: HTTP with keys (perf_analyzer sends -H over HTTP), gRPC with limits and
+                    # the audit log but no key (perf_analyzer sends no gRPC metadata)
+                    common = ["--model-rate-limit", f"{MODEL}=1e9"]
+                    http_cmd = cmd + common + ["--auth", "--key-store", str(work / "keys.db"), "--allow-grpc", "false",
+                                               "--audit-log", str(work / "audit-http.jsonl")]
+                    servers[name] = (start_server(name, http_cmd, http_port, work), http_port, -1)
+                    g_http, g_grpc, g_metrics = free_port(), free_port(), free_port()
+                    grpc_cmd = [str(Path(sys.executable).parent / "azulite"), "serve", str(repo),
+                                "--http-port", str(g_http), "--grpc-port", str(g_grpc), "--metrics-port", str(g_metrics),
+                                "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+                                "--metrics-address", "127.0.0.1", *common,
+                                "--audit-log", str(work / "audit-grpc.jsonl")]
+                    servers["azulite_guarded_grpc"] = (start_server(name + "_grpc", grpc_cmd, g_http, work), -1, g_grpc)
+                    continue
                 print(f"starting {name}: {' '.join(cmd[:2])} ...", flush=True)
                 servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
             # Both stay up (idle when not measured); each point is measured on one, then the other, so a
             # change in the machine's load between points hits both servers alike.
+            c_top = max(args.concurrency)
             for protocol in ("http", "grpc"):
                 for c in args.concurrency:
                     for name, (_, http_port, grpc_port) in servers.items():
                         port = http_port if protocol == "http" else grpc_port
-                        r = perf(pa, protocol, port, c, data, args.measure_ms, work)
+                        if port < 0 or (name.startswith("azulite_guarded") and c != c_top):
+                            continue
+                        headers = auth_header if name == "azulite_guarded" else ()
+                        r = perf(pa, protocol, port, c, data, args.measure_ms, work, headers)
+                        name = "azulite_guarded" if name.startswith("azulite_guarded") else name
                         figures[name][f"{protocol}_c{c}"] = r
                         shown = (f"{r['infer_per_s']:>9.1f} infer/s  p50 {r['p50_ms']:7.3f} ms  "
                                  f"p99 {r['p99_ms']:7.3f} ms" + ("" if r["stable"] else "  (unstable: machine load)")
@@ -164,9 +199,20 @@ def main() -> None:
         c_max = max(args.concurrency)
         goal = {proto: (ratios.get(f"{proto}_c{c_max}", {}).get("throughput", 0) >= 1.0
                         and ratios.get(f"{proto}_c{c_max}", {}).get("p99", 9e9) <= 1.0) for proto in ("http", "grpc")}
+        guard_ratio: dict = {}
+        print("\nazulite guarded / off:")
+        for key, g in figures["azulite_guarded"].items():
+            a = figures["azulite"].get(key, {})
+            if "error" in g or "error" in a:
+                continue
+            guard_ratio[key] = {"throughput": round(g["infer_per_s"] / a["infer_per_s"], 3),
+                                "p99": round(g["p99_ms"] / a["p99_ms"], 3)}
+            print(f"  {key:9s} throughput x{guard_ratio[key]['throughput']:.2f}   p99 x{guard_ratio[key]['p99']:.2f}")
+        guard_goal = {key: r["throughput"] >= 0.95 for key, r in guard_ratio.items()}
         print(json.dumps({"bench": "serving", "model": MODEL, "concurrency": args.concurrency,
                           "triton": figures["triton"], "azulite": figures["azulite"], "ratio": ratios,
-                          f"goal_met_c{c_max}": goal}))
+                          f"goal_met_c{c_max}": goal, "azulite_guarded": figures["azulite_guarded"],
+                          "guard_ratio": guard_ratio, "guard_goal_met": guard_goal, "guard_grpc_auth": False}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -68,6 +68,8 @@ else
   # --- export (issue 10) ------------------------------------------------------------------------------------
   # (end export (issue 10))
   # --- protection (issue 11) ------------------------------------------------------------------------------------
+  # promtool checks and unit-tests the rendered alert rules (tests/observe/test_rules.py)
+  apt_need promtool prometheus
   # (end protection (issue 11))
   # --- aks-azureml (issue 12) ------------------------------------------------------------------------------------
   # (end aks-azureml (issue 12))

@@ -125,6 +125,38 @@ class Internal(ServeError):
     status = "INTERNAL"
 
 
+class Unauthenticated(ServeError):
+    """No key, or a key that is unknown, revoked or expired (HTTP 401 / gRPC UNAUTHENTICATED)."""
+
+    status = "UNAUTHENTICATED"
+
+
+class PermissionDenied(ServeError):
+    """A valid key outside what it may reach: another model, or a restricted API (403 / PERMISSION_DENIED)."""
+
+    status = "PERMISSION_DENIED"
+
+
+class ResourceExhausted(ServeError):
+    """A rate limit or quota is spent (429 / RESOURCE_EXHAUSTED); ``retry_after_s`` says when to retry."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+    def __init__(self, message: str, *, retry_after_s: float = 1.0, where: str | None = None,
+                 fix: str | None = None) -> None:
+        super().__init__(message, where=where, fix=fix)
+        self.retry_after_s = retry_after_s
+
+
+class IntegrityError(AzuliteError):
+    """A model repository whose files do not match its manifest, or a manifest or signature that does not
+    verify. Names the file."""
+
+
+class KeyStoreError(AzuliteError):
+    """An endpoint key store that cannot be read or written, or a key name that does not exist."""
+
+
 class BenchError(AzuliteError):
     """A benchmark or health check that could not run, or whose results are wrong (a collective that
     returned wrong values)."""

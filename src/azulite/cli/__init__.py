@@ -11,6 +11,8 @@ from rich.console import Console
 from azulite.errors import AzuliteError
 from azulite.cli import job as _job
 from azulite.cli import serve as _serve
+from azulite.cli import keys as _keys
+from azulite.cli import repo as _repo
 from azulite.cli import bench as _bench
 from azulite.cli import doctor as _doctor
 
@@ -29,6 +31,8 @@ app = typer.Typer(
 )
 app.add_typer(_job.app, name="job")
 _serve.register(app)
+app.add_typer(_keys.app, name="keys")
+app.add_typer(_repo.app, name="repo")
 app.add_typer(_bench.app, name="bench")
 _doctor.register(app)
 

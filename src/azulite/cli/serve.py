@@ -70,6 +70,27 @@ def serve(
     log_verbose: int = typer.Option(0, "--log-verbose", help="1: log each failure with details."),
     grpc_impl: str = typer.Option("h2", "--grpc-impl",
                                   help="h2: azulite's HTTP/2 gRPC transport (fastest); grpcio: grpc.aio's server."),
+    auth: bool = typer.Option(False, "--auth", help="Every endpoint but liveness/readiness needs a key "
+                              "(Authorization: Bearer; see azulite keys)."),
+    key_store: Optional[Path] = typer.Option(None, "--key-store", help="Key store for --auth "
+                                             "(default $AZULITE_HOME/keys.db)."),
+    model_rate_limit: Optional[List[str]] = typer.Option(None, "--model-rate-limit",
+                                                         help="MODEL=RPS: inference requests per second for a "
+                                                         "model, all keys together (repeatable)."),
+    http_restricted_api: Optional[List[str]] = typer.Option(None, "--http-restricted-api",
+                                                            help="CATEGORY[,CATEGORY]:HEADER=VALUE (Triton's flag)."),
+    grpc_restricted_api: Optional[List[str]] = typer.Option(None, "--grpc-restricted-api",
+                                                            help="CATEGORY[,CATEGORY]:HEADER=VALUE (Triton's flag)."),
+    audit_log: Optional[Path] = typer.Option(None, "--audit-log", help="Write one JSON line per request here."),
+    audit_log_max_bytes: int = typer.Option(64 * 1024 * 1024, "--audit-log-max-bytes",
+                                            help="Rotate the audit log past this size (5 old files kept)."),
+    server_name: str = typer.Option("azulite", "--server-name",
+                                    help="The name /v2 and ServerMetadata report (Triton's clients expect "
+                                    "'triton')."),
+    verify: bool = typer.Option(False, "--verify", help="Refuse models whose files do not match the "
+                                "repository manifest (always on when azulite-manifest.json exists)."),
+    manifest_key: Optional[Path] = typer.Option(None, "--manifest-key",
+                                                help="Ed25519 public key (PEM) that a signed manifest must verify with."),
 ) -> None:
     """Serve a Triton model repository over KServe v2 HTTP and gRPC, with Triton-named metrics.
 
@@ -80,7 +101,12 @@ def serve(
       azulite serve model_repository/ --http-port 8000 --grpc-port 8001 --metrics-port 8002
 
       azulite serve model_repository/ --model-control-mode explicit --load-model densenet_onnx
+
+      azulite serve model_repository/ --auth --audit-log audit.jsonl --verify
     """
+    from azulite.cli.keys import default_store
+    from azulite.serve.auth import GuardSettings, parse_restricted
+    from azulite.serve.server import exposure_warnings
     from azulite.serve.server import ServerSettings
     from azulite.serve.server import serve as run
 
@@ -120,11 +146,24 @@ def serve(
         http_max_input_size=http_max_input_size,
         drain_timeout_s=exit_timeout_secs,
         grpc_impl=grpc_impl,
+        guard=GuardSettings(
+            auth=auth, key_store=(key_store or default_store()) if auth else None,
+            model_rps=tuple(_rate(item) for item in model_rate_limit or ()),
+            restricted={"http": tuple(parse_restricted(t, "--http-restricted-api") for t in http_restricted_api or ()),
+                        "grpc": tuple(parse_restricted(t, "--grpc-restricted-api") for t in grpc_restricted_api or ())},
+            audit_log=audit_log, audit_max_bytes=audit_log_max_bytes),
+        server_name=server_name,
+        verify=verify,
+        manifest_key=manifest_key,
     )
+    if not server_name.strip():
+        raise SpecError("--server-name is empty", field="--server-name", fix="e.g. --server-name triton")
     console = Console(highlight=False, soft_wrap=True)
 
     def started(server) -> None:
         console.print(_table(server.dataplane.startup_table()))
+        for warning in exposure_warnings(settings):
+            console.print(f"[bold yellow]warning:[/] {warning}")
         names = {"grpc": ("GRPCInferenceService", grpc_address), "http": ("HTTPService", http_address),
                  "metrics": ("Metrics Service", metrics_address)}
         for key in ("grpc", "http", "metrics"):
@@ -143,6 +182,18 @@ def serve(
         raise AzuliteError(f"cannot listen: {exc}", fix="choose free ports with --http-port/--grpc-port/"
                            "--metrics-port (0 picks any free port)") from None
     console.print("azulite serve stopped")
+
+
+def _rate(item: str) -> tuple[str, float]:
+    name, sep, value = item.partition("=")
+    try:
+        rps = float(value)
+    except ValueError:
+        rps = -1.0
+    if not sep or not name or not rps > 0:
+        raise SpecError(f"--model-rate-limit {item!r} is not MODEL=RPS", field="--model-rate-limit",
+                        fix="e.g. --model-rate-limit densenet_onnx=200")
+    return name, rps
 
 
 def register(app: typer.Typer) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,8 @@ from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import WorkItem
 from azulite.serve.batcher import Rejected
 from azulite.serve.ensemble import run_ensemble
+from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
+from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallback_metrics, policy_of
 from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
 from azulite.serve.models import READY, LoadedModel
@@ -64,6 +67,10 @@ class DataPlaneSettings:
     # Triton's --disable-auto-complete-config: configs are used exactly as written.
     disable_auto_complete_config: bool = False
     extensions: tuple[str, ...] = field(default=EXTENSIONS)
+    #: the name /v2 and ServerMetadata report (``azulite serve --server-name``; Triton's clients expect "triton")
+    server_name: str = SERVER_NAME
+    #: see ManagerSettings.verify_model (the repository manifest check)
+    verify_model: Callable[[Path, str], None] | None = None
 
 
 def _request_int(request: InferRequest, key: str) -> int:
@@ -121,7 +128,8 @@ class TritonDataPlane:
         self.manager = ModelManager(
             ManagerSettings(repository=Path(settings.repository), control_mode=settings.control_mode,
                             load_models=settings.load_models, compute_threads=settings.compute_threads,
-                            auto_complete=not settings.disable_auto_complete_config),
+                            auto_complete=not settings.disable_auto_complete_config,
+                            verify_model=settings.verify_model),
             bls=self._bls,
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
@@ -131,6 +139,12 @@ class TritonDataPlane:
         self._closed = False
         self._inflight = 0
         self._poller: asyncio.Task | None = None
+        #: per model, from its config: (config, fallback policy, output monitor)
+        self._policies: dict[str, tuple[mc.ModelConfig, FallbackPolicy | None, OutputMonitor | None]] = {}
+        #: (model, fallback, reason) -> requests answered by the fallback (azulite_fallback_total)
+        self.fallbacks: dict[tuple[str, str, str], int] = {}
+        self.metrics.extra.append(lambda: fallback_metrics(self.fallbacks))
+        self.metrics.extra.append(lambda: drift_metrics(self.manager.entries, self._policies))
         self.manager.load_initial()
         self._limit_threads()  # again: models may have loaded more BLAS libraries (scipy, MKL...)
         explicit = settings.control_mode == "explicit" and "*" not in settings.load_models
@@ -156,7 +170,7 @@ class TritonDataPlane:
         return all(name in self.manager.entries and self.manager.entries[name].ready for name in self._initial)
 
     def server_metadata(self) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name=SERVER_NAME, version=SERVER_VERSION,
+        return pb.ServerMetadataResponse(name=self.settings.server_name, version=SERVER_VERSION,
                                          extensions=list(self.settings.extensions))
 
     def model_ready(self, name: str, version: str = "") -> bool:
@@ -234,7 +248,22 @@ class TritonDataPlane:
             self._loop = asyncio.get_running_loop()
         if self._closing:
             raise Unavailable("the server is shutting down and accepts no new requests")
-        return await self._infer(request)
+        entry = self.manager.entries.get(request.model_name)
+        if entry is None or entry.config is None:
+            return await self._infer(request)
+        cached = self._policies.get(request.model_name)
+        if cached is None or cached[0] is not entry.config:  # the config object changes on reload
+            window = window_of(entry.config)
+            cached = self._policies[request.model_name] = (
+                entry.config, policy_of(entry.config), OutputMonitor(window) if window else None)
+        if cached[1] is not None:
+            response = await answer_with_fallback(request, cached[1], get_model=self.manager.get,
+                                                  infer=self._infer, counts=self.fallbacks)
+        else:
+            response = await self._infer(request)
+        if cached[2] is not None and response.model_name == request.model_name:  # not the fallback's answers
+            cached[2].observe([(t.name, t.data) for t in response.outputs])
+        return response
 
     async def _infer(self, request: InferRequest) -> InferResponse:
         """infer without the shutdown check: ensemble steps and BLS calls of requests in flight."""

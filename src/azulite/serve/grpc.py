@@ -36,6 +36,9 @@ GRPC_CODE: dict[str, grpc.StatusCode] = {
     "UNIMPLEMENTED": grpc.StatusCode.UNIMPLEMENTED,
     "CANCELLED": grpc.StatusCode.CANCELLED,
     "INTERNAL": grpc.StatusCode.INTERNAL,
+    "UNAUTHENTICATED": grpc.StatusCode.UNAUTHENTICATED,
+    "PERMISSION_DENIED": grpc.StatusCode.PERMISSION_DENIED,
+    "RESOURCE_EXHAUSTED": grpc.StatusCode.RESOURCE_EXHAUSTED,
 }
 DEFAULT_MAX_MESSAGE_BYTES = 2**31 - 1  # Triton accepts messages up to INT32_MAX
 
@@ -332,8 +335,13 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 class GrpcServer:
     """grpc.aio server for one InferenceServicer, on the running loop."""
 
-    def __init__(self, dataplane: DataPlane, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES) -> None:
+    def __init__(self, dataplane: DataPlane, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+                 guard=None) -> None:
         self.servicer = InferenceServicer(dataplane)
+        if guard is not None:
+            from azulite.serve.grpc_guard import GuardedServicer
+
+            self.servicer = GuardedServicer(self.servicer, guard)
         options = [
             ("grpc.max_receive_message_length", max_message_bytes),
             ("grpc.max_send_message_length", max_message_bytes),

@@ -20,7 +20,6 @@ import struct
 import zlib
 from collections import deque
 from typing import Any
-from urllib.parse import quote
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -28,54 +27,15 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from azulite.serve.grpc import InferenceServicer, _status
+from azulite.serve.h2_defences import H2Defences
+from azulite.serve.h2_frames import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADER_LIST_LIMIT,
+                                     HEADERS, MAX_FRAME, PADDED, PING, PREFACE, PRIORITY_FLAG, PUSH_PROMISE,
+                                     RECV_WINDOW, RST_STREAM, SERVICE, SETTINGS, WINDOW_UPDATE, _FRAME,
+                                     _GRPC_PREFIX, _OK_TRAILERS, _RESPONSE_HEADERS, _U32, _frame, _status_block)
+from azulite.serve.limits import ConnectionLimits, close_soon
 from azulite.serve.proto import service_pb2 as pb
 
 log = logging.getLogger("azulite.serve.grpc")
-
-PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
-DATA, HEADERS, PRIORITY, RST_STREAM, SETTINGS, PUSH_PROMISE, PING, GOAWAY, WINDOW_UPDATE, CONTINUATION = range(10)
-END_STREAM, ACK, END_HEADERS, PADDED, PRIORITY_FLAG = 0x1, 0x1, 0x4, 0x8, 0x20
-_FRAME = struct.Struct(">HBBBL")  # 24-bit length as (high 16, low 8), type, flags, stream id
-_U32 = struct.Struct(">L")
-_GRPC_PREFIX = struct.Struct(">BL")
-RECV_WINDOW = (1 << 31) - 1
-MAX_FRAME = 1 << 20  # what we accept; we send at most the peer's own limit
-HEADER_LIST_LIMIT = 1 << 16
-MAX_MESSAGE = (1 << 31) - 1
-SERVICE = "/inference.GRPCInferenceService/"
-
-
-def _frame(ftype: int, flags: int, stream: int, payload: bytes = b"") -> bytes:
-    n = len(payload)
-    return _FRAME.pack(n >> 8, n & 0xFF, ftype, flags, stream) + payload
-
-
-def _hpack_int(value: int, prefix_bits: int, first: int = 0) -> bytes:
-    limit = (1 << prefix_bits) - 1
-    if value < limit:
-        return bytes([first | value])
-    out = bytearray([first | limit])
-    value -= limit
-    while value >= 128:
-        out.append((value & 0x7F) | 0x80)
-        value >>= 7
-    out.append(value)
-    return bytes(out)
-
-
-def _literal(name: bytes, value: bytes) -> bytes:
-    """A header as 'literal without indexing, new name' (never touches the peer's dynamic table)."""
-    return b"\x00" + _hpack_int(len(name), 7) + name + _hpack_int(len(value), 7) + value
-
-
-_RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + _hpack_int(16, 7) + b"application/grpc"  # :status 200, content-type
-_OK_TRAILERS = _literal(b"grpc-status", b"0")
-
-
-def _status_block(code: grpc.StatusCode, message: str) -> bytes:
-    return (_literal(b"grpc-status", str(code.value[0]).encode())
-            + _literal(b"grpc-message", quote(message, safe=" !#$&'()*+,/:;=?@[]~").encode()))
-
 
 class _Abort(Exception):
     def __init__(self, code: grpc.StatusCode, details: str) -> None:
@@ -86,10 +46,14 @@ class _Abort(Exception):
 class _Context:
     """The part of grpc.aio.ServicerContext the servicer uses."""
 
-    __slots__ = ("metadata",)
+    __slots__ = ("metadata", "address")
 
-    def __init__(self, metadata) -> None:
+    def __init__(self, metadata, address: str = "") -> None:
         self.metadata = metadata
+        self.address = address
+
+    def peer(self) -> str:
+        return self.address
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
         raise _Abort(code, details)
@@ -127,7 +91,7 @@ class _Stream:
         self.recv_consumed = 0  # DATA bytes received since this stream's last WINDOW_UPDATE
 
 
-class _H2Connection(asyncio.Protocol):
+class _H2Connection(H2Defences, asyncio.Protocol):
     def __init__(self, server: "GrpcH2Server") -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
@@ -146,13 +110,31 @@ class _H2Connection(asyncio.Protocol):
         self.header_end_stream = False
         self.blocked: deque[_Stream] = deque()
         self.going_away = False
+        self.peer = ""
+        # hostile-client defences (azulite.serve.limits): counters and timers per connection
+        self.limits: ConnectionLimits = server.limits
+        self.settled = False  # preface and first SETTINGS received
+        self.resets = 0  # streams the client cancelled
+        self.completed = 0  # streams answered to the end
+        self.control = 0  # control frames since the last new stream
+        self.continuations = 0
+        self.last_progress = 0.0
+        self.stall_timer: asyncio.TimerHandle | None = None
+        self.head_timer: asyncio.TimerHandle | None = None
+        self.write_paused = False
 
     # --- asyncio.Protocol -------------------------------------------------------------------------
 
     def connection_made(self, transport) -> None:
         self.transport = transport
         self.server.connections.add(self)
-        settings = (struct.pack(">HL", 0x3, 1 << 20) + struct.pack(">HL", 0x4, RECV_WINDOW)
+        peer = transport.get_extra_info("peername")
+        self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+        loop = asyncio.get_running_loop()
+        self.last_progress = loop.time()
+        self.head_timer = loop.call_later(self.limits.header_timeout_s, self._head_timeout)
+        transport.set_write_buffer_limits(high=self.limits.max_write_buffer)
+        settings = (struct.pack(">HL", 0x3, self.limits.max_streams) + struct.pack(">HL", 0x4, RECV_WINDOW)
                     + struct.pack(">HL", 0x5, MAX_FRAME) + struct.pack(">HL", 0x6, HEADER_LIST_LIMIT))
         transport.write(_frame(SETTINGS, 0, 0, settings)
                         + _frame(WINDOW_UPDATE, 0, 0, _U32.pack(RECV_WINDOW - 65535)))
@@ -160,6 +142,9 @@ class _H2Connection(asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        for timer in (self.stall_timer, self.head_timer):
+            if timer is not None:
+                timer.cancel()
         for stream in self.streams.values():
             if stream.task is not None and not stream.task.done():
                 stream.task.cancel()
@@ -201,6 +186,11 @@ class _H2Connection(asyncio.Protocol):
         if self.header_block is not None and ftype != CONTINUATION:
             self._goaway(0x1, "expected CONTINUATION")
             return
+        if ftype != HEADERS and ftype != CONTINUATION and (ftype != DATA or not payload and not flags & END_STREAM):
+            self.control += 1  # SETTINGS, PING, WINDOW_UPDATE, PRIORITY, RST_STREAM, unknown, empty DATA
+            if self.control > self.limits.max_control_frames:
+                self._goaway(0xB, "too many control frames")  # ENHANCE_YOUR_CALM
+                return
         if ftype == DATA:
             self._on_data(flags, sid, payload)
         elif ftype == HEADERS:
@@ -210,8 +200,12 @@ class _H2Connection(asyncio.Protocol):
                 self._goaway(0x1, "unexpected CONTINUATION")
                 return
             self.header_block += payload
-            if len(self.header_block) > MAX_FRAME:
+            self.continuations += 1
+            if len(self.header_block) > self.limits.max_header_bytes:
                 self._goaway(0xB, "header block too large")  # ENHANCE_YOUR_CALM
+                return
+            if self.continuations > self.limits.max_continuations:
+                self._goaway(0xB, "too many CONTINUATION frames")
                 return
             if flags & END_HEADERS:
                 block, self.header_block = bytes(self.header_block), None
@@ -219,6 +213,11 @@ class _H2Connection(asyncio.Protocol):
         elif ftype == SETTINGS:
             if not flags & ACK:
                 self._on_settings(payload)
+                if not self.settled:
+                    self.settled = True
+                    if self.head_timer is not None:
+                        self.head_timer.cancel()
+                        self.head_timer = None
         elif ftype == WINDOW_UPDATE:
             (inc,) = _U32.unpack(payload[:4])
             inc &= 0x7FFFFFFF
@@ -226,13 +225,20 @@ class _H2Connection(asyncio.Protocol):
                 self.send_window += inc
             elif sid in self.streams:
                 self.streams[sid].send_window += inc
+            if inc:
+                self.last_progress = asyncio.get_running_loop().time()
             self._pump()
         elif ftype == PING:
             if not flags & ACK:
                 self.transport.write(_frame(PING, ACK, 0, payload))
+                self._check_write_buffer()
         elif ftype == RST_STREAM:
             stream = self.streams.pop(sid, None)
             if stream is not None:
+                self.resets += 1
+                if self.resets > self.limits.reset_allowance and self.resets > self.completed:
+                    self._goaway(0xB, "too many stream resets")  # rapid reset, CVE-2023-44487
+                    return
                 if stream.task is not None:
                     stream.task.cancel()
                 if stream in self.blocked:
@@ -256,6 +262,7 @@ class _H2Connection(asyncio.Protocol):
             elif key == 0x5:
                 self.peer_max_frame = value
         self.transport.write(_frame(SETTINGS, ACK, 0))
+        self._check_write_buffer()
         self._pump()
 
     def _on_headers(self, flags: int, sid: int, payload: bytes) -> None:
@@ -267,10 +274,14 @@ class _H2Connection(asyncio.Protocol):
             pos += 5
         block = payload[pos:end]
         end_stream = bool(flags & END_STREAM)
+        if len(block) > self.limits.max_header_bytes:
+            self._goaway(0xB, "header block too large")
+            return
         if flags & END_HEADERS:
             self._headers_complete(sid, block, end_stream)
         else:
             self.header_block, self.header_sid, self.header_end_stream = bytearray(block), sid, end_stream
+            self.continuations = 0
 
     def _decode(self, block: bytes) -> list:
         cached = self.cache.get(block)
@@ -304,6 +315,10 @@ class _H2Connection(asyncio.Protocol):
             self._goaway(0x1, "bad stream id")
             return
         self.last_sid = sid
+        self.control = 0
+        if len(self.streams) >= self.limits.max_streams:
+            self.transport.write(_frame(RST_STREAM, 0, sid, _U32.pack(0x7)))  # REFUSED_STREAM: retry later
+            return
         stream = _Stream(sid, self.peer_initial_window)
         self.streams[sid] = stream
         for name, value in headers:
@@ -340,9 +355,17 @@ class _H2Connection(asyncio.Protocol):
         if stream is None or stream.closed_remote:
             return
         stream.body += payload
-        if len(stream.body) > MAX_MESSAGE + 5:
-            self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED, "message larger than 2 GiB")
-            return
+        if len(stream.body) > (1 << 16):  # big bodies only: the check sums over the streams (below: bounded
+            # by max_streams x 64 KiB)
+            if len(stream.body) > self.limits.max_message_bytes + 5:
+                stream.body = bytearray()
+                stream.closed_remote = True  # the rest of this message is dropped as it arrives
+                self._finish(stream, grpc.StatusCode.RESOURCE_EXHAUSTED,
+                             f"message larger than the server's limit of {self.limits.max_message_bytes} bytes")
+                return
+            if sum(len(s.body) for s in self.streams.values()) > self.limits.max_buffered_bytes:
+                self._goaway(0xB, "too much request data buffered on one connection")
+                return
         stream.recv_consumed += size
         if not (flags & END_STREAM) and stream.recv_consumed >= RECV_WINDOW // 2:
             # give back exactly what was received: the window never exceeds 2^31-1, and a long stream
@@ -423,7 +446,7 @@ class _H2Connection(asyncio.Protocol):
                 request = request_type.FromString(message)
             except DecodeError as exc:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse the request message: {exc}") from None
-            response = await handler(request, _Context(stream.headers))
+            response = await handler(request, _Context(stream.headers, self.peer))
             self._reply(stream, response.SerializeToString())
         except _Abort as exc:
             self._finish(stream, exc.code, exc.details)
@@ -444,7 +467,7 @@ class _H2Connection(asyncio.Protocol):
                     raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse a request message: {exc}") from None
 
         try:
-            async for response in handler(requests(), _Context(stream.headers)):
+            async for response in handler(requests(), _Context(stream.headers, self.peer)):
                 self._send_message(stream, response.SerializeToString())
             self._finish(stream, grpc.StatusCode.OK, "")
         except _Abort as exc:
@@ -465,9 +488,11 @@ class _H2Connection(asyncio.Protocol):
             return
         data = _GRPC_PREFIX.pack(0, len(payload)) + payload
         n = len(data)
+        self.control = 0  # the client's WINDOW_UPDATEs and PINGs answer our data: not a flood
         if n <= self.send_window and n <= stream.send_window and n <= self.peer_max_frame and not stream.out:
             self.send_window -= n
             del self.streams[stream.sid]
+            self.completed += 1
             self.transport.write(self._headers_frame(stream.sid, _RESPONSE_HEADERS, False)
                                  + _frame(DATA, 0, stream.sid, data)
                                  + self._headers_frame(stream.sid, _OK_TRAILERS, True))
@@ -479,6 +504,7 @@ class _H2Connection(asyncio.Protocol):
     def _send_message(self, stream: _Stream, payload: bytes, prefixed: bytes | None = None) -> None:
         if self.transport is None or stream.sid not in self.streams:
             return
+        self.control = 0
         if not stream.headers_sent:
             stream.headers_sent = True
             self.transport.write(self._headers_frame(stream.sid, _RESPONSE_HEADERS, False))
@@ -509,6 +535,7 @@ class _H2Connection(asyncio.Protocol):
             if n <= 0:
                 if stream not in self.blocked:
                     self.blocked.append(stream)
+                self._arm_stall_timer()
                 return
             self.transport.write(_frame(DATA, 0, stream.sid, bytes(chunk[:n])))
             self.send_window -= n
@@ -520,6 +547,7 @@ class _H2Connection(asyncio.Protocol):
         if stream.trailers is not None:
             self.transport.write(stream.trailers)
             self.streams.pop(stream.sid, None)
+            self.completed += 1
             self._maybe_close()
 
     def _pump(self) -> None:
@@ -543,9 +571,11 @@ class _H2Connection(asyncio.Protocol):
             self.transport.close()
 
     def _goaway(self, code: int, message: str) -> None:
+        if code:
+            log.info("gRPC connection from %s closed: %s", self.peer, message)
         if self.transport is not None:
             self.transport.write(_frame(GOAWAY, 0, 0, _U32.pack(self.last_sid) + _U32.pack(code) + message.encode()))
-            self.transport.close()
+            close_soon(self.transport, self.limits)
 
     def _close(self, message: str) -> None:
         log.info("gRPC connection closed: %s", message)
@@ -556,8 +586,13 @@ class _H2Connection(asyncio.Protocol):
 class GrpcH2Server:
     """Same interface as :class:`azulite.serve.grpc.GrpcServer`."""
 
-    def __init__(self, dataplane) -> None:
+    def __init__(self, dataplane, guard=None, limits: ConnectionLimits | None = None) -> None:
+        self.limits = limits or ConnectionLimits()
         self.servicer = InferenceServicer(dataplane)
+        if guard is not None:
+            from azulite.serve.grpc_guard import GuardedServicer
+
+            self.servicer = GuardedServicer(self.servicer, guard)
         self.methods = _methods(self.servicer)
         self.connections: set[_H2Connection] = set()
         self.in_flight = 0

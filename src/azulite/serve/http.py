@@ -20,6 +20,7 @@ import base64
 import gzip
 import json
 import logging
+import time
 import zlib
 from collections import deque
 from collections.abc import Awaitable, Callable
@@ -30,6 +31,9 @@ import httptools
 
 from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
+from azulite.serve.auth import Guard, bearer, http_route
+from azulite.serve.http_defences import HttpDefences
+from azulite.serve.limits import ConnectionLimits, close_soon
 from azulite.serve.types import DataPlane
 
 log = logging.getLogger("azulite.serve.http")
@@ -44,14 +48,26 @@ HTTP_STATUS: dict[str, int] = {
     "UNAVAILABLE": 503,
     "UNIMPLEMENTED": 501,
     "INTERNAL": 500,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
 }
-_REASONS = {200: b"OK", 400: b"Bad Request", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
-            413: b"Payload Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
+_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
+            408: b"Request Timeout", 413: b"Payload Too Large", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
             503: b"Service Unavailable"}
 JSON = b"application/json"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # Triton's --http-max-input-size default
 
 Reply = tuple[int, bytes, bytes, tuple[tuple[bytes, bytes], ...]]  # status, content type, body, headers
+
+
+def _header(headers: dict[bytes, bytes], name: str) -> str | None:
+    value = headers.get(name.encode("latin-1"))
+    return None if value is None else value.decode("latin-1")
+
+
+class _Stop(Exception):
+    """Raised from a parser callback: stop parsing this connection's input."""
 
 
 class _MethodNotAllowed(InvalidArgument):
@@ -63,12 +79,17 @@ def error_reply(exc: BaseException) -> Reply:
     else is the server's fault (500) and is logged with its traceback."""
     if isinstance(exc, _MethodNotAllowed):
         return 405, JSON, json.dumps({"error": str(exc)}).encode(), ()
+    extra: tuple[tuple[bytes, bytes], ...] = ()
     if isinstance(exc, ServeError):
         status, message = HTTP_STATUS.get(exc.status, 500), str(exc)
+        if status == 429 or status == 503:  # rate limit, quota, full queue: say when to come back
+            extra = ((b"Retry-After", b"%d" % getattr(exc, "retry_after_s", 1)),)
+        elif status == 401:
+            extra = ((b"WWW-Authenticate", b"Bearer"),)
     else:
         log.exception("internal error answering a request", exc_info=exc)
         status, message = 500, f"internal error: {type(exc).__name__}: {exc}"
-    return status, JSON, json.dumps({"error": message}).encode(), ()
+    return status, JSON, json.dumps({"error": message}).encode(), extra
 
 
 def _json_reply(doc: Any, status: int = 200) -> Reply:
@@ -108,10 +129,14 @@ class HttpApp:
     """The route table: (method, path, headers, body) -> Reply. Separate from the socket code so the
     metrics port reuses the protocol with its own app."""
 
-    def __init__(self, dataplane: DataPlane) -> None:
+    def __init__(self, dataplane: DataPlane, guard: Guard | None = None) -> None:
         self.dp = dataplane
+        self.guard = guard
 
-    async def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
+    async def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
+                     client: str = "") -> Reply:
+        if self.guard is not None:
+            return await self._guarded(method, path, headers, body, client)
         try:
             result = self.dispatch(method, path, headers, body)
             if isinstance(result, Awaitable):
@@ -119,6 +144,42 @@ class HttpApp:
             return result
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             return error_reply(exc)
+
+    async def _guarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
+                       client: str) -> Reply:
+        """Keys, restricted APIs and limits before the route; the audit line after it."""
+        start = time.perf_counter()
+        category, model, version = http_route(path)
+        principal = None
+        try:
+            principal = self.guard.check("http", category, model, bearer(headers.get(b"authorization")),
+                                         lambda name: _header(headers, name))
+            if principal.models is not None and not model and category == "statistics":
+                stats = self.dp.model_statistics("", "")
+                keep = [s for s in stats.model_stats if principal.may_see(s.name)]
+                del stats.model_stats[:]
+                stats.model_stats.extend(keep)
+                reply = _json_reply(codec.message_to_json(stats))
+            elif principal.models is not None and category == "model-repository" and path.rstrip("/").endswith(
+                    "/index"):
+                index = self.dp.repository_index(bool(_parse_json_body(body).get("ready", False)))
+                keep = [m for m in index.models if principal.may_see(m.name)]
+                del index.models[:]
+                index.models.extend(keep)
+                reply = _json_reply(codec.repository_index_json(index))
+            else:
+                result = self.dispatch(method, path, headers, body)
+                reply = await result if isinstance(result, Awaitable) else result
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
+            reply = error_reply(exc)
+        audit = self.guard.audit
+        if audit is not None:
+            rid = headers.get(b"x-request-id")
+            audit.record(request_id=rid.decode("latin-1") if rid else audit.request_id(),
+                         key_id=principal.key_id if principal is not None else None, client=client, model=model,
+                         version=version, protocol="http", status=reply[0], latency_s=time.perf_counter() - start,
+                         bytes_in=len(body), bytes_out=len(reply[2]))
+        return reply
 
     def dispatch(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes):
         parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
@@ -244,7 +305,7 @@ class MetricsApp:
         self.render = render
         self.content_type = content_type.encode()
 
-    async def handle(self, method: bytes, path: str, headers, body: bytes) -> Reply:
+    async def handle(self, method: bytes, path: str, headers, body: bytes, client: str = "") -> Reply:
         if path.split("?", 1)[0] == "/metrics":
             try:
                 return 200, self.content_type, self.render(), ()
@@ -253,12 +314,13 @@ class MetricsApp:
         return error_reply(NotFound(f"no such endpoint: {path}", fix="metrics are at /metrics"))
 
 
-class _Connection(asyncio.Protocol):
+class _Connection(HttpDefences, asyncio.Protocol):
     """One HTTP/1.1 connection. Requests are answered in arrival order (pipelining-safe): each request's
     reply goes into a FIFO; replies are written as soon as every earlier one is."""
 
     __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
-                 "replies", "closing")
+                 "replies", "closing", "peer", "head_size", "head_tick", "stall_timer", "read_paused",
+                 "write_paused")
 
     def __init__(self, server: "HttpServer") -> None:
         self.server = server
@@ -271,19 +333,34 @@ class _Connection(asyncio.Protocol):
         self.too_large = False
         self.replies: deque[list] = deque()  # [reply-or-None, keep_alive]
         self.closing = False
+        self.peer = ""
+        self.head_size = 0
+        self.head_tick = -1  # server tick at which the current request head began; -1: none pending
+        self.stall_timer: asyncio.TimerHandle | None = None
+        self.read_paused = False  # too many pipelined requests ahead of their answers
+        self.write_paused = False  # the client does not read its answers
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+        transport.set_write_buffer_limits(high=self.server.limits.max_write_buffer)
         self.server.connections.add(self)
 
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
 
     def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # answered and closing: what else arrives is not parsed
         try:
             self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            pass  # a callback refused the request (_Stop): already answered
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrade is not supported")
         except httptools.HttpParserError as exc:
@@ -296,14 +373,28 @@ class _Connection(asyncio.Protocol):
         self.headers = {}
         self.body = []
         self.body_size = 0
+        self.head_size = 0
+        self.head_tick = self.server.tick  # the server's sweep closes heads older than two ticks
 
     def on_url(self, url: bytes) -> None:
         self.url += url
+        self.head_size += len(url)
+        if self.head_size > self.server.limits.max_header_bytes:
+            self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.lower()] = value
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size > self.server.limits.max_header_bytes:
+            self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        if not self.closing:
+            self._fail(431, f"the request head is larger than {self.server.limits.max_header_bytes} bytes")
+        raise _Stop  # llhttp stops parsing this connection's input
 
     def on_headers_complete(self) -> None:
+        self.head_tick = -1
         length = self.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_input_size:
             self._too_large(int(length))
@@ -328,9 +419,11 @@ class _Connection(asyncio.Protocol):
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
         slot = [None, keep_alive]
         self.replies.append(slot)
+        if len(self.replies) >= self.server.limits.max_pipelined:
+            self._reading()
         try:
             path = self.url.decode("latin-1")
-            coro = self.server.app.handle(method, path, self.headers, body)
+            coro = self.server.app.handle(method, path, self.headers, body, self.peer)
         except Exception as exc:  # noqa: BLE001
             slot[0] = error_reply(exc)
             self._flush()
@@ -349,13 +442,20 @@ class _Connection(asyncio.Protocol):
         self.server.check_idle()
 
     def _flush(self) -> None:
+        try:
+            self._write_ready()
+        finally:
+            if self.read_paused and len(self.replies) <= self.server.limits.max_pipelined // 2:
+                self._reading()
+
+    def _write_ready(self) -> None:
         while self.replies and self.replies[0][0] is not None:
             reply, keep_alive = self.replies.popleft()
             if self.transport is None:
                 continue
             self._write(reply, keep_alive and not self.server.stopping)
             if not keep_alive or self.server.stopping:
-                self.transport.close()
+                close_soon(self.transport, self.server.limits)
                 self.transport = None
 
     def _write(self, reply: Reply, keep_alive: bool) -> None:
@@ -384,32 +484,46 @@ class _Connection(asyncio.Protocol):
             return
         body = json.dumps({"error": message}).encode()
         if any(slot[0] is None for slot in self.replies):  # earlier requests still running: drop, close
-            self.transport.close()
+            close_soon(self.transport, self.server.limits)
             return
         self._flush()
         if self.transport is not None:
             self._write((status, JSON, body, ()), False)
-            self.transport.close()
+            close_soon(self.transport, self.server.limits)
             self.transport = None
 
 
 class HttpServer:
     """Listens on one address and serves ``app`` (an HttpApp or MetricsApp) on the running loop."""
 
-    def __init__(self, app, *, max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> None:
+    def __init__(self, app, *, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+                 limits: ConnectionLimits | None = None) -> None:
         self.app = app
         self.max_input_size = max_input_size
+        self.limits = limits or ConnectionLimits()
         self.connections: set[_Connection] = set()
         self.in_flight = 0
         self.stopping = False
         self._server: asyncio.base_events.Server | None = None
         self._idle: asyncio.Event | None = None
+        self.tick = 0
+        self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
                                                 backlog=1024)
+        self._sweeper = loop.call_later(self.limits.header_timeout_s / 2, self._sweep)
         return self._server.sockets[0].getsockname()[1]
+
+    def _sweep(self) -> None:
+        """Slowloris: every half header timeout, close connections whose request head began two ticks
+        ago (so after between one and 1.5 timeouts). One timer per server, not one per request."""
+        self.tick += 1
+        for conn in list(self.connections):
+            if conn.head_tick >= 0 and self.tick - conn.head_tick >= 2 and not conn.read_paused:
+                conn._head_timeout()
+        self._sweeper = asyncio.get_running_loop().call_later(self.limits.header_timeout_s / 2, self._sweep)
 
     def check_idle(self) -> None:
         if self.in_flight == 0 and self._idle is not None:
@@ -418,6 +532,9 @@ class HttpServer:
     def stop_accepting(self) -> None:
         """Close the listening socket; connections stay open to finish what they started."""
         self.stopping = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
         if self._server is not None:
             self._server.close()
 

@@ -41,6 +41,10 @@ _INT64_TYPES = {
 
 def deserialize_bytes(buf: memoryview | bytes, count: int, name: str) -> np.ndarray:
     """4-byte length-prefixed elements -> an object array of ``bytes`` with ``count`` elements."""
+    if count * 4 > len(buf):  # before allocating: a huge shape over a few bytes must cost nothing
+        raise InvalidArgument(
+            f"input '{name}': binary BYTES data of {len(buf)} bytes cannot hold the {count} elements its shape needs",
+            fix="prefix each element with its 4-byte little-endian length")
     out = np.empty(count, dtype=np.object_)
     view = memoryview(buf)
     pos, end = 0, len(view)

@@ -26,6 +26,8 @@ from azulite.serve import repository as repo
 from azulite.serve.backends.base import LoadContext, get_backend
 from azulite.serve.batcher import Batcher, BatcherSettings
 from azulite.serve.ensemble import check_ensemble
+from azulite.serve.drift import window_of
+from azulite.serve.fallback import policy_of
 from azulite.serve.models import READY, UNAVAILABLE, LoadedModel, ModelEntry, VersionState
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.stats import ModelStats
@@ -45,6 +47,9 @@ class ManagerSettings:
     load_models: tuple[str, ...] = ()
     compute_threads: int | None = 1
     auto_complete: bool = True  # Triton's --disable-auto-complete-config turns it off
+    #: called as verify_model(root, name) before a model's files are read; raises ModelLoadError naming a
+    #: file that does not match the repository manifest (None: no integrity check)
+    verify_model: Callable[[Path, str], None] | None = None
 
 
 def ensemble_dependencies(config: mc.ModelConfig) -> list[str]:
@@ -156,6 +161,11 @@ class ModelManager:
                     target.parent.mkdir(parents=True, exist_ok=True)
                     target.write_bytes(data)
                 root = tmp
+            if self.settings.verify_model is not None:
+                if files:
+                    raise ModelLoadError(f"failed to load '{name}': the repository is verified against its "
+                                         "manifest, so models cannot be loaded from 'file:' parameters")
+                self.settings.verify_model(root, name)
             source = repo.read_model(root, name, config_json=config_json)
             config = self._final_config(source)
             if cfg.backend_of(config) == "ensemble":
@@ -235,6 +245,8 @@ class ModelManager:
             config = get_backend(backend).auto_complete(config, model_file)
         cfg.fill_defaults(config, model=name)
         cfg.validate_config(config, model=name)
+        policy_of(config)  # a bad fallback or drift parameter fails the load, naming it
+        window_of(config)
         return config
 
     def _load_version(self, source: repo.ModelSource, config: mc.ModelConfig, version: int,

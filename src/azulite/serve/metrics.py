@@ -10,6 +10,7 @@ the bare names.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable, Iterable
 
 import psutil
@@ -104,6 +105,10 @@ class ServerMetrics:
         self.collector = TritonCollector(stats)
         self.registry = CollectorRegistry(auto_describe=False)
         self.registry.register(self.collector)
+        #: more collect() callables rendered after Triton's (the guard's counters)
+        self.extra: list[Callable[[], Iterable[Metric]]] = []
 
     def metrics_text(self) -> bytes:
-        return render(self.collector.collect())
+        if not self.extra:
+            return render(self.collector.collect())
+        return render(itertools.chain(self.collector.collect(), *(collect() for collect in self.extra)))

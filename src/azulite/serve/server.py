@@ -16,10 +16,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
+from azulite import integrity
+from azulite.errors import IntegrityError, ModelLoadError
+from azulite.serve.auth import Guard, GuardSettings
+from azulite.serve.dataplane import SERVER_NAME, DataPlaneSettings, TritonDataPlane
 from azulite.serve.grpc import GrpcServer
 from azulite.serve.grpc_h2 import GrpcH2Server
 from azulite.serve.http import DEFAULT_MAX_INPUT_SIZE, HttpApp, HttpServer, MetricsApp
+from azulite.serve.limits import ConnectionLimits
 from azulite.serve.manager import ControlMode
 
 log = logging.getLogger("azulite.serve")
@@ -45,6 +49,34 @@ class ServerSettings:
     drain_timeout_s: float = 30.0
     #: "h2": azulite's own HTTP/2 transport (default, measured fastest); "grpcio": grpc.aio's server.
     grpc_impl: str = "h2"
+    #: keys, restricted APIs, rate limits, audit log (None or inactive: none of them, zero cost)
+    guard: GuardSettings | None = None
+    server_name: str = SERVER_NAME
+    #: check model files against the repository manifest (also whenever azulite-manifest.json exists)
+    verify: bool = False
+    #: the Ed25519 public key (PEM) a signed manifest is checked with
+    manifest_key: Path | None = None
+    #: per-connection defences of the HTTP/1.1 and HTTP/2 transports (slow, flooding, hostile clients)
+    limits: ConnectionLimits = ConnectionLimits()
+
+
+def exposure_warnings(s: ServerSettings) -> list[str]:
+    """What an operator should hear at start: model control reachable from the network with no guard
+    runs any client's code (a Python model's model.py comes in the load request)."""
+    out = []
+    if s.model_control_mode != "explicit":
+        return out
+    guard = s.guard or GuardSettings()
+    for proto, address, port in (("http", s.http_address, s.http_port), ("grpc", s.grpc_address, s.grpc_port)):
+        if port < 0 or address in ("127.0.0.1", "::1", "localhost"):
+            continue
+        guarded = guard.auth or any("model-repository" in r.categories for r in guard.restricted.get(proto, ()))
+        if not guarded:
+            out.append(f"model control is open on {proto} {address}:{port} with no guard: anyone who reaches "
+                       "it can load a model whose files they send, i.e. run their code in this server. Add "
+                       f"--auth (admin keys only), --{proto}-restricted-api model-repository:HEADER=VALUE, "
+                       f"or --{proto}-address 127.0.0.1")
+    return out
 
 
 class Server:
@@ -58,24 +90,31 @@ class Server:
         self.grpc: GrpcServer | GrpcH2Server | None = None
         self.metrics: HttpServer | None = None
         self.ports: dict[str, int] = {}
+        self.guard: Guard | None = None
         self._stopped: asyncio.Event | None = None
 
     async def start(self) -> dict[str, int]:
         s = self.settings
         self._stopped = asyncio.Event()
+        verify = _manifest_check(Path(s.repository), s.verify, s.manifest_key)  # a bad manifest: error at start
+        guard = self.guard = Guard(s.guard) if s.guard is not None and s.guard.active else None
         # Loading models blocks (ONNX sessions, TorchScript, Python initialize): nothing is served yet.
         self.dataplane = TritonDataPlane(DataPlaneSettings(
             repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
-            strict_readiness=s.strict_readiness))
+            strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify))
         try:
             if s.http_port >= 0:
-                self.http = HttpServer(HttpApp(self.dataplane), max_input_size=s.http_max_input_size)
+                self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size,
+                                       limits=s.limits)
                 self.ports["http"] = await self.http.start(s.http_address, s.http_port)
             if s.grpc_port >= 0:
-                self.grpc = GrpcH2Server(self.dataplane) if s.grpc_impl == "h2" else GrpcServer(self.dataplane)
+                self.grpc = (GrpcH2Server(self.dataplane, guard, s.limits) if s.grpc_impl == "h2"
+                             else GrpcServer(self.dataplane, guard=guard))
                 self.ports["grpc"] = await self.grpc.start(s.grpc_address, s.grpc_port)
             if s.metrics_port >= 0:
                 m = self.dataplane.metrics
+                if guard is not None:
+                    m.extra.append(guard_metrics(guard))
                 self.metrics = HttpServer(MetricsApp(m.metrics_text, m.content_type))
                 self.ports["metrics"] = await self.metrics.start(s.metrics_address, s.metrics_port)
         except OSError:
@@ -100,12 +139,56 @@ class Server:
             await self.dataplane.shutdown(timeout)
         if self.metrics is not None:
             await self.metrics.drain(0)
+        if self.guard is not None:
+            self.guard.close()
         if self._stopped is not None:
             self._stopped.set()
 
     async def wait_stopped(self) -> None:
         assert self._stopped is not None
         await self._stopped.wait()
+
+
+def _manifest_check(repository: Path, verify: bool, public_key: Path | None):
+    """The data plane's per-model check, or None when the repository has no manifest and --verify is off.
+    The manifest is read (and its signature checked) at start, so a broken one stops the server with the
+    file named, and again at each load, so a re-signed repository is honoured by later (re)loads."""
+    if not verify and not integrity.has_manifest(repository) and public_key is None:
+        return None
+    if not integrity.has_manifest(repository):
+        raise IntegrityError(f"--verify: the repository has no {integrity.MANIFEST}",
+                             where=str(repository), fix="write it first: azulite repo sign REPO")
+    integrity.load_manifest(repository, public_key)
+
+    def check(root: Path, name: str) -> None:
+        try:
+            integrity.load_manifest(repository, public_key).check_model(name, root)
+        except IntegrityError as exc:
+            raise ModelLoadError(str(exc), where=f"model '{name}'") from None
+
+    return check
+
+
+def guard_metrics(guard: Guard):
+    """The guard's counters as Prometheus metrics (read at scrape time)."""
+    from prometheus_client.core import Metric
+
+    def collect():
+        rejected = Metric("azulite_requests_rejected", "Requests refused by the guard, by status", "counter")
+        for status, n in sorted(guard.rejected.items()):
+            rejected.add_sample("azulite_requests_rejected", {"status": status}, n)
+        yield rejected
+        if guard.audit is not None:
+            for name, doc, value in (
+                ("azulite_audit_lines_written", "Audit log lines written", guard.audit.written),
+                ("azulite_audit_write_errors", "Audit log lines lost to a failed write", guard.audit.write_errors),
+                ("azulite_audit_dropped", "Audit log lines dropped because the writer fell behind", guard.audit.dropped),
+            ):
+                metric = Metric(name, doc, "counter")
+                metric.add_sample(name, {}, value)
+                yield metric
+
+    return collect
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:

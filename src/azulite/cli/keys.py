@@ -1,0 +1,109 @@
+"""``azulite keys``: endpoint keys for ``azulite serve --auth`` (create, list, revoke, rotate).
+
+The store is ``$AZULITE_HOME/keys.db`` (beside the job store) unless ``--key-store`` names another file;
+``azulite serve --auth`` reads the same default. A secret is printed once, at create and rotate.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+app = typer.Typer(no_args_is_help=True, help="Endpoint keys for azulite serve --auth.\n\n"
+                  "Examples:\n\n  azulite keys create team-a --models densenet_onnx --rps 50 --quota 100000/day\n\n"
+                  "  azulite keys create ops --admin\n\n  azulite keys list\n\n  azulite keys revoke team-a")
+
+STORE_HELP = "The key store (SQLite). Default: $AZULITE_HOME/keys.db (~/.azulite/keys.db)."
+
+
+def default_store(environ: dict[str, str] | None = None) -> Path:
+    env = os.environ if environ is None else environ
+    home = Path(env.get("AZULITE_HOME") or Path(env.get("HOME", "~")) / ".azulite").expanduser()
+    return home / "keys.db"
+
+
+def _store(path: Optional[Path], *, create: bool = False):
+    from azulite.serve.keystore import KeyStore
+
+    return KeyStore(path or default_store(), create=create)
+
+
+def _print_secret(console: Console, record, token: str, as_json: bool) -> None:
+    if as_json:
+        print(json.dumps({**record.public(), "key": token}))
+        return
+    console.print(f"key [bold]{record.name}[/] (id {record.id}) created. Its secret, shown only now:")
+    print(token)
+    console.print("send it as 'Authorization: Bearer <key>' (gRPC: 'authorization' metadata)")
+
+
+@app.command("create")
+def create(
+    name: str = typer.Argument(..., help="A name for the key (who holds it)."),
+    models: Optional[List[str]] = typer.Option(None, "--models", help="Models it reaches (repeatable; default all)."),
+    rps: Optional[float] = typer.Option(None, "--rps", help="Requests per second (token bucket)."),
+    quota: Optional[str] = typer.Option(None, "--quota", help="Requests per UTC day, e.g. 10000/day."),
+    expires: Optional[str] = typer.Option(None, "--expires", help="Expiry date, e.g. 2027-01-31."),
+    admin: bool = typer.Option(False, "--admin", help="Also reaches the restricted APIs (model repository...)."),
+    key_store: Optional[Path] = typer.Option(None, "--key-store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Create a key and print its secret once (only a salted hash is stored)."""
+    from azulite.serve.keystore import parse_expiry, parse_quota
+
+    names = [m for item in models or () for m in item.split(",") if m]
+    store = _store(key_store, create=True)
+    record, token = store.create(name, models=names or None, rps=rps,
+                                 quota_per_day=parse_quota(quota) if quota else None, admin=admin,
+                                 expires=parse_expiry(expires) if expires else None)
+    _print_secret(Console(highlight=False, stderr=True), record, token, as_json)
+
+
+@app.command("list")
+def list_(
+    key_store: Optional[Path] = typer.Option(None, "--key-store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Every key: id, name, models, limits, state (never a secret)."""
+    path = key_store or default_store()
+    records = _store(key_store, create=False).records() if Path(path).exists() else []
+    if as_json:
+        print(json.dumps([r.public() for r in records]))
+        return
+    table = Table(title=f"Keys ({path})", title_justify="left")
+    for col in ("id", "name", "models", "rps", "quota/day", "admin", "expires", "state"):
+        table.add_column(col)
+    for r in records:
+        p = r.public()
+        state = "revoked" if r.revoked is not None else ("expired" if not r.live(time.time()) else "live")
+        table.add_row(r.id, r.name, ",".join(p["models"]) if p["models"] else "*", f"{r.rps:g}" if r.rps else "-",
+                      str(r.quota_per_day or "-"), "yes" if r.admin else "", (p["expires"] or "-")[:19], state)
+    Console(highlight=False).print(table)
+
+
+@app.command("revoke")
+def revoke(
+    name: str = typer.Argument(..., help="Key name (every live key of that name) or id."),
+    key_store: Optional[Path] = typer.Option(None, "--key-store", help=STORE_HELP),
+) -> None:
+    """Revoke a key; a running server refuses it within a fraction of a second (no restart)."""
+    for r in _store(key_store).revoke(name):
+        print(f"revoked {r.name} (id {r.id})")
+
+
+@app.command("rotate")
+def rotate(
+    name: str = typer.Argument(..., help="Key name or id."),
+    key_store: Optional[Path] = typer.Option(None, "--key-store", help=STORE_HELP),
+    as_json: bool = typer.Option(False, "--json"),
+) -> None:
+    """Replace a key's secret (same name, models and limits); the old secret stops working."""
+    record, token = _store(key_store).rotate(name)
+    _print_secret(Console(highlight=False, stderr=True), record, token, as_json)

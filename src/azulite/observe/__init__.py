@@ -1,0 +1,1 @@
+"""What operators watch: alert rules (one renderer for every part), output drift statistics."""

@@ -1,0 +1,301 @@
+"""Who may call what: endpoint keys (``--auth``), restricted API categories (Triton's
+``--http-restricted-api`` / ``--grpc-restricted-api``), rate limits and quotas, and the audit log's
+record of each request — one :class:`Guard` that both transports ask, once per request, before the
+data plane sees anything.
+
+Categories are Triton's (docs/customization_guide/inference_protocols.md, "restricted APIs"): health,
+metadata, inference, shared-memory, model-config, model-repository, statistics, trace, logging. Server
+liveness and readiness stay open (probes carry no key); everything else needs a valid key under
+``--auth``, and a key reaches only its models. Categories that can change what the server runs or
+reveal what others do are admin-only under ``--auth``: :data:`ADMIN_CATEGORIES` plus every category
+named restricted by a flag. A restricted category with a header (``CATEGORY:HEADER=VALUE``) also
+needs that header, with or without ``--auth``.
+
+The hot path with a guard: one dict lookup for the key, one sha256 of the secret compared in constant
+time, one bucket take; the key table is reloaded only when the store's ``PRAGMA data_version`` moved
+(checked at most every ``reload_interval_s``), which is how a revocation reaches a running server.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from urllib.parse import unquote
+
+from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
+from azulite.serve.audit import AuditLog
+from azulite.serve.keystore import KeyRecord, KeyStore, check_token, split_token
+from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, refuse
+
+CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
+              "statistics", "trace", "logging")
+#: admin-only under --auth even when no flag names them: they load code, or act on the whole server
+ADMIN_CATEGORIES = frozenset({"model-repository", "shared-memory", "trace", "logging"})
+#: in these categories the guard checks no key (Kubernetes probes); model readiness is not one of them
+OPEN = "open"
+
+
+@dataclass(frozen=True, slots=True)
+class Restriction:
+    """``--http-restricted-api model-repository,model-config:admin-key=s3cret``"""
+
+    categories: tuple[str, ...]
+    header: str
+    value: str
+
+
+def parse_restricted(text: str, flag: str) -> Restriction:
+    """Triton's syntax: ``CATEGORY[,CATEGORY...]:HEADER=VALUE``."""
+    cats, sep, rest = text.partition(":")
+    header, sep2, value = rest.partition("=")
+    example = f"{flag} model-repository,model-config:admin-key=CHANGE-ME"
+    if not sep or not sep2 or not header.strip() or not value:
+        raise SpecError(f"{flag} {text!r} is not CATEGORY[,CATEGORY...]:HEADER=VALUE", field=flag, fix=example)
+    names = tuple(c.strip() for c in cats.split(",") if c.strip())
+    for c in names:
+        if c not in CATEGORIES:
+            raise SpecError(f"{flag}: unknown API category {c!r}", field=flag,
+                            fix=f"use some of {', '.join(CATEGORIES)}")
+    if not names:
+        raise SpecError(f"{flag} {text!r} names no category", field=flag, fix=example)
+    return Restriction(names, header.strip().lower(), value)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """The caller a request was checked as. ``key_id`` None: no key (auth off, or an open endpoint)."""
+
+    key_id: str | None = None
+    models: frozenset[str] | None = None
+    admin: bool = False
+
+    def may_see(self, model: str) -> bool:
+        return self.models is None or model in self.models
+
+
+ANONYMOUS = Principal()
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GuardSettings:
+    """``auth``: require keys from ``key_store``. ``model_rps``: per-model inference limits.
+    ``restricted``: per protocol ("http", "grpc"), Triton's restricted-API flags. ``audit_log``: a JSON-lines
+    file (None: no audit)."""
+
+    auth: bool = False
+    key_store: Path | None = None
+    model_rps: tuple[tuple[str, float], ...] = ()
+    restricted: dict[str, tuple[Restriction, ...]] = field(default_factory=dict)
+    audit_log: Path | None = None
+    audit_max_bytes: int = 64 * 1024 * 1024
+    audit_backups: int = 5
+    reload_interval_s: float = 0.2
+
+    @property
+    def active(self) -> bool:
+        return bool(self.auth or self.model_rps or any(self.restricted.values()) or self.audit_log)
+
+
+class Guard:
+    """``check(...)`` answers a Principal or raises Unauthenticated / PermissionDenied / ResourceExhausted.
+    Thread-safe (grpcio may call from its own threads)."""
+
+    def __init__(self, settings: GuardSettings, *, clock: Clock | None = None) -> None:
+        self.settings = settings
+        self.clock = clock or SystemClock()
+        self.auth = settings.auth
+        self.store: KeyStore | None = None
+        self._keys: dict[str, KeyRecord] = {}
+        self._version = -1
+        #: token -> (record, principal) of keys already verified: the hash is computed once per key
+        #: and reload (a reload makes new record objects, so stale entries stop matching)
+        self._verified: dict[str, tuple[KeyRecord, Principal]] = {}
+        self._next_reload = 0.0
+        self._lock = threading.Lock()
+        if settings.auth:
+            if settings.key_store is None:
+                raise SpecError("--auth needs a key store", field="--key-store",
+                                fix="create a key (azulite keys create NAME) or pass --key-store FILE")
+            self.store = KeyStore(settings.key_store, create=False)
+            self._reload()
+        self.buckets = TokenBuckets(self.clock)
+        self.quotas = DailyQuotas(self.clock)
+        self.model_rps = dict(settings.model_rps)
+        self.headers: dict[str, dict[str, tuple[str, str]]] = {}
+        self.admin_categories = set(ADMIN_CATEGORIES)
+        for protocol, restrictions in settings.restricted.items():
+            for r in restrictions:
+                for c in r.categories:
+                    self.headers.setdefault(protocol, {})[c] = (r.header, r.value)
+                    self.admin_categories.add(c)
+        self.audit = (AuditLog(settings.audit_log, max_bytes=settings.audit_max_bytes, backups=settings.audit_backups)
+                      if settings.audit_log else None)
+        self.rejected: dict[str, int] = {}  # status -> count, for metrics
+
+    def close(self) -> None:
+        if self.audit is not None:
+            self.audit.close()
+        if self.store is not None:
+            self.store.close()
+
+    # --- keys ----------------------------------------------------------------------------------------
+
+    def _reload(self) -> None:
+        with self._lock:
+            version = self.store.data_version()
+            if version != self._version:
+                self._keys = {r.id: r for r in self.store.records() if r.revoked is None}
+                self._version = version
+
+    def principal(self, token: str | None) -> Principal:
+        if token is None:
+            raise Unauthenticated("this endpoint needs a key", fix="send 'Authorization: Bearer <key>' (gRPC: "
+                                  "'authorization' metadata); create one with: azulite keys create NAME")
+        now = self.clock.monotonic()
+        if now >= self._next_reload:
+            self._next_reload = now + self.settings.reload_interval_s
+            self._reload()
+        hit = self._verified.get(token)
+        if hit is not None and hit[0] is self._keys.get(hit[0].id):  # same record: not revoked or reloaded
+            record, principal = hit
+        else:
+            parts = split_token(token)
+            record = self._keys.get(parts[0]) if parts else None
+            if record is None or not check_token(record, parts[1]):
+                raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
+                                      fix="use a live key: azulite keys list")
+            principal = Principal(record.id, record.models, record.admin)
+            if len(self._verified) >= 4096:  # only verified keys get here; the bound is for rotations
+                self._verified.clear()
+            self._verified[token] = (record, principal)
+        if not record.live(self.clock.time()):
+            raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
+                                  fix="use a live key: azulite keys list")
+        return principal
+
+    # --- the check -----------------------------------------------------------------------------------
+
+    def check(self, protocol: str, category: str, model: str, token: str | None, header) -> Principal:
+        """``header(name)`` reads a request header / metadata value (or None)."""
+        try:
+            return self._check(protocol, category, model, token, header)
+        except ServeError as exc:
+            self.rejected[exc.status] = self.rejected.get(exc.status, 0) + 1
+            raise
+
+    def _check(self, protocol: str, category: str, model: str, token: str | None, header) -> Principal:
+        if category == OPEN:
+            return ANONYMOUS
+        principal = self.principal(token) if self.auth else ANONYMOUS
+        restricted = self.headers.get(protocol)
+        if restricted is not None and category in restricted:
+            name, value = restricted[category]
+            got = header(name)
+            if got is None or got != value:
+                raise PermissionDenied(f"this API is restricted (category {category}), expecting header '{name}'",
+                                       fix=f"send the '{name}' header the server was started with")
+        if self.auth:
+            if category in self.admin_categories and not principal.admin:
+                raise PermissionDenied(f"the {category} API needs an admin key",
+                                       fix="use a key made with: azulite keys create NAME --admin")
+            if model and not principal.may_see(model):
+                raise PermissionDenied(f"this key does not reach model '{model}'",
+                                       fix="use a key created with --models including it")
+            record = self._keys.get(principal.key_id)
+            if record is not None:
+                if record.rps:
+                    wait = self.buckets.take("key:" + record.id, record.rps)
+                    if wait:
+                        raise refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s",
+                                     wait, "slow down, or raise the key's --rps")
+                if record.quota_per_day:
+                    wait = self.quotas.take(record.id, record.quota_per_day)
+                    if wait:
+                        raise refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests "
+                                     "today (UTC)", wait, "wait for the next UTC day, or raise the key's --quota")
+        if category == "inference" and model in self.model_rps:
+            rps = self.model_rps[model]
+            wait = self.buckets.take("model:" + model, rps)
+            if wait:
+                raise refuse(f"model '{model}' is over its rate limit of {rps:g} requests/s", wait,
+                             "slow down, or raise --model-rate-limit for this model")
+        return principal
+
+
+def bearer(value: str | bytes | None) -> str | None:
+    """``Authorization: Bearer <key>`` -> the key (None when absent or another scheme)."""
+    if value is None:
+        return None
+    if isinstance(value, bytes):
+        value = value.decode("latin-1")
+    scheme, _, token = value.strip().partition(" ")
+    return token.strip() or None if scheme.lower() == "bearer" else None
+
+
+_ROUTES: dict[str, tuple[str, str, str]] = {}
+
+
+def http_route(path: str) -> tuple[str, str, str]:
+    """An HTTP path -> (category, model, version), as HttpApp.dispatch routes it. Clients repeat a few
+    paths, so answers are cached (bounded: a client inventing paths only refills it)."""
+    route = _ROUTES.get(path)
+    if route is None:
+        if len(_ROUTES) >= 1024:
+            _ROUTES.clear()
+        route = _ROUTES[path] = _http_route(path)
+    return route
+
+
+def _http_route(path: str) -> tuple[str, str, str]:
+    path = path.split("?", 1)[0]
+    parts = [unquote(p) for p in path.strip("/").split("/")] if "%" in path else path.strip("/").split("/")
+    if not parts or parts[0] != "v2":
+        return "metadata", "", ""
+    rest = parts[1:]
+    if not rest:
+        return "metadata", "", ""
+    head = rest[0]
+    if head == "health":
+        return (OPEN if len(rest) == 2 and rest[1] in ("live", "ready") else "metadata"), "", ""
+    if head == "models":
+        if rest[1:] == ["stats"]:
+            return "statistics", "", ""
+        if len(rest) < 2:
+            return "metadata", "", ""
+        name, version, tail = rest[1], "", rest[2:]
+        if len(tail) >= 2 and tail[0] == "versions":
+            version, tail = tail[1], tail[2:]
+        action = tail[0] if tail else ""
+        category = {"": "metadata", "ready": "health", "config": "model-config", "stats": "statistics",
+                    "infer": "inference", "generate": "inference", "generate_stream": "inference",
+                    "trace": "trace"}.get(action, "metadata")
+        return category, name, version
+    if head == "repository":
+        model = rest[2] if len(rest) >= 3 and rest[1] == "models" else ""
+        return "model-repository", model, ""
+    if head in ("systemsharedmemory", "cudasharedmemory"):
+        return "shared-memory", "", ""
+    if head in ("logging", "trace"):
+        return head, "", ""
+    return "metadata", "", ""
+
+
+#: gRPC method -> (category, the request field naming the model)
+GRPC_ROUTES: dict[str, tuple[str, str]] = {
+    "ServerLive": (OPEN, ""), "ServerReady": (OPEN, ""), "ModelReady": ("health", "name"),
+    "ServerMetadata": ("metadata", ""), "ModelMetadata": ("metadata", "name"),
+    "ModelInfer": ("inference", "model_name"), "ModelStreamInfer": ("inference", "model_name"),
+    "ModelConfig": ("model-config", "name"), "ModelStatistics": ("statistics", "name"),
+    "RepositoryIndex": ("model-repository", ""), "RepositoryModelLoad": ("model-repository", "model_name"),
+    "RepositoryModelUnload": ("model-repository", "model_name"),
+    "SystemSharedMemoryStatus": ("shared-memory", ""), "SystemSharedMemoryRegister": ("shared-memory", ""),
+    "SystemSharedMemoryUnregister": ("shared-memory", ""), "CudaSharedMemoryStatus": ("shared-memory", ""),
+    "CudaSharedMemoryRegister": ("shared-memory", ""), "CudaSharedMemoryUnregister": ("shared-memory", ""),
+    "TraceSetting": ("trace", ""), "LogSettings": ("logging", ""),
+}
+
+
+def visible(principal: Principal, names: Iterable[str]) -> set[str]:
+    return {n for n in names if principal.may_see(n)}

@@ -1,0 +1,133 @@
+"""The :class:`~azulite.serve.auth.Guard` in front of the gRPC servicer: every one of the 20 RPCs is
+checked (key from the ``authorization`` metadata, restricted-API metadata, the model the request names,
+limits) before the real servicer runs, and audited after. One wrapper serves both transports: azulite's
+HTTP/2 server and grpc.aio call the RPCs by attribute name alike.
+"""
+
+from __future__ import annotations
+
+import time
+
+from azulite.errors import ServeError
+from azulite.serve.auth import GRPC_ROUTES, Guard, Principal, bearer
+from azulite.serve.grpc import _status
+from azulite.serve.proto import service_pb2 as pb
+
+
+def _metadata(context, name: str) -> str | None:
+    """One metadata value from either transport (h2: raw (bytes, bytes) headers; grpc.aio: str keys)."""
+    for key, value in context.invocation_metadata() or ():
+        if isinstance(key, bytes):
+            key = key.decode("latin-1")
+        if key.lower() == name:
+            return value.decode("latin-1") if isinstance(value, bytes) else value
+    return None
+
+
+def _code_of(exc: BaseException) -> str:
+    code = getattr(exc, "code", None)
+    if callable(code):  # grpc.aio's AbortError carries no code; the context does
+        return "ERROR"
+    return getattr(code, "name", None) or type(exc).__name__
+
+
+class GuardedServicer:
+    """Has the same RPC attributes as the servicer it wraps."""
+
+    def __init__(self, inner, guard: Guard) -> None:
+        self.inner = inner
+        self.guard = guard
+        for name, (category, field) in GRPC_ROUTES.items():
+            method = getattr(inner, name)
+            if name == "ModelStreamInfer":
+                setattr(self, name, self._stream(method))
+            else:
+                setattr(self, name, self._unary(name, method, category, field))
+
+    def _check(self, category: str, model: str, context) -> Principal:
+        return self.guard.check("grpc", category, model, bearer(_metadata(context, "authorization")),
+                                lambda n: _metadata(context, n))
+
+    def _audit(self, start: float, principal: Principal | None, request, context, status: str, response) -> None:
+        audit = self.guard.audit
+        if audit is None:
+            return
+        model = getattr(request, "model_name", "") or getattr(request, "name", "")
+        audit.record(request_id=getattr(request, "id", "") or audit.request_id(),
+                     key_id=principal.key_id if principal is not None else None, client=context.peer(),
+                     model=model, version=getattr(request, "model_version", "") or getattr(request, "version", ""),
+                     protocol="grpc", status=status, latency_s=time.perf_counter() - start,
+                     bytes_in=request.ByteSize(), bytes_out=response.ByteSize() if response is not None else 0)
+
+    def _unary(self, name: str, method, category: str, field: str):
+        async def call(request, context):
+            start = time.perf_counter()
+            principal = None
+            response = None
+            status = "OK"
+            try:
+                model = getattr(request, field) if field else ""
+                try:
+                    principal = self._check(category, model, context)
+                except ServeError as exc:
+                    status = exc.status
+                    await context.abort(*_status(exc))
+                if principal.models is not None and name in ("ModelStatistics", "RepositoryIndex") and not model:
+                    response = await self._filtered(name, method, request, context, principal)
+                else:
+                    response = await method(request, context)
+                return response
+            except BaseException as exc:
+                if status == "OK":
+                    status = _code_of(exc)
+                raise
+            finally:
+                self._audit(start, principal, request, context, status, response)
+
+        call.__name__ = name
+        return call
+
+    async def _filtered(self, name: str, method, request, context, principal: Principal):
+        """The RPCs that list every model answer only the key's models."""
+        response = await method(request, context)
+        if name == "ModelStatistics" and response is not None:
+            keep = [s for s in response.model_stats if principal.may_see(s.name)]
+            del response.model_stats[:]
+            response.model_stats.extend(keep)
+        elif name == "RepositoryIndex" and response is not None:
+            keep = [m for m in response.models if principal.may_see(m.name)]
+            del response.models[:]
+            response.models.extend(keep)
+        return response
+
+    def _stream(self, method):
+        async def call(request_iterator, context):
+            start = time.perf_counter()
+            try:
+                principal = self._check("inference", "", context)  # the key itself, once per stream
+            except ServeError as exc:
+                self._audit(start, None, pb.ModelInferRequest(), context, exc.status, None)
+                await context.abort(*_status(exc))
+                return
+
+            async def checked():
+                async for request in request_iterator:
+                    t0 = time.perf_counter()
+                    try:  # per request: the model it names, and the limits
+                        self.guard.check("grpc", "inference", request.model_name,
+                                         bearer(_metadata(context, "authorization")),
+                                         lambda n: _metadata(context, n))
+                    except ServeError as exc:
+                        self._audit(t0, principal, request, context, exc.status, None)
+                        raise
+                    self._audit(t0, principal, request, context, "OK", None)
+                    yield request
+
+            try:
+                async for response in method(checked(), context):
+                    yield response
+            except ServeError as exc:
+                await context.abort(*_status(exc))
+
+        call.__name__ = "ModelStreamInfer"
+        return call

@@ -1,0 +1,217 @@
+"""Endpoint keys in SQLite: what ``azulite keys`` writes and ``azulite serve --auth`` reads.
+
+A key's secret is shown once (``azk_<id>_<secret>``) and only ``sha256(salt || secret)`` is stored. A
+fast salted hash and not a password KDF (scrypt, argon2) on purpose: the secret is 32 random bytes, so
+no dictionary or brute force reaches it, and the server checks a key on every request (a KDF would cost
+tens of milliseconds each). The id in front of the secret names the row to compare with, in constant
+time (``hmac.compare_digest``).
+
+The store is one SQLite file (WAL) so that several processes read one truth: the CLI revokes, a running
+server sees it (it watches ``PRAGMA data_version`` and reloads), and a later multi-worker server can
+share it unchanged. Rate figures live here too; live rate buckets are per process (see ratelimit.py).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+import sqlite3
+import time
+from collections.abc import Iterable
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+from azulite.errors import KeyStoreError
+
+PREFIX = "azk_"
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS keys (
+    id TEXT PRIMARY KEY,
+    name TEXT NOT NULL,
+    salt BLOB NOT NULL,
+    hash BLOB NOT NULL,
+    models TEXT,              -- comma-separated model names; NULL: every model
+    rps REAL,                -- requests per second; NULL: unlimited
+    quota_per_day INTEGER,   -- requests per UTC day; NULL: unlimited
+    admin INTEGER NOT NULL DEFAULT 0,
+    created REAL NOT NULL,
+    expires REAL,            -- unix time; NULL: never
+    revoked REAL             -- unix time of revocation; NULL: live
+);
+CREATE INDEX IF NOT EXISTS keys_name ON keys(name);
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class KeyRecord:
+    """One key as stored (never the secret). ``models`` None: every model."""
+
+    id: str
+    name: str
+    models: frozenset[str] | None
+    rps: float | None
+    quota_per_day: int | None
+    admin: bool
+    created: float
+    expires: float | None
+    revoked: float | None
+    salt: bytes = b""
+    digest: bytes = b""
+
+    def live(self, now: float) -> bool:
+        return self.revoked is None and (self.expires is None or now < self.expires)
+
+    def public(self) -> dict:
+        """What ``keys list --json`` shows."""
+        iso = lambda t: None if t is None else datetime.fromtimestamp(t, timezone.utc).isoformat()  # noqa: E731
+        return {"id": self.id, "name": self.name, "models": sorted(self.models) if self.models is not None else None,
+                "rps": self.rps, "quota_per_day": self.quota_per_day, "admin": self.admin,
+                "created": iso(self.created), "expires": iso(self.expires), "revoked": iso(self.revoked)}
+
+
+def digest(salt: bytes, secret: str) -> bytes:
+    return hashlib.sha256(salt + secret.encode()).digest()
+
+
+def split_token(token: str) -> tuple[str, str] | None:
+    """``azk_<id>_<secret>`` -> (id, secret); None when it is not shaped like one of ours."""
+    if not token.startswith(PREFIX):
+        return None
+    key_id, sep, secret = token[len(PREFIX):].partition("_")
+    if not sep or not key_id or not secret:
+        return None
+    return key_id, secret
+
+
+def parse_expiry(text: str) -> float:
+    """``2027-01-31`` or an ISO time (UTC unless it says otherwise) -> unix time."""
+    try:
+        when = datetime.fromisoformat(text)
+    except ValueError:
+        raise KeyStoreError(f"--expires {text!r} is not a date", fix="give a date such as 2027-01-31 "
+                            "or a time such as 2027-01-31T12:00:00+00:00") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=timezone.utc)
+    return when.timestamp()
+
+
+def parse_quota(text: str) -> int:
+    """``1000/day`` or ``1000`` -> 1000 requests per UTC day."""
+    number = text.strip().lower().removesuffix("/day").strip()
+    if not number.isdigit() or int(number) < 1:
+        raise KeyStoreError(f"--quota {text!r} is not a daily quota", fix="give a whole number of requests "
+                            "per UTC day, e.g. --quota 10000/day")
+    return int(number)
+
+
+class KeyStore:
+    """Opens (and creates) the SQLite file. Every method is one short transaction; safe from several
+    processes at once (WAL, busy timeout)."""
+
+    def __init__(self, path: Path | str, *, create: bool = True) -> None:
+        self.path = Path(path)
+        if not create and not self.path.is_file():
+            raise KeyStoreError(f"key store {str(self.path)!r} does not exist",
+                                fix="create a key first: azulite keys create NAME (or pass the right --key-store)")
+        try:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False)
+            self._db.execute("PRAGMA journal_mode=WAL")
+            self._db.executescript(_SCHEMA)
+            self._db.execute("SELECT id, name, salt, hash, models, rps, quota_per_day, admin, created, expires, "
+                             "revoked FROM keys LIMIT 1").fetchall()
+        except sqlite3.Error as exc:
+            raise KeyStoreError(f"key store {str(self.path)!r} cannot be used: {exc}",
+                                fix="point --key-store at an azulite key store, or move the broken file away "
+                                "and create keys again") from None
+
+    def close(self) -> None:
+        self._db.close()
+
+    def data_version(self) -> int:
+        """Changes whenever another connection commits: the cheap way to notice a revocation."""
+        return self._db.execute("PRAGMA data_version").fetchone()[0]
+
+    def create(self, name: str, *, models: Iterable[str] | None = None, rps: float | None = None,
+               quota_per_day: int | None = None, admin: bool = False, expires: float | None = None,
+               now: float | None = None) -> tuple[KeyRecord, str]:
+        """A new key; returns its record and the token (shown once, never stored)."""
+        if not _NAME.match(name):
+            raise KeyStoreError(f"key name {name!r} is not valid",
+                                fix="use letters, digits, '.', '_' or '-' (at most 64), e.g. team-a")
+        if rps is not None and not rps > 0:
+            raise KeyStoreError(f"--rps {rps} must be positive", fix="e.g. --rps 50")
+        if quota_per_day is not None and quota_per_day < 1:
+            raise KeyStoreError(f"--quota {quota_per_day} must be at least 1 request a day")
+        now = time.time() if now is None else now
+        if expires is not None and expires <= now:
+            raise KeyStoreError("--expires is in the past", fix="give a future date, e.g. 2027-01-31")
+        model_list = sorted(set(models)) if models else None
+        key_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_bytes(16)
+        self._db.execute(
+            "INSERT INTO keys (id, name, salt, hash, models, rps, quota_per_day, admin, created, expires) "
+            "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
+            (key_id, name, salt, digest(salt, secret), ",".join(model_list) if model_list else None, rps,
+             quota_per_day, int(admin), now, expires))
+        return self.get(key_id), f"{PREFIX}{key_id}_{secret}"
+
+    @staticmethod
+    def _record(row) -> KeyRecord:
+        key_id, name, salt, hashed, models, rps, quota, admin, created, expires, revoked = row
+        return KeyRecord(id=key_id, name=name, models=frozenset(models.split(",")) if models else None, rps=rps,
+                         quota_per_day=quota, admin=bool(admin), created=created, expires=expires, revoked=revoked,
+                         salt=bytes(salt), digest=bytes(hashed))
+
+    _COLUMNS = "id, name, salt, hash, models, rps, quota_per_day, admin, created, expires, revoked"
+
+    def get(self, key_id: str) -> KeyRecord:
+        row = self._db.execute(f"SELECT {self._COLUMNS} FROM keys WHERE id = ?", (key_id,)).fetchone()
+        if row is None:
+            raise KeyStoreError(f"no key with id {key_id!r} in {self.path}")
+        return self._record(row)
+
+    def records(self) -> list[KeyRecord]:
+        rows = self._db.execute(f"SELECT {self._COLUMNS} FROM keys ORDER BY created, id").fetchall()
+        return [self._record(r) for r in rows]
+
+    def find(self, name_or_id: str) -> list[KeyRecord]:
+        """Live keys named so, or the one key with that id."""
+        rows = self._db.execute(f"SELECT {self._COLUMNS} FROM keys WHERE (name = ? OR id = ?) AND revoked IS NULL",
+                                (name_or_id, name_or_id)).fetchall()
+        if not rows:
+            raise KeyStoreError(f"no live key named {name_or_id!r} in {self.path}",
+                                fix="see the keys with: azulite keys list")
+        return [self._record(r) for r in rows]
+
+    def revoke(self, name_or_id: str, *, now: float | None = None) -> list[KeyRecord]:
+        found = self.find(name_or_id)
+        now = time.time() if now is None else now
+        self._db.executemany("UPDATE keys SET revoked = ? WHERE id = ?", [(now, r.id) for r in found])
+        return found
+
+    def rotate(self, name_or_id: str, *, now: float | None = None) -> tuple[KeyRecord, str]:
+        """A new secret with the same name, models and limits; the old key is revoked in the same
+        transaction (clients switch over to the new token)."""
+        found = self.find(name_or_id)
+        if len(found) > 1:
+            raise KeyStoreError(f"{len(found)} live keys are named {name_or_id!r}",
+                                fix="rotate one by its id (azulite keys list)")
+        old = found[0]
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            record, token = self.create(old.name, models=old.models, rps=old.rps, quota_per_day=old.quota_per_day,
+                                        admin=old.admin, expires=old.expires, now=now)
+            self._db.execute("UPDATE keys SET revoked = ? WHERE id = ?", (time.time() if now is None else now, old.id))
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return record, token
+
+
+def check_token(record: KeyRecord, secret: str) -> bool:
+    return hmac.compare_digest(record.digest, digest(record.salt, secret))

@@ -1,0 +1,53 @@
+"""``azulite keys`` and ``azulite repo`` through the real console script: a secret printed once and
+never stored, list/revoke/rotate, sign/verify exit codes, bad input without a traceback."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+AZULITE = str(Path(sys.executable).parent / "azulite")
+
+
+def run(*args: str, home: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([AZULITE, *args], capture_output=True, text=True, timeout=120,
+                          env={**os.environ, "AZULITE_HOME": str(home)})
+
+
+def test_keys_lifecycle(tmp_path):
+    out = run("keys", "create", "team-a", "--models", "m1,m2", "--rps", "5", "--quota", "100/day", "--json",
+              home=tmp_path)
+    assert out.returncode == 0, out.stderr
+    created = json.loads(out.stdout)
+    assert created["models"] == ["m1", "m2"] and created["quota_per_day"] == 100
+    secret = created["key"].split("_", 2)[2]
+    assert secret not in (tmp_path / "keys.db").read_bytes().decode("latin-1")
+    listed = json.loads(run("keys", "list", "--json", home=tmp_path).stdout)
+    assert [k["name"] for k in listed] == ["team-a"] and "key" not in listed[0]
+    rotated = run("keys", "rotate", "team-a", "--json", home=tmp_path)
+    assert rotated.returncode == 0 and json.loads(rotated.stdout)["key"] != created["key"]
+    assert run("keys", "revoke", "team-a", home=tmp_path).returncode == 0
+    states = [k["revoked"] is not None for k in json.loads(run("keys", "list", "--json", home=tmp_path).stdout)]
+    assert states == [True, True]
+    bad = run("keys", "revoke", "team-a", home=tmp_path)
+    assert bad.returncode == 2 and "no live key named 'team-a'" in bad.stderr and "Traceback" not in bad.stderr
+    bad = run("keys", "create", "x", "--expires", "someday", home=tmp_path)
+    assert bad.returncode == 2 and "not a date" in bad.stderr
+
+
+def test_repo_sign_and_verify(tmp_path):
+    repo = tmp_path / "repo"
+    (repo / "m" / "1").mkdir(parents=True)
+    (repo / "m" / "config.pbtxt").write_text('name: "m"\n')
+    (repo / "m" / "1" / "model.onnx").write_bytes(b"weights")
+    assert run("repo", "keygen", str(tmp_path / "k.pem"), str(tmp_path / "k.pub"), home=tmp_path).returncode == 0
+    signed = run("repo", "sign", str(repo), "--key", str(tmp_path / "k.pem"), home=tmp_path)
+    assert signed.returncode == 0 and "2 files, signed" in signed.stdout
+    ok = run("repo", "verify", str(repo), "--public-key", str(tmp_path / "k.pub"), home=tmp_path)
+    assert ok.returncode == 0 and "signature verified" in ok.stdout
+    (repo / "m" / "1" / "model.onnx").write_bytes(b"evil")
+    bad = run("repo", "verify", str(repo), "--public-key", str(tmp_path / "k.pub"), home=tmp_path)
+    assert bad.returncode == 2 and "changed: m/1/model.onnx" in bad.stderr and "Traceback" not in bad.stderr

@@ -1,0 +1,313 @@
+"""Keys, restricted APIs, rate limits and the audit log on a real server, through tritonclient and raw
+HTTP / gRPC: every endpoint of both protocols is enumerated and none answers without a valid key (but
+liveness and readiness), a key reaches only its models, restricted categories need an admin key or the
+restricted-API header, limits answer 429 / RESOURCE_EXHAUSTED, a revocation lands without a restart."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import time
+
+import grpc
+import numpy as np
+import pytest
+import tritonclient.grpc as grpcclient
+import tritonclient.http as httpclient
+from tritonclient.grpc import service_pb2 as pb
+from tritonclient.grpc import service_pb2_grpc
+from tritonclient.utils import InferenceServerException
+
+from azulite.serve.auth import GRPC_ROUTES, GuardSettings, Restriction, parse_restricted
+from azulite.serve.keystore import KeyStore
+from azulite.serve.server import ServerSettings, exposure_warnings
+
+from .conftest import build_model_repository
+from .frontends import running_server
+
+MODELS = ("add_sub_onnx", "add_sub_py")
+X = np.arange(16, dtype=np.float32).reshape(1, 16)
+INFER_JSON = json.dumps({"inputs": [
+    {"name": n, "shape": [1, 16], "datatype": "FP32", "data": X.ravel().tolist()} for n in ("INPUT0", "INPUT1")
+]}).encode()
+
+#: every HTTP route of the protocol (method, path, body); the open ones are the server's probes
+HTTP_ENDPOINTS = [
+    ("GET", "/v2", None), ("GET", "/v2/models/add_sub_onnx", None),
+    ("GET", "/v2/models/add_sub_onnx/versions/1", None), ("GET", "/v2/models/add_sub_onnx/ready", None),
+    ("GET", "/v2/models/add_sub_onnx/config", None), ("GET", "/v2/models/add_sub_onnx/stats", None),
+    ("GET", "/v2/models/stats", None), ("POST", "/v2/models/add_sub_onnx/infer", INFER_JSON),
+    ("POST", "/v2/models/add_sub_onnx/versions/1/infer", INFER_JSON),
+    ("POST", "/v2/models/add_sub_onnx/generate", b"{}"),
+    ("POST", "/v2/repository/index", b"{}"), ("POST", "/v2/repository/models/add_sub_onnx/load", b"{}"),
+    ("POST", "/v2/repository/models/add_sub_onnx/unload", b"{}"),
+    ("GET", "/v2/systemsharedmemory/status", None), ("POST", "/v2/systemsharedmemory/region/r/register", b"{}"),
+    ("POST", "/v2/systemsharedmemory/unregister", b""), ("GET", "/v2/cudasharedmemory/status", None),
+    ("POST", "/v2/cudasharedmemory/region/r/register", b"{}"), ("GET", "/v2/logging", None),
+    ("POST", "/v2/logging", b"{}"), ("GET", "/v2/trace/setting", None),
+    ("GET", "/v2/models/add_sub_onnx/trace/setting", None), ("GET", "/not/a/route", None),
+]
+OPEN_HTTP = [("GET", "/v2/health/live"), ("GET", "/v2/health/ready")]
+#: a request of each RPC that names the model where the RPC takes one
+GRPC_REQUESTS = {
+    "ServerLive": pb.ServerLiveRequest(), "ServerReady": pb.ServerReadyRequest(),
+    "ModelReady": pb.ModelReadyRequest(name="add_sub_onnx"), "ServerMetadata": pb.ServerMetadataRequest(),
+    "ModelMetadata": pb.ModelMetadataRequest(name="add_sub_onnx"),
+    "ModelInfer": pb.ModelInferRequest(model_name="add_sub_onnx"),
+    "ModelStreamInfer": pb.ModelInferRequest(model_name="add_sub_onnx"),
+    "ModelConfig": pb.ModelConfigRequest(name="add_sub_onnx"),
+    "ModelStatistics": pb.ModelStatisticsRequest(name=""),
+    "RepositoryIndex": pb.RepositoryIndexRequest(), "RepositoryModelLoad": pb.RepositoryModelLoadRequest(
+        model_name="add_sub_onnx"),
+    "RepositoryModelUnload": pb.RepositoryModelUnloadRequest(model_name="add_sub_onnx"),
+    "SystemSharedMemoryStatus": pb.SystemSharedMemoryStatusRequest(),
+    "SystemSharedMemoryRegister": pb.SystemSharedMemoryRegisterRequest(name="r"),
+    "SystemSharedMemoryUnregister": pb.SystemSharedMemoryUnregisterRequest(),
+    "CudaSharedMemoryStatus": pb.CudaSharedMemoryStatusRequest(),
+    "CudaSharedMemoryRegister": pb.CudaSharedMemoryRegisterRequest(name="r"),
+    "CudaSharedMemoryUnregister": pb.CudaSharedMemoryUnregisterRequest(),
+    "TraceSetting": pb.TraceSettingRequest(), "LogSettings": pb.LogSettingsRequest(),
+}
+ADMIN_ONLY_RPCS = {"RepositoryIndex", "RepositoryModelLoad", "RepositoryModelUnload", "SystemSharedMemoryStatus",
+                   "SystemSharedMemoryRegister", "SystemSharedMemoryUnregister", "CudaSharedMemoryStatus",
+                   "CudaSharedMemoryRegister", "CudaSharedMemoryUnregister", "TraceSetting", "LogSettings"}
+
+
+@pytest.fixture(scope="module")
+def small_repository(tmp_path_factory):
+    return build_model_repository(tmp_path_factory.mktemp("auth_repo"), MODELS)
+
+
+@pytest.fixture(scope="module")
+def keys(tmp_path_factory):
+    store = KeyStore(tmp_path_factory.mktemp("keys") / "keys.db")
+    out = {"path": store.path, "store": store}
+    out["all"] = store.create("all-models")[1]
+    out["onnx"] = store.create("onnx-only", models=["add_sub_onnx"])[1]
+    out["admin"] = store.create("ops", admin=True)[1]
+    out["slow"] = store.create("slow", rps=0.001)[1]  # one request, then a token every 1000 s
+    out["quota"] = store.create("quota", quota_per_day=2)[1]
+    out["expired"] = store.create("expired", expires=time.time() + 3600)[1]
+    store._db.execute("UPDATE keys SET expires = 1 WHERE name = 'expired'")
+    return out
+
+
+@pytest.fixture(scope="module", params=["h2", "grpcio"])
+def server(request, small_repository, keys, tmp_path_factory):
+    audit = tmp_path_factory.mktemp("audit") / "audit.jsonl"
+    guard = GuardSettings(auth=True, key_store=keys["path"], audit_log=audit, reload_interval_s=0.05,
+                          model_rps=(("add_sub_py", 0.001),))
+    with running_server(small_repository, grpc_impl=request.param, guard=guard, server_name="triton") as s:
+        s.audit_path = audit
+        yield s
+
+
+def raw(server, method, path, body=None, headers=None):
+    host, port = server.http_url.split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=120)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def bearer(token):
+    return {"authorization": f"Bearer {token}"}  # lower case: gRPC metadata keys must be
+
+
+def grpc_call(stub, name, metadata=()):
+    """(code, details) of one RPC; OK when it answered."""
+    request = GRPC_REQUESTS[name]
+    try:
+        if name == "ModelStreamInfer":
+            list(stub.ModelStreamInfer(iter([request]), metadata=metadata, timeout=60))
+        else:
+            getattr(stub, name)(request, metadata=metadata, timeout=60)
+    except grpc.RpcError as exc:
+        return exc.code(), exc.details()
+    return grpc.StatusCode.OK, ""
+
+
+@pytest.fixture(scope="module")
+def stub(server):
+    channel = grpc.insecure_channel(server.grpc_url)
+    yield service_pb2_grpc.GRPCInferenceServiceStub(channel)
+    channel.close()
+
+
+def test_every_http_endpoint_needs_a_valid_key(server, keys):
+    for method, path, body in HTTP_ENDPOINTS:
+        for headers in ({}, bearer("azk_nothere_x"), bearer(keys["expired"]), {"Authorization": "Basic eA=="}):
+            status, hdrs, payload = raw(server, method, path, body, headers)
+            assert status == 401, (method, path, headers, status, payload)
+            assert hdrs.get("WWW-Authenticate") == "Bearer" and b"key" in payload
+    for method, path in OPEN_HTTP:
+        assert raw(server, method, path)[0] == 200
+
+
+def test_every_grpc_rpc_needs_a_valid_key(server, stub, keys):
+    assert set(GRPC_REQUESTS) == set(GRPC_ROUTES) == {
+        m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}
+    for name in GRPC_REQUESTS:
+        for metadata in ((), (("authorization", "Bearer azk_nothere_x"),),
+                         (("authorization", f"Bearer {keys['expired']}"),)):
+            code, details = grpc_call(stub, name, metadata)
+            if name in ("ServerLive", "ServerReady"):
+                assert code == grpc.StatusCode.OK
+            else:
+                assert code == grpc.StatusCode.UNAUTHENTICATED, (name, metadata, code, details)
+
+
+def test_restricted_categories_need_an_admin_key(server, stub, keys):
+    for method, path, body in HTTP_ENDPOINTS:
+        if "/repository" in path or "sharedmemory" in path or "/logging" in path or "/trace" in path:
+            status, _, payload = raw(server, method, path, body, bearer(keys["all"]))
+            assert status == 403 and b"admin key" in payload, (path, status, payload)
+            assert raw(server, method, path, body, bearer(keys["admin"]))[0] not in (401, 403)
+    for name in ADMIN_ONLY_RPCS:
+        code, _ = grpc_call(stub, name, (("authorization", f"Bearer {keys['all']}"),))
+        assert code == grpc.StatusCode.PERMISSION_DENIED, name
+        code, _ = grpc_call(stub, name, (("authorization", f"Bearer {keys['admin']}"),))
+        assert code not in (grpc.StatusCode.PERMISSION_DENIED, grpc.StatusCode.UNAUTHENTICATED), name
+    status, _, payload = raw(server, "POST", "/v2/repository/index", b"{}", bearer(keys["admin"]))
+    assert status == 200 and {m["name"] for m in json.loads(payload)} == set(MODELS)
+
+
+def test_a_key_reaches_only_its_models(server, keys):
+    http_client = httpclient.InferenceServerClient(server.http_url)
+    grpc_client = grpcclient.InferenceServerClient(server.grpc_url)
+    token = keys["onnx"]
+    try:
+        for client, mod in ((http_client, httpclient), (grpc_client, grpcclient)):
+            inputs = []
+            for name in ("INPUT0", "INPUT1"):
+                i = mod.InferInput(name, [1, 16], "FP32")
+                i.set_data_from_numpy(X)
+                inputs.append(i)
+            result = client.infer("add_sub_onnx", inputs, headers=bearer(token))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), X + X)
+            assert client.get_model_metadata("add_sub_onnx", headers=bearer(token))
+            assert client.get_model_config("add_sub_onnx", headers=bearer(token))
+            assert client.is_model_ready("add_sub_onnx", headers=bearer(token))
+            for call in (lambda: client.infer("add_sub_py", inputs, headers=bearer(token)),
+                         lambda: client.get_model_metadata("add_sub_py", headers=bearer(token)),
+                         lambda: client.get_model_config("add_sub_py", headers=bearer(token)),
+                         lambda: client.get_inference_statistics("add_sub_py", headers=bearer(token))):
+                with pytest.raises(InferenceServerException) as info:
+                    call()
+                assert "does not reach model 'add_sub_py'" in str(info.value)
+            assert client.get_server_metadata(headers=bearer(token))
+        stats = http_client.get_inference_statistics(headers=bearer(token))
+        assert {s["name"] for s in stats["model_stats"]} == {"add_sub_onnx"}
+        stats = grpc_client.get_inference_statistics(headers=bearer(token), as_json=True)
+        assert {s["name"] for s in stats["model_stats"]} == {"add_sub_onnx"}
+        everything = http_client.get_inference_statistics(headers=bearer(keys["all"]))
+        assert {s["name"] for s in everything["model_stats"]} == set(MODELS)
+        # --server-name: what Triton's own client examples check
+        assert http_client.get_server_metadata(headers=bearer(token))["name"] == "triton"
+        assert grpc_client.get_server_metadata(headers=bearer(token)).name == "triton"
+    finally:
+        http_client.close()
+        grpc_client.close()
+
+
+def test_rate_limits_and_quotas_refuse_with_retry_after(server, stub, keys):
+    # per key: the first request takes the only token
+    assert raw(server, "GET", "/v2", headers=bearer(keys["slow"]))[0] == 200
+    status, headers, payload = raw(server, "GET", "/v2", headers=bearer(keys["slow"]))
+    assert status == 429 and int(headers["Retry-After"]) >= 900 and b"rate limit" in payload
+    code, details = grpc_call(stub, "ServerMetadata", (("authorization", f"Bearer {keys['slow']}"),))
+    assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "rate limit" in details
+    # per model: add_sub_py takes one inference for all keys together; then 429 / RESOURCE_EXHAUSTED
+    statuses = [raw(server, "POST", "/v2/models/add_sub_py/infer", INFER_JSON, bearer(keys["all"]))[0]
+                for _ in range(3)]
+    assert statuses.count(429) >= 2 and set(statuses) <= {200, 429}
+    request = pb.ModelInferRequest(model_name="add_sub_py")
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, metadata=(("authorization", f"Bearer {keys['admin']}"),), timeout=60)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED
+    # the quota: 2 requests a day (shared by the two transports of this module's server)
+    answers = [raw(server, "GET", "/v2", headers=bearer(keys["quota"]))[0] for _ in range(3)]
+    assert answers.count(429) >= 1 and answers.count(200) <= 2
+
+
+def test_revocation_takes_effect_without_restart(server, keys):
+    record, token = keys["store"].create("doomed")  # made while the server runs: it picks it up too
+    _wait_for(lambda: raw(server, "GET", "/v2", headers=bearer(token))[0] == 200, "a new key is refused")
+    KeyStore(keys["path"]).revoke(record.id)  # another connection: the CLI's
+    _wait_for(lambda: raw(server, "GET", "/v2", headers=bearer(token))[0] == 401, "a revoked key still works")
+
+
+def _wait_for(condition, failure: str, timeout_s: float = 60.0) -> None:
+    """Poll a condition the server reaches within its reload interval; the timeout is only a safety net."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, f"{failure} after {timeout_s:g} s"
+        time.sleep(0.05)
+
+
+def test_audit_log_records_requests_without_secrets(server, keys):
+    raw(server, "GET", "/v2/models/add_sub_onnx", headers={**bearer(keys["onnx"]), "X-Request-ID": "audit-me"})
+    raw(server, "GET", "/v2/models/add_sub_onnx")
+    assert server.server.guard.audit.flush()
+    text = server.audit_path.read_text()
+    for token in (keys["onnx"], keys["all"], keys["admin"]):
+        assert token.split("_")[-1] not in text
+    lines = [json.loads(x) for x in text.splitlines()]
+    mine = [x for x in lines if x["request_id"] == "audit-me"][-1]
+    onnx_id = keys["onnx"].split("_")[1]
+    assert (mine["key_id"], mine["model"], mine["protocol"], mine["status"]) == (onnx_id, "add_sub_onnx", "http", 200)
+    assert mine["client"].startswith("127.0.0.1:") and mine["bytes_out"] > 0
+    assert any(x["status"] == 401 and x["key_id"] is None for x in lines)
+    assert any(x["protocol"] == "grpc" and x["status"] == "UNAUTHENTICATED" for x in lines)
+    metrics = raw_metrics(server)
+    assert "azulite_audit_lines_written" in metrics and 'azulite_requests_rejected{status="UNAUTHENTICATED"}' in metrics
+
+
+def raw_metrics(server) -> str:
+    host, port = server.metrics_url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    conn.close()
+    return text
+
+
+def test_restricted_api_header_without_auth(small_repository):
+    guard = GuardSettings(restricted={
+        "http": (parse_restricted("model-repository,statistics:x-admin=s3cret", "--http-restricted-api"),),
+        "grpc": (parse_restricted("model-repository:x-admin=s3cret", "--grpc-restricted-api"),)})
+    with running_server(small_repository, guard=guard) as s:
+        status, _, payload = raw(s, "POST", "/v2/repository/index", b"{}")
+        assert status == 403 and b"x-admin" in payload
+        assert raw(s, "POST", "/v2/repository/index", b"{}", {"x-admin": "wrong"})[0] == 403
+        assert raw(s, "POST", "/v2/repository/index", b"{}", {"x-admin": "s3cret"})[0] == 200
+        assert raw(s, "GET", "/v2/models/stats")[0] == 403
+        assert raw(s, "GET", "/v2/models/add_sub_onnx/config")[0] == 200  # not restricted here
+        channel = grpc.insecure_channel(s.grpc_url)
+        stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+        assert grpc_call(stub, "RepositoryIndex")[0] == grpc.StatusCode.PERMISSION_DENIED
+        assert grpc_call(stub, "RepositoryIndex", (("x-admin", "s3cret"),))[0] == grpc.StatusCode.OK
+        assert grpc_call(stub, "ModelStatistics")[0] == grpc.StatusCode.OK  # only HTTP restricted it
+        channel.close()
+
+
+def test_restricted_flag_syntax_errors_are_named():
+    from azulite.errors import SpecError
+
+    assert parse_restricted("model-repository,model-config:k=v", "--f") == Restriction(
+        ("model-repository", "model-config"), "k", "v")
+    for bad in ("model-repository", "model-repository:k", "nope:k=v", ":k=v"):
+        with pytest.raises(SpecError, match="--f"):
+            parse_restricted(bad, "--f")
+
+
+def test_open_model_control_warns(tmp_path):
+    base = dict(repository=tmp_path, model_control_mode="explicit")
+    [http_warning, grpc_warning] = exposure_warnings(ServerSettings(**base))
+    assert "0.0.0.0:8000" in http_warning and "run their code" in http_warning and "--auth" in http_warning
+    assert exposure_warnings(ServerSettings(**base, http_address="127.0.0.1", grpc_address="127.0.0.1")) == []
+    assert exposure_warnings(ServerSettings(**base, guard=GuardSettings(auth=True))) == []
+    assert exposure_warnings(ServerSettings(repository=tmp_path)) == []

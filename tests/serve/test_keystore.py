@@ -1,0 +1,74 @@
+"""The key store: secrets shown once and stored only hashed, revocation, rotation, bad files named."""
+
+from __future__ import annotations
+
+import sqlite3
+
+import pytest
+
+from azulite.errors import KeyStoreError
+from azulite.serve.keystore import KeyStore, check_token, parse_expiry, parse_quota, split_token
+
+
+def test_create_stores_only_a_salted_hash(tmp_path):
+    store = KeyStore(tmp_path / "keys.db")
+    record, token = store.create("team-a", models=["m2", "m1"], rps=5, quota_per_day=100)
+    key_id, secret = split_token(token)
+    assert key_id == record.id and record.models == frozenset({"m1", "m2"})
+    raw = (tmp_path / "keys.db").read_bytes() + b"".join(
+        p.read_bytes() for p in tmp_path.iterdir() if p.name.startswith("keys.db-"))
+    assert secret.encode() not in raw
+    assert check_token(store.get(key_id), secret)
+    assert not check_token(store.get(key_id), secret[:-1] + ("A" if secret[-1] != "A" else "B"))
+
+
+def test_two_keys_with_one_secret_length_differ_by_salt(tmp_path):
+    store = KeyStore(tmp_path / "keys.db")
+    a, _ = store.create("a")
+    b, _ = store.create("b")
+    assert a.salt != b.salt and a.digest != b.digest
+
+
+def test_revoke_and_rotate(tmp_path):
+    store = KeyStore(tmp_path / "keys.db")
+    old, _ = store.create("svc", models=["m"], rps=3, admin=True)
+    new, token = store.rotate("svc")
+    assert new.id != old.id and (new.models, new.rps, new.admin) == (old.models, old.rps, old.admin)
+    assert store.get(old.id).revoked is not None and store.get(new.id).revoked is None
+    assert split_token(token)[0] == new.id
+    before = store.data_version()
+    other = KeyStore(tmp_path / "keys.db")  # another process's connection (the CLI)
+    other.revoke("svc")
+    assert store.data_version() != before  # what a running server watches
+    with pytest.raises(KeyStoreError, match="no live key named 'svc'"):
+        store.revoke("svc")
+
+
+def test_bad_inputs_are_named(tmp_path):
+    store = KeyStore(tmp_path / "keys.db")
+    with pytest.raises(KeyStoreError, match="key name"):
+        store.create("no spaces")
+    with pytest.raises(KeyStoreError, match="--rps"):
+        store.create("a", rps=0)
+    with pytest.raises(KeyStoreError, match="past"):
+        store.create("a", expires=1.0)
+    with pytest.raises(KeyStoreError, match="quota"):
+        parse_quota("ten/day")
+    assert parse_quota("10000/day") == 10000
+    with pytest.raises(KeyStoreError, match="not a date"):
+        parse_expiry("tomorrow")
+    assert parse_expiry("1970-01-02") == 86400.0
+    assert split_token("Bearer x") is None and split_token("azk_abc") is None
+
+
+def test_a_broken_store_names_the_file(tmp_path):
+    bad = tmp_path / "keys.db"
+    bad.write_bytes(b"this is not a database" * 100)
+    with pytest.raises(KeyStoreError, match="keys.db"):
+        KeyStore(bad)
+    other = tmp_path / "other.db"
+    sqlite3.connect(other).execute("CREATE TABLE keys (x)").connection.commit()
+    with pytest.raises(KeyStoreError, match="other.db"):
+        KeyStore(other)
+    with pytest.raises(KeyStoreError, match="does not exist"):
+        KeyStore(tmp_path / "missing.db", create=False)
