@@ -15,6 +15,7 @@ from azulite.cli import keys as _keys
 from azulite.cli import repo as _repo
 from azulite.cli import bench as _bench
 from azulite.cli import doctor as _doctor
+from azulite.cli import observe as _observe
 
 app = typer.Typer(
     name="azulite",
@@ -35,6 +36,7 @@ app.add_typer(_keys.app, name="keys")
 app.add_typer(_repo.app, name="repo")
 app.add_typer(_bench.app, name="bench")
 _doctor.register(app)
+_observe.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
