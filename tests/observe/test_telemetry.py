@@ -35,6 +35,7 @@ def scrape(url: str) -> str:
 
 def test_exporter_without_gpus(tmp_path):
     p = subprocess.Popen([AZULITE, "observe", "--port", "0", "--disk", "/", "--disk", str(tmp_path)],
+                         env={**os.environ, "AZULITE_HOME": str(tmp_path / "azhome")},
                          stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True)
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(l) for l in p.stderr], daemon=True).start()
@@ -55,6 +56,8 @@ def test_exporter_without_gpus(tmp_path):
         paths = {s.labels["path"] for s in fams["azulite_host_disk_free_bytes"].samples}
         assert paths == {"/", str(tmp_path)}
         assert {s.labels["interface"] for s in fams["azulite_host_network_sent_bytes"].samples} >= {"lo"}
+        assert fams["azulite_job_store_up"].samples[0].value == 0  # no store in this home: said, not created
+        assert not (tmp_path / "azhome").exists()
         lint = subprocess.run(["promtool", "check", "metrics"], input=second, capture_output=True, text=True)
         assert lint.returncode == 0, lint.stdout + lint.stderr
     finally:
