@@ -62,13 +62,13 @@ def test_running_job_progress_checkpoints_and_a_busy_store(home, tmp_path):
 
     fams = wait_for(ready, 180, "the job running with checkpoints")
     assert one(fams, "azulite_job_store_up") == 1
-    assert one(fams, "azulite_job_state", job=rec.id, state="running") == 1
-    assert one(fams, "azulite_job_checkpoint_last_step", job=rec.id) == 20
-    assert one(fams, "azulite_job_checkpoint_interval_seconds", job=rec.id) == 30
-    assert abs(one(fams, "azulite_job_checkpoint_last_timestamp_seconds", job=rec.id) - (time.time() - 30)) < 120
-    assert one(fams, "azulite_job_checkpoints_readable", job=rec.id) == 1
-    assert time.time() - one(fams, "azulite_job_last_progress_timestamp_seconds", job=rec.id) < 300
-    assert one(fams, "azulite_job_rank_restarts", job=rec.id, rank="0") == 0
+    assert one(fams, "azulite_job_state", job_id=rec.id, state="running") == 1
+    assert one(fams, "azulite_job_checkpoint_last_step", job_id=rec.id) == 20
+    assert one(fams, "azulite_job_checkpoint_interval_seconds", job_id=rec.id) == 30
+    assert abs(one(fams, "azulite_job_checkpoint_last_timestamp_seconds", job_id=rec.id) - (time.time() - 30)) < 120
+    assert one(fams, "azulite_job_checkpoints_readable", job_id=rec.id) == 1
+    assert time.time() - one(fams, "azulite_job_last_progress_timestamp_seconds", job_id=rec.id) < 300
+    assert one(fams, "azulite_job_rank_restarts", job_id=rec.id, rank="0") == 0
 
     # a writer in the middle of a transaction: the reader still reads (WAL), and never takes a write lock
     writer = sqlite3.connect(Settings.from_environ().db_path, isolation_level=None)
@@ -82,8 +82,8 @@ def test_running_job_progress_checkpoints_and_a_busy_store(home, tmp_path):
     b.cancel(rec.id)
     wait_for(lambda: b.status(rec.id).state == JobState.CANCELED, 60, "the cancel")
     fams = scrape(collector)
-    assert one(fams, "azulite_job_state", job=rec.id, state="canceled") == 1
-    assert not [s for s in fams["azulite_job_checkpoint_last_step"].samples if s.labels["job"] == rec.id]
+    assert one(fams, "azulite_job_state", job_id=rec.id, state="canceled") == 1
+    assert not [s for s in fams["azulite_job_checkpoint_last_step"].samples if s.labels["job_id"] == rec.id]
 
 
 def test_missing_or_corrupt_store_is_said_not_raised(tmp_path):

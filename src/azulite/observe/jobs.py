@@ -2,6 +2,9 @@
 jobs' checkpoint locations: what the training alert rules watch (no progress, a stale checkpoint, a rank
 restarting again and again).
 
+Jobs are labelled ``job_id``, not ``job``: Prometheus gives every scraped series its scrape job's name in
+``job``, and a clash would rename ours to ``exported_job``.
+
 The store is opened read-only (``mode=ro``; SQLite WAL lets readers run beside the launcher's writer):
 this exporter never creates, migrates or locks it. A store that is missing, busy past the timeout or
 corrupt makes ``azulite_job_store_up`` 0 and the job series absent for that scrape; the exporter keeps
@@ -100,15 +103,15 @@ class JobCollector(Collector):
             return
         up.add_metric([], 1)
         yield up
-        state = GaugeMetricFamily("azulite_job_state", "1 for the job's current state.", labels=["job", "name", "state"])
-        attempts = GaugeMetricFamily("azulite_job_attempt", "The job's current attempt (1 = first).", labels=["job"])
-        restarts = CounterMetricFamily("azulite_job_rank_restarts", "Elastic restarts of each rank, all attempts.", labels=["job", "rank"])
+        state = GaugeMetricFamily("azulite_job_state", "1 for the job's current state.", labels=["job_id", "name", "state"])
+        attempts = GaugeMetricFamily("azulite_job_attempt", "The job's current attempt (1 = first).", labels=["job_id"])
+        restarts = CounterMetricFamily("azulite_job_rank_restarts", "Elastic restarts of each rank, all attempts.", labels=["job_id", "rank"])
         progress = GaugeMetricFamily("azulite_job_last_progress_timestamp_seconds",
-                                     "When a rank of the running attempt last wrote to its log.", labels=["job"])
-        ck_step = GaugeMetricFamily("azulite_job_checkpoint_last_step", "Step of the last committed checkpoint.", labels=["job"])
-        ck_time = GaugeMetricFamily("azulite_job_checkpoint_last_timestamp_seconds", "When the last checkpoint was committed.", labels=["job"])
-        ck_gap = GaugeMetricFamily("azulite_job_checkpoint_interval_seconds", "Seconds between the last two committed checkpoints.", labels=["job"])
-        ck_ok = GaugeMetricFamily("azulite_job_checkpoints_readable", "0 when the job's checkpoint location cannot be read.", labels=["job"])
+                                     "When a rank of the running attempt last wrote to its log.", labels=["job_id"])
+        ck_step = GaugeMetricFamily("azulite_job_checkpoint_last_step", "Step of the last committed checkpoint.", labels=["job_id"])
+        ck_time = GaugeMetricFamily("azulite_job_checkpoint_last_timestamp_seconds", "When the last checkpoint was committed.", labels=["job_id"])
+        ck_gap = GaugeMetricFamily("azulite_job_checkpoint_interval_seconds", "Seconds between the last two committed checkpoints.", labels=["job_id"])
+        ck_ok = GaugeMetricFamily("azulite_job_checkpoints_readable", "0 when the job's checkpoint location cannot be read.", labels=["job_id"])
         for rec in recs:
             state.add_metric([rec.id, rec.name, rec.state.value], 1)
             attempts.add_metric([rec.id], rec.attempt)
