@@ -16,6 +16,7 @@ from azulite.cli import repo as _repo
 from azulite.cli import bench as _bench
 from azulite.cli import doctor as _doctor
 from azulite.cli import observe as _observe
+from azulite.cli import rules as _rules
 
 app = typer.Typer(
     name="azulite",
@@ -37,6 +38,7 @@ app.add_typer(_repo.app, name="repo")
 app.add_typer(_bench.app, name="bench")
 _doctor.register(app)
 _observe.register(app)
+app.add_typer(_rules.app, name="rules")
 
 
 def main(argv: list[str] | None = None) -> None:
