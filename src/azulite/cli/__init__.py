@@ -17,6 +17,7 @@ from azulite.cli import bench as _bench
 from azulite.cli import doctor as _doctor
 from azulite.cli import observe as _observe
 from azulite.cli import rules as _rules
+from azulite.cli import dashboard as _dashboard
 
 app = typer.Typer(
     name="azulite",
@@ -39,6 +40,7 @@ app.add_typer(_bench.app, name="bench")
 _doctor.register(app)
 _observe.register(app)
 app.add_typer(_rules.app, name="rules")
+_dashboard.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:
