@@ -53,6 +53,7 @@ def test_parse_size():
     ({"factor": 1}, "--factor"),
     ({"nodes": 1, "procs_per_node": 1}, "--nodes"),
     ({"iters": 0}, "--iters"),
+    ({"timeout_s": 0}, "--timeout"),
 ])
 def test_bad_arguments_are_refused_before_anything_runs(kw, where, tmp_path):
     args = dict(nodes=2, procs_per_node=1, ops=["all_reduce"], min_bytes=1024, max_bytes=4096, factor=2,

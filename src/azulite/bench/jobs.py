@@ -35,6 +35,8 @@ def collectives_job(*, nodes: int, procs_per_node: int, ops: list[str], min_byte
     if nodes < 1 or procs_per_node < 1 or nodes * procs_per_node < 2:
         raise BenchInputError(f"{nodes} node(s) x {procs_per_node} process(es) is fewer than 2 ranks: nothing to measure",
                          where="--nodes/--procs-per-node", fix="e.g. --nodes 2 --procs-per-node 2")
+    if timeout_s is not None and timeout_s <= 0:
+        raise BenchInputError(f"timeout {timeout_s:g} s is not positive", where="--timeout", fix="e.g. --timeout 1800")
     if iters < 1 or warmup < 0:
         raise BenchInputError("iters must be >= 1 and warmup >= 0", where="--iters/--warmup", fix="e.g. --iters 20 --warmup 5")
     command = " ".join([

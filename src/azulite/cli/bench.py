@@ -49,6 +49,7 @@ def collectives(
     procs_per_node: int = typer.Option(2, "--procs-per-node", help="Ranks per node (GPUs per node on a cluster)."),
     instance_type: Optional[str] = typer.Option(None, "--instance-type", help="SKU, recorded with the job."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Launch backend (default: AZULITE_BACKEND or local)."),
+    timeout: float = typer.Option(3600, "--timeout", help="Seconds before the job is ended (a hung collective fails, exit 124)."),
     json_: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """all_reduce, all_gather, reduce_scatter, alltoall and broadcast over a size sweep: time, algbw = S/t,
@@ -63,7 +64,7 @@ def collectives(
         spec = collectives_job(
             nodes=nodes, procs_per_node=procs_per_node, ops=[o.strip() for o in ops.split(",") if o.strip()],
             min_bytes=parse_size(min_bytes, "--min-bytes"), max_bytes=parse_size(max_bytes, "--max-bytes"),
-            factor=factor, iters=iters, warmup=warmup, code=code, instance_type=instance_type,
+            factor=factor, iters=iters, warmup=warmup, code=code, instance_type=instance_type, timeout_s=timeout,
         )
         job_id, result = run_collectives(b, spec)
     result["job_id"] = job_id
