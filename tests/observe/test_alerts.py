@@ -62,6 +62,11 @@ TESTS = {
                 series("azulite_job_checkpoint_interval_seconds", {"job_id": "moving"}, "300x40"),
                 series("azulite_job_rank_restarts_total", {"job_id": "stuck", "rank": "1"}, "0+1x10 10x30"),
                 series("azulite_job_rank_restarts_total", {"job_id": "stuck", "rank": "0"}, "0x40"),
+                series("azulite_job_state", {"job_id": "nan", "name": "t", "state": "running"}, "1x40"),
+                series("azulite_job_state", {"job_id": "inf", "name": "t", "state": "running"}, "1x40"),
+                series("azulite_job_train_loss", {"job_id": "nan"}, "0.5 0.5 0.5 NaN NaN NaN NaN NaN NaN"),
+                series("azulite_job_train_loss", {"job_id": "inf"}, "0.5 0.5 0.5 Inf Inf Inf Inf Inf Inf"),
+                series("azulite_job_train_loss", {"job_id": "moving"}, "0.3x40"),
             ],
             "alert_rule_test": [
                 {"eval_time": "12m", "alertname": "AzuliteTrainingNoProgress", "exp_alerts": []},
@@ -78,6 +83,14 @@ TESTS = {
                          "summary": "Job stuck's last checkpoint is older than 3 checkpoint intervals",
                          "description": "A preemption now would lose that much work; check the checkpoint "
                                         "storage (azulite doctor --checkpoint ...)."}}]},
+                {"eval_time": "2m", "alertname": "AzuliteTrainingLossNotFinite", "exp_alerts": []},
+                {"eval_time": "5m", "alertname": "AzuliteTrainingLossNotFinite", "exp_alerts": [
+                    {"exp_labels": {"severity": "critical", "job_id": job},
+                     "exp_annotations": {
+                         "summary": f"Job {job} logs a loss that is NaN or infinite",
+                         "description": "Training diverged: stop it and resume from the last checkpoint "
+                                        "with a lower learning rate, or check the input data."}}
+                    for job in ("inf", "nan")]},
                 {"eval_time": "10m", "alertname": "AzuliteRankRestarting", "exp_alerts": [
                     {"exp_labels": {"severity": "warning", "job_id": "stuck", "rank": "1"},
                      "exp_annotations": {

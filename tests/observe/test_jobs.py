@@ -3,6 +3,7 @@ beside a writer holding the store; a corrupt store keeps the exporter up and say
 
 from __future__ import annotations
 
+import math
 import sqlite3
 import time
 
@@ -33,7 +34,8 @@ for step, age in ((10, 60), (20, 30)):
     json.dump({"format": "azulite.checkpoint/1", "step": step, "files": {}, "created_at": made},
               open(os.path.join(d, "manifest.json"), "w"))
 os.makedirs(os.path.join(root, "step-00000030"), exist_ok=True)  # an interrupted save: not counted
-print("step 20 committed", flush=True)
+print("step 19 loss 0.25 step_s 0.1", flush=True)
+print("step 20 loss nan step_s 0.1", flush=True)  # diverged: exported as NaN for the loss rule
 time.sleep(300)
 """
 
@@ -57,7 +59,8 @@ def test_running_job_progress_checkpoints_and_a_busy_store(home, tmp_path):
         fams = scrape(collector)
         running = [s for s in fams["azulite_job_state"].samples if s.labels["state"] == "running"]
         has = running and fams["azulite_job_last_progress_timestamp_seconds"].samples and \
-            fams["azulite_job_checkpoint_last_step"].samples
+            fams["azulite_job_checkpoint_last_step"].samples and fams["azulite_job_train_step"].samples and \
+            fams["azulite_job_train_step"].samples[0].value == 20
         return fams if has else None
 
     fams = wait_for(ready, 180, "the job running with checkpoints")
@@ -69,6 +72,8 @@ def test_running_job_progress_checkpoints_and_a_busy_store(home, tmp_path):
     assert one(fams, "azulite_job_checkpoints_readable", job_id=rec.id) == 1
     assert time.time() - one(fams, "azulite_job_last_progress_timestamp_seconds", job_id=rec.id) < 300
     assert one(fams, "azulite_job_rank_restarts", job_id=rec.id, rank="0") == 0
+    assert one(fams, "azulite_job_train_step", job_id=rec.id) == 20
+    assert math.isnan(one(fams, "azulite_job_train_loss", job_id=rec.id))
 
     # a writer in the middle of a transaction: the reader still reads (WAL), and never takes a write lock
     writer = sqlite3.connect(Settings.from_environ().db_path, isolation_level=None)

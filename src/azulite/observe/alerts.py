@@ -1,7 +1,7 @@
 """The GPU and training alert rules, as data for the one renderer (:mod:`azulite.observe.rules`), over the
 series ``azulite observe`` exports: DCGM's GPU fields (the PrometheusRule of seed 001 §2.5, plus
-temperature) and the job store's jobs (``azulite.observe.jobs``: no progress, a stale checkpoint, a rank
-restarting again and again).
+temperature) and the job store's jobs (``azulite.observe.jobs``: no progress, a stale checkpoint, a loss that
+is NaN or infinite, a rank restarting again and again).
 
     from azulite.observe.rules import rule_file
     open("rules.yml", "w").write(rule_file(gpu_rule_groups() + training_rule_groups()))
@@ -46,6 +46,13 @@ def training_rule_groups(*, no_progress_minutes: int = 15, checkpoint_k: float =
                                       f"{checkpoint_k:g} checkpoint intervals",
                            "description": "A preemption now would lose that much work; check the checkpoint "
                                           "storage (azulite doctor --checkpoint ...)."}),
+        Alert(alert="AzuliteTrainingLossNotFinite",
+              # NaN is the one value not equal to itself; Inf compares equal to the Inf literal
+              expr=f"(azulite_job_train_loss != azulite_job_train_loss or abs(azulite_job_train_loss) == Inf)\n  and {RUNNING}",
+              labels={"severity": "critical"},
+              annotations={"summary": "Job {{ $labels.job_id }} logs a loss that is NaN or infinite",
+                           "description": "Training diverged: stop it and resume from the last checkpoint "
+                                          "with a lower learning rate, or check the input data."}),
         Alert(alert="AzuliteRankRestarting",
               expr=f"increase(azulite_job_rank_restarts_total[{restart_window}]) > {restarts}",
               labels={"severity": "warning"},

@@ -36,14 +36,13 @@ from prometheus_client.parser import text_string_to_metric_families
 from azulite.contract import CHECKPOINT_OUTPUT
 from azulite.errors import AzuliteError
 from azulite.launch.records import JobRecord
-from azulite.observe.jobs import ReadOnlyJobStore
+from azulite.observe.jobs import STEP_LINE, ReadOnlyJobStore
 from azulite.observe.telemetry import GpuUnavailable, NvmlSource
 from azulite.spec.job import Output
 
 PAGE = Path(__file__).with_name("dashboard.html")
 MAX_JOBS = 10_000
 LOG_TAIL_BYTES = 64 << 10
-_STEP = re.compile(r"^step (\d+) loss (\S+)(?: step_s (\S+))?", re.M)
 
 
 def is_loopback(host: str) -> bool:
@@ -73,7 +72,7 @@ def training_curves(rec: JobRecord) -> dict:
             text = Path(p.log).read_text(errors="replace")
         except OSError:
             continue
-        for m in _STEP.finditer(text):
+        for m in STEP_LINE.finditer(text):
             try:
                 loss = float(m.group(2))
                 step_s = float(m.group(3)) if m.group(3) else None

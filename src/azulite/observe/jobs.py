@@ -14,6 +14,7 @@ serving.
 from __future__ import annotations
 
 import os
+import re
 import sqlite3
 from collections.abc import Iterator, Mapping
 from datetime import datetime
@@ -32,6 +33,9 @@ from azulite.train.storage import CheckpointStorage, StorageSettings
 
 #: jobs exported per scrape (newest first): a store of years of jobs must not make a scrape slow
 MAX_JOBS = 200
+#: the progress line azulite's training examples print on rank 0 (``step N loss X step_s T ...``)
+STEP_LINE = re.compile(r"^step (\d+) loss (\S+)(?: step_s (\S+))?", re.M)
+_TAIL_BYTES = 64 << 10
 
 
 class ReadOnlyJobStore(JobStore):
@@ -60,6 +64,27 @@ def last_progress(rec: JobRecord) -> float | None:
             except OSError:
                 pass
     return max(times) if times else None
+
+
+def last_loss(rec: JobRecord) -> tuple[int, float] | None:
+    """(step, loss) of the last progress line in rank 0's log of the current attempt (read from its tail:
+    a scrape never reads a whole log). ``nan``/``inf`` losses come through as such: that is what the
+    loss-not-finite rule looks for."""
+    logs = [p.log for p in rec.processes if p.kind == "rank" and p.rank == 0 and p.attempt == rec.attempt and p.log]
+    if not logs:
+        return None
+    try:
+        with open(logs[0], "rb") as f:
+            f.seek(max(0, os.path.getsize(logs[0]) - _TAIL_BYTES))
+            tail = f.read().decode(errors="replace")
+    except OSError:
+        return None
+    for m in reversed(list(STEP_LINE.finditer(tail))):
+        try:
+            return int(m.group(1)), float(m.group(2))
+        except ValueError:
+            continue  # a torn or corrupt line: the one before it
+    return None
 
 
 def checkpoint_times(rec: JobRecord, environ: Mapping[str, str]) -> tuple[int, float, float | None] | None:
@@ -111,6 +136,8 @@ class JobCollector(Collector):
         ck_step = GaugeMetricFamily("azulite_job_checkpoint_last_step", "Step of the last committed checkpoint.", labels=["job_id"])
         ck_time = GaugeMetricFamily("azulite_job_checkpoint_last_timestamp_seconds", "When the last checkpoint was committed.", labels=["job_id"])
         ck_gap = GaugeMetricFamily("azulite_job_checkpoint_interval_seconds", "Seconds between the last two committed checkpoints.", labels=["job_id"])
+        loss = GaugeMetricFamily("azulite_job_train_loss", "Last loss rank 0 logged (NaN/Inf as logged).", labels=["job_id"])
+        step = GaugeMetricFamily("azulite_job_train_step", "Step of the last loss rank 0 logged.", labels=["job_id"])
         ck_ok = GaugeMetricFamily("azulite_job_checkpoints_readable", "0 when the job's checkpoint location cannot be read.", labels=["job_id"])
         for rec in recs:
             state.add_metric([rec.id, rec.name, rec.state.value], 1)
@@ -126,6 +153,10 @@ class JobCollector(Collector):
             t = last_progress(rec)
             if t is not None:
                 progress.add_metric([rec.id], t)
+            sl = last_loss(rec)
+            if sl is not None:
+                step.add_metric([rec.id], sl[0])
+                loss.add_metric([rec.id], sl[1])
             try:
                 ck = checkpoint_times(rec, self.environ)
             except (AzuliteError, OSError, ValueError):
@@ -137,4 +168,4 @@ class JobCollector(Collector):
                 ck_time.add_metric([rec.id], ck[1])
                 if ck[2] is not None:
                     ck_gap.add_metric([rec.id], ck[2])
-        yield from (state, attempts, restarts, progress, ck_step, ck_time, ck_gap, ck_ok)
+        yield from (state, attempts, restarts, progress, loss, step, ck_step, ck_time, ck_gap, ck_ok)
