@@ -5,7 +5,7 @@ NVML view (no NVIDIA driver runs here: the view is the seam NVML's reader fills 
 from __future__ import annotations
 
 import json
-import os
+import shutil
 
 import pytest
 
@@ -33,7 +33,7 @@ def test_doctor_here_skips_what_needs_a_gpu_and_measures_the_rest(tmp_path):
     assert checks["checkpoint_write"]["measured"] > 0
     assert not list((tmp_path / "ck").iterdir()), "the probe's file is removed"
     assert checks["host_mem_gbps"]["measured"] > 0
-    assert checks["dev_shm_free"]["measured"] == pytest.approx(__import__("shutil").disk_usage("/dev/shm").free, rel=0.2)
+    assert checks["dev_shm_free"]["measured"] == pytest.approx(shutil.disk_usage("/dev/shm").free, rel=0.2)
     assert out["ok"] is True and out["counts"]["fail"] == 0
 
 
@@ -52,7 +52,7 @@ def test_unwritable_checkpoint_location_fails(tmp_path):
 
 
 def test_shm_thresholds_on_the_real_dev_shm():
-    free = __import__("shutil").disk_usage("/dev/shm").free
+    free = shutil.disk_usage("/dev/shm").free
     assert check_shm(Expectations(shm_warn_bytes=1, shm_fail_bytes=1)).status == "pass"
     assert check_shm(Expectations(shm_warn_bytes=free * 4, shm_fail_bytes=1)).status == "warn"
     assert check_shm(Expectations(shm_warn_bytes=free * 4, shm_fail_bytes=free * 2)).status == "fail"

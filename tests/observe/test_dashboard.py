@@ -8,7 +8,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import shutil
 import subprocess
 import sys
 import threading

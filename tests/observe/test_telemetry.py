@@ -7,7 +7,6 @@ from __future__ import annotations
 import os
 import queue
 import re
-import shutil
 import subprocess
 import sys
 import threading
@@ -15,7 +14,6 @@ import urllib.request
 from pathlib import Path
 
 import psutil
-import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
