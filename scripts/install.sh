@@ -88,6 +88,12 @@ else
   pip install simpy==4.1.2
   # (end cost (issue 13))
   # --- operations (issue 14) ------------------------------------------------------------------------------------
+  # promtool checks/unit-tests the alert rules and lints the exporters' output; Debian's chromium is the
+  # browser the dashboard tests drive through Playwright (executable_path=/usr/bin/chromium: `playwright
+  # install` downloads its own browsers, which fails here). nvidia-ml-py comes with the package.
+  apt_need promtool prometheus
+  apt_need chromium chromium
+  pip install "playwright==1.65.2"
   # (end operations (issue 14))
   # --- serving-workers (issue 15) ------------------------------------------------------------------------------------
   # (end serving-workers (issue 15))

@@ -232,3 +232,14 @@ class InputError(AzuliteError):
 
 class SweepError(AzuliteError):
     """A sweep job that cannot run as written: its search space, sampling algorithm, objective or limits."""
+
+
+class BenchError(AzuliteError):
+    """A benchmark or health check that could not run, or whose results are wrong (a collective that
+    returned wrong values)."""
+
+    exit_code = 1
+
+
+class BenchInputError(AzuliteError):
+    """A benchmark or health check asked for with arguments that cannot work (a size that is not one)."""

@@ -17,6 +17,11 @@ from azulite.cli import deploy as _deploy
 from azulite.cli import export as _export
 from azulite.cli import keys as _keys
 from azulite.cli import repo as _repo
+from azulite.cli import bench as _bench
+from azulite.cli import doctor as _doctor
+from azulite.cli import observe as _observe
+from azulite.cli import rules as _rules
+from azulite.cli import dashboard as _dashboard
 
 app = typer.Typer(
     name="azulite",
@@ -40,6 +45,11 @@ app.add_typer(_deploy.cluster_app, name="cluster")
 _export.register(app)
 app.add_typer(_keys.app, name="keys")
 app.add_typer(_repo.app, name="repo")
+app.add_typer(_bench.app, name="bench")
+_doctor.register(app)
+_observe.register(app)
+app.add_typer(_rules.app, name="rules")
+_dashboard.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

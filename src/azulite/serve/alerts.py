@@ -63,3 +63,23 @@ def serving_rule_groups(*, psi_threshold: float = PSI_CRITICAL, ks_threshold: fl
               annotations={"summary": "Audit log lines are being lost (disk full or unwritable?)"}),
     ))
     return [drift, health]
+
+
+def latency_rule_groups(*, p99_target_ms: float = 500, window: str = "5m") -> list[RuleGroup]:
+    """p99 over its target (from the request-latency histogram, Triton's ``histogram_latencies``) and a
+    model that stopped being served (its series were there in the last hour and are gone)."""
+    return [RuleGroup(name="azulite-serving-latency", rules=(
+        Record(record="model:nv_inference_first_response_ms:p99",
+               expr=f"histogram_quantile(0.99, sum by (model, le) (rate(nv_inference_first_response_histogram_ms_bucket[{window}])))"),
+        Alert(alert="AzuliteLatencyP99High", expr=f"model:nv_inference_first_response_ms:p99 > {p99_target_ms:g}",
+              for_="10m", labels={"severity": "warning"},
+              annotations={"summary": "Model {{ $labels.model }} p99 latency {{ $value | printf \"%.0f\" }} ms "
+                                      f"is over its {p99_target_ms:g} ms target"}),
+        Alert(alert="AzuliteModelUnavailable",
+              expr=("max by (model) (max_over_time(nv_inference_request_success[1h]))\n"
+                    "  unless max by (model) (nv_inference_request_success)"),
+              labels={"severity": "critical"},
+              annotations={"summary": "Model {{ $labels.model }} is no longer served",
+                           "description": "It was served in the last hour and its metrics are gone: unloaded, "
+                                          "failed to load, or its server is down."}),
+    ))]

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 import psutil
 from prometheus_client.core import CollectorRegistry, Metric
 
-from azulite.serve.stats import ModelStats
+from azulite.serve.stats import LATENCY_BUCKETS_MS, ModelStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
@@ -61,6 +61,7 @@ class TritonCollector:
             for s in all_stats:
                 metric.add_sample(name, {"model": s.name, "version": s.version}, get(s))
             yield metric
+        yield _latency_histogram(all_stats)
         pending = Metric("nv_inference_pending_request_count",
                          "Instantaneous number of pending requests awaiting execution per-model.", "gauge")
         for s in all_stats:
@@ -75,6 +76,25 @@ class TritonCollector:
             metric = Metric(name, doc, "gauge")
             metric.add_sample(name, {}, value)
             yield metric
+
+
+HISTOGRAM = "nv_inference_first_response_histogram_ms"
+_LE = tuple(repr(float(b)) for b in LATENCY_BUCKETS_MS) + ("+Inf",)
+
+
+def _latency_histogram(all_stats: list[ModelStats]) -> Metric:
+    """Triton's ``histogram_latencies`` metric: for a non-decoupled model the first response is the
+    response, so this is the request latency; ``histogram_quantile`` over it gives p50/p99."""
+    m = Metric(HISTOGRAM, "Duration from request to first response in milliseconds", "histogram")
+    for s in all_stats:
+        labels = {"model": s.name, "version": s.version}
+        total = 0
+        for le, n in zip(_LE, s.latency_buckets):
+            total += n
+            m.add_sample(HISTOGRAM + "_bucket", {**labels, "le": le}, total)
+        m.add_sample(HISTOGRAM + "_count", labels, total)
+        m.add_sample(HISTOGRAM + "_sum", labels, s.success.ns / 1e6)
+    return m
 
 
 def _value(v: float) -> str:

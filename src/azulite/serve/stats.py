@@ -6,6 +6,7 @@ integers suffice: no lock, no protobuf on the hot path; messages are built when 
 from __future__ import annotations
 
 import time
+from bisect import bisect_left
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -13,6 +14,10 @@ from azulite.serve.backends.base import Timing
 from azulite.serve.proto import service_pb2 as pb
 
 FAILURE_REASONS = ("REJECTED", "CANCELED", "BACKEND", "OTHER")
+#: upper bounds (ms) of the request-latency histogram (Triton's ``histogram_latencies``); Triton's default
+#: four buckets (100, 500, 2000, 5000 ms) cannot resolve a p99 of milliseconds, so these are finer
+LATENCY_BUCKETS_MS = (0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 50, 100, 250, 500, 1000, 2500, 5000, 10000)
+_BUCKET_NS = tuple(int(b * 1_000_000) for b in LATENCY_BUCKETS_MS)
 
 
 @dataclass(slots=True)
@@ -54,6 +59,9 @@ class ModelStats:
     last_inference_ms: int = 0
     pending: int = 0
     batches: dict[int, _BatchStat] = field(default_factory=dict)
+    #: successful requests per latency bucket (not cumulative; the last one is +Inf): one bisect and one
+    #: increment per request, the cumulative form is built at scrape time
+    latency_buckets: list[int] = field(default_factory=lambda: [0] * (len(_BUCKET_NS) + 1))
 
     # --- the batcher's Observer -------------------------------------------------------------------
 
@@ -83,6 +91,7 @@ class ModelStats:
 
     def succeeded(self, ns: int) -> None:
         self.success.add(ns)
+        self.latency_buckets[bisect_left(_BUCKET_NS, ns)] += 1
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def failed(self, ns: int, reason: str) -> None:

@@ -1,0 +1,105 @@
+"""Dashboard: first page load (an empty store) and the jobs page with 10,000 jobs, measured in headless
+Chromium (Debian's, through Playwright): navigation start to the jobs table drawn, and the page's own
+fetch + render time of the list (``window.__renderMs``). Prints one JSON object as the last line.
+
+    .venv/bin/python bench/dashboard.py [--jobs 10000] [--repeat 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import queue
+import sqlite3
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "src"))
+from azulite.launch.local.store import JobStore  # noqa: E402
+
+AZULITE = str(Path(sys.executable).parent / "azulite")
+
+
+def start(home: Path) -> tuple[subprocess.Popen, str]:
+    p = subprocess.Popen([AZULITE, "dashboard", "--port", "0"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                         text=True, env={**os.environ, "AZULITE_HOME": str(home), "PYTHONPATH": str(REPO / "src")})
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(l) for l in p.stderr], daemon=True).start()
+    while True:
+        m = re.search(r"(http://[\d.]+:\d+/)", lines.get(timeout=120))
+        if m:
+            return p, m.group(1)
+
+
+def fill(store: JobStore, home: Path, n: int) -> None:
+    """One job through the store's API (the real row format), then n-1 copies of its row in one
+    transaction: 10,000 separate create() transactions take minutes on a loaded machine."""
+    first = store.create(name="job0", backend="local", spec={"command": "true"}, spec_path=None, environment=None,
+                         jobs_dir=home / "jobs")
+    db = sqlite3.connect(store.db_path)
+    row = db.execute("SELECT * FROM jobs WHERE id=?", (first.id,)).fetchone()
+    cols = [d[0] for d in db.execute("SELECT * FROM jobs LIMIT 0").description]
+    rows = []
+    for i in range(1, n):
+        r = dict(zip(cols, row))
+        r.update(id=f"job{i % 50}-{i}", name=f"job{i % 50}", created_at=r["created_at"] + i * 1e-3)
+        rows.append(tuple(r[c] for c in cols))
+    with db:
+        db.executemany(f"INSERT INTO jobs ({','.join(cols)}) VALUES ({','.join('?' * len(cols))})", rows)
+    db.close()
+    assert len(store.list(n + 1)) == n
+
+
+def measure(browser, url: str, expect_rows: int) -> dict:
+    page = browser.new_page()
+    page.goto(url)
+    page.wait_for_function(f"document.querySelectorAll('#jobs-table tbody tr').length === {expect_rows}", timeout=300_000)
+    shown_ms = page.evaluate("performance.now()")  # since navigation start
+    render_ms = page.evaluate("window.__renderMs")
+    page.close()
+    return {"shown_ms": shown_ms, "list_ms": render_ms}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--jobs", type=int, default=10_000)
+    ap.add_argument("--repeat", type=int, default=3)
+    a = ap.parse_args()
+    from playwright.sync_api import sync_playwright
+
+    with tempfile.TemporaryDirectory() as tmp, sync_playwright() as pw:
+        browser = pw.chromium.launch(executable_path="/usr/bin/chromium", headless=True, args=["--no-sandbox"])
+        out = {}
+        for label, n in (("empty", 0), ("many", a.jobs)):
+            home = Path(tmp) / label
+            store = JobStore(home / "jobs.db")
+            t0 = time.perf_counter()
+            if n:
+                fill(store, home, n)
+            fill_s = time.perf_counter() - t0
+            proc, url = start(home)
+            try:
+                runs = [measure(browser, url, n) for _ in range(a.repeat)]
+            finally:
+                proc.terminate()
+                proc.wait(30)
+            out[label] = {"jobs": n, "shown_ms": statistics.median(r["shown_ms"] for r in runs),
+                          "list_ms": statistics.median(r["list_ms"] for r in runs), "store_fill_s": round(fill_s, 1)}
+            print(label, out[label], flush=True)
+        browser.close()
+    print(json.dumps({"bench": "dashboard", "first_page_load_ms": round(out["empty"]["shown_ms"], 1),
+                      "jobs": a.jobs, "jobs_page_shown_ms": round(out["many"]["shown_ms"], 1),
+                      "jobs_list_fetch_render_ms": round(out["many"]["list_ms"], 1), "repeat": a.repeat,
+                      "load_avg_1m": os.getloadavg()[0]}))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,45 @@
+"""``azulite dashboard``: the web dashboard, on loopback unless told otherwise (then with a key)."""
+
+from __future__ import annotations
+
+import secrets
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+
+from azulite.launch.settings import Settings
+from azulite.observe.dashboard import Dashboard, is_loopback, serve
+
+
+def dashboard(
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but loopback requires a key."),
+    port: int = typer.Option(8265, "--port", help="Port; 0 picks a free one."),
+    serve_metrics: List[str] = typer.Option([], "--serve-metrics", help="A server's metrics URL to watch (repeat), e.g. http://127.0.0.1:8002/metrics."),
+    key: Optional[str] = typer.Option(None, "--key", envvar="AZULITE_DASHBOARD_KEY", help="Key required off loopback (default: a new random one, printed once)."),
+) -> None:
+    """Jobs (state, attempts, ranks, live log tail, loss and step-time curves, checkpoints with age and
+    size), served models (requests/s, p50/p99 latency) and GPUs, live in a browser. Every asset is bundled.
+
+      azulite dashboard --serve-metrics http://127.0.0.1:8002/metrics
+
+      azulite dashboard --host 0.0.0.0     # prints the key to open it with
+    """
+    console = Console(stderr=True, highlight=False)
+    if not is_loopback(host) and not key:
+        key = secrets.token_urlsafe(24)
+    dash = Dashboard(Settings.from_environ().db_path, serving_urls=serve_metrics, key=key if not is_loopback(host) or key else None)
+    server = serve(dash, host, port)
+    shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    url = f"http://{shown}:{server.server_address[1]}/"
+    console.print(f"azulite dashboard: {url}" + (f"?key={key}" if dash.key else ""), markup=False)
+    try:
+        server.serve_forever(poll_interval=0.5)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+
+
+def register(app: typer.Typer) -> None:
+    app.command("dashboard")(dashboard)

@@ -1,0 +1,56 @@
+"""``azulite doctor``: the node health check as a pass/warn/fail/skipped table (or ``--json``); exit 1 when
+any check fails, so it can gate a training pod as an init container."""
+
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from azulite.bench.doctor import Expectations, failed, run_checks, to_json
+
+_STYLE = {"pass": "bold green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
+
+
+def doctor(
+    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs this node's SKU has (e.g. 8 for ND96asr_v4)."),
+    infiniband: Optional[bool] = typer.Option(None, "--infiniband/--no-infiniband", help="Whether the SKU has InfiniBand."),
+    matmul_tflops: Optional[float] = typer.Option(None, "--matmul-tflops", help="SKU's dense bf16 TFLOP/s per GPU."),
+    gpu_mem_gbps: Optional[float] = typer.Option(None, "--gpu-mem-gbps", help="SKU's GPU memory bandwidth, GB/s."),
+    checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Checkpoint location to test writing to (DIR or az://container/dir)."),
+    min_write_gbps: float = typer.Option(0.1, "--min-write-gbps", help="Warn below this checkpoint write bandwidth."),
+    json_: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
+) -> None:
+    """Check this node before training: GPUs visible vs the SKU, ECC errors, driver/CUDA, NCCL/InfiniBand,
+    matmul TFLOP/s and memory bandwidth probes, checkpoint write bandwidth, free /dev/shm, clock throttling.
+    What cannot be checked here (no GPU) is skipped with the reason. Exits 1 if any check fails.
+
+      azulite doctor --gpus 8 --infiniband --checkpoint az://checkpoints/run1
+
+      azulite doctor --json | jq .ok
+    """
+    exp = Expectations(gpus=gpus, infiniband=infiniband, matmul_tflops=matmul_tflops, gpu_mem_gbps=gpu_mem_gbps,
+                       write_gbps=min_write_gbps)
+    checks = run_checks(exp, checkpoint=checkpoint, environ=dict(os.environ))
+    if json_:
+        print(json.dumps(to_json(checks), indent=1))
+    else:
+        t = Table(title="azulite doctor", title_justify="left")
+        for col in ("check", "status", "detail"):
+            t.add_column(col)
+        for c in checks:
+            t.add_row(c.name, f"[{_STYLE[c.status]}]{c.status}[/]", c.detail)
+        console = Console(highlight=False, soft_wrap=True)
+        console.print(t)
+        counts = to_json(checks)["counts"]
+        console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
+    if failed(checks):
+        raise typer.Exit(1)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("doctor")(doctor)

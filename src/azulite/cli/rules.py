@@ -1,0 +1,75 @@
+"""``azulite rules render``: every part's alert rules through the one renderer (azulite.observe.rules), as a
+Prometheus rule file or a prometheus-operator PrometheusRule."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from azulite.errors import SpecError
+from azulite.observe.alerts import gpu_rule_groups, training_rule_groups
+from azulite.observe.rules import RuleGroup, prometheus_rule_yaml, rule_file
+from azulite.serve.alerts import latency_rule_groups, serving_rule_groups
+
+PARTS = ("gpu", "training", "serving")
+
+app = typer.Typer(
+    no_args_is_help=True,
+    help=(
+        "Alert rules for GPUs, training jobs and serving (checked with promtool).\n\n"
+        "Examples:\n\n"
+        "  azulite rules render -o rules.yml && promtool check rules rules.yml\n\n"
+        "  azulite rules render --format prometheusrule --name azulite | kubectl apply -f -"
+    ),
+)
+
+
+def groups_for(parts: list[str], *, p99_target_ms: float, no_progress_minutes: int, checkpoint_k: float) -> list[RuleGroup]:
+    unknown = [p for p in parts if p not in PARTS]
+    if unknown:
+        raise SpecError(f"unknown rule part(s): {', '.join(unknown)}", field="--parts", fix=f"choose from {', '.join(PARTS)}")
+    out: list[RuleGroup] = []
+    if "gpu" in parts:
+        out += gpu_rule_groups()
+    if "training" in parts:
+        out += training_rule_groups(no_progress_minutes=no_progress_minutes, checkpoint_k=checkpoint_k)
+    if "serving" in parts:
+        out += serving_rule_groups() + latency_rule_groups(p99_target_ms=p99_target_ms)
+    return out
+
+
+@app.command("render")
+def render(
+    parts: str = typer.Option(",".join(PARTS), "--parts", help="Comma-separated: gpu, training, serving."),
+    format_: str = typer.Option("file", "--format", help="file (Prometheus rule_files) or prometheusrule (Kubernetes object)."),
+    name: str = typer.Option("azulite", "--name", help="PrometheusRule object name."),
+    namespace: str = typer.Option("monitoring", "--namespace", help="PrometheusRule namespace."),
+    p99_target_ms: float = typer.Option(500, "--p99-target-ms", help="Serving p99 latency target."),
+    no_progress_minutes: int = typer.Option(15, "--no-progress-minutes", help="Training: minutes without progress before alerting."),
+    checkpoint_k: float = typer.Option(3, "--checkpoint-k", help="Training: alert when the last checkpoint is older than k intervals."),
+    out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here (atomically) instead of stdout."),
+) -> None:
+    """Render the rules.
+
+      azulite rules render --parts gpu,training -o rules.yml
+    """
+    if format_ not in ("file", "prometheusrule"):
+        raise SpecError(f"unknown format {format_!r}", field="--format", fix="file or prometheusrule")
+    if p99_target_ms <= 0 or no_progress_minutes < 1 or checkpoint_k <= 0:
+        raise SpecError("thresholds must be positive", field="--p99-target-ms/--no-progress-minutes/--checkpoint-k",
+                        fix="e.g. --p99-target-ms 250 --no-progress-minutes 15 --checkpoint-k 3")
+    groups = groups_for([p.strip() for p in parts.split(",") if p.strip()], p99_target_ms=p99_target_ms,
+                        no_progress_minutes=no_progress_minutes, checkpoint_k=checkpoint_k)
+    text = rule_file(groups) if format_ == "file" else prometheus_rule_yaml(groups, name=name, namespace=namespace)
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    # never a half-written rule file where Prometheus reloads it
+    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.")
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
+    os.replace(tmp, out)
