@@ -13,8 +13,13 @@ at concurrency 1, 8 and 32 (one row per request; dynamic batching merges them).
   process, on batches of c rows for concurrency c: what dynamic batching could at best merge, with no
   server at all.
 
+- ARR-COC: the ``arrcoc`` ensemble of examples/arrcoc (ten steps: Pillow decode, five ONNX models,
+  tokenizer, opponent processor, decoder, detokenizer), trained and built here by its build_repository.py
+  (a few minutes); clients send the shipped PNGs (raw bytes) and their queries. Real Triton serves the
+  example's --triton-python copy; the bare limit runs every step on the whole batch in this process.
+
 More models join through MODELS, a list of (name, builder): a builder gets a work folder and returns a
-BenchModel (the ARR-COC ensemble of examples/arrcoc adds itself there).
+BenchModel.
 Both servers stay up; each point is measured on one, then the other, so a change in the machine's load
 hits both alike. The last line printed is one JSON object.
 
@@ -52,6 +57,8 @@ class BenchModel:
     shape_args: list[str]
     #: rows/s of the in-process limit on batches of ``b`` rows, measured for about ``seconds``
     bare: Callable[[int, float], float]
+    #: the copy real Triton serves; None: azulite.export.wrappers.python_backend_copy of ``repo``
+    triton_repo: Path | None = None
 
 
 def build_dlrm(work: Path) -> BenchModel:
@@ -99,16 +106,68 @@ def build_dlrm(work: Path) -> BenchModel:
     return BenchModel(repo=repo, model="dlrm", input_data=data, shape_args=["--shape", "ROW:1"], bare=bare)
 
 
-#: (name, builder) of every model measured; the ARR-COC ensemble (examples/arrcoc) appends itself here
-MODELS: list[tuple[str, Callable[[Path], BenchModel]]] = [("dlrm", build_dlrm)]
+def _ort_session(path: Path):
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    options.inter_op_num_threads = 1
+    return ort.InferenceSession(str(path), sess_options=options, providers=["CPUExecutionProvider"])
+
+
+def build_arrcoc(work: Path) -> BenchModel:
+    """The ``arrcoc`` ensemble of examples/arrcoc (trained here, seeded: a few minutes), clients sending the
+    shipped PNGs and their queries; Triton serves the example's own --triton-python copy."""
+    sys.path.insert(0, str(ROOT / "examples" / "arrcoc"))
+    import build_repository as arrcoc
+
+    repo, triton_repo = work / "repo", work / "triton-repo"
+    arrcoc.build(repo, also_triton_python=triton_repo, log=lambda *a, **k: None)
+    images = ROOT / "examples" / "arrcoc" / "images"
+    cases = json.loads((images / "queries.json").read_text())
+    raws = [(images / c["image"]).read_bytes() for c in cases]
+    data = work / "arrcoc-input.json"
+    data.write_text(json.dumps({"data": [
+        {"RAW_IMAGE": {"content": list(raw), "shape": [len(raw)]}, "TEXT_QUERY": {"content": [c["query"]], "shape": [1]}}
+        for raw, c in zip(raws, cases)]}))
+
+    sessions = {name: _ort_session(repo / name / "1" / "model.onnx")
+                for name in ("texture_array", "propositional_scorer", "perspectival_scorer", "text_embedding",
+                             "participatory_scorer", "decoder")}
+    vocab = json.loads((repo / "query_tokenizer" / "1" / "vocab.json").read_text())
+    words = json.loads((repo / "detokenizer" / "1" / "vocab.json").read_text())
+
+    def run(name: str, out: str, **inputs: np.ndarray) -> np.ndarray:
+        return sessions[name].run([out], inputs)[0]
+
+    def bare(batch: int, seconds: float) -> float:
+        # every step of the ensemble, each on the whole batch, as dynamic batching would at best merge them
+        done, t0 = 0, time.perf_counter()
+        while time.perf_counter() - t0 < seconds:
+            picks = [(done + i) % len(cases) for i in range(batch)]
+            image = np.stack([arrcoc.preprocessor.decode(raws[i]) for i in picks])
+            ids = np.stack([arrcoc.tokenizer.tokenize(cases[i]["query"], vocab) for i in picks])
+            texture = run("texture_array", "texture", image=image)
+            embedding = run("text_embedding", "embedding", token_ids=ids)
+            _, budget = arrcoc.opponent.opponent_process(
+                run("propositional_scorer", "scores", texture=texture), run("perspectival_scorer", "scores", texture=texture),
+                run("participatory_scorer", "scores", texture=texture, embedding=embedding))
+            answer = run("decoder", "token_ids", texture=texture, token_budget=budget, embedding=embedding)
+            [arrcoc.detokenizer.detokenize(row, words) for row in answer]
+            done += batch
+        return done / (time.perf_counter() - t0)
+
+    return BenchModel(repo=repo, model="arrcoc", input_data=data, shape_args=[], bare=bare, triton_repo=triton_repo)
+
+
+#: (name, builder) of every model measured
+MODELS: list[tuple[str, Callable[[Path], BenchModel]]] = [("dlrm", build_dlrm), ("arrcoc", build_arrcoc)]
 
 
 def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms: int, work: Path) -> dict:
     """bench/serving.py's perf_analyzer run, for this model and its input data."""
     out = work / f"pa-{bm.model}-{protocol}-{c}.csv"
-    # -x 1: perf_analyzer 2.51 with no version cannot match an ensemble's server-side statistics on azulite
-    # ("failed to find the requested model version"); both servers get it
-    cmd = [str(pa), "-m", bm.model, "-x", "1", "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", *bm.shape_args,
+    cmd = [str(pa), "-m", bm.model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", *bm.shape_args,
            "--input-data", str(bm.input_data), "--concurrency-range", str(c), "-p", str(measure_ms),
            "--max-trials", "5", "--stability-percentage", "50", "-f", str(out)]
     import csv
@@ -130,7 +189,7 @@ def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms:
 def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], measure_ms: int, work: Path) -> dict:
     from azulite.export.wrappers import python_backend_copy
 
-    triton_repo = python_backend_copy(bm.repo, work / f"{name}-triton-repo")
+    triton_repo = bm.triton_repo or python_backend_copy(bm.repo, work / f"{name}-triton-repo")
     figures: dict = {"triton": {}, "azulite": {}, "bare": {}}
     servers: dict = {}
     base.MODEL = bm.model  # wait_ready polls this model

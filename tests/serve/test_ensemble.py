@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import shutil
+import subprocess
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -12,6 +14,10 @@ import pytest
 from azulite.errors import InvalidArgument
 from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
 from azulite.serve.types import InferRequest, InferTensor, RequestedOutput
+
+from .frontends import running_server
+
+PERF_ANALYZER = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "bin" / "perf_analyzer"  # scripts/anchors.sh
 
 
 def fp32(name, array) -> InferTensor:
@@ -69,6 +75,12 @@ def test_ensemble_dataflow_and_validation(ensemble_repo):
             await dp.infer(InferRequest("diamond", [fp32("A", a[:, :4]), fp32("B", b)]))
         for name in ("diamond", "add_sub_onnx", "add_sub_pt", "add_sub_py"):
             assert dp.model_statistics(name).model_stats[0].inference_stats.success.count == 2, name
+        # the ensemble's own queue and compute counts, as Triton's (perf_analyzer finds its version by them)
+        diamond = dp.model_statistics("diamond").model_stats[0]
+        s = diamond.inference_stats
+        assert s.queue.count == s.compute_input.count == s.compute_infer.count == s.compute_output.count == 2
+        assert s.compute_infer.ns > 0 and diamond.inference_count == 4 and diamond.execution_count == 2
+        assert [(b.batch_size, b.compute_infer.count) for b in diamond.batch_stats] == [(2, 2)]
         await dp.shutdown()
 
     asyncio.run(main())
@@ -89,3 +101,25 @@ def test_failing_step_fails_the_ensemble_request(ensemble_repo):
         await dp.shutdown()
 
     asyncio.run(main())
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_measures_an_ensemble_with_no_version_given(ensemble_repo, tmp_path, protocol):
+    """perf_analyzer (no -x) reads every model's statistics and takes the ensemble's version from the one
+    whose queue count grew during its window: the ensemble's own stats must count like Triton's."""
+    assert PERF_ANALYZER.exists(), "perf_analyzer missing: `make test` installs it (scripts/anchors.sh)"
+    for name in ("bad_key", "dangling"):
+        shutil.rmtree(ensemble_repo / name)
+    # perf_analyzer asks for a step's model_version as written: unset reads as version 0, so name -1 (latest)
+    config = ensemble_repo / "diamond" / "config.pbtxt"
+    config.write_text(config.read_text().replace('model_name: "add_sub_py"', 'model_name: "add_sub_py" model_version: -1'))
+    with running_server(ensemble_repo) as s:
+        csv = tmp_path / "out.csv"
+        p = subprocess.run([str(PERF_ANALYZER), "-m", "diamond", "-i", protocol, "-u",
+                            s.http_url if protocol == "http" else s.grpc_url, "-b", "1", "--concurrency-range", "2",
+                            "-p", "1000", "--max-trials", "3", "--stability-percentage", "999", "-f", str(csv)],
+                           capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stdout + p.stderr
+        assert "Composing models:" in p.stdout and "add_sub_py, version: 1" in p.stdout, p.stdout
+        header, row = (line.split(",") for line in csv.read_text().splitlines()[:2])
+        assert float(row[header.index("Inferences/Second")]) > 0

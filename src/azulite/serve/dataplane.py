@@ -21,7 +21,7 @@ import threadpoolctl
 from azulite.errors import Internal, InvalidArgument, ModelLoadError, ServeError, Unavailable, Unsupported
 from azulite.serve import config as cfg
 from azulite.serve.backends import pb_utils
-from azulite.serve.backends.base import WorkItem
+from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Rejected
 from azulite.serve.ensemble import run_ensemble
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
@@ -278,9 +278,14 @@ class TritonDataPlane:
             wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
             reason = "BACKEND"
             if model.batcher is None:
+                # Triton's ensemble scheduler reports the ensemble's own queue (arrival to first step) and
+                # compute counts per request; perf_analyzer finds an ensemble's version, when none is given,
+                # by which version's queue count grew, so without them it fails ("failed to find the
+                # requested model version"). Its compute is the steps' wall time (Triton: their sum).
+                began = time.perf_counter_ns()
                 outputs = await run_ensemble(model.config, item.inputs, wanted, self._run_step)
-                model.stats.inference_count += item.batch_size or 1
-                model.stats.execution_count += 1
+                model.stats.executed(item.batch_size or 1, [began - start],
+                                     Timing(infer_ns=time.perf_counter_ns() - began), ok=True)
             else:
                 outputs = await model.batcher.submit(item, priority=priority, timeout_us=timeout)
             response = self._respond(model, request, item, outputs, wanted)

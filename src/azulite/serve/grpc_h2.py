@@ -9,89 +9,33 @@ for the status. Headers are decoded by ``hpack`` (python-hyper) and, since clien
 indexed header block on every call, decoded blocks are cached while the decoder's table is unchanged.
 Responses use fixed header blocks (no dynamic table). Flow control is honoured both ways; frames are
 split to the peer's SETTINGS_MAX_FRAME_SIZE. Not implemented (not used by gRPC): server push, priorities.
+This module is the connection protocol and the server; the calls over its streams (messages, handlers,
+answers) are grpc_h2_calls.py, the hostile-client defences h2_defences.py, the framing h2_frames.py.
 """
 
 from __future__ import annotations
 
 import asyncio
-import gzip
 import logging
 import struct
-import zlib
 from collections import deque
-from typing import Any
 
 import grpc
-from google.protobuf.message import DecodeError
 from hpack import Decoder
 from hpack.exceptions import HPACKError
 
-from azulite.serve.grpc import InferenceServicer, _status
+from azulite.serve.grpc import InferenceServicer
+from azulite.serve.grpc_h2_calls import H2Calls, _Stream, _methods
 from azulite.serve.h2_defences import H2Defences
 from azulite.serve.h2_frames import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADER_LIST_LIMIT,
                                      HEADERS, MAX_FRAME, PADDED, PING, PREFACE, PRIORITY_FLAG, PUSH_PROMISE,
-                                     RECV_WINDOW, RST_STREAM, SERVICE, SETTINGS, WINDOW_UPDATE, _FRAME,
-                                     _GRPC_PREFIX, _OK_TRAILERS, _RESPONSE_HEADERS, _U32, _frame, _status_block)
+                                     RECV_WINDOW, RST_STREAM, SETTINGS, WINDOW_UPDATE, _FRAME, _U32, _frame)
 from azulite.serve.limits import ConnectionLimits, close_soon
-from azulite.serve.proto import service_pb2 as pb
 
 log = logging.getLogger("azulite.serve.grpc")
 
-class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
-        super().__init__(details)
-        self.code, self.details = code, details
 
-
-class _Context:
-    """The part of grpc.aio.ServicerContext the servicer uses."""
-
-    __slots__ = ("metadata", "address")
-
-    def __init__(self, metadata, address: str = "") -> None:
-        self.metadata = metadata
-        self.address = address
-
-    def peer(self) -> str:
-        return self.address
-
-    async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
-        raise _Abort(code, details)
-
-    def invocation_metadata(self):
-        return self.metadata
-
-
-def _methods(servicer: InferenceServicer) -> dict[str, tuple[Any, Any, bool]]:
-    service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
-    out = {}
-    for m in service.methods:
-        out[SERVICE + m.name] = (getattr(pb, m.input_type.name), getattr(servicer, m.name),
-                                 m.client_streaming or m.server_streaming)
-    return out
-
-
-class _Stream:
-    __slots__ = ("sid", "path", "headers", "body", "send_window", "out", "trailers", "headers_sent",
-                 "task", "queue", "encoding", "closed_remote", "recv_consumed")
-
-    def __init__(self, sid: int, send_window: int) -> None:
-        self.sid = sid
-        self.path = ""
-        self.headers: list = []
-        self.body = bytearray()
-        self.send_window = send_window
-        self.out: deque[memoryview] = deque()  # DATA payload waiting for window
-        self.trailers: bytes | None = None  # trailer frame bytes to write after self.out
-        self.headers_sent = False
-        self.task: asyncio.Task | None = None
-        self.queue: asyncio.Queue | None = None  # streaming RPCs: parsed request messages
-        self.encoding = b""
-        self.closed_remote = False
-        self.recv_consumed = 0  # DATA bytes received since this stream's last WINDOW_UPDATE
-
-
-class _H2Connection(H2Defences, asyncio.Protocol):
+class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
     def __init__(self, server: "GrpcH2Server") -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
@@ -376,185 +320,6 @@ class _H2Connection(H2Defences, asyncio.Protocol):
             self._feed_messages(stream)
         if flags & END_STREAM:
             self._end_of_request(stream)
-
-    # --- requests ----------------------------------------------------------------------------------
-
-    def _messages(self, stream: _Stream) -> list[bytes]:
-        """Complete gRPC messages at the head of the stream's body (consumed from it)."""
-        body, out, pos = stream.body, [], 0
-        while len(body) - pos >= 5:
-            compressed, n = _GRPC_PREFIX.unpack_from(body, pos)
-            if len(body) - pos - 5 < n:
-                break
-            message = bytes(body[pos + 5:pos + 5 + n])
-            pos += 5 + n
-            if compressed:
-                if stream.encoding == b"gzip":
-                    message = gzip.decompress(message)
-                elif stream.encoding == b"deflate":
-                    message = zlib.decompress(message)
-                else:
-                    raise _Abort(grpc.StatusCode.UNIMPLEMENTED,
-                                 f"grpc-encoding {stream.encoding.decode() or 'none'} is not supported")
-            out.append(message)
-        if pos:
-            del body[:pos]
-        return out
-
-    def _feed_messages(self, stream: _Stream) -> None:
-        try:
-            for message in self._messages(stream):
-                stream.queue.put_nowait(message)
-        except (_Abort, OSError, zlib.error) as exc:
-            code, details = (exc.code, exc.details) if isinstance(exc, _Abort) else (
-                grpc.StatusCode.INVALID_ARGUMENT, f"bad compressed message: {exc}")
-            if stream.task is not None:
-                stream.task.cancel()
-            self._finish(stream, code, details)
-
-    def _end_of_request(self, stream: _Stream) -> None:
-        stream.closed_remote = True
-        if stream.queue is not None:
-            stream.queue.put_nowait(None)
-            return
-        if stream.task is not None or stream.trailers is not None:
-            return
-        try:
-            messages = self._messages(stream)
-        except _Abort as exc:
-            self._finish(stream, exc.code, exc.details)
-            return
-        except (OSError, zlib.error) as exc:
-            self._finish(stream, grpc.StatusCode.INVALID_ARGUMENT, f"bad compressed message: {exc}")
-            return
-        if len(messages) != 1 or stream.body:
-            self._finish(stream, grpc.StatusCode.INVALID_ARGUMENT,
-                         f"a unary call carries exactly one message, got {len(messages)}")
-            return
-        request_type, handler, _ = self.server.methods[stream.path]
-        self.server.in_flight += 1
-        stream.task = asyncio.ensure_future(self._run_unary(stream, handler, request_type, messages[0]))
-        stream.task.add_done_callback(self._call_done)
-
-    def _call_done(self, _task: asyncio.Task) -> None:
-        # a callback, not the coroutine's finally: a task canceled before it started runs no finally
-        self.server.request_done()
-
-    async def _run_unary(self, stream: _Stream, handler, request_type, message: bytes) -> None:
-        try:
-            try:
-                request = request_type.FromString(message)
-            except DecodeError as exc:
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse the request message: {exc}") from None
-            response = await handler(request, _Context(stream.headers, self.peer))
-            self._reply(stream, response.SerializeToString())
-        except _Abort as exc:
-            self._finish(stream, exc.code, exc.details)
-        except asyncio.CancelledError:
-            self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
-        except Exception as exc:  # noqa: BLE001
-            self._finish(stream, *_status(exc))
-
-    async def _run_streaming(self, stream: _Stream, handler, request_type) -> None:
-        async def requests():
-            while True:
-                message = await stream.queue.get()
-                if message is None:
-                    return
-                try:
-                    yield request_type.FromString(message)
-                except DecodeError as exc:
-                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse a request message: {exc}") from None
-
-        try:
-            async for response in handler(requests(), _Context(stream.headers, self.peer)):
-                self._send_message(stream, response.SerializeToString())
-            self._finish(stream, grpc.StatusCode.OK, "")
-        except _Abort as exc:
-            self._finish(stream, exc.code, exc.details)
-        except asyncio.CancelledError:
-            self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
-        except Exception as exc:  # noqa: BLE001
-            self._finish(stream, *_status(exc))
-
-    # --- responses ---------------------------------------------------------------------------------
-
-    def _headers_frame(self, sid: int, block: bytes, end_stream: bool) -> bytes:
-        return _frame(HEADERS, END_HEADERS | (END_STREAM if end_stream else 0), sid, block)
-
-    def _reply(self, stream: _Stream, payload: bytes) -> None:
-        """A unary answer: headers, one message, OK trailers (one write when the windows allow)."""
-        if self.transport is None or stream.sid not in self.streams:
-            return
-        data = _GRPC_PREFIX.pack(0, len(payload)) + payload
-        n = len(data)
-        self.control = 0  # the client's WINDOW_UPDATEs and PINGs answer our data: not a flood
-        if n <= self.send_window and n <= stream.send_window and n <= self.peer_max_frame and not stream.out:
-            self.send_window -= n
-            del self.streams[stream.sid]
-            self.completed += 1
-            self.transport.write(self._headers_frame(stream.sid, _RESPONSE_HEADERS, False)
-                                 + _frame(DATA, 0, stream.sid, data)
-                                 + self._headers_frame(stream.sid, _OK_TRAILERS, True))
-            self._maybe_close()
-            return
-        self._send_message(stream, payload, prefixed=data)
-        self._finish(stream, grpc.StatusCode.OK, "")
-
-    def _send_message(self, stream: _Stream, payload: bytes, prefixed: bytes | None = None) -> None:
-        if self.transport is None or stream.sid not in self.streams:
-            return
-        self.control = 0
-        if not stream.headers_sent:
-            stream.headers_sent = True
-            self.transport.write(self._headers_frame(stream.sid, _RESPONSE_HEADERS, False))
-        stream.out.append(memoryview(prefixed if prefixed is not None else
-                                     _GRPC_PREFIX.pack(0, len(payload)) + payload))
-        self._flush_stream(stream)
-
-    def _finish(self, stream: _Stream, code: grpc.StatusCode, details: str) -> None:
-        """End the stream with a status: trailers after pending data, or a trailers-only answer."""
-        if self.transport is None or stream.sid not in self.streams or stream.trailers is not None:
-            return
-        block = _OK_TRAILERS if code == grpc.StatusCode.OK else _status_block(code, details)
-        if not stream.headers_sent:
-            stream.headers_sent = True
-            stream.trailers = self._headers_frame(stream.sid, _RESPONSE_HEADERS + block, True)
-        else:
-            stream.trailers = self._headers_frame(stream.sid, block, True)
-        if stream.task is not None and stream.task is not asyncio.current_task() and not stream.task.done():
-            stream.task.cancel()
-        self._flush_stream(stream)
-
-    def _flush_stream(self, stream: _Stream) -> None:
-        """Write what the windows allow; park the stream in ``blocked`` otherwise."""
-        out = stream.out
-        while out:
-            chunk = out[0]
-            n = min(len(chunk), self.send_window, stream.send_window, self.peer_max_frame)
-            if n <= 0:
-                if stream not in self.blocked:
-                    self.blocked.append(stream)
-                self._arm_stall_timer()
-                return
-            self.transport.write(_frame(DATA, 0, stream.sid, bytes(chunk[:n])))
-            self.send_window -= n
-            stream.send_window -= n
-            if n == len(chunk):
-                out.popleft()
-            else:
-                out[0] = chunk[n:]
-        if stream.trailers is not None:
-            self.transport.write(stream.trailers)
-            self.streams.pop(stream.sid, None)
-            self.completed += 1
-            self._maybe_close()
-
-    def _pump(self) -> None:
-        for _ in range(len(self.blocked)):
-            stream = self.blocked.popleft()
-            if stream.sid in self.streams and self.transport is not None:
-                self._flush_stream(stream)
 
     # --- connection --------------------------------------------------------------------------------
 
