@@ -123,3 +123,9 @@ class Internal(ServeError):
     """A failure inside the server or a model's own code: not the client's fault."""
 
     status = "INTERNAL"
+
+
+class StartupError(AzuliteError):
+    """A server that cannot serve as asked once started (``--exit-on-error`` and a model that failed)."""
+
+    exit_code = 1

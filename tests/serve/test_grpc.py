@@ -308,13 +308,15 @@ def test_canceled_calls_leave_nothing_in_flight(tmp_path, impl):
 
         with grpc.insecure_channel(s.grpc_url) as channel:
             stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
-            calls = [stub.ModelInfer.future(request, timeout=300) for _ in range(4)]
-            assert gate.entered(2), "the model never started executing"
-            assert wait_for(lambda: in_flight() == [4] * len(counters)), in_flight()
-            for call in calls:
-                call.cancel()
-            assert wait_for(lambda: in_flight() == [0] * len(counters)), f"still counted: {in_flight()}"
-            gate.open()
+            try:
+                calls = [stub.ModelInfer.future(request, timeout=300) for _ in range(4)]
+                assert gate.entered(2), "the model never started executing"
+                assert wait_for(lambda: in_flight() == [4] * len(counters)), in_flight()
+                for call in calls:
+                    call.cancel()
+                assert wait_for(lambda: in_flight() == [0] * len(counters)), f"still counted: {in_flight()}"
+            finally:
+                gate.open()  # before the server stops: its drain would wait for the held executions
             assert stub.ModelInfer(request, timeout=60).raw_output_contents
         assert all(call.cancelled() for call in calls)
 
