@@ -410,3 +410,27 @@ def test_missing_file_is_detected_logged_and_previous_used(tmp_path, caplog):
     assert f"checkpoint step 2 is corrupt: file {shard.name} is missing" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(saved, model2.parameters()))
     assert [(c.step, c.committed) for c in list_checkpoints(str(tmp_path))] == [(1, True), (2, False)]
+
+
+def test_max_failed_saves_in_a_row_escalates_to_an_error(tmp_path):
+    """on_save_error="continue": failed saves are logged and training goes on, until max_failed_saves in a
+    row; a save that succeeds in between starts the count again."""
+    ctx = init({})
+    model, opt = _tiny()
+    fault = {"on": True}
+
+    def disk_full(phase, step):
+        if fault["on"] and phase == "before_manifest":
+            raise OSError(28, "No space left on device")
+
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path), max_failed_saves=2), ctx, _state(ctx, model, opt),
+                      phase_hook=disk_full)
+    assert ck.save(1) is False
+    fault["on"] = False
+    assert ck.save(2)
+    fault["on"] = True
+    assert ck.save(3) is False
+    with pytest.raises(CheckpointError, match=r"saving checkpoint step 4 failed .*2 failed save\(s\) in a row"):
+        ck.save(4)
+    assert [c.step for c in list_checkpoints(str(tmp_path)) if c.committed] == [2]
+    ck.close()
