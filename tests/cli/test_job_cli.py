@@ -107,6 +107,10 @@ def test_two_shells_submitting_at_once(home, tmp_path):
     assert sorted(ids) == ["t-1", "t-2", "t-3", "t-4"]
     for i in ids:
         assert wait_done(i).state.value == "succeeded"
+    every = [json.loads(line) for line in az("job", "list", "--json", check=0).stdout.splitlines()]
+    newest = [json.loads(line) for line in az("job", "list", "--limit", "2", "--json", check=0).stdout.splitlines()]
+    assert len(every) == 4 and newest == every[:2]  # newest first, cut at --limit
+    assert [j["id"] for j in every] == [j["id"] for j in sorted(every, key=lambda j: j["created_at"], reverse=True)]
 
 
 TICKER = """
