@@ -227,7 +227,6 @@ class Batcher:
         """Refuse new requests, let the queued and running ones finish (up to the timeout), fail the
         rest, then finalize every instance."""
         self._closing = True
-        expired = False
         if self._task is not None:
             self._wake()
             assert self._drained is not None
@@ -235,17 +234,13 @@ class Batcher:
                 try:
                     await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
                 except asyncio.TimeoutError:
-                    expired = True
+                    pass
             self._task.cancel()
             self._fail_queued(Unavailable(f"model '{self.model}' was unloaded before the request ran"))
         loop = asyncio.get_running_loop()
         for inst in self._instances:
-            closing = loop.run_in_executor(inst.executor, inst.model.close)
+            await loop.run_in_executor(inst.executor, inst.model.close)
             inst.executor.shutdown(wait=False)
-            if not expired:
-                await closing
-            # else an execution outlived the drain: the instance finalizes after it, unwaited (as Triton's
-            # --exit-timeout-secs, the server stops even if inferences are still in flight)
 
     def close_now(self) -> None:
         """Finalize without an event loop (a model that never served a request, or interpreter exit)."""
