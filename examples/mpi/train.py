@@ -26,7 +26,7 @@ def main() -> None:
     comm = MPI.COMM_WORLD
     rank, size = comm.Get_rank(), comm.Get_size()
     print(f"rank {rank}/{size} local_rank {os.environ.get('OMPI_COMM_WORLD_LOCAL_RANK')} pid {os.getpid()} "
-          f"mpi {MPI.Get_library_version().splitlines()[0].strip()}", flush=True)
+          f"mpi {MPI.Get_library_version().splitlines()[0].strip().rstrip(chr(0))}", flush=True)  # C string: NUL-ended
 
     true_w = np.random.default_rng(1).standard_normal(16)
     w = np.zeros(16)  # same start on every rank

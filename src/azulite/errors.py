@@ -243,3 +243,9 @@ class BenchError(AzuliteError):
 
 class BenchInputError(AzuliteError):
     """A benchmark or health check asked for with arguments that cannot work (a size that is not one)."""
+
+
+class StartupError(AzuliteError):
+    """A server that cannot serve as asked once started (``--exit-on-error`` and a model that failed)."""
+
+    exit_code = 1

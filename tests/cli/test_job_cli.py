@@ -6,6 +6,7 @@ import os
 import re
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
@@ -106,6 +107,10 @@ def test_two_shells_submitting_at_once(home, tmp_path):
     assert sorted(ids) == ["t-1", "t-2", "t-3", "t-4"]
     for i in ids:
         assert wait_done(i).state.value == "succeeded"
+    every = [json.loads(line) for line in az("job", "list", "--json", check=0).stdout.splitlines()]
+    newest = [json.loads(line) for line in az("job", "list", "--limit", "2", "--json", check=0).stdout.splitlines()]
+    assert len(every) == 4 and newest == every[:2]  # newest first, cut at --limit
+    assert [j["id"] for j in every] == [j["id"] for j in sorted(every, key=lambda j: j["created_at"], reverse=True)]
 
 
 TICKER = """
@@ -134,14 +139,16 @@ def test_cancel_from_the_cli(home, tmp_path):
     job_id = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
     job_dir = Path(json.loads(az("job", "show", job_id, "--json", check=0).stdout)["job_dir"])
     wait_for(lambda: (job_dir / "nodes/node-0/started-1").exists(), 120, "rank 1 to start")
-    assert json.loads(az("job", "cancel", job_id, "--json", check=0).stdout) == {"id": job_id, "state": "canceled"}
+    assert json.loads(az("job", "cancel", job_id, "--json", check=0).stdout) == {"id": job_id, "state": "canceled",
+                                                                               "already_ended": False}
     assert not job_procs({job_id})
     p = az("job", "preempt", job_id)
     assert p.returncode == 2 and "not running" in p.stderr
 
 
 def test_wait_times_out_with_124_then_reports_the_outcome(home, tmp_path):
-    spec = write_job(tmp_path / "s", SLEEPER, spec_2x1(nodes=1, per_node=1))
+    spec = write_job(tmp_path / "s", SLEEPER, spec_2x1(nodes=1, per_node=1,
+                                                       extra="outputs: {checkpoints: {type: uri_folder}}"))
     job = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
     p = az("job", "wait", job, "--checkpoint", "--timeout", "1", check=124)
     assert f"timed out after 1 s waiting for a committed checkpoint of {job}" in p.stderr
@@ -150,3 +157,64 @@ def test_wait_times_out_with_124_then_reports_the_outcome(home, tmp_path):
     assert json.loads(p.stdout)["state"] == "canceled"
     p = az("job", "wait", "nope-9", check=2)  # an unknown id: a message, not a traceback
     assert "nope-9" in p.stderr and "Traceback" not in p.stderr
+
+
+GATED = """
+import os, time
+print("step 1 loss 0.5", flush=True)
+while not os.path.exists({gate!r}):  # the test opens the gate once it has seen the progress line
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.slow
+def test_submit_wait_shows_progress_and_job_commands_check_their_arguments(home, tmp_path):
+    gate = tmp_path / "go"
+    spec = write_job(tmp_path / "g", GATED.format(gate=str(gate)), spec_2x1(nodes=1, per_node=2))
+    p = subprocess.Popen([*AZULITE, "job", "submit", str(spec), "--wait"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+    killer = threading.Timer(300, p.kill)  # a safety net only
+    killer.start()
+    try:
+        seen = []
+        for line in p.stderr:  # not a terminal: progress comes as lines
+            seen.append(line)
+            if "rank 0: step 1 loss 0.5" in line:
+                break
+        assert "rank 0: step 1 loss 0.5" in seen[-1], seen
+        job_id = re.search(r"(t-\d+)", "".join(seen)).group(1)
+        r = az("job", "logs", job_id, "--rank", "7", check=2)
+        assert f"job {job_id} has no rank 7" in r.stderr and "its ranks are 0, 1" in r.stderr
+        r = az("job", "wait", job_id, "--checkpoint", "--timeout", "600", check=2)  # at once, not at the end
+        assert "outputs.checkpoints" in r.stderr
+        gate.touch()
+        out, _ = p.communicate(timeout=300)
+        assert p.returncode == 0, out
+    finally:
+        killer.cancel()
+        p.kill()
+        p.wait()
+    r = az("job", "cancel", job_id, check=0)
+    assert f"{job_id} had already ended (succeeded): nothing to cancel" in r.stdout
+    listed = [json.loads(line) for line in az("job", "list", "--json", check=0).stdout.splitlines()]
+    assert [j["id"] for j in listed] == [job_id] and not {"processes", "attempts", "events"} & set(listed[0])
+
+
+def az_piped(*args):
+    """As a CI log sees it: not a terminal, no COLUMNS."""
+    return subprocess.run([*AZULITE, *args], capture_output=True, text=True, timeout=300, cwd=REPO,
+                          env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
+
+
+@pytest.mark.slow
+def test_errors_are_never_wrapped_and_tables_not_cut_outside_a_terminal(home, tmp_path):
+    p = az_piped("job", "validate", "examples/ddp/job.yaml", "--set", "instance_count=1")
+    assert p.returncode == 2
+    first = p.stderr.splitlines()[0]
+    assert first.startswith("error: ") and first.endswith("disagree; set one of them"), p.stderr
+    name = "a-job-whose-name-alone-is-wider-than-eighty-columns-of-a-terminal-" + "x" * 20
+    spec = write_job(tmp_path / "long", "print('hi')\n", spec_2x1(nodes=1).replace("name: t", f"name: {name}"))
+    job_id = json.loads(az_piped("job", "submit", str(spec), "--json").stdout)["id"]
+    assert wait_done(job_id).state.value == "succeeded"
+    listed = az_piped("job", "list").stdout
+    assert job_id in listed and "…" not in listed, listed

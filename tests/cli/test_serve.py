@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -17,7 +18,7 @@ import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
-from tests.serve.conftest import build_model_repository
+from tests.serve.conftest import Gate, add_broken_models, build_model_repository
 
 AZULITE = str(Path(sys.executable).parent / "azulite")
 
@@ -50,7 +51,7 @@ class Served:
             m = re.match(r"Started (\w+)(?: Service)? at [\d.]+:(\d+)", line)
             if m:
                 self.ports[m.group(1)] = int(m.group(2))
-            if "azulite serve ready" in line:
+            if "azulite serve ready" in line or "azulite serve started but NOT ready" in line:
                 self.ports["ready"] = 1
 
     def stop(self) -> None:
@@ -87,7 +88,7 @@ def test_serve_prints_table_and_serves_both_protocols(repo):
 
 def test_sigterm_drains_in_flight_requests(repo):
     s = Served(str(repo), "--model-repository", str(repo), "--grpc-impl", "grpcio")
-    results: list = []
+    results: dict[int, object] = {}
     try:
         url = f"127.0.0.1:{s.ports['HTTPService']}"
 
@@ -96,9 +97,9 @@ def test_sigterm_drains_in_flight_requests(repo):
             i = httpclient.InferInput("INPUT0", [1, 1], "FP32")
             i.set_data_from_numpy(np.full((1, 1), k, np.float32))
             try:
-                results.append(float(c.infer("slow_py", [i]).as_numpy("OUTPUT0")[0, 0]))
+                results[k] = float(c.infer("slow_py", [i]).as_numpy("OUTPUT0")[0, 0])
             except Exception as exc:  # noqa: BLE001 - asserted below
-                results.append(exc)
+                results[k] = exc
             finally:
                 c.close()
 
@@ -125,10 +126,13 @@ def test_sigterm_drains_in_flight_requests(repo):
         for t in threads:
             t.join(120)
         assert s.proc.wait(120) == 0
-        answered = sorted(r for r in results if isinstance(r, float))
-        assert len(answered) >= 3 and all(r in (0.0, 1.0, 2.0, 3.0) for r in answered), results
-        # one that had not reached the server when it stopped is refused: an error, never a wrong answer
-        assert all(isinstance(r, (float, Exception)) for r in results), results
+        assert sorted(results) == [0, 1, 2, 3], results
+        # slow_py echoes: each answer is its own request's value, never another's
+        answered = {k: r for k, r in results.items() if not isinstance(r, Exception)}
+        assert len(answered) >= 3 and all(r == float(k) for k, r in answered.items()), results
+        # one that had not reached the server when it stopped is refused (the listener was closed)
+        refused = [r for r in results.values() if isinstance(r, Exception)]
+        assert all(isinstance(r, ConnectionError) or "shutting down" in str(r) for r in refused), refused
         out = "".join(s.lines)
         assert "SIGTERM: draining" in out and "azulite serve stopped" in out
     finally:
@@ -147,3 +151,94 @@ def test_bad_flags_exit_2_without_traceback(repo, args, message):
                        timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     assert message in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.fixture(scope="module")
+def broken_repo(tmp_path_factory):
+    return add_broken_models(build_model_repository(tmp_path_factory.mktemp("cli_broken"), ("add_sub_onnx",)))
+
+
+def test_not_ready_says_what_failed_and_what_serves_grpc_alone(broken_repo):
+    s = Served(str(broken_repo), "--allow-http", "false", "--allow-metrics", "false")
+    try:
+        out = "".join(s.lines)
+        assert ("azulite serve started but NOT ready: /v2/health/ready answers 400 while a start-up model is not "
+                "loaded (serving: add_sub_onnx; failed to load: broken_config, broken_onnx)") in out, out
+        assert set(s.ports) == {"GRPCInferenceService", "ready"}, out
+        g = grpcclient.InferenceServerClient(f"127.0.0.1:{s.ports['GRPCInferenceService']}")
+        try:
+            assert g.is_server_live() and not g.is_server_ready() and g.is_model_ready("add_sub_onnx")
+        finally:
+            g.close()
+    finally:
+        s.stop()
+
+
+def test_strict_readiness_false_is_ready_while_a_model_failed_http_alone(broken_repo):
+    s = Served(str(broken_repo), "--allow-grpc", "false", "--strict-readiness", "false")
+    try:
+        out = "".join(s.lines)
+        assert "azulite serve ready (model control mode: none; serving: add_sub_onnx; failed to load: " in out, out
+        assert set(s.ports) == {"HTTPService", "Metrics", "ready"}, out
+        h = httpclient.InferenceServerClient(f"127.0.0.1:{s.ports['HTTPService']}")
+        try:
+            assert h.is_server_ready() and not h.is_model_ready("broken_onnx")
+        finally:
+            h.close()
+    finally:
+        s.stop()
+
+
+def test_exit_on_error_exits_1_naming_the_models(broken_repo):
+    p = subprocess.run([AZULITE, "serve", str(broken_repo), "--exit-on-error", "true", "--http-port", "0",
+                        "--grpc-port", "0", "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address",
+                        "127.0.0.1", "--metrics-address", "127.0.0.1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 1, p.stdout + p.stderr
+    assert "error: --exit-on-error: model(s) failed to load: broken_config, broken_onnx" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr and "ready" not in p.stdout
+
+
+def test_a_port_in_use_is_a_clear_error(repo):
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen(1)
+        port = taken.getsockname()[1]
+        p = subprocess.run([AZULITE, "serve", str(repo), "--http-address", "127.0.0.1", "--http-port", str(port),
+                            "--grpc-port", "0", "--metrics-port", "0", "--grpc-address", "127.0.0.1",
+                            "--metrics-address", "127.0.0.1"], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert "error: cannot listen" in p.stderr and str(port) in p.stderr and "fix: choose free ports" in p.stderr
+    assert "Traceback" not in p.stderr
+
+
+def test_exit_timeout_expires_with_a_request_in_flight(tmp_path):
+    """A request stuck in a model: SIGTERM drains for --exit-timeout-secs, then stops without its answer."""
+    with Gate(tmp_path) as gate:
+        s = Served(str(gate.repository), "--exit-timeout-secs", "1")
+        outcome: list = []
+        try:
+            c = httpclient.InferenceServerClient(f"127.0.0.1:{s.ports['HTTPService']}", network_timeout=300)
+
+            def call():
+                i = httpclient.InferInput("INPUT0", [1], "FP32")
+                i.set_data_from_numpy(np.ones(1, np.float32))
+                try:
+                    outcome.append(c.infer("gate_py", [i]))
+                except Exception as exc:  # noqa: BLE001 - asserted below
+                    outcome.append(exc)
+
+            t = threading.Thread(target=call)
+            t.start()
+            assert gate.entered(1)
+            s.proc.send_signal(signal.SIGTERM)
+            deadline = time.monotonic() + 120  # a safety net: the drain gives up after 1 s
+            while time.monotonic() < deadline and not any("azulite serve stopped" in x for x in s.lines):
+                time.sleep(0.05)
+            assert any("azulite serve stopped" in x for x in s.lines), "".join(s.lines)
+            t.join(120)
+            assert len(outcome) == 1 and isinstance(outcome[0], Exception), outcome  # never answered
+            assert s.proc.wait(120) == 0  # with the model still stuck: it did not wait for it
+            assert "still executing after --exit-timeout-secs 1: exiting without their answers" in "".join(s.lines)
+        finally:
+            gate.open()
+            s.stop()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.examples.runner import az, final_hashes, run_example
-from tests.launch.jobkit import home, wait_for
+from tests.launch.jobkit import clean_home, home, wait_for
 
 _ = home  # fixture
 pytestmark = pytest.mark.slow
@@ -58,11 +58,15 @@ def rank_logs(rec: dict, attempt: int) -> dict[int, str]:
 def reference_hash(tmp_path_factory) -> str:
     """The uninterrupted run's final parameters (own AZULITE_HOME, cleaned up like the ``home`` fixture)."""
     mp = pytest.MonkeyPatch()
-    mp.setenv("AZULITE_HOME", str(tmp_path_factory.mktemp("ref") / "azhome"))
+    h = tmp_path_factory.mktemp("ref") / "azhome"
+    mp.setenv("AZULITE_HOME", str(h))
     try:
         rec = run_example("ddp", *SMALL)
     finally:
-        mp.undo()
+        try:
+            clean_home(h)
+        finally:
+            mp.undo()
     hashes = final_hashes(rec)
     assert len(set(hashes.values())) == 1, hashes
     # checkpoints every 5 steps, the newest 3 kept, the last one committed at the final step

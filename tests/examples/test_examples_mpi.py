@@ -24,3 +24,4 @@ def test_mpi_example(home):
     assert len(set(hashes.values())) == 1, hashes
     assert "rank 0/2" in logs[0] and "rank 1/2" in logs[1] and "Open MPI" in logs[0]
     assert "step 20 loss" in logs[0] and "step 30 " not in logs[0]
+    assert not [r for r, text in logs.items() if "\0" in text]  # text, not "binary file matches" to grep

@@ -68,6 +68,12 @@ def home(tmp_path, monkeypatch):
     monkeypatch.setenv("AZULITE_PREEMPT_GRACE_S", "30")
     monkeypatch.setenv("AZULITE_PEER_GRACE_S", "1")
     yield h
+    clean_home(h)
+
+
+def clean_home(h: Path) -> None:
+    """Cancels every job of the AZULITE_HOME ``h`` (which must be the current one) and fails if any
+    process of it remains."""
     settings = Settings.from_environ()
     ids = set()
     if settings.db_path.exists():

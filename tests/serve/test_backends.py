@@ -4,7 +4,6 @@ concurrency, auto_complete_config, BLS, load failures."""
 from __future__ import annotations
 
 import asyncio
-import json
 import sys
 import warnings
 
@@ -155,7 +154,6 @@ class TritonPythonModel:
 
     def initialize(self, args):
         self.args = args
-        config = json.loads(args["model_config"]) if False else None
 
     def execute(self, requests):
         return [pb_utils.InferenceResponse([pb_utils.Tensor("OUT", pb_utils.get_input_tensor_by_name(r, "IN").as_numpy() + int(self.args["model_version"]))])
@@ -320,7 +318,6 @@ def test_python_model_config_arg_is_triton_json(tmp_path):
         await dp.shutdown()
 
     asyncio.run(main())
-    assert json  # the module is used inside the model code above
 
 
 def test_onnx_string_tensors_round_trip_as_bytes(tmp_path):

@@ -275,12 +275,43 @@ def test_shutdown_drains_in_flight_and_refuses_new(model_repository):
     asyncio.run(main())
 
 
-def test_compute_threads_caps_blas_pools(model_repository):
-    import threadpoolctl
+_THREADS_PROBE = """
+import json, sys
+import threadpoolctl, torch
+from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
+dp = TritonDataPlane(DataPlaneSettings(repository=sys.argv[1], compute_threads=int(sys.argv[2])))
+options = {name: dp.manager.get(name).batcher._instances[0].model.session.get_session_options()
+           for name in ("add_sub_onnx", "onnx_with_params")}
+print(json.dumps({"blas": [p["num_threads"] for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"],
+                  "torch": torch.get_num_threads(),
+                  "onnx": {n: [o.intra_op_num_threads, o.inter_op_num_threads] for n, o in options.items()}}))
+"""
 
-    plane(model_repository, control_mode="explicit", load_models=("bench_matmul",), compute_threads=1)
-    blas = [p for p in threadpoolctl.threadpool_info() if p["user_api"] == "blas"]
-    assert blas and all(p["num_threads"] == 1 for p in blas)
+
+def test_compute_threads_reach_blas_torch_and_onnxruntime(tmp_path, model_repository):
+    """compute_threads=3 (neither the default 1 nor the libraries' own, this machine's core count) caps
+    numpy's BLAS, torch and ONNX Runtime sessions, unless a model's config sets Triton's ONNX Runtime
+    parameters intra_op_thread_count / inter_op_thread_count. In a fresh process: the caps are
+    process-wide, so this process's earlier tests would show through."""
+    import json
+    import shutil
+    import subprocess
+    import sys
+
+    for name in ("bench_matmul", "add_sub_pt", "add_sub_onnx"):
+        shutil.copytree(model_repository / name, tmp_path / name)
+    shutil.copytree(model_repository / "add_sub_onnx", tmp_path / "onnx_with_params")
+    config = tmp_path / "onnx_with_params" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"add_sub_onnx"', '"onnx_with_params"')
+                      + 'parameters { key: "intra_op_thread_count" value: { string_value: "2" } }\n'
+                      'parameters { key: "inter_op_thread_count" value: { string_value: "5" } }\n')
+    p = subprocess.run([sys.executable, "-c", _THREADS_PROBE, str(tmp_path), "3"], capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    got = json.loads(p.stdout.strip().splitlines()[-1])
+    assert got["blas"] and set(got["blas"]) == {3}, got
+    assert got["torch"] == 3, got
+    assert got["onnx"]["add_sub_onnx"][0] == 3 and got["onnx"]["onnx_with_params"] == [2, 5], got
 
 
 def test_queue_full_counts_as_rejected(tmp_path, model_repository):

@@ -18,7 +18,7 @@ import tritonclient.grpc.aio as aiogrpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from .conftest import bench_weights
+from .conftest import Gate, bench_weights
 from .frontends import running_server
 
 
@@ -291,21 +291,44 @@ def test_a_huge_error_message_is_cut_not_a_broken_connection(stub):
     assert len(long.value.details()) < 20_000
 
 
-def test_canceled_calls_leave_nothing_in_flight(server, stub):
-    """Clients that give up mid-call (RST_STREAM): the server counts them out (a drain on shutdown
-    would wait for them otherwise) and goes on serving."""
-    request = service_pb2.ModelInferRequest(model_name="slow_py")
-    t = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 1])
+@pytest.mark.parametrize("impl", ["h2", "grpcio"])
+def test_canceled_calls_leave_nothing_in_flight(tmp_path, impl):
+    """Clients that give up mid-call (RST_STREAM) while their calls are inside the server, two executing
+    and two queued behind them: the server counts them out (a drain on shutdown would wait for them
+    otherwise) and goes on serving."""
+    request = service_pb2.ModelInferRequest(model_name="gate_py")
+    t = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
     t.contents.fp32_contents.append(1.0)
-    calls = [stub.ModelInfer.future(request, timeout=60) for _ in range(4)]
-    for call in calls:
-        call.cancel()
-    frontend = getattr(server.server.grpc, "servicer", server.server.grpc)  # grpc.aio's counts in its servicer
-    deadline = time.monotonic() + 30
-    while frontend.in_flight and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert frontend.in_flight == 0
-    assert stub.ModelInfer(request, timeout=60).raw_output_contents
+    with Gate(tmp_path) as gate, running_server(gate.repository, grpc_impl=impl) as s:
+        # the servicer counts its calls; azulite's HTTP/2 transport counts them too (its drain waits on that)
+        counters = [s.server.grpc.servicer] + ([s.server.grpc] if impl == "h2" else [])
+
+        def in_flight() -> list[int]:
+            return [c.in_flight for c in counters]
+
+        with grpc.insecure_channel(s.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            try:
+                calls = [stub.ModelInfer.future(request, timeout=300) for _ in range(4)]
+                assert gate.entered(2), "the model never started executing"
+                assert wait_for(lambda: in_flight() == [4] * len(counters)), in_flight()
+                for call in calls:
+                    call.cancel()
+                assert wait_for(lambda: in_flight() == [0] * len(counters)), f"still counted: {in_flight()}"
+            finally:
+                gate.open()  # before the server stops: its drain would wait for the held executions
+            assert stub.ModelInfer(request, timeout=60).raw_output_contents
+        assert all(call.cancelled() for call in calls)
+
+
+def wait_for(predicate, timeout: float = 60.0) -> bool:
+    """Polls a server counter (a safety-net timeout, not a measurement)."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.01)
+    return True
 
 
 def _frame(kind: int, flags: int, sid: int, payload: bytes) -> bytes:
@@ -337,6 +360,45 @@ def _frames(data: bytes) -> list[tuple[int, int]]:
     return out
 
 
+class _FrameReader:
+    """Reads whole HTTP/2 frames (type, flags, stream id, payload) from a raw socket."""
+
+    def __init__(self, sock) -> None:
+        self.sock, self.buf, self.seen = sock, b"", []
+
+    def until(self, predicate) -> list[tuple[int, int, int, bytes]]:
+        while True:
+            while len(self.buf) >= 9:
+                n = int.from_bytes(self.buf[:3], "big")
+                if len(self.buf) < 9 + n:
+                    break
+                frame = (self.buf[3], self.buf[4], int.from_bytes(self.buf[5:9], "big") & 0x7FFFFFFF,
+                         self.buf[9:9 + n])
+                self.buf = self.buf[9 + n:]
+                self.seen.append(frame)
+                if predicate(frame):
+                    return self.seen
+            chunk = self.sock.recv(65536)
+            if not chunk:
+                raise ConnectionError(f"the server closed the connection; frames seen: {self.seen}")
+            self.buf += chunk
+
+    def ping(self, payload: bytes) -> None:
+        """Round trip: once the ACK is back, the server has read every frame sent before the PING."""
+        self.sock.sendall(_frame(0x6, 0, 0, payload))
+        self.until(lambda f: f[0] == 0x6 and f[1] & 0x1 and f[3] == payload)
+
+
+def _frames_with_payload(data: bytes) -> list[tuple[int, int, int, bytes]]:
+    out, pos = [], 0
+    while len(data) - pos >= 9:
+        n = int.from_bytes(data[pos:pos + 3], "big")
+        out.append((data[pos + 3], data[pos + 4], int.from_bytes(data[pos + 5:pos + 9], "big") & 0x7FFFFFFF,
+                    data[pos + 9:pos + 9 + n]))
+        pos += 9 + n
+    return out
+
+
 def _read_until_closed(sock, timeout: float) -> bytes:
     sock.settimeout(timeout)
     data = b""
@@ -355,23 +417,27 @@ def test_h2_calls_reset_before_they_start_are_counted_out(model_repository):
     packet = PREFACE + b"".join(_h2_call(encoder, sid, _slow_request()) + _frame(0x3, 0, sid, struct.pack(">I", 0x8))
                                 for sid in (1, 3, 5, 7))
     with running_server(model_repository) as s:
-        with socket.create_connection(tuple_of(s.grpc_url), timeout=30) as sock:
+        with socket.create_connection(tuple_of(s.grpc_url), timeout=60) as sock:
             sock.sendall(packet)
-            deadline = time.monotonic() + 5  # at once, in fact; a leak lingers until the connection ends
-            while s.server.grpc.in_flight and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert s.server.grpc.in_flight == 0
+            _FrameReader(sock).ping(b"resets!!")  # the server has read the four calls and their resets
+            # the canceled tasks are counted out by their done callbacks, a loop turn or two later
+            assert wait_for(lambda: s.server.grpc.in_flight == 0, timeout=30), s.server.grpc.in_flight
 
 
 def test_h2_goaway_then_the_last_reset_closes_the_connection(model_repository):
-    """A client that said GOAWAY and then reset its last call: nothing is left, the server hangs up."""
+    """A client that said GOAWAY and then reset its last call: nothing is left, the server hangs up —
+    not before the reset (the call was still open) and without an error of its own."""
     encoder = Encoder()
-    packet = (PREFACE + _h2_call(encoder, 1, _slow_request()) + _frame(0x7, 0, 0, struct.pack(">II", 0, 0))
-              + _frame(0x3, 0, 1, struct.pack(">I", 0x8)))
     with running_server(model_repository) as s:
-        with socket.create_connection(tuple_of(s.grpc_url), timeout=30) as sock:
-            sock.sendall(packet)
-            _read_until_closed(sock, timeout=10)  # socket.timeout if the server kept it open
+        with socket.create_connection(tuple_of(s.grpc_url), timeout=60) as sock:
+            reader = _FrameReader(sock)
+            sock.sendall(PREFACE + _h2_call(encoder, 1, _slow_request()) + _frame(0x7, 0, 0, struct.pack(">II", 0, 0)))
+            reader.ping(b"stillup?")  # raises if the server hung up with the call still open
+            sock.sendall(_frame(0x3, 0, 1, struct.pack(">I", 0x8)))
+            frames = reader.seen + _frames_with_payload(_read_until_closed(sock, timeout=30))
+    errors = [f for f in frames if f[0] == 0x7 and f[3][4:8] != b"\0\0\0\0"]  # GOAWAY with an error code
+    assert not errors, errors
+    assert not [f for f in frames if f[2] == 1], frames  # the reset call got no answer
 
 
 def test_h2_frames_after_a_protocol_error_are_not_served(model_repository):

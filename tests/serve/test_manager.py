@@ -140,7 +140,7 @@ def bump_mtime(path):
     os.utime(path, (later, later))
 
 
-def test_poll_mode_loads_new_reloads_changed_unloads_removed(repository_copy):
+def test_poll_mode_loads_new_reloads_changed_unloads_removed(repository_copy, caplog):
     root = repository_copy
     dp = plane(root, control_mode="poll")
     assert dp.model_config("versioned_py").version_policy.HasField("all")
@@ -160,7 +160,13 @@ def test_poll_mode_loads_new_reloads_changed_unloads_removed(repository_copy):
         running = asyncio.ensure_future(dp.infer(InferRequest("slow_py", [fp32("INPUT0", [[7]])])))
         while not dp.model_statistics("slow_py").model_stats[0].inference_stats.queue.count:
             await asyncio.sleep(0.005)  # executing now (0.2 s), on the old instance
-        await dp.poll()
+        with caplog.at_level(logging.INFO, logger="azulite.serve.poll"):
+            await dp.poll()
+        polled = [r.getMessage() for r in caplog.records if r.name == "azulite.serve.poll"]
+        assert sorted(polled) == ["poll: model 'add_sub_py2' appeared, loaded: version(s) 1 ready",
+                                  "poll: model 'slow_py' changed, reloaded: version(s) 1 ready",
+                                  "poll: model 'string_py' left the repository: unloaded",
+                                  "poll: model 'versioned_py' changed, reloaded: version(s) 1 ready"], polled
         assert (await running).outputs[0].data.tolist() == [[7]]  # in flight during the reload: answered
         assert dp.model_config("slow_py").parameters["delay_s"].string_value == "0.0"  # reloaded
         assert (await dp.infer(InferRequest("slow_py", [fp32("INPUT0", [[8]])]))).outputs[0].data.tolist() == [[8]]
@@ -190,7 +196,9 @@ def test_poll_mode_broken_edit_keeps_the_loaded_model_serving(repository_copy, c
         assert (await dp.infer(InferRequest("add_sub_py", list(x)))).outputs[0].data.tolist() == [[3.0] * 16]
         assert not dp.model_ready("new_broken")
         reason = {m.name: m for m in dp.repository_index().models}["new_broken"].reason
-        assert "failed to parse the model configuration of 'new_broken'" in reason
+        # names the file and, from protobuf's text format, the line and column
+        assert reason.startswith(f"{repository_copy / 'new_broken' / 'config.pbtxt'}: failed to parse the model "
+                                 "configuration of 'new_broken': 1:1 : "), reason
         with pytest.raises(Unsupported):
             plane(repository_copy).start_polling(1)
         await dp.shutdown()
@@ -258,3 +266,21 @@ def test_model_warmup_runs_before_ready_and_failing_warmup_fails_the_load(tmp_pa
         await dp.shutdown()
 
     asyncio.run(main())
+
+
+def test_load_failures_name_the_config_file_or_the_missing_version_folder(tmp_path):
+    (tmp_path / "flat").mkdir()
+    (tmp_path / "flat" / "config.pbtxt").write_text('name: "flat" backend: "python"')
+    (tmp_path / "flat" / "model.py").write_text("")  # beside config.pbtxt instead of in 1/
+    (tmp_path / "bad" / "1").mkdir(parents=True)
+    (tmp_path / "bad" / "1" / "model.py").write_text("class TritonPythonModel:\n    def execute(self, requests):\n"
+                                                     "        return []\n")
+    (tmp_path / "bad" / "config.pbtxt").write_text(
+        'name: "bad" backend: "python" max_batch_size: 8 dynamic_batching { preferred_batch_size: [ 16 ] }\n'
+        'input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ] output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]')
+    dp = plane(tmp_path, strict_readiness=False)
+    index = {m.name: m.reason for m in dp.repository_index().models}
+    assert index["flat"] == (f"failed to load 'flat': no version folder such as 1/ under {tmp_path / 'flat'} (each "
+                             "version of a model is a numbered folder holding the model file)"), index
+    assert index["bad"] == (f"{tmp_path / 'bad' / 'config.pbtxt'}: model 'bad': dynamic batching preferred size 16 "
+                            "must be positive and <= max_batch_size 8"), index

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+from pathlib import Path
 
 import pytest
 
@@ -39,8 +40,10 @@ def test_version_policies():
     assert repo.select_versions(policy("specific { versions: [5, 1] }"), available, model="m") == [1, 5]
     with pytest.raises(ModelLoadError, match=r"asks for version\(s\) \[3\]"):
         repo.select_versions(policy("specific { versions: [3] }"), available, model="m")
+    with pytest.raises(ModelLoadError, match="no version folder such as 1/ under /repo/m "):
+        repo.select_versions(mc.ModelVersionPolicy(), (), model="m", path=Path("/repo/m"))
     with pytest.raises(ModelLoadError, match="at least one version must be available"):
-        repo.select_versions(mc.ModelVersionPolicy(), (), model="m")
+        repo.select_versions(policy("specific { }"), available, model="m")
 
 
 def test_labels_and_missing_label_file(tmp_path):

@@ -169,3 +169,22 @@ def test_missing_file():
     with pytest.raises(SpecError) as e:
         load_job("/nonexistent/job.yaml")
     assert e.value.file == "/nonexistent/job.yaml" and e.value.fix
+
+
+def test_set_of_an_undeclared_input_or_output_is_an_error_with_did_you_mean(tmp_path):
+    p = write(tmp_path, GOOD)
+    with pytest.raises(SpecError) as e:
+        load_job(p, ["inputs.epoch=7"])
+    assert e.value.file == "--set inputs.epoch=7" and e.value.field == "inputs.epoch"
+    assert "no input named 'epoch'" in e.value.message and e.value.fix.startswith("did you mean inputs.epochs?")
+    with pytest.raises(SpecError) as e:
+        load_job(p, ["outputs.chkpt.path=/tmp/x"])
+    assert "no output named 'chkpt'" in e.value.message and "did you mean outputs.ckpt?" in e.value.fix
+
+
+def test_instance_count_disagreement_fix_names_the_field(tmp_path):
+    p = write(tmp_path, GOOD)
+    with pytest.raises(SpecError) as e:
+        load_job(p, ["instance_count=1"])
+    assert "disagree" in e.value.message and "--set resources.instance_count=1" in e.value.fix
+    assert load_job(p, ["resources.instance_count=1"]).nodes == 1  # the --help example works

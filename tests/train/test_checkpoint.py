@@ -8,7 +8,6 @@ import logging
 import subprocess
 import sys
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
@@ -179,11 +178,29 @@ def test_async_save_snapshots_the_state_and_round_trips(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, model2.parameters()))
 
 
-def _hold_background_copies(ck, seconds):
-    """White box: occupy the Checkpointer's save thread for ``seconds``, so a save's background copy is
-    certainly still pending when training goes on (without it the race below is usually won anyway)."""
+def _hold_background_copies(ck) -> threading.Event:
+    """White box: occupy the Checkpointer's save thread until the returned event is set, so a save's
+    background copy is certainly still pending when training goes on."""
+    release = threading.Event()
     ck._thread = ThreadPoolExecutor(max_workers=1)
-    ck._thread.submit(time.sleep, seconds)
+    ck._thread.submit(release.wait, 300)  # a safety net only: every test sets it
+    return release
+
+
+class _ReleaseOnWait:
+    """White box, in place of a pending save's ``_stager.copying``: the held save thread is released only
+    when the training thread starts waiting for the copy. So the copy can be done before a step only if
+    that step waited for it: an ordering, not a duration."""
+
+    def __init__(self, copying: threading.Event, release: threading.Event) -> None:
+        self.copying, self.release = copying, release
+
+    def is_set(self) -> bool:
+        return self.copying.is_set()
+
+    def wait(self, timeout=None) -> bool:
+        self.release.set()
+        return self.copying.wait(timeout)
 
 
 def _bn_model():
@@ -211,15 +228,27 @@ def test_async_save_copies_parameters_while_training_goes_on_and_step_waits_for_
     ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
     saved = {k: v.clone() for k, v in model.state_dict().items()}
     saved_exp_avg = opt.state_dict()["state"][0]["exp_avg"].clone()
-    _hold_background_copies(ck, 0.5)
-    ck.save(1, sync=False)
-    assert not ck._stager.copying.is_set()  # save() returned before the copy
-    deferred = ck._stager.deferred
-    assert {"model.model.0.weight", "model.optim.state.0.weight.exp_avg"} <= deferred
-    assert not any("running_mean" in k for k in deferred)
-    model(torch.randn(8, 64)).square().mean().backward()  # forward changes the BatchNorm statistics
-    opt.step()  # waits for the copy
-    assert ck.last_blocking_s > 0.2
+    release = _hold_background_copies(ck)
+    try:
+        ck.save(1, sync=False)
+        copying = ck._stager.copying
+        assert not copying.is_set()  # save() returned before the copy
+        ck._stager.copying = _ReleaseOnWait(copying, release)
+        deferred = ck._stager.deferred
+        assert {"model.model.0.weight", "model.optim.state.0.weight.exp_avg"} <= deferred
+        assert not any("running_mean" in k for k in deferred)
+        model(torch.randn(8, 64)).square().mean().backward()  # forward changes the BatchNorm statistics
+        assert not copying.is_set()  # forward and backward ran beside the pending copy
+        # a step pre-hook registered after the Checkpointer's runs once that one has returned
+        at_step = []
+        handle = opt.register_step_pre_hook(lambda *_: at_step.append(copying.is_set()))
+        blocked_in_save = ck.last_blocking_s
+        opt.step()  # waits for the copy
+        handle.remove()
+        assert at_step == [True]  # the step began only once the copy was done
+        assert ck.last_blocking_s > blocked_in_save  # and that wait counts as blocking
+    finally:
+        release.set()
     ck.wait()
     assert not torch.equal(model[1].running_mean, saved["1.running_mean"])
     loaded, optim = _loaded_state(ctx, str(tmp_path))
@@ -236,13 +265,18 @@ def test_changes_outside_the_optimizer_wait_with_wait_staged_or_overlap_off(tmp_
         uri = str(tmp_path / str(overlap))
         ck = Checkpointer(CheckpointConfig(uri=uri, overlap_staging=overlap), ctx, _state(ctx, model, opt))
         saved = {k: v.clone() for k, v in model.state_dict().items()}
-        _hold_background_copies(ck, 0.3)
-        ck.save(1, sync=False)
-        assert bool(ck._stager.deferred) is overlap
-        ck.wait_staged()  # a no-op without overlap
-        with torch.no_grad():
-            for p in model.parameters():
-                p.add_(1.0)
+        release = _hold_background_copies(ck)
+        try:
+            ck.save(1, sync=False)
+            assert bool(ck._stager.deferred) is overlap
+            if overlap:
+                ck._stager.copying = _ReleaseOnWait(ck._stager.copying, release)
+            ck.wait_staged()  # a no-op without overlap
+            with torch.no_grad():
+                for p in model.parameters():
+                    p.add_(1.0)
+        finally:
+            release.set()
         ck.close()
         loaded, _ = _loaded_state(ctx, uri)
         assert all(torch.equal(loaded[k], saved[k]) for k in saved)
@@ -380,3 +414,27 @@ def test_missing_file_is_detected_logged_and_previous_used(tmp_path, caplog):
     assert f"checkpoint step 2 is corrupt: file {shard.name} is missing" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(saved, model2.parameters()))
     assert [(c.step, c.committed) for c in list_checkpoints(str(tmp_path))] == [(1, True), (2, False)]
+
+
+def test_max_failed_saves_in_a_row_escalates_to_an_error(tmp_path):
+    """on_save_error="continue": failed saves are logged and training goes on, until max_failed_saves in a
+    row; a save that succeeds in between starts the count again."""
+    ctx = init({})
+    model, opt = _tiny()
+    fault = {"on": True}
+
+    def disk_full(phase, step):
+        if fault["on"] and phase == "before_manifest":
+            raise OSError(28, "No space left on device")
+
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path), max_failed_saves=2), ctx, _state(ctx, model, opt),
+                      phase_hook=disk_full)
+    assert ck.save(1) is False
+    fault["on"] = False
+    assert ck.save(2)
+    fault["on"] = True
+    assert ck.save(3) is False
+    with pytest.raises(CheckpointError, match=r"saving checkpoint step 4 failed .*2 failed save\(s\) in a row"):
+        ck.save(4)
+    assert [c.step for c in list_checkpoints(str(tmp_path)) if c.committed] == [2]
+    ck.close()

@@ -6,8 +6,9 @@ from __future__ import annotations
 import sys
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 
+from azulite.cli import console
 from azulite.errors import AzuliteError
 from azulite.cli import job as _job
 from azulite.cli import serve as _serve
@@ -57,7 +58,7 @@ def main(argv: list[str] | None = None) -> None:
     try:
         app(args=argv, prog_name="azulite")
     except AzuliteError as exc:
-        Console(stderr=True, highlight=False).print(f"[bold red]error:[/] {exc}", markup=True)
+        console.err().print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

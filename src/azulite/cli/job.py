@@ -16,9 +16,10 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
+from azulite.cli import console
 from azulite.contract import CHECKPOINT_OUTPUT
 from azulite.errors import AzuliteError
 from azulite.launch.backend import Backend, get_backend
@@ -35,7 +36,7 @@ app = typer.Typer(
         "Examples:\n\n"
         "  azulite job validate examples/ddp/job.yaml\n\n"
         "  azulite job submit examples/ddp/job.yaml --wait\n\n"
-        "  azulite job submit examples/ddp/job.yaml --set inputs.steps=100 --set instance_count=1\n\n"
+        "  azulite job submit examples/ddp/job.yaml --set inputs.steps=100 --set resources.instance_count=1\n\n"
         "  azulite job logs ddp-1 --rank 0 --follow\n\n"
         "  azulite job show ddp-1 --json | jq .state\n\n"
         "  azulite job cancel ddp-1"
@@ -49,13 +50,17 @@ _STYLE = {
 LOG_TAIL_LINES = 20
 
 
-def _out() -> Console:
-    return Console(highlight=False, soft_wrap=True)
+_out = console.out
 
 
 def _backend(name: Optional[str] = None, environ: Optional[dict] = None) -> Backend:
     settings = Settings.from_environ()
-    return get_backend(name or settings.backend, settings, environ)
+    if name is None:
+        return get_backend(settings.backend, settings, environ)
+    try:
+        return get_backend(name, settings, environ)
+    except AzuliteError as e:  # name what the user typed, not the environment variable it overrides
+        raise AzuliteError(e.message, where=f"--backend {name}", fix=e.fix) from None
 
 
 def _backend_for(job_id: str) -> Backend:
@@ -93,6 +98,30 @@ def outcome_exit_code(rec: JobRecord) -> int:
         return 130
     code = rec.exit_code or 1
     return code if 0 < code < 256 else 1
+
+
+def last_log_line(path: str | None, chunk: int = 8192) -> str | None:
+    """The last non-empty line of a log, reading only its end (logs grow to gigabytes)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chunk))
+            tail = f.read()
+    except OSError:
+        return None
+    lines = [line for line in tail.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else None
+
+
+def progress_of(rec: JobRecord) -> str | None:
+    """What ``--wait`` shows as a running job's progress: rank 0's last log line. The one place to switch
+    to recorded training metrics (step, loss, samples/s) once jobs record them."""
+    for p in rec.processes:
+        if p.kind == "rank" and p.rank == 0 and p.attempt == rec.attempt:
+            return last_log_line(p.log)
+    return None
 
 
 def log_tail(path: str | None, n: int = LOG_TAIL_LINES) -> list[str]:
@@ -209,18 +238,27 @@ def submit(
     raise typer.Exit(outcome_exit_code(rec))
 
 
+PROGRESS_EVERY_S = 10.0  # not a terminal (a CI log): a progress line at most this often, when it changed
+
+
 def _wait(b: Backend, rec: JobRecord, *, quiet: bool) -> JobRecord:
-    console = Console(stderr=True, highlight=False)
+    err = console.err()
     last = None
-    with console.status(f"{rec.id}: {rec.state.value}", spinner="dots") as status:
+    shown, shown_at = None, float("-inf")
+    with err.status(f"{rec.id}: {rec.state.value}", spinner="dots") as status:
         while True:
             rec = b.status(rec.id)
             key = (rec.state, rec.attempt)
             if key != last and not quiet:
-                console.print(f"{_ts(time.time())}  {rec.id}  {_state(rec.state)}"
-                              + (f"  (attempt {rec.attempt})" if rec.attempt else ""))
+                err.print(f"{_ts(time.time())}  {rec.id}  {_state(rec.state)}"
+                          + (f"  (attempt {rec.attempt})" if rec.attempt else ""))
                 last = key
-            status.update(f"{rec.id}: {rec.state.value}  {_dur(rec)}")
+            progress = progress_of(rec) if rec.state == JobState.RUNNING else None
+            status.update(f"{rec.id}: {rec.state.value}  {_dur(rec)}" + (f"  rank 0: {escape(progress)}" if progress else ""))
+            if (progress and progress != shown and not quiet and not err.is_terminal
+                    and time.monotonic() - shown_at >= PROGRESS_EVERY_S):
+                err.print(f"{_ts(time.time())}  {rec.id}  rank 0: {progress}", markup=False)
+                shown, shown_at = progress, time.monotonic()
             if rec.state.terminal:
                 return rec
             time.sleep(0.3)
@@ -243,6 +281,12 @@ def wait_(
       azulite job wait ddp-1 --checkpoint --timeout 120 && azulite job preempt ddp-1
     """
     b = _backend_for(job_id)
+    if checkpoint:
+        rec = b.status(job_id)
+        if CHECKPOINT_OUTPUT not in (rec.spec.get("outputs") or {}):
+            raise AzuliteError(f"job {job_id} has no outputs.{CHECKPOINT_OUTPUT}: it can never have a committed checkpoint",
+                               where="--checkpoint",
+                               fix=f"declare outputs.{CHECKPOINT_OUTPUT} in the spec, or wait without --checkpoint")
     deadline = time.monotonic() + timeout if timeout > 0 else None
     while True:
         rec = b.status(job_id)
@@ -257,9 +301,9 @@ def wait_(
                 _print_show(rec)
             raise typer.Exit(1 if checkpoint else outcome_exit_code(rec))
         if deadline is not None and time.monotonic() > deadline:
-            what = "a committed checkpoint" if checkpoint else "the job to end"
-            Console(stderr=True).print(f"[yellow]timed out[/] after {timeout:g} s waiting for {what} of {job_id} "
-                                       f"(state {rec.state.value})")
+            what = f"a committed checkpoint of {job_id}" if checkpoint else f"{job_id} to end"
+            console.err().print(f"[yellow]timed out[/] after {timeout:g} s waiting for {what} "
+                                f"(state {rec.state.value})")
             raise typer.Exit(124)
         time.sleep(0.5 if checkpoint else 0.3)
 
@@ -274,7 +318,9 @@ def list_(
     if json_:
         for r in recs:
             d = r.to_json()
-            d.pop("spec")
+            # the list reads the jobs table alone: empty processes/attempts/events here are not data
+            for key in ("spec", "processes", "attempts", "events"):
+                d.pop(key, None)
             print(json.dumps(d))
         return
     t = Table(box=None)
@@ -287,6 +333,13 @@ def list_(
         t.add_row(r.id, _state(r.state), str(r.attempt), str(world), _ts(r.created_at)[5:16], _dur(r),
                   "-" if r.exit_code is None else str(r.exit_code), (r.reason or "")[:60])
     _out().print(t)
+
+
+def _ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 3] -> '0-3'; [0, 2] -> '0, 2'."""
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
 
 
 def _world(r: JobRecord) -> int:
@@ -390,7 +443,14 @@ def logs(
     follow: bool = typer.Option(False, "--follow", "-f", help="Keep printing until the job ends."),
 ) -> None:
     """Print the latest attempt's rank logs.  Example: azulite job logs ddp-1 --rank 0 --follow"""
-    for line in _backend_for(job_id).logs(job_id, rank=rank, follow=follow):
+    b = _backend_for(job_id)
+    if rank is not None:
+        rec = b.status(job_id)
+        ranks = sorted({p.rank for p in rec.processes if p.rank is not None} | set(range(_world(rec))))
+        if rank not in ranks:
+            raise AzuliteError(f"job {job_id} has no rank {rank}", where="--rank",
+                               fix=f"its ranks are {_ranges(ranks)}" if ranks else "its ranks are not known yet")
+    for line in b.logs(job_id, rank=rank, follow=follow):
         print(line, flush=follow)
 
 
@@ -403,9 +463,13 @@ def cancel(
 
     Example: azulite job cancel ddp-1
     """
-    rec = _backend_for(job_id).cancel(job_id)
+    b = _backend_for(job_id)
+    before = b.status(job_id)
+    rec = before if before.state.terminal else b.cancel(job_id)
     if json_:
-        print(json.dumps({"id": rec.id, "state": rec.state.value}))
+        print(json.dumps({"id": rec.id, "state": rec.state.value, "already_ended": before.state.terminal}))
+    elif before.state.terminal:
+        _out().print(f"{rec.id} had already ended ({_state(rec.state)}): nothing to cancel")
     else:
         _out().print(f"{rec.id}: {_state(rec.state)}")
 

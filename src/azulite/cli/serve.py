@@ -10,14 +10,15 @@ from __future__ import annotations
 
 import logging
 import os
+import sys
 from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 from rich.table import Table
 
-from azulite.errors import AzuliteError, SpecError
+from azulite.cli import console as consoles
+from azulite.errors import AzuliteError, SpecError, StartupError
 
 _STYLE = {"READY": "bold green", "UNLOADED": "dim", "UNAVAILABLE": "bold red"}
 
@@ -64,6 +65,9 @@ def serve(
                                                help="Poll mode: seconds between repository scans."),
     strict_readiness: str = typer.Option("true", "--strict-readiness",
                                          help="true: ready only when every start-up model loaded."),
+    exit_on_error: str = typer.Option("false", "--exit-on-error",
+                                      help="true: exit 1 when a start-up model fails to load (Triton's default is "
+                                           "true; here the others serve on)."),
     http_max_input_size: int = typer.Option(64 * 1024 * 1024, "--http-max-input-size",
                                             help="Largest HTTP request body in bytes (larger: 413)."),
     exit_timeout_secs: float = typer.Option(30.0, "--exit-timeout-secs",
@@ -142,8 +146,10 @@ def serve(
         raise SpecError(f"unknown --grpc-impl {grpc_impl!r}", field="--grpc-impl", fix="use h2 or grpcio")
     if repository_poll_secs <= 0:
         raise SpecError("--repository-poll-secs must be positive", field="--repository-poll-secs")
+    exit_on_error_ = _bool(exit_on_error, "--exit-on-error")
     logging.basicConfig(level=logging.INFO if log_verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("azulite.serve.poll").setLevel(logging.INFO)  # poll mode says what it loaded
     settings = ServerSettings(
         repository=repo,
         http_address=http_address, http_port=http_port if _bool(allow_http, "--allow-http") else -1,
@@ -169,20 +175,37 @@ def serve(
     )
     if not server_name.strip():
         raise SpecError("--server-name is empty", field="--server-name", fix="e.g. --server-name triton")
-    console = Console(highlight=False, soft_wrap=True)
+    console = consoles.out()
+
+    running = []
 
     def started(server) -> None:
-        console.print(_table(server.dataplane.startup_table()))
+        running.append(server)
+        rows = server.dataplane.startup_table()
+        console.print(_table(rows))
         for warning in exposure_warnings(settings):
             console.print(f"[bold yellow]warning:[/] {warning}")
+        failed = sorted({name for name, _, status in rows if status.startswith("UNAVAILABLE")})
+        serving = sorted({name for name, _, status in rows if status.startswith("READY")})
+        if failed and exit_on_error_:
+            raise StartupError(f"model(s) failed to load: {', '.join(failed)} (reasons in the table above)",
+                               where="--exit-on-error",
+                               fix="fix those models, or drop --exit-on-error to serve the others")
         names = {"grpc": ("GRPCInferenceService", grpc_address), "http": ("HTTPService", http_address),
                  "metrics": ("Metrics Service", metrics_address)}
         for key in ("grpc", "http", "metrics"):
             if key in server.ports:
                 label, address = names[key]
                 console.print(f"Started {label} at {address}:{server.ports[key]}")
-        console.print(f"[bold green]azulite serve ready[/] (model control mode: {model_control_mode}); "
-                      "Ctrl-C or SIGTERM drains and stops")
+        summary = (f"serving: {', '.join(serving) or 'no model'}"
+                   + (f"; failed to load: {', '.join(failed)}" if failed else ""))
+        if server.dataplane.ready():
+            console.print(f"[bold green]azulite serve ready[/] (model control mode: {model_control_mode}; {summary}); "
+                          "Ctrl-C or SIGTERM drains and stops")
+        else:
+            console.print(f"[bold yellow]azulite serve started but NOT ready[/]: /v2/health/ready answers 400 "
+                          f"while a start-up model is not loaded ({summary}); --strict-readiness false: ready "
+                          "as soon as it serves")
 
     def stopping(signame: str) -> None:
         console.print(f"{signame}: draining in-flight requests (up to {exit_timeout_secs:g} s), then stopping")
@@ -198,6 +221,15 @@ def serve(
         if remote is not None:
             remote.stop()
     console.print("azulite serve stopped")
+    abandoned = running[0].dataplane.in_flight if running else 0
+    if abandoned:
+        # a model execution outlived --exit-timeout-secs: its thread would hold the interpreter's exit
+        # (executor threads are joined at exit) for as long as the model runs; stop now, as Triton does
+        console.print(f"{abandoned} request(s) still executing after --exit-timeout-secs {exit_timeout_secs:g}: "
+                      "exiting without their answers")
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(0)
 
 
 def _rate(item: str) -> tuple[str, float]:

@@ -518,3 +518,8 @@ class TritonDataPlane:
         await asyncio.gather(*(b.close(max(0.0, deadline - time.monotonic())) for b in batchers),
                              return_exceptions=True)
         self._closed = True
+
+    @property
+    def in_flight(self) -> int:
+        """Requests received and not answered yet; after :meth:`shutdown`, those its timeout abandoned."""
+        return self._inflight

@@ -35,6 +35,7 @@ from azulite.serve.warmup import warm_up
 
 ControlMode = Literal["none", "explicit", "poll"]
 log = logging.getLogger("azulite.serve")
+poll_log = logging.getLogger("azulite.serve.poll")  # `azulite serve` shows its INFO lines: what poll mode did
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -184,7 +185,7 @@ class ModelManager:
             if cfg.backend_of(config) == "ensemble" and not source.versions:
                 versions = [1]  # Triton wants an empty 1/ directory; azulite does not insist
             else:
-                versions = repo.select_versions(config.version_policy, source.versions, model=name)
+                versions = repo.select_versions(config.version_policy, source.versions, model=name, path=source.path)
             labels = repo.read_labels(source, config)
             ready: dict[int, LoadedModel] = {}
             states: dict[int, VersionState] = {}
@@ -197,15 +198,16 @@ class ModelManager:
             if not ready:
                 raise ModelLoadError("; ".join(s.reason for s in states.values()) or f"model '{name}' has no versions")
         except ServeError as exc:
+            reason = self._reason(exc, name)
             entry.fingerprint = repo.fingerprint(self.root / name)
-            entry.load_error = exc.message
+            entry.load_error = reason
             if entry.ready:  # as Triton: a failed reload leaves the loaded model serving, unchanged
                 log.warning("reloading model '%s' failed; the loaded version(s) %s serve on: %s", name,
-                            ", ".join(map(str, sorted(entry.ready))), exc.message)
+                            ", ".join(map(str, sorted(entry.ready))), reason)
                 return []
-            log.warning("model '%s' failed to load: %s", name, exc.message)
-            entry.states = {v: VersionState(UNAVAILABLE, exc.message) for v in entry.states}
-            entry.state, entry.reason = UNAVAILABLE, exc.message
+            log.warning("model '%s' failed to load: %s", name, reason)
+            entry.states = {v: VersionState(UNAVAILABLE, reason) for v in entry.states}
+            entry.state, entry.reason = UNAVAILABLE, reason
             return []
         finally:
             if tmp is not None:
@@ -215,6 +217,17 @@ class ModelManager:
         entry.state, entry.reason, entry.load_error = READY, "", ""
         entry.fingerprint = repo.fingerprint(self.root / name)
         return retired
+
+    def _reason(self, exc: ServeError, name: str) -> str:
+        """A load failure as the index and the start-up table show it: a config error names the file
+        (and the line, where protobuf's text format gives one: it is in the message)."""
+        where = exc.where or ""
+        config = self.root / name / "config.pbtxt"
+        if where == f"model '{name}' config.pbtxt" and config.is_file():
+            where = str(config)
+        if "config.pbtxt" in where and where not in exc.message:
+            return f"{where}: {exc.message}"
+        return exc.message
 
     def _final_config(self, source: repo.ModelSource) -> mc.ModelConfig:
         """config.pbtxt (or none) -> the config Triton would serve: auto-completed, defaulted, valid."""
@@ -333,10 +346,16 @@ class ModelManager:
         for name in list(self.entries):
             if name not in present and self.entries[name].ready:
                 retired += self.unload(name, check_mode=False)
+                poll_log.info("poll: model '%s' left the repository: unloaded", name)
         changed = [
             n for n in sorted(present, key=self._is_ensemble_dir)
             if n not in self.entries or repo.fingerprint(self.root / n) != self.entries[n].fingerprint
         ]
         for name in changed:
+            known = name in self.entries and bool(self.entries[name].ready)
             retired += self.load(name)
+            entry = self.entries.get(name)
+            if entry is not None and entry.ready and not entry.load_error:  # failures are logged by load()
+                poll_log.info("poll: model '%s' %s: version(s) %s ready", name, "changed, reloaded" if known else "appeared, loaded",
+                         ", ".join(map(str, sorted(entry.ready))))
         return retired

@@ -56,7 +56,8 @@ def read_model(root: Path, name: str, *, config_json: str | None = None) -> Mode
     return ModelSource(name=name, path=path, config=config, versions=version_dirs(path))
 
 
-def select_versions(policy: mc.ModelVersionPolicy, available: tuple[int, ...], *, model: str) -> list[int]:
+def select_versions(policy: mc.ModelVersionPolicy, available: tuple[int, ...], *, model: str,
+                    path: Path | None = None) -> list[int]:
     """Triton's version policies: latest N (the default: 1), all, or a specific list."""
     kind = policy.WhichOneof("policy_choice") or "latest"
     if kind == "all":
@@ -74,6 +75,13 @@ def select_versions(policy: mc.ModelVersionPolicy, available: tuple[int, ...], *
     else:
         n = policy.latest.num_versions or 1
         chosen = list(available)[-n:]
+    if not available:
+        raise ModelLoadError(
+            f"failed to load '{model}': no version folder such as 1/ under {path or model + '/'} (each version of a model is a "
+            "numbered folder holding the model file)",
+            where=f"model '{model}'",
+            fix=f"move the model file into {model}/1/ (e.g. {model}/1/model.onnx)",
+        )
     if not chosen:
         raise ModelLoadError(
             f"failed to load '{model}': at least one version must be available under the version policy "

@@ -27,6 +27,7 @@ from azulite.serve.limits import ConnectionLimits
 from azulite.serve.manager import ControlMode
 
 log = logging.getLogger("azulite.serve")
+FINALIZE_GRACE_S = 10.0  # past the drain timeout, for the models' finalize() once their executions ended
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -136,7 +137,13 @@ class Server:
             fronts.append(self.grpc.drain(timeout))
         await asyncio.gather(*fronts, return_exceptions=True)
         if self.dataplane is not None:
-            await self.dataplane.shutdown(timeout)
+            # As Triton's --exit-timeout-secs: the server stops even if an execution is still running (a
+            # batcher's close waits for it, then finalizes); its request stays counted in dataplane.in_flight.
+            try:
+                await asyncio.wait_for(self.dataplane.shutdown(timeout), timeout + FINALIZE_GRACE_S)
+            except asyncio.TimeoutError:
+                log.warning("stopping with %d request(s) still executing after %.1f s", self.dataplane.in_flight,
+                            timeout)
         if self.metrics is not None:
             await self.metrics.drain(0)
         if self.guard is not None:

@@ -163,6 +163,22 @@ def _model_at(path: Path_, data: Any) -> type[BaseModel] | None:
     return None
 
 
+def _check_named_overrides(data: dict, over: list[tuple[Path_, Any, str]]) -> None:
+    """``--set inputs.NAME=...`` / ``outputs.NAME...`` must name an input or output the spec declares: a
+    typo would otherwise add one the command never reads, and the run would silently use the old value."""
+    for path, value, item in over:
+        if len(path) < 2 or path[0] not in ("inputs", "outputs"):
+            continue
+        declared = data.get(path[0]) if isinstance(data.get(path[0]), dict) else {}
+        if path[1] in declared:
+            continue
+        close = difflib.get_close_matches(str(path[1]), [str(k) for k in declared], n=1)
+        hint = f"did you mean {path[0]}.{close[0]}? " if close else ""
+        known = f"the spec declares: {', '.join(map(str, declared))}" if declared else f"the spec declares no {path[0]}"
+        raise SpecError(f"the spec has no {path[0][:-1]} named {path[1]!r}", file=f"--set {item}",
+                        field=_dotted(path[:2]), value=value, fix=f"{hint}{known}")
+
+
 def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
     """(message, fix) for one pydantic error, in the user's words."""
     t, field, ctx = err["type"], _dotted(path), err.get("ctx") or {}
@@ -196,6 +212,9 @@ def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
     if t in ("string_type", "string_too_short"):
         return (f"{value!r} is not a valid text value", f"set {field} to a non-empty string")
     msg = err["msg"].removeprefix("Value error, ")
+    if "instance_count" in msg and "disagree" in msg:
+        return (msg, "give the node count once: set resources.instance_count (e.g. --set resources.instance_count=1) "
+                     "and drop the top-level instance_count, or make the two equal")
     return (msg, f"correct {field or 'the spec'} (see the Jobs section of README.md)")
 
 
@@ -271,6 +290,7 @@ def read_spec(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict, "_
         raise SpecError("a job spec must be a YAML mapping", file=shown, line=1, value=data, fix="start with `command: ...`")
 
     over = parse_overrides(overrides)
+    _check_named_overrides(data, over)
     for p, value, item in over:
         _apply_override(data, p, value, item)
     src = _Source(shown, _line_map(node), {p: item for p, _, item in over})

