@@ -28,6 +28,7 @@ from azulite.serve.metrics import ServerMetrics
 from azulite.serve.models import READY, LoadedModel
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
+from azulite.serve.shm import SystemSharedMemory
 from azulite.serve.types import InferRequest, InferResponse, InferTensor
 
 SERVER_NAME = "azulite"
@@ -42,6 +43,7 @@ EXTENSIONS = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "system_shared_memory",
 )
 
 _DTYPE_TO_WIRE = {v: k for k, v in cfg.WIRE_TO_NUMPY.items()}
@@ -125,6 +127,7 @@ class TritonDataPlane:
             bls=self._bls,
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
+        self.shm = SystemSharedMemory()  # the system shared memory regions clients registered
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._closing = False
@@ -234,7 +237,12 @@ class TritonDataPlane:
             self._loop = asyncio.get_running_loop()
         if self._closing:
             raise Unavailable("the server is shutting down and accepts no new requests")
-        return await self._infer(request)
+        self.shm.resolve_inputs(request)
+        places = self.shm.output_places(request)
+        response = await self._infer(request)
+        if places:
+            self.shm.place_outputs(response, places)
+        return response
 
     async def _infer(self, request: InferRequest) -> InferResponse:
         """infer without the shutdown check: ensemble steps and BLS calls of requests in flight."""
@@ -483,4 +491,5 @@ class TritonDataPlane:
         batchers = [m.batcher for e in self.manager.entries.values() for m in e.ready.values() if m.batcher]
         await asyncio.gather(*(b.close(max(0.0, deadline - time.monotonic())) for b in batchers),
                              return_exceptions=True)
+        self.shm.close()
         self._closed = True

@@ -96,14 +96,17 @@ def _count(shape: tuple[int, ...]) -> int:
 
 def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
     raw = req.raw_input_contents
-    if raw and len(raw) != len(req.inputs):
+    in_shm = sum(1 for t in req.inputs if "shared_memory_region" in t.parameters)  # no raw content
+    if raw and len(raw) != len(req.inputs) - in_shm:
         raise InvalidArgument(
-            f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs",
+            f"raw_input_contents has {len(raw)} entries for {len(req.inputs) - in_shm} inputs"
+            + (" not in shared memory" if in_shm else ""),
             fix="send raw contents for every input, or typed contents for every input")
+    raw_index = 0
     if not req.inputs:
         raise InvalidArgument("the infer request needs at least one input")
     inputs: list[InferTensor] = []
-    for i, t in enumerate(req.inputs):
+    for t in req.inputs:
         name, datatype = t.name, t.datatype
         dtype = WIRE_TO_NUMPY.get(datatype)
         if dtype is None:
@@ -113,8 +116,12 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
             raise InvalidArgument(f"input '{name}': shape {list(t.shape)} has a negative dimension")
         shape = tuple(t.shape)
         count = _count(shape)
+        if in_shm and "shared_memory_region" in t.parameters:  # the data plane reads it (serve/shm.py)
+            inputs.append(InferTensor(name, datatype, shape, None, _params_in(t.parameters)))  # type: ignore[arg-type]
+            continue
         if raw:
-            buf = raw[i]
+            buf = raw[raw_index]
+            raw_index += 1
             if datatype == "BYTES":
                 array = deserialize_bytes(buf, count, name).reshape(shape)
             else:
@@ -159,6 +166,9 @@ def encode_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
         out = msg.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
         if t.parameters:
             _params_out(out.parameters, t.parameters)
+        if t.data is None:  # written into the client's shared memory region: as Triton, an empty entry
+            raw.append(b"")
+            continue
         raw.append(serialize_bytes(t.data) if t.datatype == "BYTES" else np.ascontiguousarray(t.data).tobytes())
     return msg
 
@@ -298,17 +308,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:  # noqa: BLE001
             await self._abort(context, exc)
 
-    # --- extensions azulite does not implement ------------------------------------------------------
+    # --- system shared memory (serve/shm.py) -------------------------------------------------------
 
     async def SystemSharedMemoryStatus(self, request, context):
-        return pb.SystemSharedMemoryStatusResponse()  # nothing is ever registered
+        try:
+            response = pb.SystemSharedMemoryStatusResponse()
+            for r in self.dp.shm.status(request.name):
+                response.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
+            return response
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
 
     async def SystemSharedMemoryRegister(self, request, context):
-        await self._abort(context, Unsupported(
-            "system shared memory is not supported by azulite", fix="send tensors in raw_input_contents"))
+        try:
+            self.dp.shm.register(request.name, request.key, request.offset, request.byte_size)
+            return pb.SystemSharedMemoryRegisterResponse()
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
 
     async def SystemSharedMemoryUnregister(self, request, context):
+        self.dp.shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    # --- extensions azulite does not implement ------------------------------------------------------
 
     async def CudaSharedMemoryStatus(self, request, context):
         return pb.CudaSharedMemoryStatusResponse()
