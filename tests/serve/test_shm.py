@@ -238,3 +238,73 @@ def test_perf_analyzer_with_system_shared_memory(model_repository, tmp_path, pro
         assert stats["model_stats"][0]["inference_stats"]["success"]["count"] > 0
         assert "fail" not in stats["model_stats"][0]["inference_stats"] or \
             stats["model_stats"][0]["inference_stats"]["fail"]["count"] == 0
+
+
+def shm_conversation(http_url: str, grpc_url: str, regions) -> dict:
+    """The same shared-memory calls over both protocols; -> what a client sees (answers and error
+    classes), to compare servers."""
+    seen: dict = {}
+    rng = np.random.default_rng(7)
+    x = rng.standard_normal((2, 16)).astype(np.float32)
+    y = rng.standard_normal((2, 16)).astype(np.float32)
+    for protocol, url in (("http", http_url), ("grpc", grpc_url)):
+        m = lib(protocol)
+        client = m.InferenceServerClient(url)
+        in_key, in_handle = regions(256)
+        out_key, out_handle = regions(256)
+        shm.set_shared_memory_region(in_handle, [x, y])
+        client.register_system_shared_memory("in", in_key, 256)
+        client.register_system_shared_memory("out", out_key, 256)  # Triton maps only page-aligned offsets
+        try:
+            seen[protocol, "status"] = sorted(status_names(client, protocol).items())
+            inputs, outputs = shm_add_sub(protocol, "in", "out", out_offsets=(64, 0), batch=2)
+            outputs[1].unset_shared_memory()
+            result = client.infer("add_sub_py", inputs, outputs=outputs)
+            seen[protocol, "OUTPUT0"] = shm.get_contents_as_numpy(out_handle, np.float32, [2, 16], offset=64).tolist()
+            seen[protocol, "OUTPUT1"] = result.as_numpy("OUTPUT1").tolist()
+            seen[protocol, "OUTPUT0 meta"] = (result.get_output("OUTPUT0") if protocol == "http" else
+                                              str(result.get_output("OUTPUT0")))
+            errors = {
+                "twice": lambda: client.register_system_shared_memory("in", in_key, 256),
+                "range": lambda: client.register_system_shared_memory("big", in_key, 512),
+                "unknown": lambda: client.get_system_shared_memory_status("nowhere"),
+                "region": lambda: client.infer("add_sub_py", *shm_add_sub(protocol, "nowhere", "out")),
+                "offset": lambda: client.infer("add_sub_py", *shm_add_sub(protocol, "in", "out", offsets=(0, 200))),
+            }
+            for what, call in errors.items():
+                seen[protocol, what] = error_of(call).status()
+        finally:
+            client.unregister_system_shared_memory()
+        seen[protocol, "after"] = status_names(client, protocol)
+    return seen
+
+
+def test_same_answers_as_real_triton(model_repository, tmp_path, regions):
+    """tritonclient's shared-memory calls against azulite and against real Triton (Python backend):
+    equal answers, equal error classes."""
+    from .anchor import running_triton
+    from .conftest import build_model_repository
+
+    repo = build_model_repository(tmp_path / "repo", ("add_sub_py",))
+    with running_triton(repo, tmp_path / "triton.log") as triton:
+        theirs = shm_conversation(triton.http_url, triton.grpc_url, regions)
+    with running_server(repo) as s:
+        ours = shm_conversation(s.http_url, s.grpc_url, regions)
+    rng = np.random.default_rng(7)
+    x, y = rng.standard_normal((2, 16)).astype(np.float32), rng.standard_normal((2, 16)).astype(np.float32)
+    np.testing.assert_allclose(ours["grpc", "OUTPUT0"], x + y, rtol=1e-6)
+    keys = {k[1] for k in ours}
+    status = {k: v for k, v in ours.items() if k[1] == "status"}
+    assert all(len(v) == 2 for v in status.values())  # keys differ by run; compare the rest of each region
+    # Where Triton answers INTERNAL for a client's mistake (a range past the object's end), azulite
+    # answers INVALID_ARGUMENT (a client's mistake is never a 500 here).
+    assert ours["http", "range"] == "400" and ours["grpc", "range"] == "StatusCode.INVALID_ARGUMENT"
+    diffs = []
+    for k in ours:
+        if k[1] == "status":
+            if [(n, r[1:]) for n, r in ours[k]] != [(n, r[1:]) for n, r in theirs[k]]:
+                diffs.append((k, ours[k], theirs[k]))
+        elif k[1] != "range" and ours[k] != theirs[k]:
+            diffs.append((k, ours[k], theirs[k]))
+    assert not diffs
+    assert {"twice", "range", "unknown", "region", "offset", "after", "OUTPUT0", "OUTPUT1"} <= keys
