@@ -12,6 +12,7 @@ import asyncio
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from collections.abc import AsyncIterator
 from typing import Any
 
 import numpy as np
@@ -22,6 +23,7 @@ from azulite.serve import config as cfg
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import WorkItem
 from azulite.serve.batcher import Rejected
+from azulite.serve.decoupled import is_decoupled, stream, unary_refused
 from azulite.serve.ensemble import run_ensemble
 from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
@@ -244,9 +246,19 @@ class TritonDataPlane:
             self.shm.place_outputs(response, places)
         return response
 
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """The responses of one request: 0..n from a decoupled model (serve/decoupled.py), else infer's."""
+        model = self.manager.get(request.model_name, request.model_version)
+        return stream(self, model, request) if is_decoupled(model) else self._one(request)
+
+    async def _one(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        yield await self.infer(request)
+
     async def _infer(self, request: InferRequest) -> InferResponse:
         """infer without the shutdown check: ensemble steps and BLS calls of requests in flight."""
         model = self.manager.get(request.model_name, request.model_version)
+        if is_decoupled(model):
+            raise unary_refused(model)
         start = time.perf_counter_ns()
         self._inflight += 1
         reason = "OTHER"

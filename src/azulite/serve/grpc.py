@@ -234,27 +234,28 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             self.in_flight -= 1
 
-    async def _stream_one(self, request) -> pb.ModelStreamInferResponse:
+    async def _stream_one(self, request, queue: asyncio.Queue) -> None:
+        """Puts the request's responses on the stream's queue: one, or 0..n from a decoupled model."""
         try:
-            resp = encode_infer_response(await self.dp.infer(decode_infer_request(request)))
-            return pb.ModelStreamInferResponse(infer_response=resp)
+            async for response in self.dp.infer_stream(decode_infer_request(request)):
+                queue.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)))
         except Exception as exc:  # noqa: BLE001 - a stream reports errors per response, as Triton
             _, message = _status(exc)
-            return pb.ModelStreamInferResponse(
+            queue.put_nowait(pb.ModelStreamInferResponse(
                 error_message=message, infer_response=pb.ModelInferResponse(id=request.id,
-                                                                            model_name=request.model_name))
+                                                                            model_name=request.model_name)))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of a stream run concurrently; each response is sent when ready (match them by id). A
         broken request stream ends the call with its error status, after the responses already due."""
         queue: asyncio.Queue = asyncio.Queue()
-        read_done, skipped = object(), object()
+        read_done, request_done = object(), object()
         pending = 0
         done_reading = False
 
         def finished(task: asyncio.Task) -> None:
             self.in_flight -= 1  # here, not in the coroutine: a task canceled before it ran counts too
-            queue.put_nowait(skipped if task.cancelled() else task.result())
+            queue.put_nowait(request_done)  # this request's responses are all on the queue
 
         async def reader():
             nonlocal pending, done_reading
@@ -262,7 +263,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 async for request in request_iterator:
                     pending += 1
                     self.in_flight += 1
-                    asyncio.ensure_future(self._stream_one(request)).add_done_callback(finished)
+                    asyncio.ensure_future(self._stream_one(request, queue)).add_done_callback(finished)
             finally:
                 done_reading = True
                 queue.put_nowait(read_done)
@@ -273,8 +274,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 item = await queue.get()
                 if item is read_done:
                     continue
-                pending -= 1
-                if item is not skipped:
+                if item is request_done:
+                    pending -= 1
+                else:
                     yield item
             exc = None if read_task.cancelled() else read_task.exception()
             if isinstance(exc, DecodeError):  # grpc.aio's request iterator, on a message it cannot parse
