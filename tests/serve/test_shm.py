@@ -308,3 +308,28 @@ def test_same_answers_as_real_triton(model_repository, tmp_path, regions):
             diffs.append((k, ours[k], theirs[k]))
     assert not diffs
     assert {"twice", "range", "unknown", "region", "offset", "after", "OUTPUT0", "OUTPUT1"} <= keys
+
+
+
+def test_a_region_unregistered_while_its_request_runs(regions):
+    """The output region goes away between the request's check and the model's answer (the registry's
+    own order of calls, as the data plane makes them): a 400 naming it, never a write to unmapped memory."""
+    from azulite.errors import InvalidArgument
+    from azulite.serve.shm import SystemSharedMemory
+    from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+
+    registry = SystemSharedMemory()
+    key, handle = regions(64)
+    registry.register("late", key, 0, 64)
+    request = InferRequest("m", [], outputs=[RequestedOutput("y", {"shared_memory_region": "late",
+                                                                   "shared_memory_byte_size": 8})])
+    places = registry.output_places(request)
+    answer = InferResponse("m", "1", [InferTensor("y", "FP32", (2,), np.array([1.5, 2.5], np.float32))])
+    registry.unregister("late")
+    with pytest.raises(InvalidArgument, match="'late' was unregistered while the request was running"):
+        registry.place_outputs(answer, places)
+    registry.register("late", key, 0, 64)  # registered again: the same request's answer lands
+    registry.place_outputs(answer, registry.output_places(request))
+    assert shm.get_contents_as_numpy(handle, np.float32, [2]).tolist() == [1.5, 2.5]
+    registry.close()
+    assert registry.status() == []

@@ -62,6 +62,9 @@ class Region:
     def check(self, offset: int, size: int, what: str) -> int:
         """-> the absolute position in the mapping of [offset, offset + size) of the region; raises
         InvalidArgument when that range is not inside the region."""
+        if self._map.closed:  # unregistered while the request ran
+            raise InvalidArgument(f"{what}: system shared memory region '{self.name}' was unregistered while "
+                                  "the request was running", fix="unregister a region only when no request uses it")
         if offset < 0 or size < 0 or offset + size > self.byte_size:
             raise InvalidArgument(
                 f"{what}: offset {offset} + byte size {size} is past the end of system shared memory region "
