@@ -305,12 +305,6 @@ def validate_config(config: mc.ModelConfig, *, model: str) -> None:
                         f"model '{model}': dynamic_batching.priority_queue_policy level {level} is not "
                         f"in [1, {db.priority_levels}]",
                     )
-    if config.HasField("sequence_batching"):
-        raise _invalid(
-            model,
-            f"model '{model}': sequence_batching is not supported by azulite",
-            fix="remove sequence_batching; stateless models with dynamic_batching are supported",
-        )
     if config.model_transaction_policy.decoupled and backend != "python":
         raise _invalid(
             model,

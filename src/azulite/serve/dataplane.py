@@ -30,6 +30,7 @@ from azulite.serve.metrics import ServerMetrics
 from azulite.serve.models import READY, LoadedModel
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
+from azulite.serve.sequence import Sequencer
 from azulite.serve.shm import SystemSharedMemory
 from azulite.serve.types import InferRequest, InferResponse, InferTensor
 
@@ -130,6 +131,7 @@ class TritonDataPlane:
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
         self.shm = SystemSharedMemory()  # the system shared memory regions clients registered
+        self._sequencers: dict[int, tuple[LoadedModel, Sequencer]] = {}  # sequence_batching models
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._closing = False
@@ -272,6 +274,9 @@ class TritonDataPlane:
                 outputs = await run_ensemble(model.config, item.inputs, wanted, self._run_step)
                 model.stats.inference_count += item.batch_size or 1
                 model.stats.execution_count += 1
+            elif model.config.HasField("sequence_batching"):
+                outputs = await self._sequencer(model).run(
+                    request.parameters, item, lambda it: model.batcher.submit(it, priority=priority, timeout_us=timeout))
             else:
                 outputs = await model.batcher.submit(item, priority=priority, timeout_us=timeout)
             response = self._respond(model, request, item, outputs, wanted)
@@ -291,6 +296,12 @@ class TritonDataPlane:
             self._inflight -= 1
         model.stats.succeeded(time.perf_counter_ns() - start)
         return response
+
+    def _sequencer(self, model: LoadedModel) -> Sequencer:
+        entry = self._sequencers.get(id(model))
+        if entry is None or entry[0] is not model:  # a model loaded again starts with no live sequences
+            entry = self._sequencers[id(model)] = (model, Sequencer(model.name, model.config))
+        return entry[1]
 
     def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:
         name = model.name
