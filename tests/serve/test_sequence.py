@@ -91,6 +91,13 @@ def check(seen: dict, ours: bool) -> None:
 def test_sequences_over_http_and_grpc(repo):
     with running_server(repo) as s:
         check(conversation(s.http_url, s.grpc_url), ours=True)
+        for lib, url in ((httpclient, s.http_url), (grpcclient, s.grpc_url)):
+            client = lib.InferenceServerClient(url)
+            # a string correlation ID where the model's CORRID control is UINT64: refused, naming both
+            # (real Triton accepts it; what it feeds CORRID then is not documented)
+            status, message = error_status(
+                lambda: one(client, lib, "accumulate_py", 1, sequence_id="seq-a", sequence_start=True))
+            assert status in ("400", "StatusCode.INVALID_ARGUMENT") and "'seq-a'" in message and "UINT64" in message
 
 
 def test_same_answers_as_real_triton(repo, tmp_path):

@@ -114,6 +114,7 @@ class Sequencer:
         sid = self._sequence_id(params)
         start = _flag(params.get("sequence_start"), "sequence_start")
         end = _flag(params.get("sequence_end"), "sequence_end")
+        controls = self._control_inputs(sid, start, end)  # before any bookkeeping: it may refuse the id
         now = time.monotonic_ns()
         self._sweep(now)
         seq = self._live.get(sid)
@@ -136,7 +137,7 @@ class Sequencer:
         async with seq.lock:
             if start:
                 seq.state = self._initial_state()
-            item.inputs.update(self._control_inputs(sid, start, end))
+            item.inputs.update(controls)
             item.inputs.update(seq.state)
             if item.outputs is not None and self.state_outputs:
                 item.outputs = item.outputs | self.state_outputs
