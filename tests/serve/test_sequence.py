@@ -106,3 +106,23 @@ def test_same_answers_as_real_triton(repo, tmp_path):
     with running_triton(repo, tmp_path / "triton.log") as triton:
         theirs = conversation(triton.http_url, triton.grpc_url)
     check(theirs, ours=False)
+
+
+@pytest.mark.parametrize("protocol", ["http", "grpc"])
+def test_perf_analyzer_drives_sequences(repo, tmp_path, protocol):
+    """perf_analyzer's sequence mode (sequence ids, START/END, concurrent sequences) finds no error."""
+    import subprocess
+
+    from .test_server import PERF_ANALYZER
+
+    assert PERF_ANALYZER.exists(), "perf_analyzer missing: `make test` installs it (scripts/anchors.sh)"
+    with running_server(repo) as s:
+        url = s.http_url if protocol == "http" else s.grpc_url
+        p = subprocess.run([str(PERF_ANALYZER), "-m", "accumulate_py", "-i", protocol, "-u", url,
+                            "--concurrency-range", "4", "--sequence-length", "5", "-p", "1000", "--max-trials", "3",
+                            "--stability-percentage", "999", "-f", str(tmp_path / "out.csv")],
+                           capture_output=True, text=True, timeout=240)
+        assert p.returncode == 0, p.stdout + p.stderr
+        stats = httpclient.InferenceServerClient(s.http_url).get_inference_statistics("accumulate_py")
+        inference = stats["model_stats"][0]["inference_stats"]
+        assert inference["success"]["count"] > 0 and inference["fail"]["count"] == 0
