@@ -28,6 +28,13 @@ def repo(tmp_path_factory):
                                        .replace("max_sequence_idle_microseconds: 60000000",
                                                 f"max_sequence_idle_microseconds: {IDLE_US}"))
     (idle / "1" / "model.py").write_text((MODELS_DIR / "accumulate_py" / "model.py").read_text())
+    oldest = root / "accumulate_oldest"  # the oldest strategy: batches across sequences, up to 4
+    (oldest / "1").mkdir(parents=True)
+    (oldest / "config.pbtxt").write_text((MODELS_DIR / "accumulate_py" / "config.pbtxt").read_text()
+                                         .replace('"accumulate_py"', '"accumulate_oldest"')
+                                         .replace("direct { }", "oldest { max_candidate_sequences: 4 "
+                                                  "max_queue_delay_microseconds: 60000000 }"))
+    (oldest / "1" / "model.py").write_text((MODELS_DIR / "accumulate_py" / "model.py").read_text())
     return root
 
 
@@ -126,3 +133,33 @@ def test_perf_analyzer_drives_sequences(repo, tmp_path, protocol):
         stats = httpclient.InferenceServerClient(s.http_url).get_inference_statistics("accumulate_py")
         inference = stats["model_stats"][0]["inference_stats"]
         assert inference["success"]["count"] > 0 and inference["fail"]["count"] == 0
+
+
+def test_oldest_strategy_batches_across_sequences(repo):
+    """Four sequences step at once: with max_batch_size 4 and a long queue delay (60 s) each step's four
+    requests run as one execution as soon as the batch is full; each sequence keeps its own state."""
+    import queue
+
+    with running_server(repo) as s:
+        client = grpcclient.InferenceServerClient(s.grpc_url)
+
+        def step(value_of, **flags) -> list:
+            done: queue.Queue = queue.Queue()
+            for k in range(4):
+                inp = grpcclient.InferInput("INPUT", [1, 1], "INT32")
+                inp.set_data_from_numpy(np.array([[value_of(k)]], dtype=np.int32))
+                client.async_infer("accumulate_oldest", [inp], sequence_id=500 + k, **flags,
+                                   callback=lambda result, error: done.put((result, error)))
+            answers = []
+            for _ in range(4):
+                result, error = done.get(timeout=120)
+                assert error is None, error
+                answers.append((int(result.as_numpy("CORR")[0, 0]), int(result.as_numpy("OUTPUT")[0, 0])))
+            return sorted(answers)
+
+        assert step(lambda k: k + 1, sequence_start=True) == [(500, 1), (501, 2), (502, 3), (503, 4)]
+        assert step(lambda k: 10, sequence_end=True) == [(500, 11), (501, 12), (502, 13), (503, 14)]
+        stats = httpclient.InferenceServerClient(s.http_url).get_inference_statistics("accumulate_oldest")
+        model = stats["model_stats"][0]
+        assert int(model["inference_count"]) == 8 and int(model["execution_count"]) == 2
+        client.close()

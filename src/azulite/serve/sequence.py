@@ -14,8 +14,10 @@ flags (request parameters, over HTTP and gRPC alike). Per sequence, the server
   (Triton's default: 1 s); a request of a released or unknown sequence without START is refused, naming
   the sequence and why.
 
-Both strategies (``direct``, ``oldest``) keep these semantics; executions hold one request each (batching
-several sequences into one execution is not done here).
+Both strategies keep these semantics. ``direct``: one request per execution. ``oldest``: the model's
+batcher batches requests of different sequences (its ``max_queue_delay_microseconds`` and
+``preferred_batch_size``, up to max_batch_size; batcher.BatcherSettings); a batch never holds two steps of
+one sequence, since a sequence has one request in flight. ``max_candidate_sequences`` is not a limit here.
 """
 
 from __future__ import annotations
