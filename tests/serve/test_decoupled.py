@@ -77,8 +77,10 @@ def unary_errors(http_url: str, grpc_url: str) -> tuple[str, str]:
     for lib, url in ((httpclient, http_url), (grpcclient, grpc_url)):
         inp = lib.InferInput("IN", [2], "INT32")
         inp.set_data_from_numpy(np.array([1, 2], dtype=np.int32))
+        client = lib.InferenceServerClient(url)
         with pytest.raises(InferenceServerException) as info:
-            lib.InferenceServerClient(url).infer("repeat_py", [inp])
+            client.infer("repeat_py", [inp])
+        client.close()
         statuses.append(info.value)
     return statuses[0], statuses[1]
 

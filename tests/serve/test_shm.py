@@ -276,6 +276,7 @@ def shm_conversation(http_url: str, grpc_url: str, regions) -> dict:
         finally:
             client.unregister_system_shared_memory()
         seen[protocol, "after"] = status_names(client, protocol)
+        client.close()
     return seen
 
 
