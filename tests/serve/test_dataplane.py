@@ -187,7 +187,7 @@ def test_statistics_metrics_and_metadata(model_repository):
             assert line in text, line
         meta = dp.server_metadata()
         assert "classification" in meta.extensions and "statistics" in meta.extensions
-        assert "system_shared_memory" not in meta.extensions
+        assert "system_shared_memory" in meta.extensions and "cuda_shared_memory" not in meta.extensions
         config = dp.model_config("add_sub_py")
         assert config.max_batch_size == 8 and config.instance_group[0].count == 2
         await dp.shutdown()

@@ -332,15 +332,15 @@ def test_unknown_endpoints_and_unsupported_extensions(server):
     assert raw(server, "GET", "/v2/trace/setting")[0] == 501
     status, _, body = raw(server, "GET", "/v2/systemsharedmemory/status")
     assert status == 200 and json.loads(body) == []
-    status, _, body = raw(server, "POST", "/v2/systemsharedmemory/region/r0/register",
-                          json.dumps({"key": "/r0", "offset": 0, "byte_size": 64}).encode())
+    status, _, body = raw(server, "POST", "/v2/cudasharedmemory/region/r0/register",
+                          json.dumps({"raw_handle": {"b64": "aGFuZGxl"}, "device_id": 0, "byte_size": 64}).encode())
     assert status == 501 and "shared memory" in json.loads(body)["error"]
     assert raw(server, "POST", "/v2/models/add_sub_onnx/generate", b"{}")[0] == 501
 
 
 def test_shared_memory_via_client(client):
-    assert client.get_system_shared_memory_status() == []
-    err = error_of(lambda: client.register_system_shared_memory("r0", "/r0", 64))
+    assert client.get_cuda_shared_memory_status() == []
+    err = error_of(lambda: client.register_cuda_shared_memory("r0", b"aGFuZGxl", 0, 64))
     assert err.status() == "501"
 
 

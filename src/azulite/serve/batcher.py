@@ -82,6 +82,13 @@ class BatcherSettings:
 
     @classmethod
     def from_config(cls, config: mc.ModelConfig) -> "BatcherSettings":
+        if config.sequence_batching.HasField("oldest") and config.max_batch_size > 0:
+            # the oldest strategy batches requests of different sequences (serve/sequence.py keeps one
+            # request per sequence in flight, so a batch never holds two steps of one sequence)
+            oldest = config.sequence_batching.oldest
+            return cls(max_batch_size=config.max_batch_size, dynamic=True,
+                       preferred=tuple(sorted(set(oldest.preferred_batch_size))),
+                       max_delay_ns=oldest.max_queue_delay_microseconds * 1000)
         if not config.HasField("dynamic_batching") or config.max_batch_size == 0:
             return cls(max_batch_size=config.max_batch_size)
         db = config.dynamic_batching

@@ -305,17 +305,12 @@ def validate_config(config: mc.ModelConfig, *, model: str) -> None:
                         f"model '{model}': dynamic_batching.priority_queue_policy level {level} is not "
                         f"in [1, {db.priority_levels}]",
                     )
-    if config.HasField("sequence_batching"):
+    if config.model_transaction_policy.decoupled and backend != "python":
         raise _invalid(
             model,
-            f"model '{model}': sequence_batching is not supported by azulite",
-            fix="remove sequence_batching; stateless models with dynamic_batching are supported",
-        )
-    if config.model_transaction_policy.decoupled:
-        raise _invalid(
-            model,
-            f"model '{model}': decoupled models (model_transaction_policy.decoupled) are not supported by azulite",
-            fix="remove model_transaction_policy or set decoupled: false (one response per request)",
+            f"model '{model}': decoupled models (model_transaction_policy.decoupled) are not supported by "
+            f"azulite's {backend} backend",
+            fix="serve decoupled models with the python backend, or set decoupled: false (one response per request)",
         )
     if config.version_policy.HasField("latest") and config.version_policy.latest.num_versions < 1:
         raise _invalid(model, f"model '{model}': version_policy.latest.num_versions must be >= 1")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -23,6 +23,7 @@ from azulite.serve import config as cfg
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Rejected
+from azulite.serve.decoupled import is_decoupled, stream, unary_refused
 from azulite.serve.ensemble import run_ensemble
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
 from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallback_metrics, policy_of
@@ -31,6 +32,8 @@ from azulite.serve.metrics import ServerMetrics
 from azulite.serve.models import READY, LoadedModel
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
+from azulite.serve.sequence import Sequencer
+from azulite.serve.shm import SystemSharedMemory
 from azulite.serve.types import InferRequest, InferResponse, InferTensor
 
 SERVER_NAME = "azulite"
@@ -45,6 +48,7 @@ EXTENSIONS = (
     "binary_tensor_data",
     "parameters",
     "statistics",
+    "system_shared_memory",
 )
 
 _DTYPE_TO_WIRE = {v: k for k, v in cfg.WIRE_TO_NUMPY.items()}
@@ -133,6 +137,8 @@ class TritonDataPlane:
             bls=self._bls,
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
+        self.shm = SystemSharedMemory()  # the system shared memory regions clients registered
+        self._sequencers: dict[int, tuple[LoadedModel, Sequencer]] = {}  # sequence_batching models
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
         self._closing = False
@@ -248,6 +254,15 @@ class TritonDataPlane:
             self._loop = asyncio.get_running_loop()
         if self._closing:
             raise Unavailable("the server is shutting down and accepts no new requests")
+        self.shm.resolve_inputs(request)
+        places = self.shm.output_places(request)
+        response = await self._infer_with_policies(request)
+        if places:
+            self.shm.place_outputs(response, places)
+        return response
+
+    async def _infer_with_policies(self, request: InferRequest) -> InferResponse:
+        """The model's fallback (serve/fallback.py) and output monitor (serve/drift.py) around _infer."""
         entry = self.manager.entries.get(request.model_name)
         if entry is None or entry.config is None:
             return await self._infer(request)
@@ -265,9 +280,19 @@ class TritonDataPlane:
             cached[2].observe([(t.name, t.data) for t in response.outputs])
         return response
 
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """The responses of one request: 0..n from a decoupled model (serve/decoupled.py), else infer's."""
+        model = self.manager.get(request.model_name, request.model_version)
+        return stream(self, model, request) if is_decoupled(model) else self._one(request)
+
+    async def _one(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        yield await self.infer(request)
+
     async def _infer(self, request: InferRequest) -> InferResponse:
         """infer without the shutdown check: ensemble steps and BLS calls of requests in flight."""
         model = self.manager.get(request.model_name, request.model_version)
+        if is_decoupled(model):
+            raise unary_refused(model)
         start = time.perf_counter_ns()
         self._inflight += 1
         reason = "OTHER"
@@ -286,6 +311,9 @@ class TritonDataPlane:
                 outputs = await run_ensemble(model.config, item.inputs, wanted, self._run_step)
                 model.stats.executed(item.batch_size or 1, [began - start],
                                      Timing(infer_ns=time.perf_counter_ns() - began), ok=True)
+            elif model.config.HasField("sequence_batching"):
+                outputs = await self._sequencer(model).run(
+                    request.parameters, item, lambda it: model.batcher.submit(it, priority=priority, timeout_us=timeout))
             else:
                 outputs = await model.batcher.submit(item, priority=priority, timeout_us=timeout)
             response = self._respond(model, request, item, outputs, wanted)
@@ -305,6 +333,12 @@ class TritonDataPlane:
             self._inflight -= 1
         model.stats.succeeded(time.perf_counter_ns() - start)
         return response
+
+    def _sequencer(self, model: LoadedModel) -> Sequencer:
+        entry = self._sequencers.get(id(model))
+        if entry is None or entry[0] is not model:  # a model loaded again starts with no live sequences
+            entry = self._sequencers[id(model)] = (model, Sequencer(model.name, model.config))
+        return entry[1]
 
     def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:
         name = model.name
@@ -517,6 +551,7 @@ class TritonDataPlane:
         batchers = [m.batcher for e in self.manager.entries.values() for m in e.ready.values() if m.batcher]
         await asyncio.gather(*(b.close(max(0.0, deadline - time.monotonic())) for b in batchers),
                              return_exceptions=True)
+        self.shm.close()
         self._closed = True
 
     @property

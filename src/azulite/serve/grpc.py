@@ -99,14 +99,17 @@ def _count(shape: tuple[int, ...]) -> int:
 
 def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
     raw = req.raw_input_contents
-    if raw and len(raw) != len(req.inputs):
+    in_shm = sum(1 for t in req.inputs if "shared_memory_region" in t.parameters)  # no raw content
+    if raw and len(raw) != len(req.inputs) - in_shm:
         raise InvalidArgument(
-            f"raw_input_contents has {len(raw)} entries for {len(req.inputs)} inputs",
+            f"raw_input_contents has {len(raw)} entries for {len(req.inputs) - in_shm} inputs"
+            + (" not in shared memory" if in_shm else ""),
             fix="send raw contents for every input, or typed contents for every input")
+    raw_index = 0
     if not req.inputs:
         raise InvalidArgument("the infer request needs at least one input")
     inputs: list[InferTensor] = []
-    for i, t in enumerate(req.inputs):
+    for t in req.inputs:
         name, datatype = t.name, t.datatype
         dtype = WIRE_TO_NUMPY.get(datatype)
         if dtype is None:
@@ -116,8 +119,12 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
             raise InvalidArgument(f"input '{name}': shape {list(t.shape)} has a negative dimension")
         shape = tuple(t.shape)
         count = _count(shape)
+        if in_shm and "shared_memory_region" in t.parameters:  # the data plane reads it (serve/shm.py)
+            inputs.append(InferTensor(name, datatype, shape, None, _params_in(t.parameters)))  # type: ignore[arg-type]
+            continue
         if raw:
-            buf = raw[i]
+            buf = raw[raw_index]
+            raw_index += 1
             if datatype == "BYTES":
                 array = deserialize_bytes(buf, count, name).reshape(shape)
             else:
@@ -162,6 +169,9 @@ def encode_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
         out = msg.outputs.add(name=t.name, datatype=t.datatype, shape=t.shape)
         if t.parameters:
             _params_out(out.parameters, t.parameters)
+        if t.data is None:  # written into the client's shared memory region: as Triton, an empty entry
+            raw.append(b"")
+            continue
         raw.append(serialize_bytes(t.data) if t.datatype == "BYTES" else np.ascontiguousarray(t.data).tobytes())
     return msg
 
@@ -227,27 +237,28 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         finally:
             self.in_flight -= 1
 
-    async def _stream_one(self, request) -> pb.ModelStreamInferResponse:
+    async def _stream_one(self, request, queue: asyncio.Queue) -> None:
+        """Puts the request's responses on the stream's queue: one, or 0..n from a decoupled model."""
         try:
-            resp = encode_infer_response(await self.dp.infer(decode_infer_request(request)))
-            return pb.ModelStreamInferResponse(infer_response=resp)
+            async for response in self.dp.infer_stream(decode_infer_request(request)):
+                queue.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)))
         except Exception as exc:  # noqa: BLE001 - a stream reports errors per response, as Triton
             _, message = _status(exc)
-            return pb.ModelStreamInferResponse(
+            queue.put_nowait(pb.ModelStreamInferResponse(
                 error_message=message, infer_response=pb.ModelInferResponse(id=request.id,
-                                                                            model_name=request.model_name))
+                                                                            model_name=request.model_name)))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of a stream run concurrently; each response is sent when ready (match them by id). A
         broken request stream ends the call with its error status, after the responses already due."""
         queue: asyncio.Queue = asyncio.Queue()
-        read_done, skipped = object(), object()
+        read_done, request_done = object(), object()
         pending = 0
         done_reading = False
 
         def finished(task: asyncio.Task) -> None:
             self.in_flight -= 1  # here, not in the coroutine: a task canceled before it ran counts too
-            queue.put_nowait(skipped if task.cancelled() else task.result())
+            queue.put_nowait(request_done)  # this request's responses are all on the queue
 
         async def reader():
             nonlocal pending, done_reading
@@ -255,7 +266,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 async for request in request_iterator:
                     pending += 1
                     self.in_flight += 1
-                    asyncio.ensure_future(self._stream_one(request)).add_done_callback(finished)
+                    asyncio.ensure_future(self._stream_one(request, queue)).add_done_callback(finished)
             finally:
                 done_reading = True
                 queue.put_nowait(read_done)
@@ -266,8 +277,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 item = await queue.get()
                 if item is read_done:
                     continue
-                pending -= 1
-                if item is not skipped:
+                if item is request_done:
+                    pending -= 1
+                else:
                     yield item
             exc = None if read_task.cancelled() else read_task.exception()
             if isinstance(exc, DecodeError):  # grpc.aio's request iterator, on a message it cannot parse
@@ -301,17 +313,30 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         except Exception as exc:  # noqa: BLE001
             await self._abort(context, exc)
 
-    # --- extensions azulite does not implement ------------------------------------------------------
+    # --- system shared memory (serve/shm.py) -------------------------------------------------------
 
     async def SystemSharedMemoryStatus(self, request, context):
-        return pb.SystemSharedMemoryStatusResponse()  # nothing is ever registered
+        try:
+            response = pb.SystemSharedMemoryStatusResponse()
+            for r in self.dp.shm.status(request.name):
+                response.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
+                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
+            return response
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
 
     async def SystemSharedMemoryRegister(self, request, context):
-        await self._abort(context, Unsupported(
-            "system shared memory is not supported by azulite", fix="send tensors in raw_input_contents"))
+        try:
+            self.dp.shm.register(request.name, request.key, request.offset, request.byte_size)
+            return pb.SystemSharedMemoryRegisterResponse()
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
 
     async def SystemSharedMemoryUnregister(self, request, context):
+        self.dp.shm.unregister(request.name)
         return pb.SystemSharedMemoryUnregisterResponse()
+
+    # --- extensions azulite does not implement ------------------------------------------------------
 
     async def CudaSharedMemoryStatus(self, request, context):
         return pb.CudaSharedMemoryStatusResponse()

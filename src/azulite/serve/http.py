@@ -8,9 +8,9 @@ Python servers from Triton at concurrency 32; a Protocol that parses with llhttp
 :class:`~azulite.serve.types.DataPlane`; this module only converts and routes.
 
 Routes are Triton's (docs/protocol/*.md): health, server and model metadata, ready, config, statistics,
-infer (JSON + binary tensor data extension), repository index / load / unload; logging, trace and
-shared-memory registration answer 501 with a message (status queries of shared memory answer the empty
-list: no region is ever registered). Errors are ``{"error": "..."}`` with :data:`HTTP_STATUS`.
+infer (JSON + binary tensor data extension), repository index / load / unload, system shared memory
+(serve/shm.py); logging, trace and CUDA shared-memory registration answer 501 with a message (status
+queries of CUDA shared memory answer the empty list). Errors are ``{"error": "..."}`` with :data:`HTTP_STATUS`.
 """
 
 from __future__ import annotations
@@ -198,7 +198,9 @@ class HttpApp:
             return (200 if ok else 400), JSON, b"", ()
         if head == "repository":
             return self._repository(post, method, path, rest[1:], body)
-        if head in ("systemsharedmemory", "cudasharedmemory"):
+        if head == "systemsharedmemory":
+            return self._system_shared_memory(rest[1:], method, path, body)
+        if head == "cudasharedmemory":
             return self._shared_memory(head, rest[1:], method, path)
         if head == "logging" or head == "trace":
             raise Unsupported(f"the {head} extension is not supported by azulite",
@@ -285,6 +287,29 @@ class HttpApp:
                 load_params[key] = value
         await self.dp.load_model(name, load_params or None)
         return _EMPTY_OK
+
+    def _system_shared_memory(self, rest: list[str], method: bytes, path: str, body: bytes):
+        """Triton's systemsharedmemory routes: [region/NAME/](status|register|unregister)."""
+        get, post = method == b"GET", method == b"POST"
+        name = ""
+        if len(rest) == 3 and rest[0] == "region":
+            name, rest = rest[1], rest[2:]
+        action = rest[0] if len(rest) == 1 else None
+        if action == "status":
+            self._method(get, method, path)
+            return _json_reply([{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                                for r in self.dp.shm.status(name)])
+        if action == "unregister":
+            self._method(post, method, path)
+            self.dp.shm.unregister(name)
+            return _EMPTY_OK
+        if action == "register" and name:
+            self._method(post, method, path)
+            doc = _parse_json_body(body)
+            self.dp.shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+            return _EMPTY_OK
+        raise NotFound(f"no such endpoint: {method.decode()} {path}",
+                       fix="use /v2/systemsharedmemory[/region/NAME]/status|unregister or .../region/NAME/register")
 
     @staticmethod
     def _shared_memory(kind: str, rest: list[str], method: bytes, path: str):

@@ -203,9 +203,14 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
                         fix="send prod(shape) * element size bytes")
                 array = np.frombuffer(chunk, dtype=dtype).reshape(shape)
             params = {k: v for k, v in params.items() if k != "binary_data_size"}
+        elif "shared_memory_region" in params:  # the data plane reads it from the region (serve/shm.py)
+            if "data" in item:
+                raise InvalidArgument(f"input '{name}': has both 'data' and shared_memory_region")
+            array = None
         else:
             if "data" not in item:
-                raise InvalidArgument(f"input '{name}': needs 'data' or parameters.binary_data_size")
+                raise InvalidArgument(f"input '{name}': needs 'data', parameters.binary_data_size or "
+                                      "parameters.shared_memory_region")
             array = _json_input(name, datatype, shape, dtype, item["data"])
         inputs.append(InferTensor(name, datatype, shape, array, params))
     if offset != len(body):
@@ -255,7 +260,9 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     for t in response.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
         params = dict(t.parameters) if t.parameters else {}
-        if wants.get(t.name, binary_default):
+        if t.data is None:  # written into the client's shared memory region: no data here
+            pass
+        elif wants.get(t.name, binary_default):
             if t.datatype == "BYTES":
                 blob = serialize_bytes(t.data)
             else:

@@ -9,6 +9,7 @@ are numpy ``object`` arrays of ``bytes``.
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -79,6 +80,10 @@ class DataPlane(Protocol):
     def model_statistics(self, name: str = "", version: str = "") -> service_pb2.ModelStatisticsResponse: ...
 
     async def infer(self, request: InferRequest) -> InferResponse: ...
+
+    def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """0..n responses of a decoupled model, or infer's one answer (gRPC ModelStreamInfer)."""
+        ...
 
     def repository_index(self, ready_only: bool = False) -> service_pb2.RepositoryIndexResponse: ...
 

@@ -29,6 +29,9 @@ class WorkItem:
     batch_size: int
     request_id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    # Decoupled models (serve/decoupled.py): sink(result, final) takes each response, from any thread,
+    # before or after execute returns; None for models that answer once per request.
+    sink: Callable[[Result | None, bool], None] | None = None
 
 
 @dataclass(slots=True)

@@ -193,11 +193,39 @@ class InferenceResponse:
         return self._parameters if isinstance(self._parameters, str) else json.dumps(self._parameters)
 
 
+class InferenceResponseSender:
+    """A decoupled request's response sender, as Triton's: ``send(response, flags)`` 0..n times from any
+    thread, during or after ``execute``; the last send carries TRITONSERVER_RESPONSE_COMPLETE_FINAL
+    (with or without a response). ``deliver(response_or_None, final)`` is the server's side."""
+
+    __slots__ = ("_deliver", "_closed", "_lock")
+
+    def __init__(self, deliver) -> None:
+        self._deliver = deliver
+        self._closed = False
+        self._lock = threading.Lock()
+
+    def send(self, response: "InferenceResponse | None" = None, flags: int = 0) -> None:
+        final = bool(flags & TRITONSERVER_RESPONSE_COMPLETE_FINAL)
+        if response is None and not final:
+            raise TritonModelException("send() needs a response, or flags=TRITONSERVER_RESPONSE_COMPLETE_FINAL")
+        if response is not None and not isinstance(response, InferenceResponse):
+            raise TritonModelException(f"send() takes a pb_utils.InferenceResponse, got {type(response).__name__}")
+        with self._lock:
+            if self._closed:
+                raise TritonModelException("Unable to send response. Response sender has been closed.")
+            self._closed = final
+        self._deliver(response, final)
+
+    def is_cancelled(self) -> bool:
+        return False
+
+
 class InferenceRequest:
     """A request handed to ``execute`` — or, built by a model, a BLS request it sends with ``exec()``."""
 
     __slots__ = ("_model_name", "_requested", "_inputs", "_id", "_correlation_id", "_model_version", "_flags",
-                 "_timeout", "_parameters")
+                 "_timeout", "_parameters", "_sender")
 
     def __init__(self, model_name: str = "", requested_output_names: list[str] | None = None,
                  inputs: list[Tensor] | None = None, request_id: str = "", correlation_id: int = 0,
@@ -212,6 +240,7 @@ class InferenceRequest:
         self._flags = flags
         self._timeout = timeout
         self._parameters = parameters if parameters is not None else {}
+        self._sender: InferenceResponseSender | None = None  # set by the server for decoupled models
 
     def inputs(self) -> list[Tensor]:
         return self._inputs
@@ -240,8 +269,13 @@ class InferenceRequest:
     def is_cancelled(self) -> bool:
         return False
 
-    def get_response_sender(self):
-        raise TritonModelException("decoupled models (response senders) are not supported by azulite")
+    def get_response_sender(self) -> "InferenceResponseSender":
+        sender = self._sender
+        if sender is None:
+            raise TritonModelException(
+                "get_response_sender() is only available to decoupled models (model_transaction_policy "
+                "{ decoupled: true }) inside execute()")
+        return sender
 
     def exec(self, decoupled: bool = False) -> InferenceResponse:
         """Business Logic Scripting: run another model of this server, synchronously."""

@@ -82,6 +82,9 @@ class PythonInstance:
         self.inline_safe = not inspect.iscoroutinefunction(getattr(self.impl, "execute", None)) and \
             "InferenceRequest" not in ctx.model_file.read_text(errors="replace")
         self.config_json = json.dumps(cfg.config_to_dict(ctx.config))
+        # decoupled: each request gets a response sender; execute returns None (serve/decoupled.py)
+        self.decoupled = ctx.config.model_transaction_policy.decoupled
+        self.inline_safe = self.inline_safe and not self.decoupled  # its execute may wait between sends
         args = {
             "model_config": self.config_json,
             "model_instance_kind": "CPU",
@@ -129,6 +132,9 @@ class PythonInstance:
             )
             for item in items
         ]
+        if self.decoupled:
+            for request, item in zip(requests, items):
+                request._sender = pb_utils.InferenceResponseSender(self._deliverer(item))
         t1 = time.perf_counter_ns()
         try:
             responses = self._with_bls(self._call_execute, requests)
@@ -138,6 +144,8 @@ class PythonInstance:
                 f"{type(exc).__name__}: {exc}"
             ) from None
         t2 = time.perf_counter_ns()
+        if self.decoupled:  # the answers go through the senders; Triton ignores what execute returns
+            return [{} for _ in items], Timing(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
         if responses is None or len(responses) != len(items):
             raise Internal(
                 f"model '{self.model}': execute() returned {0 if responses is None else len(responses)} "
@@ -157,6 +165,23 @@ class PythonInstance:
                         outputs[tensor.name()] = tensor.as_numpy()
                 results.append(outputs)
         return results, Timing(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
+
+    def _deliverer(self, item: WorkItem):
+        """-> deliver(pb response or None, final) for one decoupled request: converted, then item.sink."""
+        sink = item.sink
+        if sink is None:
+            raise Internal(f"model '{self.model}' is decoupled but its request has no response sink")
+
+        def deliver(response: pb_utils.InferenceResponse | None, final: bool) -> None:
+            if response is None:
+                sink(None, final)
+            elif response.has_error():
+                sink(_error_of(response.error(), model=self.model), final)
+            else:
+                sink({t.name(): t.as_numpy() for t in response.output_tensors()
+                      if item.outputs is None or t.name() in item.outputs}, final)
+
+        return deliver
 
     def close(self) -> None:
         if hasattr(self.impl, "finalize"):

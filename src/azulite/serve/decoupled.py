@@ -1,0 +1,107 @@
+"""Decoupled models (``model_transaction_policy { decoupled: true }``): a request gets 0..n responses,
+sent by the model through its response sender (pb_utils.InferenceResponseSender) from any thread, during
+or after ``execute``; the last send carries TRITONSERVER_RESPONSE_COMPLETE_FINAL.
+
+The request still goes through the model's batcher (so decoupled requests batch like any other); its
+WorkItem carries a ``sink`` that hands each response to this request's queue on the event loop, and
+:func:`stream` yields them as :class:`InferResponse` until the final one. gRPC ``ModelStreamInfer`` sends
+each as a stream message; unary infer (HTTP or gRPC) refuses a decoupled model, as Triton does.
+
+As Triton: a request parameter ``triton_enable_empty_final_response`` (bool) makes every response carry
+``triton_final_response`` and sends an empty final response when the model closes without one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import AsyncIterator
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable, Unsupported
+from azulite.serve.types import InferRequest, InferResponse
+
+if TYPE_CHECKING:
+    from azulite.serve.dataplane import TritonDataPlane
+    from azulite.serve.models import LoadedModel
+
+EMPTY_FINAL = "triton_enable_empty_final_response"
+FINAL_FLAG = "triton_final_response"
+
+
+def is_decoupled(model: "LoadedModel") -> bool:
+    return model.config.model_transaction_policy.decoupled
+
+
+def unary_refused(model: "LoadedModel") -> Unsupported:
+    """As real Triton answers it (checked in tests/serve/test_decoupled.py): 501 / UNIMPLEMENTED."""
+    return Unsupported(
+        f"model '{model.name}' is decoupled (model_transaction_policy.decoupled: it sends 0..n responses per "
+        "request): unary infer cannot answer it", fix="call it over gRPC ModelStreamInfer (a streaming client)")
+
+
+def _int(request: InferRequest, key: str) -> int:
+    value: Any = request.parameters.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise InvalidArgument(f"request parameter '{key}' must be an integer, got {value!r}")
+    return int(value)
+
+
+async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequest) -> AsyncIterator[InferResponse]:
+    """The responses of one request to a decoupled model, in the order the model sent them."""
+    if dp._closing:
+        raise Unavailable("the server is shutting down and accepts no new requests")
+    dp.shm.resolve_inputs(request)
+    if dp.shm.output_places(request):
+        raise InvalidArgument(f"model '{model.name}' is decoupled: its outputs cannot be placed in shared memory "
+                              "regions (a request may get many responses)", fix="receive them in the stream")
+    loop = asyncio.get_running_loop()
+    queue: asyncio.Queue = asyncio.Queue()
+
+    def sink(result, final: bool) -> None:  # any thread
+        loop.call_soon_threadsafe(queue.put_nowait, (result, final))
+
+    def executed(future: asyncio.Future) -> None:  # a failed execute ends the request with its error
+        if future.cancelled():
+            queue.put_nowait((ServeError("the request was cancelled"), True))
+        elif future.exception() is not None:
+            queue.put_nowait((future.exception(), True))
+
+    empty_final = bool(request.parameters.get(EMPTY_FINAL, False))
+    start = time.perf_counter_ns()
+    dp._inflight += 1
+    try:
+        item = dp._prepare(model, request)
+        item.sink = sink
+        wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
+        future = model.batcher.submit(item, priority=_int(request, "priority"), timeout_us=_int(request, "timeout"))
+        future.add_done_callback(executed)
+        while True:
+            result, final = await queue.get()
+            if isinstance(result, BaseException):
+                raise result
+            if result is not None:
+                response = dp._respond(model, request, item, result, wanted)
+            elif final and empty_final:
+                response = InferResponse(model.name, model.version_str, [], id=request.id)
+            else:
+                break  # the final flag alone
+            if empty_final:
+                response.parameters[FINAL_FLAG] = final
+            yield response
+            if final:
+                break
+    except ServeError:
+        model.stats.failed(time.perf_counter_ns() - start, "BACKEND")
+        raise
+    except (asyncio.CancelledError, GeneratorExit):
+        model.stats.failed(time.perf_counter_ns() - start, "CANCELED")
+        raise
+    except Exception as exc:  # a bug of ours: answer INTERNAL, keep serving
+        model.stats.failed(time.perf_counter_ns() - start, "OTHER")
+        raise Internal(f"model '{model.name}': {type(exc).__name__}: {exc}") from exc
+    finally:
+        dp._inflight -= 1
+    model.stats.succeeded(time.perf_counter_ns() - start)

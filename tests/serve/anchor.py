@@ -1,0 +1,61 @@
+"""Real Triton (the anchors installer's tritonserver, Python backend only) on free loopback ports, for
+tests that compare azulite's answers with Triton's own. Always stopped by the context that started it."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+import tritonclient.http as httpclient
+
+TRITONSERVER = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "bin" / "tritonserver"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@dataclass
+class TritonProcess:
+    http_url: str
+    grpc_url: str
+
+
+@contextmanager
+def running_triton(repository: Path, log: Path, start_timeout_s: float = 180) -> Iterator[TritonProcess]:
+    assert TRITONSERVER.exists(), "tritonserver missing: `make test` installs it (scripts/anchors.sh)"
+    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    with log.open("w") as out:
+        proc = subprocess.Popen([str(TRITONSERVER), f"--model-repository={repository}", "--http-address=127.0.0.1",
+                                 "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+                                 f"--metrics-port={metrics_port}", "--exit-timeout-secs=5"], stdout=out, stderr=subprocess.STDOUT,
+                                env={**os.environ, "COLUMNS": "120"})
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", connection_timeout=5)
+        deadline = time.monotonic() + start_timeout_s  # a safety net: readiness is what is waited on
+        while True:
+            assert proc.poll() is None, f"tritonserver exited ({proc.returncode}):\n{log.read_text()[-3000:]}"
+            try:
+                if client.is_server_ready():
+                    break
+            except Exception:  # noqa: BLE001 - not listening yet
+                pass
+            assert time.monotonic() < deadline, f"tritonserver not ready in {start_timeout_s} s"
+            time.sleep(0.2)  # polling the readiness condition, not synchronising on time
+        client.close()
+        yield TritonProcess(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(60)
