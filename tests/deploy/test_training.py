@@ -107,7 +107,11 @@ def test_option_a_reproduces_seed_002_indexed_job():
     script = sc["args"].index("train_dlrm.py")
     assert c["args"][c["args"].index("train_dlrm.py"):] == sc["args"][script:]
     for flag in sc["args"][:script]:
-        assert flag in c["args"], flag
+        if not flag.startswith("--nnodes="):
+            assert flag in c["args"], flag
+    # the seed's Option A runs a fixed 2 nodes; the example's spec asks for 1..2 (seed's Option C), so torchrun
+    # gets the range
+    assert "--nnodes=1:2" in c["args"] and "--nnodes=2" in sc["args"]
     # c10d on pod 0, reachable through the headless Service the pods' subdomain names
     assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"]
     env = {e["name"]: e["value"] for e in c["env"]}
@@ -123,8 +127,11 @@ def test_option_c_reproduces_seed_002_pytorchjob():
     s = seed("torchrec-pytorchjob.yaml")
     assert pj["metadata"]["name"] == s["metadata"]["name"]
     assert pj["spec"]["elasticPolicy"]["rdzvBackend"] == s["spec"]["elasticPolicy"]["rdzvBackend"]
-    # min = max = the spec's node count until the spec has a node range (issue 16)
-    assert pj["spec"]["elasticPolicy"]["minReplicas"] == pj["spec"]["elasticPolicy"]["maxReplicas"] == 2
+    # the spec's node range (elastic.min_nodes 1, instance_count 2): the seed's minReplicas, and its
+    # replicas as the top (the seed's maxReplicas 4 is above the pods it starts; azulite's max = nodes started)
+    ep, sep = pj["spec"]["elasticPolicy"], s["spec"]["elasticPolicy"]
+    assert ep["minReplicas"] == sep["minReplicas"] == 1
+    assert ep["maxReplicas"] == s["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2 <= sep["maxReplicas"]
     w, sw = pj["spec"]["pytorchReplicaSpecs"]["Worker"], s["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert w["replicas"] == sw["replicas"]
     _common_pod_fields(w["template"]["spec"], sw["template"]["spec"])
@@ -229,3 +236,35 @@ def test_dockerfile_from_a_conda_file(job_file, tmp_path):
     assert files["Dockerfile"].splitlines()[1:] == [
         "FROM mcr.microsoft.com/azureml/curated/acpt:1", "COPY conda.yaml /tmp/conda.yaml",
         "RUN conda env update -n base -f /tmp/conda.yaml && conda clean -afy", "WORKDIR /code"]
+
+
+def test_fixed_node_count_renders_fixed_range(job_file):
+    job = the(render(job_file(BASE)), "Job")
+    assert "--nnodes=2" in _container(job["spec"]["template"]["spec"])["args"]
+    (pj,) = render(job_file(BASE), "pytorchjob")
+    assert pj["spec"]["elasticPolicy"]["minReplicas"] == pj["spec"]["elasticPolicy"]["maxReplicas"] == 2
+
+
+def test_no_distribution_runs_the_command_once_per_pod(job_file):
+    spec = {k: v for k, v in BASE.items() if k != "distribution"}
+    spec["resources"] = {"instance_type": "Standard_NC24rs_v3", "instance_count": 3}
+    objects = render(job_file(spec))
+    assert_valid(objects)
+    job = the(objects, "Job")
+    assert job["spec"]["parallelism"] == job["spec"]["completions"] == 3
+    pod = job["spec"]["template"]["spec"]
+    c = _container(pod)
+    # the command itself, no torchrun
+    assert [c["command"][0], *c["args"]] == ["python", "train.py", "--steps", "10", "--ckpt", "az://ckpt/run1"]
+    assert not any("torchrun" in a or "nnodes" in a for a in c["command"] + c["args"])
+    # one process per pod holding the node's GPUs (NC24rs_v3: 4), and its node rank from the pod index
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
+    (rank,) = [e for e in c["env"] if e["name"] == "NODE_RANK"]
+    assert "job-completion-index" in rank["valueFrom"]["fieldRef"]["fieldPath"]
+
+
+def test_no_distribution_as_pytorchjob_names_the_fix(job_file):
+    spec = {k: v for k, v in BASE.items() if k != "distribution"}
+    with pytest.raises(DeployError) as e:
+        render(job_file(spec), "pytorchjob")
+    assert e.value.where == "distribution" and "indexed-job" in e.value.fix

@@ -9,11 +9,13 @@ from __future__ import annotations
 import re
 import shlex
 from dataclasses import dataclass
-from typing import Any
 
 from azulite.deploy.sku import sku_facts
 from azulite.deploy.training import GPU_TAINT, SPOT_TAINT
 from azulite.errors import DeployError
+from azulite.observe import rules
+from azulite.observe.alerts import gpu_rule_groups
+from azulite.observe.rules import RuleGroup
 from azulite.spec.cluster import SPOT_TAINT as SPOT_TAINT_TEXT
 from azulite.spec.cluster import ClusterSpec, NodePool
 
@@ -33,7 +35,7 @@ class AksCluster:
     device_plugin_image: str = "nvcr.io/nvidia/k8s-device-plugin:v0.18.0"
     dcgm_exporter_image: str = "nvcr.io/nvidia/k8s/dcgm-exporter:4.2.3-4.1.3-ubuntu22.04"
     max_node_provision_time: str = "15m"
-    #: alert thresholds (seed 001 §2.5: 1024 MB free for 2 minutes)
+    #: alert thresholds (seed 001 §2.5: 1024 MB free for 2 minutes; ``alert_for`` is that rule's duration)
     gpu_memory_free_mb: int = 1024
     gpu_temperature_c: int = 85
     gpu_idle_utilization: int = 5
@@ -148,26 +150,16 @@ def dcgm_exporter(aks: AksCluster) -> list[dict]:
     ]
 
 
-def gpu_alert_rules(aks: AksCluster) -> list[dict[str, Any]]:
-    """The Prometheus rule groups of the GPU alerts, as data in this one function so that the observe part's
-    rule renderer (``azulite.observe.rules``, issue 11) can take them over at merge."""
-    return [{"name": "gpu.rules", "rules": [
-        {"alert": "GPUMemoryExhausted", "expr": f"DCGM_FI_DEV_FB_FREE < {aks.gpu_memory_free_mb}", "for": aks.alert_for,
-         "labels": {"severity": "critical"},
-         "annotations": {"summary": "GPU {{ $labels.gpu }} memory exhausted",
-                         "description": "Only {{ $value }}MB free GPU memory"}},
-        {"alert": "GPUTemperatureHigh", "expr": f"DCGM_FI_DEV_GPU_TEMP > {aks.gpu_temperature_c}", "for": aks.alert_for,
-         "labels": {"severity": "warning"},
-         "annotations": {"summary": "GPU {{ $labels.gpu }} at {{ $value }} C",
-                         "description": f"GPU temperature above {aks.gpu_temperature_c} C"}},
-        {"alert": "GPUIdle", "expr": f"avg_over_time(DCGM_FI_DEV_GPU_UTIL[10m]) < {aks.gpu_idle_utilization}",
-         "for": "30m", "labels": {"severity": "info"},
-         "annotations": {"summary": "GPU {{ $labels.gpu }} idle for 30 minutes",
-                         "description": "Utilisation {{ $value }}%: a node paid for and not used"}},
-    ]}]
+def gpu_alert_rules(aks: AksCluster) -> list[RuleGroup]:
+    """The GPU alert groups (one copy, in ``azulite.observe.alerts``) with this cluster's thresholds."""
+    return gpu_rule_groups(fb_free_mib=aks.gpu_memory_free_mb, temp_c=aks.gpu_temperature_c,
+                           idle_utilization=aks.gpu_idle_utilization, memory_for=aks.alert_for)
 
 
 def prometheus_rule(aks: AksCluster) -> dict:
-    return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
-            "metadata": {"name": "gpu-alerts", "namespace": aks.monitoring_namespace},
-            "spec": {"groups": gpu_alert_rules(aks)}}
+    return rules.prometheus_rule(gpu_alert_rules(aks), name="gpu-alerts", namespace=aks.monitoring_namespace)
+
+
+def rule_file(aks: AksCluster) -> str:
+    """The same groups as a plain rules file (``promtool check rules``, or Prometheus without the operator)."""
+    return rules.rule_file(gpu_alert_rules(aks))

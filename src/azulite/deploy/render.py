@@ -64,7 +64,7 @@ def render_cluster(path: str | Path, aks: cluster.AksCluster) -> dict[str, str]:
         "dcgm-exporter.yaml": dump_all(cluster.dcgm_exporter(aks)),
         "gpu-alerts.yaml": dump_all([cluster.prometheus_rule(aks)]),
         # the same groups as a plain rules file: `promtool check rules`, or Prometheus without the operator
-        "gpu-alerts.rules.yml": yaml.safe_dump({"groups": cluster.gpu_alert_rules(aks)}, sort_keys=False),
+        "gpu-alerts.rules.yml": cluster.rule_file(aks),
     }
 
 

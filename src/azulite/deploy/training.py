@@ -1,6 +1,7 @@
 """A job spec as Kubernetes training objects: (a) an Indexed Job + headless Service with torchrun in each
 pod and the c10d rendezvous on pod 0 (seed 002 "Option A"), (b) a Kubeflow PyTorchJob with an
-``elasticPolicy`` (seed 002 "Option C").
+``elasticPolicy`` (seed 002 "Option C") over the spec's node range. A job without ``distribution`` runs its
+command itself, one pod per node (the Indexed Job only).
 
 Both share one pod template: GPU pool nodeSelector/tolerations (``sku=gpu:NoSchedule``; spot pools
 ``kubernetes.azure.com/scalesetpriority=spot``), ``nvidia.com/gpu`` = processes per instance, ``/dev/shm``
@@ -103,9 +104,10 @@ class _Plan:
 
 def check_job(spec: JobSpec, opts: AksOptions) -> SkuFacts:
     """Everything that must hold before anything is rendered or sent."""
-    if spec.distribution_type != "pytorch":
+    if spec.distribution_type not in ("pytorch", "none"):
         raise DeployError(
-            f"the Kubernetes targets run torchrun (pytorch, DeepSpeed); this job is {spec.distribution_type}",
+            f"the Kubernetes targets run torchrun (pytorch, DeepSpeed) or the bare command once per pod (no "
+            f"distribution); this job is {spec.distribution_type}",
             where="distribution.type", fix="use --target azureml for tensorflow and mpi jobs",
         )
     sku = sku_facts(spec.resources.instance_type)
@@ -141,6 +143,12 @@ def _command(spec: JobSpec, plan: _Plan) -> list[str]:
     return ["--no-python", *argv]
 
 
+def _plain_command(spec: JobSpec, plan: _Plan) -> list[str]:
+    """``distribution: none``: the user's command itself, once per pod (as once per node locally)."""
+    cmd = render_command(spec.command, plan.inputs, plan.outputs)
+    return ["bash", "-c", cmd] if _SHELL.search(cmd) else shlex.split(cmd)
+
+
 def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dict[str, str]) -> list[dict]:
     env = {**nccl_env(sku), **extra, "AZUREML_NODE_COUNT": str(spec.nodes)}
     for name, path in plan.outputs.items():
@@ -153,6 +161,7 @@ def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dic
 
 def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: list[str], env_extra: dict[str, str],
                  labels: dict[str, str], restart_policy: str, subdomain: str | None = None) -> dict:
+    """``command`` is the launcher the user's command runs under; empty runs the command itself."""
     plan = _Plan(spec, opts)
     image = container_image(spec, opts)
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(sku, spec.resources.shm_size)}}]
@@ -163,17 +172,25 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
         mounts.append({"name": "code", "mountPath": CODE_DIR})
         init.append(code_init_container(opts, k8s_name(spec.name)))
         plan.uses_blob = True
+    argv = command + _command(spec, plan) if command else _plain_command(spec, plan)
+    env = _env(spec, sku, plan, opts, env_extra)
+    if not command:
+        # the rank a once-per-node command reads locally (launch/env.py): the Indexed Job's pod index
+        env.insert(0, {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
+            "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
     container: dict[str, Any] = {
         "name": CONTAINER,
         "image": image,
         "workingDir": CODE_DIR,
-        "command": command[:1],
-        "args": command[1:] + _command(spec, plan),
-        "env": _env(spec, sku, plan, opts, env_extra),
+        "command": argv[:1],
+        "args": argv[1:],
+        "env": env,
         "volumeMounts": plan.mounts + mounts,
     }
     if sku.gpus:
-        container["resources"] = {"limits": {"nvidia.com/gpu": str(spec.processes_per_node)}}
+        # torchrun: one GPU per process; a bare command (one process per pod) gets the whole node's GPUs
+        gpus = spec.processes_per_node if command else sku.gpus
+        container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
     node_selector = {"sku": "gpu"} if sku.gpus else {}
     node_selector["node.kubernetes.io/instance-type"] = sku.name
     tolerations = [dict(GPU_TAINT)] if sku.gpus else []
@@ -215,8 +232,9 @@ def indexed_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
                  "ports": [{"name": "c10d", "port": opts.rdzv_port, "targetPort": opts.rdzv_port}]},
     }
     master = f"{name}-0.{name}.{opts.namespace}.svc.cluster.local"
-    torchrun = [
-        "torchrun", f"--nnodes={spec.nodes}", f"--nproc_per_node={spec.processes_per_node}",
+    lo, hi = spec.node_range
+    torchrun = [] if spec.distribution_type == "none" else [
+        "torchrun", f"--nnodes={lo}:{hi}" if lo != hi else f"--nnodes={hi}", f"--nproc_per_node={spec.processes_per_node}",
         "--rdzv_backend=c10d", f"--rdzv_endpoint=$(MASTER_ADDR):{opts.rdzv_port}", f"--rdzv_id={name}",
         f"--max_restarts={spec.max_restarts}",
     ]
@@ -241,9 +259,15 @@ def indexed_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
 def pytorch_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
     """[PyTorchJob]: the training operator sets the PET_* rendezvous variables torchrun reads."""
     sku = check_job(spec, opts)
+    if spec.distribution_type == "none":
+        raise DeployError(
+            "a PyTorchJob runs torchrun in each worker; this job has no distribution (its command runs once per node)",
+            where="distribution", fix="use --flavor indexed-job (one pod per node, the command itself), "
+                                      "or set `distribution: {type: pytorch, process_count_per_instance: N}`",
+        )
     name = name or k8s_name(spec.name)
-    # min = max = the spec's node count until the spec has a node range (elastic ranges: issue 16)
-    lo = hi = spec.nodes
+    # the operator passes min:max to torchrun as PET_NNODES; (n, n) unless the spec has `elastic`
+    lo, hi = spec.node_range
     template = pod_template(spec, opts, sku, command=["torchrun"], labels={"azulite.io/job": name},
                             restart_policy="OnFailure", env_extra={})
     body: dict[str, Any] = {

@@ -14,10 +14,13 @@ from azulite.observe.rules import Alert, RuleGroup
 RUNNING = 'on (job_id) azulite_job_state{state="running"} == 1'
 
 
-def gpu_rule_groups(*, fb_free_mib: int = 1024, temp_c: int = 85) -> list[RuleGroup]:
+def gpu_rule_groups(*, fb_free_mib: int = 1024, temp_c: int = 85, idle_utilization: int = 5,
+                    memory_for: str = "2m") -> list[RuleGroup]:
+    """The one copy of the GPU alerts: ``azulite rules`` and ``azulite cluster render`` (its PrometheusRule,
+    seed 001 §2.5) both render these."""
     return [RuleGroup(name="gpu.rules", rules=(
         # seed 001 §2.5, as written there
-        Alert(alert="GPUMemoryExhausted", expr=f"DCGM_FI_DEV_FB_FREE < {fb_free_mib}", for_="2m",
+        Alert(alert="GPUMemoryExhausted", expr=f"DCGM_FI_DEV_FB_FREE < {fb_free_mib}", for_=memory_for,
               labels={"severity": "critical"},
               annotations={"summary": "GPU {{ $labels.gpu }} memory exhausted",
                            "description": "Only {{ $value }}MB free GPU memory"}),
@@ -25,6 +28,11 @@ def gpu_rule_groups(*, fb_free_mib: int = 1024, temp_c: int = 85) -> list[RuleGr
               labels={"severity": "warning"},
               annotations={"summary": "GPU {{ $labels.gpu }} on {{ $labels.Hostname }} runs hot",
                            "description": f"{{{{ $value }}}} C for 5 minutes (over {temp_c} C): clocks will be throttled"}),
+        # a GPU node paid for and not used (spot or not, the autoscaler only removes nodes with no pods)
+        Alert(alert="GPUIdle", expr=f"avg_over_time(DCGM_FI_DEV_GPU_UTIL[10m]) < {idle_utilization}", for_="30m",
+              labels={"severity": "info"},
+              annotations={"summary": "GPU {{ $labels.gpu }} idle for 30 minutes",
+                           "description": "Utilisation {{ $value }}%: a node paid for and not used"}),
     ))]
 
 
