@@ -68,7 +68,7 @@ def log_metrics(metrics: Mapping[str, Any], step: int | None = None, *, batch_si
         now = time.perf_counter()
         if _last_step is not None and step > _last_step[0]:
             per_step = (now - _last_step[1]) / (step - _last_step[0])
-            metrics["step_time_s"] = per_step
+            metrics.setdefault("step_time_s", per_step)  # a script's own figure wins
             if batch_size and per_step > 0:
                 metrics["samples_per_s"] = batch_size / per_step
         _last_step = (step, now)
@@ -149,9 +149,19 @@ class _Later:
     def put(self, values: dict[str, float], step: int | None) -> None:
         with self._lock:
             if self._thread is None:
+                try:  # drained before interpreter teardown, as the checkpointer's last commit is
+                    threading._register_atexit(self.drain)  # type: ignore[attr-defined]
+                except RuntimeError:  # already exiting (that last commit itself): log here, nothing waits now
+                    self._lock.release()
+                    try:
+                        _log_values(values, step)
+                    except Exception as e:  # noqa: BLE001 - a metrics store problem never stops a commit
+                        log.warning("could not log %s: %s", sorted(values), e)
+                    finally:
+                        self._lock.acquire()
+                    return
                 self._thread = threading.Thread(target=self._run, name="azulite-metrics", daemon=True)
                 self._thread.start()
-                threading._register_atexit(self.drain)  # type: ignore[attr-defined]  # before interpreter teardown
         self._q.put((values, step))
 
     def _run(self) -> None:
@@ -179,7 +189,8 @@ def _log_values(values: dict[str, float], step: int | None) -> None:
 
 def log_metrics_later(values: Mapping[str, float], step: int | None = None) -> None:
     """Queue ``values`` for :func:`log_metrics` on a background thread; costs the caller a queue put."""
-    _later.put(dict(values), step)
+    if os.environ.get("MLFLOW_TRACKING_URI"):  # no store: no thread either
+        _later.put(dict(values), step)
 
 
 def flush_later() -> None:
