@@ -82,3 +82,25 @@ def test_checkpoint_commits_log_duration_and_age_off_the_training_thread(job, mo
     assert all(v > 0 for _, v in hist["checkpoint_save_s"])
     assert [s for s, _ in hist["checkpoint_age_s"]] == [2]  # the first commit has no predecessor
     assert threads and threading.main_thread() not in threads
+
+
+EXITS_WITH_A_PENDING_SAVE = """
+import torch
+from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init
+ctx = init({})
+model = torch.nn.Linear(4, 2)
+state = {"model": ModelState(model, torch.optim.SGD(model.parameters(), lr=0.1)), "progress": Progress()}
+Checkpointer(CheckpointConfig(uri=CKPT, async_save=True), ctx, state).save(7, sync=False)
+"""  # no wait(), no close(): the commit happens as the interpreter exits, and its figures still land
+
+
+def test_a_commit_at_interpreter_exit_still_logs_its_figures(job):
+    import os
+    import subprocess
+    import sys
+
+    script = f"CKPT = {str(job / 'ckpt')!r}\n" + EXITS_WITH_A_PENDING_SAVE
+    p = subprocess.run([sys.executable, "-c", script], env=dict(os.environ), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    assert (job / "ckpt" / "step-00000007" / "manifest.json").exists()
+    assert [s for s, _ in _history(store_uri(job))["checkpoint_save_s"]] == [7]

@@ -147,29 +147,30 @@ class _Later:
         self._lock = threading.Lock()
 
     def put(self, values: dict[str, float], step: int | None) -> None:
+        exiting = False
         with self._lock:
             if self._thread is None:
                 try:  # drained before interpreter teardown, as the checkpointer's last commit is
                     threading._register_atexit(self.drain)  # type: ignore[attr-defined]
+                    self._thread = threading.Thread(target=self._run, name="azulite-metrics", daemon=True)
+                    self._thread.start()
                 except RuntimeError:  # already exiting (that last commit itself): log here, nothing waits now
-                    self._lock.release()
-                    try:
-                        _log_values(values, step)
-                    except Exception as e:  # noqa: BLE001 - a metrics store problem never stops a commit
-                        log.warning("could not log %s: %s", sorted(values), e)
-                    finally:
-                        self._lock.acquire()
-                    return
-                self._thread = threading.Thread(target=self._run, name="azulite-metrics", daemon=True)
-                self._thread.start()
-        self._q.put((values, step))
+                    exiting = True
+        if exiting:
+            self._log(values, step)
+        else:
+            self._q.put((values, step))
+
+    @staticmethod
+    def _log(values: dict[str, float], step: int | None) -> None:
+        try:
+            _log_values(values, step)
+        except Exception as e:  # noqa: BLE001 - a metrics store problem never stops training
+            log.warning("could not log %s: %s", sorted(values), e)
 
     def _run(self) -> None:
         while (item := self._q.get()) is not None:
-            try:
-                _log_values(*item)
-            except Exception as e:  # noqa: BLE001 - a metrics store problem never stops training
-                log.warning("could not log %s: %s", sorted(item[0]), e)
+            self._log(*item)
 
     def drain(self) -> None:
         """Log what is queued, then stop the thread (a later put starts a new one)."""
