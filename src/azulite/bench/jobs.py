@@ -11,7 +11,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from azulite.bench.collectives import OPS, RESULT_FILE
+from azulite.bench.nccl_tests import OPS, RESULT_FILE
 from azulite.errors import BenchError, BenchInputError
 from azulite.launch.backend import Backend
 from azulite.spec.job import JobSpec, Output

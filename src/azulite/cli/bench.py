@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 from rich.console import Console
 
-from azulite.bench.collectives import OPS, table
+from azulite.bench.nccl_tests import OPS, table
 from azulite.bench.jobs import collectives_job, empty_code_dir, run_collectives
 from azulite.errors import BenchError, BenchInputError
 from azulite.launch.backend import get_backend
