@@ -17,11 +17,9 @@ import hashlib
 import logging
 import os
 import queue
-import sys
 import tempfile
 import threading
 import time
-import types
 from collections.abc import Mapping
 from typing import Any
 
@@ -125,10 +123,6 @@ def _tensorboard(env: Mapping[str, str], values: Mapping[str, float], step: int 
         _tb_writer.close()
         _tb_writer = None
     if _tb_writer is None:
-        # TensorBoard's file I/O imports all of TensorFlow when it is installed (seconds at start, and its
-        # log chatter in rank 0's log); the `notf` marker module is TensorBoard's own switch to its
-        # built-in stub, which writes local event files alike
-        sys.modules.setdefault("tensorboard.compat.notf", types.ModuleType("tensorboard.compat.notf"))
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:  # torch's writer needs the tensorboard package; MLflow still has every value
