@@ -44,19 +44,6 @@ def test_a_sku_with_gpus_on_a_node_without_any_fails_with_exit_1():
     assert "Traceback" not in p.stderr
 
 
-def test_sku_figures_come_from_the_catalog_and_flags_override():
-    p = az("doctor", "--sku", "ND96asr_v4", "--json")  # 8 GPUs and InfiniBand in the catalog; none here
-    assert p.returncode == 1, p.stdout + p.stderr
-    checks = _by_name(json.loads(p.stdout)["checks"])
-    assert checks["gpus_visible"]["status"] == "fail" and "0 of 8" in checks["gpus_visible"]["detail"]
-    assert checks["nccl_infiniband"]["status"] == "fail"
-    p = az("doctor", "--sku", "ND96asr_v4", "--gpus", "0", "--no-infiniband", "--json")
-    checks = _by_name(json.loads(p.stdout)["checks"])
-    assert checks["gpus_visible"]["status"] != "fail" and checks["nccl_infiniband"]["status"] == "pass", checks
-    p = az("doctor", "--sku", "ND96asr_v9")
-    assert p.returncode != 0 and "ND96asr_v9" in p.stdout + p.stderr and "Traceback" not in p.stderr
-
-
 def test_unwritable_checkpoint_location_fails(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

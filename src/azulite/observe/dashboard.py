@@ -36,7 +36,6 @@ from prometheus_client.parser import text_string_to_metric_families
 from azulite.contract import CHECKPOINT_OUTPUT
 from azulite.errors import AzuliteError
 from azulite.launch.records import JobRecord
-from azulite.launch.tracking import metric_series
 from azulite.observe.jobs import STEP_LINE, ReadOnlyJobStore
 from azulite.observe.telemetry import GpuUnavailable, NvmlSource
 from azulite.spec.job import Output
@@ -62,19 +61,9 @@ def job_summary(r: JobRecord) -> dict:
 
 
 def training_curves(rec: JobRecord) -> dict:
-    """Loss and step time per step from the job's MLflow store (``loss`` and ``step_time_s``, as
-    ``azulite.train.log_metrics`` records them; the store ``azulite job show`` reads), read-only. A job
-    with no store of its own, or none of these metrics in it, falls back to rank 0's log of every attempt
-    (the ``step N loss X step_s T`` lines azulite's examples print)."""
-    series = metric_series(rec.job_dir, ("loss", "step_time_s"))
-    if series is not None and series["loss"]:
-        steps = sorted(series["loss"])
-        return {"source": "mlflow", "step": steps, "loss": [series["loss"][s] for s in steps],
-                "step_s": [series["step_time_s"].get(s) for s in steps]}
-    return _curves_from_log(rec)
-
-
-def _curves_from_log(rec: JobRecord) -> dict:
+    """Loss and step time per step, from rank 0's log of every attempt (the ``step N loss X step_s T``
+    lines azulite's examples print). This is the one function to switch to the job's MLflow store once
+    ``azulite.train.log_metrics`` (issue 16) lands: same return shape."""
     points: dict[int, tuple[float, float | None]] = {}
     for p in sorted(rec.processes, key=lambda p: p.attempt):
         if p.kind != "rank" or p.rank != 0 or not p.log:

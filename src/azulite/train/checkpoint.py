@@ -55,7 +55,6 @@ from azulite.errors import CheckpointError, StorageError
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
-from azulite.train.metrics import log_metrics_later
 from azulite.train.restore import IntegrityError, Restorer, VerifyingReader
 from azulite.train.staging import CachedStager, storage_ptr, updates_in_step, wait_staged_hook
 from azulite.train.state import ModelState
@@ -184,7 +183,6 @@ class Checkpointer:
         _commit_before_exit(self)
         self._failed_in_a_row = 0
         self.last_committed: int | None = None
-        self._last_commit_time: float | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
         self.loaded_manifest: dict[str, Any] | None = None
         #: seconds the training loop was blocked by the last save: all of it for a sync save; for an async
@@ -380,15 +378,6 @@ class Checkpointer:
         self._failed_in_a_row = 0
         self.last_committed = step
         log.info("checkpoint step %d committed to %s in %.2fs", step, self.storage.display(step_dir(step)), seconds)
-        now = time.time()
-        if self.ctx.is_main:
-            # age: time since the previous commit (what an alert on "checkpoint older than interval x k"
-            # watches); handed to a background thread, never an SQLite write on the training thread
-            figures = {"checkpoint_save_s": seconds, "checkpoint_committed_unix": now}
-            if self._last_commit_time is not None:
-                figures["checkpoint_age_s"] = now - self._last_commit_time
-            log_metrics_later(figures, step=step)
-        self._last_commit_time = now
 
     def _failed(self, step: int, exc: BaseException, raise_on_error: bool | None) -> bool:
         self._failed_in_a_row += 1
