@@ -234,7 +234,10 @@ class Supervisor:
                 return 0
             codes = [r.exit_code for r in out.results]
             agents_ok = all(c == 0 for c in out.exits.values())
-            if agents_ok and all(c in (0, None) for c in codes):  # finished, even if a preemption came late
+            # a rank with no exit code after a preempt request was killed at the grace, not finished: the
+            # agents' own exit 0 on SIGTERM must not read as success (it requeues, below)
+            lost_to_preempt = out.preempt_asked and any(c is None for c in codes)
+            if agents_ok and all(c in (0, None) for c in codes) and not lost_to_preempt:  # a late preemption is fine
                 self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
                 return 0
             done = [n for n, c in out.exits.items() if c == 0]
