@@ -3,17 +3,14 @@ manifest is updated and re-signed, or the export fails before writing anything."
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 import torch
 
+from azulite import integrity
 from azulite.errors import ExportError
 from azulite.export import ExportOptions, export_checkpoint
 from azulite.workloads import mlp
 from tests.export.conftest import repo_entries, save_checkpoint
-
-HAS_INTEGRITY = importlib.util.find_spec("azulite.integrity") is not None
 
 
 @pytest.fixture(scope="module")
@@ -24,10 +21,7 @@ def ckpt(tmp_path_factory):
     return root
 
 
-@pytest.mark.skipif(not HAS_INTEGRITY, reason="azulite.integrity (issue 11) is not in this tree")
 def test_signed_repository_is_re_signed_or_refused(ckpt, tmp_path):
-    from azulite import integrity
-
     repo = tmp_path / "repo"
     export_checkpoint(str(ckpt), ExportOptions(repo=repo, name="a"))
     integrity.generate_keypair(tmp_path / "key.pem", tmp_path / "key.pub")
@@ -41,12 +35,3 @@ def test_signed_repository_is_re_signed_or_refused(ckpt, tmp_path):
     manifest = integrity.verify_repository(repo, tmp_path / "key.pub")  # every file, and the signature
     assert "a/2/model.onnx" in manifest.files
 
-
-@pytest.mark.skipif(HAS_INTEGRITY, reason="azulite.integrity is here: the test above covers it")
-def test_without_the_integrity_module_a_manifest_refuses_the_export(ckpt, tmp_path):
-    repo = tmp_path / "repo"
-    repo.mkdir()
-    (repo / "azulite-manifest.json").write_text("{}")
-    with pytest.raises(ExportError, match="carries an integrity manifest"):
-        export_checkpoint(str(ckpt), ExportOptions(repo=repo, name="a"))
-    assert repo_entries(repo) == ["azulite-manifest.json"]

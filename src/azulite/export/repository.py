@@ -15,8 +15,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
+from azulite import integrity
 from azulite.errors import ExportError
 from azulite.serve.repository import version_dirs
 
@@ -85,40 +85,19 @@ def _fsync_tree(root: Path) -> None:
                 os.close(fd)
 
 
-#: the integrity manifest (issue 11, ``azulite.integrity``) at a repository's root, and its signature
-INTEGRITY_MANIFEST = "azulite-manifest.json"
-INTEGRITY_SIGNATURE = "azulite-manifest.sig"
-
-
-def _integrity() -> Any:
-    try:
-        from azulite import integrity  # type: ignore[attr-defined]
-    except ImportError:
-        return None
-    return integrity
-
-
 def check_integrity_before(repo: Path, sign_key: Path | None) -> None:
     """Before anything is written: an export into a repository with an integrity manifest must be able to
     update it (and re-sign it when it is signed), or it fails here, leaving the repository as it was."""
-    if not (repo / INTEGRITY_MANIFEST).is_file():
-        return
-    if _integrity() is None:
-        raise ExportError(f"{repo} carries an integrity manifest ({INTEGRITY_MANIFEST}) but this azulite cannot "
-                          "update it (no azulite.integrity)", where=str(repo / INTEGRITY_MANIFEST),
-                          fix="export with an azulite that has `azulite repo sign`, or into another repository")
-    if (repo / INTEGRITY_SIGNATURE).is_file() and sign_key is None:
+    if (repo / integrity.SIGNATURE).is_file() and sign_key is None:
         raise ExportError(f"{repo}'s integrity manifest is signed: exporting into it must re-sign it",
-                          where=str(repo / INTEGRITY_SIGNATURE), fix="pass the signing key: --sign-key PRIVATE.pem")
+                          where=str(repo / integrity.SIGNATURE), fix="pass the signing key: --sign-key PRIVATE.pem")
 
 
 def update_integrity(repo: Path, written: list[Path], sign_key: Path | None = None) -> str | None:
-    """INTEGRITY HOOK, the export's single call site for the repository's integrity manifest (issue 11):
-    after every model of an export is in place, re-hash the folders written and re-sign. A repository
-    without a manifest gets one only when a signing key is given. Returns what was done, or None."""
-    integrity = _integrity()
-    if integrity is None or (not (repo / INTEGRITY_MANIFEST).is_file() and sign_key is None):
+    """The export's single call site for the repository's integrity manifest (azulite.integrity): after
+    every model of an export is in place, re-hash the folders written and re-sign. A repository without a manifest gets one only when a signing key is given. Returns what was done, or None."""
+    if not integrity.has_manifest(repo) and sign_key is None:
         return None
     names = [p.relative_to(repo).as_posix() for p in written]
     integrity.update_manifest(repo, names, private_key=sign_key)
-    return f"{INTEGRITY_MANIFEST} updated for {', '.join(names)}" + (" and re-signed" if sign_key else "")
+    return f"{integrity.MANIFEST} updated for {', '.join(names)}" + (" and re-signed" if sign_key else "")
