@@ -51,26 +51,66 @@ def check_ensemble(config: mc.ModelConfig, composing: Callable[[str], mc.ModelCo
             raise ModelLoadError(f"ensemble '{name}': output '{output.name}' is not produced by any step")
 
 
+class _Step:
+    """One ensemble step read out of the protobuf once (map access on a message costs per request)."""
+
+    __slots__ = ("model", "version", "feed", "wanted", "out")
+
+    def __init__(self, step: mc.ModelEnsembling.Step) -> None:
+        self.model = step.model_name
+        self.version = "" if step.model_version <= 0 else str(step.model_version)  # unset (0) or -1: latest
+        self.feed = tuple(step.input_map.items())
+        self.wanted = list(step.output_map)
+        self.out = tuple(step.output_map.items())
+
+    def ready(self, pool: dict[str, np.ndarray]) -> bool:
+        return all(value in pool for _, value in self.feed)
+
+
+# Plans keyed by the config object's identity (the config is kept alive beside it, so the id stays its own).
+_PLANS: dict[int, tuple[mc.ModelConfig, tuple[_Step, ...]]] = {}
+
+
+def _plan(config: mc.ModelConfig) -> tuple[_Step, ...]:
+    hit = _PLANS.get(id(config))
+    if hit is not None and hit[0] is config:
+        return hit[1]
+    if len(_PLANS) > 256:  # configs replaced by reloads: forget the old ones
+        _PLANS.clear()
+    plan = tuple(_Step(s) for s in config.ensemble_scheduling.step)
+    _PLANS[id(config)] = (config, plan)
+    return plan
+
+
 async def run_ensemble(config: mc.ModelConfig, inputs: dict[str, np.ndarray], wanted: list[str],
                        run_step: StepRunner) -> dict[str, np.ndarray]:
     pool = dict(inputs)
-    waiting = list(config.ensemble_scheduling.step)
-    running: dict[asyncio.Task, mc.ModelEnsembling.Step] = {}
+    waiting = list(_plan(config))
+    running: dict[asyncio.Future, _Step] = {}
     try:
         while waiting or running:
-            for step in [s for s in waiting if all(v in pool for v in s.input_map.values())]:
+            ready = [s for s in waiting if s.ready(pool)]
+            if len(ready) == 1 and not running:
+                # The common chain: one step can run and nothing else is in flight. Awaiting it directly is
+                # the same schedule without a Task and a wait() per step.
+                step = ready[0]
                 waiting.remove(step)
-                feed = {key: pool[value] for key, value in step.input_map.items()}
-                version = "" if step.model_version <= 0 else str(step.model_version)  # unset (0) or -1: latest
-                task = asyncio.ensure_future(run_step(step.model_name, version, feed, list(step.output_map)))
+                outputs = await run_step(step.model, step.version, {k: pool[v] for k, v in step.feed}, step.wanted)
+                for key, value in step.out:
+                    pool[value] = outputs[key]
+                continue
+            for step in ready:
+                waiting.remove(step)
+                task = asyncio.ensure_future(run_step(step.model, step.version, {k: pool[v] for k, v in step.feed},
+                                                      step.wanted))
                 running[task] = step
             if not running:
-                raise Internal(f"ensemble '{config.name}': steps {[s.model_name for s in waiting]} can never run")
+                raise Internal(f"ensemble '{config.name}': steps {[s.model for s in waiting]} can never run")
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 step = running.pop(task)
                 outputs = task.result()  # a failed step fails the ensemble request
-                for key, value in step.output_map.items():
+                for key, value in step.out:
                     pool[value] = outputs[key]
     finally:
         for task in running:
