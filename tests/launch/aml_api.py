@@ -6,6 +6,9 @@ bearer tokens over plain HTTP) with a throw-away certificate, reached through az
   version, PUT/GET a job, POST cancel, GET the workspace (for its discovery URL);
 - the workspace's discovery document and its run-history service: GET a run's details, whose ``logFiles``
   are read-SAS URLs of log blobs on Azurite (the workspace's Blob store here);
+- with ``default_output``, jobs get the artifact store's ``default`` output and the datastore answers GET and
+  ``listSecrets`` (an account key), so the SDK lists logs from the datastore's Blob container (its URLs name
+  ``https://ACCOUNT.blob.core.windows.net``: the tests route them to an Azurite serving TLS, blob_tunnel.py);
 - an App Service managed-identity token endpoint (``IDENTITY_ENDPOINT`` / ``IDENTITY_HEADER``), so that the
   CLI's own DefaultAzureCredential gets a token without Entra ID.
 
@@ -17,14 +20,13 @@ appended to the log blobs), so a follower sees the run progress and end without 
 Request bodies are validated and refused with ARM's error shape (400) when they fail: jobs and code
 versions against the REST API's published Swagger definitions (data/azureml-rest/, source named there;
 a small walker below handles Swagger 2.0 polymorphism, which is not JSON Schema), the operations that
-excerpt does not hold (environment versions, pending uploads, the workspace, run details) against the
+excerpt does not hold (environment versions, pending uploads, datastores, the workspace, run details) against the
 models of azure-ai-ml's generated REST clients (aml_models.py). Responses are validated too and failures
 recorded in ``errors``.
 
 Not exercised (no workspace here): the service's image build for an inline environment and its resolution
-of environments and compute, jobs actually running, log files listed from the default output's datastore
-(the SDK's ``jobs.stream`` prefers that listing when a job has a ``default`` output; run details list the
-same files), and authentication beyond a bearer token.
+of environments and compute, jobs actually running, identity-based datastores, and authentication beyond a
+bearer token.
 """
 
 from __future__ import annotations
@@ -47,6 +49,8 @@ from tests.launch import aml_models
 SPEC = json.loads((Path(__file__).parent / "data" / "azureml-rest" / "mfe-2025-01-01-preview.definitions.json").read_text())
 DEFS: dict[str, dict] = SPEC["definitions"]
 WS = r"/subscriptions/(?P<sub>[^/]+)/resourceGroups/(?P<rg>[^/]+)/providers/Microsoft.MachineLearningServices/workspaces/(?P<ws>[^/]+)"
+#: the workspace Blob store's host as azure-ai-ml builds it from a datastore (reached through blob_tunnel.py)
+BLOB_HOST = "devstoreaccount1.blob.core.windows.net"
 _TYPES = {"string": str, "integer": int, "boolean": bool, "object": dict, "array": list, "number": (int, float)}
 
 
@@ -152,7 +156,8 @@ def self_signed_cert(directory: Path) -> tuple[Path, Path]:
     cert = (x509.CertificateBuilder().subject_name(name).issuer_name(name).public_key(key.public_key())
             .serial_number(x509.random_serial_number())
             .not_valid_before(now - datetime.timedelta(minutes=5)).not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), critical=False)
+            .add_extension(x509.SubjectAlternativeName([x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
+                                                        x509.DNSName(BLOB_HOST)]), critical=False)
             .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
             .sign(key, hashes.SHA256()))
     cert_path, key_path = directory / "cert.pem", directory / "key.pem"
@@ -166,9 +171,15 @@ class FakeAzureML:
     TOKEN = "aml-t0ken"
     IDENTITY_HEADER = "identity-s3cret"
 
-    def __init__(self, directory: Path, azurite: Any = None) -> None:
-        self.cert, key = self_signed_cert(directory)
+    def __init__(self, directory: Path, azurite: Any = None, *, default_output: bool = False,
+                 cert: tuple[Path, Path] | None = None) -> None:
+        self.cert, key = cert or self_signed_cert(directory)
         self.azurite = azurite
+        # an Azurite started with --cert serves TLS only (then with this stand-in's certificate)
+        self.blob_scheme = "https" if azurite is not None and "--cert" in getattr(azurite, "args", ()) else "http"
+        #: give jobs the ``default`` output a workspace gives them (the artifact store's datastore): the SDK's
+        #: log streaming then lists log files from that datastore instead of the run details
+        self.default_output = default_output
         self.jobs: dict[str, dict] = {}
         self.codes: dict[tuple[str, str], dict] = {}
         self.environments: dict[tuple[str, str], dict] = {}
@@ -225,12 +236,14 @@ class FakeAzureML:
     def _blob(self) -> Any:
         from azure.storage.blob import BlobServiceClient
 
-        return BlobServiceClient.from_connection_string(self.azurite.connection_string)
+        from tests.train.azurite import ACCOUNT, KEY
+
+        return BlobServiceClient(self._blob_url("").rstrip("/"), credential={"account_name": ACCOUNT, "account_key": KEY})
 
     def _blob_url(self, container: str, blob: str = "") -> str:
         from tests.train.azurite import ACCOUNT
 
-        return f"http://127.0.0.1:{self.azurite.port}/{ACCOUNT}/{container}" + (f"/{blob}" if blob else "")
+        return f"{self.blob_scheme}://127.0.0.1:{self.azurite.port}/{ACCOUNT}/{container}" + (f"/{blob}" if blob else "")
 
     def pending_upload(self) -> tuple[str, str]:
         """A fresh container and a container-level read/write/list SAS on it, as the service hands out."""
@@ -392,6 +405,25 @@ class _Handler(BaseHTTPRequestHandler):
             if m["version"]:
                 return self._send(200, code, "CodeVersionResource")
             return self._send(200, {"value": [code]}, "CodeVersionResourceArmPaginatedResult")
+        m = re.fullmatch(WS + r"/datastores/(?P<name>[^/]+)(?P<secrets>/listSecrets)?", path)
+        if m and m["name"] == "workspaceartifactstore" and fake.azurite is not None:
+            from tests.train.azurite import ACCOUNT, KEY
+
+            if method == "GET" and not m["secrets"]:
+                return self._send(200, {"id": path, "name": m["name"], "type": "Microsoft.MachineLearningServices/workspaces/datastores",
+                                        "properties": {"datastoreType": "AzureBlob", "accountName": ACCOUNT,
+                                                       "containerName": fake.log_container, "endpoint": "core.windows.net",
+                                                       "protocol": "https", "isDefault": False,
+                                                       "credentials": {"credentialsType": "AccountKey"}}}, "Datastore", fake.arm)
+            if method == "POST" and m["secrets"]:
+                # azure-ai-ml also sends expireAfterHours, "a legacy field still accepted by the service; not
+                # modeled in the current TSP" (its own comment): accepted here too
+                body = json.loads(raw or b"{}")
+                body.pop("expireAfterHours", None)
+                errs = fake.arm.errors("SecretExpiry", body)
+                if errs:
+                    return self._error(400, "UserError", "; ".join(errs))
+                return self._send(200, {"secretsType": "AccountKey", "key": KEY}, "DatastoreSecrets", fake.arm)
         m = re.fullmatch(WS + r"/jobs/(?P<name>[^/]+)(?P<cancel>/cancel)?", path)
         if m and method == "PUT" and not m["cancel"]:
             body = self._body(raw, "JobBaseResource")
@@ -400,6 +432,10 @@ class _Handler(BaseHTTPRequestHandler):
             job = copy.deepcopy(body)
             job.update(id=path, name=m["name"], type="Microsoft.MachineLearningServices/workspaces/jobs")
             job["properties"]["status"] = "NotStarted"
+            if fake.default_output:
+                job["properties"].setdefault("outputs", {})["default"] = {
+                    "jobOutputType": "uri_folder", "mode": "ReadWriteMount",
+                    "uri": f"azureml://datastores/workspaceartifactstore/ExperimentRun/dcid.{m['name']}"}
             with fake.lock:
                 fake.jobs[m["name"]] = job
             return self._send(201, job, "JobBaseResource")

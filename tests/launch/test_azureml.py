@@ -272,3 +272,47 @@ def test_hand_written_definitions_agree_with_the_sdks_generated_models(name):
                         if type(None) not in typing.get_args(note) and "create" in vis}
     for value in model.__dict__.get("__mapping__") or {}:
         assert _subtype(name, value) is not None, f"{name}: the SDK knows subtype {value!r}"
+
+
+# ---- logs listed from the job's default-output datastore, as jobs.stream does ------------------------
+@pytest.fixture(scope="module")
+def tls_azurite(tmp_path_factory):
+    """An Azurite serving TLS with the stand-in's certificate (for the datastore's https://ACCOUNT.blob.core.windows.net
+    URLs, reached through blob_tunnel.py)."""
+    from tests.launch.aml_api import self_signed_cert
+    from tests.train.azurite import Azurite, azurite_binary
+
+    if azurite_binary() is None:
+        pytest.skip("azurite not installed (scripts/install.sh --dev)")
+    certs = tmp_path_factory.mktemp("tls")
+    cert, key = self_signed_cert(certs)
+    az = Azurite(tmp_path_factory.mktemp("azurite-tls"), args=("--cert", str(cert), "--key", str(key))).start()
+    az.cert = (cert, key)
+    try:
+        yield az
+    finally:
+        az.stop()
+
+
+def test_logs_listed_from_the_default_output_datastore(tmp_path, monkeypatch, tls_azurite):
+    from tests.launch.aml_api import BLOB_HOST
+    from tests.launch.blob_tunnel import BlobTunnel
+
+    monkeypatch.setenv("REQUESTS_CA_BUNDLE", str(tls_azurite.cert[0]))
+    with BlobTunnel(tls_azurite.port) as tunnel, \
+            FakeAzureML(tmp_path, tls_azurite, default_output=True, cert=tls_azurite.cert) as fake:
+        monkeypatch.setenv("AZUREML_DEV_URL_MFE", fake.url)
+        monkeypatch.setenv("HTTPS_PROXY", tunnel.url)
+        monkeypatch.setenv("NO_PROXY", "127.0.0.1,localhost")
+        b = backend(tmp_path, AZULITE_AML_POLL_S="0.01")
+        rec = b.submit(load_job(ROOT / "examples/azureml/arr-coc/job.yaml"))
+        ((name, job),) = fake.jobs.items()
+        assert job["properties"]["outputs"]["default"]["uri"].endswith(f"/ExperimentRun/dcid.{name}")
+        fake.script(name, [("Running", {P0: "step 1\n"}), ("Completed", {P0: "step 2\n", P1: "step 2 on rank 1\n"})])
+        assert list(b.logs(rec.id, follow=True)) == [
+            "[std_log_process_0] step 1", "[std_log_process_0] step 2", "[std_log_process_1] step 2 on rank 1"]
+        assert b.status(rec.id).state == JobState.SUCCEEDED
+        assert set(tunnel.hosts) == {BLOB_HOST}  # listing and reading went to the datastore's Blob host
+        ws = "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.MachineLearningServices/workspaces/ws"
+        assert ("POST", f"{ws}/datastores/workspaceartifactstore/listSecrets") in fake.requests
+        assert fake.errors == [], fake.errors

@@ -5,7 +5,10 @@ Blob store, and each file is fetched through the SDK's HTTP pipeline.
 
 Why not ``MLClient.jobs.stream`` itself: it writes to ``sys.stdout`` (no lines to hand to the CLI), sleeps on
 a sigmoid up to 60 s between polls, streams only rank 0, and raises on a failed run. The pieces it is made
-of are used instead: the run-history client, the SDK's log-name patterns and its retrying pipeline.
+of are used instead: the run-history client, the SDK's log-name patterns and its retrying pipeline. As
+``jobs.stream`` does, when the job has a ``default`` output on a datastore (the workspace artifact store) the
+log files are listed from that datastore's Blob container (``list_logs_in_datastore``, with read-SAS URLs the
+SDK signs from the datastore's key) rather than taken from the run details.
 """
 
 from __future__ import annotations
@@ -50,6 +53,41 @@ class RunLogs:
         self.pipeline = create_requests_pipeline_with_retry(requests_pipeline=client.jobs._requests_pipeline)
         self.seen: dict[str, int] = {}
         self.status = ""
+        self._store: tuple[dict, str] | None | bool = False  # (datastore info, prefix), None: none; False: not looked up
+
+    def _log_store(self) -> tuple[dict, str] | None:
+        """The datastore and path of the job's ``default`` output, as ``jobs.stream`` finds them, or None."""
+        if self._store is False:
+            from azure.ai.ml._artifacts._artifact_utilities import get_datastore_info
+
+            try:
+                job = self.client.jobs._get_job(self.name)
+                outputs = getattr(job.properties, "outputs", None) or {}
+                out = outputs.get("default")
+                uri = getattr(out, "uri", None) or ""
+                kind = getattr(out, "job_output_type", None)
+                kind = str(getattr(kind, "value", kind))
+                if out is None or kind != "uri_folder" or "datastores/" not in uri:
+                    self._store = None
+                else:
+                    datastore, prefix = uri.split("datastores/", 1)[1].split("/", 1)
+                    self._store = (get_datastore_info(self.client.jobs._datastore_operations, datastore), prefix)
+            except Exception as e:  # noqa: BLE001
+                raise RemoteError(f"cannot find where Azure ML job {self.name} keeps its logs: {_first_line(e)}",
+                                  where="Azure ML workspace", fix="check the workspace settings and your access") from None
+        return self._store  # type: ignore[return-value]
+
+    def _files(self, details: Any) -> dict[str, str]:
+        store = self._log_store()
+        if store is None:
+            return details.log_files or {}
+        from azure.ai.ml._artifacts._artifact_utilities import list_logs_in_datastore
+
+        try:
+            return list_logs_in_datastore(store[0], prefix=store[1], legacy_log_folder_name="/azureml-logs/")
+        except Exception as e:  # noqa: BLE001
+            raise RemoteError(f"cannot list the log files of Azure ML job {self.name}: {_first_line(e)}",
+                              where="workspace Blob store", fix="check your network access to the workspace's storage") from None
 
     def _details(self) -> Any:
         try:
@@ -75,7 +113,7 @@ class RunLogs:
     def poll(self, rank: int | None) -> list[str]:
         details = self._details()
         self.status = str(details.status or "")
-        files = details.log_files or {}
+        files = self._files(details)
         out: list[str] = []
         ended = self.status in ENDED
         for log in log_names(files, rank):
