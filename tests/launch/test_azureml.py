@@ -172,7 +172,7 @@ def cli(*args: str) -> str:
     box: dict = {}
     t = threading.Thread(target=lambda: box.update(r=CliRunner().invoke(app, list(args))), daemon=True)
     t.start()
-    t.join(timeout=120)
+    t.join(timeout=240)
     assert not t.is_alive(), f"azulite {' '.join(args)} did not end"
     r = box["r"]
     assert r.exit_code == 0, (r.output, r.exception)
