@@ -189,6 +189,7 @@ def test_inline_environment_and_local_code_then_logs_and_follow_through_the_cli(
             "distribution": {"type": "pytorch", "process_count_per_instance": 2}}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     rec = json.loads(cli("job", "submit", str(tmp_path / "job.yaml"), "--backend", "azureml", "--json"))
+    assert ("GET", "/msi/token") in workspace.requests  # the CLI's own DefaultAzureCredential signed in
 
     # the SDK registered the inline environment as an anonymous version and the job refers to it
     ((name, job),) = workspace.jobs.items()
