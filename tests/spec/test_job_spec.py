@@ -110,6 +110,16 @@ def test_missing_code_folder(tmp_path):
     assert str(e).startswith(f"{tmp_path / 'job.yaml'}:7 (code)")
 
 
+def test_conda_file_is_relative_to_the_spec_and_must_exist(tmp_path):
+    text = GOOD.replace("  image: mcr", "  conda_file: env/conda.yml\n  image: mcr")
+    e = error(tmp_path, text)
+    assert (e.field, e.value) == ("environment.conda_file", "env/conda.yml")
+    assert "conda file not found" in e.message and str(tmp_path / "env" / "conda.yml") in e.fix
+    (tmp_path / "env").mkdir()
+    (tmp_path / "env" / "conda.yml").write_text("dependencies: [python=3.11]\n")
+    assert load_job(write(tmp_path, text)).environment.conda_file == str(tmp_path / "env" / "conda.yml")
+
+
 def test_unknown_distribution_type(tmp_path):
     e = error(tmp_path, GOOD.replace("type: PyTorch", "type: horovod"))
     assert (e.line, e.field, e.value) == (26, "distribution.type", "horovod")

@@ -40,9 +40,10 @@ def connection_string(port: int) -> str:
 
 
 class Azurite:
-    def __init__(self, location: Path, port: int | None = None) -> None:
+    def __init__(self, location: Path, port: int | None = None, args: tuple[str, ...] = ()) -> None:
         self.location = location
         self.port = port or free_port()
+        self.args = args  # more azurite-blob flags (e.g. --cert/--key to serve TLS)
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -56,7 +57,7 @@ class Azurite:
         self.location.mkdir(parents=True, exist_ok=True)
         self.proc = subprocess.Popen(
             [binary, "--skipApiVersionCheck", "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
-             "--location", str(self.location), "--silent", "--loose"],
+             "--location", str(self.location), "--silent", "--loose", *self.args],
             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True,
         )
         deadline = time.monotonic() + timeout

@@ -1,12 +1,14 @@
 """The ``azureml`` backend: a job spec rendered as an Azure ML command job (``azulite.deploy.azureml``) and
 submitted with azure-ai-ml's ``MLClient`` (pytorch / tensorflow / mpi distributions, resources, instance
 count, environment, inputs/outputs, ``queue_settings`` spot tier). ``job show`` / ``wait`` read the job's
-status from the workspace, ``job cancel`` cancels it; logs stay in the workspace (the record names the
-studio URL).
+status from the workspace, ``job cancel`` cancels it, ``job logs [--follow]`` reads the run's log files
+through the workspace's run-history service (``azulite.launch.azureml_logs``). ``job preempt`` is refused:
+Azure ML evicts low-priority nodes itself and has no call to simulate it.
 
 Settings (read once from the environment): ``AZULITE_AML_SUBSCRIPTION``, ``AZULITE_AML_RESOURCE_GROUP``,
 ``AZULITE_AML_WORKSPACE`` (all required), ``AZULITE_AML_COMPUTE`` (default: the spec's ``compute``),
-``AZULITE_AML_DATASTORE`` and ``AZULITE_AML_STORAGE_ACCOUNT`` (for az:// outputs and inputs).
+``AZULITE_AML_DATASTORE`` and ``AZULITE_AML_STORAGE_ACCOUNT`` (for az:// outputs and inputs),
+``AZULITE_AML_POLL_S`` (seconds between log polls of ``job logs --follow``, default 10).
 Credentials: azure-identity's DefaultAzureCredential (``az login``, a service principal in AZURE_CLIENT_ID /
 AZURE_TENANT_ID / AZURE_CLIENT_SECRET, or a managed identity), checked before anything is recorded or sent.
 """
@@ -21,6 +23,7 @@ import yaml
 
 from azulite.deploy.azureml import AzureMLOptions, command_job
 from azulite.errors import DeployError, LaunchError, RemoteError
+from azulite.launch.azureml_logs import RunLogs
 from azulite.launch.backend import Backend, Feature, register_backend
 from azulite.launch.local.store import JobStore
 from azulite.launch.records import JobRecord, JobState
@@ -47,7 +50,7 @@ def _status_name(status: Any) -> str:
 
 @register_backend("azureml")
 class AzureMLBackend(Backend):
-    unsupported = frozenset({Feature.PREEMPT, Feature.FOLLOW_LOGS, Feature.MAX_RESTARTS})
+    unsupported = frozenset({Feature.PREEMPT, Feature.MAX_RESTARTS})
 
     def __init__(self, settings, environ: Mapping[str, str] | None = None, *, credential: Any = None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(settings, environ)
@@ -57,6 +60,12 @@ class AzureMLBackend(Backend):
                                    storage_account=self.environ.get("AZULITE_AML_STORAGE_ACCOUNT") or None)
         self._credential = credential
         self._client: Any = None
+        raw = self.environ.get("AZULITE_AML_POLL_S", "10")
+        try:
+            self.poll_s = float(raw)
+        except ValueError:
+            raise DeployError(f"AZULITE_AML_POLL_S={raw!r} is not a number", where="AZULITE_AML_POLL_S",
+                              fix="set it to the seconds between log polls, such as 10, or unset it") from None
 
     # ---- workspace and credentials -------------------------------------------------------------------
     def _workspace(self) -> tuple[str, str, str]:
@@ -149,9 +158,20 @@ class AzureMLBackend(Backend):
         return [r for r in self.store.list(limit) if r.backend == self.name]
 
     def _logs_impl(self, job_id: str, *, rank: int | None, follow: bool) -> Iterator[str]:
-        where = self._where(self.store.get(job_id))
-        raise LaunchError(f"Azure ML keeps the logs of {where['name']} in the workspace",
-                          fix=f"open {where['studio_url']} or run `az ml job stream --name {where['name']}`")
+        rec = self.store.get(job_id)
+        name = self._where(rec)["name"]
+        reader = RunLogs(self.client, name, poll_s=self.poll_s)
+        yield from reader.lines(rank=rank, follow=follow)
+        if reader.status:  # the run history's status is the job's: record an end seen while following
+            self._sync(self.store.get(job_id), reader.status)
+
+    def preempt(self, job_id: str) -> JobRecord:
+        rec = self.store.get(job_id)
+        raise LaunchError(f"the azureml backend cannot preempt {rec.id}: Azure ML evicts low-priority nodes itself "
+                          "and offers no call to simulate an eviction", where="job preempt",
+                          fix="rehearse preemption on the local or kubernetes backend (`azulite job submit SPEC "
+                              "--backend local|kubernetes`, then `azulite job preempt ID`); on Azure ML submit with "
+                              "`priority: spot` and a checkpoint location so a real eviction resumes")
 
     def _cancel_impl(self, job_id: str) -> JobRecord:
         rec = self.store.get(job_id)

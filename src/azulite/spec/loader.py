@@ -18,7 +18,7 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from azulite.errors import SpecError
-from azulite.spec.job import DISTRIBUTION_TYPES, JobSpec, PathInput
+from azulite.spec.job import DISTRIBUTION_TYPES, Environment, JobSpec, PathInput
 
 _REF_RE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_.-]+?)\s*\}\}")
 _EXAMPLES = {
@@ -338,7 +338,15 @@ def _check_and_resolve(spec: JobSpec, base: Path, src: _Source) -> JobSpec:
             )
     if spec.distribution is not None and spec.distribution.type not in DISTRIBUTION_TYPES:  # pragma: no cover
         raise src.error("unknown distribution type", ("distribution", "type"), spec.distribution.type)
-    return spec.model_copy(update={"code": str(code), "inputs": inputs, "outputs": outputs})
+    env = spec.environment
+    if isinstance(env, Environment) and env.conda_file:
+        # relative to the spec file, like code: rendered documents are written elsewhere (a job dir, --out)
+        conda = (base / env.conda_file).resolve()
+        if not conda.is_file():
+            raise src.error("conda file not found", ("environment", "conda_file"), env.conda_file,
+                            fix=f"create {conda} or point `environment.conda_file:` at it (relative to the spec file)")
+        env = env.model_copy(update={"conda_file": str(conda)})
+    return spec.model_copy(update={"code": str(code), "inputs": inputs, "outputs": outputs, "environment": env})
 
 
 def render_command(command: str, inputs: Mapping[str, Any], outputs: Mapping[str, str]) -> str:
