@@ -10,7 +10,7 @@ import time
 
 from azulite.errors import ServeError
 from azulite.serve.auth import GRPC_ROUTES, Guard, Principal, bearer
-from azulite.serve.grpc import _status
+from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
 
 
@@ -70,7 +70,7 @@ class GuardedServicer:
                     principal = self._check(category, model, context)
                 except ServeError as exc:
                     status = exc.status
-                    await context.abort(*_status(exc))
+                    await context.abort(*_status(exc), _trailers(exc))
                 if principal.models is not None and name in ("ModelStatistics", "RepositoryIndex") and not model:
                     response = await self._filtered(name, method, request, context, principal)
                 else:
@@ -106,7 +106,7 @@ class GuardedServicer:
                 principal = self._check("inference", "", context)  # the key itself, once per stream
             except ServeError as exc:
                 self._audit(start, None, pb.ModelInferRequest(), context, exc.status, None)
-                await context.abort(*_status(exc))
+                await context.abort(*_status(exc), _trailers(exc))
                 return
 
             token = bearer(_metadata(context, "authorization")) if self.guard.auth else None
@@ -126,7 +126,7 @@ class GuardedServicer:
                 async for response in method(checked(), context):
                     yield response
             except ServeError as exc:
-                await context.abort(*_status(exc))
+                await context.abort(*_status(exc), _trailers(exc))
 
         call.__name__ = "ModelStreamInfer"
         return call

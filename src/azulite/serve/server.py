@@ -116,7 +116,7 @@ class Server:
                 self.ports["http"] = await self.http.start(s.http_address, s.http_port)
             if s.grpc_port >= 0:
                 self.grpc = (GrpcH2Server(self.dataplane, guard, s.limits) if s.grpc_impl == "h2"
-                             else GrpcServer(self.dataplane, guard=guard))
+                             else GrpcServer(self.dataplane, guard=guard, limits=s.limits))
                 self.ports["grpc"] = await self.grpc.start(s.grpc_address, s.grpc_port)
             if s.metrics_port >= 0:
                 m = self.dataplane.metrics
