@@ -1,7 +1,9 @@
 """What the guard costs a request (issue 11's goal: guarded/off >= 0.95x throughput), measured as server
 CPU time per request — the server process's user+system CPU seconds (all its threads: event loop, model
-instance, audit writer) over the requests it answered — which, unlike throughput, hardly moves with what
-else the machine runs. Throughput and p99 are reported beside it.
+instance, audit writer) over the requests it answered — which moves less than throughput with what else
+the machine runs. It still moves with the batch size dynamic batching reached (fewer requests per model
+execution: more CPU per request), so requests per execution are reported beside it, with throughput
+and p99.
 
 Servers (azulite serve, the bench_matmul model of bench/serving.py): ``off``; ``guarded``: --auth with a
 key that has a per-key rate limit and quota, a per-model rate limit (figures set high: checked on every
@@ -39,14 +41,18 @@ def cpu_s(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / TICK
 
 
-def answered(metrics_port: int) -> int:
-    """Inference requests the server counted (success and failure: refusals cost CPU too)."""
+def answered(metrics_port: int) -> tuple[int, int]:
+    """(inference requests the server counted — success and failure: refusals cost CPU too —, model
+    executions): requests per execution is the batch size, which moves CPU per request by itself."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
-    total = 0
-    for name in ("nv_inference_request_success", "nv_inference_request_failure"):
-        for m in re.finditer(rf"^{name}{{[^}}]*model=\"{MODEL}\"[^}}]*}} ([0-9.e+]+)$", text, re.M):
-            total += int(float(m.group(1)))
-    return total
+    out = []
+    for names in (("nv_inference_request_success", "nv_inference_request_failure"), ("nv_inference_exec_count",)):
+        total = 0
+        for name in names:
+            for m in re.finditer(rf"^{name}{{[^}}]*model=\"{MODEL}\"[^}}]*}} ([0-9.e+]+)$", text, re.M):
+                total += int(float(m.group(1)))
+        out.append(total)
+    return out[0], out[1]
 
 
 def main() -> None:
@@ -83,26 +89,29 @@ def main() -> None:
                 for name in ("off", f"guarded_{protocol}"):
                     proc, h, g, m = servers[name]
                     headers = (f"Authorization:Bearer {token}",) if name == "guarded_http" else ()
-                    c0, n0 = cpu_s(proc.pid), answered(m)
+                    c0, (n0, e0) = cpu_s(proc.pid), answered(m)
                     r = perf(pa, protocol, h if protocol == "http" else g, args.concurrency, data, args.measure_ms,
                              work, headers)
-                    c1, n1 = cpu_s(proc.pid), answered(m)
-                    if "error" in r or n1 <= n0:
+                    c1, (n1, e1) = cpu_s(proc.pid), answered(m)
+                    if "error" in r or n1 <= n0 or e1 <= e0:
                         print(f"  {name} {protocol}: {r.get('error', 'no requests counted')}", flush=True)
                         continue
                     r["cpu_us_per_request"] = round((c1 - c0) / (n1 - n0) * 1e6, 1)
+                    r["requests_per_execution"] = round((n1 - n0) / (e1 - e0), 2)
                     r["load_avg_1m"] = round(os.getloadavg()[0], 2)
                     key = f"{'off' if name == 'off' else 'guarded'}_{protocol}"
                     rows.setdefault(key, []).append(r)
                     print(f"  {key:13s} {r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
-                          f"{r['cpu_us_per_request']:7.1f} CPU-us/request  load {r['load_avg_1m']}", flush=True)
+                          f"{r['cpu_us_per_request']:7.1f} CPU-us/request  batch {r['requests_per_execution']:5.2f}  "
+                          f"load {r['load_avg_1m']}", flush=True)
     finally:
         for proc, *_ in servers.values():
             stop(proc)
         shutil.rmtree(work, ignore_errors=True)
     out: dict = {"bench": "guard_overhead", "model": MODEL, "concurrency": args.concurrency, "rounds": args.rounds}
     for key, rs in rows.items():
-        out[key] = {f: statistics.median(r[f] for r in rs) for f in ("infer_per_s", "p99_ms", "cpu_us_per_request")}
+        out[key] = {f: statistics.median(r[f] for r in rs)
+                    for f in ("infer_per_s", "p99_ms", "cpu_us_per_request", "requests_per_execution")}
         out[key]["load_avg_1m"] = [r["load_avg_1m"] for r in rs]
     for protocol in ("http", "grpc"):
         off, on = out.get(f"off_{protocol}"), out.get(f"guarded_{protocol}")
