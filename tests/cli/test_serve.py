@@ -19,6 +19,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 
 from tests.serve.conftest import Gate, add_broken_models, build_model_repository
+from tests.serve.test_hostile import read_until_closed
 
 AZULITE = str(Path(sys.executable).parent / "azulite")
 
@@ -62,8 +63,12 @@ class Served:
 
 
 def test_serve_prints_table_and_serves_both_protocols(repo):
-    s = Served(str(repo))
+    s = Served(str(repo), "--max-header-bytes", "8192", "--max-connections", "64")
     try:
+        # the connection-limit flags reach the server: a request head past 8 KiB answers 431
+        sock = socket.create_connection(("127.0.0.1", s.ports["HTTPService"]), timeout=60)
+        sock.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 10_000 + b"\r\n\r\n")
+        assert read_until_closed(sock).startswith(b"HTTP/1.1 431")
         text = "".join(s.lines)
         for name in ("add_sub_onnx", "slow_py", "string_py"):
             assert re.search(rf"{name}\s*│\s*1\s*│\s*READY", text), text
@@ -145,12 +150,25 @@ def test_sigterm_drains_in_flight_requests(repo):
     (["{repo}", "--load-model", "add_sub_onnx"], "explicit"),
     (["{repo}", "--http-port", "70000"], "not a port"),
     (["{repo}", "--grpc-impl", "fast"], "--grpc-impl"),
+    (["{repo}", "--max-concurrent-streams", "0"], "--max-concurrent-streams: must be a whole number of at least 1"),
+    (["{repo}", "--header-timeout-secs", "-2"], "--header-timeout-secs: must be a positive number of seconds"),
+    (["{repo}", "--grpc-impl", "grpcio", "--max-control-frames", "50"], "grpcio cannot enforce --max-control-frames"),
 ])
 def test_bad_flags_exit_2_without_traceback(repo, args, message):
     p = subprocess.run([AZULITE, "serve", *(a.format(repo=repo) for a in args)], capture_output=True, text=True,
                        timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     assert message in p.stderr and "Traceback" not in p.stderr
+
+
+def test_help_documents_every_connection_limit():
+    from azulite.serve.limits import FLAGS
+
+    p = subprocess.run([AZULITE, "serve", "--help"], capture_output=True, text=True, timeout=120,
+                       env={**os.environ, "COLUMNS": "200"})
+    assert p.returncode == 0
+    missing = [flag for flag in FLAGS.values() if flag not in p.stdout]
+    assert not missing, missing
 
 
 @pytest.fixture(scope="module")

@@ -220,6 +220,14 @@ def test_rate_limits_and_quotas_refuse_with_retry_after(server, stub, keys):
     assert status == 429 and int(headers["Retry-After"]) >= 900 and b"rate limit" in payload
     code, details = grpc_call(stub, "ServerMetadata", (("authorization", f"Bearer {keys['slow']}"),))
     assert code == grpc.StatusCode.RESOURCE_EXHAUSTED and "rate limit" in details
+    # through Triton's gRPC client: the message says when, and so does the 'retry-after' trailing metadata
+    client = grpcclient.InferenceServerClient(server.grpc_url)
+    with pytest.raises(InferenceServerException) as info:
+        client.get_server_metadata(headers=bearer(keys["slow"]))
+    client.close()
+    assert info.value.status() == "StatusCode.RESOURCE_EXHAUSTED" and "retry in" in info.value.message()
+    trailing = dict(info.value.__context__.trailing_metadata())  # the grpc.RpcError tritonclient raised from
+    assert int(trailing["retry-after"]) >= 900
     # per model: add_sub_py takes one inference for all keys together; then 429 / RESOURCE_EXHAUSTED
     statuses = [raw(server, "POST", "/v2/models/add_sub_py/infer", INFER_JSON, bearer(keys["all"]))[0]
                 for _ in range(3)]

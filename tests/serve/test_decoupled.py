@@ -127,3 +127,62 @@ def test_same_responses_as_real_triton(repo, tmp_path):
         assert len(ours[flag]["error"]) == len(theirs[flag]["error"]) == 1
         assert "element 1 is negative: -1" in theirs[flag]["error"][0][1]
     assert (our_http.status(), our_grpc.status()) == (their_http.status(), their_grpc.status())
+
+
+GUARDED_PARAMS = """
+parameters { key: "azulite_drift_window" value: { string_value: "10" } }
+parameters { key: "azulite_fallback_model" value: { string_value: "repeat_light" } }
+"""
+
+
+def _stream(grpc_url: str, model: str, values: list[int]) -> list:
+    """One request on a stream -> per response (OUT, the response's fallback parameters)."""
+    seen: queue.Queue = queue.Queue()
+    client = grpcclient.InferenceServerClient(grpc_url)
+    client.start_stream(callback=lambda result, error: seen.put((result, error)))
+    inp = grpcclient.InferInput("IN", [len(values)], "INT32")
+    inp.set_data_from_numpy(np.array(values, dtype=np.int32))
+    try:
+        client.async_stream_infer(model, [inp], request_id="r")
+    finally:
+        client.stop_stream()  # returns once the server closed the stream: every response is in
+    out = []
+    while not seen.empty():
+        result, error = seen.get_nowait()
+        if error is not None:
+            out.append(("error", error.message(), None))
+            continue
+        params = result.get_response().parameters
+        out.append((int(result.as_numpy("OUT")[0]), params["fallback_from"].string_param if "fallback_from" in params
+                    else None, params["fallback_reason"].string_param if "fallback_reason" in params else None))
+    client.close()
+    return out
+
+
+@pytest.mark.parametrize("grpc_impl", ["h2", "grpcio"])
+def test_streamed_responses_feed_drift_and_fall_back(tmp_path, grpc_impl):
+    """A decoupled model's fallback and drift window work over ModelStreamInfer as for unary requests:
+    each streamed response goes into the window; unloaded, the fallback streams, marked and counted."""
+    root = build_model_repository(tmp_path / "repo", ("repeat_py",))
+    config = (root / "repeat_py" / "config.pbtxt").read_text()
+    for name, extra in (("repeat_guarded", GUARDED_PARAMS), ("repeat_light", "")):
+        (root / name / "1").mkdir(parents=True)
+        (root / name / "config.pbtxt").write_text(config.replace('"repeat_py"', f'"{name}"') + extra)
+        (root / name / "1" / "model.py").write_bytes((root / "repeat_py" / "1" / "model.py").read_bytes())
+    with running_server(root, grpc_impl=grpc_impl, model_control_mode="explicit",
+                        load_models=("repeat_guarded", "repeat_light")) as s:
+        assert _stream(s.grpc_url, "repeat_guarded", list(range(10))) == [(i, None, None) for i in range(10)]
+        assert _stream(s.grpc_url, "repeat_guarded", [100, 101, 102]) == [(v, None, None) for v in (100, 101, 102)]
+        monitor = s.server.dataplane._policies["repeat_guarded"][2]
+        figures = {f.output: f for f in monitor.figures()}
+        # the first 10 streamed values are the reference, the next 3 the current window: a full shift
+        assert (figures["OUT"].reference, figures["OUT"].current) == (10, 3) and figures["OUT"].ks == 1.0
+        assert (figures["IDX"].reference, figures["IDX"].current) == (10, 3)
+        httpclient.InferenceServerClient(s.http_url).unload_model("repeat_guarded")
+        assert _stream(s.grpc_url, "repeat_guarded", [7, 8]) == [(7, "repeat_guarded", "unavailable"),
+                                                                (8, "repeat_guarded", "unavailable")]
+        assert s.server.dataplane.fallbacks == {("repeat_guarded", "repeat_light", "unavailable"): 1}
+        # a model with no fallback still refuses when unloaded
+        httpclient.InferenceServerClient(s.http_url).unload_model("repeat_light")
+        [(kind, message, _)] = _stream(s.grpc_url, "repeat_light", [1])
+        assert kind == "error" and "repeat_light" in message

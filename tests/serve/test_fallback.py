@@ -73,14 +73,16 @@ def _burst(url, model, n=12):
         return list(pool.map(lambda _: _post(url, model), range(n)))
 
 
-def test_bounded_queue_answers_503_with_retry_after(repo):
-    with running_server(repo, model_control_mode="explicit", load_models=("bounded",)) as s:
-        answers = _burst(s.http_url, "bounded")
-        statuses = sorted(a[0] for a in answers)
-        assert set(statuses) == {200, 503}, statuses  # at most 1 running + 2 queued can be accepted at once
-        for status, headers, body in answers:
-            if status == 503:
-                assert headers["Retry-After"] == "1" and b"Exceeds maximum queue size" in body
+@pytest.mark.parametrize("grpc_impl", ["h2", "grpcio"])
+def test_bounded_queue_answers_503_with_retry_after(repo, grpc_impl):
+    with running_server(repo, model_control_mode="explicit", load_models=("bounded",), grpc_impl=grpc_impl) as s:
+        if grpc_impl == "h2":  # HTTP is the same server either way
+            answers = _burst(s.http_url, "bounded")
+            statuses = sorted(a[0] for a in answers)
+            assert set(statuses) == {200, 503}, statuses  # at most 1 running + 2 queued can be accepted at once
+            for status, headers, body in answers:
+                if status == 503:
+                    assert headers["Retry-After"] == "1" and b"Exceeds maximum queue size" in body
         channel = grpc.insecure_channel(s.grpc_url)
         stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
         request = pb.ModelInferRequest(model_name="bounded")
@@ -95,6 +97,9 @@ def test_bounded_queue_answers_503_with_retry_after(repo):
                 codes.add(grpc.StatusCode.OK)
             except grpc.RpcError as exc:
                 codes.add(exc.code())
+                # as HTTP's Retry-After: the trailing metadata and the message say when to come back
+                assert dict(exc.trailing_metadata())["retry-after"] == "1", exc.trailing_metadata()
+                assert "Exceeds maximum queue size" in exc.details() and "retry after 1 s" in exc.details()
         assert codes == {grpc.StatusCode.OK, grpc.StatusCode.UNAVAILABLE}
         channel.close()
 

@@ -21,6 +21,7 @@ from azulite.cli import console as consoles
 from azulite.errors import AzuliteError, SpecError, StartupError
 
 _STYLE = {"READY": "bold green", "UNLOADED": "dim", "UNAVAILABLE": "bold red"}
+_LIMITS = "Connection limits (slow, flooding and hostile clients; see serve/limits.py)"
 
 
 def _bool(value: str, flag: str) -> bool:
@@ -96,6 +97,48 @@ def serve(
                                 "repository manifest (always on when azulite-manifest.json exists)."),
     manifest_key: Optional[Path] = typer.Option(None, "--manifest-key",
                                                 help="Ed25519 public key (PEM) that a signed manifest must verify with."),
+    max_connections: Optional[int] = typer.Option(
+        None, "--max-connections", rich_help_panel=_LIMITS,
+        help="Open connections per listener (HTTP, gRPC) past which a new one gets 503 / GOAWAY and is closed "
+             "(default 0, no limit; gRPC: --grpc-impl h2 only)."),
+    header_timeout_secs: Optional[float] = typer.Option(
+        None, "--header-timeout-secs", rich_help_panel=_LIMITS,
+        help="Slowloris: seconds a request head (HTTP/2: the preface and first SETTINGS) may take (default 30)."),
+    max_header_bytes: Optional[int] = typer.Option(
+        None, "--max-header-bytes", rich_help_panel=_LIMITS,
+        help="Largest request head / HTTP/2 header block (HTTP: 431) (default 65536; at least 4096)."),
+    max_continuation_frames: Optional[int] = typer.Option(
+        None, "--max-continuation-frames", rich_help_panel=_LIMITS,
+        help="HTTP/2 CONTINUATION flood: frames in one header block (default 32; h2 only)."),
+    max_pipelined_requests: Optional[int] = typer.Option(
+        None, "--max-pipelined-requests", rich_help_panel=_LIMITS,
+        help="HTTP/1.1: requests read ahead of their answers before reading pauses (default 64)."),
+    max_concurrent_streams: Optional[int] = typer.Option(
+        None, "--max-concurrent-streams", rich_help_panel=_LIMITS,
+        help="HTTP/2 (gRPC) streams open at once per connection, advertised and enforced (default 1024)."),
+    rapid_reset_allowance: Optional[int] = typer.Option(
+        None, "--rapid-reset-allowance", rich_help_panel=_LIMITS,
+        help="HTTP/2 rapid reset (CVE-2023-44487): streams a client may cancel beyond those it let finish "
+             "(default 200; h2 only)."),
+    max_control_frames: Optional[int] = typer.Option(
+        None, "--max-control-frames", rich_help_panel=_LIMITS,
+        help="HTTP/2 SETTINGS/PING/WINDOW_UPDATE floods: control frames between two new streams "
+             "(default 10000; h2 only)."),
+    stall_timeout_secs: Optional[float] = typer.Option(
+        None, "--stall-timeout-secs", rich_help_panel=_LIMITS,
+        help="Seconds an answer may wait on a client that does not read (zero-window stall) (default 30)."),
+    max_write_buffer_bytes: Optional[int] = typer.Option(
+        None, "--max-write-buffer-bytes", rich_help_panel=_LIMITS,
+        help="Answers queued for a client that does not read before it is paused or cut off "
+             "(default 8388608)."),
+    grpc_max_message_bytes: Optional[int] = typer.Option(
+        None, "--grpc-max-message-bytes", rich_help_panel=_LIMITS,
+        help="Largest gRPC request message (larger: RESOURCE_EXHAUSTED) (default 67108864). HTTP bodies: "
+             "--http-max-input-size."),
+    grpc_max_buffered_bytes: Optional[int] = typer.Option(
+        None, "--grpc-max-buffered-bytes", rich_help_panel=_LIMITS,
+        help="gRPC request bytes buffered per connection, all streams, before it is closed "
+             "(default 268435456; h2 only)."),
 ) -> None:
     """Serve a Triton model repository over KServe v2 HTTP and gRPC, with Triton-named metrics.
 
@@ -111,6 +154,7 @@ def serve(
     """
     from azulite.cli.keys import default_store
     from azulite.serve.auth import GuardSettings, parse_restricted
+    from azulite.serve.limits import limits_from_flags
     from azulite.serve.server import exposure_warnings
     from azulite.serve.server import ServerSettings
     from azulite.serve.server import serve as run
@@ -146,6 +190,16 @@ def serve(
         raise SpecError(f"unknown --grpc-impl {grpc_impl!r}", field="--grpc-impl", fix="use h2 or grpcio")
     if repository_poll_secs <= 0:
         raise SpecError("--repository-poll-secs must be positive", field="--repository-poll-secs")
+    if http_max_input_size < 1:
+        raise SpecError(f"must be a positive number of bytes, got {http_max_input_size}", field="--http-max-input-size")
+    limits = limits_from_flags({
+        "max_connections": max_connections, "header_timeout_s": header_timeout_secs,
+        "max_header_bytes": max_header_bytes, "max_continuations": max_continuation_frames,
+        "max_pipelined": max_pipelined_requests, "max_streams": max_concurrent_streams,
+        "reset_allowance": rapid_reset_allowance, "max_control_frames": max_control_frames,
+        "stall_timeout_s": stall_timeout_secs, "max_write_buffer": max_write_buffer_bytes,
+        "max_message_bytes": grpc_max_message_bytes, "max_buffered_bytes": grpc_max_buffered_bytes,
+    }, grpc_impl=grpc_impl)
     exit_on_error_ = _bool(exit_on_error, "--exit-on-error")
     logging.basicConfig(level=logging.INFO if log_verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -172,6 +226,7 @@ def serve(
         server_name=server_name,
         verify=verify,
         manifest_key=manifest_key,
+        limits=limits,
     )
     if not server_name.strip():
         raise SpecError("--server-name is empty", field="--server-name", fix="e.g. --server-name triton")

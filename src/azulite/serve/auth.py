@@ -13,7 +13,9 @@ needs that header, with or without ``--auth``.
 
 The hot path with a guard: one dict lookup for the key, one sha256 of the secret compared in constant
 time, one bucket take; the key table is reloaded only when the store's ``PRAGMA data_version`` moved
-(checked at most every ``reload_interval_s``), which is how a revocation reaches a running server.
+(checked at most every ``reload_interval_s``), which is how a revocation reaches a running server — every
+worker process of a server alike. With ``shared_state_dir`` the buckets and quotas are those of all the
+workers together (serve/sharedstate.py); without it, this process's own.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthentica
 from azulite.serve.audit import AuditLog
 from azulite.serve.keystore import KeyRecord, KeyStore, check_token, split_token
 from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, refuse
+from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
 
 CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
               "statistics", "trace", "logging")
@@ -103,7 +106,8 @@ class Guard:
     """``check(...)`` answers a Principal or raises Unauthenticated / PermissionDenied / ResourceExhausted.
     Thread-safe (grpcio may call from its own threads)."""
 
-    def __init__(self, settings: GuardSettings, *, clock: Clock | None = None) -> None:
+    def __init__(self, settings: GuardSettings, *, clock: Clock | None = None,
+                 shared_state_dir: Path | None = None) -> None:
         self.settings = settings
         self.clock = clock or SystemClock()
         self.auth = settings.auth
@@ -122,9 +126,16 @@ class Guard:
             self.store = KeyStore(settings.key_store, create=False)
             self._reload()
         self._now = self._wall = 0.0  # the clock, as read by the current request's authentication
-        self.buckets = TokenBuckets(self.clock)  # per key id
-        self.model_buckets = TokenBuckets(self.clock)  # per model name
-        self.quotas = DailyQuotas(self.clock)
+        self.table: SlotTable | None = None
+        if shared_state_dir is None:  # one process: plain dicts, the fastest
+            self.buckets = TokenBuckets(self.clock)  # per key id
+            self.model_buckets = TokenBuckets(self.clock)  # per model name
+            self.quotas = DailyQuotas(self.clock)
+        else:  # the server's workers share one file of buckets and quotas (serve/sharedstate.py)
+            self.table = SlotTable(Path(shared_state_dir) / LIMITS_FILE)
+            self.buckets = SharedTokenBuckets(self.table, "key:", self.clock)
+            self.model_buckets = SharedTokenBuckets(self.table, "model:", self.clock)
+            self.quotas = SharedDailyQuotas(self.table, "quota:", self.clock)
         self.model_rps = dict(settings.model_rps)
         self.headers: dict[str, dict[str, tuple[str, str]]] = {}
         self.admin_categories = set(ADMIN_CATEGORIES)
@@ -133,7 +144,8 @@ class Guard:
                 for c in r.categories:
                     self.headers.setdefault(protocol, {})[c] = (r.header, r.value)
                     self.admin_categories.add(c)
-        self.audit = (AuditLog(settings.audit_log, max_bytes=settings.audit_max_bytes, backups=settings.audit_backups)
+        self.audit = (AuditLog(settings.audit_log, max_bytes=settings.audit_max_bytes, backups=settings.audit_backups,
+                               shared_lock=Path(shared_state_dir) / "audit.lock" if shared_state_dir else None)
                       if settings.audit_log else None)
         self.rejected: dict[str, int] = {}  # status -> count, for metrics
 
@@ -142,6 +154,8 @@ class Guard:
             self.audit.close()
         if self.store is not None:
             self.store.close()
+        if self.table is not None:
+            self.table.close()
 
     # --- keys ----------------------------------------------------------------------------------------
 

@@ -23,9 +23,10 @@ from azulite.serve import config as cfg
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Rejected
-from azulite.serve.decoupled import is_decoupled, stream, unary_refused
+from azulite.serve.decoupled import is_decoupled, stream, stream_with_policies, unary_refused
 from azulite.serve.ensemble import run_ensemble
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
+from azulite.serve.sharedstate import SharedDriftStore, drift_key
 from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallback_metrics, policy_of
 from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
@@ -75,6 +76,8 @@ class DataPlaneSettings:
     server_name: str = SERVER_NAME
     #: see ManagerSettings.verify_model (the repository manifest check)
     verify_model: Callable[[Path, str], None] | None = None
+    #: see ServerSettings.shared_state_dir: drift windows shared by the server's worker processes
+    shared_state_dir: Path | None = None
 
 
 def _request_int(request: InferRequest, key: str) -> int:
@@ -263,14 +266,9 @@ class TritonDataPlane:
 
     async def _infer_with_policies(self, request: InferRequest) -> InferResponse:
         """The model's fallback (serve/fallback.py) and output monitor (serve/drift.py) around _infer."""
-        entry = self.manager.entries.get(request.model_name)
-        if entry is None or entry.config is None:
+        cached = self._cached_policies(request.model_name)
+        if cached is None:
             return await self._infer(request)
-        cached = self._policies.get(request.model_name)
-        if cached is None or cached[0] is not entry.config:  # the config object changes on reload
-            window = window_of(entry.config)
-            cached = self._policies[request.model_name] = (
-                entry.config, policy_of(entry.config), OutputMonitor(window) if window else None)
         if cached[1] is not None:
             response = await answer_with_fallback(request, cached[1], get_model=self.manager.get,
                                                   infer=self._infer, counts=self.fallbacks)
@@ -280,10 +278,56 @@ class TritonDataPlane:
             cached[2].observe([(t.name, t.data) for t in response.outputs])
         return response
 
+    def _cached_policies(self, name: str):
+        """(config, fallback policy, output monitor) of a model the repository knows, else None."""
+        entry = self.manager.entries.get(name)
+        if entry is None or entry.config is None:
+            return None
+        cached = self._policies.get(name)
+        if cached is None or cached[0] is not entry.config:  # the config object changes on reload
+            cached = self._policies[name] = self._policy(name, entry.config)
+        return cached
+
+    def _policy(self, name: str, config: mc.ModelConfig):
+        window = window_of(config)
+        monitor = None
+        if window:
+            shared = None
+            if self.settings.shared_state_dir is not None:
+                shared = SharedDriftStore(self.settings.shared_state_dir,
+                                          drift_key(name, config.SerializeToString(deterministic=True)))
+            monitor = OutputMonitor(window, shared=shared)
+        return config, policy_of(config), monitor
+
     def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        """The responses of one request: 0..n from a decoupled model (serve/decoupled.py), else infer's."""
+        """The responses of one request: 0..n from a decoupled model (serve/decoupled.py), else infer's;
+        the model's fallback and output monitor apply to both (infer's own, or stream_with_policies)."""
+        try:
+            model = self.manager.get(request.model_name, request.model_version)
+        except Unavailable:
+            cached = self._cached_policies(request.model_name)
+            if cached is None or cached[1] is None:
+                raise
+            return stream_with_policies(self, None, request, cached[1], cached[2])
+        if not is_decoupled(model):
+            return self._one(request)
+        cached = self._cached_policies(request.model_name)
+        if cached is None or (cached[1] is None and cached[2] is None):
+            return stream(self, model, request)
+        return stream_with_policies(self, model, request, cached[1], cached[2])
+
+    def stream_unguarded(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        """A fallback's responses: its own policies do not apply (as unary fallbacks run _infer)."""
         model = self.manager.get(request.model_name, request.model_version)
-        return stream(self, model, request) if is_decoupled(model) else self._one(request)
+        return stream(self, model, request) if is_decoupled(model) else self._one_unguarded(request)
+
+    async def _one_unguarded(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        self.shm.resolve_inputs(request)
+        places = self.shm.output_places(request)
+        response = await self._infer(request)
+        if places:
+            self.shm.place_outputs(response, places)
+        yield response
 
     async def _one(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         yield await self.infer(request)

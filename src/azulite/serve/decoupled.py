@@ -9,11 +9,19 @@ each as a stream message; unary infer (HTTP or gRPC) refuses a decoupled model, 
 
 As Triton: a request parameter ``triton_enable_empty_final_response`` (bool) makes every response carry
 ``triton_final_response`` and sends an empty final response when the model closes without one.
+
+A decoupled model's fallback and output monitor (serve/fallback.py, serve/drift.py) apply as they do to
+unary requests: :func:`stream_with_policies` adds each streamed response to the drift windows, and sends
+the request to the fallback when the model is unavailable, past its queue threshold, or refuses or fails
+it before its first response (after one, the stream is the model's: a client cannot be handed half of one
+model's answers and half of another's).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import dataclasses
 import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -21,6 +29,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable, Unsupported
+from azulite.serve.batcher import Rejected
 from azulite.serve.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -105,3 +114,44 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
     finally:
         dp._inflight -= 1
     model.stats.succeeded(time.perf_counter_ns() - start)
+
+
+async def stream_with_policies(dp: "TritonDataPlane", model: "LoadedModel | None", request: InferRequest,
+                               policy, monitor) -> AsyncIterator[InferResponse]:
+    """:func:`stream` with the model's fallback ``policy`` (a FallbackPolicy or None) and output
+    ``monitor`` (an OutputMonitor or None). ``model`` None: the model is not available."""
+    if dp._closing:
+        raise Unavailable("the server is shutting down and accepts no new requests")
+    reason = None
+    if model is None:
+        reason = "unavailable"
+    elif (policy is not None and policy.queue_threshold and model.batcher is not None
+          and model.batcher.queued >= policy.queue_threshold):
+        reason = "queue_threshold"
+    if reason is None:
+        sent = False
+        try:
+            async with contextlib.aclosing(stream(dp, model, request)) as responses:  # closed with this one
+                async for response in responses:
+                    if monitor is not None:
+                        monitor.observe([(t.name, t.data) for t in response.outputs])
+                    sent = True
+                    yield response
+            return
+        except Rejected as exc:
+            if sent or policy is None or "queue size" not in exc.message:
+                raise  # the request's own timeout, or answers already sent: not the fallback's to finish
+            reason = "queue_full"
+        except (Internal, Unavailable):
+            if sent or policy is None:
+                raise
+            reason = "failed"
+    assert policy is not None
+    key = (request.model_name, policy.model, reason)
+    dp.fallbacks[key] = dp.fallbacks.get(key, 0) + 1
+    fallback = dataclasses.replace(request, model_name=policy.model, model_version="")
+    async with contextlib.aclosing(dp.stream_unguarded(fallback)) as responses:
+        async for response in responses:
+            response.parameters["fallback_from"] = request.model_name
+            response.parameters["fallback_reason"] = reason
+            yield response

@@ -15,8 +15,8 @@ the last ``window`` values. The request path only copies a few values per output
 The KS statistic is written here (a sort and a searchsorted over two small arrays) rather than adding
 scipy to the server for one function.
 
-State is per process (item 10 of issue 11, shared windows across workers, is not built): a window is a
-pair of arrays, which a shared-memory store could hold unchanged.
+With ``ServerSettings.shared_state_dir`` the windows live in memory-mapped files every worker of the
+server updates (serve/sharedstate.py): the figures are then those of all the workers' answers together.
 """
 
 from __future__ import annotations
@@ -64,42 +64,50 @@ def ks(reference: np.ndarray, current: np.ndarray) -> float:
 
 
 class _Series:
-    """One output's reference (filled once) and current ring."""
+    """One output's reference (filled once) and current ring. ``meta`` holds (filled, pos, count): in
+    this process's arrays, or in a shared file's mapping (serve/sharedstate.py) that every worker of the
+    server updates, so one code runs on both."""
 
-    __slots__ = ("window", "reference", "filled", "ring", "pos", "count")
+    __slots__ = ("window", "reference", "ring", "meta")
 
-    def __init__(self, window: int) -> None:
+    def __init__(self, window: int, reference=None, ring=None, meta=None) -> None:
         self.window = window
-        self.reference = np.empty(window, dtype=np.float64)
-        self.filled = 0
-        self.ring = np.empty(window, dtype=np.float64)
-        self.pos = 0
-        self.count = 0
+        self.reference = np.empty(window, dtype=np.float64) if reference is None else reference
+        self.ring = np.empty(window, dtype=np.float64) if ring is None else ring
+        self.meta = np.zeros(3, dtype=np.int64) if meta is None else meta
+
+    @property
+    def filled(self) -> int:
+        return int(self.meta[0])
 
     def add(self, values: np.ndarray) -> None:
+        meta, window = self.meta, self.window
+        filled = int(meta[0])
         n = len(values)
-        if self.filled < self.window:
-            take = min(n, self.window - self.filled)
-            self.reference[self.filled:self.filled + take] = values[:take]
-            self.filled += take
+        if filled < window:
+            take = min(n, window - filled)
+            self.reference[filled:filled + take] = values[:take]
+            meta[0] = filled + take
             values = values[take:]
             n = len(values)
             if not n:
                 return
-        if n >= self.window:
-            values, n = values[-self.window:], self.window
-        end = self.pos + n
-        if end <= self.window:
-            self.ring[self.pos:end] = values
+        if n >= window:
+            values, n = values[-window:], window
+        pos = int(meta[1])
+        end = pos + n
+        if end <= window:
+            self.ring[pos:end] = values
         else:
-            first = self.window - self.pos
-            self.ring[self.pos:] = values[:first]
+            first = window - pos
+            self.ring[pos:] = values[:first]
             self.ring[:n - first] = values[first:]
-        self.pos = end % self.window
-        self.count = min(self.window, self.count + n)
+        meta[1] = end % window
+        meta[2] = min(window, int(meta[2]) + n)
 
     def current(self) -> np.ndarray:
-        return self.ring[:self.count].copy() if self.count < self.window else self.ring.copy()
+        count = int(self.meta[2])
+        return self.ring[:count].copy() if count < self.window else self.ring.copy()
 
 
 @dataclass(frozen=True, slots=True)
@@ -112,13 +120,24 @@ class DriftFigures:
 
 
 class OutputMonitor:
-    """One model's monitor. ``observe`` on the request path; ``figures`` at scrape time."""
+    """One model's monitor. ``observe`` on the request path; ``figures`` at scrape time. ``shared``: a
+    SharedDriftStore when the server's workers share their windows (ServerSettings.shared_state_dir)."""
 
-    def __init__(self, window: int, *, per_request: int = 16) -> None:
+    def __init__(self, window: int, *, per_request: int = 16, shared=None) -> None:
         self.window = window
         self.per_request = per_request
-        self._series: dict[str, _Series] = {}
+        self.shared = shared
+        self._series: dict[str, tuple[_Series, object]] = {}  # name -> (series, the lock guarding it)
         self._lock = threading.Lock()
+
+    def _open(self, name: str) -> tuple[_Series, object]:
+        if self.shared is None:
+            got = (_Series(self.window), self._lock)
+        else:
+            f = self.shared.open(name, self.window)
+            got = (_Series(self.window, f.reference, f.ring, f.meta), f.lock)
+        self._series[name] = got
+        return got
 
     def observe(self, outputs) -> None:
         """``outputs``: (name, array) pairs. Non-numeric outputs (BYTES, BOOL) are skipped."""
@@ -128,17 +147,26 @@ class OutputMonitor:
             flat = array.reshape(-1)
             if flat.size > self.per_request:
                 flat = flat[::flat.size // self.per_request][:self.per_request]
-            with self._lock:
-                series = self._series.get(name)
-                if series is None:
-                    series = self._series[name] = _Series(self.window)
-                series.add(flat.astype(np.float64, copy=False))
+            got = self._series.get(name)
+            if got is None:
+                with self._lock:
+                    got = self._series.get(name) or self._open(name)
+            with got[1]:
+                got[0].add(flat.astype(np.float64, copy=False))
 
     def figures(self) -> list[DriftFigures]:
-        out = []
         with self._lock:
-            snapshot = [(name, s.reference[:s.filled].copy(), s.filled == s.window, s.current())
-                        for name, s in sorted(self._series.items())]
+            if self.shared is not None:  # outputs other workers answered and this one not yet
+                for name in self.shared.outputs():
+                    if name not in self._series:
+                        self._open(name)
+            series = sorted(self._series.items())
+        out = []
+        snapshot = []
+        for name, (s, lock) in series:
+            with lock:
+                filled = s.filled
+                snapshot.append((name, s.reference[:filled].copy(), filled == s.window, s.current()))
         for name, reference, complete, current in snapshot:
             if not complete or len(current) < 2:
                 continue  # no verdict before the reference is whole and the current window has data

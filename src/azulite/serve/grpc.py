@@ -12,13 +12,15 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any
 
 import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from azulite.errors import InvalidArgument, ServeError, Unsupported
+from azulite.errors import InvalidArgument, ResourceExhausted, ServeError, Unsupported
+from azulite.serve.batcher import Rejected
 from azulite.serve.config import WIRE_TO_NUMPY
 from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
 from azulite.serve.proto import service_pb2 as pb
@@ -55,9 +57,31 @@ _CONTENTS_FIELD = {
 MAX_STATUS_BYTES = 2048
 
 
+#: the trailing metadata key a refusal says when to come back in (whole seconds), as HTTP's Retry-After
+RETRY_AFTER = "retry-after"
+
+
+def retry_after(exc: BaseException) -> int | None:
+    """Seconds a client should wait, for the refusals that have one: a rate limit or quota
+    (RESOURCE_EXHAUSTED) and a full bounded queue (UNAVAILABLE; as HTTP's 503, 1 s)."""
+    if isinstance(exc, ResourceExhausted):
+        return max(1, math.ceil(exc.retry_after_s))
+    if isinstance(exc, Rejected) and "queue size" in exc.message:
+        return 1
+    return None
+
+
+def _trailers(exc: BaseException) -> tuple[tuple[str, str], ...]:
+    """The trailing metadata of a refusal: ``retry-after`` when :func:`retry_after` has one."""
+    wait = retry_after(exc)
+    return () if wait is None else ((RETRY_AFTER, str(wait)),)
+
+
 def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if isinstance(exc, ServeError):
         code, message = GRPC_CODE.get(exc.status, grpc.StatusCode.INTERNAL), str(exc)
+        if isinstance(exc, Rejected) and "retry" not in message and (wait := retry_after(exc)):
+            message += f" (retry after {wait} s)"  # the message says it too, for clients that drop metadata
     else:
         log.exception("internal error answering an RPC", exc_info=exc)
         code, message = grpc.StatusCode.INTERNAL, f"internal error: {type(exc).__name__}: {exc}"
@@ -186,7 +210,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def _abort(self, context: grpc.aio.ServicerContext, exc: BaseException):
         code, message = _status(exc)
-        await context.abort(code, message)
+        await context.abort(code, message, _trailers(exc))
 
     # --- health and metadata ------------------------------------------------------------------------
 
@@ -361,7 +385,9 @@ class GrpcServer:
     """grpc.aio server for one InferenceServicer, on the running loop."""
 
     def __init__(self, dataplane: DataPlane, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
-                 guard=None) -> None:
+                 guard=None, limits=None) -> None:
+        """``limits``: a ConnectionLimits whose message, stream and header limits grpc.aio enforces (its
+        other defences are its own; serve/limits.py's H2_ONLY ones it has no option for)."""
         self.servicer = InferenceServicer(dataplane)
         if guard is not None:
             from azulite.serve.grpc_guard import GuardedServicer
@@ -372,6 +398,11 @@ class GrpcServer:
             ("grpc.max_send_message_length", max_message_bytes),
             ("grpc.so_reuseport", 0),
         ]
+        if limits is not None:
+            options[:2] = [("grpc.max_receive_message_length", limits.max_message_bytes),
+                           ("grpc.max_send_message_length", max_message_bytes)]
+            options += [("grpc.max_concurrent_streams", limits.max_streams),
+                        ("grpc.max_metadata_size", limits.max_header_bytes)]
         self._server = grpc.aio.server(options=options)
         service_pb2_grpc.add_GRPCInferenceServiceServicer_to_server(self.servicer, self._server)
 

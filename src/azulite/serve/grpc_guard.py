@@ -10,7 +10,7 @@ import time
 
 from azulite.errors import ServeError
 from azulite.serve.auth import GRPC_ROUTES, Guard, Principal, bearer
-from azulite.serve.grpc import _status
+from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
 
 
@@ -29,6 +29,20 @@ def _code_of(exc: BaseException) -> str:
     if callable(code):  # grpc.aio's AbortError carries no code; the context does
         return "ERROR"
     return getattr(code, "name", None) or type(exc).__name__
+
+
+#: request message type -> (its model field, its version field, whether it has an id), read from its
+#: descriptor once: asking a message for a field it lacks (getattr with a default) raises and catches an
+#: AttributeError inside protobuf, measured at several µs a request
+_FIELDS: dict[type, tuple[str, str, bool]] = {}
+
+
+def _fields_of(request) -> tuple[str, str, bool]:
+    names = request.DESCRIPTOR.fields_by_name
+    model = "model_name" if "model_name" in names else "name" if "name" in names else ""
+    version = "model_version" if "model_version" in names else "version" if "version" in names else ""
+    fields = _FIELDS[type(request)] = (model, version, "id" in names)
+    return fields
 
 
 class GuardedServicer:
@@ -52,9 +66,10 @@ class GuardedServicer:
         audit = self.guard.audit
         if audit is None:
             return
-        model = getattr(request, "model_name", "") or getattr(request, "name", "")
-        audit.record(getattr(request, "id", "") or None, principal.key_id if principal is not None else None,
-                     context.peer(), model, getattr(request, "model_version", "") or getattr(request, "version", ""),
+        fields = _FIELDS.get(type(request)) or _fields_of(request)
+        audit.record((getattr(request, "id") or None) if fields[2] else None,
+                     principal.key_id if principal is not None else None, context.peer(),
+                     getattr(request, fields[0]) if fields[0] else "", getattr(request, fields[1]) if fields[1] else "",
                      "grpc", status, time.perf_counter() - start, request.ByteSize(),
                      response.ByteSize() if response is not None else 0)
 
@@ -70,7 +85,7 @@ class GuardedServicer:
                     principal = self._check(category, model, context)
                 except ServeError as exc:
                     status = exc.status
-                    await context.abort(*_status(exc))
+                    await context.abort(*_status(exc), _trailers(exc))
                 if principal.models is not None and name in ("ModelStatistics", "RepositoryIndex") and not model:
                     response = await self._filtered(name, method, request, context, principal)
                 else:
@@ -106,7 +121,7 @@ class GuardedServicer:
                 principal = self._check("inference", "", context)  # the key itself, once per stream
             except ServeError as exc:
                 self._audit(start, None, pb.ModelInferRequest(), context, exc.status, None)
-                await context.abort(*_status(exc))
+                await context.abort(*_status(exc), _trailers(exc))
                 return
 
             token = bearer(_metadata(context, "authorization")) if self.guard.auth else None
@@ -126,7 +141,7 @@ class GuardedServicer:
                 async for response in method(checked(), context):
                     yield response
             except ServeError as exc:
-                await context.abort(*_status(exc))
+                await context.abort(*_status(exc), _trailers(exc))
 
         call.__name__ = "ModelStreamInfer"
         return call

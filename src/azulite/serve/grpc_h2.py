@@ -71,6 +71,13 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        limit = self.limits.max_connections
+        if limit and len(self.server.connections) >= limit:  # a connection flood: refuse, keep the others
+            transport.write(_frame(SETTINGS, 0, 0) + _frame(GOAWAY, 0, 0, _U32.pack(0) + _U32.pack(0xB)
+                                                            + b"too many connections"))
+            transport.close()
+            self.transport = None
+            return
         self.server.connections.add(self)
         peer = transport.get_extra_info("peername")
         self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")

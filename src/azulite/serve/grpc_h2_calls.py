@@ -16,16 +16,16 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
-from azulite.serve.grpc import InferenceServicer, _status
+from azulite.serve.grpc import InferenceServicer, _status, _trailers
 from azulite.serve.h2_frames import (DATA, END_HEADERS, END_STREAM, HEADERS, SERVICE, _GRPC_PREFIX, _OK_TRAILERS,
                                      _RESPONSE_HEADERS, _frame, _status_block)
 from azulite.serve.proto import service_pb2 as pb
 
 
 class _Abort(Exception):
-    def __init__(self, code: grpc.StatusCode, details: str) -> None:
+    def __init__(self, code: grpc.StatusCode, details: str, trailing_metadata=()) -> None:
         super().__init__(details)
-        self.code, self.details = code, details
+        self.code, self.details, self.trailing_metadata = code, details, tuple(trailing_metadata or ())
 
 
 class _Context:
@@ -41,7 +41,7 @@ class _Context:
         return self.address
 
     async def abort(self, code: grpc.StatusCode, details: str = "", trailing_metadata=()) -> None:
-        raise _Abort(code, details)
+        raise _Abort(code, details, trailing_metadata)
 
     def invocation_metadata(self):
         return self.metadata
@@ -154,11 +154,11 @@ class H2Calls:
             response = await handler(request, _Context(stream.headers, self.peer))
             self._reply(stream, response.SerializeToString())
         except _Abort as exc:
-            self._finish(stream, exc.code, exc.details)
+            self._finish(stream, exc.code, exc.details, exc.trailing_metadata)
         except asyncio.CancelledError:
             self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
         except Exception as exc:  # noqa: BLE001
-            self._finish(stream, *_status(exc))
+            self._finish(stream, *_status(exc), _trailers(exc))
 
     async def _run_streaming(self, stream: _Stream, handler, request_type) -> None:
         async def requests():
@@ -176,11 +176,11 @@ class H2Calls:
                 self._send_message(stream, response.SerializeToString())
             self._finish(stream, grpc.StatusCode.OK, "")
         except _Abort as exc:
-            self._finish(stream, exc.code, exc.details)
+            self._finish(stream, exc.code, exc.details, exc.trailing_metadata)
         except asyncio.CancelledError:
             self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
         except Exception as exc:  # noqa: BLE001
-            self._finish(stream, *_status(exc))
+            self._finish(stream, *_status(exc), _trailers(exc))
 
     # --- responses ---------------------------------------------------------------------------------
 
@@ -217,11 +217,12 @@ class H2Calls:
                                      _GRPC_PREFIX.pack(0, len(payload)) + payload))
         self._flush_stream(stream)
 
-    def _finish(self, stream: _Stream, code: grpc.StatusCode, details: str) -> None:
-        """End the stream with a status: trailers after pending data, or a trailers-only answer."""
+    def _finish(self, stream: _Stream, code: grpc.StatusCode, details: str, metadata=()) -> None:
+        """End the stream with a status (and trailing ``metadata``: (key, value) pairs): trailers after
+        pending data, or a trailers-only answer."""
         if self.transport is None or stream.sid not in self.streams or stream.trailers is not None:
             return
-        block = _OK_TRAILERS if code == grpc.StatusCode.OK else _status_block(code, details)
+        block = _OK_TRAILERS if code == grpc.StatusCode.OK else _status_block(code, details, metadata)
         if not stream.headers_sent:
             stream.headers_sent = True
             stream.trailers = self._headers_frame(stream.sid, _RESPONSE_HEADERS + block, True)

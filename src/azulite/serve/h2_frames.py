@@ -48,6 +48,11 @@ _RESPONSE_HEADERS = b"\x88" + b"\x0f\x10" + _hpack_int(16, 7) + b"application/gr
 _OK_TRAILERS = _literal(b"grpc-status", b"0")
 
 
-def _status_block(code: grpc.StatusCode, message: str) -> bytes:
-    return (_literal(b"grpc-status", str(code.value[0]).encode())
-            + _literal(b"grpc-message", quote(message, safe=" !#$&'()*+,/:;=?@[]~").encode()))
+def _status_block(code: grpc.StatusCode, message: str, metadata=()) -> bytes:
+    """grpc-status, grpc-message and any trailing ``metadata`` ((key, value) str pairs: lower-case ASCII
+    keys, printable values — the server's own, e.g. retry-after)."""
+    block = (_literal(b"grpc-status", str(code.value[0]).encode())
+             + _literal(b"grpc-message", quote(message, safe=" !#$&'()*+,/:;=?@[]~").encode()))
+    for key, value in metadata:
+        block += _literal(key.encode("ascii"), value.encode("ascii"))
+    return block

@@ -66,6 +66,12 @@ def _header(headers: dict[bytes, bytes], name: str) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
+_BUSY = json.dumps({"error": "the server has too many open connections; retry later"}).encode()
+#: the answer to a connection past ConnectionLimits.max_connections (written before any request is read)
+_TOO_MANY_CONNECTIONS = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY))
+
+
 class _Stop(Exception):
     """Raised from a parser callback: stop parsing this connection's input."""
 
@@ -369,6 +375,12 @@ class _Connection(HttpDefences, asyncio.Protocol):
         self.transport = transport
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+        limit = self.server.limits.max_connections
+        if limit and len(self.server.connections) >= limit:  # a connection flood: refuse, keep the others
+            self.closing = True
+            transport.write(_TOO_MANY_CONNECTIONS)
+            transport.close()
+            return
         transport.set_write_buffer_limits(high=self.server.limits.max_write_buffer)
         self.server.connections.add(self)
 

@@ -8,11 +8,16 @@ defaults leave any well-behaved client (tritonclient, perf_analyzer, grpcio) far
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
+
+from azulite.errors import SpecError
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectionLimits:
+    #: connection floods: open connections per listener (HTTP and gRPC each) past which a new one is
+    #: answered 503 (HTTP/1.1) / GOAWAY (HTTP/2) and closed; 0: no limit (Triton has none)
+    max_connections: int = 0
     #: slowloris: a request's head (HTTP/1.1 request line + headers; HTTP/2 connection preface and first
     #: SETTINGS) must arrive within this many seconds of its first byte / of the connection
     header_timeout_s: float = 30.0
@@ -40,6 +45,66 @@ class ConnectionLimits:
     #: answers RESOURCE_EXHAUSTED, the connection past max_buffered_bytes closes
     max_message_bytes: int = 64 * 1024 * 1024
     max_buffered_bytes: int = 256 * 1024 * 1024
+
+
+#: field -> the ``azulite serve`` flag that sets it (its help is the field's comment above, in short)
+FLAGS: dict[str, str] = {
+    "max_connections": "--max-connections",
+    "header_timeout_s": "--header-timeout-secs",
+    "max_header_bytes": "--max-header-bytes",
+    "max_continuations": "--max-continuation-frames",
+    "max_pipelined": "--max-pipelined-requests",
+    "max_streams": "--max-concurrent-streams",
+    "reset_allowance": "--rapid-reset-allowance",
+    "max_control_frames": "--max-control-frames",
+    "stall_timeout_s": "--stall-timeout-secs",
+    "max_write_buffer": "--max-write-buffer-bytes",
+    "max_message_bytes": "--grpc-max-message-bytes",
+    "max_buffered_bytes": "--grpc-max-buffered-bytes",
+}
+#: limits only azulite's HTTP/2 transport has: with ``--grpc-impl grpcio`` (grpc.aio has no such option)
+#: they would do nothing, so giving one is an error. grpc.aio honours max_header_bytes, max_streams and
+#: max_message_bytes (as its channel options); the rest concern the HTTP/1.1 transport too.
+H2_ONLY = frozenset({"max_continuations", "reset_allowance", "max_control_frames", "max_buffered_bytes"})
+#: below these a well-behaved client (tritonclient, perf_analyzer, grpcio) is itself refused
+_FLOORS = {"max_header_bytes": 4096, "max_streams": 1, "max_continuations": 1, "max_pipelined": 1,
+           "max_control_frames": 10, "max_write_buffer": 64 * 1024, "max_message_bytes": 1024,
+           "max_buffered_bytes": 1024, "reset_allowance": 0, "max_connections": 0}
+
+
+def limits_from_flags(values: dict[str, float | int | None], *, grpc_impl: str = "h2") -> ConnectionLimits:
+    """``values``: field -> the flag's value (None: not given, the default stays). A value out of range
+    raises a SpecError naming the flag and the accepted range."""
+    given = {k: v for k, v in values.items() if v is not None}
+    defaults = ConnectionLimits()
+    for name, value in given.items():
+        flag = FLAGS[name]
+        kind = type(getattr(defaults, name))
+        if kind is float:
+            if not value > 0 or value != value or value == float("inf"):
+                raise SpecError(f"must be a positive number of seconds, got {value}", field=flag,
+                                fix=f"e.g. {flag} {getattr(defaults, name):g}")
+        else:
+            floor = _FLOORS.get(name, 1)
+            if int(value) != value or value < floor:
+                raise SpecError(f"must be a whole number of at least {floor}, got {value}", field=flag,
+                                fix=f"e.g. {flag} {getattr(defaults, name) or 1000}")
+    limits = replace(defaults, **{k: (float(v) if type(getattr(defaults, k)) is float else int(v))
+                                  for k, v in given.items()})
+    if limits.max_message_bytes > limits.max_buffered_bytes:
+        raise SpecError(f"{limits.max_message_bytes} is larger than --grpc-max-buffered-bytes "
+                        f"{limits.max_buffered_bytes} (one message must fit in what a connection may buffer)",
+                        field="--grpc-max-message-bytes",
+                        fix="lower it, or raise --grpc-max-buffered-bytes")
+    if grpc_impl == "grpcio":
+        ignored = sorted(FLAGS[k] for k in given if k in H2_ONLY)
+        if ignored:
+            raise SpecError(f"--grpc-impl grpcio cannot enforce {', '.join(ignored)} (grpc.aio's server has no "
+                            "such option)", field=ignored[0], fix="use --grpc-impl h2 (the default), or drop it")
+    return limits
+
+
+assert set(FLAGS) == {f.name for f in fields(ConnectionLimits)}
 
 
 def close_soon(transport, limits: ConnectionLimits) -> None:

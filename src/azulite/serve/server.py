@@ -59,6 +59,10 @@ class ServerSettings:
     manifest_key: Path | None = None
     #: per-connection defences of the HTTP/1.1 and HTTP/2 transports (slow, flooding, hostile clients)
     limits: ConnectionLimits = ConnectionLimits()
+    #: None: rate buckets, quotas and drift windows live in this process (one worker, the fastest). A
+    #: directory: they live in files there that every worker process of this server shares, so a limit
+    #: holds for all of them together and quotas survive a worker's restart (serve/sharedstate.py)
+    shared_state_dir: Path | None = None
 
 
 def exposure_warnings(s: ServerSettings) -> list[str]:
@@ -98,11 +102,13 @@ class Server:
         s = self.settings
         self._stopped = asyncio.Event()
         verify = _manifest_check(Path(s.repository), s.verify, s.manifest_key)  # a bad manifest: error at start
-        guard = self.guard = Guard(s.guard) if s.guard is not None and s.guard.active else None
+        guard = self.guard = (Guard(s.guard, shared_state_dir=s.shared_state_dir)
+                              if s.guard is not None and s.guard.active else None)
         # Loading models blocks (ONNX sessions, TorchScript, Python initialize): nothing is served yet.
         self.dataplane = TritonDataPlane(DataPlaneSettings(
             repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
-            strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify))
+            strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify,
+            shared_state_dir=s.shared_state_dir))
         try:
             if s.http_port >= 0:
                 self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size,
@@ -110,7 +116,7 @@ class Server:
                 self.ports["http"] = await self.http.start(s.http_address, s.http_port)
             if s.grpc_port >= 0:
                 self.grpc = (GrpcH2Server(self.dataplane, guard, s.limits) if s.grpc_impl == "h2"
-                             else GrpcServer(self.dataplane, guard=guard))
+                             else GrpcServer(self.dataplane, guard=guard, limits=s.limits))
                 self.ports["grpc"] = await self.grpc.start(s.grpc_address, s.grpc_port)
             if s.metrics_port >= 0:
                 m = self.dataplane.metrics
