@@ -75,6 +75,8 @@ class DataPlaneSettings:
     server_name: str = SERVER_NAME
     #: see ManagerSettings.verify_model (the repository manifest check)
     verify_model: Callable[[Path, str], None] | None = None
+    #: see ManagerSettings.instance_processes (on in the model host of ``azulite serve --workers N``)
+    instance_processes: bool = False
 
 
 def _request_int(request: InferRequest, key: str) -> int:
@@ -133,7 +135,8 @@ class TritonDataPlane:
             ManagerSettings(repository=Path(settings.repository), control_mode=settings.control_mode,
                             load_models=settings.load_models, compute_threads=settings.compute_threads,
                             auto_complete=not settings.disable_auto_complete_config,
-                            verify_model=settings.verify_model),
+                            verify_model=settings.verify_model,
+                            instance_processes=settings.instance_processes),
             bls=self._bls,
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
