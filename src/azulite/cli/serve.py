@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import List, Optional
 
@@ -96,6 +97,9 @@ def serve(
                                 "repository manifest (always on when azulite-manifest.json exists)."),
     manifest_key: Optional[Path] = typer.Option(None, "--manifest-key",
                                                 help="Ed25519 public key (PEM) that a signed manifest must verify with."),
+    workers: int = typer.Option(1, "--workers", help="Front-end processes sharing the ports, with the models in "
+                                "one host process and Python model instances in their own (0: the usable cores, "
+                                "at most 8; 1: one process, as before)."),
 ) -> None:
     """Serve a Triton model repository over KServe v2 HTTP and gRPC, with Triton-named metrics.
 
@@ -113,7 +117,7 @@ def serve(
     from azulite.serve.auth import GuardSettings, parse_restricted
     from azulite.serve.server import exposure_warnings
     from azulite.serve.server import ServerSettings
-    from azulite.serve.server import serve as run
+    from azulite.serve.server import serve as serve_one
 
     repo = model_repository or repository
     if repository is not None and model_repository is not None and repository != model_repository:
@@ -210,6 +214,17 @@ def serve(
     def stopping(signame: str) -> None:
         console.print(f"{signame}: draining in-flight requests (up to {exit_timeout_secs:g} s), then stopping")
 
+    if workers < 0:
+        raise SpecError(f"--workers {workers} is negative", field="--workers", fix="0 (one per usable core), 1, 2, ...")
+    if workers == 0:
+        from azulite.serve.workers import default_workers
+
+        workers = default_workers()
+    run = serve_one
+    if workers > 1:
+        from azulite.serve.workers import serve_workers
+
+        run = partial(serve_workers, workers=workers)
     if remote is not None:
         remote.start_polling(repository_poll_secs)
     try:

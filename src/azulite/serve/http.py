@@ -520,6 +520,8 @@ class _Connection(HttpDefences, asyncio.Protocol):
 class HttpServer:
     """Listens on one address and serves ``app`` (an HttpApp or MetricsApp) on the running loop."""
 
+    reuse_port = False  # SO_REUSEPORT: the front-ends of a multi-worker server share the port
+
     def __init__(self, app, *, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
                  limits: ConnectionLimits | None = None) -> None:
         self.app = app
@@ -536,6 +538,7 @@ class HttpServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
+                                                reuse_port=self.reuse_port or None,
                                                 backlog=1024)
         self._sweeper = loop.call_later(self.limits.header_timeout_s / 2, self._sweep)
         return self._server.sockets[0].getsockname()[1]
