@@ -98,8 +98,9 @@ class RemoteDataPlane:
             raise ConnectionError("the model host refused the connection")
         self._out = shm_ring.attach(out_fd)
         sock.setblocking(False)
-        _, self._proto = await asyncio.get_running_loop().create_unix_connection(
-            lambda: ipc.FrameProtocol(self._on_frame, self._on_lost), sock=sock)
+        proto = ipc.FrameProtocol(self._on_frame, self._on_lost)
+        await asyncio.get_running_loop().create_unix_connection(lambda: proto, sock=sock)
+        self._proto = proto
 
     # --- answers from the host ---------------------------------------------------------------------
 

@@ -97,7 +97,6 @@ class ModelHost:
         loop = asyncio.get_running_loop()
         lost = loop.create_future()
         tasks: set[asyncio.Task] = set()
-        proto: ipc.FrameProtocol | None = None
 
         def on_frame(header: tuple, inline: memoryview) -> None:
             op, rid, released = header[0], header[1], header[2]
@@ -122,7 +121,9 @@ class ModelHost:
             if not lost.done():
                 lost.set_result(None)
 
-        transport, proto = await loop.create_unix_connection(lambda: ipc.FrameProtocol(on_frame, on_lost), sock=conn)
+        # made before the connection: frames may arrive before create_unix_connection returns
+        proto = ipc.FrameProtocol(on_frame, on_lost)
+        transport, _ = await loop.create_unix_connection(lambda: proto, sock=conn)
         try:
             await lost
         finally:

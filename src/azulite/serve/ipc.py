@@ -15,6 +15,8 @@ import struct
 
 from azulite import errors
 from azulite.errors import Internal, ServeError
+from azulite.serve import shm_ring
+from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 _FRAME = struct.Struct("<II")
 PROTOCOL = pickle.HIGHEST_PROTOCOL
@@ -40,6 +42,7 @@ class FrameProtocol(asyncio.Protocol):
         self.transport: asyncio.Transport | None = None
         self._buf = bytearray()
         self._need = 0  # bytes the buffered partial frame needs before it can be parsed
+        self._out: list = []  # frames written this loop pass, sent together (one syscall, not one each)
 
     def connection_made(self, transport) -> None:
         self.transport = transport
@@ -70,8 +73,14 @@ class FrameProtocol(asyncio.Protocol):
         self.on_lost()
 
     def writelines(self, parts) -> None:
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.extend(parts)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
         if self.transport is not None and not self.transport.is_closing():
-            self.transport.writelines(parts)
+            self.transport.writelines(out)
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
@@ -120,8 +129,6 @@ def rebuild_error(t: tuple) -> ServeError:
 
 def pack_tensors(arena, tensors: list, packed=None):
     """(descriptors of each tensor: (name, datatype, shape, parameters, ref index or -1), Packed)."""
-    from azulite.serve import shm_ring
-
     packed = packed or shm_ring.Packed()
     metas, arrays = [], []
     for t in tensors:
@@ -135,9 +142,6 @@ def pack_tensors(arena, tensors: list, packed=None):
 
 
 def unpack_tensors(view, inline, metas: list, refs: list, *, copy: bool) -> list:
-    from azulite.serve import shm_ring
-    from azulite.serve.types import InferTensor
-
     out = []
     for name, datatype, shape, parameters, i in metas:
         data = None if i < 0 else shm_ring.take(view, inline, refs[i], copy=copy)
@@ -151,8 +155,6 @@ def request_header(request, metas: list, refs: list) -> tuple:
 
 
 def request_from(header: tuple, view, inline, *, copy: bool):
-    from azulite.serve.types import InferRequest, RequestedOutput
-
     model, version, rid, parameters, outputs, metas, refs = header
     return InferRequest(model_name=model, model_version=version, id=rid, parameters=parameters,
                         outputs=None if outputs is None else [RequestedOutput(n, p) for n, p in outputs],
@@ -164,8 +166,6 @@ def response_header(response, metas: list, refs: list) -> tuple:
 
 
 def response_from(header: tuple, view, inline):
-    from azulite.serve.types import InferResponse
-
     model, version, rid, parameters, metas, refs = header
     return InferResponse(model_name=model, model_version=version, id=rid, parameters=parameters,
                          outputs=unpack_tensors(view, inline, metas, refs, copy=True))
