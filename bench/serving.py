@@ -13,6 +13,8 @@ off (goal: throughput >= 0.95). perf_analyzer sends ``-H`` headers over HTTP onl
 server is measured with rate limits and the audit log but no key (``guard_grpc_auth: false``).
 
     python bench/serving.py [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 3000]
+
+``--workers``: ``azulite serve --workers 1`` and ``--workers 2`` beside Triton instead (bench/serving_workers.py).
 """
 
 from __future__ import annotations
@@ -82,8 +84,15 @@ def stop(proc: subprocess.Popen) -> None:
 
 def perf(pa: Path, protocol: str, port: int, concurrency: int, data: Path, measure_ms: int, work: Path,
          headers: tuple[str, ...] = ()) -> dict:
-    out = work / f"pa-{protocol}-{concurrency}.csv"
-    cmd = [str(pa), "-m", MODEL, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", "--shape", "x:256",
+    return perf_run(pa, MODEL, protocol, port, concurrency, data, measure_ms, work, headers)
+
+
+def perf_run(pa: Path, model: str, protocol: str, port: int, concurrency: int, data: Path, measure_ms: int,
+             work: Path, headers: tuple[str, ...] = (), prefix: list[str] | tuple[str, ...] = ()) -> dict:
+    """One perf_analyzer point; ``prefix`` runs it under e.g. taskset (bench/serving_workers.py)."""
+    out = work / f"pa-{model}-{protocol}-{concurrency}.csv"
+    out.unlink(missing_ok=True)  # the previous server's figures must never pass for this one's
+    cmd = [*prefix, str(pa), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", "--shape", "x:256",
            "--input-data", str(data), "--concurrency-range", str(concurrency), "-p", str(measure_ms),
            "--max-trials", "5", "--stability-percentage", "50", "-f", str(out)]
     for h in headers:
@@ -117,6 +126,10 @@ def start_server(name: str, cmd: list[str], http_port: int, work: Path) -> subpr
 
 
 def main() -> None:
+    if "--workers" in sys.argv[1:]:  # --workers 1 / 2 beside Triton, two models, CPU per inference
+        from bench.serving_workers import main as workers_main
+
+        return workers_main(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--anchors", help="folder holding bin/tritonserver and bin/perf_analyzer")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])

@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import List, Optional
 
@@ -139,6 +140,9 @@ def serve(
         None, "--grpc-max-buffered-bytes", rich_help_panel=_LIMITS,
         help="gRPC request bytes buffered per connection, all streams, before it is closed "
              "(default 268435456; h2 only)."),
+    workers: int = typer.Option(1, "--workers", help="Front-end processes sharing the ports, with the models in "
+                                "one host process and Python model instances in their own (0: the usable cores, "
+                                "at most 8; 1: one process, as before)."),
 ) -> None:
     """Serve a Triton model repository over KServe v2 HTTP and gRPC, with Triton-named metrics.
 
@@ -157,7 +161,7 @@ def serve(
     from azulite.serve.limits import limits_from_flags
     from azulite.serve.server import exposure_warnings
     from azulite.serve.server import ServerSettings
-    from azulite.serve.server import serve as run
+    from azulite.serve.server import serve as serve_one
 
     repo = model_repository or repository
     if repository is not None and model_repository is not None and repository != model_repository:
@@ -265,6 +269,17 @@ def serve(
     def stopping(signame: str) -> None:
         console.print(f"{signame}: draining in-flight requests (up to {exit_timeout_secs:g} s), then stopping")
 
+    if workers < 0:
+        raise SpecError(f"--workers {workers} is negative", field="--workers", fix="0 (one per usable core), 1, 2, ...")
+    if workers == 0:
+        from azulite.serve.workers import default_workers
+
+        workers = default_workers()
+    run = serve_one
+    if workers > 1:
+        from azulite.serve.workers import serve_workers
+
+        run = partial(serve_workers, workers=workers)
     if remote is not None:
         remote.start_polling(repository_poll_secs)
     try:

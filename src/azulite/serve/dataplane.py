@@ -78,6 +78,8 @@ class DataPlaneSettings:
     verify_model: Callable[[Path, str], None] | None = None
     #: see ServerSettings.shared_state_dir: drift windows shared by the server's worker processes
     shared_state_dir: Path | None = None
+    #: see ManagerSettings.instance_processes (on in the model host of ``azulite serve --workers N``)
+    instance_processes: bool = False
 
 
 def _request_int(request: InferRequest, key: str) -> int:
@@ -136,7 +138,8 @@ class TritonDataPlane:
             ManagerSettings(repository=Path(settings.repository), control_mode=settings.control_mode,
                             load_models=settings.load_models, compute_threads=settings.compute_threads,
                             auto_complete=not settings.disable_auto_complete_config,
-                            verify_model=settings.verify_model),
+                            verify_model=settings.verify_model,
+                            instance_processes=settings.instance_processes),
             bls=self._bls,
         )
         self.metrics = ServerMetrics(self.manager.all_stats)

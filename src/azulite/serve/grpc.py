@@ -384,6 +384,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 class GrpcServer:
     """grpc.aio server for one InferenceServicer, on the running loop."""
 
+    reuse_port = False  # SO_REUSEPORT: the front-ends of a multi-worker server share the port
+
     def __init__(self, dataplane: DataPlane, *, max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
                  guard=None, limits=None) -> None:
         """``limits``: a ConnectionLimits whose message, stream and header limits grpc.aio enforces (its

@@ -358,6 +358,8 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
 class GrpcH2Server:
     """Same interface as :class:`azulite.serve.grpc.GrpcServer`."""
 
+    reuse_port = False  # SO_REUSEPORT: the front-ends of a multi-worker server share the port
+
     def __init__(self, dataplane, guard=None, limits: ConnectionLimits | None = None) -> None:
         self.limits = limits or ConnectionLimits()
         self.servicer = InferenceServicer(dataplane)
@@ -380,6 +382,7 @@ class GrpcH2Server:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _H2Connection(self), host, port, reuse_address=True,
+                                                reuse_port=self.reuse_port or None,
                                                 backlog=1024)
         return self._server.sockets[0].getsockname()[1]
 

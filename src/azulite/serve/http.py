@@ -33,6 +33,7 @@ from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
 from azulite.serve.auth import Guard, bearer, http_route
 from azulite.serve.http_defences import HttpDefences
+from azulite.serve.http_stream import StreamedReplies, is_stream
 from azulite.serve.limits import ConnectionLimits, close_soon
 from azulite.serve.types import DataPlane
 
@@ -183,7 +184,7 @@ class HttpApp:
             rid = headers.get(b"x-request-id")
             audit.record(rid.decode("latin-1") if rid else None, principal.key_id if principal is not None else None,
                          client, model, version, "http", reply[0], time.perf_counter() - start, len(body),
-                         len(reply[2]))
+                         0 if is_stream(reply[2]) else len(reply[2]))
         return reply
 
     def dispatch(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes):
@@ -245,10 +246,18 @@ class HttpApp:
             self._method(get, method, path)
             return _json_reply(codec.message_to_json(self.dp.model_statistics(name, version)))
         if action in ("generate", "generate_stream"):
-            raise Unsupported("the generate extension is not supported by azulite", fix="use /infer")
+            self._method(post, method, path)
+            return self._generate(name, version, body, action == "generate_stream")
         if action == "trace":
             raise Unsupported("the trace extension is not supported by azulite")
         raise NotFound(f"no such endpoint: {method.decode()} {path}")
+
+    async def _generate(self, name: str, version: str, body: bytes, stream: bool) -> Reply:
+        from azulite.serve import generate  # Triton's generate extension (serve/generate.py)
+
+        if stream:
+            return 200, generate.SSE, await generate.generate_stream(self.dp, name, version, body), ()  # type: ignore[return-value]
+        return 200, JSON, await generate.generate(self.dp, name, version, body), ()
 
     async def _infer(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
         body = _decompress(body, headers.get(b"content-encoding"))
@@ -344,13 +353,13 @@ class MetricsApp:
         return error_reply(NotFound(f"no such endpoint: {path}", fix="metrics are at /metrics"))
 
 
-class _Connection(HttpDefences, asyncio.Protocol):
+class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
     """One HTTP/1.1 connection. Requests are answered in arrival order (pipelining-safe): each request's
     reply goes into a FIFO; replies are written as soon as every earlier one is."""
 
     __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
                  "replies", "closing", "peer", "head_size", "head_tick", "stall_timer", "read_paused",
-                 "write_paused")
+                 "write_paused", "streaming")
 
     def __init__(self, server: "HttpServer") -> None:
         self.server = server
@@ -369,6 +378,7 @@ class _Connection(HttpDefences, asyncio.Protocol):
         self.stall_timer: asyncio.TimerHandle | None = None
         self.read_paused = False  # too many pipelined requests ahead of their answers
         self.write_paused = False  # the client does not read its answers
+        self.streaming = False  # a streamed answer is being written (http_stream.py)
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -485,10 +495,13 @@ class _Connection(HttpDefences, asyncio.Protocol):
                 self._reading()
 
     def _write_ready(self) -> None:
-        while self.replies and self.replies[0][0] is not None:
+        while self.replies and self.replies[0][0] is not None and not self.streaming:
             reply, keep_alive = self.replies.popleft()
             if self.transport is None:
                 continue
+            if is_stream(reply[2]):
+                self._write_stream(reply, keep_alive and not self.server.stopping, _REASONS)
+                return
             self._write(reply, keep_alive and not self.server.stopping)
             if not keep_alive or self.server.stopping:
                 close_soon(self.transport, self.server.limits)
@@ -532,6 +545,8 @@ class _Connection(HttpDefences, asyncio.Protocol):
 class HttpServer:
     """Listens on one address and serves ``app`` (an HttpApp or MetricsApp) on the running loop."""
 
+    reuse_port = False  # SO_REUSEPORT: the front-ends of a multi-worker server share the port
+
     def __init__(self, app, *, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
                  limits: ConnectionLimits | None = None) -> None:
         self.app = app
@@ -548,6 +563,7 @@ class HttpServer:
     async def start(self, host: str, port: int) -> int:
         loop = asyncio.get_running_loop()
         self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
+                                                reuse_port=self.reuse_port or None,
                                                 backlog=1024)
         self._sweeper = loop.call_later(self.limits.header_timeout_s / 2, self._sweep)
         return self._server.sockets[0].getsockname()[1]

@@ -22,6 +22,7 @@ from typing import Any, Literal
 
 from azulite.errors import ModelLoadError, NotFound, ServeError, Unavailable
 from azulite.serve import config as cfg
+from azulite.serve import instances
 from azulite.serve import repository as repo
 from azulite.serve.backends.base import LoadContext, get_backend
 from azulite.serve.batcher import Batcher, BatcherSettings
@@ -51,6 +52,8 @@ class ManagerSettings:
     #: called as verify_model(root, name) before a model's files are read; raises ModelLoadError naming a
     #: file that does not match the repository manifest (None: no integrity check)
     verify_model: Callable[[Path, str], None] | None = None
+    #: run the instances that need their own interpreter in their own processes (serve/instances.py)
+    instance_processes: bool = False
 
 
 def ensemble_dependencies(config: mc.ModelConfig) -> list[str]:
@@ -281,7 +284,7 @@ class ModelManager:
                         config=config, instance_name=instance_name, instance_index=len(instances), bls=self.bls,
                         compute_threads=self.settings.compute_threads,
                     )
-                    instance = impl.load(ctx)
+                    instance = self._instance(impl, backend, ctx, group)
                     instances.append((instance_name, instance))
                     warm_up(config, instance, source.path)
         except BaseException:
@@ -291,6 +294,13 @@ class ModelManager:
         batcher = Batcher(model=name, settings=BatcherSettings.from_config(config), instances=instances,
                           observer=stats)
         return LoadedModel(name=name, version=version, config=config, batcher=batcher, stats=stats, labels=labels)
+
+    def _instance(self, impl, backend: str, ctx: LoadContext, group):
+        if self.settings.instance_processes and instances.wants_process(ctx.config, backend, ctx.model_file):
+            gpu = group.gpus[ctx.instance_index % len(group.gpus)] if group.kind == mc.ModelInstanceGroup.KIND_GPU \
+                and group.gpus else None
+            return instances.ProcessInstance(backend, ctx, gpu=gpu)
+        return impl.load(ctx)
 
     def check_load(self, name: str, *, files: dict[str, bytes] | None = None) -> None:
         """Refuse a load API call the mode or the repository does not allow (before loading anything)."""

@@ -59,6 +59,8 @@ class ServerSettings:
     manifest_key: Path | None = None
     #: per-connection defences of the HTTP/1.1 and HTTP/2 transports (slow, flooding, hostile clients)
     limits: ConnectionLimits = ConnectionLimits()
+    #: bind the listening ports with SO_REUSEPORT (the front-ends of ``--workers N`` share them)
+    reuse_port: bool = False
     #: None: rate buckets, quotas and drift windows live in this process (one worker, the fastest). A
     #: directory: they live in files there that every worker process of this server shares, so a limit
     #: holds for all of them together and quotas survive a worker's restart (serve/sharedstate.py)
@@ -88,8 +90,11 @@ class Server:
     """Start with :meth:`start` inside a running loop; stop with :meth:`stop`. ``ports`` holds the bound
     ports by endpoint name ("http", "grpc", "metrics")."""
 
-    def __init__(self, settings: ServerSettings) -> None:
+    def __init__(self, settings: ServerSettings, dataplane=None) -> None:
+        """``dataplane``: answer from this one instead of loading the repository here (a front-end of a
+        multi-worker server passes serve/frontend_plane.py's)."""
         self.settings = settings
+        self._given = dataplane
         self.dataplane: TritonDataPlane | None = None
         self.http: HttpServer | None = None
         self.grpc: GrpcServer | GrpcH2Server | None = None
@@ -105,7 +110,7 @@ class Server:
         guard = self.guard = (Guard(s.guard, shared_state_dir=s.shared_state_dir)
                               if s.guard is not None and s.guard.active else None)
         # Loading models blocks (ONNX sessions, TorchScript, Python initialize): nothing is served yet.
-        self.dataplane = TritonDataPlane(DataPlaneSettings(
+        self.dataplane = self._given or TritonDataPlane(DataPlaneSettings(
             repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
             strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify,
             shared_state_dir=s.shared_state_dir))
@@ -113,16 +118,19 @@ class Server:
             if s.http_port >= 0:
                 self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size,
                                        limits=s.limits)
+                self.http.reuse_port = s.reuse_port
                 self.ports["http"] = await self.http.start(s.http_address, s.http_port)
             if s.grpc_port >= 0:
                 self.grpc = (GrpcH2Server(self.dataplane, guard, s.limits) if s.grpc_impl == "h2"
                              else GrpcServer(self.dataplane, guard=guard, limits=s.limits))
+                self.grpc.reuse_port = s.reuse_port
                 self.ports["grpc"] = await self.grpc.start(s.grpc_address, s.grpc_port)
             if s.metrics_port >= 0:
                 m = self.dataplane.metrics
                 if guard is not None:
                     m.extra.append(guard_metrics(guard))
                 self.metrics = HttpServer(MetricsApp(m.metrics_text, m.content_type))
+                self.metrics.reuse_port = s.reuse_port
                 self.ports["metrics"] = await self.metrics.start(s.metrics_address, s.metrics_port)
         except OSError:
             await self.stop(0)

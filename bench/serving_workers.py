@@ -1,0 +1,194 @@
+"""``azulite serve --workers 1`` and ``--workers 2`` beside real Triton 2.51, driven by perf_analyzer over
+HTTP and gRPC at concurrency 1, 8 and 32, on two Python-backend models that run unchanged on all three:
+
+- ``bench_matmul``: x FP32 [256] times a fixed 256x256 W (numpy: releases the GIL in the kernel),
+  max_batch_size 64, dynamic batching 100 us, one instance (tests/serve/models/bench_matmul);
+- ``gil_py``: holds the GIL ~1 ms per batch in pure Python, then echoes x; max_batch_size 64, dynamic
+  batching 100 us, two instances (Triton and ``--workers 2`` run each in its own process; ``--workers 1``
+  runs both as threads of one interpreter, so one at a time).
+
+Per point: throughput and p99 (perf_analyzer), and the server's CPU-seconds per 1,000 inferences (the
+/proc times of its whole process tree over the run, divided by the inferences its statistics counted
+over the same run). perf_analyzer is pinned (taskset) to the last core; the servers may use every core;
+``cores`` gives how many cores each side used on average (CPU-seconds / wall seconds). The last line is
+one JSON object with the ratios and goals: >= 1.0x Triton's throughput everywhere, CPU per inference
+<= Triton's, and on gil_py ``--workers 2`` >= 1.6x ``--workers 1``.
+
+    python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from pathlib import Path
+
+import numpy as np
+
+from bench.serving import ROOT, anchors, free_port, perf_run, start_server, stop
+from tests.serve.conftest import build_model_repository
+
+MODELS = ("bench_matmul", "gil_py")
+GIL_PY = '''
+import time
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        end = time.perf_counter() + 0.001
+        while time.perf_counter() < end:  # pure Python: holds the GIL for the whole millisecond
+            pass
+        return [pb_utils.InferenceResponse(
+                    [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
+'''
+GIL_CONFIG = '''
+name: "gil_py"
+backend: "python"
+max_batch_size: 64
+input [ { name: "x" data_type: TYPE_FP32 dims: [ 256 ] } ]
+output [ { name: "y" data_type: TYPE_FP32 dims: [ 256 ] } ]
+dynamic_batching { max_queue_delay_microseconds: 100 }
+instance_group [ { count: 2 kind: KIND_CPU } ]
+'''
+TICK = os.sysconf("SC_CLK_TCK")
+
+
+def tree_cpu_s(pid: int) -> float:
+    """User + system seconds of pid and every live descendant, plus what they reaped. Parents come from
+    each process's stat (a process's task/*/children lists only the children of that one thread, and
+    Triton starts its Python stubs from other threads)."""
+    stats: dict[int, list[str]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                stats[int(entry)] = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue
+    kids: dict[int, list[int]] = {}
+    for p, fields in stats.items():
+        kids.setdefault(int(fields[1]), []).append(p)
+    total, stack = 0.0, [pid]
+    while stack:
+        p = stack.pop()
+        if p in stats:
+            total += sum(int(stats[p][i]) for i in (11, 12, 13, 14)) / TICK  # utime stime cutime cstime
+        stack += kids.get(p, [])
+    return total
+
+
+def inference_count(http_port: int, model: str) -> int:
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/{model}/stats", timeout=30) as r:
+        doc = json.loads(r.read())
+    return sum(int(s.get("inference_count", 0)) for s in doc["model_stats"])
+
+
+def main(argv: list[str] | None = None) -> None:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workers", action="store_true", help="(how bench/serving.py hands over)")
+    ap.add_argument("--anchors", help="folder holding bin/tritonserver and bin/perf_analyzer")
+    ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
+    ap.add_argument("--measure-ms", type=int, default=1500)
+    ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    args = ap.parse_args(argv)
+    bin_dir = anchors(args.anchors)
+    cores = sorted(os.sched_getaffinity(0))
+    pin = [] if len(cores) < 2 else ["taskset", "-c", str(cores[-1])]
+    work = Path(tempfile.mkdtemp(prefix="azulite-bench-workers-"))
+    try:
+        repo = build_model_repository(work / "repo", ("bench_matmul",))
+        (repo / "gil_py" / "1").mkdir(parents=True)
+        (repo / "gil_py" / "config.pbtxt").write_text(GIL_CONFIG)
+        (repo / "gil_py" / "1" / "model.py").write_text(GIL_PY)
+        data = work / "input.json"
+        values = np.random.default_rng(0).uniform(-1, 1, 256).astype(np.float32).round(4).tolist()
+        data.write_text(json.dumps({"data": [{"x": {"content": values, "shape": [256]}}]}))
+        pa = bin_dir / "perf_analyzer"
+        servers: dict[str, tuple[subprocess.Popen, int, int]] = {}
+        figures: dict = {}
+        try:
+            for name in ("triton", "azulite_w1", "azulite_w2"):
+                http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+                if name == "triton":
+                    cmd = [str(bin_dir / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
+                           "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+                           f"--metrics-port={metrics_port}"]
+                else:
+                    cmd = [str(Path(sys.executable).parent / "azulite"), "serve", str(repo), "--workers", name[-1],
+                           "--http-port", str(http_port), "--grpc-port", str(grpc_port),
+                           "--metrics-port", str(metrics_port), "--http-address", "127.0.0.1",
+                           "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+                print(f"starting {name} ...", flush=True)
+                servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
+                figures[name] = {}
+            # every server stays up; each point is measured on one, then the next, so a change in the
+            # machine's load between points hits all of them alike
+            for model in args.models:
+                for protocol in ("http", "grpc"):
+                    for c in args.concurrency:
+                        for name, (proc, http_port, grpc_port) in servers.items():
+                            port = http_port if protocol == "http" else grpc_port
+                            n0, cpu0, t0 = inference_count(http_port, model), tree_cpu_s(proc.pid), time.monotonic()
+                            pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                            r = perf_run(pa, model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
+                            pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+                            wall = time.monotonic() - t0
+                            cpu = tree_cpu_s(proc.pid) - cpu0
+                            n = inference_count(http_port, model) - n0
+                            if "error" not in r and n > 0:
+                                load = (pa1.ru_utime + pa1.ru_stime) - (pa0.ru_utime + pa0.ru_stime)
+                                r.update(cpu_s_per_1k=round(cpu / n * 1000, 4),
+                                         cores={"server": round(cpu / wall, 2), "load_generator": round(load / wall, 2)})
+                            figures[name][f"{model}_{protocol}_c{c}"] = r
+                            shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
+                                     f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  cores {r.get('cores')}"
+                                     if "error" not in r else f"error: {r['error']}")
+                            print(f"  {name:10s} {model:12s} {protocol:4s} c={c:<3d} {shown}", flush=True)
+        finally:
+            for proc, _, _ in servers.values():
+                stop(proc)
+        ratio: dict = {}
+        goals = {"throughput_ge_triton": True, "cpu_le_triton": True}
+        for name in ("azulite_w1", "azulite_w2"):
+            ratio[name] = {}
+            for key, t in figures["triton"].items():
+                a = figures[name].get(key, {})
+                if "error" in t or "error" in a or "cpu_s_per_1k" not in a or "cpu_s_per_1k" not in t:
+                    goals["throughput_ge_triton"] = goals["cpu_le_triton"] = False
+                    continue
+                ratio[name][key] = {"throughput": round(a["infer_per_s"] / t["infer_per_s"], 3),
+                                    "p99": round(a["p99_ms"] / t["p99_ms"], 3),
+                                    "cpu_per_inference": round(a["cpu_s_per_1k"] / t["cpu_s_per_1k"], 3)}
+                goals["throughput_ge_triton"] &= ratio[name][key]["throughput"] >= 1.0
+                goals["cpu_le_triton"] &= ratio[name][key]["cpu_per_inference"] <= 1.0
+        scaling = {}
+        for key, w1 in figures["azulite_w1"].items():
+            w2 = figures["azulite_w2"].get(key, {})
+            if key.startswith("gil_py") and "error" not in w1 and "error" not in w2:
+                scaling[key] = round(w2["infer_per_s"] / w1["infer_per_s"], 3)
+        # at c=1 one request is in flight at a time: no parallel batches to run, nothing for a second
+        # instance process to do (the 1.6x goal is for the concurrent points)
+        goals["gil_workers2_ge_1.6x_workers1"] = bool(scaling) and all(
+            v >= 1.6 for k, v in scaling.items() if not k.endswith("_c1"))
+        print("\nratios to triton:", json.dumps(ratio, indent=1))
+        print("gil_py workers 2 / workers 1:", scaling)
+        print(json.dumps({"bench": "serving_workers", "models": args.models, "concurrency": args.concurrency,
+                          "load_generator_pinned_to": pin[2] if pin else None, "cores": len(cores),
+                          "loadavg": os.getloadavg(), "figures": figures, "ratio": ratio,
+                          "gil_workers2_over_workers1": scaling, "goals": goals}))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(ROOT))
+    main()

@@ -1,0 +1,280 @@
+"""A front-end process's data plane in a multi-worker server: the DataPlane protocol answered by the
+model host (serve/host.py) over a Unix socket. Inputs are written into this process's shared-memory
+arena and read in place by the host; outputs come back in the arena the host writes into and are
+copied out here, their blocks released with the next request (no extra message per answer).
+
+Synchronous calls (health, metadata, config, statistics, index, metrics, shared-memory registry) block
+this front-end's loop for one round trip to the host (tens of µs): they are not on the inference path,
+and asking the host every time is what keeps every front-end consistent with a load or unload that
+came in through another one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import threading
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from azulite.errors import Internal, Unavailable
+from azulite.serve import ipc, shm_ring
+from azulite.serve.metrics import ServerMetrics
+from azulite.serve.types import InferRequest, InferResponse
+
+
+@dataclass(slots=True)
+class RegionStatus:
+    name: str
+    key: str
+    offset: int
+    byte_size: int
+
+
+class _RemoteShm:
+    def __init__(self, plane: "RemoteDataPlane") -> None:
+        self._plane = plane
+
+    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
+        self._plane.call("shm_register", name, key, offset, byte_size)
+
+    def unregister(self, name: str = "") -> None:
+        self._plane.call("shm_unregister", name)
+
+    def status(self, name: str = "") -> list[RegionStatus]:
+        return [RegionStatus(*r) for r in self._plane.call("shm_status", name)]
+
+
+class _RemoteMetrics:
+    content_type = ServerMetrics.content_type
+
+    def __init__(self, plane: "RemoteDataPlane") -> None:
+        self._plane = plane
+        self.extra: list = []  # this front-end's own collectors are not merged (see README: workers)
+
+    def metrics_text(self) -> bytes:
+        return self._plane.call("metrics_text")
+
+
+class RemoteDataPlane:
+    """Construct, ``await connect()``, then use as a :class:`azulite.serve.types.DataPlane`."""
+
+    def __init__(self, path: str, arena_bytes: int = shm_ring.DEFAULT_ARENA_BYTES) -> None:
+        self.path = path
+        self.arena_bytes = arena_bytes
+        self.metrics = _RemoteMetrics(self)
+        self.shm = _RemoteShm(self)
+        self._sync: socket.socket | None = None
+        self._sync_lock = threading.Lock()  # BLS-free, but a front-end's threads could still call
+        self._arena: shm_ring.Arena | None = None
+        self._out: tuple | None = None
+        self._proto: ipc.FrameProtocol | None = None
+        self._pending: dict[int, Any] = {}
+        self._blocks: dict[int, list[int]] = {}
+        self._released: list[int] = []
+        self._rid = 0
+        self._inflight = 0
+        self._closing = False
+        self._closed = False
+        self._lost: str = ""
+
+    async def connect(self) -> None:
+        sync = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sync.connect(self.path)
+        socket.send_fds(sync, [b"sync"], [])
+        if sync.recv(2) != b"ok":
+            raise ConnectionError("the model host refused the connection")
+        self._sync = sync
+        self._arena = shm_ring.Arena(self.arena_bytes)
+        out_fd = os.memfd_create("azulite-answers", os.MFD_CLOEXEC)
+        os.ftruncate(out_fd, self.arena_bytes)
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.connect(self.path)
+        socket.send_fds(sock, [b"async"], [self._arena.fd, out_fd])
+        if sock.recv(2) != b"ok":
+            raise ConnectionError("the model host refused the connection")
+        self._out = shm_ring.attach(out_fd)
+        sock.setblocking(False)
+        proto = ipc.FrameProtocol(self._on_frame, self._on_lost)
+        await asyncio.get_running_loop().create_unix_connection(lambda: proto, sock=sock)
+        self._proto = proto
+
+    # --- answers from the host ---------------------------------------------------------------------
+
+    def _on_frame(self, header: tuple, inline: memoryview) -> None:
+        kind, rid = header[0], header[1]
+        target = self._pending.get(rid)
+        if kind in ("r", "s"):
+            self._released.extend(ref[1] for ref in header[2][5] if ref[0] == "s")
+            try:
+                value: Any = ipc.response_from(header[2], self._out[1], inline)  # type: ignore[index]
+            except Exception as exc:  # noqa: BLE001 - answered as this request's error, never a hang
+                value = Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}")
+                if kind == "s":  # the stream's inputs stay in use until the host ends it
+                    if target is not None:
+                        target.put_nowait(("error", value))
+                    return
+                kind = "e"
+        elif kind == "e":
+            value = ipc.rebuild_error(header[2])
+        else:
+            value = None
+        if kind == "s":
+            if target is not None:
+                target.put_nowait(("item", value))
+            return
+        self._pending.pop(rid, None)
+        for offset in self._blocks.pop(rid, ()):
+            self._arena.free(offset)  # type: ignore[union-attr]
+        if isinstance(target, asyncio.Queue):
+            target.put_nowait(("error", value) if kind == "e" else ("end", None))
+        elif target is not None and not target.done():
+            if kind == "e":
+                target.set_exception(value)
+            else:
+                target.set_result(value)
+
+    def _on_lost(self) -> None:
+        self._lost = "the model host is gone (it is being restarted)"
+        error = Unavailable(self._lost)
+        for target in self._pending.values():
+            if isinstance(target, asyncio.Queue):
+                target.put_nowait(("error", error))
+            elif not target.done():
+                target.set_exception(error)
+        self._pending.clear()
+
+    def _send(self, op: str, rid: int, *args: Any, payload=None) -> None:
+        if self._lost:
+            raise Unavailable(self._lost)
+        released, self._released = self._released, []
+        self._proto.writelines(ipc.frame((op, rid, released, *args), payload))  # type: ignore[union-attr]
+
+    def _next(self) -> int:
+        self._rid += 1
+        return self._rid
+
+    def call(self, method: str, *args: Any) -> Any:
+        """One synchronous call to the host (blocks this thread for the round trip)."""
+        if self._sync is None:
+            raise Unavailable("the front-end is not connected to the model host")
+        with self._sync_lock:
+            try:
+                ipc.send_frame(self._sync, (method, args))
+                header, _ = ipc.recv_frame(self._sync)
+            except OSError:
+                raise Unavailable("the model host is gone (it is being restarted)") from None
+        if header[0] == "e":
+            raise ipc.rebuild_error(header[1])
+        return ipc.from_wire(header[1])
+
+    # --- the DataPlane protocol --------------------------------------------------------------------
+
+    def live(self) -> bool:
+        return not self._closed
+
+    def ready(self) -> bool:
+        if self._closing or self._lost:
+            return False
+        try:
+            return bool(self.call("ready"))
+        except Unavailable:
+            return False
+
+    def server_metadata(self):
+        return self.call("server_metadata")
+
+    def model_ready(self, name: str, version: str = "") -> bool:
+        return bool(self.call("model_ready", name, version))
+
+    def model_metadata(self, name: str, version: str = ""):
+        return self.call("model_metadata", name, version)
+
+    def model_config(self, name: str, version: str = ""):
+        return self.call("model_config", name, version)
+
+    def model_statistics(self, name: str = "", version: str = ""):
+        return self.call("model_statistics", name, version)
+
+    def repository_index(self, ready_only: bool = False):
+        return self.call("repository_index", ready_only)
+
+    def startup_table(self) -> list[tuple[str, str, str]]:
+        return self.call("startup_table")
+
+    async def infer(self, request: InferRequest) -> InferResponse:
+        if self._closing:
+            raise Unavailable("the server is shutting down and accepts no new requests")
+        rid = self._next()
+        metas, packed = ipc.pack_tensors(self._arena, request.inputs)
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self._blocks[rid] = packed.blocks
+        try:
+            self._send("infer", rid, ipc.request_header(request, metas, packed.refs), payload=packed.inline)
+        except BaseException:
+            self._pending.pop(rid, None)
+            for offset in self._blocks.pop(rid, ()):
+                self._arena.free(offset)  # type: ignore[union-attr]
+            raise
+        self._inflight += 1
+        try:
+            return await fut  # cancelled (client gone): the host's answer still frees the blocks
+        finally:
+            self._inflight -= 1
+
+    async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
+        if self._closing:
+            raise Unavailable("the server is shutting down and accepts no new requests")
+        rid = self._next()
+        metas, packed = ipc.pack_tensors(self._arena, request.inputs)
+        queue: asyncio.Queue = asyncio.Queue()
+        self._pending[rid] = queue
+        self._blocks[rid] = packed.blocks
+        self._send("stream", rid, ipc.request_header(request, metas, packed.refs), payload=packed.inline)
+        self._inflight += 1
+        try:
+            while True:
+                kind, value = await queue.get()
+                if kind == "item":
+                    yield value
+                elif kind == "error":
+                    raise value
+                else:
+                    return
+        finally:
+            self._inflight -= 1
+
+    async def _control(self, op: str, *args: Any) -> None:
+        rid = self._next()
+        fut = asyncio.get_running_loop().create_future()
+        self._pending[rid] = fut
+        self._send(op, rid, *args)
+        await fut
+
+    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
+        await self._control("load", name, parameters)
+
+    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
+        await self._control("unload", name, unload_dependents)
+
+    def start_polling(self, interval_s: float = 15.0) -> None:
+        """The model host polls the repository; a front-end has nothing to do."""
+
+    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
+        self._closing = True
+        deadline = time.monotonic() + drain_timeout_s
+        while self._inflight and time.monotonic() < deadline:
+            await asyncio.sleep(0.005)
+        if self._proto is not None and self._proto.transport is not None:
+            self._proto.transport.close()
+        if self._sync is not None:
+            self._sync.close()
+        self._closed = True
+
+    @property
+    def in_flight(self) -> int:
+        return self._inflight

@@ -1,0 +1,193 @@
+"""Frames between azulite's own processes over Unix sockets: ``<header length><payload length>``, a
+header (a small tuple: operation, request id, descriptors; pickled, as both ends are this server's own
+processes behind a 0700 directory), then the inline payload (raw tensor bytes, see shm_ring).
+
+Errors cross as (class name, message, where, fix) and come back as the same ServeError subclass, so a
+front-end answers a client exactly as the model host's data plane decided.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import pickle
+import socket
+import struct
+
+from azulite import errors
+from azulite.errors import Internal, ServeError
+from azulite.serve import shm_ring
+from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+
+_FRAME = struct.Struct("<II")
+PROTOCOL = pickle.HIGHEST_PROTOCOL
+
+
+def frame(header: tuple, payload: list[bytes | memoryview] | None = None) -> list[bytes | memoryview]:
+    head = pickle.dumps(header, PROTOCOL)
+    size = sum(len(p) for p in payload) if payload else 0
+    return [_FRAME.pack(len(head), size), head, *(payload or ())]
+
+
+_EMPTY = memoryview(b"")
+
+
+class FrameProtocol(asyncio.Protocol):
+    """Frames off a stream socket, each handed to ``on_frame(header, payload)`` as it completes (a
+    protocol, not a StreamReader: no coroutine and no three reads per frame on the inference path);
+    ``on_lost()`` when the peer is gone. ``writelines`` sends a frame's parts."""
+
+    def __init__(self, on_frame, on_lost) -> None:
+        self.on_frame = on_frame
+        self.on_lost = on_lost
+        self.transport: asyncio.Transport | None = None
+        self._buf = bytearray()
+        self._need = 0  # bytes the buffered partial frame needs before it can be parsed
+        self._out: list = []  # frames written this loop pass, sent together (one syscall, not one each)
+
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+
+    def data_received(self, data: bytes) -> None:
+        if self._buf:
+            self._buf += data
+            if len(self._buf) < self._need:  # a large frame arriving in pieces: copy it once, at the end
+                return
+            data = bytes(self._buf)
+            self._buf.clear()
+        pos, n = 0, len(data)
+        while n - pos >= _FRAME.size:
+            head_len, size = _FRAME.unpack_from(data, pos)
+            start = pos + _FRAME.size
+            end = start + head_len + size
+            if end > n:
+                break
+            header = pickle.loads(data[start:start + head_len])
+            payload = memoryview(data)[start + head_len:end] if size else _EMPTY
+            pos = end
+            self.on_frame(header, payload)
+        if pos < n:
+            self._buf += data[pos:]
+            self._need = _FRAME.size + sum(_FRAME.unpack_from(data, pos)) if n - pos >= _FRAME.size else _FRAME.size
+
+    def connection_lost(self, exc) -> None:
+        self.on_lost()
+
+    def writelines(self, parts) -> None:
+        if not self._out:
+            asyncio.get_running_loop().call_soon(self._flush)
+        self._out.extend(parts)
+
+    def _flush(self) -> None:
+        out, self._out = self._out, []
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.writelines(out)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:])
+        if k == 0:
+            raise ConnectionError("the model host closed the connection")
+        got += k
+    return buf
+
+
+def recv_frame(sock: socket.socket) -> tuple[tuple, memoryview]:
+    head_len, size = _FRAME.unpack(_recv_exactly(sock, _FRAME.size))
+    head = _recv_exactly(sock, head_len)
+    payload = _recv_exactly(sock, size) if size else bytearray()
+    return pickle.loads(head), memoryview(payload)
+
+
+def send_frame(sock: socket.socket, header: tuple, payload: list[bytes | memoryview] | None = None) -> None:
+    sock.sendall(b"".join(bytes(p) if isinstance(p, memoryview) else p for p in frame(header, payload)))
+
+
+def error_tuple(exc: BaseException) -> tuple:
+    if isinstance(exc, ServeError):
+        extra = getattr(exc, "retry_after_s", None)
+        return (type(exc).__name__, exc.message, exc.where, exc.fix, exc.status, extra)
+    return ("Internal", f"{type(exc).__name__}: {exc}", None, None, "INTERNAL", None)
+
+
+def rebuild_error(t: tuple) -> ServeError:
+    name, message, where, fix, status, extra = t
+    cls = getattr(errors, name, None)
+    if not (isinstance(cls, type) and issubclass(cls, ServeError)):
+        # a subclass defined outside azulite.errors (e.g. the batcher's Rejected): keep its status
+        cls = {"UNAVAILABLE": errors.Unavailable, "INVALID_ARGUMENT": errors.InvalidArgument,
+               "NOT_FOUND": errors.NotFound, "UNIMPLEMENTED": errors.Unsupported}.get(status, Internal)
+    if extra is not None and name == "ResourceExhausted":
+        return cls(message, retry_after_s=extra, where=where, fix=fix)
+    return cls(message, where=where, fix=fix)
+
+
+# --- inference requests and responses as descriptors + arena blocks ------------------------------------
+
+def pack_tensors(arena, tensors: list, packed=None):
+    """(descriptors of each tensor: (name, datatype, shape, parameters, ref index or -1), Packed)."""
+    packed = packed or shm_ring.Packed()
+    metas, arrays = [], []
+    for t in tensors:
+        if t.data is None:  # a tensor living in a client's shared-memory region (serve/shm.py)
+            metas.append((t.name, t.datatype, tuple(t.shape), t.parameters, -1))
+        else:
+            metas.append((t.name, t.datatype, tuple(t.shape), t.parameters, len(arrays)))
+            arrays.append(t.data)
+    shm_ring.put(arena, arrays, packed)
+    return metas, packed
+
+
+def unpack_tensors(view, inline, metas: list, refs: list, *, copy: bool) -> list:
+    out = []
+    for name, datatype, shape, parameters, i in metas:
+        data = None if i < 0 else shm_ring.take(view, inline, refs[i], copy=copy)
+        out.append(InferTensor(name, datatype, shape, data, parameters))  # type: ignore[arg-type]
+    return out
+
+
+def request_header(request, metas: list, refs: list) -> tuple:
+    outputs = None if request.outputs is None else [(o.name, o.parameters) for o in request.outputs]
+    return (request.model_name, request.model_version, request.id, request.parameters, outputs, metas, refs)
+
+
+def request_from(header: tuple, view, inline, *, copy: bool):
+    model, version, rid, parameters, outputs, metas, refs = header
+    return InferRequest(model_name=model, model_version=version, id=rid, parameters=parameters,
+                        outputs=None if outputs is None else [RequestedOutput(n, p) for n, p in outputs],
+                        inputs=unpack_tensors(view, inline, metas, refs, copy=copy))
+
+
+def response_header(response, metas: list, refs: list) -> tuple:
+    return (response.model_name, response.model_version, response.id, response.parameters, metas, refs)
+
+
+def response_from(header: tuple, view, inline):
+    model, version, rid, parameters, metas, refs = header
+    return InferResponse(model_name=model, model_version=version, id=rid, parameters=parameters,
+                         outputs=unpack_tensors(view, inline, metas, refs, copy=True))
+
+
+# --- protobuf answers (tritonclient's generated modules do not pickle) -----------------------------------
+
+def to_wire(value):
+    from google.protobuf.message import Message
+
+    if isinstance(value, Message):
+        return ("pb", type(value).DESCRIPTOR.name, value.SerializeToString())
+    return ("py", value)
+
+
+def from_wire(wire):
+    if wire[0] == "py":
+        return wire[1]
+    from azulite.serve.proto import model_config_pb2 as mc
+    from azulite.serve.proto import service_pb2 as pb
+
+    cls = getattr(pb, wire[1], None) or getattr(mc, wire[1])
+    message = cls()
+    message.ParseFromString(wire[2])
+    return message

@@ -1,0 +1,148 @@
+"""Tensors between azulite's own processes (front-ends, the model host, instance processes) through
+shared memory: an :class:`Arena` is an anonymous memfd mapped by both sides (its descriptor travels
+over the Unix socket, so no name in /dev/shm can leak when a process dies), a first-fit allocator
+hands out blocks, and :func:`put` / :func:`take` turn arrays into small descriptors and back.
+
+Only descriptors (name, dtype, shape, offset) cross the socket; the bytes are written once into the
+arena and read in place by the other side. A tensor that does not fit in the free space travels inline
+after the frame's header instead (raw bytes, never pickled), so a full arena slows a request down but
+never fails it.
+
+Why not multiprocessing.shared_memory: it names its segments in /dev/shm and its resource tracker
+unlinks them behind a second process's back; a memfd has neither problem.
+"""
+
+from __future__ import annotations
+
+import bisect
+import mmap
+import os
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
+
+ALIGN = 64  # cache line: blocks never share one, and numpy gets aligned views
+DEFAULT_ARENA_BYTES = 256 * 1024 * 1024  # reserved address space; pages cost memory only once touched
+
+
+class Arena:
+    """One shared block of memory and its allocator (used by exactly one side: the writer)."""
+
+    def __init__(self, size: int = DEFAULT_ARENA_BYTES, *, fd: int | None = None) -> None:
+        if fd is None:
+            fd = os.memfd_create("azulite-tensors", os.MFD_CLOEXEC)
+            os.ftruncate(fd, size)
+        else:
+            size = os.fstat(fd).st_size
+        self.fd = fd
+        self.size = size
+        self.map = mmap.mmap(fd, size)
+        self.view = memoryview(self.map)
+        self._free: list[tuple[int, int]] = [(0, size)]  # (offset, size), sorted by offset
+        self._used: dict[int, int] = {}
+
+    def alloc(self, n: int) -> int | None:
+        """Offset of a block of at least n bytes, or None when no free block is that large."""
+        n = max(ALIGN, (n + ALIGN - 1) // ALIGN * ALIGN)
+        for i, (offset, size) in enumerate(self._free):
+            if size >= n:
+                if size == n:
+                    del self._free[i]
+                else:
+                    self._free[i] = (offset + n, size - n)
+                self._used[offset] = n
+                return offset
+        return None
+
+    def free(self, offset: int) -> None:
+        size = self._used.pop(offset, None)
+        if size is None:
+            return  # freed twice (a peer's release after a reset): nothing to do
+        i = bisect.bisect_left(self._free, (offset, 0))
+        if i < len(self._free) and offset + size == self._free[i][0]:  # merge with the next block
+            size += self._free[i][1]
+            del self._free[i]
+        if i > 0 and self._free[i - 1][0] + self._free[i - 1][1] == offset:  # and with the previous
+            offset, size = self._free[i - 1][0], self._free[i - 1][1] + size
+            del self._free[i - 1]
+            i -= 1
+        self._free.insert(i, (offset, size))
+
+    def reset(self) -> None:
+        """Everything free again (a writer whose reader is done with every block)."""
+        self._free = [(0, self.size)]
+        self._used.clear()
+
+    @property
+    def in_use(self) -> int:
+        return sum(self._used.values())
+
+    def close(self) -> None:
+        self.view.release()
+        try:
+            self.map.close()
+        except BufferError:  # an array still views the mapping: the OS unmaps it with the process
+            pass
+        os.close(self.fd)
+
+
+@dataclass(slots=True)
+class Packed:
+    """What :func:`put` made of some arrays: descriptors for the header, the blocks it took, the bytes
+    that go inline."""
+
+    refs: list[tuple] = field(default_factory=list)
+    blocks: list[int] = field(default_factory=list)
+    inline: list[bytes | memoryview] = field(default_factory=list)
+    inline_bytes: int = 0
+
+
+def _raw(array: np.ndarray) -> tuple[str, memoryview | bytes, int]:
+    """(dtype tag, bytes, element count): BYTES tensors in Triton's 4-byte length-prefixed form."""
+    if array.dtype == np.object_:
+        return "BYTES", serialize_bytes(array), array.size
+    if array.size == 0:
+        return array.dtype.str, b"", 0
+    array = np.ascontiguousarray(array).reshape(-1)
+    return array.dtype.str, memoryview(array).cast("B"), array.size
+
+
+def put(arena: Arena | None, arrays: list[np.ndarray], packed: Packed | None = None) -> Packed:
+    """Write arrays into the arena (inline where they do not fit); refs[i] describes arrays[i] as
+    (where, offset, nbytes, dtype tag, shape, count) with where "s" (arena) or "i" (inline payload)."""
+    packed = packed or Packed()
+    for array in arrays:
+        tag, raw, count = _raw(np.asarray(array))
+        n = len(raw)
+        offset = arena.alloc(n) if arena is not None and n else None
+        if offset is None:
+            packed.refs.append(("i", packed.inline_bytes, n, tag, array.shape, count))
+            packed.inline.append(raw)
+            packed.inline_bytes += n
+        else:
+            arena.view[offset:offset + n] = raw  # type: ignore[union-attr]
+            packed.blocks.append(offset)
+            packed.refs.append(("s", offset, n, tag, array.shape, count))
+    return packed
+
+
+def take(view: memoryview | None, inline: memoryview, ref: tuple, *, copy: bool) -> np.ndarray:
+    """One array back from its descriptor; ``copy`` False gives a view into shared memory (valid until
+    the writer frees the block)."""
+    where, offset, n, tag, shape, count = ref
+    source = view if where == "s" else inline
+    raw = source[offset:offset + n]  # type: ignore[index]
+    if tag == "BYTES":
+        return deserialize_bytes(raw, count, "tensor").reshape(shape)
+    array = np.frombuffer(raw, dtype=np.dtype(tag), count=count).reshape(shape)
+    return array.copy() if copy else array
+
+
+def attach(fd: int) -> tuple[mmap.mmap, memoryview]:
+    """Map a peer's arena (read side): the mapping and a view of it."""
+    size = os.fstat(fd).st_size
+    m = mmap.mmap(fd, size)
+    os.close(fd)
+    return m, memoryview(m)

@@ -1,0 +1,289 @@
+"""``azulite serve --workers 2`` as real processes and sockets: two front-ends behind the shared ports,
+one model host, Python instances in their own processes. Each test picks connections that landed on a
+given front-end (found from /proc: which process holds the server end of the connection), so what
+crosses front-ends is known, not left to the kernel's hashing."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.serve.conftest import build_model_repository
+from tests.serve.procs import alive, children, cmdline, kill, owner, tree
+
+AZULITE = str(Path(sys.executable).parent / "azulite")
+
+# answers, per request, how many requests its execute() call held: a batch across front-ends shows as 2
+BATCH_COUNT_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        n = len(requests)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("N", np.full((len(r.inputs()[0].as_numpy()), 1), n, np.int64))])
+                for r in requests]
+'''
+BATCH_COUNT_CONFIG = '''
+name: "batch_count_py"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "N" data_type: TYPE_INT64 dims: [ 1 ] } ]
+dynamic_batching { preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 60000000 }
+instance_group [ { count: 1 kind: KIND_CPU } ]
+'''
+# holds each execution until the file <gate>/open exists; says it is inside by writing <gate>/inside
+HELD_PY = '''
+import os
+import time
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def initialize(self, args):
+        import json
+        self.gate = json.loads(args["model_config"])["parameters"]["gate"]["string_value"]
+
+    def execute(self, requests):
+        open(os.path.join(self.gate, "inside"), "w").close()
+        deadline = time.monotonic() + 120
+        while not os.path.exists(os.path.join(self.gate, "open")) and time.monotonic() < deadline:
+            time.sleep(0.01)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("Y", r.inputs()[0].as_numpy() * 2)]) for r in requests]
+'''
+HELD_CONFIG = '''
+name: "held_py"
+backend: "python"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "Y" data_type: TYPE_FP32 dims: [ 1 ] } ]
+parameters { key: "gate" value: { string_value: "GATE" } }
+'''
+
+
+def write_model(root: Path, name: str, config: str, code: str) -> None:
+    (root / name / "1").mkdir(parents=True)
+    (root / name / "config.pbtxt").write_text(config)
+    (root / name / "1" / "model.py").write_text(code)
+
+
+def wait_for(predicate, what: str, timeout: float = 120.0):
+    """Poll a condition (the safety-net timeout only fails the test, it never decides it)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            value = predicate()
+        except ConnectionError:  # a connection queued on a front-end as it was killed is reset: ask again
+            value = None
+        if value:
+            return value
+        time.sleep(0.02)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+class Workers:
+    """``azulite serve --workers 2`` on free ports; ``frontends()`` are the front-end pids."""
+
+    def __init__(self, repo: Path, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [AZULITE, "serve", str(repo), "--workers", "2", *args, "--http-port", "0", "--grpc-port", "0",
+             "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+             "--metrics-address", "127.0.0.1"],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
+        self.lines: list[str] = []
+        self.ports: dict[str, int] = {}
+        self.ready = threading.Event()
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+        if not self.ready.wait(180) or self.proc.poll() is not None:
+            self.stop()
+            raise AssertionError("server did not start:\n" + "".join(self.lines))
+
+    def _read(self) -> None:
+        for line in self.proc.stdout:  # type: ignore[union-attr]
+            self.lines.append(line)
+            m = re.match(r"Started (\w+)(?: Service)? at [\d.]+:(\d+)", line)
+            if m:
+                self.ports[m.group(1)] = int(m.group(2))
+            if "azulite serve ready" in line:
+                self.ready.set()
+        self.ready.set()
+
+    def descendants(self) -> list[int]:
+        return tree(self.proc.pid)
+
+    def frontends(self) -> list[int]:
+        return [p for p in children(self.proc.pid) if b"frontend" in cmdline(p)]
+
+    def conn(self) -> http.client.HTTPConnection:
+        c = http.client.HTTPConnection("127.0.0.1", self.ports["HTTPService"], timeout=120)
+        c.request("GET", "/v2/health/live")
+        assert c.getresponse().read() == b""
+        return c
+
+    def conn_on(self, pid: int) -> http.client.HTTPConnection:
+        """A keep-alive connection served by front-end ``pid`` (new connections until one lands there)."""
+        spare = []
+        try:
+            for _ in range(200):
+                c = self.conn()
+                if owner(c, self.frontends()) == pid:
+                    return c
+                spare.append(c)
+            raise AssertionError(f"no connection landed on front-end {pid}")
+        finally:
+            for c in spare:
+                c.close()
+
+    def metric(self, name: str, labels: str = "") -> float:
+        c = http.client.HTTPConnection("127.0.0.1", self.ports["Metrics"], timeout=60)
+        c.request("GET", "/metrics")
+        text = c.getresponse().read().decode()
+        c.close()
+        m = re.search(rf"^{name}{re.escape(labels)} (\S+)$", text, re.M)
+        return float(m.group(1)) if m else -1.0
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            self.proc.wait(60)
+        except subprocess.TimeoutExpired:
+            for pid in self.descendants():
+                kill(pid)
+            self.proc.kill()
+            self.proc.wait()
+        self._reader.join(10)
+
+
+def call(conn: http.client.HTTPConnection, method: str, path: str, body: dict | None = None) -> tuple[int, dict]:
+    conn.request(method, path, body=json.dumps(body) if body is not None else None,
+                 headers={"Content-Type": "application/json"})
+    r = conn.getresponse()
+    data = r.read()
+    return r.status, (json.loads(data) if data else {})
+
+
+def infer(conn, model: str, x: float) -> dict:
+    status, doc = call(conn, "POST", f"/v2/models/{model}/infer",
+                       {"inputs": [{"name": "X", "datatype": "FP32", "shape": [1, 1], "data": [x]}]})
+    assert status == 200, doc
+    return {o["name"]: o["data"] for o in doc["outputs"]}
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    root = build_model_repository(tmp_path_factory.mktemp("workers_repo"), ("add_sub_py", "repeat_py"))
+    write_model(root, "batch_count_py", BATCH_COUNT_CONFIG, BATCH_COUNT_PY)
+    s = Workers(root, "--model-control-mode", "explicit", "--load-model", "batch_count_py", "--load-model", "repeat_py")
+    yield s
+    s.stop()
+
+
+def test_two_front_ends_one_model_host(served):
+    a_pid, b_pid = served.frontends()
+    a, b = served.conn_on(a_pid), served.conn_on(b_pid)
+    # model control through one front-end is what every other one answers
+    assert call(b, "GET", "/v2/models/add_sub_py/ready")[0] == 400
+    assert call(a, "POST", "/v2/repository/models/add_sub_py/load", {})[0] == 200
+    assert call(b, "GET", "/v2/models/add_sub_py/ready")[0] == 200
+    x = list(range(16))
+    body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": x} for n in ("INPUT0", "INPUT1")]}
+    for conn in (a, b, a):
+        status, doc = call(conn, "POST", "/v2/models/add_sub_py/infer", body)
+        assert status == 200, doc
+        assert {o["name"]: o["data"] for o in doc["outputs"]}["OUTPUT0"] == [2.0 * v for v in x]
+    # statistics are one count, whichever front-end asks
+    for conn in (a, b):
+        stats = call(conn, "GET", "/v2/models/add_sub_py/stats")[1]["model_stats"][0]
+        assert stats["inference_stats"]["success"]["count"] == 3, stats
+    assert served.metric("nv_inference_request_success", '{model="add_sub_py",version="1"}') == 3
+    assert call(b, "POST", "/v2/repository/models/add_sub_py/unload", {})[0] == 200
+    assert call(a, "GET", "/v2/models/add_sub_py/ready")[0] == 400
+    # requests through both front-ends meet in one dynamic batcher: the batch of 2 leaves at once (its
+    # preferred size); with a batcher per front-end each would wait out the 60 s delay alone and say 1
+    answers = {}
+    threads = [threading.Thread(target=lambda k, c: answers.__setitem__(k, infer(c, "batch_count_py", 1.0)),
+                                args=(k, c)) for k, c in (("a", a), ("b", b))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert answers == {"a": {"N": [2]}, "b": {"N": [2]}}
+    # a decoupled model's responses stream back through a front-end (generate_stream: one event each)
+    a.request("POST", "/v2/models/repeat_py/generate_stream", body=json.dumps({"IN": [1, 2, 3]}))
+    r = a.getresponse()
+    events = [json.loads(c[len(b"data: "):]) for c in r.read().split(b"\n\n") if c.startswith(b"data: ")]
+    assert r.status == 200 and [(e["OUT"], e["IDX"]) for e in events] == [(1, 0), (2, 1), (3, 2)], events
+    # the Python model's instance runs in its own process, a child of the model host
+    host = [p for p in children(served.proc.pid) if b" host " in b" " + cmdline(p).replace(b"\0", b" ")]
+    assert len(host) == 1 and any(b"azulite.serve.instances" in cmdline(p) for p in children(host[0]))
+    a.close()
+    b.close()
+
+
+def test_killed_front_end_is_replaced_while_the_other_serves(served):
+    before = served.metric("azulite_worker_restarts_total", '{role="frontend"}')
+    a_pid, b_pid = served.frontends()
+    b = served.conn_on(b_pid)
+    os.kill(a_pid, signal.SIGKILL)
+    # B serves on (a request of batch size 2 is the model's preferred batch: it runs at once)
+    status, doc = call(b, "POST", "/v2/models/batch_count_py/infer",
+                       {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 1], "data": [1.0, 2.0]}]})
+    assert status == 200 and doc["outputs"][0]["data"] == [1, 1], doc
+    wait_for(lambda: served.metric("azulite_worker_restarts_total", '{role="frontend"}') == before + 1,
+             "the restart counter")
+
+    def replaced():
+        pids = served.frontends()
+        return pids if len(pids) == 2 and a_pid not in pids else None
+
+    pids = wait_for(replaced, "a new front-end")
+    assert b_pid in pids
+    new = served.conn_on(next(p for p in pids if p != b_pid))
+    assert call(new, "GET", "/v2/models/batch_count_py/ready")[0] == 200
+    new.close()
+    b.close()
+
+
+def test_shutdown_drains_every_worker(tmp_path):
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    root = tmp_path / "repo"
+    write_model(root, "held_py", HELD_CONFIG.replace("GATE", str(gate)), HELD_PY)
+    s = Workers(root)
+    procs = s.descendants()
+    try:
+        conns = [s.conn_on(pid) for pid in s.frontends()]
+        answers: dict[int, dict] = {}
+        threads = [threading.Thread(target=lambda i, c: answers.__setitem__(i, infer(c, "held_py", float(i))),
+                                    args=(i, c)) for i, c in enumerate(conns)]
+        for t in threads:
+            t.start()
+        # one request executing (held), the other queued behind it: both are inside the server
+        wait_for(lambda: (gate / "inside").exists()
+                 and s.metric("nv_inference_pending_request_count", '{model="held_py",version="1"}') == 1,
+                 "both requests inside the server")
+        s.proc.send_signal(signal.SIGTERM)
+        wait_for(lambda: any("draining" in line for line in s.lines), "the server to start draining")
+        (gate / "open").touch()
+        for t in threads:
+            t.join(120)
+        assert answers == {0: {"Y": [0.0]}, 1: {"Y": [2.0]}}  # both front-ends answered what they had
+        assert s.proc.wait(120) == 0, "".join(s.lines)
+        assert not [p for p in procs if alive(p)]  # no worker, host or instance process left
+    finally:
+        s.stop()
