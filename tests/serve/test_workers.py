@@ -287,3 +287,50 @@ def test_shutdown_drains_every_worker(tmp_path):
         assert not [p for p in procs if alive(p)]  # no worker, host or instance process left
     finally:
         s.stop()
+
+
+def test_limits_quotas_and_audit_hold_across_front_ends(tmp_path):
+    """Per-request protection state is one truth for the whole server: a key's rate and daily quota are
+    spent across front-ends (not granted once per process), a restarted front-end does not hand the quota
+    back, and both front-ends write whole lines to one audit log."""
+    from azulite.serve.keystore import KeyStore
+
+    store = KeyStore(tmp_path / "keys.db")
+    quota = store.create("quota", quota_per_day=3)[1]
+    slow = store.create("slow", rps=0.001)[1]  # one request, then a token every 1000 s
+    store.close()
+    root = build_model_repository(tmp_path / "repo", ("add_sub_py",))
+    audit = tmp_path / "audit.jsonl"
+    s = Workers(root, "--auth", "--key-store", str(tmp_path / "keys.db"), "--audit-log", str(audit))
+    try:
+        a_pid, b_pid = s.frontends()
+        a, b = s.conn_on(a_pid), s.conn_on(b_pid)
+        body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "data": list(range(16))}
+                           for n in ("INPUT0", "INPUT1")]}
+
+        def infer_with(conn, token: str) -> int:
+            conn.request("POST", "/v2/models/add_sub_py/infer", body=json.dumps(body),
+                         headers={"Content-Type": "application/json", "Authorization": f"Bearer {token}"})
+            r = conn.getresponse()
+            r.read()
+            return r.status
+
+        # the rate: one token in all, whichever front-end is asked first and second
+        assert [infer_with(a, slow), infer_with(b, slow)] == [200, 429]
+        # the quota: 3 a day across both front-ends
+        assert [infer_with(c, quota) for c in (a, b, a, b)] == [200, 200, 200, 429]
+        # the audit writer batches lines: wait until both front-ends' six are in the log before a kill -9
+        wait_for(lambda: audit.exists() and audit.read_text().count('"model":"add_sub_py"') >= 6, "six audit lines")
+        # a front-end killed and replaced starts from the shared counts, not a fresh quota
+        os.kill(a_pid, signal.SIGKILL)
+        pids = wait_for(lambda: (p := s.frontends()) and len(p) == 2 and a_pid not in p and p, "a new front-end")
+        new = s.conn_on(next(p for p in pids if p != b_pid))
+        assert [infer_with(new, quota), infer_with(b, quota), infer_with(new, slow)] == [429, 429, 429]
+        for c in (a, b, new):
+            c.close()
+    finally:
+        s.stop()
+    # every request of both front-ends is one whole JSON line of the one log (written before stop returns)
+    lines = [json.loads(line) for line in audit.read_text().splitlines()]
+    statuses = sorted(line["status"] for line in lines if line.get("model") == "add_sub_py")
+    assert statuses == sorted([200] * 4 + [429] * 5), lines
