@@ -5,10 +5,12 @@ from __future__ import annotations
 
 import json
 import logging
+import socket
 
 import pytest
 import torch
 import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
@@ -131,3 +133,33 @@ def test_a_truncated_file_is_named(tmp_path):
     *_, state = _fresh()
     with pytest.raises(BaseException, match=f"file {shard.name} is .* B, the manifest says"):
         dcp.load(state, storage_reader=reader, no_dist=True)
+
+
+def _two_ranks(rank, port, root, out):
+    ctx = init({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)})
+    model, opt = _model(seed=1)  # the same on both ranks: DCP writes each tensor once, both read all
+    ck = Checkpointer(CheckpointConfig(uri=str(root)), ctx, {"model": ModelState(model, opt), "progress": Progress()})
+    ck.save(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    assert ck.load_latest() == 1
+    ck.close()
+    (out / f"rank{rank}.json").write_text(json.dumps({**ck.last_restore, "sum": sum(float(p.sum()) for p in model.parameters())}))
+
+
+def test_ranks_reading_the_same_files_split_the_hashing(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_two_ranks, args=(port, tmp_path / "ckpt", tmp_path), nprocs=2, start_method="spawn")
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    manifest = json.loads((tmp_path / "ckpt" / "step-00000001" / "manifest.json").read_text())
+    shards = sum(e["bytes"] for n, e in manifest["files"].items() if n.endswith(".distcp"))
+    # both ranks loaded every tensor, each hashed a part, together every shard exactly once
+    model, _ = _model(seed=1)
+    assert got[0]["sum"] == got[1]["sum"] == sum(float(p.sum()) for p in model.parameters())
+    assert got[0]["direct_bytes"] == got[1]["direct_bytes"] > 0
+    assert 0 < got[0]["hashed_bytes"] < shards and 0 < got[1]["hashed_bytes"] < shards
+    assert got[0]["hashed_bytes"] + got[1]["hashed_bytes"] == shards

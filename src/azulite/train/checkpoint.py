@@ -185,6 +185,9 @@ class Checkpointer:
         self.last_committed: int | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
         self.loaded_manifest: dict[str, Any] | None = None
+        #: what this rank's last restore hashed (files it read that no other rank on its host hashed) and
+        #: read straight into tensors, in bytes
+        self.last_restore: dict[str, int] = {}
         #: seconds the training loop was blocked by the last save: all of it for a sync save; for an async
         #: save the copy made before save() returns plus any wait for the background copy at the next
         #: optimizer step (or :meth:`wait_staged`)
@@ -446,7 +449,7 @@ class Checkpointer:
     def _load(self, step: int, manifest: dict[str, Any]) -> None:
         where = self.storage.display(step_dir(step))
         reader = VerifyingReader(self._restorer.restore_dir(step), manifest, self.config.thread_count, where,
-                                 fetch=self._restorer.fetcher(step))
+                                 fetch=self._restorer.fetcher(step), group=self._pg)
         state = dict(self.state)
         saved_ws = int(manifest["world_size"])
         for name, obj in self.state.items():
@@ -459,6 +462,7 @@ class Checkpointer:
             dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
         finally:
             self._restorer.discard(step)  # this rank's downloaded copy only
+        self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes}
         self.loaded_manifest = manifest
         self.last_committed = step
         if saved_ws != self.ctx.world_size:

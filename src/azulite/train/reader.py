@@ -11,10 +11,15 @@ for later, and the manifest's hash (BLAKE3, :mod:`azulite.train.digest`) is fed 
 arrived (cache-hot; the hash and file reads release the GIL, so files read in parallel threads). No extra
 copy and no allocation per tensor.
 
-Verification: a file's digest is checked when its last byte is read, and only once every file of this
-rank matched are the objects built from the kept bytes (optimizer step counts, RNG states, any tensor
+Ranks on one host that read the very same file (same boot, same inode: a DDP restore, where every rank
+loads the whole checkpoint) share its hashing: each such file is hashed by one of them, chosen so the
+bytes hashed split evenly, and the others only copy it; they agree on every file's verdict (a collective)
+before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
+
+Verification: a file's digest is checked when its last byte is read, and only once every file this
+rank read matched (here or where it was hashed) are the objects built from the kept bytes (optimizer step counts, RNG states, any tensor
 that could not be read in place) and DCP's ``load_state_dict`` run; so nothing read reaches training
-before it was verified. A mismatch fails the load on every rank (DCP gathers read failures); the
+before it was verified. A mismatch fails the load on every rank; the
 Checkpointer then un-commits that checkpoint and loads the previous one, which overwrites every target
 tensor again (DCP's strict load plan covers them all), or raises when none is intact: tensors that took
 bytes from a corrupt file are never trained on. Records the fast path does not understand (stream
@@ -26,8 +31,10 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import io
 import os
+import socket
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -36,6 +43,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import torch
+import torch.distributed as dist
 from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.filesystem import FileSystem
 from torch.distributed.checkpoint.planner import LoadItemType
@@ -43,6 +51,7 @@ from torch.distributed._shard._utils import narrow_tensor_by_index
 from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future as TorchFuture
 
+from azulite.errors import CheckpointError
 from azulite.train import digest
 from azulite.train.restore import IntegrityError, mismatch
 
@@ -65,10 +74,28 @@ class _Direct:
 class _FilePlan:
     name: str
     path: Path
-    want: Mapping[str, Any]
+    want: Mapping[str, Any] | None
     direct: list[_Direct] = field(default_factory=list)
     later: list[Any] = field(default_factory=list)  # ReadItems built from kept bytes after verification
     kept: list[tuple[int, bytearray]] = field(default_factory=list)  # (file offset, bytes) between tensors
+
+
+@functools.cache
+def _host() -> tuple[str, str]:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return socket.gethostname(), boot
+
+
+def _identity(path: Path) -> tuple[Any, ...] | None:
+    """What makes two ranks' reads of a path the same bytes: one host (and boot), one inode, unchanged."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (*_host(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
 
 
 def tensor_memory(t: torch.Tensor) -> memoryview:
@@ -118,12 +145,16 @@ class VerifyingReader(FileSystemReader):
     what went straight into tensors."""
 
     def __init__(self, path: Path, manifest: Mapping[str, Any], threads: int, where: str,
-                 fetch: Callable[[str, Path], None] | None = None) -> None:
+                 fetch: Callable[[str, Path], None] | None = None, group: Any = None) -> None:
         super().__init__(path)
         self._files: Mapping[str, Any] = manifest["files"]
         self._threads, self._where, self._fetch = max(1, threads), where, fetch
+        # ranks that read the very same file (same host, boot and inode: not Blob downloads, each rank's
+        # own) share its hashing: each such file is hashed by one of them, the others only copy it
+        self._group = group if fetch is None and group is not None and dist.get_world_size(group) > 1 else None
         self.fs = _VerifiedFiles(self._files, where)
         self.direct_bytes = 0
+        self.hashed_bytes = 0
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if self._fetch is not None:
@@ -135,18 +166,28 @@ class VerifyingReader(FileSystemReader):
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
-        plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), _wanted(self._files, n, self._where))
-                 for n in sorted(per_file)]
-        # the targets are looked up here, on the caller's thread; the threads only read and hash
-        targets = {id(r): planner.resolve_tensor(r).detach() for rs in per_file.values() for r in rs
-                   if r.type != LoadItemType.BYTE_IO}
-        work = [(fp, per_file[fp.name]) for fp in plans]
-        if len(work) > 1 and self._threads > 1:
-            with ThreadPoolExecutor(max_workers=min(self._threads, len(work)), thread_name_prefix="azulite-read") as pool:
-                list(pool.map(lambda w: self._read_file(w[0], w[1], targets), work))
-        else:
-            for fp, reqs in work:
-                self._read_file(fp, reqs, targets)
+        plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
+        # every rank reaches the collectives below whatever happens here: a rank that raised early would
+        # leave the others waiting in them
+        hash_here = self._hashers(plans)
+        failure: BaseException | None = None
+        try:
+            for fp in plans:
+                fp.want = _wanted(self._files, fp.name, self._where)
+            # the targets are looked up on the caller's thread; the threads only read and hash
+            targets = {id(r): planner.resolve_tensor(r).detach() for rs in per_file.values() for r in rs
+                       if r.type != LoadItemType.BYTE_IO}
+            work = [(fp, per_file[fp.name], fp.name in hash_here) for fp in plans]
+            if len(work) > 1 and self._threads > 1:
+                with ThreadPoolExecutor(max_workers=min(self._threads, len(work)),
+                                        thread_name_prefix="azulite-read") as pool:
+                    list(pool.map(lambda w: self._read_file(w[0], w[1], targets, w[2]), work))
+            else:
+                for fp, reqs, verify in work:
+                    self._read_file(fp, reqs, targets, verify)
+        except Exception as e:  # noqa: BLE001 - raised below, after the others heard of it
+            failure = e
+        self._agree(failure)
         # every file of this rank matched its manifest: only now is anything built from the bytes
         for fp in plans:
             for d in fp.direct:
@@ -158,8 +199,50 @@ class VerifyingReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
+    # -- sharing the hashing of files several ranks read -----------------------------------------------------
+    def _hashers(self, plans: list[_FilePlan]) -> set[str]:
+        """The files this rank hashes: all it reads, except those another rank on this host reads from
+        the same inode and hashes instead (a file's readers share it by size, greedily, so the hashing
+        splits evenly: for DDP, where every rank reads the whole checkpoint, each hashes 1/N of it)."""
+        mine = {fp.name: _identity(fp.path) for fp in plans}
+        if self._group is None:
+            return set(mine)
+        everyone: list[Any] = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(everyone, mine, group=self._group)
+        readers: dict[tuple[str, Any], list[int]] = {}
+        for rank, files in enumerate(everyone):
+            for name, ident in files.items():
+                if ident is not None:
+                    readers.setdefault((name, ident), []).append(rank)
+        me, load = dist.get_rank(self._group), [0] * len(everyone)
+        here = {name for name, ident in mine.items() if ident is None}  # not there: fails when read
+        size = {name: int(self._files.get(name, {}).get("bytes", 0)) for name, _ in readers}
+        for name, ident in sorted(readers, key=lambda k: (-size[k[0]], k[0], k[1])):
+            rank = min(readers[(name, ident)], key=lambda r: (load[r], r))
+            load[rank] += size[name]
+            if rank == me:
+                here.add(name)
+        return here
+
+    def _agree(self, failure: BaseException | None) -> None:
+        """Raise on every rank if any rank's read failed: a rank that used bytes another rank hashed must
+        not build anything from them when that hash did not match."""
+        if self._group is None:
+            if failure is not None:
+                raise failure
+            return
+        verdict = None if failure is None else (isinstance(failure, IntegrityError), str(failure))
+        everyone: list[Any] = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(everyone, verdict, group=self._group)
+        if failure is not None:
+            raise failure
+        for rank, v in enumerate(everyone):
+            if v is not None:
+                integrity, text = v
+                raise IntegrityError(text) if integrity else CheckpointError(f"rank {rank} could not read: {text}")
+
     # -- one file, on a reader thread ----------------------------------------------------------------------
-    def _read_file(self, fp: _FilePlan, reqs: list[Any], targets: Mapping[int, torch.Tensor]) -> None:
+    def _read_file(self, fp: _FilePlan, reqs: list[Any], targets: Mapping[int, torch.Tensor], verify: bool) -> None:
         if self._fetch is not None:
             self._fetch(fp.name, fp.path)
         try:
@@ -182,7 +265,7 @@ class VerifyingReader(FileSystemReader):
                 d = None if shared else self._in_place(f, req, targets.get(id(req)))
                 (fp.direct.append(d) if d is not None else fp.later.append(req))
             f.seek(0)
-            self._read_and_hash(f, fp, size)
+            self._read_and_hash(f, fp, size, verify)
 
     def _in_place(self, f: Any, req: Any, target: torch.Tensor | None) -> _Direct | None:
         """Where a tensor record's data lies in the file when it can be read straight into ``target``,
@@ -208,10 +291,11 @@ class VerifyingReader(FileSystemReader):
             return None
         return _Direct(start, nbytes, target, req)
 
-    def _read_and_hash(self, f: Any, fp: _FilePlan, size: int) -> None:
-        """The whole file front to back, once: tensor data into its target, the rest kept; all hashed."""
+    def _read_and_hash(self, f: Any, fp: _FilePlan, size: int, verify: bool) -> None:
+        """The whole file front to back, once: tensor data into its target, the rest kept; all hashed
+        (unless another rank hashes this very file: ``verify`` False)."""
         algorithm = digest.algorithm_of(fp.want)
-        h = digest.new(algorithm)
+        h = digest.new(algorithm) if verify else None
         fp.direct.sort(key=lambda d: d.start)
         pos = 0
 
@@ -222,7 +306,8 @@ class VerifyingReader(FileSystemReader):
                 if not n:
                     raise IntegrityError(f"file {fp.name} ended at {at + done} B, the manifest says {size} B "
                                          f"[{self._where}]")
-                h.update(view[done : done + n])  # releases the GIL on large buffers
+                if h is not None:
+                    h.update(view[done : done + n])  # releases the GIL on large buffers
                 done += n
 
         for d in fp.direct:
@@ -239,6 +324,9 @@ class VerifyingReader(FileSystemReader):
             gap = bytearray(size - pos)
             fill(memoryview(gap), pos)
             fp.kept.append((pos, gap))
+        if h is None:
+            return
+        self.hashed_bytes += size
         got = h.hexdigest()
         if got != fp.want[algorithm]:
             raise mismatch(fp.name, got, size, fp.want, self._where)
