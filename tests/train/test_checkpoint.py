@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import subprocess
@@ -11,6 +10,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
+import blake3
 import pytest
 import torch
 
@@ -62,7 +62,7 @@ def test_manifest_lists_every_file_with_its_hash(tmp_path):
     assert set(manifest["files"]) == on_disk and ".metadata" in on_disk
     for name, entry in manifest["files"].items():
         data = (step / name).read_bytes()
-        assert entry == {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data)}
+        assert entry == {"blake3": blake3.blake3(data).hexdigest(), "bytes": len(data)}
     assert torch.serialization.get_crc32_options()  # shards skip torch.save's CRC32 in the writer only
 
 

@@ -2,13 +2,12 @@
 checkpoint location (the newest committed step, or ``step``), on local disk or Blob (``az://``).
 
 Export refuses what resume would refuse: a step without a valid manifest (an interrupted save) and files
-whose size or sha256 differ from the manifest. It never falls back to an older step on its own: exporting
+whose size or digest differ from the manifest. It never falls back to an older step on its own: exporting
 something other than what was asked for would be a silent surprise; the error names the steps there are.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
 from collections.abc import Mapping
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from azulite.errors import CheckpointError, StorageError
+from azulite.train import digest
 from azulite.train.catalog import MANIFEST, read_manifest, scan_steps, step_dir
 from azulite.train.storage import CheckpointStorage, StorageSettings, first_line
 
@@ -81,7 +81,7 @@ def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | N
 
 def fetch_verified(ref: CheckpointRef, staging: Path) -> Path:
     """A local directory holding the checkpoint's files, each checked against the manifest (size and
-    sha256). Local checkpoints are read in place; Blob ones are downloaded under ``staging``."""
+    digest). Local checkpoints are read in place; Blob ones are downloaded under ``staging``."""
     files: dict[str, Any] = ref.manifest["files"]
     if ref.storage.remote:
         local = staging / ref.rel
@@ -97,14 +97,11 @@ def fetch_verified(ref: CheckpointRef, staging: Path) -> Path:
         if not path.is_file():
             raise CheckpointError(f"file {name} listed in the manifest is missing", where=ref.display,
                                   fix="the checkpoint is damaged: export another step (--step)")
-        h = hashlib.sha256()
-        with open(path, "rb", buffering=0) as f:
-            while chunk := f.read(8 << 20):
-                h.update(chunk)
-        size = path.stat().st_size
-        if h.hexdigest() != want.get("sha256") or size != want.get("bytes"):
+        algorithm = digest.algorithm_of(want)
+        got = digest.file_entry(path, algorithm)
+        if got != {algorithm: want[algorithm], "bytes": want.get("bytes")}:
             raise CheckpointError(
-                f"file {name} does not match the manifest (sha256 {h.hexdigest()[:12]}.. {size} B, expected "
-                f"{str(want.get('sha256'))[:12]}.. {want.get('bytes')} B)",
+                f"file {name} does not match the manifest ({algorithm} {got[algorithm][:12]}.. {got['bytes']} B, "
+                f"expected {str(want[algorithm])[:12]}.. {want.get('bytes')} B)",
                 where=ref.display, fix="the checkpoint is damaged: export another step (--step)")
     return local

@@ -10,8 +10,8 @@ Layout under the checkpoint URI (a directory or ``az://container/path``)::
         __0_0.distcp ...          DCP shards: each rank writes its own (FileSystemWriter, one file per
                                   rank and writer thread)
         .metadata                 DCP's index of the shards (written by rank 0)
-        hashes-rank00000.json     each rank's sha256 of the shards it wrote (input to the manifest)
-        manifest.json             written LAST: step, world size, model config, sha256 + size of every file,
+        hashes-rank00000.json     each rank's digests of the shards it wrote (input to the manifest)
+        manifest.json             written LAST: step, world size, model config, BLAKE3 + size of every file,
                                   save_seconds (from save() to the commit)
 
 A step directory without a valid ``manifest.json`` is an interrupted save: it does not exist as a
@@ -48,14 +48,14 @@ from typing import Any, Literal
 import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
-from torch.distributed.checkpoint import FileSystemReader
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.errors import CheckpointError, StorageError
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
-from azulite.train.restore import IntegrityError, Restorer, VerifyingReader
+from azulite.train.reader import VerifyingReader
+from azulite.train.restore import IntegrityError, Restorer
 from azulite.train.staging import CachedStager, storage_ptr, updates_in_step, wait_staged_hook
 from azulite.train.state import ModelState
 from azulite.train.storage import CheckpointStorage, StorageSettings
@@ -185,6 +185,9 @@ class Checkpointer:
         self.last_committed: int | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
         self.loaded_manifest: dict[str, Any] | None = None
+        #: what this rank's last restore hashed (files it read that no other rank on its host hashed) and
+        #: read straight into tensors, in bytes
+        self.last_restore: dict[str, int] = {}
         #: seconds the training loop was blocked by the last save: all of it for a sync save; for an async
         #: save the copy made before save() returns plus any wait for the background copy at the next
         #: optimizer step (or :meth:`wait_staged`)
@@ -419,9 +422,8 @@ class Checkpointer:
             choice: tuple[int, dict[str, Any]] | str | None = None
             if self.ctx.is_main:
                 try:
-                    # local: sizes now, every byte's hash as it is read (VerifyingReader); Blob: downloaded
-                    # and hashed here
-                    choice = self._restorer.choose(verify=self.storage.remote)
+                    # sizes now; every byte's hash as it is read (VerifyingReader)
+                    choice = self._restorer.choose()
                 except Exception as e:  # noqa: BLE001 - every rank must raise the same thing
                     choice = f"{type(e).__name__}: {e}"
             choice = self._broadcast(choice)
@@ -446,13 +448,8 @@ class Checkpointer:
 
     def _load(self, step: int, manifest: dict[str, Any]) -> None:
         where = self.storage.display(step_dir(step))
-        if not self.storage.remote:
-            reader: FileSystemReader = VerifyingReader(self._restorer.restore_dir(step), manifest,
-                                                       self.config.thread_count, where)
-        elif self.ctx.is_main:  # rank 0 downloaded and verified it while choosing
-            reader = FileSystemReader(self._restorer.restore_dir(step))
-        else:
-            reader = FileSystemReader(self._restorer.local_copy(step, manifest, verify=True))
+        reader = VerifyingReader(self._restorer.restore_dir(step), manifest, self.config.thread_count, where,
+                                 fetch=self._restorer.fetcher(step), group=self._pg)
         state = dict(self.state)
         saved_ws = int(manifest["world_size"])
         for name, obj in self.state.items():
@@ -461,8 +458,11 @@ class Checkpointer:
                 log.info("no saved %r for rank %d (checkpoint of world size %d): keeping the seeded one",
                          name, self.ctx.rank, saved_ws)
                 state.pop(name)
-        dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
-        self._restorer.discard(step)  # this rank's downloaded copy only
+        try:
+            dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
+        finally:
+            self._restorer.discard(step)  # this rank's downloaded copy only
+        self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes}
         self.loaded_manifest = manifest
         self.last_committed = step
         if saved_ws != self.ctx.world_size:

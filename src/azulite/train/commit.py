@@ -12,7 +12,6 @@ training thread.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import logging
 import os
@@ -32,6 +31,7 @@ from torch.futures import Future as TorchFuture
 from torch.utils.serialization import config as serialization_config
 
 from azulite.errors import CheckpointError
+from azulite.train import digest
 from azulite.train.catalog import MANIFEST, MANIFEST_FORMAT, read_manifest, scan_steps, step_dir
 from azulite.train.staging import CachedStager
 from azulite.train.storage import CheckpointStorage
@@ -45,18 +45,10 @@ log = logging.getLogger("azulite.train.checkpoint")
 PhaseHook = Callable[[str, int], None]
 
 
-def sha256_file(path: str | os.PathLike) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb", buffering=0) as f:
-        while chunk := f.read(8 << 20):
-            h.update(chunk)  # hashlib releases the GIL on large buffers: files hash in parallel threads
-    return h.hexdigest()
-
-
 def hash_files(paths: Mapping[str, Path], threads: int) -> dict[str, dict[str, Any]]:
+    """Manifest entries (digest and size) of these files, ``threads`` at a time."""
     def one(name: str) -> tuple[str, dict[str, Any]]:
-        p = paths[name]
-        return name, {"sha256": sha256_file(p), "bytes": p.stat().st_size}
+        return name, digest.file_entry(paths[name])
 
     if threads <= 1 or len(paths) <= 1:
         return dict(map(one, sorted(paths)))
@@ -124,7 +116,9 @@ class SaveJob:
             except FileNotFoundError:
                 raise CheckpointError(f"rank {r} wrote no {sidecar}", where=self.storage.display(self.rel)) from None
             files.update(json.loads(raw))
-            files[sidecar] = {"sha256": hashlib.sha256(raw).hexdigest(), "bytes": len(raw)}
+            h = digest.new()
+            h.update(raw)
+            files[sidecar] = digest.entry(h.hexdigest(), len(raw))
         manifest = {
             "format": MANIFEST_FORMAT,
             "step": self.step,
@@ -192,7 +186,7 @@ class HashingFile:
     anything else is refused rather than allowed to make the hash wrong."""
 
     def __init__(self, f: Any) -> None:
-        self._f, self._h, self.nbytes = f, hashlib.sha256(), 0
+        self._f, self._h, self.nbytes = f, digest.new(), 0
 
     def write(self, b: Any) -> int:
         view = memoryview(b).cast("B")
@@ -201,8 +195,8 @@ class HashingFile:
         self.nbytes += view.nbytes
         return view.nbytes
 
-    def digest(self) -> dict[str, Any]:
-        return {"sha256": self._h.hexdigest(), "bytes": self.nbytes}
+    def entry(self) -> dict[str, Any]:
+        return digest.entry(self._h.hexdigest(), self.nbytes)
 
     def tell(self) -> int:
         return self._f.tell()
@@ -236,9 +230,9 @@ class HashingFileSystem(FileSystem):
             with super().create_stream(path, mode) as stream:
                 yield stream
             return
-        # torch.save's zip records carry a CRC32 of every tensor: a second checksum pass, as costly as the
-        # sha256 here (~100 ms per 150 MB), that nothing reads (torch.load does not check it; resume checks
-        # the sha256). The setting is thread-local: this writer thread only.
+        # torch.save's zip records carry a CRC32 of every tensor: a second checksum pass (~100 ms per 150 MB
+        # here) that nothing reads (torch.load does not check it; resume checks the manifest's digest). The
+        # setting is thread-local: this writer thread only.
         prior = serialization_config.save.compute_crc32
         serialization_config.save.compute_crc32 = False
         try:
@@ -247,7 +241,7 @@ class HashingFileSystem(FileSystem):
                 yield hashing
         finally:
             serialization_config.save.compute_crc32 = prior
-        self.digests[Path(path).name] = hashing.digest()  # one writer thread per file: no lock needed
+        self.digests[Path(path).name] = hashing.entry()  # one writer thread per file: no lock needed
 
 
 class CommitWriter(FileSystemWriter):

@@ -47,6 +47,9 @@ class StorageSettings:
     retry_backoff_s: float = 1.0
     #: local directory where shards are written before upload and downloaded before load
     staging_dir: str | None = None
+    #: ranged GETs in flight per blob on download (restore), each of ``download_chunk_mb``
+    download_concurrency: int = 8
+    download_chunk_mb: int = 8
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str]) -> StorageSettings:
@@ -159,6 +162,10 @@ class CheckpointStorage:
                                              retry_total=s.retries, random_jitter_range=1),
             "connection_timeout": s.connection_timeout,
             "read_timeout": s.read_timeout,
+            # a download is one GET of max_single_get_size, then the rest in parallel ranges: a small first
+            # GET puts all of a shard's ranges in flight at once
+            "max_single_get_size": s.download_chunk_mb << 20,
+            "max_chunk_get_size": s.download_chunk_mb << 20,
         }
         if s.connection_string:
             return BlobServiceClient.from_connection_string(s.connection_string, **options)
@@ -222,6 +229,20 @@ class CheckpointStorage:
     def size(self, rel: str) -> int:
         return int(self.fs.size(self.path(rel)))
 
+    def sizes(self, rel: str) -> dict[str, int]:
+        """Name -> size in bytes of the files directly under ``rel`` (one listing; {} if it does not exist)."""
+        if not self.remote:
+            try:
+                with os.scandir(self.path(rel)) as it:
+                    return {e.name: e.stat().st_size for e in it if e.is_file()}
+            except FileNotFoundError:
+                return {}
+        try:
+            entries = self.fs.ls(self.path(rel), detail=True)
+        except FileNotFoundError:
+            return {}
+        return {e["name"].rstrip("/").rsplit("/", 1)[-1]: int(e["size"]) for e in entries if e.get("type") == "file"}
+
     def du(self, rel: str) -> int:
         try:
             return int(self.fs.du(self.path(rel), total=True))
@@ -234,7 +255,10 @@ class CheckpointStorage:
 
     def download(self, rel: str, local: str | os.PathLike) -> None:
         os.makedirs(os.path.dirname(str(local)), exist_ok=True)
-        self.fs.get_file(self.path(rel), str(local))
+        if self.remote:  # ranged GETs in parallel (the SDK's max_concurrency), written in order
+            self.fs.get_file(self.path(rel), str(local), max_concurrency=self.settings.download_concurrency)
+        else:
+            self.fs.get_file(self.path(rel), str(local))
 
     def write_exclusive(self, rel: str, data: bytes) -> None:
         """Write ``data`` at ``rel`` in one piece, only if nothing is there yet.

@@ -1,0 +1,364 @@
+"""Reading a local checkpoint back: DCP's StorageReader that reads each file once, straight into the
+tensors being restored, hashing every byte in the same pass.
+
+DCP's own FileSystemReader ``torch.load``s every tensor record into a new tensor and copies that into the
+target; with a hash check in front (a separate read, or a buffered copy of the file) a restore ran at a
+fraction of ``torch.load``'s speed. Here each record's layout is read first (``torch.load`` with
+``map_location="meta"``: the record's few header bytes, not its data, give the data's offset, dtype and
+shape), then each file is read front to back in large ``readinto`` calls: tensor data lands directly in
+the target tensor's memory, the bytes between (zip headers, pickles, small objects) in a buffer kept
+for later, and the manifest's hash (BLAKE3, :mod:`azulite.train.digest`) is fed every byte right after it
+arrived (cache-hot; the hash and file reads release the GIL, so files read in parallel threads). No extra
+copy and no allocation per tensor.
+
+Ranks on one host that read the very same file (same boot, same inode: a DDP restore, where every rank
+loads the whole checkpoint) share its hashing: each such file is hashed by one of them, chosen so the
+bytes hashed split evenly, and the others only copy it; they agree on every file's verdict (a collective)
+before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
+
+Verification: a file's digest is checked when its last byte is read, and only once every file this
+rank read matched (here or where it was hashed) are the objects built from the kept bytes (optimizer step counts, RNG states, any tensor
+that could not be read in place) and DCP's ``load_state_dict`` run; so nothing read reaches training
+before it was verified. A mismatch fails the load on every rank; the
+Checkpointer then un-commits that checkpoint and loads the previous one, which overwrites every target
+tensor again (DCP's strict load plan covers them all), or raises when none is intact: tensors that took
+bytes from a corrupt file are never trained on. Records the fast path does not understand (stream
+transforms, a non-contiguous target, a resharded slice along an inner dimension, an older format) are
+kept as bytes and loaded the way DCP does, after verification.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import functools
+import io
+import os
+import socket
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, cast
+
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint import FileSystemReader
+from torch.distributed.checkpoint.filesystem import FileSystem
+from torch.distributed.checkpoint.planner import LoadItemType
+from torch.distributed._shard._utils import narrow_tensor_by_index
+from torch.distributed.checkpoint.utils import _create_file_view
+from torch.futures import Future as TorchFuture
+
+from azulite.errors import CheckpointError
+from azulite.train import digest
+from azulite.train.restore import IntegrityError, mismatch
+
+#: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
+#: hash pass right after finds the bytes still in cache
+CHUNK = 8 << 20
+
+
+@dataclass
+class _Direct:
+    """One tensor read in place: file bytes [start, start + nbytes) are the target's memory, in order."""
+
+    start: int
+    nbytes: int
+    target: torch.Tensor
+    req: Any
+
+
+@dataclass
+class _FilePlan:
+    name: str
+    path: Path
+    want: Mapping[str, Any] | None
+    direct: list[_Direct] = field(default_factory=list)
+    later: list[Any] = field(default_factory=list)  # ReadItems built from kept bytes after verification
+    kept: list[tuple[int, bytearray]] = field(default_factory=list)  # (file offset, bytes) between tensors
+
+
+@functools.cache
+def _host() -> tuple[str, str]:
+    try:
+        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        boot = ""
+    return socket.gethostname(), boot
+
+
+def _identity(path: Path) -> tuple[Any, ...] | None:
+    """What makes two ranks' reads of a path the same bytes: one host (and boot), one inode, unchanged."""
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return (*_host(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def tensor_memory(t: torch.Tensor) -> memoryview:
+    """A writable byte view of a contiguous CPU tensor's memory (any dtype; numpy has no bfloat16)."""
+    nbytes = t.numel() * t.element_size()
+    return memoryview((ctypes.c_ubyte * nbytes).from_address(t.data_ptr())).cast("B")
+
+
+class _VerifiedFiles(FileSystem):
+    """DCP's file system for what it reads itself (``.metadata``): a file's bytes are handed over only
+    after its digest and size matched the manifest."""
+
+    def __init__(self, files: Mapping[str, Any], where: str) -> None:
+        super().__init__()
+        self._files, self._where = files, where
+
+    @contextlib.contextmanager
+    def create_stream(self, path: str | os.PathLike, mode: str) -> Iterator[Any]:
+        if mode != "rb":
+            raise IntegrityError(f"a checkpoint is read-only while it is restored (mode {mode!r})")
+        p = Path(path)
+        want = _wanted(self._files, p.name, self._where)
+        try:
+            data = p.read_bytes()
+        except FileNotFoundError:
+            raise IntegrityError(f"file {p.name} is missing [{self._where}]") from None
+        algorithm = digest.algorithm_of(want)
+        h = digest.new(algorithm)
+        h.update(data)
+        if h.hexdigest() != want[algorithm] or len(data) != want["bytes"]:
+            raise mismatch(p.name, h.hexdigest(), len(data), want, self._where)
+        yield io.BytesIO(data)
+
+
+def _wanted(files: Mapping[str, Any], name: str, where: str) -> Mapping[str, Any]:
+    want = files.get(name)
+    if want is None:
+        raise IntegrityError(f"file {name} is not in the manifest [{where}]")
+    return want
+
+
+class VerifyingReader(FileSystemReader):
+    """DCP's FileSystemReader with every byte checked against the manifest (see the module docstring);
+    ``threads`` files are read at once. With ``fetch`` (Blob), each file this rank reads is first fetched
+    into ``path`` by ``fetch(name, local_path)``, in the same thread that then reads it: only the files of
+    this rank's load plan, the next one downloading while the one before is read. ``direct_bytes`` counts
+    what went straight into tensors."""
+
+    def __init__(self, path: Path, manifest: Mapping[str, Any], threads: int, where: str,
+                 fetch: Callable[[str, Path], None] | None = None, group: Any = None) -> None:
+        super().__init__(path)
+        self._files: Mapping[str, Any] = manifest["files"]
+        self._threads, self._where, self._fetch = max(1, threads), where, fetch
+        # ranks that read the very same file (same host, boot and inode: not Blob downloads, each rank's
+        # own) share its hashing: each such file is hashed by one of them, the others only copy it
+        self._group = group if fetch is None and group is not None and dist.get_world_size(group) > 1 else None
+        self.fs = _VerifiedFiles(self._files, where)
+        self.direct_bytes = 0
+        self.hashed_bytes = 0
+
+    def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        if self._fetch is not None:
+            path = Path(self._get_metadata_path(kwargs.get("rank")))
+            self._fetch(path.name, path)
+        return super().read_metadata(*args, **kwargs)
+
+    def read_data(self, plan: Any, planner: Any) -> TorchFuture:
+        per_file: dict[str, list[Any]] = {}
+        for req in plan.items:
+            per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
+        plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
+        # every rank reaches the collectives below whatever happens here: a rank that raised early would
+        # leave the others waiting in them
+        hash_here = self._hashers(plans)
+        failure: BaseException | None = None
+        try:
+            for fp in plans:
+                fp.want = _wanted(self._files, fp.name, self._where)
+            # the targets are looked up on the caller's thread; the threads only read and hash
+            targets = {id(r): planner.resolve_tensor(r).detach() for rs in per_file.values() for r in rs
+                       if r.type != LoadItemType.BYTE_IO}
+            work = [(fp, per_file[fp.name], fp.name in hash_here) for fp in plans]
+            if len(work) > 1 and self._threads > 1:
+                with ThreadPoolExecutor(max_workers=min(self._threads, len(work)),
+                                        thread_name_prefix="azulite-read") as pool:
+                    list(pool.map(lambda w: self._read_file(w[0], w[1], targets, w[2]), work))
+            else:
+                for fp, reqs, verify in work:
+                    self._read_file(fp, reqs, targets, verify)
+        except Exception as e:  # noqa: BLE001 - raised below, after the others heard of it
+            failure = e
+        self._agree(failure)
+        # every file of this rank matched its manifest: only now is anything built from the bytes
+        for fp in plans:
+            for d in fp.direct:
+                planner.commit_tensor(d.req, d.target)
+                self.direct_bytes += d.nbytes
+            for req in fp.later:
+                self._load_kept(fp, req, planner)
+        fut: TorchFuture = TorchFuture()
+        fut.set_result(None)
+        return fut
+
+    # -- sharing the hashing of files several ranks read -----------------------------------------------------
+    def _hashers(self, plans: list[_FilePlan]) -> set[str]:
+        """The files this rank hashes: all it reads, except those another rank on this host reads from
+        the same inode and hashes instead (a file's readers share it by size, greedily, so the hashing
+        splits evenly: for DDP, where every rank reads the whole checkpoint, each hashes 1/N of it)."""
+        mine = {fp.name: _identity(fp.path) for fp in plans}
+        if self._group is None:
+            return set(mine)
+        everyone: list[Any] = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(everyone, mine, group=self._group)
+        readers: dict[tuple[str, Any], list[int]] = {}
+        for rank, files in enumerate(everyone):
+            for name, ident in files.items():
+                if ident is not None:
+                    readers.setdefault((name, ident), []).append(rank)
+        me, load = dist.get_rank(self._group), [0] * len(everyone)
+        here = {name for name, ident in mine.items() if ident is None}  # not there: fails when read
+        size = {name: int(self._files.get(name, {}).get("bytes", 0)) for name, _ in readers}
+        for name, ident in sorted(readers, key=lambda k: (-size[k[0]], k[0], k[1])):
+            rank = min(readers[(name, ident)], key=lambda r: (load[r], r))
+            load[rank] += size[name]
+            if rank == me:
+                here.add(name)
+        return here
+
+    def _agree(self, failure: BaseException | None) -> None:
+        """Raise on every rank if any rank's read failed: a rank that used bytes another rank hashed must
+        not build anything from them when that hash did not match."""
+        if self._group is None:
+            if failure is not None:
+                raise failure
+            return
+        verdict = None if failure is None else (isinstance(failure, IntegrityError), str(failure))
+        everyone: list[Any] = [None] * dist.get_world_size(self._group)
+        dist.all_gather_object(everyone, verdict, group=self._group)
+        if failure is not None:
+            raise failure
+        for rank, v in enumerate(everyone):
+            if v is not None:
+                integrity, text = v
+                raise IntegrityError(text) if integrity else CheckpointError(f"rank {rank} could not read: {text}")
+
+    # -- one file, on a reader thread ----------------------------------------------------------------------
+    def _read_file(self, fp: _FilePlan, reqs: list[Any], targets: Mapping[int, torch.Tensor], verify: bool) -> None:
+        if self._fetch is not None:
+            self._fetch(fp.name, fp.path)
+        try:
+            f = open(fp.path, "rb", buffering=0)  # noqa: SIM115 - closed below
+        except FileNotFoundError:
+            raise IntegrityError(f"file {fp.name} is missing [{self._where}]") from None
+        with f:
+            # page cache cold: the layout reads below touch every record's head and tail; have the kernel
+            # stream the whole file in meanwhile (it is all read next) instead of seeking for each
+            if hasattr(os, "posix_fadvise"):
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
+                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+            size = os.fstat(f.fileno()).st_size
+            if size != fp.want["bytes"]:
+                raise IntegrityError(f"file {fp.name} is {size} B, the manifest says {fp.want['bytes']} B "
+                                     f"[{self._where}]")
+            # a record that several requests read (parts of one saved chunk into different targets) is
+            # kept whole and loaded after verification; any other tensor record is read in place
+            readers = Counter(self.storage_data[r.storage_index].offset for r in reqs)
+            for req in reqs:
+                shared = readers[self.storage_data[req.storage_index].offset] > 1
+                d = None if shared else self._in_place(f, req, targets.get(id(req)))
+                (fp.direct.append(d) if d is not None else fp.later.append(req))
+            f.seek(0)
+            self._read_and_hash(f, fp, size, verify)
+
+    def _in_place(self, f: Any, req: Any, target: torch.Tensor | None) -> _Direct | None:
+        """Where a tensor record's data lies in the file when it can be read straight into ``target``,
+        else None (loaded from kept bytes after verification). Reads only the record's headers; they are
+        not trusted yet, so a wrong answer can only put bytes in the wrong place of a tensor of the right
+        size, and the file's hash fails."""
+        sinfo = self.storage_data[req.storage_index]
+        if (target is None or req.type == LoadItemType.BYTE_IO or sinfo.transform_descriptors
+                or target.device.type != "cpu" or not target.is_contiguous()):
+            return None
+        try:
+            src = torch.load(_create_file_view(f, sinfo.offset, sinfo.length), map_location="meta", weights_only=True)
+            offset = src.untyped_storage()._checkpoint_offset
+            src = narrow_tensor_by_index(src, req.storage_offsets, req.lengths)
+        except Exception:  # noqa: BLE001 - an unexpected record: the slow path will name any real problem
+            return None
+        if (offset is None or not isinstance(src, torch.Tensor) or not src.is_contiguous()
+                or src.dtype != target.dtype or src.size() != target.size()):
+            return None
+        start = sinfo.offset + offset + src.storage_offset() * src.element_size()
+        nbytes = src.numel() * src.element_size()
+        if start < sinfo.offset or start + nbytes > sinfo.offset + sinfo.length:
+            return None
+        return _Direct(start, nbytes, target, req)
+
+    def _read_and_hash(self, f: Any, fp: _FilePlan, size: int, verify: bool) -> None:
+        """The whole file front to back, once: tensor data into its target, the rest kept; all hashed
+        (unless another rank hashes this very file: ``verify`` False)."""
+        algorithm = digest.algorithm_of(fp.want)
+        h = digest.new(algorithm) if verify else None
+        fp.direct.sort(key=lambda d: d.start)
+        pos = 0
+
+        def fill(view: memoryview, at: int) -> None:
+            done = 0
+            while done < len(view):
+                n = f.readinto(view[done : done + CHUNK])
+                if not n:
+                    raise IntegrityError(f"file {fp.name} ended at {at + done} B, the manifest says {size} B "
+                                         f"[{self._where}]")
+                if h is not None:
+                    h.update(view[done : done + n])  # releases the GIL on large buffers
+                done += n
+
+        for d in fp.direct:
+            if d.start < pos:  # each lies inside its own record: overlaps mean headers that cannot be right
+                raise IntegrityError(f"file {fp.name}: tensor records overlap at {d.start} B [{self._where}]")
+            if d.start > pos:
+                gap = bytearray(d.start - pos)
+                fill(memoryview(gap), pos)
+                fp.kept.append((pos, gap))
+            if d.nbytes:
+                fill(tensor_memory(d.target), d.start)
+            pos = d.start + d.nbytes
+        if size > pos:
+            gap = bytearray(size - pos)
+            fill(memoryview(gap), pos)
+            fp.kept.append((pos, gap))
+        if h is None:
+            return
+        self.hashed_bytes += size
+        got = h.hexdigest()
+        if got != fp.want[algorithm]:
+            raise mismatch(fp.name, got, size, fp.want, self._where)
+
+    # -- after verification, on the caller's thread --------------------------------------------------------
+    def _load_kept(self, fp: _FilePlan, req: Any, planner: Any) -> None:
+        """A record that was not read in place, built from the kept (verified) bytes as DCP does."""
+        sinfo = self.storage_data[req.storage_index]
+        raw = _kept_bytes(fp, sinfo.offset, sinfo.length)
+        stream = self.transforms.transform_load_stream(req, sinfo.transform_descriptors or (),
+                                                       _create_file_view(io.BytesIO(raw), 0, len(raw)))
+        if req.type == LoadItemType.BYTE_IO:
+            planner.load_bytes(req, io.BytesIO(stream.read(-1)))
+            return
+        seekable = stream if stream.seekable() else io.BytesIO(stream.read(-1))
+        tensor = cast(torch.Tensor, torch.load(seekable, map_location="cpu", weights_only=True))
+        tensor = narrow_tensor_by_index(tensor, req.storage_offsets, req.lengths)
+        target = planner.resolve_tensor(req).detach()
+        if target.size() != tensor.size():
+            raise IntegrityError(f"record {req.storage_index} of {fp.name} holds a tensor of size "
+                                 f"{tuple(tensor.size())}, the checkpoint's metadata says {tuple(target.size())}")
+        target.copy_(tensor)
+        planner.commit_tensor(req, target)
+
+
+def _kept_bytes(fp: _FilePlan, offset: int, length: int) -> bytes:
+    """Bytes [offset, offset + length) of the file, from the kept pieces: a record loaded this way had none
+    of its bytes read in place, so it lies within one piece."""
+    for start, buf in fp.kept:
+        if start <= offset and offset + length <= start + len(buf):
+            return bytes(memoryview(buf)[offset - start : offset - start + length])
+    raise IntegrityError(f"record at {offset} (+{length} B) of {fp.name} overlaps a tensor read in place: "
+                         "the checkpoint's metadata is inconsistent")

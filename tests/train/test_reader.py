@@ -1,0 +1,165 @@
+"""The verifying checkpoint reader, in one process: tensors read in place, everything hashed, nothing
+built from a file before its hash matched, and a corrupt file falls back to the previous checkpoint."""
+
+from __future__ import annotations
+
+import json
+import logging
+import socket
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+import torch.multiprocessing as mp
+from torch.distributed.checkpoint.stateful import Stateful
+
+from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
+from azulite.train.reader import VerifyingReader
+from azulite.train.restore import IntegrityError
+
+
+class Odd(Stateful):
+    """A tensor that cannot be read in place (transposed: not contiguous) and a small python value."""
+
+    def __init__(self, fill: float) -> None:
+        self.t = torch.full((16, 8), fill).t()
+        self.tag = f"tag-{fill}"
+
+    def state_dict(self):
+        return {"t": self.t, "tag": self.tag}
+
+    def load_state_dict(self, sd):
+        self.t.copy_(sd["t"])
+        self.tag = sd["tag"]
+
+
+def _model(seed: int):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 128), torch.nn.Linear(128, 32))
+    opt = torch.optim.Adam(model.parameters(), lr=1e-3)
+    model(torch.randn(4, 64)).sum().backward()
+    opt.step()  # Adam state exists: the checkpoint holds model + optimizer tensors
+    return model, opt
+
+
+def _reader(tmp_path, step):
+    d = tmp_path / f"step-{step:08d}"
+    return d, VerifyingReader(d, json.loads((d / "manifest.json").read_text()), 2, str(d))
+
+
+def _save(tmp_path, seed, fill, step):
+    ctx = init({})
+    model, opt = _model(seed)
+    progress = Progress(step=step)
+    state = {"model": ModelState(model, opt), "progress": progress, "odd": Odd(fill)}
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path), keep_last=5), ctx, state)
+    ck.save(step)
+    ck.close()
+    return model, opt
+
+
+def _fresh(seed=99, fill=0.0):
+    model, opt = _model(seed)
+    odd = Odd(fill)
+    progress = Progress()
+    return model, opt, odd, progress, {"model": ModelState(model, opt), "progress": progress, "odd": odd}
+
+
+def _tensor_bytes(model, opt):
+    n = sum(p.numel() * p.element_size() for p in model.parameters())
+    return n + sum(v.numel() * v.element_size() for s in opt.state.values() for v in s.values()
+                   if isinstance(v, torch.Tensor))
+
+
+def test_tensors_are_read_in_place_and_everything_round_trips(tmp_path):
+    saved, saved_opt = _save(tmp_path, seed=1, fill=3.0, step=7)
+    model, opt, odd, progress, state = _fresh()
+    _, reader = _reader(tmp_path, 7)
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    assert all(torch.equal(a, b) for a, b in zip(saved.parameters(), model.parameters()))
+    for p_saved, p in zip(saved.parameters(), model.parameters()):
+        for k in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(saved_opt.state[p_saved][k], opt.state[p][k])
+    assert progress.step == 7 and odd.tag == "tag-3.0" and torch.equal(odd.t, torch.full((8, 16), 3.0))
+    # model and optimizer tensors went straight into their targets; the transposed one did not
+    assert reader.direct_bytes == _tensor_bytes(model, opt)
+
+
+def test_nothing_is_built_from_a_file_whose_hash_does_not_match(tmp_path):
+    _save(tmp_path, seed=1, fill=3.0, step=7)
+    d, reader = _reader(tmp_path, 7)
+    shard = max(d.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[-len(data) // 3] ^= 0x01
+    shard.write_bytes(bytes(data))
+    model, opt, odd, progress, state = _fresh(fill=5.0)
+    with pytest.raises(BaseException) as info:  # DCP's CheckpointException is a BaseException
+        dcp.load(state, storage_reader=reader, no_dist=True)
+    assert isinstance(info.value, IntegrityError) or any(
+        isinstance(v[0] if isinstance(v, tuple) else v, IntegrityError) for v in info.value.failures.values())
+    assert f"file {shard.name} does not match the manifest" in str(info.value)
+    # what is built from kept bytes (python values, tensors not read in place) was not touched
+    assert progress.step == 0 and odd.tag == "tag-5.0" and torch.equal(odd.t, torch.full((8, 16), 5.0))
+
+
+def test_a_flipped_byte_in_a_tensor_falls_back_to_the_previous_checkpoint_whole(tmp_path, caplog):
+    first, first_opt = _save(tmp_path, seed=1, fill=1.0, step=1)
+    _save(tmp_path, seed=2, fill=2.0, step=2)
+    d = tmp_path / "step-00000002"
+    shard = max(d.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    data = bytearray(shard.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # most of a shard is tensor data, read in place
+    shard.write_bytes(bytes(data))
+
+    model, opt, odd, progress, state = _fresh()
+    with caplog.at_level(logging.INFO, logger="azulite.train"):
+        ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), init({}), state)
+        assert ck.load_latest() == 1
+    assert f"checkpoint step 2 is corrupt: file {shard.name} does not match the manifest" in caplog.text
+    # every tensor holds step 1's values: the corrupt bytes that reached a tensor were overwritten
+    assert all(torch.equal(a, b) for a, b in zip(first.parameters(), model.parameters()))
+    for p_first, p in zip(first.parameters(), model.parameters()):
+        assert torch.equal(first_opt.state[p_first]["exp_avg_sq"], opt.state[p]["exp_avg_sq"])
+    assert progress.step == 1 and odd.tag == "tag-1.0"
+    assert [(c.step, c.committed) for c in list_checkpoints(str(tmp_path))] == [(1, True), (2, False)]
+    assert (d / "manifest.corrupt.json").exists()
+
+
+def test_a_truncated_file_is_named(tmp_path):
+    _save(tmp_path, seed=1, fill=3.0, step=7)
+    d, reader = _reader(tmp_path, 7)
+    shard = max(d.glob("*.distcp"), key=lambda p: p.stat().st_size)
+    shard.write_bytes(shard.read_bytes()[:-10])
+    *_, state = _fresh()
+    with pytest.raises(BaseException, match=f"file {shard.name} is .* B, the manifest says"):
+        dcp.load(state, storage_reader=reader, no_dist=True)
+
+
+def _two_ranks(rank, port, root, out):
+    ctx = init({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)})
+    model, opt = _model(seed=1)  # the same on both ranks: DCP writes each tensor once, both read all
+    ck = Checkpointer(CheckpointConfig(uri=str(root)), ctx, {"model": ModelState(model, opt), "progress": Progress()})
+    ck.save(1)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    assert ck.load_latest() == 1
+    ck.close()
+    (out / f"rank{rank}.json").write_text(json.dumps({**ck.last_restore, "sum": sum(float(p.sum()) for p in model.parameters())}))
+
+
+def test_ranks_reading_the_same_files_split_the_hashing(tmp_path):
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_two_ranks, args=(port, tmp_path / "ckpt", tmp_path), nprocs=2, start_method="spawn")
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    manifest = json.loads((tmp_path / "ckpt" / "step-00000001" / "manifest.json").read_text())
+    shards = sum(e["bytes"] for n, e in manifest["files"].items() if n.endswith(".distcp"))
+    # both ranks loaded every tensor, each hashed a part, together every shard exactly once
+    model, _ = _model(seed=1)
+    assert got[0]["sum"] == got[1]["sum"] == sum(float(p.sum()) for p in model.parameters())
+    assert got[0]["direct_bytes"] == got[1]["direct_bytes"] > 0
+    assert 0 < got[0]["hashed_bytes"] < shards and 0 < got[1]["hashed_bytes"] < shards
+    assert got[0]["hashed_bytes"] + got[1]["hashed_bytes"] == shards
