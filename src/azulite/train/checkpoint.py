@@ -55,6 +55,7 @@ from azulite.errors import CheckpointError, StorageError
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
+from azulite.train.metrics import checkpoint_committed
 from azulite.train.restore import IntegrityError, Restorer, VerifyingReader
 from azulite.train.staging import CachedStager, storage_ptr, updates_in_step, wait_staged_hook
 from azulite.train.state import ModelState
@@ -378,6 +379,8 @@ class Checkpointer:
         self._failed_in_a_row = 0
         self.last_committed = step
         log.info("checkpoint step %d committed to %s in %.2fs", step, self.storage.display(step_dir(step)), seconds)
+        if self.ctx.is_main:  # save time and age to the job's metrics store: a queue put, any thread
+            checkpoint_committed(step, seconds)
 
     def _failed(self, step: int, exc: BaseException, raise_on_error: bool | None) -> bool:
         self._failed_in_a_row += 1
