@@ -1,6 +1,9 @@
 """Dashboard: first page load (an empty store) and the jobs page with 10,000 jobs, measured in headless
 Chromium (Debian's, through Playwright): navigation start to the jobs table drawn, and the page's own
-fetch + render time of the list (``window.__renderMs``). Prints one JSON object as the last line.
+fetch + render time of the list (``window.__renderMs``); then what each 1.5 s live update costs: the
+page's ``?since=CURSOR`` poll (only the jobs changed since) against refetching the whole list, as the
+page did before (bytes and server time per request, over HTTP from this process). Prints one JSON object
+as the last line.
 
     .venv/bin/python bench/dashboard.py [--jobs 10000] [--repeat 3]
 """
@@ -68,6 +71,25 @@ def measure(browser, url: str, expect_rows: int) -> dict:
     return {"shown_ms": shown_ms, "list_ms": render_ms}
 
 
+def poll_cost(url: str, n: int = 20) -> dict:
+    """Median time and bytes of the whole list vs the live update (nothing changed: the steady state)."""
+    import urllib.request
+
+    def get(path: str) -> tuple[float, bytes]:
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(url + path, timeout=120) as r:
+            body = r.read()
+        return time.perf_counter() - t0, body
+
+    _, body = get("api/jobs")
+    cursor = json.loads(body)["cursor"]
+    full = [get("api/jobs") for _ in range(n)]
+    since = [get(f"api/jobs?since={cursor}") for _ in range(n)]
+    assert json.loads(since[0][1])["jobs"] == [], "nothing changed: the update must be empty"
+    return {"full_list_ms": statistics.median(t for t, _ in full) * 1e3, "full_list_bytes": len(full[0][1]),
+            "update_ms": statistics.median(t for t, _ in since) * 1e3, "update_bytes": len(since[0][1])}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--jobs", type=int, default=10_000)
@@ -88,16 +110,21 @@ def main() -> None:
             proc, url = start(home)
             try:
                 runs = [measure(browser, url, n) for _ in range(a.repeat)]
+                polls = poll_cost(url) if n else {}
             finally:
                 proc.terminate()
                 proc.wait(30)
             out[label] = {"jobs": n, "shown_ms": statistics.median(r["shown_ms"] for r in runs),
-                          "list_ms": statistics.median(r["list_ms"] for r in runs), "store_fill_s": round(fill_s, 1)}
+                          "list_ms": statistics.median(r["list_ms"] for r in runs), "store_fill_s": round(fill_s, 1), **polls}
             print(label, out[label], flush=True)
         browser.close()
     print(json.dumps({"bench": "dashboard", "first_page_load_ms": round(out["empty"]["shown_ms"], 1),
                       "jobs": a.jobs, "jobs_page_shown_ms": round(out["many"]["shown_ms"], 1),
-                      "jobs_list_fetch_render_ms": round(out["many"]["list_ms"], 1), "repeat": a.repeat,
+                      "jobs_list_fetch_render_ms": round(out["many"]["list_ms"], 1),
+                      "poll_full_list_ms": round(out["many"]["full_list_ms"], 2), "poll_full_list_bytes": out["many"]["full_list_bytes"],
+                      "poll_update_ms": round(out["many"]["update_ms"], 2), "poll_update_bytes": out["many"]["update_bytes"],
+                      "poll_time_ratio_full_over_update": round(out["many"]["full_list_ms"] / out["many"]["update_ms"], 1),
+                      "repeat": a.repeat,
                       "load_avg_1m": os.getloadavg()[0]}))
 
 
