@@ -55,7 +55,7 @@ from azulite.errors import CheckpointError, StorageError
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
-from azulite.train.metrics import checkpoint_committed
+from azulite.train.metrics import checkpoint_committed, warm_up
 from azulite.train.restore import IntegrityError, Restorer, VerifyingReader
 from azulite.train.staging import CachedStager, storage_ptr, updates_in_step, wait_staged_hook
 from azulite.train.state import ModelState
@@ -182,6 +182,8 @@ class Checkpointer:
                     self._waiting_optimizers.append(opt)
                     self._hooks.append(opt.register_step_pre_hook(wait_staged_hook(self)))
         _commit_before_exit(self)
+        if ctx.is_main:
+            warm_up()  # the metrics writer connects in its own thread while training starts
         self._failed_in_a_row = 0
         self.last_committed: int | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)

@@ -33,7 +33,8 @@ from typing import Any
 log = logging.getLogger("azulite.train.metrics")
 
 TB_DIR = "tensorboard"
-#: longest the exit waits for queued values to reach the store (a store that hangs costs this, no more)
+#: longest the exit waits for queued values to reach the store (a store that hangs costs this, no more;
+#: ``AZULITE_METRICS_EXIT_WAIT_S`` overrides it). Well inside the launcher's preemption grace (60 s)
 CLOSE_TIMEOUT_S = 10.0
 #: values waiting beyond this are dropped (counted): a store stuck for long must not grow memory forever
 MAX_PENDING = 100_000
@@ -107,7 +108,11 @@ class MetricWriter:
         created here, close the event file. Returns whether everything queued was handled in time."""
         if self._closed:
             return True
-        timeout = CLOSE_TIMEOUT_S if timeout is None else timeout
+        if timeout is None:
+            try:  # a node whose preemption grace is long can wait longer for its last figures
+                timeout = float(os.environ.get("AZULITE_METRICS_EXIT_WAIT_S") or CLOSE_TIMEOUT_S)
+            except ValueError:
+                timeout = CLOSE_TIMEOUT_S
         self._closed = True
         done = True
         if self._inline:
@@ -117,6 +122,7 @@ class MetricWriter:
             self._thread.join(timeout)
             done = not self._thread.is_alive()
             if not done:
+                self._said = True  # the stuck thread says nothing more: no stderr write during interpreter teardown
                 log.warning("metrics store %s did not take the last values within %.0fs; %d value(s) may be lost "
                             "(training results are unaffected)", self.uri, timeout, max(self._pending, 0))
         if self.failed or self.dropped:
@@ -126,6 +132,11 @@ class MetricWriter:
 
     # -- the writer thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
+        try:  # connect now, not at the first value: importing MLflow takes seconds on a busy node, and a
+            # first value queued just before a preempted exit would otherwise wait on it
+            self._client = self._connect()
+        except Exception:  # noqa: BLE001 - retried (and said) at the first write
+            self._client = None
         while True:
             item = self._q.get()
             batch: list[tuple[dict[str, float], int | None, float]] = []

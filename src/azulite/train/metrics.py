@@ -100,6 +100,18 @@ def checkpoint_committed(step: int, save_seconds: float, *, environ: Mapping[str
         return False
 
 
+def warm_up(environ: Mapping[str, str] | None = None) -> None:
+    """Start rank 0's metrics writer (and its connection to the store) now, off this thread: the
+    checkpointer calls it when built, so its first commit's figures never wait for MLflow's import."""
+    env = os.environ if environ is None else environ
+    uri = env.get("MLFLOW_TRACKING_URI")
+    try:
+        if uri and global_rank(env) == 0 and importlib.util.find_spec("mlflow") is not None:
+            metric_writer.writer_for(uri, env)
+    except MetricsError:
+        pass
+
+
 def flush(timeout: float | None = 30.0) -> bool:
     """Wait until every value queued so far is in the store (True), or ``timeout`` passed (False)."""
     w = metric_writer.current()
