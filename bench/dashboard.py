@@ -1,6 +1,9 @@
 """Dashboard: first page load (an empty store) and the jobs page with 10,000 jobs, measured in headless
 Chromium (Debian's, through Playwright): navigation start to the jobs table drawn, and the page's own
-fetch + render time of the list (``window.__renderMs``). Prints one JSON object as the last line.
+fetch + render time of the list (``window.__renderMs``: what every 1.5 s update cost when the page
+refetched and redrew the list); then what a live update costs now: the page's own time for one
+``?since=CURSOR`` poll and patch (``window.__pollMs``), and per request the update against the whole
+list (bytes and time over HTTP from this process). Prints one JSON object as the last line.
 
     .venv/bin/python bench/dashboard.py [--jobs 10000] [--repeat 3]
 """
@@ -64,8 +67,30 @@ def measure(browser, url: str, expect_rows: int) -> dict:
     page.wait_for_function(f"document.querySelectorAll('#jobs-table tbody tr').length === {expect_rows}", timeout=300_000)
     shown_ms = page.evaluate("performance.now()")  # since navigation start
     render_ms = page.evaluate("window.__renderMs")
+    # a live update (every 1.5 s): the page's own time for one ?since= poll and patch, nothing changed
+    page.wait_for_function("window.__jobsState && window.__jobsState.polls >= 2", timeout=300_000)
+    poll_ms = page.evaluate("window.__pollMs")
     page.close()
-    return {"shown_ms": shown_ms, "list_ms": render_ms}
+    return {"shown_ms": shown_ms, "list_ms": render_ms, "page_update_ms": poll_ms}
+
+
+def poll_cost(url: str, n: int = 20) -> dict:
+    """Median time and bytes of the whole list vs the live update (nothing changed: the steady state)."""
+    import urllib.request
+
+    def get(path: str) -> tuple[float, bytes]:
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(url + path, timeout=120) as r:
+            body = r.read()
+        return time.perf_counter() - t0, body
+
+    _, body = get("api/jobs")
+    cursor = json.loads(body)["cursor"]
+    full = [get("api/jobs") for _ in range(n)]
+    since = [get(f"api/jobs?since={cursor}") for _ in range(n)]
+    assert json.loads(since[0][1])["jobs"] == [], "nothing changed: the update must be empty"
+    return {"full_list_ms": statistics.median(t for t, _ in full) * 1e3, "full_list_bytes": len(full[0][1]),
+            "update_ms": statistics.median(t for t, _ in since) * 1e3, "update_bytes": len(since[0][1])}
 
 
 def main() -> None:
@@ -88,16 +113,24 @@ def main() -> None:
             proc, url = start(home)
             try:
                 runs = [measure(browser, url, n) for _ in range(a.repeat)]
+                polls = poll_cost(url) if n else {}
             finally:
                 proc.terminate()
                 proc.wait(30)
             out[label] = {"jobs": n, "shown_ms": statistics.median(r["shown_ms"] for r in runs),
-                          "list_ms": statistics.median(r["list_ms"] for r in runs), "store_fill_s": round(fill_s, 1)}
+                          "list_ms": statistics.median(r["list_ms"] for r in runs),
+                          "page_update_ms": statistics.median(r["page_update_ms"] for r in runs),
+                          "store_fill_s": round(fill_s, 1), **polls}
             print(label, out[label], flush=True)
         browser.close()
     print(json.dumps({"bench": "dashboard", "first_page_load_ms": round(out["empty"]["shown_ms"], 1),
                       "jobs": a.jobs, "jobs_page_shown_ms": round(out["many"]["shown_ms"], 1),
-                      "jobs_list_fetch_render_ms": round(out["many"]["list_ms"], 1), "repeat": a.repeat,
+                      "jobs_list_fetch_render_ms": round(out["many"]["list_ms"], 1),
+                      "page_update_ms": round(out["many"]["page_update_ms"], 1),
+                      "poll_full_list_ms": round(out["many"]["full_list_ms"], 2), "poll_full_list_bytes": out["many"]["full_list_bytes"],
+                      "poll_update_ms": round(out["many"]["update_ms"], 2), "poll_update_bytes": out["many"]["update_bytes"],
+                      "poll_time_ratio_full_over_update": round(out["many"]["full_list_ms"] / out["many"]["update_ms"], 1),
+                      "repeat": a.repeat,
                       "load_avg_1m": os.getloadavg()[0]}))
 
 

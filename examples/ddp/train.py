@@ -109,7 +109,7 @@ def main() -> int:
         if (args.checkpoint_every and progress.step % args.checkpoint_every == 0) or progress.step == args.steps:
             # to the job's MLflow store, from rank 0 (job show, sweeps); every checkpoint_every steps, so
             # the tracking store's cost stays off most steps
-            train.log_metrics({"loss": loss.item()}, step=progress.step)
+            train.log_metrics({"loss": loss.item()}, step=progress.step, batch_size=global_batch)
         if args.step_sleep:
             time.sleep(args.step_sleep)
         if preemption.should_stop():  # every rank agrees on the same step

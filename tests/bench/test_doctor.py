@@ -44,6 +44,37 @@ def test_a_sku_with_gpus_on_a_node_without_any_fails_with_exit_1():
     assert "Traceback" not in p.stderr
 
 
+def test_sku_figures_come_from_the_catalog_and_flags_override():
+    # ND96asr_v4: 8 GPUs and InfiniBand in the catalog; none here. --no-infiniband overrides the catalog's
+    p = az("doctor", "--sku", "ND96asr_v4", "--no-infiniband", "--json")
+    assert p.returncode == 1, p.stdout + p.stderr
+    checks = _by_name(json.loads(p.stdout)["checks"])
+    assert checks["gpus_visible"]["status"] == "fail" and "0 of 8" in checks["gpus_visible"]["detail"]
+    assert checks["nccl_infiniband"]["status"] == "pass", checks["nccl_infiniband"]
+    p = az("doctor", "--sku", "ND96asr_v9")
+    assert p.returncode != 0 and "ND96asr_v9" in p.stdout + p.stderr and "Traceback" not in p.stderr
+
+
+def test_durable_write_probe_to_az_against_azurite(tmp_path):
+    from azure.storage.blob import BlobServiceClient
+
+    from tests.train.azurite import Azurite
+
+    az_ = Azurite(tmp_path / "azurite").start()
+    try:
+        env = {"AZURE_STORAGE_CONNECTION_STRING": az_.connection_string, "AZULITE_STORAGE_RETRIES": "1"}
+        c = probe_write("az://ckpt/run1", Expectations(), nbytes=2 << 20, environ=env)
+        assert c.status in ("pass", "warn") and c.measured > 0, c
+        assert "2 MB to az://ckpt/run1" in c.detail
+        container = BlobServiceClient.from_connection_string(az_.connection_string).get_container_client("ckpt")
+        assert [b.name for b in container.list_blobs()] == [], "the probe's blob is removed"
+        az_.stop()  # the storage goes away: the probe fails, naming the location
+        c = probe_write("az://ckpt/run1", Expectations(), nbytes=1 << 20, environ=env)
+        assert c.status == "fail" and "cannot write to az://ckpt/run1" in c.detail, c
+    finally:
+        az_.stop()
+
+
 def test_unwritable_checkpoint_location_fails(tmp_path):
     blocker = tmp_path / "file"
     blocker.write_text("x")

@@ -92,6 +92,16 @@ def test_preempted_job_is_requeued_resumes_and_ends_identical(home, reference_ha
     resumed = int(logs[0].split("resumed from step ", 1)[1].split()[0])
     assert 5 <= resumed < 30
     assert {h.strip().splitlines()[-1] for h in logs.values()} == {f"final_params_sha256={reference_hash}"}
+    # azulite's own figures reached the job's store and TensorBoard files, from both attempts: the preempted
+    # rank 0 drained its metrics writer before exiting 75
+    m = rec["metrics"]
+    assert m["checkpoint_save_s"]["step"] == 30 and m["checkpoint_age_s"]["value"] > 0, m
+    assert m["step_time_s"]["value"] > 0 and m["samples_per_s"]["value"] > 0, m
+    assert len(list((Path(rec["job_dir"]) / "tensorboard").glob("events.out.tfevents.*"))) == 2
+    from azulite.launch.tracking import metric_series
+
+    saves = metric_series(rec["job_dir"], ("checkpoint_save_s",))["checkpoint_save_s"]
+    assert resumed in saves and 30 in saves, saves  # the preemption's own save, logged on the way out
 
 
 def test_kill9_of_a_rank_restarts_the_group_which_resumes_identical(home, reference_hash):

@@ -121,3 +121,5 @@ def test_on_4_ranks_a_preemption_then_a_kill9_resume_to_the_uninterrupted_parame
     logs = {r: Path(p["log"]).read_text() for r, p in ranks2(rec).items()}
     assert logs[0].count("resumed from step") == 2  # after the eviction, and after the kill
     assert {t.strip().splitlines()[-1] for t in logs.values()} == {f"final_params_sha256={reference[0]}"}
+    # the example's metrics and the checkpointer's figures reach the job's store through the one writer
+    assert {"train_loss", "samples_per_s", "checkpoint_save_s"} <= set(rec["metrics"]), rec["metrics"]

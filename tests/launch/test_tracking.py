@@ -52,7 +52,10 @@ def test_rank0_metrics_reach_job_show_last_value_across_attempts(home, tmp_path)
     shown = json.loads(az("job", "show", rec.id, "--json"))
     assert shown["metrics_error"] is None
     metrics = {k: (v["value"], v["step"]) for k, v in shown["metrics"].items()}
-    # attempt 2's values (a new run in the same store) win; only rank 0's "who" was logged
+    # attempt 2's values (a new run in the same store) win; only rank 0's "who" was logged; log_metrics
+    # measured the time per step between its calls
+    step_time, step_time_step = metrics.pop("step_time_s")
+    assert step_time > 0 and step_time_step == 2
     assert metrics == {"loss": (18.0, 2), "who": (100.0, 2), "acc": (0.2, 2)}
     text = az("job", "show", rec.id)
     assert "metrics (MLflow)" in text and "18" in text

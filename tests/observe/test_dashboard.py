@@ -20,6 +20,7 @@ import pytest
 
 from azulite.launch.backend import get_backend
 from azulite.launch.local.store import JobStore
+from azulite.launch.records import JobState
 from azulite.launch.settings import Settings
 from azulite.spec.loader import load_job
 from tests.launch.jobkit import REPO, home, spec_2x1, wait_for, write_job
@@ -30,13 +31,19 @@ CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = REPO / "build" / "test-artifacts" / "dashboard"
 pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason="Debian's chromium is not installed (apt-get install chromium)")
 
-# Prints 5 steps, commits a checkpoint in the documented layout, then prints step 6 once the test
-# creates the file named in GO (the live tail must show it without a reload), then waits to be canceled.
+# Logs 5 steps to the job's MLflow store (its log prints other losses: the curves must come from the
+# store), commits a checkpoint in the documented layout, then logs step 6 once the test creates the file
+# named in GO (the live tail must show it without a reload), then waits to be canceled.
 TRAINING = """
 import json, os, time
 from datetime import datetime, timezone
+from azulite import train
+from azulite.train import metrics
 for step in range(1, 6):
-    print(f"step {step} loss {1.0 / step:.5f} step_s 0.0{step}", flush=True)
+    train.log_metrics({"loss": 1.0 / step, "step_time_s": step / 100}, step=step, batch_size=32)
+assert metrics.flush(300)  # in the store before the log says so (the test waits on the log)
+for step in range(1, 6):
+    print(f"step {step} loss 9.0 step_s 0.0{step}", flush=True)
 d = os.path.join(os.environ["AZULITE_OUTPUT_CHECKPOINTS"], "step-00000005")
 os.makedirs(d)
 open(os.path.join(d, "shard.bin"), "wb").write(b"x" * 4096)
@@ -45,6 +52,7 @@ json.dump({"format": "azulite.checkpoint/1", "step": 5, "files": {"shard.bin": {
           open(os.path.join(d, "manifest.json"), "w"))
 while not os.path.exists(os.environ["GO"]):
     time.sleep(0.1)
+train.log_metrics({"loss": 0.15, "step_time_s": 0.06}, step=6)
 print("step 6 loss 0.15000 step_s 0.06", flush=True)
 time.sleep(300)
 """
@@ -87,26 +95,44 @@ def test_jobs_page_job_page_live_tail_and_gpus(home, tmp_path, browser):
     settings = Settings.from_environ()
     b = get_backend("local", settings)
     rec = b.submit(load_job(spec))
-    for i in range(3):  # jobs that never ran: the list shows what the store holds, whatever their state
-        JobStore(settings.db_path).create(name=f"queued{i}", backend="local", spec={"command": "true"}, spec_path=None,
-                                          environment=None, jobs_dir=settings.jobs_dir)
+    store = JobStore(settings.db_path)
+    # jobs that never ran: the list shows what the store holds, whatever their state (no supervisor: the
+    # test ends them itself; the teardown's cancel would wait ~33 s for a supervisor each)
+    never_ran = [store.create(name=f"queued{i}", backend="local", spec={"command": "true"}, spec_path=None,
+                              environment=None, jobs_dir=settings.jobs_dir).id for i in range(3)]
     wait_for(lambda: "step 5" in "".join(b.logs(rec.id, rank=0)), 180, "the job's first steps")
     dash = Dash()
     try:
         page = browser.new_page()
+        lists: list[str] = []
+        page.on("request", lambda r: lists.append(r.url) if "/api/jobs" in r.url and "/api/jobs/" not in r.url else None)
         page.goto(dash.url)
         page.wait_for_selector("#jobs-table tbody tr")
         shown = page.eval_on_selector_all("#jobs-table tbody tr", "rows => rows.map(r => r.dataset.job)")
         assert sorted(shown) == sorted(r.id for r in b.list(100))
         assert page.inner_text(f'tr[data-job="{rec.id}"] td:nth-child(2)') == "running"
         page.screenshot(path=str(ARTIFACTS / "jobs.png"), full_page=True)
+        # live updates fetch only what changed: a new job and a state change appear, nothing else is fetched
+        late = store.create(name="late", backend="local", spec={"command": "true"}, spec_path=None, environment=None,
+                            jobs_dir=settings.jobs_dir)
+        never_ran.append(late.id)
+        store.transition(never_ran[0], JobState.CANCELED, message="by the test")
+        page.wait_for_selector(f'tr[data-job="{late.id}"]', timeout=60_000)
+        page.wait_for_function(f"document.querySelector('tr[data-job=\"{never_ran[0]}\"] td:nth-child(2)').textContent === 'canceled'",
+                               timeout=60_000)
+        assert page.evaluate("window.__jobsState.changed") == 2
+        assert len(lists) >= 2 and "since=" not in lists[0] and all("since=" in u for u in lists[1:]), lists
+        assert page.inner_text("#job-count") == str(len(shown) + 1)
 
         page.click(f'a[href="#/job/{rec.id}"]')
         page.wait_for_selector("#loss-curve")
         assert page.inner_text("#job-state") == "running"
+        assert "(mlflow)" in page.inner_text("body")
         assert page.get_attribute("#loss-curve", "data-points") == "5"
         assert float(page.get_attribute("#loss-curve", "data-last")) == pytest.approx(0.2)
         assert page.get_attribute("#step-time-curve", "data-points") == "5"
+        assert float(page.get_attribute("#step-time-curve", "data-last")) == pytest.approx(0.05)
+        assert page.get_attribute("#samples-curve", "data-points") == "4"  # measured between log calls
         assert page.inner_text('#checkpoints tr[data-step="5"] td:nth-child(2)') == "yes"
         assert "4.0 KiB" in page.inner_text('#checkpoints tr[data-step="5"]')
         page.wait_for_function("document.querySelector('#log').textContent.includes('step 5 loss')")
@@ -125,6 +151,22 @@ def test_jobs_page_job_page_live_tail_and_gpus(home, tmp_path, browser):
         page.screenshot(path=str(ARTIFACTS / "gpus.png"))
     finally:
         dash.stop()
+        for job_id in never_ran:
+            store.transition(job_id, JobState.CANCELED, message="by the test")
+
+
+def test_curves_fall_back_to_rank0_log_without_a_store(tmp_path):
+    from azulite.launch.records import JobRecord, ProcessRecord
+    from azulite.observe.dashboard import training_curves
+
+    log = tmp_path / "rank0.log"
+    log.write_text("step 1 loss 0.5 step_s 0.1\nstep 2 loss nan\nstep 3 loss 0.25 step_s 0.3\n")
+    rank0 = ProcessRecord(attempt=1, kind="rank", name="r0", node=0, rank=0, local_rank=0, pid=None, exit_code=0, log=str(log))
+    rec = JobRecord(id="j", name="j", backend="local", state=JobState.SUCCEEDED, attempt=1, created_at=0, started_at=None,
+                    ended_at=None, exit_code=0, reason=None, spec={}, spec_path=None, environment=None,
+                    job_dir=str(tmp_path), supervisor_pid=None, processes=[rank0])
+    assert training_curves(rec) == {"source": "rank 0 log", "step": [1, 2, 3], "loss": [0.5, None, 0.25],
+                                    "step_s": [0.1, None, 0.3], "samples_per_s": [None, None, None]}
 
 
 def test_serving_page_against_a_real_server(home, browser):

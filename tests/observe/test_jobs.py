@@ -99,3 +99,23 @@ def test_missing_or_corrupt_store_is_said_not_raised(tmp_path):
     bad.write_bytes(b"this is not sqlite" * 100)
     fams = scrape(JobCollector(bad))
     assert one(fams, "azulite_job_store_up") == 0 and "azulite_job_state" not in fams
+
+
+def test_changes_since_a_cursor_are_only_the_jobs_that_changed(tmp_path):
+    from azulite.launch.local.store import JobStore
+    from azulite.observe.jobs import ReadOnlyJobStore
+
+    store = JobStore(tmp_path / "jobs.db")
+    ids = [store.create(name=f"j{i}", backend="local", spec={}, spec_path=None, environment=None,
+                        jobs_dir=tmp_path / "jobs").id for i in range(4)]
+    ro = ReadOnlyJobStore(tmp_path / "jobs.db")
+    cursor, jobs, full = ro.changes(None, 100)
+    assert full and [j.id for j in jobs] == ids[::-1]
+    assert ro.changes(cursor, 100) == (cursor, [], False)  # nothing changed: nothing sent
+    store.transition(ids[1], JobState.CANCELED, message="x")
+    new = store.create(name="late", backend="local", spec={}, spec_path=None, environment=None, jobs_dir=tmp_path / "jobs")
+    cursor2, jobs, full = ro.changes(cursor, 100)
+    assert not full and cursor2 > cursor
+    assert {j.id: j.state for j in jobs} == {ids[1]: JobState.CANCELED, new.id: JobState.QUEUED}
+    _, jobs, full = ro.changes(cursor2 + 1000, 100)  # a cursor this store never gave (replaced): all again
+    assert full and len(jobs) == 5

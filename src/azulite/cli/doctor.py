@@ -17,6 +17,7 @@ _STYLE = {"pass": "bold green", "warn": "yellow", "fail": "bold red", "skipped":
 
 
 def doctor(
+    sku: Optional[str] = typer.Option(None, "--sku", help="This node's VM size in the catalog (e.g. ND96asr_v4): its GPU count and InfiniBand are expected; --gpus / --infiniband override."),
     gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs this node's SKU has (e.g. 8 for ND96asr_v4)."),
     infiniband: Optional[bool] = typer.Option(None, "--infiniband/--no-infiniband", help="Whether the SKU has InfiniBand."),
     matmul_tflops: Optional[float] = typer.Option(None, "--matmul-tflops", help="SKU's dense bf16 TFLOP/s per GPU."),
@@ -29,10 +30,18 @@ def doctor(
     matmul TFLOP/s and memory bandwidth probes, checkpoint write bandwidth, free /dev/shm, clock throttling.
     What cannot be checked here (no GPU) is skipped with the reason. Exits 1 if any check fails.
 
+      azulite doctor --sku ND96asr_v4 --checkpoint az://checkpoints/run1
+
       azulite doctor --gpus 8 --infiniband --checkpoint az://checkpoints/run1
 
       azulite doctor --json | jq .ok
     """
+    if sku is not None:
+        from azulite.catalog import get_sku
+
+        entry = get_sku(sku)  # an unknown size: UnknownSku names the nearest ones
+        gpus = entry.gpus if gpus is None else gpus
+        infiniband = entry.infiniband_gbps > 0 if infiniband is None else infiniband
     exp = Expectations(gpus=gpus, infiniband=infiniband, matmul_tflops=matmul_tflops, gpu_mem_gbps=gpu_mem_gbps,
                        write_gbps=min_write_gbps)
     checks = run_checks(exp, checkpoint=checkpoint, environ=dict(os.environ))

@@ -158,3 +158,32 @@ def metric_history(spec: JobSpec, job_dir: str | Path, name: str) -> list[float]
     except Exception as e:  # noqa: BLE001
         raise MetricsError(f"cannot read metric {name!r} from {uri}: {type(e).__name__}: {e}", where=uri,
                            fix="check that the tracking store is reachable") from None
+
+
+def metric_series(job_dir: str | Path, names: tuple[str, ...]) -> dict[str, dict[int, float | None]] | None:
+    """step -> value of each metric in ``names`` from the job's own store, read-only through SQLite (the
+    dashboard polls it while rank 0 writes; MLflow's client would open it read-write). A requeued attempt
+    is a later run: its value for a step wins. NaN/Inf come back as None. None when the job has no store
+    of its own or its schema is not what this expects."""
+    import math
+    import sqlite3
+
+    path = Path(job_dir) / STORE_FILE
+    if not path.exists() or not names:
+        return None
+    marks = ",".join("?" * len(names))
+    try:
+        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
+        try:
+            rows = db.execute(
+                f"SELECT m.key, m.step, m.value, m.is_nan FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+                f"WHERE r.lifecycle_stage = 'active' AND m.key IN ({marks}) "
+                f"ORDER BY r.start_time, r.run_uuid, m.step, m.timestamp", names).fetchall()
+        finally:
+            db.close()
+    except sqlite3.Error:
+        return None
+    out: dict[str, dict[int, float | None]] = {name: {} for name in names}
+    for key, step, value, is_nan in rows:
+        out[key][int(step)] = None if is_nan or value is None or not math.isfinite(value) else float(value)
+    return out

@@ -36,6 +36,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from azulite.contract import CHECKPOINT_OUTPUT
 from azulite.errors import AzuliteError
 from azulite.launch.records import JobRecord
+from azulite.launch.tracking import metric_series
 from azulite.observe.jobs import STEP_LINE, ReadOnlyJobStore
 from azulite.observe.telemetry import GpuUnavailable, NvmlSource
 from azulite.spec.job import Output
@@ -60,10 +61,24 @@ def job_summary(r: JobRecord) -> dict:
             "started_at": r.started_at, "ended_at": r.ended_at, "exit_code": r.exit_code, "reason": r.reason}
 
 
+#: the job's MLflow metrics the page draws (as ``azulite.train.log_metrics`` and the checkpointer record them)
+CURVES = ("loss", "step_time_s", "samples_per_s")
+
+
 def training_curves(rec: JobRecord) -> dict:
-    """Loss and step time per step, from rank 0's log of every attempt (the ``step N loss X step_s T``
-    lines azulite's examples print). This is the one function to switch to the job's MLflow store once
-    ``azulite.train.log_metrics`` (issue 16) lands: same return shape."""
+    """Loss, step time and samples/s per step from the job's MLflow store, read read-only (``job show``
+    reads the same store). A job with no store of its own, or no ``loss`` in it, falls back to rank 0's
+    log of every attempt (the ``step N loss X step_s T`` lines azulite's examples print)."""
+    series = metric_series(rec.job_dir, CURVES)
+    if series is not None and series["loss"]:
+        steps = sorted(series["loss"])
+        return {"source": "mlflow", "step": steps, "loss": [series["loss"][s] for s in steps],
+                "step_s": [series["step_time_s"].get(s) for s in steps],
+                "samples_per_s": [series["samples_per_s"].get(s) for s in steps]}
+    return _curves_from_log(rec)
+
+
+def _curves_from_log(rec: JobRecord) -> dict:
     points: dict[int, tuple[float, float | None]] = {}
     for p in sorted(rec.processes, key=lambda p: p.attempt):
         if p.kind != "rank" or p.rank != 0 or not p.log:
@@ -82,7 +97,7 @@ def training_curves(rec: JobRecord) -> dict:
     steps = sorted(points)
     return {"source": "rank 0 log", "step": steps,
             "loss": [points[s][0] if math.isfinite(points[s][0]) else None for s in steps],
-            "step_s": [points[s][1] for s in steps]}
+            "step_s": [points[s][1] for s in steps], "samples_per_s": [None] * len(steps)}
 
 
 def checkpoints(rec: JobRecord) -> dict:
@@ -215,7 +230,11 @@ class Dashboard:
         parts = [p for p in path.split("/") if p][1:]  # after "api"
         try:
             if parts == ["jobs"]:
-                return 200, {"jobs": [job_summary(r) for r in self.store.list(MAX_JOBS)], "error": None}
+                # the page loads the list once, then polls ?since=CURSOR for the jobs changed since: a
+                # 10,000-job store costs one full read, not one every poll
+                since = query.get("since", [None])[0]
+                cursor, recs, full = self.store.changes(int(since) if since not in (None, "") else None, MAX_JOBS)
+                return 200, {"jobs": [job_summary(r) for r in recs], "cursor": cursor, "full": full, "error": None}
             if len(parts) == 2 and parts[0] == "jobs":
                 return 200, job_detail(self.store, parts[1])
             if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "log":

@@ -53,6 +53,25 @@ class ReadOnlyJobStore(JobStore):
         conn.execute(f"PRAGMA busy_timeout={int(self.timeout_s * 1000)}")
         return conn
 
+    def changes(self, since: int | None, limit: int) -> tuple[int, list[JobRecord], bool]:
+        """(cursor, jobs, full): with ``since`` None (or a cursor this store never gave: it was replaced)
+        the newest ``limit`` jobs and ``full``; else only the jobs changed after ``since``. The cursor is
+        the newest row of the store's events table: every submit and state change writes one, and rows are
+        never deleted, so a job whose listed fields changed has an event past any earlier cursor. One read
+        snapshot: a change between the two queries is never lost."""
+        with self._read() as db:
+            db.execute("BEGIN")  # WAL: one consistent snapshot for the cursor and the rows
+            try:
+                cursor = db.execute("SELECT COALESCE(MAX(rowid), 0) FROM events").fetchone()[0]
+                if since is None or since > cursor:
+                    rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC LIMIT ?", (limit,)).fetchall()
+                    return cursor, [self._job(r) for r in rows], True
+                rows = db.execute("SELECT * FROM jobs WHERE id IN (SELECT job_id FROM events WHERE rowid > ?) "
+                                  "ORDER BY created_at DESC, rowid DESC LIMIT ?", (since, limit)).fetchall()
+                return cursor, [self._job(r) for r in rows], False
+            finally:
+                db.execute("COMMIT")
+
 
 def last_progress(rec: JobRecord) -> float | None:
     """When any rank of the current attempt last wrote to its log (a training loop that logs is moving)."""

@@ -54,6 +54,7 @@ from azulite.errors import CheckpointError, StorageError
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
+from azulite.train.metrics import checkpoint_committed, warm_up
 from azulite.train.reader import VerifyingReader
 from azulite.train.restore import IntegrityError, Restorer
 from azulite.train.staging import CachedStager, storage_ptr, updates_in_step, wait_staged_hook
@@ -181,6 +182,8 @@ class Checkpointer:
                     self._waiting_optimizers.append(opt)
                     self._hooks.append(opt.register_step_pre_hook(wait_staged_hook(self)))
         _commit_before_exit(self)
+        if ctx.is_main:
+            warm_up()  # the metrics writer connects in its own thread while training starts
         self._failed_in_a_row = 0
         self.last_committed: int | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
@@ -381,6 +384,8 @@ class Checkpointer:
         self._failed_in_a_row = 0
         self.last_committed = step
         log.info("checkpoint step %d committed to %s in %.2fs", step, self.storage.display(step_dir(step)), seconds)
+        if self.ctx.is_main:  # save time and age to the job's metrics store: a queue put, any thread
+            checkpoint_committed(step, seconds)
 
     def _failed(self, step: int, exc: BaseException, raise_on_error: bool | None) -> bool:
         self._failed_in_a_row += 1

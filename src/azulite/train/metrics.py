@@ -4,7 +4,10 @@ The launcher points every rank at the job's tracking store (``MLFLOW_TRACKING_UR
 ``MLFLOW_EXPERIMENT_NAME``); a script may call ``mlflow.log_metric`` itself, exactly as on Azure ML, or
 :func:`log_metrics`, which logs from rank 0 only (every rank holds the same averaged loss; N copies would
 only collide) and does nothing when no store is configured (a script run by hand still runs). MLflow is
-the one store of training metrics: ``azulite job show`` and sweeps read it back.
+the one store of training metrics: ``azulite job show``, sweeps and the dashboard read it back.
+
+Nothing here writes the store on the caller's thread: values go to the process's one writer thread
+(:mod:`azulite.train.metric_writer`), so a step never waits for SQLite and two threads never write it.
 
     from azulite import train
     train.log_metrics({"loss": loss.item(), "lr": lr}, step=step)
@@ -14,13 +17,16 @@ from __future__ import annotations
 
 import fcntl
 import hashlib
+import importlib.util
 import logging
 import os
 import tempfile
+import time
 from collections.abc import Mapping
 from typing import Any
 
 from azulite.errors import MetricsError
+from azulite.train import metric_writer
 
 log = logging.getLogger("azulite.train.metrics")
 
@@ -40,10 +46,79 @@ def global_rank(environ: Mapping[str, str]) -> int:
     return 0
 
 
-def log_metrics(metrics: Mapping[str, Any], step: int | None = None, *, environ: Mapping[str, str] | None = None) -> bool:
+#: (step, perf_counter) of this process's previous log_metrics call with a step: step time is measured
+#: between calls, so a script pays nothing for it
+_last_step: tuple[int, float] | None = None
+_have_mlflow: bool | None = None
+#: wall time of this process's last committed checkpoint (its age is measured from it)
+_last_commit: float | None = None
+_said_ck = False
+
+
+def log_metrics(metrics: Mapping[str, Any], step: int | None = None, *, batch_size: int | None = None,
+                environ: Mapping[str, str] | None = None) -> bool:
     """Log ``metrics`` (name -> number) at ``step`` to the job's MLflow store, from rank 0. Returns whether
-    anything was logged: False on other ranks and when ``MLFLOW_TRACKING_URI`` is not set."""
+    anything was queued: False on other ranks and when ``MLFLOW_TRACKING_URI`` is not set.
+
+    The values go to this process's one metrics writer (:mod:`azulite.train.metric_writer`): the call
+    costs a queue put, the store is written on the writer's thread and drained at exit. Called once per
+    logged step it adds ``step_time_s`` (wall time per step since its previous call) and, given
+    ``batch_size`` (the global batch: samples per step over all ranks), ``samples_per_s``; a script's own
+    values of either win. In a job (``AZULITE_JOB_DIR`` set) the same values also go to TensorBoard event
+    files under ``<job dir>/tensorboard``: ``tensorboard --logdir <job dir>`` opens them."""
+    global _last_step
     env = os.environ if environ is None else environ
+    values = _numbers(metrics)
+    if step is not None:
+        now = time.perf_counter()
+        if _last_step is not None and step > _last_step[0]:
+            per_step = (now - _last_step[1]) / (step - _last_step[0])
+            values.setdefault("step_time_s", per_step)
+            if batch_size and per_step > 0:
+                values.setdefault("samples_per_s", batch_size / per_step)
+        _last_step = (step, now)
+    return _queue(values, step, env)
+
+
+def checkpoint_committed(step: int, save_seconds: float, *, environ: Mapping[str, str] | None = None) -> bool:
+    """Record a committed checkpoint: ``checkpoint_save_s`` (save() to commit), ``checkpoint_committed_unix``
+    and ``checkpoint_age_s`` (how old the previous checkpoint was when this one replaced it: what the
+    'checkpoint older than its interval x k' alert watches). A queue put: safe from any thread."""
+    global _last_commit
+    now = time.time()
+    values = {"checkpoint_save_s": float(save_seconds), "checkpoint_committed_unix": now}
+    if _last_commit is not None:
+        values["checkpoint_age_s"] = now - _last_commit
+    _last_commit = now
+    try:
+        return _queue(values, step, os.environ if environ is None else environ)
+    except MetricsError as e:  # a checkpoint never fails for its figures (said once)
+        global _said_ck
+        if not _said_ck:
+            _said_ck = True
+            log.warning("checkpoint figures not logged: %s", e)
+        return False
+
+
+def warm_up(environ: Mapping[str, str] | None = None) -> None:
+    """Start rank 0's metrics writer (and its connection to the store) now, off this thread: the
+    checkpointer calls it when built, so its first commit's figures never wait for MLflow's import."""
+    env = os.environ if environ is None else environ
+    uri = env.get("MLFLOW_TRACKING_URI")
+    try:
+        if uri and global_rank(env) == 0 and importlib.util.find_spec("mlflow") is not None:
+            metric_writer.writer_for(uri, env)
+    except MetricsError:
+        pass
+
+
+def flush(timeout: float | None = 30.0) -> bool:
+    """Wait until every value queued so far is in the store (True), or ``timeout`` passed (False)."""
+    w = metric_writer.current()
+    return True if w is None else w.flush(timeout)
+
+
+def _numbers(metrics: Mapping[str, Any]) -> dict[str, float]:
     values = {}
     for name, value in metrics.items():
         try:
@@ -51,20 +126,20 @@ def log_metrics(metrics: Mapping[str, Any], step: int | None = None, *, environ:
         except (TypeError, ValueError):
             raise MetricsError(f"metric {name!r} = {value!r} is not a number", where=f"log_metrics({name!r})",
                                fix="log plain numbers or 0-d tensors, e.g. loss.item()") from None
+    return values
+
+
+def _queue(values: dict[str, float], step: int | None, env: Mapping[str, str]) -> bool:
     uri = env.get("MLFLOW_TRACKING_URI")
     if not uri or global_rank(env) != 0 or not values:
         return False
-    try:
-        import mlflow
-    except ImportError:
+    global _have_mlflow
+    if _have_mlflow is None:
+        _have_mlflow = importlib.util.find_spec("mlflow") is not None
+    if not _have_mlflow:
         raise MetricsError("MLFLOW_TRACKING_URI is set but mlflow is not installed", where="log_metrics",
-                           fix="pip install mlflow-skinny (azulite's install does), or unset MLFLOW_TRACKING_URI") from None
-    with _first_use_lock(uri):
-        if mlflow.active_run() is None:
-            tags = {k: env[v] for k, v in (("azulite.job_id", "AZULITE_JOB_ID"), ("azulite.attempt", "AZULITE_ATTEMPT")) if env.get(v)}
-            mlflow.start_run(tags=tags or None)
-    mlflow.log_metrics(values, step=step)
-    return True
+                           fix="pip install mlflow-skinny (azulite's install does), or unset MLFLOW_TRACKING_URI")
+    return metric_writer.writer_for(uri, env).put(values, step)
 
 
 class _first_use_lock:

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import pickle
 from typing import Any
 
@@ -141,25 +140,22 @@ def evaluate(model: torch.nn.Module, reader: Any, *, limit_batches: int | None =
 
 
 class MetricsSink:
-    """Training metrics to the log, and to MLflow from rank 0 when ``MLFLOW_TRACKING_URI`` is set and
-    mlflow imports (the job's metrics store); a failing store is logged once, never fatal."""
+    """Training metrics to the job's MLflow store from rank 0 through ``azulite.train.log_metrics`` (the
+    process's one metrics writer: the checkpointer's figures go there too, and two writers of one SQLite
+    store would contend); a failing store is logged once, never fatal."""
 
     def __init__(self, is_main: bool, environ: Any = None) -> None:
-        env = os.environ if environ is None else environ
-        self._mlflow = None
-        if is_main and env.get("MLFLOW_TRACKING_URI"):
-            try:
-                import mlflow
-
-                self._mlflow = mlflow
-            except ImportError:
-                log.info("MLFLOW_TRACKING_URI is set but mlflow is not installed: metrics go to the log only")
+        self._environ = environ
+        self._on = is_main
 
     def log(self, metrics: dict[str, float], step: int) -> None:
-        if self._mlflow is None:
+        if not self._on:
             return
+        from azulite.errors import MetricsError
+        from azulite.train.metrics import log_metrics
+
         try:
-            self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
-        except Exception as e:  # noqa: BLE001 - the store is an observer, training goes on
-            log.warning("MLflow log_metrics failed (%s); metrics stay in the log only", e)
-            self._mlflow = None
+            log_metrics({k: float(v) for k, v in metrics.items()}, step=step, environ=self._environ)
+        except MetricsError as e:  # the store is an observer, training goes on
+            log.warning("metrics not logged (%s); they stay in the log only", e)
+            self._on = False

@@ -1,0 +1,315 @@
+"""The one writer of training metrics in a process: a daemon thread that owns the MLflow run and the
+TensorBoard event file.
+
+Why one thread and a queue: SQLite allows one writer at a time, and a training step must never wait for
+one. Every producer (the training loop's ``log_metrics``, the checkpointer's commit figures, from
+whichever thread reaps the commit) only puts a tuple on a ``queue.SimpleQueue`` — a put takes no Python
+lock and never blocks — and this thread alone talks to the store. Nothing here runs in a signal handler
+or holds a lock a signal handler could want (``Preemption`` only sets an Event).
+
+Exit: ``atexit`` closes the writer with a bounded wait (:data:`CLOSE_TIMEOUT_S`). ``atexit`` callbacks run
+after ``threading``'s own exit hooks, so a checkpoint the checkpointer commits as the interpreter exits
+(a preempted rank's ``sys.exit(75)`` included) is queued before the writer drains. The thread is a
+daemon: a store that never answers costs the exit at most the timeout, never a hang, and no join waits
+for it. A failure to write is counted and said once; training never sees it.
+
+TensorBoard files are written with TensorBoard's own record writer and protos, which need no TensorFlow
+(its ``EventFileWriter`` reaches for ``tf.io.gfile``, importing all of TensorFlow when installed: seconds
+at start and its chatter in rank 0's log), one file per process under ``<job dir>/tensorboard``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import logging
+import os
+import queue
+import socket
+import threading
+import time
+from collections.abc import Mapping
+from typing import Any
+
+log = logging.getLogger("azulite.train.metrics")
+
+TB_DIR = "tensorboard"
+#: longest the exit waits for queued values to reach the store (a store that hangs costs this, no more;
+#: ``AZULITE_METRICS_EXIT_WAIT_S`` overrides it). Well inside the launcher's preemption grace (60 s)
+CLOSE_TIMEOUT_S = 10.0
+#: values waiting beyond this are dropped (counted): a store stuck for long must not grow memory forever
+MAX_PENDING = 100_000
+#: MLflow's limit of metrics per log_batch call
+_BATCH = 1000
+
+
+class _Flush:
+    """A marker in the queue: set once everything queued before it was handled."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+
+
+_STOP = object()
+
+
+class MetricWriter:
+    """Writes (name -> value, step, wall time) to one MLflow run of ``uri`` and, with ``tb_dir``, to a
+    TensorBoard event file, from its own thread. ``run_id``: log into that run (a script's own MLflow
+    run) instead of creating one; a run created here is ended (FINISHED) at close."""
+
+    def __init__(self, uri: str, *, experiment: str | None, tags: Mapping[str, str] | None = None,
+                 run_id: str | None = None, tb_dir: str | None = None, inline: bool = False) -> None:
+        self.uri, self.experiment, self.tags, self.tb_dir = uri, experiment, dict(tags or {}), tb_dir
+        self.run_id = run_id
+        self._own_run = run_id is None
+        self._q: queue.SimpleQueue[Any] = queue.SimpleQueue()
+        self._pending = 0  # approximate (no lock): only bounds memory
+        self.written = 0
+        self.failed = 0
+        self.dropped = 0
+        self._said = False
+        self._closed = False
+        self._client: Any = None
+        self._tb: Any = None
+        self._thread = threading.Thread(target=self._run, name="azulite-metrics", daemon=True)
+        # inline: the caller writes (after the exit drain, when no writer thread is left)
+        self._inline = inline
+        if not inline:
+            try:
+                self._thread.start()
+            except RuntimeError:  # interpreter shutting down: nothing else writes now, so this caller may
+                self._inline = True
+
+    # -- producers (any thread; never blocks) ---------------------------------------------------------
+    def put(self, values: Mapping[str, float], step: int | None, wall_time: float | None = None) -> bool:
+        """Queue values; False (and counted) when closed or too far behind."""
+        item = (dict(values), step, time.time() if wall_time is None else wall_time)
+        if self._inline and not self._closed:
+            self._write([item])
+            return True
+        if self._closed or self._pending >= MAX_PENDING:
+            self.dropped += len(values)
+            self._say(f"{self.dropped} metric value(s) dropped ({'writer closed' if self._closed else 'store too far behind'})")
+            return False
+        self._pending += 1
+        self._q.put(item)
+        return True
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until everything queued so far was handled (written or counted as failed)."""
+        if self._inline or self._closed:
+            return True
+        marker = _Flush()
+        self._q.put(marker)
+        return marker.done.wait(timeout)
+
+    def close(self, timeout: float | None = None) -> bool:
+        """Write what is queued (waiting at most ``timeout``, default :data:`CLOSE_TIMEOUT_S`), end a run
+        created here, close the event file. Returns whether everything queued was handled in time."""
+        if self._closed:
+            return True
+        if timeout is None:
+            try:  # a node whose preemption grace is long can wait longer for its last figures
+                timeout = float(os.environ.get("AZULITE_METRICS_EXIT_WAIT_S") or CLOSE_TIMEOUT_S)
+            except ValueError:
+                timeout = CLOSE_TIMEOUT_S
+        self._closed = True
+        done = True
+        if self._inline:
+            self._finish()
+        else:
+            self._q.put(_STOP)
+            self._thread.join(timeout)
+            done = not self._thread.is_alive()
+            if not done:
+                self._said = True  # the stuck thread says nothing more: no stderr write during interpreter teardown
+                log.warning("metrics store %s did not take the last values within %.0fs; %d value(s) may be lost "
+                            "(training results are unaffected)", self.uri, timeout, max(self._pending, 0))
+        if self.failed or self.dropped:
+            log.warning("%d metric value(s) could not be written and %d were dropped (store %s)",
+                        self.failed, self.dropped, self.uri)
+        return done
+
+    # -- the writer thread ---------------------------------------------------------------------------------
+    def _run(self) -> None:
+        try:  # connect now, not at the first value: importing MLflow takes seconds on a busy node, and a
+            # first value queued just before a preempted exit would otherwise wait on it
+            self._client = self._connect()
+        except Exception:  # noqa: BLE001 - retried (and said) at the first write
+            self._client = None
+        while True:
+            item = self._q.get()
+            batch: list[tuple[dict[str, float], int | None, float]] = []
+            markers: list[_Flush] = []
+            stop = False
+            while True:  # everything already waiting goes in one store transaction
+                if item is _STOP:
+                    stop = True
+                elif isinstance(item, _Flush):
+                    markers.append(item)
+                else:
+                    batch.append(item)
+                try:
+                    item = self._q.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                self._pending -= len(batch)
+                self._write(batch)
+            for m in markers:
+                m.done.set()
+            if stop:
+                self._finish()
+                return
+
+    def _write(self, batch: list[tuple[dict[str, float], int | None, float]]) -> None:
+        n = sum(len(v) for v, _, _ in batch)
+        try:
+            self._mlflow(batch)
+            self.written += n
+        except Exception as e:  # noqa: BLE001 - the store is an observer: training goes on
+            self.failed += n
+            self._say(f"could not write metrics to {self.uri} ({type(e).__name__}: {str(e).splitlines()[0][:200] if str(e) else ''}); "
+                      "training goes on, failures are counted")
+        if self.tb_dir:
+            try:
+                self._tensorboard(batch)
+            except Exception as e:  # noqa: BLE001
+                self._say(f"could not write TensorBoard events to {self.tb_dir} ({type(e).__name__}: {e})")
+                self.tb_dir = None
+
+    def _say(self, message: str) -> None:
+        if not self._said:
+            self._said = True
+            log.warning("%s", message)
+
+    def _mlflow(self, batch: list[tuple[dict[str, float], int | None, float]]) -> None:
+        from mlflow.entities import Metric
+
+        if self._client is None:
+            self._client = self._connect()
+        metrics = [Metric(key=k, value=v, timestamp=int(t * 1000), step=step or 0)
+                   for values, step, t in batch for k, v in values.items()]
+        for i in range(0, len(metrics), _BATCH):
+            self._client.log_batch(self.run_id, metrics=metrics[i:i + _BATCH], synchronous=True)
+
+    def _connect(self) -> Any:
+        from mlflow.tracking import MlflowClient
+
+        from azulite.train.metrics import _first_use_lock
+
+        logging.getLogger("mlflow").setLevel(logging.WARNING)  # its "creating tables" chatter is not ours
+        with _first_use_lock(self.uri):  # a fresh store's tables: one process of this machine at a time
+            client = MlflowClient(tracking_uri=self.uri)
+            if self.run_id is None:
+                exp_id = "0"
+                if self.experiment:
+                    exp = client.get_experiment_by_name(self.experiment)
+                    exp_id = exp.experiment_id if exp is not None else client.create_experiment(self.experiment)
+                self.run_id = client.create_run(exp_id, tags=self.tags or None).info.run_id
+        return client
+
+    def _tensorboard(self, batch: list[tuple[dict[str, float], int | None, float]]) -> None:
+        from tensorboard.compat.proto import event_pb2, summary_pb2
+
+        if self._tb is None:
+            from tensorboard.summary.writer.record_writer import RecordWriter
+
+            os.makedirs(self.tb_dir, exist_ok=True)
+            # TensorBoard's own file name pattern; one file per process, merged by TensorBoard per folder
+            name = f"events.out.tfevents.{int(time.time()):010d}.{socket.gethostname()}.{os.getpid()}.azulite"
+            self._tb = RecordWriter(open(os.path.join(self.tb_dir, name), "wb"))
+            self._tb.write(event_pb2.Event(wall_time=time.time(), file_version="brain.Event:2").SerializeToString())
+        for values, step, t in batch:
+            summary = summary_pb2.Summary(value=[summary_pb2.Summary.Value(tag=k, simple_value=v) for k, v in values.items()])
+            self._tb.write(event_pb2.Event(wall_time=t, step=step or 0, summary=summary).SerializeToString())
+        self._tb.flush()
+
+    def _finish(self) -> None:
+        if self._tb is not None:
+            try:
+                self._tb.close()
+            except OSError:
+                pass
+            self._tb = None
+        if self._own_run and self._client is not None and self.run_id is not None:
+            try:
+                self._client.set_terminated(self.run_id, "FINISHED")
+            except Exception as e:  # noqa: BLE001
+                self._say(f"could not end MLflow run {self.run_id} ({type(e).__name__}: {e})")
+
+
+# --- the process's writer ----------------------------------------------------------------------------------
+_writer: MetricWriter | None = None
+_key: tuple[Any, ...] | None = None
+#: set by the exit drain: None while running; after it, whether the drained writer finished (then a late
+#: value is written on its caller's thread, the one writer left), or not (then late values are dropped)
+_exited: bool | None = None
+# an RLock: taken only to create the writer (never around a write); re-entrant should anything on the
+# same thread (a signal handler) ever get here mid-creation
+_lock = threading.RLock()
+
+
+def writer_for(uri: str, env: Mapping[str, str]) -> MetricWriter:
+    """This process's writer for ``uri`` (created on first use; a different store closes the old one)."""
+    global _writer, _key
+    job_dir = env.get("AZULITE_JOB_DIR")
+    tb_dir = os.path.join(job_dir, TB_DIR) if job_dir else None
+    key = (uri, env.get("MLFLOW_EXPERIMENT_NAME"), tb_dir)
+    w = _writer
+    if w is not None and _key == key and not w._closed:
+        return w
+    with _lock:
+        if _writer is not None and _key == key and not _writer._closed:
+            return _writer
+        if _writer is not None:
+            _writer.close()
+        tags = {k: env[v] for k, v in (("azulite.job_id", "AZULITE_JOB_ID"), ("azulite.attempt", "AZULITE_ATTEMPT")) if env.get(v)}
+        _writer = MetricWriter(uri, experiment=env.get("MLFLOW_EXPERIMENT_NAME"), tags=tags,
+                               run_id=_scripts_own_run(), tb_dir=tb_dir, inline=_exited is not None)
+        if _exited is False:
+            _writer._closed = True  # the drained writer is still stuck in the store: never a second writer
+        _key = key
+        return _writer
+
+
+def _scripts_own_run() -> str | None:
+    """The run a script started with MLflow's own API on this thread (Azure ML style), so its values and
+    azulite's land in one run. Only when the script imported mlflow already: no import on the caller."""
+    import sys
+
+    mlflow = sys.modules.get("mlflow")
+    if mlflow is None:
+        return None
+    try:
+        run = mlflow.active_run()
+    except Exception:  # noqa: BLE001
+        return None
+    return run.info.run_id if run is not None else None
+
+
+def current() -> MetricWriter | None:
+    return _writer
+
+
+def close(timeout: float | None = None) -> bool:
+    """Flush and close this process's writer (at exit; also callable by a script)."""
+    global _writer
+    with _lock:
+        w, _writer = _writer, None
+    return True if w is None else w.close(timeout)
+
+
+def _at_exit() -> None:
+    global _exited
+    _exited = close()
+
+
+def _forget_in_child() -> None:
+    """A forked child (a data-loader worker) has a copy of the writer but not its thread: start over."""
+    global _writer, _key, _lock, _exited
+    _writer, _key, _lock, _exited = None, None, threading.RLock(), None
+
+
+atexit.register(_at_exit)
+os.register_at_fork(after_in_child=_forget_in_child)

@@ -1,0 +1,172 @@
+"""Training metrics azulite records itself: step time, samples/s, checkpoint save time and age, into the
+job's MLflow store (MLflow's own client reads them back) and TensorBoard event files in the job's folder
+(TensorBoard's own reader opens them); a preempted rank's figures reach the store before it exits."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import threading
+
+import pytest
+
+from azulite.launch.tracking import STORE_FILE, _template, store_uri
+from azulite.train import metric_writer as mw
+from azulite.train import metrics as m
+
+
+@pytest.fixture
+def job(tmp_path, monkeypatch):
+    """A job folder with a ready store, and the variables the launcher gives rank 0."""
+    shutil.copyfile(_template(), tmp_path / STORE_FILE)
+    for k, v in {"MLFLOW_TRACKING_URI": store_uri(tmp_path), "MLFLOW_EXPERIMENT_NAME": "fu14", "RANK": "0",
+                 "AZULITE_JOB_DIR": str(tmp_path), "AZULITE_JOB_ID": "job-1"}.items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(m, "_last_step", None)
+    monkeypatch.setattr(m, "_last_commit", None)
+    yield tmp_path
+    mw.close()
+
+
+def history(job_dir) -> dict[str, list[tuple[int, float]]]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=store_uri(job_dir))
+    (run,) = client.search_runs([client.get_experiment_by_name("fu14").experiment_id])
+    return {name: sorted((h.step, h.value) for h in client.get_metric_history(run.info.run_id, name))
+            for name in run.data.metrics}
+
+
+def tensorboard_scalars(job_dir) -> dict[str, list[int]]:
+    # the reader would import TensorFlow (installed here) without TensorBoard's own no-TF switch
+    sys.modules.setdefault("tensorboard.compat.notf", type(sys)("tensorboard.compat.notf"))
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    acc = EventAccumulator(str(job_dir / mw.TB_DIR))
+    acc.Reload()
+    return {tag: [e.step for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_step_time_and_samples_per_s_reach_mlflow_and_tensorboard(job):
+    for step in (10, 20, 30):
+        assert m.log_metrics({"loss": 1.0 / step}, step=step, batch_size=64)
+    assert m.flush()
+    hist = history(job)
+    assert [s for s, _ in hist["loss"]] == [10, 20, 30]
+    # the first call has nothing to measure against; each later one covers 10 steps
+    assert [s for s, _ in hist["step_time_s"]] == [20, 30]
+    for (_, t), (_, rate) in zip(hist["step_time_s"], hist["samples_per_s"]):
+        assert t > 0 and rate == pytest.approx(64 / t)
+    tb = tensorboard_scalars(job)
+    assert tb["loss"] == [10, 20, 30] and tb["samples_per_s"] == [20, 30]
+
+
+def test_a_scripts_own_figures_win_and_no_batch_size_means_no_samples_per_s(job):
+    m.log_metrics({"loss": 1.0}, step=1)
+    m.log_metrics({"loss": 0.5, "step_time_s": 7.0}, step=2)
+    m.log_metrics({"loss": 0.4}, step=3)
+    m.flush()
+    hist = history(job)
+    assert "samples_per_s" not in hist
+    assert hist["step_time_s"][0] == (2, 7.0) and hist["step_time_s"][1][0] == 3
+
+
+def test_only_the_writer_thread_writes_and_a_slow_store_never_holds_the_caller(job, monkeypatch):
+    gate, writers = threading.Event(), []
+    real = mw.MetricWriter._mlflow
+
+    def slow(self, batch):
+        writers.append(threading.current_thread().name)
+        assert gate.wait(120), "the test never opened the gate"
+        return real(self, batch)
+
+    monkeypatch.setattr(mw.MetricWriter, "_mlflow", slow)
+    # the store is stuck: every call still returns (a blocking call would never get past this loop)
+    for step in range(1, 6):
+        assert m.log_metrics({"loss": 1.0 / step}, step=step)
+    assert m.checkpoint_committed(5, 0.25)
+    gate.set()
+    assert m.flush(120)
+    assert set(writers) == {"azulite-metrics"}
+    hist = history(job)
+    assert [s for s, _ in hist["loss"]] == [1, 2, 3, 4, 5] and hist["checkpoint_save_s"] == [(5, 0.25)]
+
+
+def test_a_failing_store_is_counted_said_once_and_never_raises(tmp_path, monkeypatch, caplog):
+    (tmp_path / "file").write_text("a file, not a folder")
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{tmp_path}/file/m.db")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.delenv("AZULITE_JOB_DIR", raising=False)
+    try:
+        for step in range(1, 4):
+            assert m.log_metrics({"loss": 1.0}, step=step)
+        assert m.flush(120)
+        w = mw.current()
+        assert w.failed >= 3 and w.written == 0
+        said = [r for r in caplog.records if r.name == "azulite.train.metrics" and "could not write metrics" in r.message]
+        assert len(said) == 1, [r.message for r in caplog.records]
+    finally:
+        mw.close()
+
+
+# Rank 0 of a one-rank job: logs, checkpoints every 2 steps, and is sent SIGTERM at step 5 by itself (as
+# torchrun forwards it): it must agree to stop, commit step 5 and exit 75 with every figure in the store.
+PREEMPTED = """
+import os, signal, sys
+import torch
+from azulite import train
+ctx = train.init({})
+model = torch.nn.Linear(4, 2)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+progress = train.Progress()
+ck = train.Checkpointer(train.CheckpointConfig(uri=CKPT, interval=2), ctx,
+                        {"model": train.ModelState(model, opt), "progress": progress})
+stop = train.Preemption(ctx).install()
+while True:
+    progress.step += 1
+    train.log_metrics({"loss": 1.0 / progress.step}, step=progress.step, batch_size=8)
+    if progress.step == 5:
+        os.kill(os.getpid(), signal.SIGTERM)
+    if stop.should_stop():
+        ck.save(progress.step, sync=True, raise_on_error=True)
+        stop.exit()
+    ck.maybe_save(progress.step)
+"""
+
+
+def test_a_preempted_rank_exits_75_with_its_figures_in_the_store_and_tensorboard(job):
+    script = f"CKPT = {str(job / 'ckpt')!r}\n" + PREEMPTED
+    p = subprocess.run([sys.executable, "-c", script], env=dict(os.environ), capture_output=True, text=True, timeout=300)
+    assert p.returncode == 75, p.stderr
+    assert "tensorflow" not in p.stderr.lower(), p.stderr  # TensorBoard files without importing TensorFlow
+    hist = history(job)
+    assert [s for s, _ in hist["loss"]] == [1, 2, 3, 4, 5]
+    assert [s for s, _ in hist["checkpoint_save_s"]] == [2, 4, 5]  # the preemption's save included
+    assert [s for s, _ in hist["checkpoint_age_s"]] == [4, 5] and all(v > 0 for _, v in hist["checkpoint_age_s"])
+    assert [s for s, _ in hist["samples_per_s"]] == [2, 3, 4, 5]
+    assert tensorboard_scalars(job)["checkpoint_save_s"] == [2, 4, 5]
+    from mlflow.tracking import MlflowClient
+
+    (run,) = MlflowClient(tracking_uri=store_uri(job)).search_runs(
+        [MlflowClient(tracking_uri=store_uri(job)).get_experiment_by_name("fu14").experiment_id])
+    assert run.info.status == "FINISHED" and run.data.tags["azulite.job_id"] == "job-1"
+
+
+# The writer is stuck in the store for good: the process still exits, after the bounded wait, saying so.
+STUCK = """
+import threading
+from azulite.train import metric_writer as mw, metrics
+mw.CLOSE_TIMEOUT_S = 0.5
+stuck = threading.Event()
+mw.MetricWriter._mlflow = lambda self, batch: stuck.wait()
+metrics.log_metrics({"loss": 1.0}, step=1)
+print("logged", flush=True)
+"""
+
+
+def test_exit_is_bounded_when_the_store_hangs(job):
+    p = subprocess.run([sys.executable, "-c", STUCK], env=dict(os.environ), capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and "logged" in p.stdout, p.stderr
+    assert "did not take the last values" in p.stderr
