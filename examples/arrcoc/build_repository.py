@@ -105,6 +105,8 @@ class Trained:
     decoder: nets.Decoder
     vocab: dict
     heldout_accuracy: float
+    #: the share of held-out answers right in each word: colour, shape, row, column
+    heldout_word_accuracy: dict[str, float]
     heldout_relevance_hit: float
     train_seconds: float
 
@@ -181,11 +183,15 @@ def _train(seed: int, pool_size: int, scorer_steps: int, decoder_steps: int, log
         ids = decoder(heldout.texture, hb, embedding(heldout.token_ids))
     said = [detokenizer.detokenize(row, scenes.ANSWER_WORDS) for row in ids.numpy()]
     accuracy = float(np.mean([a == b for a, b in zip(said, heldout.texts)]))
+    words = [(a.split() + [""] * 4)[:4] for a in said]
+    per_word = {kind: round(float(np.mean([w[i] == t.split()[i] for w, t in zip(words, heldout.texts)])), 3)
+                for i, kind in enumerate(("colour", "shape", "row", "column"))}
     top = hb.flatten(1).argmax(1)
     hit = float((heldout.masks.flatten(1).gather(1, top[:, None]) >= 0.1).float().mean())
-    log(f"held out: {accuracy:.1%} of answers exact; the top-budget patch is on the queried shape (>= 10% of it) in {hit:.1%}")
+    log(f"held out: {accuracy:.1%} of answers exact (per word: {per_word}); the top-budget patch is on the "
+        f"queried shape (>= 10% of it) in {hit:.1%}")
     return Trained(texture_net, nets.PropositionalScorer(), nets.PerspectivalScorer(), embedding, participatory,
-                   decoder, vocab, accuracy, hit, time.monotonic() - start)
+                   decoder, vocab, accuracy, per_word, hit, time.monotonic() - start)
 
 
 # --- export ------------------------------------------------------------------------------------------
@@ -357,7 +363,8 @@ def build(out: Path, *, triton_python: bool = False, also_triton_python: Path | 
         for stage in stages:
             shutil.rmtree(stage, ignore_errors=True)
     summary = {"repository": str(out), "models": list(ALL_MODELS), "triton_python": triton_python, "seed": seed,
-               "heldout_accuracy": t.heldout_accuracy, "heldout_relevance_hit": t.heldout_relevance_hit,
+               "heldout_accuracy": t.heldout_accuracy, "heldout_word_accuracy": t.heldout_word_accuracy,
+               "heldout_relevance_hit": t.heldout_relevance_hit,
                "onnx_max_abs_error": errors, "train_seconds": round(t.train_seconds, 1)}
     if also_triton_python:
         summary["triton_python_repository"] = str(targets[1])

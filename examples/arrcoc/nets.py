@@ -26,8 +26,12 @@ _XYZ = torch.tensor([[0.4124564, 0.3575761, 0.1804375],
 
 
 def _box(x: torch.Tensor, k: int) -> torch.Tensor:
-    """Mean over a k x k window around each pixel (the window clipped at the border)."""
-    return F.avg_pool2d(x, k, stride=1, padding=k // 2, count_include_pad=False)
+    """Mean over a k x k window around each pixel (the window clipped at the border). Separable: a 1 x k
+    mean then a k x 1 one (a clipped window is still a rectangle, so this is the same mean) — 2k reads a
+    pixel instead of k²: onnxruntime's AveragePool spent 90% of texture_array's time in the 15 x 15 and
+    7 x 7 windows."""
+    rows = F.avg_pool2d(x, (1, k), stride=1, padding=(0, k // 2), count_include_pad=False)
+    return F.avg_pool2d(rows, (k, 1), stride=1, padding=(k // 2, 0), count_include_pad=False)
 
 
 def _patches(x: torch.Tensor) -> torch.Tensor:

@@ -11,6 +11,7 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+import tritonclient.http as httpclient
 
 from azulite.errors import CheckpointError, ExportError, ExportVerificationError
 from azulite.export import ExportOptions, Tolerance, export_checkpoint
@@ -18,6 +19,7 @@ from azulite.serve import config as serve_config
 from azulite.workloads import mlp
 from tests.export import models
 from tests.export.conftest import repo_entries, save_checkpoint
+from tests.serve.frontends import running_server
 
 
 @pytest.fixture(scope="module")
@@ -42,11 +44,53 @@ def test_onnx_export_equals_the_trained_model_and_versions_count_up(mlp_ckpt, tm
     serve_config.validate_config(config, model="m")
     assert (config.platform, config.max_batch_size, list(config.input[0].dims)) == ("onnxruntime_onnx", 64, [8])
     assert config.HasField("dynamic_batching")
-    second = export_checkpoint(str(root / "step-00000007"), ExportOptions(repo=repo, name="m", format="torchscript"))
-    assert (second.version, second.inputs, second.outputs) == (2, ("x__0",), ("y__0",))
-    assert repo_entries(repo) == ["m", "m/1", "m/1/model.onnx", "m/2", "m/2/model.pt", "m/config.pbtxt"]
+    second = export_checkpoint(str(root / "step-00000007"), ExportOptions(repo=repo, name="m"))
+    assert (second.format, second.version, second.inputs, second.outputs) == ("onnx", 2, ("x",), ("y",))
+    assert repo_entries(repo) == ["m", "m/1", "m/1/model.onnx", "m/2", "m/2/model.onnx", "m/config.pbtxt"]
     with pytest.raises(ExportError, match="version 2 already exists"):
         export_checkpoint(str(root), ExportOptions(repo=repo, name="m", version=2))
+
+
+def test_a_new_version_keeps_the_models_one_config_and_its_format(mlp_ckpt, tmp_path):
+    """Triton: one config.pbtxt per model, shared by every version. A version in another format, with
+    another signature or batch size would not load beside the others: refused, naming the fix, with
+    nothing written; a fitting one lands and the config (with the user's own edits) stays as it was."""
+    root, model = mlp_ckpt
+    repo = tmp_path / "repo"
+    export_checkpoint(str(root), ExportOptions(repo=repo, name="m", max_batch_size=16))
+    config = repo / "m" / "config.pbtxt"
+    edited = config.read_text() + "version_policy { all { } }\n"  # the user's own setting: serve every version
+    config.write_text(edited)
+    before = repo_entries(repo)
+    with pytest.raises(ExportError) as err:
+        export_checkpoint(str(root), ExportOptions(repo=repo, name="m", format="torchscript"))
+    assert f"model 'm' in {repo} is onnx (onnxruntime_onnx; versions 1); a torchscript version cannot join them" \
+        in err.value.message
+    assert "--name m_torchscript" in err.value.fix and "--format onnx" in err.value.fix
+    with pytest.raises(ExportError, match=r"cannot apply: --max-batch-size 64 \(the model's config.pbtxt: 16\)"):
+        export_checkpoint(str(root), ExportOptions(repo=repo, name="m", max_batch_size=64))
+    wide = tmp_path / "wide"
+    save_checkpoint(wide, mlp.build_mlp(12, 16), mlp.model_config(12, 16))
+    with pytest.raises(ExportError, match=r"does not fit model 'm' .*: input x has dims \[12\], the config says \[8\]"):
+        export_checkpoint(str(wide), ExportOptions(repo=repo, name="m"))
+    assert repo_entries(repo) == before and config.read_text() == edited
+
+    torch.manual_seed(4)
+    retrained = mlp.build_mlp(8, 16)
+    save_checkpoint(tmp_path / "ckpt2", retrained, mlp.model_config(8, 16))
+    second = export_checkpoint(str(tmp_path / "ckpt2"), ExportOptions(repo=repo, name="m"))  # auto: the model's onnx
+    assert (second.format, second.version) == ("onnx", 2)
+    assert config.read_text() == edited
+    # both versions load under the one config and each answers with its own weights
+    x = np.random.default_rng(2).standard_normal((3, 8)).astype(np.float32)
+    with running_server(repo) as server:
+        client = httpclient.InferenceServerClient(server.http_url)
+        for version, module in (("1", model), ("2", retrained)):
+            assert client.is_model_ready("m", version)
+            i = httpclient.InferInput("x", list(x.shape), "FP32")
+            i.set_data_from_numpy(x)
+            got = client.infer("m", [i], model_version=version).as_numpy("y")
+            np.testing.assert_allclose(got, module(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
 def test_auto_falls_back_to_torchscript_and_says_why(tmp_path):

@@ -62,9 +62,13 @@ def export(
     version: Optional[int] = typer.Option(None, "--version", help="Version folder (default: the next one)."),
     format_: str = typer.Option("auto", "--format", help="auto | onnx | torchscript | python."),
     step: Optional[int] = typer.Option(None, "--step", help="Checkpoint step (default: the newest committed)."),
-    max_batch_size: int = typer.Option(64, "--max-batch-size", help="config.pbtxt max_batch_size (0: no batching)."),
-    dynamic_batching: bool = typer.Option(True, "--dynamic-batching/--no-dynamic-batching"),
-    max_queue_delay_us: int = typer.Option(0, "--max-queue-delay-us", help="Dynamic batching queue delay."),
+    max_batch_size: Optional[int] = typer.Option(
+        None, "--max-batch-size", help="config.pbtxt max_batch_size (0: no batching). Default: 64 for a new "
+                                       "model, the model's own for a new version."),
+    dynamic_batching: Optional[bool] = typer.Option(
+        None, "--dynamic-batching/--no-dynamic-batching",
+        help="Default: on for a new model that batches, the model's own for a new version."),
+    max_queue_delay_us: Optional[int] = typer.Option(None, "--max-queue-delay-us", help="Dynamic batching queue delay."),
     atol: float = typer.Option(1e-5, "--atol", help="Verification: absolute tolerance."),
     rtol: float = typer.Option(1e-4, "--rtol", help="Verification: relative tolerance."),
     rows: int = typer.Option(64, "--rows", help="Verification: sample rows."),
@@ -75,6 +79,9 @@ def export(
     """Export a trained checkpoint into a Triton model repository: rebuild the model from the checkpoint's
     own metadata, export it (ONNX, else TorchScript, else Python backend), write config.pbtxt, and verify it
     against PyTorch (max abs / rel error; fails past the tolerance, writing nothing).
+
+    A new version of a model already in the repository keeps its config.pbtxt (Triton's one config per
+    model): it is exported in the model's format and must have its inputs, outputs and batch size.
 
     Examples:
 
@@ -87,7 +94,7 @@ def export(
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     uri, environ = _checkpoint_uri(source)
     options = ExportOptions(repo=to, name=name, version=version, format=format_, step=step,
-                            max_batch_size=max_batch_size, dynamic_batching=dynamic_batching and max_batch_size > 0,
+                            max_batch_size=max_batch_size, dynamic_batching=dynamic_batching,
                             max_queue_delay_us=max_queue_delay_us, tolerance=Tolerance(atol=atol, rtol=rtol), rows=rows,
                             sign_key=sign_key)
     result = export_checkpoint(uri, options, environ=environ, progress=lambda m: err.print(m, markup=False))

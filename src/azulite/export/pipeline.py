@@ -18,7 +18,8 @@ from azulite.export import pbtxt
 from azulite.export.formats import EXPORTERS, FORMATS, Exported
 from azulite.export.plan import ServingPlan, plan_for
 from azulite.export.recipe import ModelRecipe, TensorSpec
-from azulite.export.repository import check_integrity_before, stage, update_integrity
+from azulite.export.repository import (ExistingModel, check_fits, check_integrity_before, existing_model,
+                                       formats_for, stage, update_integrity)
 from azulite.export.source import CheckpointRef, fetch_verified, resolve
 from azulite.export.verify import Tolerance, Verification, compare
 from azulite.export.weights import load_module_state
@@ -36,9 +37,11 @@ class ExportOptions:
     format: str = "auto"
     #: checkpoint step when the source is a location holding several; default the newest committed one
     step: int | None = None
-    max_batch_size: int = 64
-    dynamic_batching: bool = True
-    max_queue_delay_us: int = 0
+    #: config.pbtxt batching; None: the existing model's config's (a new version shares it), else 64 with
+    #: dynamic batching and no queue delay. Given and different from an existing model's: refused.
+    max_batch_size: int | None = None
+    dynamic_batching: bool | None = None
+    max_queue_delay_us: int | None = None
     tolerance: Tolerance = field(default_factory=Tolerance)
     #: rows the export is verified on (a batch: the batch dimension is exercised too)
     rows: int = 64
@@ -97,9 +100,11 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
     name = options.name or default_name(ref, recipe)
     # with a preprocessing step, clients call the ensemble <name>; the exported model is <name>_model
     core_name = f"{name}_model" if plan.preprocess else name
-    batching = pbtxt.Batching(max_batch_size=options.max_batch_size, dynamic=options.dynamic_batching,
-                              max_queue_delay_us=options.max_queue_delay_us)
-    candidates = FORMATS if options.format == "auto" else (options.format,)
+    existing = existing_model(options.repo, core_name)
+    batching = _batching(options, existing, name)
+    candidates = formats_for(existing, options.format, FORMATS, name)
+    if existing is not None and options.format == "auto":
+        progress(f"{existing.describe()}: the new version is {existing.format} too")
     skipped: list[tuple[str, str]] = []
     origin = f"exported by `azulite export` from {ref.display} (step {ref.step})"
     with stage(options.repo, core_name, options.version) as staged:
@@ -130,11 +135,18 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
                              outputs=_renamed(plan.outputs, exported.output_names), batching=batching,
                              platform=platform, backend=backend)
         notes = [f"{origin} as {exported.format}", f"verified against PyTorch: {verification.summary()}"]
-        (staged.root / "config.pbtxt").write_text(pbtxt.render(config, notes))
+        text = pbtxt.render(config, notes)
+        if existing is None:
+            (staged.root / "config.pbtxt").write_text(text)
+        else:  # the model's config.pbtxt stays as it is (the user's settings too): the new version must fit it
+            check_fits(existing, config, name)
+        # the pipeline's models are checked too before this version lands: all of the export, or none of it
+        pipeline = _pipeline_configs(options.repo, name, core_name, plan, exported, batching, origin) \
+            if plan.preprocess else []
         version = staged.version
     written = [options.repo / core_name]
     if plan.preprocess:
-        written += _write_pipeline(options.repo, name, core_name, plan, exported, batching, origin)
+        written += _write_pipeline(options.repo, plan, pipeline)
         progress(f"raw records in: ensemble '{name}' = {name}_preprocess (python) -> {core_name} ({exported.format})")
     integrity = update_integrity(options.repo, written, options.sign_key)
     return ExportResult(checkpoint=ref.display, step=ref.step, name=name, version=version,
@@ -149,35 +161,90 @@ def _outputs(got: dict[str, Any], reference: Mapping[str, Any]) -> dict[str, Any
     return {k: got[k] for k in reference}
 
 
-def _write_pipeline(repo: Path, name: str, core_name: str, plan: ServingPlan, exported: Exported,
-                    batching: pbtxt.Batching, origin: str) -> list[Path]:
-    """``<name>_preprocess`` (Python backend: raw records -> the model's inputs) and the ensemble ``<name>``
-    chaining it into the exported model; each a new version, written atomically as the model was."""
+def _batching(options: ExportOptions, existing: ExistingModel | None, name: str) -> pbtxt.Batching:
+    """The batching the export writes: the options', else the existing model's config's (which the new
+    version shares), else 64 with dynamic batching. Options that contradict an existing config are refused."""
+    if existing is None:
+        size = 64 if options.max_batch_size is None else options.max_batch_size
+        dynamic = size > 0 if options.dynamic_batching is None else options.dynamic_batching
+        return pbtxt.Batching(max_batch_size=size, dynamic=dynamic, max_queue_delay_us=options.max_queue_delay_us or 0)
+    old = existing.config
+    have = {"--max-batch-size": old.max_batch_size,
+            "--dynamic-batching": old.HasField("dynamic_batching"),
+            "--max-queue-delay-us": old.dynamic_batching.max_queue_delay_microseconds}
+    asked = {"--max-batch-size": options.max_batch_size, "--dynamic-batching": options.dynamic_batching,
+             "--max-queue-delay-us": options.max_queue_delay_us}
+    clash = [f"{flag} {asked[flag]} (the model's config.pbtxt: {have[flag]})" for flag in have
+             if asked[flag] is not None and asked[flag] != have[flag]]
+    if clash:
+        raise ExportError(f"{existing.describe()}; its config.pbtxt, shared by every version, is kept as it is, "
+                          f"so these options cannot apply: {', '.join(clash)}",
+                          where=str(existing.config_path),
+                          fix=f"omit them (the model's settings are used), edit {existing.config_path} for all "
+                              f"versions, or export under another name (--name {name}_new)")
+    return pbtxt.Batching(max_batch_size=old.max_batch_size, dynamic=have["--dynamic-batching"],
+                          max_queue_delay_us=have["--max-queue-delay-us"])
+
+
+@dataclass(frozen=True)
+class _PipelineModel:
+    name: str
+    #: config.pbtxt to write; None: the model exists and its config (checked to fit) stays
+    text: str | None
+
+
+def _pipeline_configs(repo: Path, name: str, core_name: str, plan: ServingPlan, exported: Exported,
+                      batching: pbtxt.Batching, origin: str) -> list[_PipelineModel]:
+    """The configs of ``<name>_preprocess`` (Python backend: raw records -> the model's inputs) and of the
+    ensemble ``<name>`` chaining it into the exported model, each checked against the model already there."""
     assert plan.preprocess is not None
     pre_name = f"{name}_preprocess"
-    with stage(repo, pre_name, None) as staged:
+    pre = pbtxt.build(pre_name, inputs=list(plan.preprocess.inputs),
+                      outputs=_renamed(plan.inputs, exported.input_names), batching=batching, backend="python")
+    ens = _ensemble_config(name, pre_name, core_name, plan, exported, batching)
+    out = []
+    for config, kind, note in ((pre, "python", "the training preprocessing"), (ens, "ensemble", "raw records -> scores")):
+        existing = existing_model(repo, config.name)
+        formats_for(existing, kind, (kind,), name)
+        if existing is not None:
+            check_fits(existing, config, name)
+        out.append(_PipelineModel(config.name, None if existing else pbtxt.render(config, [f"{origin}: {note}"])))
+    return out
+
+
+def _write_pipeline(repo: Path, plan: ServingPlan, models: list[_PipelineModel]) -> list[Path]:
+    """Each of ``models`` a new version, written atomically as the exported model was."""
+    assert plan.preprocess is not None
+    pre, ens = models
+    with stage(repo, pre.name, None) as staged:
         (staged.version_dir / "model.py").write_text(plan.preprocess.model_py)
         for fname, data in plan.preprocess.files.items():
             (staged.version_dir / fname).write_bytes(data)
-        config = pbtxt.build(pre_name, inputs=list(plan.preprocess.inputs),
-                             outputs=_renamed(plan.inputs, exported.input_names), batching=batching, backend="python")
-        (staged.root / "config.pbtxt").write_text(pbtxt.render(config, [f"{origin}: the training preprocessing"]))
-    with stage(repo, name, None) as staged:
-        config = pbtxt.build(name, inputs=list(plan.preprocess.inputs),
-                             outputs=_renamed(plan.outputs, exported.output_names),
-                             batching=pbtxt.Batching(max_batch_size=batching.max_batch_size), platform="ensemble")
-        pre = config.ensemble_scheduling.step.add(model_name=pre_name, model_version=-1)
-        for t in plan.preprocess.inputs:
-            pre.input_map[t.name] = t.name
-        for n in exported.input_names:
-            pre.output_map[n] = f"_{n}"
-        core = config.ensemble_scheduling.step.add(model_name=core_name, model_version=-1)
-        for n in exported.input_names:
-            core.input_map[n] = f"_{n}"
-        for n in exported.output_names:
-            core.output_map[n] = n
-        (staged.root / "config.pbtxt").write_text(pbtxt.render(config, [f"{origin}: raw records -> scores"]))
-    return [repo / pre_name, repo / name]
+        if pre.text is not None:
+            (staged.root / "config.pbtxt").write_text(pre.text)
+    with stage(repo, ens.name, None) as staged:
+        if ens.text is not None:
+            (staged.root / "config.pbtxt").write_text(ens.text)
+    return [repo / pre.name, repo / ens.name]
+
+
+def _ensemble_config(name: str, pre_name: str, core_name: str, plan: ServingPlan, exported: Exported,
+                     batching: pbtxt.Batching) -> Any:
+    assert plan.preprocess is not None
+    config = pbtxt.build(name, inputs=list(plan.preprocess.inputs),
+                         outputs=_renamed(plan.outputs, exported.output_names),
+                         batching=pbtxt.Batching(max_batch_size=batching.max_batch_size), platform="ensemble")
+    pre = config.ensemble_scheduling.step.add(model_name=pre_name, model_version=-1)
+    for t in plan.preprocess.inputs:
+        pre.input_map[t.name] = t.name
+    for n in exported.input_names:
+        pre.output_map[n] = f"_{n}"
+    core = config.ensemble_scheduling.step.add(model_name=core_name, model_version=-1)
+    for n in exported.input_names:
+        core.input_map[n] = f"_{n}"
+    for n in exported.output_names:
+        core.output_map[n] = n
+    return config
 
 
 def _rebuild(ref: CheckpointRef, recipe: ModelRecipe) -> Any:

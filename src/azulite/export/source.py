@@ -85,11 +85,16 @@ def fetch_verified(ref: CheckpointRef, staging: Path) -> Path:
     files: dict[str, Any] = ref.manifest["files"]
     if ref.storage.remote:
         local = staging / ref.rel
-        for name in files:
+        for name in sorted(files):
             try:
                 ref.storage.download(f"{ref.rel}/{name}", local / name)
             except FileNotFoundError:
-                raise CheckpointError(f"file {name} is missing", where=ref.display) from None
+                raise CheckpointError(f"file {name} listed in the manifest is missing", where=ref.display,
+                                      fix="the checkpoint is damaged: export another step (--step)") from None
+            except Exception as e:  # noqa: BLE001 - any SDK/network failure is the same user problem
+                raise StorageError(f"cannot download {name}: {type(e).__name__}: {first_line(e)}",
+                                   where=ref.display, fix="check that the storage is reachable and its "
+                                                          "credentials are set, then export again") from None
     else:
         local = Path(ref.storage.path(ref.rel))
     for name, want in sorted(files.items()):
