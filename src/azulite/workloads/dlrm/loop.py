@@ -141,25 +141,52 @@ def evaluate(model: torch.nn.Module, reader: Any, *, limit_batches: int | None =
 
 
 class MetricsSink:
-    """Training metrics to the log, and to MLflow from rank 0 when ``MLFLOW_TRACKING_URI`` is set and
-    mlflow imports (the job's metrics store); a failing store is logged once, never fatal."""
+    """Training metrics to MLflow from rank 0 when ``MLFLOW_TRACKING_URI`` is set and mlflow imports (the
+    job's metrics store); a failing store is logged once, never fatal.
+
+    Kept off the training step, which every rank waits for: the run is started here, before training (the
+    first contact with a store — schema check, experiment, run — takes about a second, which rank 0 would
+    otherwise spend inside a step while the other ranks wait in its collectives), and values go through
+    MLflow's own asynchronous logging (a background queue), so a step never waits for a database commit.
+    :meth:`close` flushes them."""
 
     def __init__(self, is_main: bool, environ: Any = None) -> None:
         env = os.environ if environ is None else environ
         self._mlflow = None
-        if is_main and env.get("MLFLOW_TRACKING_URI"):
-            try:
-                import mlflow
-
-                self._mlflow = mlflow
-            except ImportError:
-                log.info("MLFLOW_TRACKING_URI is set but mlflow is not installed: metrics go to the log only")
+        if not (is_main and env.get("MLFLOW_TRACKING_URI")):
+            return
+        try:
+            import mlflow
+        except ImportError:
+            log.info("MLFLOW_TRACKING_URI is set but mlflow is not installed: metrics go to the log only")
+            return
+        try:
+            if mlflow.active_run() is None:
+                tags = {k: env[v] for k, v in (("azulite.job_id", "AZULITE_JOB_ID"),
+                                               ("azulite.attempt", "AZULITE_ATTEMPT")) if env.get(v)}
+                mlflow.start_run(tags=tags or None)
+            self._mlflow = mlflow
+        except Exception as e:  # noqa: BLE001 - the store is an observer, training goes on
+            log.warning("MLflow run could not start (%s); metrics stay in the log only", e)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if self._mlflow is None:
             return
         try:
-            self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step)
+            self._mlflow.log_metrics({k: float(v) for k, v in metrics.items()}, step=step, synchronous=False)
         except Exception as e:  # noqa: BLE001 - the store is an observer, training goes on
-            log.warning("MLflow log_metrics failed (%s); metrics stay in the log only", e)
-            self._mlflow = None
+            self._failed(e)
+
+    def close(self) -> None:
+        """Wait until every logged value is in the store, and end the run."""
+        if self._mlflow is None:
+            return
+        try:
+            self._mlflow.flush_async_logging()
+            self._mlflow.end_run()
+        except Exception as e:  # noqa: BLE001
+            self._failed(e)
+
+    def _failed(self, e: Exception) -> None:
+        log.warning("MLflow logging failed (%s); metrics stay in the log only", e)
+        self._mlflow = None
