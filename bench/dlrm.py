@@ -103,7 +103,9 @@ def bare_torchrun(data: Path, args: argparse.Namespace) -> dict:
          "--over_arch_layer_sizes", MODEL["over"], "--learning_rate", str(MODEL["lr"]),
          "--validation_permille", str(MODEL["permille"]), "--untimed_steps", str(args.untimed_steps),
          "--sharding_types", SHARDING],
-        capture_output=True, text=True, env=env, timeout=900)
+        # its own session, as the azulite job's processes have (the supervisor detaches): with the kernel's
+        # autogroup scheduling a busy machine shares CPU per session, and both sides must get the same share
+        capture_output=True, text=True, env=env, timeout=900, start_new_session=True)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     m = re.search(r"bare_samples_per_s=([\d.]+) steps=(\d+) cpu_ms_per_step=([\d.]+) sharding=(\S+)", p.stdout)
     return {"samples_per_s": float(m.group(1)), "steps": int(m.group(2)), "cpu_ms_per_step": float(m.group(3)),
