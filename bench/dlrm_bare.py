@@ -3,7 +3,9 @@
 Same DLRM, same planner constraints and DDP settings, same fused row-wise Adagrad + dense Adagrad, same
 batch size, on the same npy files — read the way TorchRec's own DLRM example reads its preprocessed Criteo
 (whole arrays in memory, one slice per batch, hashing by modulo), with no checkpoints, no metrics and
-no resumable reader. Prints ``bare_samples_per_s=<n>`` on rank 0 (first step to last, as train.py).
+no resumable reader. Prints ``bare_samples_per_s=<n>`` on rank 0, timed over the same window as
+examples/dlrm/train.py's ``samples_per_s``: from the end of step ``--untimed_steps`` to the end of the last
+step, on rank 0 (nothing before the window: process start, imports, planning, loading the arrays).
 
     torchrun --nproc-per-node 2 bench/dlrm_bare.py --dataset_path DIR --batch_size 256 ...
 """
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import json
 import os
 import time
 import warnings
@@ -45,6 +48,8 @@ def main() -> None:
     ap.add_argument("--batch_size", type=int, default=256)
     ap.add_argument("--learning_rate", type=float, default=0.02)
     ap.add_argument("--validation_permille", type=int, default=100)
+    ap.add_argument("--sharding_types", default="table_wise,column_wise,data_parallel")
+    ap.add_argument("--untimed_steps", type=int, default=10, help="steps before the clock starts (as train.py's)")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -58,7 +63,7 @@ def main() -> None:
                  dense_device=torch.device("meta"))
     apply_optimizer_in_backward(RowWiseAdagrad, model.sparse_arch.parameters(), {"lr": args.learning_rate})
     topology = Topology(world_size=world, local_world_size=world, compute_device="cpu", ddr_cap=4 * 1024**3)
-    constraints = {f"t_{n}": ParameterConstraints(sharding_types=["table_wise", "column_wise", "data_parallel"])
+    constraints = {f"t_{n}": ParameterConstraints(sharding_types=args.sharding_types.split(","))
                    for n in names}
     sharders = [EmbeddingBagCollectionSharder()]
     plan = EmbeddingShardingPlanner(topology=topology, batch_size=args.batch_size,
@@ -82,6 +87,8 @@ def main() -> None:
     lengths = torch.ones(26 * b, dtype=torch.int32)
     start = None
     for step in range(steps):
+        if step == args.untimed_steps:
+            start, cpu_start = time.perf_counter(), time.process_time()
         rows = slice(step * gb + rank * b, step * gb + (rank + 1) * b)
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=names, values=torch.from_numpy(np.ascontiguousarray(sparse[rows].T)).reshape(-1), lengths=lengths)
@@ -90,13 +97,15 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if start is None:
-            start = time.perf_counter()
+    end, cpu_end = time.perf_counter(), time.process_time()
+    if rank == 0 and start is not None:
+        kinds = [ps.sharding_type for params in model.plan.plan.values() for ps in params.values()]
+        counts = {k: kinds.count(k) for k in sorted(set(kinds))}
+        timed = steps - args.untimed_steps
+        print(f"bare_samples_per_s={timed * gb / (end - start):.1f} steps={steps} "
+              f"cpu_ms_per_step={(cpu_end - cpu_start) * 1000 / timed:.3f} "
+              f"sharding={json.dumps(counts, separators=(',', ':'))}", flush=True)
     dist.barrier()
-    if rank == 0:
-        # like train.py: the clock starts at the first step (here: after it, so the bare loop is not
-        # charged with the first step's one-time costs)
-        print(f"bare_samples_per_s={(steps - 1) * gb / (time.perf_counter() - start):.1f} steps={steps}", flush=True)
     dist.destroy_process_group()
 
 

@@ -62,6 +62,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--checkpoints", default=None, help="checkpoint URI: a directory or az://container/path")
     ap.add_argument("--checkpoint_every", type=int, default=50, help="steps between async checkpoints (0: none)")
     ap.add_argument("--log_every", type=int, default=20)
+    ap.add_argument("--stop_check_every", type=int, default=10,
+                    help="steps between the ranks' agreement on a preemption (an all-reduce; 1: every step)")
+    ap.add_argument("--untimed_steps", type=int, default=10,
+                    help="this run's first steps, left out of the final samples/s (one-time costs)")
     ap.add_argument("--out", default=None, help="rank 0 writes metrics.json here")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--step_sleep", type=float, default=0.0, help="seconds to sleep per step (demos, tests)")
@@ -119,11 +123,11 @@ def main(argv: list[str] | None = None) -> int:
                            local_world_size=int(os.environ.get("LOCAL_WORLD_SIZE") or ctx.world_size),
                            batch_size=args.batch_size, per_rank_bytes=per_rank_bytes, allowed=allowed)
     optimizer = loop.make_optimizer(model, args.learning_rate)
+    plan = sharding.sharding_summary(model)
+    plan_counts = {k: sum(v == k for v in plan.values()) for k in sorted(set(plan.values()))}
     if ctx.is_main:
-        plan = sharding.sharding_summary(model)
-        kinds = sorted(set(plan.values()))
         print(f"rank {ctx.rank}/{ctx.world_size}: DLRM with 26 tables ({sum(cfg.num_embeddings_per_feature):,} rows "
-              f"x {cfg.embedding_dim}); sharding: " + ", ".join(f"{sum(v == k for v in plan.values())} {k}" for k in kinds),
+              f"x {cfg.embedding_dim}); sharding: " + ", ".join(f"{n} {k}" for k, n in plan_counts.items()),
               flush=True)
 
     reader_kw = dict(rank=ctx.rank, world_size=ctx.world_size, batch_size=args.batch_size,
@@ -143,13 +147,22 @@ def main(argv: list[str] | None = None) -> int:
         resumed = ckpt.load_latest()
         if ctx.is_main:
             print(f"resumed from step {resumed}" if resumed is not None else "no checkpoint: starting fresh", flush=True)
-    preemption = train.Preemption(ctx).install()
+    # the agreement is a collective every rank waits in: every step it would cost a few % of a step this
+    # small; a stop is then acted on up to --stop_check_every steps later, well within the grace period
+    preemption = train.Preemption(ctx, check_every=args.stop_check_every).install()
     sink = loop.MetricsSink(ctx.is_main)
+
+    # imported before training, not at the first progress line: importing torchmetrics takes rank 0 a second
+    # or more, which every other rank would spend waiting in that step's collectives
+    from torchmetrics.functional.classification import binary_auroc
 
     global_batch = args.batch_size * ctx.world_size
     window_loss, window_preds, window_labels = [], [], []
     t_window, steps_window = time.perf_counter(), 0
-    train_start, train_samples = None, 0  # the clock starts after this run's first step (one-time costs)
+    # samples/s: rank 0's clock from the end of this run's step --untimed_steps to the end of its last step
+    # (and the CPU seconds this process spent in that window, all threads: a figure a busy machine blurs less)
+    train_start, train_samples, run_steps = (time.perf_counter() if args.untimed_steps <= 0 else None), 0, 0
+    cpu_start = time.process_time()
     model.train()
     while reader.epoch < args.epochs:
         if args.limit_train_batches and reader.chunks >= args.limit_train_batches:
@@ -166,9 +179,8 @@ def main(argv: list[str] | None = None) -> int:
         optimizer.step()
         progress.step += 1
         progress.samples += global_batch
-        if train_start is None:
-            train_start = time.perf_counter()
-        else:
+        run_steps += 1
+        if train_start is not None:
             train_samples += global_batch
         steps_window += 1
         if ctx.is_main:
@@ -176,8 +188,6 @@ def main(argv: list[str] | None = None) -> int:
             window_preds.append(torch.sigmoid(logits.detach()))
             window_labels.append(labels)
         if args.log_every and progress.step % args.log_every == 0 and ctx.is_main:
-            from torchmetrics.functional.classification import binary_auroc
-
             dt = time.perf_counter() - t_window
             metrics = {"train_loss": sum(window_loss) / len(window_loss),
                        "train_auc": float(binary_auroc(torch.cat(window_preds), torch.cat(window_labels).long())),
@@ -194,15 +204,21 @@ def main(argv: list[str] | None = None) -> int:
         if preemption.should_stop():
             if ckpt is not None:
                 ckpt.save(progress.step, sync=True, raise_on_error=True)
+            sink.close()
             preemption.exit()
         if ckpt is not None:
             ckpt.maybe_save(progress.step)
+        if run_steps == args.untimed_steps:
+            train_start, cpu_start = time.perf_counter(), time.process_time()
     train_s = time.perf_counter() - train_start if train_start is not None else 0.0
+    timed_steps = train_samples // global_batch
+    cpu_ms_per_step = (time.process_time() - cpu_start) * 1000 / timed_steps if timed_steps else None
 
     if ckpt is not None:
         ckpt.save(progress.step, sync=True, raise_on_error=True)  # the final state is always committed
     result: dict = {"steps": progress.step, "samples": progress.samples,
-                    "samples_per_s": train_samples / train_s if train_s > 0 and train_samples else None}
+                    "samples_per_s": train_samples / train_s if train_s > 0 and train_samples else None,
+                    "cpu_ms_per_step": cpu_ms_per_step, "sharding": plan_counts}
     if permille:
         val = criteo_reader.open_reader(args.dataset_path, split="val", shuffle_files=False, **reader_kw)
         result.update({f"val_{k}": v for k, v in
@@ -216,6 +232,7 @@ def main(argv: list[str] | None = None) -> int:
                   f"{result['val_rows']} rows)" + (f"; best achievable AUC on these rows {best:.4f}" if best else ""),
                   flush=True)
             sink.log({k: v for k, v in result.items() if k in ("val_auc", "val_log_loss")}, progress.step)
+    sink.close()
     if ctx.is_main:
         if result["samples_per_s"]:
             print(f"trained {progress.step} steps at {result['samples_per_s']:.0f} samples/s", flush=True)

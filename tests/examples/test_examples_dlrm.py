@@ -60,6 +60,11 @@ def test_sharded_dlrm_learns_the_planted_signal_and_its_checkpoint_loads_unshard
     assert res["val_rows"] == 1600 and res["steps"] == 200
     assert res["val_auc"] >= res["best_auc"] - 0.03, res
     assert "sharding:" in tsv_run["rank_logs"][0]
+    # rank 0's metrics reached the job's MLflow store (logged asynchronously: flushed before the job ended)
+    metrics = tsv_run["metrics"]
+    assert {"train_loss", "train_auc", "samples_per_s", "val_auc", "val_log_loss"} <= set(metrics), metrics
+    assert metrics["val_auc"]["value"] == pytest.approx(res["val_auc"]) and metrics["val_auc"]["step"] == 200
+    assert metrics["train_loss"]["step"] == 200
     last = [c for c in tsv_run["checkpoints"] if c["committed"]][-1]
     assert last["step"] == 200
     # the 2-rank sharded checkpoint, rebuilt from its manifest alone in this process (no process group)

@@ -147,6 +147,12 @@ class MetricsSink:
     def __init__(self, is_main: bool, environ: Any = None) -> None:
         self._environ = environ
         self._on = is_main
+        if is_main:
+            # the writer and its MLflow run start now, before training: the first contact with a store
+            # takes about a second, which rank 0 would otherwise spend inside a step the others wait on
+            from azulite.train.metrics import warm_up
+
+            warm_up(environ)
 
     def log(self, metrics: dict[str, float], step: int) -> None:
         if not self._on:
@@ -159,3 +165,10 @@ class MetricsSink:
         except MetricsError as e:  # the store is an observer, training goes on
             log.warning("metrics not logged (%s); they stay in the log only", e)
             self._on = False
+
+    def close(self) -> None:
+        """Wait (bounded) until every logged value is in the store."""
+        if self._on:
+            from azulite.train.metrics import flush
+
+            flush()
