@@ -40,7 +40,8 @@ REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples/ddp/train.py"
 AZULITE = str(Path(sys.executable).parent / "azulite")
 STEP = re.compile(rb"^step (\d+) loss \S+ step_s \S+ t (\S+)$", re.M)
-RESUMED = re.compile(rb"^resumed from step (\d+)$", re.M)
+# rank 0's first words after a (re)start; "starting fresh" when no checkpoint had committed before the kill
+RESUMED = re.compile(rb"^(resumed from step \d+|no checkpoint: starting fresh)$", re.M)
 ENV = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
 KILLED_RANK = 3  # second node, second process: not the rendezvous host's, not rank 0 (which prints the stamps)
 
@@ -140,21 +141,25 @@ def start_azulite(steps: int, env: dict) -> dict:
 
 # ---- kill: kill -9 of a rank -> first step after recovery ----------------------------------------------
 def kill_and_time(rank0_log: Callable[[], Path | None], victim: Callable[[], int | None]) -> float:
-    """Once rank 0 is 20 steps in, SIGKILL the victim; seconds until rank 0's first step after its resume."""
-    log = wait_until(lambda: (p := rank0_log()) and p.exists() and len(stamps(p.read_bytes())) >= 20 and p,
-                     300, "20 steps before the kill")
+    """Once rank 0 is 30 steps in (checkpoints every 10), SIGKILL the victim; seconds until rank 0's first
+    step after its restart."""
+    log = wait_until(lambda: (p := rank0_log()) and p.exists() and len(stamps(p.read_bytes())) >= 30 and p,
+                     300, "30 steps before the kill")
     pid = wait_until(victim, 60, f"rank {KILLED_RANK}'s pid")
     offset = log.stat().st_size
     t_kill = time.time()
     os.kill(pid, signal.SIGKILL)
 
-    def after() -> float | None:
+    def after() -> tuple[float, bool] | None:
         text = log.read_bytes()[offset:]
-        resumed = RESUMED.search(text)
-        st = stamps(text[resumed.end():]) if resumed else []
-        return st[0][1] - t_kill if st else None
+        restart = RESUMED.search(text)
+        st = stamps(text[restart.end():]) if restart else []
+        return (st[0][1] - t_kill, restart.group(1).startswith(b"resumed")) if st else None
 
-    return float(wait_until(after, 300, "the first step after recovery"))
+    seconds, resumed = wait_until(after, 300, "the first step after recovery")
+    if not resumed:  # the restart found no committed checkpoint: this one measured no restore
+        print("warning: no checkpoint had committed before the kill; the restart started fresh", file=sys.stderr)
+    return seconds
 
 
 def rank_pid_under(roots: list[int], rank: int) -> int | None:
