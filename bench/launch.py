@@ -1,11 +1,20 @@
-"""Launch overhead: azulite's local backend vs torchrun started by hand, same script (examples/ddp/train.py,
-2 nodes x 2 processes, gloo on CPU), same rendezvous settings.
+"""Launch overhead: azulite's local backend against torchrun started by hand (its anchor), in the same run,
+same script (examples/ddp/train.py, 2 nodes x 2 processes, gloo on CPU), same rendezvous settings.
 
-Measures, per run: seconds from the submit command (``azulite job submit``, a fresh CLI process) or the
-first ``torchrun`` Popen to the first training step (rank 0's wall-clock stamp), and the mean seconds per
-step over the steps (from the same stamps). Prints one JSON object as the last line.
+Three measures, as issue 16 names them:
 
-    .venv/bin/python bench/launch.py [--steps 300] [--repeat 3]
+- **start**: seconds from the submit command (``azulite job submit``, a fresh CLI process) or the first
+  ``torchrun`` Popen to the first training step (rank 0's wall-clock stamp), and mean ms per step.
+- **kill**: seconds from a ``kill -9`` of one training process (rank 3, on the second node) to the first
+  training step after recovery (the group restarted by the elastic agent, ``--max-restarts``, every rank
+  resumed from the last committed checkpoint) — checkpoints on local disk, and on Blob storage (Azurite)
+  when Azurite is installed (``scripts/install.sh --dev``).
+- **sweep**: wall seconds per trial of a grid sweep (``type: sweep``, one trial at a time) against running
+  each trial's command alone with torchrun, so the difference is what the sweep machinery costs a trial.
+
+Prints one JSON object as the last line.
+
+    .venv/bin/python bench/launch.py [--steps 100] [--repeat 3] [--kills 2] [--trials 3] [--only start,kill,sweep]
 """
 
 from __future__ import annotations
@@ -14,16 +23,27 @@ import argparse
 import json
 import os
 import re
+import signal
 import socket
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Callable, Iterator
+
+import psutil
 
 REPO = Path(__file__).resolve().parents[1]
+TRAIN = REPO / "examples/ddp/train.py"
+AZULITE = str(Path(sys.executable).parent / "azulite")
 STEP = re.compile(rb"^step (\d+) loss \S+ step_s \S+ t (\S+)$", re.M)
+# rank 0's first words after a (re)start; "starting fresh" when no checkpoint had committed before the kill
+RESUMED = re.compile(rb"^(resumed from step \d+|no checkpoint: starting fresh)$", re.M)
+ENV = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+KILLED_RANK = 3  # second node, second process: not the rendezvous host's, not rank 0 (which prints the stamps)
 
 
 def stamps(text: bytes) -> list[tuple[int, float]]:
@@ -35,67 +55,267 @@ def figures(t0: float, st: list[tuple[int, float]], steps: int) -> dict:
     return {"first_step_s": st[0][1] - t0, "per_step_ms": 1000 * (st[-1][1] - st[0][1]) / (steps - 1)}
 
 
-def run_torchrun(steps: int, workdir: Path) -> dict:
+def wait_until(pred: Callable[[], object], timeout: float, what: str) -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if v := pred():
+            return v
+        time.sleep(0.02)
+    raise RuntimeError(f"timed out after {timeout}s waiting for {what}")
+
+
+def az(*args: str, env: dict) -> dict:
+    out = subprocess.run([AZULITE, *args, "--json"], env=env, cwd=REPO, capture_output=True)
+    if out.returncode:
+        raise RuntimeError(f"azulite {' '.join(args)} exited {out.returncode}: {out.stderr.decode()[-2000:]}")
+    return json.loads(out.stdout)
+
+
+def az_wait(job_id: str, env: dict) -> dict:
+    while (rec := az("job", "show", job_id, env=env))["state"] not in ("succeeded", "failed", "canceled"):
+        time.sleep(0.25)
+    return rec
+
+
+def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
-    logs = [workdir / f"node-{n}.log" for n in range(2)]
-    t0 = time.time()
+        return s.getsockname()[1]
+
+
+def torchrun(nodes: int, per_node: int, args: list[str], workdir: Path, env: dict, *,
+             max_restarts: int = 0) -> tuple[list[subprocess.Popen], list[Path]]:
+    port = free_port()
+    logs = [workdir / f"node-{n}-{port}.log" for n in range(nodes)]
     procs = [
         subprocess.Popen(
-            [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=2", "--rdzv-backend=c10d",
-             f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=bench-{port}", "--local-addr=127.0.0.1",
-             str(REPO / "examples/ddp/train.py"), "--steps", str(steps)],
-            env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=workdir,
+            [sys.executable, "-m", "torch.distributed.run", f"--nnodes={nodes}", f"--nproc-per-node={per_node}",
+             "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", f"--rdzv-id=bench-{port}",
+             f"--rdzv-conf=is_host={int(n == 0)}", f"--max-restarts={max_restarts}", "--local-addr=127.0.0.1",
+             str(TRAIN), *args],
+            env=env, stdout=open(log, "wb"), stderr=subprocess.STDOUT, cwd=workdir, start_new_session=True,
         )
-        for log in logs
+        for n, log in enumerate(logs)
     ]
+    return procs, logs
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Kill the agents and their workers: torchrun starts each worker in a session of its own, so the
+    agent's process group does not reach them; take the trees first (psutil), then kill."""
+    tree = []
+    for p in procs:
+        try:
+            root = psutil.Process(p.pid)
+            tree += [root, *root.children(recursive=True)]
+        except psutil.Error:
+            continue
+    for q in tree:
+        try:
+            q.kill()
+        except psutil.Error:
+            pass
+    psutil.wait_procs(tree, timeout=30)
+    for p in procs:
+        p.wait()
+
+
+# ---- start: submit -> first step, time per step --------------------------------------------------------
+def start_torchrun(steps: int, workdir: Path) -> dict:
+    t0 = time.time()
+    procs, logs = torchrun(2, 2, ["--steps", str(steps)], workdir, ENV)
     for p in procs:
         assert p.wait(timeout=600) == 0, "torchrun failed"
-    return figures(t0, stamps(b"".join(l.read_bytes() for l in logs)), steps)
+    return figures(t0, stamps(b"".join(log.read_bytes() for log in logs)), steps)
 
 
-def run_azulite(steps: int, home: Path) -> dict:
-    env = {**os.environ, "AZULITE_HOME": str(home)}
-    azulite = str(Path(sys.executable).parent / "azulite")
+def start_azulite(steps: int, env: dict) -> dict:
     t0 = time.time()
-    out = subprocess.run([azulite, "job", "submit", "examples/ddp/job.yaml", "--set", f"inputs.steps={steps}",
-                          "--set", "inputs.checkpoint_every=0", "--json"],
-                         env=env, cwd=REPO, capture_output=True, check=True)
-    job = json.loads(out.stdout)
-    while True:
-        rec = json.loads(subprocess.run([azulite, "job", "show", job["id"], "--json"], env=env, capture_output=True,
-                                        check=True).stdout)
-        if rec["state"] in ("succeeded", "failed", "canceled"):
-            break
-        time.sleep(0.5)
+    job = az("job", "submit", "examples/ddp/job.yaml", "--set", f"inputs.steps={steps}",
+             "--set", "inputs.checkpoint_every=0", env=env)
+    rec = az_wait(job["id"], env)
     assert rec["state"] == "succeeded", rec["reason"]
     log = Path(rec["job_dir"]) / "attempt-1" / "logs" / "rank-0.log"
     return figures(t0, stamps(log.read_bytes()), steps)
 
 
+# ---- kill: kill -9 of a rank -> first step after recovery ----------------------------------------------
+def kill_and_time(rank0_log: Callable[[], Path | None], victim: Callable[[], int | None]) -> float:
+    """Once rank 0 is 30 steps in (checkpoints every 10), SIGKILL the victim; seconds until rank 0's first
+    step after its restart."""
+    log = wait_until(lambda: (p := rank0_log()) and p.exists() and len(stamps(p.read_bytes())) >= 30 and p,
+                     300, "30 steps before the kill")
+    pid = wait_until(victim, 60, f"rank {KILLED_RANK}'s pid")
+    offset = log.stat().st_size
+    t_kill = time.time()
+    os.kill(pid, signal.SIGKILL)
+
+    def after() -> tuple[float, bool] | None:
+        text = log.read_bytes()[offset:]
+        restart = RESUMED.search(text)
+        st = stamps(text[restart.end():]) if restart else []
+        return (st[0][1] - t_kill, restart.group(1).startswith(b"resumed")) if st else None
+
+    seconds, resumed = wait_until(after, 300, "the first step after recovery")
+    if not resumed:  # the restart found no committed checkpoint: this one measured no restore
+        print("warning: no checkpoint had committed before the kill; the restart started fresh", file=sys.stderr)
+    return seconds
+
+
+def rank_pid_under(roots: list[int], rank: int) -> int | None:
+    """The training process of ``rank`` among the descendants of ``roots`` (its RANK in its environment)."""
+    for root in roots:
+        try:
+            for p in psutil.Process(root).children(recursive=True):
+                try:
+                    env = p.environ()
+                    if env.get("RANK") == str(rank) and "train.py" in " ".join(p.cmdline()):
+                        return p.pid
+                except psutil.Error:
+                    continue
+        except psutil.Error:
+            continue
+    return None
+
+
+def kill_torchrun(workdir: Path, ckpt: str, env: dict) -> float:
+    args = ["--steps", "100000", "--checkpoints", ckpt, "--checkpoint-every", "10", "--step-sleep", "0.02"]
+    procs, logs = torchrun(2, 2, args, workdir, env, max_restarts=2)
+    try:
+        return kill_and_time(lambda: logs[0], lambda: rank_pid_under([p.pid for p in procs], KILLED_RANK))
+    finally:
+        stop(procs)
+
+
+def kill_azulite(ckpt: str | None, env: dict) -> float:
+    sets = ["--set", "inputs.steps=100000", "--set", "inputs.step_sleep=0.02", "--set", "inputs.checkpoint_every=10"]
+    if ckpt:
+        sets += ["--set", f"outputs.checkpoints.path={ckpt}"]
+    job = az("job", "submit", "examples/ddp/job.yaml", *sets, env=env)
+    log = Path(job["job_dir"]) / "attempt-1" / "logs" / "rank-0.log"
+
+    def victim() -> int | None:
+        procs = az("job", "show", job["id"], env=env)["processes"]
+        pid = next((p["pid"] for p in procs if p["kind"] == "rank" and p["rank"] == KILLED_RANK), None)
+        return pid if pid and psutil.pid_exists(pid) else None
+
+    try:
+        return kill_and_time(lambda: log, victim)
+    finally:
+        az("job", "cancel", job["id"], env=env)
+
+
+@contextmanager
+def azurite(tmp: Path) -> Iterator[str | None]:
+    """A connection string to a fresh Azurite, or None when it is not installed."""
+    sys.path.insert(0, str(REPO))
+    from tests.train.azurite import Azurite, azurite_binary  # the tests' own launcher (free port, temp dir)
+
+    if azurite_binary() is None:
+        yield None
+        return
+    server = Azurite(tmp / "azurite").start()
+    try:
+        yield server.connection_string
+    finally:
+        server.stop()
+
+
+# ---- sweep: per trial, against the trial's command alone -----------------------------------------------
+def sweep_yaml(lrs: list[float], steps: int) -> str:
+    return f"""
+type: sweep
+name: bench-sweep
+trial:
+  code: {REPO / "examples" / "ddp"}
+  command: >-
+    python train.py --steps {steps} --lr ${{{{search_space.lr}}}} --checkpoint-every 0
+  resources: {{instance_count: 1}}
+  distribution: {{type: pytorch, process_count_per_instance: 2}}
+sampling_algorithm: grid
+search_space:
+  lr: {{type: choice, values: {json.dumps(lrs)}}}
+objective: {{goal: minimize, primary_metric: loss}}
+limits: {{max_total_trials: {len(lrs)}, max_concurrent_trials: 1}}
+"""
+
+
+def sweep_azulite(lrs: list[float], steps: int, workdir: Path, env: dict) -> float:
+    spec = workdir / "sweep.yaml"
+    spec.write_text(sweep_yaml(lrs, steps))
+    t0 = time.time()
+    rec = az_wait(az("job", "submit", str(spec), env=env)["id"], env)
+    assert rec["state"] == "succeeded", rec["reason"]
+    return time.time() - t0
+
+
+def sweep_torchrun(lrs: list[float], steps: int, workdir: Path) -> float:
+    t0 = time.time()
+    for lr in lrs:
+        procs, _ = torchrun(1, 2, ["--steps", str(steps), "--lr", str(lr), "--checkpoint-every", "0"], workdir, ENV)
+        assert procs[0].wait(timeout=600) == 0, "torchrun failed"
+    return time.time() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=300)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--steps", type=int, default=100, help="steps per start run")
+    ap.add_argument("--repeat", type=int, default=3, help="start runs per launcher")
+    ap.add_argument("--kills", type=int, default=2, help="kill -9 runs per launcher and storage")
+    ap.add_argument("--trials", type=int, default=3, help="sweep trials")
+    ap.add_argument("--only", default="start,kill,sweep")
     args = ap.parse_args()
-    res: dict[str, list[dict]] = {"azulite": [], "torchrun": []}
-    with tempfile.TemporaryDirectory() as tmp:
-        for i in range(args.repeat):  # alternate, so background load hits both alike
-            res["torchrun"].append(run_torchrun(args.steps, Path(tmp)))
-            res["azulite"].append(run_azulite(args.steps, Path(tmp) / "home"))
-            print(f"run {i}: torchrun {res['torchrun'][-1]}  azulite {res['azulite'][-1]}", file=sys.stderr)
-    med = {k: {f: statistics.median(r[f] for r in v) for f in ("first_step_s", "per_step_ms")} for k, v in res.items()}
-    print(json.dumps({
-        "bench": "launch", "steps": args.steps, "repeat": args.repeat, "ranks": 4, "cpus": os.cpu_count(),
-        "azulite_first_step_s": round(med["azulite"]["first_step_s"], 3),
-        "torchrun_first_step_s": round(med["torchrun"]["first_step_s"], 3),
-        "first_step_overhead_s": round(med["azulite"]["first_step_s"] - med["torchrun"]["first_step_s"], 3),
-        "azulite_per_step_ms": round(med["azulite"]["per_step_ms"], 3),
-        "torchrun_per_step_ms": round(med["torchrun"]["per_step_ms"], 3),
-        "per_step_ratio": round(med["azulite"]["per_step_ms"] / med["torchrun"]["per_step_ms"], 3),
-    }))
+    parts = set(args.only.split(","))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # a timeout's SIGTERM still runs the clean-ups
+    out: dict = {"bench": "launch", "ranks": 4, "cpus": os.cpu_count(), "load_1m": round(os.getloadavg()[0], 2)}
+    med = statistics.median
+    with tempfile.TemporaryDirectory() as tmp_:
+        tmp = Path(tmp_)
+        env = {**os.environ, "AZULITE_HOME": str(tmp / "home")}
+        if "start" in parts:
+            res: dict[str, list[dict]] = {"azulite": [], "torchrun": []}
+            for i in range(args.repeat):  # alternate, so background load hits both alike
+                res["torchrun"].append(start_torchrun(args.steps, tmp))
+                res["azulite"].append(start_azulite(args.steps, env))
+                print(f"start {i}: torchrun {res['torchrun'][-1]}  azulite {res['azulite'][-1]}", file=sys.stderr)
+            m = {k: {f: med(r[f] for r in v) for f in ("first_step_s", "per_step_ms")} for k, v in res.items()}
+            out.update({
+                "steps": args.steps, "repeat": args.repeat,
+                "azulite_first_step_s": round(m["azulite"]["first_step_s"], 3),
+                "torchrun_first_step_s": round(m["torchrun"]["first_step_s"], 3),
+                "first_step_overhead_s": round(m["azulite"]["first_step_s"] - m["torchrun"]["first_step_s"], 3),
+                "azulite_per_step_ms": round(m["azulite"]["per_step_ms"], 3),
+                "torchrun_per_step_ms": round(m["torchrun"]["per_step_ms"], 3),
+                "per_step_ratio": round(m["azulite"]["per_step_ms"] / m["torchrun"]["per_step_ms"], 3),
+            })
+        if "kill" in parts:
+            with azurite(tmp) as conn:
+                stores = {"local": None, **({"blob": conn} if conn else {})}
+                out["kills"] = args.kills
+                if not conn:
+                    out["blob_skipped"] = "azurite-blob not installed (scripts/install.sh --dev)"
+                for where, conn_str in stores.items():
+                    kenv = {**env, **({"AZURE_STORAGE_CONNECTION_STRING": conn_str} if conn_str else {})}
+                    k: dict[str, list[float]] = {"azulite": [], "torchrun": []}
+                    for i in range(args.kills):
+                        ckpt = f"az://bench/k{i}" if conn_str else str(tmp / f"ckpt-{where}-{i}")
+                        k["torchrun"].append(kill_torchrun(tmp, ckpt, {**ENV, **kenv}))
+                        ckpt = f"az://bench/a{i}" if conn_str else None  # azulite: the job's own output folder
+                        k["azulite"].append(kill_azulite(ckpt, kenv))
+                        print(f"kill {where} {i}: torchrun {k['torchrun'][-1]:.2f}s  azulite {k['azulite'][-1]:.2f}s",
+                              file=sys.stderr)
+                    a, t = med(k["azulite"]), med(k["torchrun"])
+                    out.update({f"azulite_kill_to_step_{where}_s": round(a, 3), f"torchrun_kill_to_step_{where}_s": round(t, 3),
+                                f"kill_to_step_{where}_ratio": round(a / t, 3)})
+        if "sweep" in parts:
+            lrs = [0.01 * (i + 1) for i in range(args.trials)]
+            t = sweep_torchrun(lrs, 20, tmp)
+            a = sweep_azulite(lrs, 20, tmp, env)
+            out.update({"trials": args.trials, "sweep_per_trial_s": round(a / args.trials, 3),
+                        "torchrun_per_trial_s": round(t / args.trials, 3),
+                        "sweep_overhead_per_trial_s": round((a - t) / args.trials, 3)})
+    out["load_1m_end"] = round(os.getloadavg()[0], 2)  # figures taken under load are not claims
+    print(json.dumps(out))
 
 
 if __name__ == "__main__":

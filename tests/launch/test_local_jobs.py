@@ -85,6 +85,53 @@ def test_preempt_requeues_and_the_next_attempt_succeeds(home, tmp_path):
     assert "resumed in attempt 2" in Path(rec.job_dir, "attempt-2", "logs", "rank-0.log").read_text()
 
 
+# A rank deaf to the preemption notice: it ignores SIGTERM and never commits (attempt 2 finishes at once).
+DEAF_TO_SIGTERM = """
+import os, signal, sys, time
+if os.environ["AZULITE_ATTEMPT"] != "1":
+    sys.exit(0)
+signal.signal(signal.SIGTERM, signal.SIG_IGN)
+open(f"started-{os.environ['RANK']}", "w").close()
+time.sleep(300)
+"""
+
+
+def test_a_preempted_attempt_whose_ranks_were_killed_at_the_grace_is_requeued_not_succeeded(home, tmp_path):
+    # torchrun gives its workers TORCH_ELASTIC_SHUTDOWN_TIMEOUT to end after the SIGTERM, then kills them: the
+    # rank runners die before recording an exit code. No rank finished, so this attempt did not. (torchrun
+    # itself exits 1 here; a launcher that exits 0 on SIGTERM is the case test_finished_... pins down.)
+    spec = write_job(tmp_path / "deaf", DEAF_TO_SIGTERM, spec_2x1(
+        extra="environment_variables:\n      TORCH_ELASTIC_SHUTDOWN_TIMEOUT: '1'", nodes=1, per_node=2))
+    b = backend()
+    rec = b.submit(load_job(spec))
+    node = Path(rec.job_dir) / "nodes" / "node-0"
+    wait_for(lambda: (node / "started-0").exists() and (node / "started-1").exists(), 120, "ranks to start")
+    b.preempt(rec.id)
+    rec = wait_done(rec.id)
+    first = {p.rank: p.exit_code for p in rec.processes if p.kind == "rank" and p.attempt == 1}
+    assert first == {0: None, 1: None}, first  # killed, never finished
+    assert rec.state == JobState.SUCCEEDED, rec.reason
+    assert [(a.attempt, a.state) for a in rec.attempts] == [(1, "requeued"), (2, "succeeded")], rec.attempts
+
+
+def test_finished_needs_every_rank_done_and_a_preempted_rank_without_an_exit_code_is_not(tmp_path):
+    from azulite.launch.local.strategy import RankResult
+    from azulite.launch.local.supervisor import AttemptOutcome, finished
+
+    def attempt(agents, ranks, preempt_asked=False):
+        return AttemptOutcome(exits=dict(agents), preempt_asked=preempt_asked,
+                              results=[RankResult(rank=r, node=0, local_rank=r, exit_code=c) for r, c in enumerate(ranks)])
+
+    assert finished(attempt({"node-0": 0}, [0, 0]))
+    assert finished(attempt({"node-0": 0}, [0, 0], preempt_asked=True))  # the preemption came too late to matter
+    assert finished(attempt({"node-0": 0}, [0, None]))  # a rank that never started (a smaller elastic world)
+    # the launcher's own exit 0 on SIGTERM, its ranks killed at the grace before recording an exit code
+    assert not finished(attempt({"node-0": 0}, [None, None], preempt_asked=True))
+    assert not finished(attempt({"node-0": 0}, [0, None], preempt_asked=True))
+    assert not finished(attempt({"node-0": 1}, [0, 0]))
+    assert not finished(attempt({"node-0": 0}, [0, 75]))
+
+
 def test_a_rank_exiting_75_by_itself_requeues(home, tmp_path):
     script = "import os, sys\nsys.exit(75 if os.environ['AZULITE_ATTEMPT'] == '1' else 0)\n"
     spec = write_job(tmp_path / "p75", script, spec_2x1(nodes=1, per_node=2))
@@ -252,7 +299,8 @@ dist.destroy_process_group()
 """
 
 
-def test_an_elastic_job_that_loses_a_node_goes_on_with_the_nodes_left(home, tmp_path):
+def test_an_elastic_job_that_loses_a_node_goes_on_with_the_nodes_left(home, tmp_path, monkeypatch):
+    monkeypatch.setenv("AZULITE_NODE_RETURN_S", "-1")  # the node stays lost (test_local_elastic: it returns)
     spec = write_job(tmp_path / "shrink", SHRINKS, spec_2x1(extra="max_restarts: 2\n    elastic: {min_nodes: 1}"))
     b = backend()
     rec = b.submit(load_job(spec))
@@ -282,7 +330,16 @@ def test_elastic_ranges_are_validated_and_reach_torchrun(tmp_path):
     assert job.node_range == (1, 2)
     (tmp_path / "jd" / "code").mkdir(parents=True)
     ctx = build_context("r-1", 1, job, tmp_path / "jd", {"PATH": "/usr/bin"}, python="/venv/bin/python")
-    assert all("--nnodes=1:2" in p.argv for p in get_strategy("pytorch").processes(ctx))
+    procs = get_strategy("pytorch").processes(ctx)
+    assert all("--nnodes=1:2" in p.argv for p in procs)
+    # elastic rounds drop a lost node after 6 s of missed heartbeats and close 3 s after min_nodes joined
+    conf = [next(a for a in p.argv if a.startswith("--rdzv-conf=")) for p in procs]
+    assert conf == [f"--rdzv-conf=is_host={h},last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3"
+                    for h in (1, 0)], conf
+    fixed = build_context("f-1", 1, load_job(write_job(tmp_path / "f", "print(1)\n", spec_2x1())), tmp_path / "jd",
+                          {"PATH": "/usr/bin"}, python="/venv/bin/python")
+    assert [a for p in get_strategy("pytorch").processes(fixed) for a in p.argv if a.startswith("--rdzv-conf=")] == \
+        ["--rdzv-conf=is_host=1", "--rdzv-conf=is_host=0"]
     bad = write_job(tmp_path / "b", "print(1)\n", spec_2x1(extra="elastic: {min_nodes: 3}"))
     with pytest.raises(SpecError, match="min_nodes"):
         load_job(bad)

@@ -23,6 +23,7 @@ from azulite.cli import doctor as _doctor
 from azulite.cli import observe as _observe
 from azulite.cli import rules as _rules
 from azulite.cli import dashboard as _dashboard
+from azulite.cli import agent as _agent
 
 app = typer.Typer(
     name="azulite",
@@ -51,6 +52,7 @@ _doctor.register(app)
 _observe.register(app)
 app.add_typer(_rules.app, name="rules")
 _dashboard.register(app)
+_agent.register(app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -24,6 +24,9 @@ class Settings:
     peer_grace_s: float = 5.0
     #: a job preempted more often than this fails instead of requeuing (AZULITE_MAX_PREEMPTIONS)
     max_preemptions: int = 20
+    #: an elastic job's lost node comes back (a replacement agent joins) this long after it was lost, as a
+    #: cloud brings up a replacement VM (AZULITE_NODE_RETURN_S; negative: only on request)
+    node_return_s: float = 60.0
 
     @property
     def db_path(self) -> Path:
@@ -52,4 +55,5 @@ class Settings:
             preempt_grace_s=number("AZULITE_PREEMPT_GRACE_S", "60"),
             peer_grace_s=number("AZULITE_PEER_GRACE_S", "5"),
             max_preemptions=int(number("AZULITE_MAX_PREEMPTIONS", "20")),
+            node_return_s=number("AZULITE_NODE_RETURN_S", "60"),
         )

@@ -24,7 +24,7 @@ from azulite.launch.data import check_inputs
 from azulite.launch.local.procs import pid_alive, terminate_tree
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import get_strategy
-from azulite.launch.local.supervisor import build_context, job_processes, retries_used
+from azulite.launch.local.supervisor import REPLACE_REQUEST, build_context, job_processes, retries_used
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
 from azulite.spec.sweep import SweepSpec
@@ -180,6 +180,22 @@ class LocalBackend(Backend):
             raise LaunchError(f"job {job_id} is {state}, not running: nothing to preempt",
                               fix="preempt a running job (see `azulite job list`)")
         self.store.event(job_id, "preempt requested")
+        return self.store.get(job_id)
+
+    def replace_nodes(self, job_id: str) -> JobRecord:
+        """Bring a running elastic job's lost nodes back now rather than after ``AZULITE_NODE_RETURN_S``: its
+        supervisor starts a new agent for each, which joins the job's rendezvous; torchrun grows the group
+        back at its next round (the training script resumes from its last checkpoint on the larger world)."""
+        rec = self._status_impl(job_id)  # an unknown id: NotFound
+        if rec.spec.get("type") == "sweep" or not JobSpec.model_validate(rec.spec).elastic:
+            raise LaunchError(f"job {job_id} has a fixed node count: there is no lost node to bring back",
+                              where="elastic", fix="submit the job with `elastic: {min_nodes: N}` to let it shrink "
+                              "and grow back")
+        if rec.state != JobState.RUNNING:
+            raise LaunchError(f"job {job_id} is {rec.state.value}, not running: no node to bring back",
+                              fix="bring nodes back to a running job (see `azulite job list`)")
+        (Path(rec.job_dir) / REPLACE_REQUEST).touch()
+        self.store.event(job_id, "node return requested")
         return self.store.get(job_id)
 
     # ---- logs ----------------------------------------------------------------------------------------

@@ -24,6 +24,13 @@ def gpu_split(gpus: tuple[str, ...], node: int, per_node: int) -> str | None:
     return ",".join(gpus[(node * per_node + i) % len(gpus)] for i in range(per_node))
 
 
+#: an elastic round re-forms without a lost node once its heartbeats are missed (2 s x 3) and closes 3 s
+#: after min_nodes joined; torchrun's defaults (5 s x 3, then 30 s) left a survivor idle about 46 s
+#: (FIELD-NOTES). A node that comes back joins the waiting list; the running agents restart into a round
+#: with it (torchrun's own scale-up).
+_ELASTIC_RDZV = ",last_call_timeout=3,keep_alive_interval=2,keep_alive_max_attempt=3"
+
+
 @register_strategy
 class PyTorchStrategy(LaunchStrategy):
     distribution_type = "pytorch"
@@ -67,7 +74,7 @@ class PyTorchStrategy(LaunchStrategy):
                 # node 0 hosts the rendezvous store, the others connect: without this every agent on
                 # 127.0.0.1 believes it is the host, and one whose bind fails silently becomes a client
                 # of whatever holds the port (a hang instead of an error)
-                f"--rdzv-conf=is_host={1 if node == 0 else 0}",
+                f"--rdzv-conf=is_host={1 if node == 0 else 0}" + (_ELASTIC_RDZV if spec.elastic else ""),
                 f"--max-restarts={spec.max_restarts}",
                 "--local-addr=127.0.0.1",
                 f"--log-dir={ctx.attempt_dir / 'torchelastic' / f'node-{node}'}",

@@ -60,6 +60,7 @@ def main(argv: list[str]) -> int:
         "local_rank": local_rank,
         "node_rank": node_rank,
         "pid": os.getpid(),
+        "agent_pid": os.getppid(),  # the launcher that started this rank (which node agent, across rejoins)
         "child_pid": None,
         "restart": int(env.get("TORCHELASTIC_RESTART_COUNT", "0")),
         "log": str(log_path),

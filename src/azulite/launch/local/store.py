@@ -220,6 +220,14 @@ class JobStore:
             rows = db.execute("SELECT * FROM jobs ORDER BY created_at DESC, rowid DESC LIMIT ?", (limit,)).fetchall()
         return [self._job(r) for r in rows]
 
+    def active(self) -> list[JobRecord]:
+        """Every job that has not ended, however old, oldest first (``list`` sees only the newest)."""
+        ended = tuple(s.value for s in JobState if s.terminal)
+        with self._read() as db:
+            rows = db.execute(f"SELECT * FROM jobs WHERE state NOT IN ({','.join('?' * len(ended))}) "
+                              "ORDER BY created_at, rowid", ended).fetchall()
+        return [self._job(r) for r in rows]
+
     @staticmethod
     def _job(row: sqlite3.Row) -> JobRecord:
         return JobRecord(

@@ -9,6 +9,10 @@ the shell that submitted it. It runs attempts until the job ends:
                                   -> preempted   (any rank exited 75, or SIGUSR1 / preempt_requested)
                                      -> requeued -> running (attempt n+1, AZULITE_ATTEMPT=n+1)
 
+An elastic job (``elastic: {min_nodes}``) that loses a node goes on inside the attempt on the nodes left;
+the lost node comes back (a new agent for it joins the same rendezvous) after ``AZULITE_NODE_RETURN_S``,
+or at once on request (``LocalBackend.replace_nodes``), and torchrun grows the group back at its next round.
+
 It knows nothing about torchrun: the strategy for the job's distribution type (``strategy.py``) gives the
 processes to start and the per-rank results. The store is the truth; the supervisor is its only writer
 for a running job (cancel writes only when the supervisor is gone).
@@ -33,7 +37,9 @@ from azulite.errors import AzuliteError, LaunchError
 from azulite.launch.local.procs import signal_all, terminate_tree, tree
 from azulite.launch.local.rank import shell_exit_code
 from azulite.launch.local.store import JobStore
-from azulite.launch.local.strategy import LaunchContext, LaunchStrategy, RankResult, get_strategy, read_rank_records
+from azulite.launch.local.strategy import (
+    LaunchContext, LaunchStrategy, ProcessSpec, RankResult, get_strategy, read_rank_records,
+)
 from azulite.launch.records import JobRecord, JobState, ProcessRecord
 from azulite.launch.data import fetch_inputs, output_location, upload_outputs
 from azulite.launch.settings import Settings
@@ -42,6 +48,8 @@ from azulite.spec.job import JobSpec, PathInput
 from azulite.spec.loader import render_command
 
 POLL_S = 0.2
+#: a file in the job folder asking the supervisor to bring an elastic job's lost nodes back now
+REPLACE_REQUEST = "replace-nodes.request"
 #: rank exits that are effects (a clean end, a preempted save, our own SIGTERM/SIGKILL), never a root cause
 _NOT_A_CAUSE = (0, None, EXIT_PREEMPTED, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 #: inherited variables that would confuse the rank identity of the job's processes
@@ -155,6 +163,7 @@ class Supervisor:
         self.store, self.settings, self.job_id, self.environ = store, settings, job_id, environ
         self._cancel = False
         self._preempt = False
+        self._replace = False  # start replacements for an elastic job's lost nodes now (REPLACE_REQUEST)
         self._procs: list[subprocess.Popen] = []  # the current attempt's launchers
         self.started = time.monotonic()
         self.job_dir: Path | None = None
@@ -167,6 +176,9 @@ class Supervisor:
         self._preempt = True
 
     def _flags(self) -> tuple[bool, bool]:
+        if self.job_dir is not None and (request := self.job_dir / REPLACE_REQUEST).exists():
+            request.unlink(missing_ok=True)
+            self._replace = True
         cancel, preempt = self.store.flags(self.job_id)
         self._cancel |= cancel
         self._preempt |= preempt
@@ -220,7 +232,8 @@ class Supervisor:
             strategy.preflight(ctx)
             if not self.store.transition(self.job_id, JobState.RUNNING, attempt=attempt, message=f"attempt {attempt}"):
                 return 0  # canceled meanwhile
-            self._preempt = False
+            self._preempt = self._replace = False
+            (job_dir / REPLACE_REQUEST).unlink(missing_ok=True)  # meant for an earlier attempt
             out = self._run_attempt(ctx, strategy, spec)
             self._record(ctx, out)
             # after every attempt, whatever its end (a preempted one included): nothing written is lost
@@ -233,11 +246,7 @@ class Supervisor:
                 self._end(JobState.FAILED, f"timed out after {spec.timeout:g}s (spec timeout)", exit_code=124)
                 return 0
             codes = [r.exit_code for r in out.results]
-            agents_ok = all(c == 0 for c in out.exits.values())
-            # a rank with no exit code after a preempt request was killed at the grace, not finished: the
-            # agents' own exit 0 on SIGTERM must not read as success (it requeues, below)
-            lost_to_preempt = out.preempt_asked and any(c is None for c in codes)
-            if agents_ok and all(c in (0, None) for c in codes) and not lost_to_preempt:  # a late preemption is fine
+            if finished(out):
                 self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
                 return 0
             done = [n for n, c in out.exits.items() if c == 0]
@@ -291,25 +300,18 @@ class Supervisor:
         return None, int(code or 1), f"{name} exited {code} (see {ctx.process_log(name)})"
 
     def _run_attempt(self, ctx: LaunchContext, strategy: LaunchStrategy, spec: JobSpec) -> AttemptOutcome:
-        specs = strategy.processes(ctx)
-        procs: dict[str, subprocess.Popen] = {}
+        specs = {ps.name: ps for ps in strategy.processes(ctx)}
         self._procs = []
-        agent_records = []
-        for ps in specs:
-            with open(ps.log, "ab") as log:
-                p = subprocess.Popen(list(ps.argv), env=dict(ps.env), cwd=ps.cwd, stdout=log, stderr=subprocess.STDOUT,
-                                     stdin=subprocess.DEVNULL, start_new_session=True)
-            procs[ps.name] = p
-            self._procs.append(p)
-            agent_records.append(ProcessRecord(ctx.attempt, "agent", ps.name, ps.node, None, None, p.pid, None, str(ps.log)))
-        self.store.record_processes(self.job_id, agent_records)
+        procs = {name: self._start(ctx, ps) for name, ps in specs.items()}
 
         out = AttemptOutcome(exits={}, results=[])
         deadline = time.monotonic() + spec.timeout if spec.timeout else None
         first_failure: float | None = None
         preempt_sent: float | None = None
         synced = 0.0
-        lost_nodes: set[str] = set()
+        lost_at: dict[str, float] = {}  # an elastic job's lost nodes, not yet replaced, and since when
+        replaced: set[str] = set()
+        finished_at: float | None = None  # when the first node ended 0: the job is done, nothing may join
         while True:
             exits = {n: (None if p.poll() is None else shell_exit_code(p.returncode)) for n, p in procs.items()}
             running = [n for n, c in exits.items() if c is None]
@@ -337,12 +339,36 @@ class Supervisor:
             if failed and spec.elastic and len(running) >= spec.node_range[0]:
                 # an elastic job goes on while min_nodes agents are left: torchrun re-forms the group on them
                 for n in failed:
-                    if n not in lost_nodes:
-                        lost_nodes.add(n)
+                    if n not in lost_at:
+                        lost_at[n] = now
                         self.store.event(self.job_id, f"{n} lost (exit {exits[n]}); continuing on {len(running)} "
                                          f"node(s) (elastic, min {spec.node_range[0]})")
             elif first_failure is None and failed:
                 first_failure = now
+            if finished_at is None and any(c == 0 for c in exits.values()):
+                finished_at = now
+            if lost_at and finished_at is None and first_failure is None and preempt_sent is None:
+                # the node returns (or a replacement starts): its new agent joins the same rendezvous, the
+                # running agents see it waiting and restart their workers, and the next round has it back
+                wait = self.settings.node_return_s
+                due = [n for n, t in lost_at.items() if self._replace or (wait >= 0 and now - t >= wait)]
+                self._replace = False
+                for n in due:
+                    del lost_at[n]
+                    replaced.add(n)
+                    procs[n] = self._start(ctx, specs[n])
+                    self.store.event(self.job_id, f"{n} back: a new agent joins the rendezvous; the job grows "
+                                     f"back to {spec.node_range[1]} node(s) at the next round")
+            elif self._replace:
+                self._replace = False
+                self.store.event(self.job_id, "no lost node to replace" if not lost_at else
+                                 "nodes are not replaced once the job is finishing or failing")
+            if finished_at is not None and now - finished_at > self.settings.peer_grace_s and first_failure is None \
+                    and (late := [n for n in running if n in replaced and not _has_ranks(ctx, procs[n].pid)]):
+                # a replacement that came as the others finished waits for a round that will not come
+                self.store.event(self.job_id, f"stopping {', '.join(late)}: the job finished without it")
+                terminate_tree([procs[n].pid for n in late], self.settings.kill_grace_s)
+                replaced.difference_update(late)
             if first_failure is not None and now - first_failure > self.settings.peer_grace_s and preempt_sent is None:
                 self.store.event(self.job_id, f"stopping {', '.join(running)}: a peer failed")
                 terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
@@ -362,6 +388,16 @@ class Supervisor:
         out.exits = exits
         out.results = strategy.collect(ctx, exits)
         return out
+
+    def _start(self, ctx: LaunchContext, ps: ProcessSpec) -> subprocess.Popen:
+        """Start one of the attempt's processes (in its own session, output appended to its log)."""
+        with open(ps.log, "ab") as log:
+            p = subprocess.Popen(list(ps.argv), env=dict(ps.env), cwd=ps.cwd, stdout=log, stderr=subprocess.STDOUT,
+                                 stdin=subprocess.DEVNULL, start_new_session=True)
+        self._procs.append(p)
+        self.store.record_processes(self.job_id, [
+            ProcessRecord(ctx.attempt, "agent", ps.name, ps.node, None, None, p.pid, None, str(ps.log))])
+        return p
 
     def _sync_ranks(self, ctx: LaunchContext) -> None:
         recs = read_rank_records(ctx.records_dir)
@@ -394,6 +430,22 @@ class Supervisor:
         left = job_processes(self.job_dir, exclude=(os.getpid(),))
         if left or live:
             terminate_tree(live, self.settings.kill_grace_s, extra=left)
+
+
+def finished(out: AttemptOutcome) -> bool:
+    """Whether an attempt finished the job: every launcher exited 0 and no rank failed (a rank that never
+    started has no exit code). After a preempt request a rank with no exit code was killed at the grace,
+    not finished: a launcher's own exit 0 on SIGTERM must not read as success (the attempt is requeued as
+    preempted). A preemption that came after every rank had finished is fine."""
+    codes = [r.exit_code for r in out.results]
+    if not all(c == 0 for c in out.exits.values()) or not all(c in (0, None) for c in codes):
+        return False
+    return not (out.preempt_asked and None in codes)
+
+
+def _has_ranks(ctx: LaunchContext, agent_pid: int) -> bool:
+    """Whether the agent ``agent_pid`` started ranks in this attempt (it joined a round)."""
+    return any(rec.get("agent_pid") == agent_pid for rec in read_rank_records(ctx.records_dir).values())
 
 
 def _lost_ranks(ctx: LaunchContext) -> list[int]:

@@ -1,0 +1,55 @@
+"""``azulite agent``: keep looking after this machine's local jobs, so a job whose supervisor died (or a
+machine restart) is requeued from its last committed checkpoint without anyone running a command.
+
+Start it once per machine (a systemd unit, a tmux pane, a container's command); it stops on SIGTERM or
+Ctrl-C. Its first look is at once, so started at boot it requeues what the machine's restart stopped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+from dataclasses import asdict
+
+import typer
+
+from azulite.errors import AzuliteError
+from azulite.launch.backend import get_backend
+from azulite.launch.settings import Settings
+
+
+def agent(
+    interval: float = typer.Option(10.0, "--interval", help="Seconds between looks."),
+    json_: bool = typer.Option(False, "--json", help="One JSON object per change."),
+) -> None:
+    """Requeue local jobs whose supervisor died, on a clock.  Example: azulite agent --interval 5"""
+    if not interval > 0:
+        raise AzuliteError(f"--interval {interval:g} must be above 0 seconds", where="--interval",
+                           fix="e.g. --interval 10")
+    settings = Settings.from_environ()
+    if settings.backend != "local":
+        raise AzuliteError(f"azulite agent looks after local jobs; AZULITE_BACKEND is {settings.backend!r}",
+                           where="AZULITE_BACKEND", fix="unset AZULITE_BACKEND (or set it to local)")
+    from azulite.launch.local.watch import watch  # the local backend only when asked for
+
+    backend = get_backend("local", settings)
+    stop = threading.Event()
+
+    def report(change) -> None:  # noqa: ANN001 - watch.Change
+        line = json.dumps({"ts": time.time(), **asdict(change)}) if json_ else f"{time.strftime('%H:%M:%S')} {change}"
+        print(line, flush=True)
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"azulite agent: looking after the jobs in {settings.home} every {interval:g}s (pid "
+          f"{os.getpid()})", file=sys.stderr, flush=True)
+    looks = watch(backend, interval=interval, stop=stop, report=report)
+    print(f"azulite agent: stopped after {looks} look(s)", file=sys.stderr, flush=True)
+
+
+def register(app: typer.Typer) -> None:
+    app.command("agent")(agent)
