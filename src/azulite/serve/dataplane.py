@@ -20,6 +20,7 @@ import threadpoolctl
 
 from azulite.errors import Internal, InvalidArgument, ModelLoadError, ServeError, Unavailable, Unsupported
 from azulite.serve import config as cfg
+from azulite.serve.classification import classify, request_int, shape_text, top_k
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Rejected
@@ -80,49 +81,6 @@ class DataPlaneSettings:
     shared_state_dir: Path | None = None
     #: see ManagerSettings.instance_processes (on in the model host of ``azulite serve --workers N``)
     instance_processes: bool = False
-
-
-def _request_int(request: InferRequest, key: str) -> int:
-    value = request.parameters.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        try:
-            return int(value)
-        except (TypeError, ValueError):
-            raise InvalidArgument(f"request parameter '{key}' must be an integer, got {value!r}") from None
-    return int(value)
-
-
-def _shape_text(shape) -> str:
-    return "[" + ",".join(str(d) for d in shape) + "]"
-
-
-def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> np.ndarray:
-    """Triton's classification extension: the top-k of each batch item as BYTES "value:index[:label]"."""
-    rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
-    k = min(k, rows.shape[1])
-    order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
-    out = np.empty((rows.shape[0], k), dtype=np.object_)
-    for r in range(rows.shape[0]):
-        for c, idx in enumerate(order[r]):
-            text = f"{float(rows[r, idx]):f}:{int(idx)}"
-            if labels is not None and idx < len(labels):
-                text += f":{labels[idx]}"
-            out[r, c] = text.encode()
-    return out if batched else out[0]
-
-
-def _top_k(output: str, k: object) -> int:
-    """The classification parameter: a positive integer (a client's mistake otherwise, never a 500)."""
-    try:
-        if isinstance(k, bool) or isinstance(k, float) and not k.is_integer():
-            raise ValueError
-        n = int(k)  # type: ignore[call-overload]
-    except (TypeError, ValueError):
-        n = 0
-    if n < 1:
-        raise InvalidArgument(f"output '{output}': parameter 'classification' must be a positive integer "
-                              f"(how many top classes to return), got {k!r}", fix='e.g. "classification": 3')
-    return n
 
 
 class TritonDataPlane:
@@ -345,8 +303,8 @@ class TritonDataPlane:
         reason = "OTHER"
         try:
             item = self._prepare(model, request)
-            priority = _request_int(request, "priority") if "priority" in request.parameters else 0
-            timeout = _request_int(request, "timeout") if "timeout" in request.parameters else 0
+            priority = request_int(request, "priority") if "priority" in request.parameters else 0
+            timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
             wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
             reason = "BACKEND"
             if model.batcher is None:
@@ -407,7 +365,7 @@ class TritonDataPlane:
                 if not shape:
                     raise InvalidArgument(
                         f"unexpected shape for input '{tensor.name}' for model '{name}'. Expected "
-                        f"{_shape_text((-1, *spec.dims))}, got [] "
+                        f"{shape_text((-1, *spec.dims))}, got [] "
                         "(the model batches: the first dimension is the batch)")
                 if batch < 0:
                     batch = shape[0]
@@ -421,7 +379,7 @@ class TritonDataPlane:
             if not spec.matches(rest):
                 expected = (-1, *spec.dims) if mbs > 0 else spec.dims
                 raise InvalidArgument(f"unexpected shape for input '{tensor.name}' for model '{name}'. "
-                                      f"Expected {_shape_text(expected)}, got {_shape_text(shape)}")
+                                      f"Expected {shape_text(expected)}, got {shape_text(shape)}")
             data = tensor.data
             expected_dtype = cfg.WIRE_TO_NUMPY.get(spec.datatype)
             if expected_dtype is None:
@@ -433,7 +391,7 @@ class TritonDataPlane:
                 if data.size != int(np.prod(shape)):
                     raise InvalidArgument(
                         f"input '{tensor.name}' of model '{name}': {data.size} elements given for shape "
-                        f"{_shape_text(shape)}")
+                        f"{shape_text(shape)}")
                 data = data.reshape(shape)
             if spec.reshape is not None:
                 data = data.reshape(((batch,) if mbs > 0 else ()) + spec.reshape)
@@ -466,7 +424,7 @@ class TritonDataPlane:
             for out in request.outputs:
                 k = out.parameters.get("classification")
                 if k is not None and k != 0:
-                    classes[out.name] = _top_k(out.name, k)
+                    classes[out.name] = top_k(out.name, k)
         tensors = []
         batched = model.max_batch_size > 0
         for name in wanted:

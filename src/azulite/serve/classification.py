@@ -1,0 +1,52 @@
+"""Small request/response helpers of the data plane: integer request parameters, shape text for
+messages, and Triton's classification extension (top-k of an output as BYTES "value:index[:label]")."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from azulite.errors import InvalidArgument
+from azulite.serve.types import InferRequest
+
+
+def request_int(request: InferRequest, key: str) -> int:
+    value = request.parameters.get(key, 0)
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        try:
+            return int(value)
+        except (TypeError, ValueError):
+            raise InvalidArgument(f"request parameter '{key}' must be an integer, got {value!r}") from None
+    return int(value)
+
+
+def shape_text(shape) -> str:
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> np.ndarray:
+    """Triton's classification extension: the top-k of each batch item as BYTES "value:index[:label]"."""
+    rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
+    k = min(k, rows.shape[1])
+    order = np.argsort(-rows, axis=1, kind="stable")[:, :k]
+    out = np.empty((rows.shape[0], k), dtype=np.object_)
+    for r in range(rows.shape[0]):
+        for c, idx in enumerate(order[r]):
+            text = f"{float(rows[r, idx]):f}:{int(idx)}"
+            if labels is not None and idx < len(labels):
+                text += f":{labels[idx]}"
+            out[r, c] = text.encode()
+    return out if batched else out[0]
+
+
+def top_k(output: str, k: object) -> int:
+    """The classification parameter: a positive integer (a client's mistake otherwise, never a 500)."""
+    try:
+        if isinstance(k, bool) or isinstance(k, float) and not k.is_integer():
+            raise ValueError
+        n = int(k)  # type: ignore[call-overload]
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise InvalidArgument(f"output '{output}': parameter 'classification' must be a positive integer "
+                              f"(how many top classes to return), got {k!r}", fix='e.g. "classification": 3')
+    return n

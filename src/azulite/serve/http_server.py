@@ -1,0 +1,279 @@
+"""The HTTP/1.1 transport of serve/http.py's routes: a bare ``asyncio.Protocol`` on the httptools parser
+(llhttp), one per connection, answering in request order with one ``transport.write`` per flush; the
+per-connection defences (serve/http_defences.py) and streamed replies (serve/http_stream.py) are mixed in.
+Why by hand and not a framework: see serve/http.py.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from collections import deque
+
+import httptools
+
+from azulite.errors import ServeError
+from azulite.serve.http import _REASONS, DEFAULT_MAX_INPUT_SIZE, JSON, Reply, _Stop, error_reply
+from azulite.serve.http_defences import HttpDefences
+from azulite.serve.http_stream import StreamedReplies, is_stream
+from azulite.serve.limits import ConnectionLimits, close_soon
+
+log = logging.getLogger("azulite.serve.http")
+
+_BUSY = json.dumps({"error": "the server has too many open connections; retry later"}).encode()
+_TOO_MANY_CONNECTIONS = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
+                         b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY))
+
+
+class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
+    """One HTTP/1.1 connection. Requests are answered in arrival order (pipelining-safe): each request's
+    reply goes into a FIFO; replies are written as soon as every earlier one is."""
+
+    __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
+                 "replies", "closing", "peer", "head_size", "head_tick", "stall_timer", "read_paused",
+                 "write_paused", "streaming")
+
+    def __init__(self, server: "HttpServer") -> None:
+        self.server = server
+        self.transport: asyncio.Transport | None = None
+        self.parser = httptools.HttpRequestParser(self)
+        self.url = b""
+        self.headers: dict[bytes, bytes] = {}
+        self.body: list[bytes] = []
+        self.body_size = 0
+        self.too_large = False
+        self.replies: deque[list] = deque()  # [reply-or-None, keep_alive]
+        self.closing = False
+        self.peer = ""
+        self.head_size = 0
+        self.head_tick = -1  # server tick at which the current request head began; -1: none pending
+        self.stall_timer: asyncio.TimerHandle | None = None
+        self.read_paused = False  # too many pipelined requests ahead of their answers
+        self.write_paused = False  # the client does not read its answers
+        self.streaming = False  # a streamed answer is being written (http_stream.py)
+
+    # asyncio.Protocol
+    def connection_made(self, transport) -> None:
+        self.transport = transport
+        peer = transport.get_extra_info("peername")
+        self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
+        limit = self.server.limits.max_connections
+        if limit and len(self.server.connections) >= limit:  # a connection flood: refuse, keep the others
+            self.closing = True
+            transport.write(_TOO_MANY_CONNECTIONS)
+            transport.close()
+            return
+        transport.set_write_buffer_limits(high=self.server.limits.max_write_buffer)
+        self.server.connections.add(self)
+
+    def connection_lost(self, exc) -> None:
+        self.server.connections.discard(self)
+        self.transport = None
+        if self.stall_timer is not None:
+            self.stall_timer.cancel()
+
+    def data_received(self, data: bytes) -> None:
+        if self.closing:
+            return  # answered and closing: what else arrives is not parsed
+        try:
+            self.parser.feed_data(data)
+        except httptools.HttpParserCallbackError:
+            pass  # a callback refused the request (_Stop): already answered
+        except httptools.HttpParserUpgrade:
+            self._fail(400, "protocol upgrade is not supported")
+        except httptools.HttpParserError as exc:
+            if not self.too_large:
+                self._fail(400, f"malformed HTTP request: {exc}")
+
+    # httptools callbacks
+    def on_message_begin(self) -> None:
+        self.url = b""
+        self.headers = {}
+        self.body = []
+        self.body_size = 0
+        self.head_size = 0
+        self.head_tick = self.server.tick  # the server's sweep closes heads older than two ticks
+
+    def on_url(self, url: bytes) -> None:
+        self.url += url
+        self.head_size += len(url)
+        if self.head_size > self.server.limits.max_header_bytes:
+            self._head_too_large()
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self.headers[name.lower()] = value
+        self.head_size += len(name) + len(value) + 4
+        if self.head_size > self.server.limits.max_header_bytes:
+            self._head_too_large()
+
+    def _head_too_large(self) -> None:
+        if not self.closing:
+            self._fail(431, f"the request head is larger than {self.server.limits.max_header_bytes} bytes")
+        raise _Stop  # llhttp stops parsing this connection's input
+
+    def on_headers_complete(self) -> None:
+        self.head_tick = -1
+        length = self.headers.get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.server.max_input_size:
+            self._too_large(int(length))
+        elif (self.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None
+              and not self.replies):
+            self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it on large bodies
+
+    def on_body(self, body: bytes) -> None:
+        if self.too_large:
+            return
+        self.body_size += len(body)
+        if self.body_size > self.server.max_input_size:
+            self._too_large(self.body_size)
+            return
+        self.body.append(body)
+
+    def on_message_complete(self) -> None:
+        if self.too_large or self.closing:
+            return
+        method = self.parser.get_method()
+        keep_alive = self.parser.should_keep_alive()
+        body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        slot = [None, keep_alive]
+        self.replies.append(slot)
+        if len(self.replies) >= self.server.limits.max_pipelined:
+            self._reading()
+        try:
+            path = self.url.decode("latin-1")
+            coro = self.server.app.handle(method, path, self.headers, body, self.peer)
+        except Exception as exc:  # noqa: BLE001
+            slot[0] = error_reply(exc)
+            self._flush()
+            return
+        task = asyncio.ensure_future(coro)
+        self.server.in_flight += 1
+        task.add_done_callback(lambda t, slot=slot: self._done(t, slot))
+
+    def _done(self, task: asyncio.Future, slot: list) -> None:
+        self.server.in_flight -= 1
+        try:
+            slot[0] = task.result()
+        except BaseException as exc:  # noqa: BLE001 - cancelled or a bug: still answer
+            slot[0] = error_reply(exc if isinstance(exc, Exception) else ServeError("request cancelled"))
+        self._flush()
+        self.server.check_idle()
+
+    def _flush(self) -> None:
+        try:
+            self._write_ready()
+        finally:
+            if self.read_paused and len(self.replies) <= self.server.limits.max_pipelined // 2:
+                self._reading()
+
+    def _write_ready(self) -> None:
+        while self.replies and self.replies[0][0] is not None and not self.streaming:
+            reply, keep_alive = self.replies.popleft()
+            if self.transport is None:
+                continue
+            if is_stream(reply[2]):
+                self._write_stream(reply, keep_alive and not self.server.stopping, _REASONS)
+                return
+            self._write(reply, keep_alive and not self.server.stopping)
+            if not keep_alive or self.server.stopping:
+                close_soon(self.transport, self.server.limits)
+                self.transport = None
+
+    def _write(self, reply: Reply, keep_alive: bool) -> None:
+        status, ctype, body, extra = reply
+        head = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
+                % (status, _REASONS.get(status, b"Unknown"), ctype, len(body))]
+        for k, v in extra:
+            head.append(b"%s: %s\r\n" % (k, v))
+        if not keep_alive:
+            head.append(b"Connection: close\r\n")
+        head.append(b"\r\n")
+        self.transport.write(b"".join(head) + body if len(body) < 65536 else b"".join(head))
+        if len(body) >= 65536:
+            self.transport.write(body)
+
+    def _too_large(self, size: int) -> None:
+        self.too_large = True
+        limit = self.server.max_input_size
+        self._fail(413, f"request body of {size} bytes exceeds the maximum allowed of {limit} bytes "
+                        f"(--http-max-input-size)")
+
+    def _fail(self, status: int, message: str) -> None:
+        """A request that cannot be parsed: answer it (after earlier replies) and close the connection."""
+        self.closing = True
+        if self.transport is None:
+            return
+        body = json.dumps({"error": message}).encode()
+        if any(slot[0] is None for slot in self.replies):  # earlier requests still running: drop, close
+            close_soon(self.transport, self.server.limits)
+            return
+        self._flush()
+        if self.transport is not None:
+            self._write((status, JSON, body, ()), False)
+            close_soon(self.transport, self.server.limits)
+            self.transport = None
+
+
+class HttpServer:
+    """Listens on one address and serves ``app`` (an HttpApp or MetricsApp) on the running loop."""
+
+    reuse_port = False  # SO_REUSEPORT: the front-ends of a multi-worker server share the port
+
+    def __init__(self, app, *, max_input_size: int = DEFAULT_MAX_INPUT_SIZE,
+                 limits: ConnectionLimits | None = None) -> None:
+        self.app = app
+        self.max_input_size = max_input_size
+        self.limits = limits or ConnectionLimits()
+        self.connections: set[_Connection] = set()
+        self.in_flight = 0
+        self.stopping = False
+        self._server: asyncio.base_events.Server | None = None
+        self._idle: asyncio.Event | None = None
+        self.tick = 0
+        self._sweeper: asyncio.TimerHandle | None = None
+
+    async def start(self, host: str, port: int) -> int:
+        loop = asyncio.get_running_loop()
+        self._server = await loop.create_server(lambda: _Connection(self), host, port, reuse_address=True,
+                                                reuse_port=self.reuse_port or None,
+                                                backlog=1024)
+        self._sweeper = loop.call_later(self.limits.header_timeout_s / 2, self._sweep)
+        return self._server.sockets[0].getsockname()[1]
+
+    def _sweep(self) -> None:
+        """Slowloris: every half header timeout, close connections whose request head began two ticks
+        ago (so after between one and 1.5 timeouts). One timer per server, not one per request."""
+        self.tick += 1
+        for conn in list(self.connections):
+            if conn.head_tick >= 0 and self.tick - conn.head_tick >= 2 and not conn.read_paused:
+                conn._head_timeout()
+        self._sweeper = asyncio.get_running_loop().call_later(self.limits.header_timeout_s / 2, self._sweep)
+
+    def check_idle(self) -> None:
+        if self.in_flight == 0 and self._idle is not None:
+            self._idle.set()
+
+    def stop_accepting(self) -> None:
+        """Close the listening socket; connections stay open to finish what they started."""
+        self.stopping = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
+            self._sweeper = None
+        if self._server is not None:
+            self._server.close()
+
+    async def drain(self, timeout_s: float) -> None:
+        """Wait for in-flight requests to be answered (up to timeout_s), then close every connection."""
+        self.stop_accepting()
+        if self.in_flight:
+            self._idle = asyncio.Event()
+            try:
+                await asyncio.wait_for(self._idle.wait(), timeout_s)
+            except asyncio.TimeoutError:
+                log.warning("HTTP: %d requests still in flight after %.1fs; closing", self.in_flight, timeout_s)
+        for conn in list(self.connections):
+            if conn.transport is not None:
+                conn.transport.close()
+        if self._server is not None:
+            await self._server.wait_closed()
