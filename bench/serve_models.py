@@ -24,6 +24,12 @@ Both servers stay up; each point is measured on one, then the other, so a change
 hits both alike. The last line printed is one JSON object.
 
     python bench/serve_models.py [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 3000] [--models dlrm]
+                                 [--rows-per-request N]
+
+Rows per request: 1 by default (every request one row or image, the hardest case for a server: its
+per-request protocol work is all there is to amortise). A DLRM ranking request scores a user's candidate
+items together, so ``--rows-per-request 32`` is the realistic shape for it; the bare limit then runs on the
+largest batch dynamic batching could form from c such requests (at most the model's max_batch_size).
 """
 
 from __future__ import annotations
@@ -59,6 +65,8 @@ class BenchModel:
     bare: Callable[[int, float], float]
     #: the copy real Triton serves; None: azulite.export.wrappers.python_backend_copy of ``repo``
     triton_repo: Path | None = None
+    #: the ensemble's max_batch_size: the most rows one execution can merge
+    max_batch: int = 64
 
 
 def build_dlrm(work: Path) -> BenchModel:
@@ -157,17 +165,21 @@ def build_arrcoc(work: Path) -> BenchModel:
             done += batch
         return done / (time.perf_counter() - t0)
 
-    return BenchModel(repo=repo, model="arrcoc", input_data=data, shape_args=[], bare=bare, triton_repo=triton_repo)
+    return BenchModel(repo=repo, model="arrcoc", input_data=data, shape_args=[], bare=bare, triton_repo=triton_repo,
+                      max_batch=arrcoc.MAX_BATCH_SIZE)
 
 
 #: (name, builder) of every model measured
 MODELS: list[tuple[str, Callable[[Path], BenchModel]]] = [("dlrm", build_dlrm), ("arrcoc", build_arrcoc)]
 
 
-def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms: int, work: Path) -> dict:
-    """bench/serving.py's perf_analyzer run, for this model and its input data."""
+def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms: int, work: Path,
+         rows: int = 1) -> dict:
+    """bench/serving.py's perf_analyzer run, for this model and its input data (``rows`` per request:
+    perf_analyzer's -b; its Inferences/Second counts rows)."""
     out = work / f"pa-{bm.model}-{protocol}-{c}.csv"
-    cmd = [str(pa), "-m", bm.model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", *bm.shape_args,
+    out.unlink(missing_ok=True)  # never read the previous server's figures
+    cmd = [str(pa), "-m", bm.model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", str(rows), *bm.shape_args,
            "--input-data", str(bm.input_data), "--concurrency-range", str(c), "-p", str(measure_ms),
            "--max-trials", "5", "--stability-percentage", "50", "-f", str(out)]
     import csv
@@ -186,7 +198,8 @@ def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms:
             "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable}
 
 
-def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], measure_ms: int, work: Path) -> dict:
+def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], measure_ms: int, work: Path,
+            rows: int = 1) -> dict:
     from azulite.export.wrappers import python_backend_copy
 
     triton_repo = bm.triton_repo or python_backend_copy(bm.repo, work / f"{name}-triton-repo")
@@ -210,7 +223,7 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
             for c in concurrency:
                 for server, (_, http_port, grpc_port) in servers.items():
                     r = perf(bin_dir / "perf_analyzer", bm, protocol, http_port if protocol == "http" else grpc_port,
-                             c, measure_ms, work)
+                             c, measure_ms, work, rows)
                     figures[server][f"{protocol}_c{c}"] = r
                     shown = (f"{r['infer_per_s']:>9.1f} rows/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
                              + ("" if r["stable"] else "  (unstable: machine load)") if "error" not in r
@@ -219,9 +232,12 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
     finally:
         for proc, _, _ in servers.values():
             base.stop(proc)
+    # the limit at concurrency c: the model on the largest batch dynamic batching could form from c requests
+    # of ``rows`` rows each (at most the ensemble's max_batch_size)
     for c in concurrency:
-        figures["bare"][f"b{c}"] = round(bm.bare(c, measure_ms / 1000), 1)
-        print(f"  {name} bare onnxruntime session, batches of {c:<3d} {figures['bare'][f'b{c}']:>9.1f} rows/s", flush=True)
+        b = min(c * rows, bm.max_batch)
+        figures["bare"][f"b{c}"] = round(bm.bare(b, measure_ms / 1000), 1)
+        print(f"  {name} bare onnxruntime session, batches of {b:<3d} {figures['bare'][f'b{c}']:>9.1f} rows/s", flush=True)
     ratios: dict = {}
     for key, t in figures["triton"].items():
         a = figures["azulite"].get(key, {})
@@ -246,6 +262,9 @@ def main() -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--measure-ms", type=int, default=3000)
     ap.add_argument("--models", nargs="+", default=[n for n, _ in MODELS], help="which of MODELS to measure")
+    ap.add_argument("--rows-per-request", type=int, default=1,
+                    help="rows (images) in each request (perf_analyzer -b): a DLRM ranking request scores many "
+                         "candidates at once")
     args = ap.parse_args()
     bin_dir = base.anchors(args.anchors)
     work = Path(tempfile.mkdtemp(prefix="azulite-bench-serve-models-"))
@@ -256,8 +275,8 @@ def main() -> None:
                 continue
             print(f"== {name}: building its repository", flush=True)
             bm = builder(work / name)
-            results[name] = measure(name, bm, bin_dir, args.concurrency, args.measure_ms, work)
-        print(json.dumps({"bench": "serve_models", "concurrency": args.concurrency, "rows_per_request": 1,
+            results[name] = measure(name, bm, bin_dir, args.concurrency, args.measure_ms, work, args.rows_per_request)
+        print(json.dumps({"bench": "serve_models", "concurrency": args.concurrency, "rows_per_request": args.rows_per_request,
                           "models": results}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
