@@ -20,7 +20,6 @@ import threadpoolctl
 
 from azulite.errors import Internal, InvalidArgument, ModelLoadError, ServeError, Unavailable, Unsupported
 from azulite.serve import config as cfg
-from azulite.serve.classification import classify, request_int, shape_text, top_k
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Rejected
@@ -32,6 +31,7 @@ from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallbac
 from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
 from azulite.serve.models import READY, LoadedModel
+from azulite.serve.parameters import classify, request_int, shape_text, top_k
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
 from azulite.serve.sequence import Sequencer
@@ -313,7 +313,7 @@ class TritonDataPlane:
                 # by which version's queue count grew, so without them it fails ("failed to find the
                 # requested model version"). Its compute is the steps' wall time (Triton: their sum).
                 began = time.perf_counter_ns()
-                outputs = await run_ensemble(model.config, item.inputs, wanted, self._run_step)
+                outputs = await run_ensemble(model.name, model.ensemble_plan, item.inputs, wanted, self._run_step)
                 model.stats.executed(item.batch_size or 1, [began - start],
                                      Timing(infer_ns=time.perf_counter_ns() - began), ok=True)
             elif model.config.HasField("sequence_batching"):

@@ -24,12 +24,11 @@ import contextlib
 import dataclasses
 import time
 from collections.abc import AsyncIterator
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
+from typing import TYPE_CHECKING
 
 from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable, Unsupported
 from azulite.serve.batcher import Rejected
+from azulite.serve.parameters import request_int
 from azulite.serve.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -49,13 +48,6 @@ def unary_refused(model: "LoadedModel") -> Unsupported:
     return Unsupported(
         f"model '{model.name}' is decoupled (model_transaction_policy.decoupled: it sends 0..n responses per "
         "request): unary infer cannot answer it", fix="call it over gRPC ModelStreamInfer (a streaming client)")
-
-
-def _int(request: InferRequest, key: str) -> int:
-    value: Any = request.parameters.get(key, 0)
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-        raise InvalidArgument(f"request parameter '{key}' must be an integer, got {value!r}")
-    return int(value)
 
 
 async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequest) -> AsyncIterator[InferResponse]:
@@ -85,7 +77,8 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
         item = dp._prepare(model, request)
         item.sink = sink
         wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
-        future = model.batcher.submit(item, priority=_int(request, "priority"), timeout_us=_int(request, "timeout"))
+        future = model.batcher.submit(item, priority=request_int(request, "priority"),
+                                      timeout_us=request_int(request, "timeout"))
         future.add_done_callback(executed)
         while True:
             result, final = await queue.get()

@@ -51,8 +51,9 @@ def check_ensemble(config: mc.ModelConfig, composing: Callable[[str], mc.ModelCo
             raise ModelLoadError(f"ensemble '{name}': output '{output.name}' is not produced by any step")
 
 
-class _Step:
-    """One ensemble step read out of the protobuf once (map access on a message costs per request)."""
+class EnsembleStep:
+    """One ensemble step read out of the protobuf once, when the model is loaded (map access on a message
+    costs per request)."""
 
     __slots__ = ("model", "version", "feed", "wanted", "out")
 
@@ -67,26 +68,15 @@ class _Step:
         return all(value in pool for _, value in self.feed)
 
 
-# Plans keyed by the config object's identity (the config is kept alive beside it, so the id stays its own).
-_PLANS: dict[int, tuple[mc.ModelConfig, tuple[_Step, ...]]] = {}
+def plan_of(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
+    return tuple(EnsembleStep(s) for s in config.ensemble_scheduling.step)
 
 
-def _plan(config: mc.ModelConfig) -> tuple[_Step, ...]:
-    hit = _PLANS.get(id(config))
-    if hit is not None and hit[0] is config:
-        return hit[1]
-    if len(_PLANS) > 256:  # configs replaced by reloads: forget the old ones
-        _PLANS.clear()
-    plan = tuple(_Step(s) for s in config.ensemble_scheduling.step)
-    _PLANS[id(config)] = (config, plan)
-    return plan
-
-
-async def run_ensemble(config: mc.ModelConfig, inputs: dict[str, np.ndarray], wanted: list[str],
+async def run_ensemble(ensemble: str, plan: tuple[EnsembleStep, ...], inputs: dict[str, np.ndarray], wanted: list[str],
                        run_step: StepRunner) -> dict[str, np.ndarray]:
     pool = dict(inputs)
-    waiting = list(_plan(config))
-    running: dict[asyncio.Future, _Step] = {}
+    waiting = list(plan)
+    running: dict[asyncio.Future, EnsembleStep] = {}
     try:
         while waiting or running:
             ready = [s for s in waiting if s.ready(pool)]
@@ -105,7 +95,7 @@ async def run_ensemble(config: mc.ModelConfig, inputs: dict[str, np.ndarray], wa
                                                       step.wanted))
                 running[task] = step
             if not running:
-                raise Internal(f"ensemble '{config.name}': steps {[s.model for s in waiting]} can never run")
+                raise Internal(f"ensemble '{ensemble}': steps {[s.model for s in waiting]} can never run")
             done, _ = await asyncio.wait(running, return_when=asyncio.FIRST_COMPLETED)
             for task in done:
                 step = running.pop(task)

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from azulite.serve import config as cfg
 from azulite.serve.batcher import Batcher
+from azulite.serve.ensemble import EnsembleStep, plan_of
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
 from azulite.serve.stats import ModelStats
@@ -54,12 +55,16 @@ class LoadedModel:
     outputs: dict[str, TensorSpec] = field(default_factory=dict)
     required_inputs: frozenset[str] = frozenset()
     version_str: str = ""
+    #: an ensemble's steps, read out of its config once (empty for other models)
+    ensemble_plan: tuple[EnsembleStep, ...] = ()
 
     def __post_init__(self) -> None:
         self.inputs = {t.name: TensorSpec.of(t) for t in self.config.input}
         self.outputs = {t.name: TensorSpec.of(t) for t in self.config.output}
         self.required_inputs = frozenset(n for n, s in self.inputs.items() if not s.optional)
         self.version_str = str(self.version)
+        if self.config.HasField("ensemble_scheduling"):
+            self.ensemble_plan = plan_of(self.config)
 
     @property
     def max_batch_size(self) -> int:

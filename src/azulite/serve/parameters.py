@@ -1,5 +1,6 @@
-"""Small request/response helpers of the data plane: integer request parameters, shape text for
-messages, and Triton's classification extension (top-k of an output as BYTES "value:index[:label]")."""
+"""Request parameters as the data plane reads them: integers (priority, timeout), the classification
+parameter's top-k and the extension's answer (top-k of an output as BYTES "value:index[:label]"), and shape
+text for messages."""
 
 from __future__ import annotations
 
