@@ -209,14 +209,8 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
     try:
         for server in ("triton", "azulite"):
             http_port, grpc_port, metrics_port = base.free_port(), base.free_port(), base.free_port()
-            if server == "triton":
-                cmd = [str(bin_dir / "tritonserver"), f"--model-repository={triton_repo}", "--http-address=127.0.0.1",
-                       "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
-                       f"--metrics-port={metrics_port}"]
-            else:
-                cmd = [str(Path(sys.executable).parent / "azulite"), "serve", str(bm.repo), "--http-port", str(http_port),
-                       "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--http-address",
-                       "127.0.0.1", "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+            cmd = base.server_cmd(server, bin_dir, triton_repo if server == "triton" else bm.repo, http_port,
+                                  grpc_port, metrics_port)
             print(f"starting {server} on {name} ...", flush=True)
             servers[server] = (base.start_server(f"{name}-{server}", cmd, http_port, work), http_port, grpc_port)
         for protocol in ("http", "grpc"):

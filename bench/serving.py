@@ -113,6 +113,18 @@ def perf_run(pa: Path, model: str, protocol: str, port: int, concurrency: int, d
             "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable}
 
 
+def server_cmd(name: str, bin_dir: Path, repo: Path, http_port: int, grpc_port: int, metrics_port: int,
+               *extra: str) -> list[str]:
+    """The command line of real Triton (``name`` "triton") or ``azulite serve`` (anything else) on loopback."""
+    if name == "triton":
+        return [str(bin_dir / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
+                "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
+                f"--metrics-port={metrics_port}", *extra]
+    return [str(Path(sys.executable).parent / "azulite"), "serve", str(repo), "--http-port", str(http_port),
+            "--grpc-port", str(grpc_port), "--metrics-port", str(metrics_port), "--http-address", "127.0.0.1",
+            "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1", *extra]
+
+
 def start_server(name: str, cmd: list[str], http_port: int, work: Path) -> subprocess.Popen:
     log = (work / f"{name}.log").open("w")
     proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env={**os.environ, "COLUMNS": "120"})
@@ -154,15 +166,7 @@ def main() -> None:
         try:
             for name in ("triton", "azulite", "azulite_guarded"):
                 http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-                if name == "triton":
-                    cmd = [str(bin_dir / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
-                           "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
-                           f"--metrics-port={metrics_port}"]
-                else:
-                    cmd = [str(Path(sys.executable).parent / "azulite"), "serve", str(repo),
-                           "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                           "--metrics-port", str(metrics_port), "--http-address", "127.0.0.1",
-                           "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+                cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port)
                 if name == "azulite_guarded":
                     # two processes: HTTP with keys (perf_analyzer sends -H over HTTP), gRPC with limits and
                     # the audit log but no key (perf_analyzer sends no gRPC metadata)
@@ -171,11 +175,8 @@ def main() -> None:
                                                "--audit-log", str(work / "audit-http.jsonl")]
                     servers[name] = (start_server(name, http_cmd, http_port, work), http_port, -1)
                     g_http, g_grpc, g_metrics = free_port(), free_port(), free_port()
-                    grpc_cmd = [str(Path(sys.executable).parent / "azulite"), "serve", str(repo),
-                                "--http-port", str(g_http), "--grpc-port", str(g_grpc), "--metrics-port", str(g_metrics),
-                                "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
-                                "--metrics-address", "127.0.0.1", *common,
-                                "--audit-log", str(work / "audit-grpc.jsonl")]
+                    grpc_cmd = server_cmd(name, bin_dir, repo, g_http, g_grpc, g_metrics, *common,
+                                          "--audit-log", str(work / "audit-grpc.jsonl"))
                     servers["azulite_guarded_grpc"] = (start_server(name + "_grpc", grpc_cmd, g_http, work), -1, g_grpc)
                     continue
                 print(f"starting {name}: {' '.join(cmd[:2])} ...", flush=True)

@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from bench.serving import ROOT, anchors, free_port, perf_run, start_server, stop
+from bench.serving import ROOT, anchors, free_port, perf_run, server_cmd, start_server, stop
 from tests.serve.conftest import build_model_repository
 
 MODELS = ("bench_matmul", "gil_py")
@@ -118,15 +118,8 @@ def main(argv: list[str] | None = None) -> None:
         try:
             for name in ("triton", "azulite_w1", "azulite_w2"):
                 http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-                if name == "triton":
-                    cmd = [str(bin_dir / "tritonserver"), f"--model-repository={repo}", "--http-address=127.0.0.1",
-                           "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
-                           f"--metrics-port={metrics_port}"]
-                else:
-                    cmd = [str(Path(sys.executable).parent / "azulite"), "serve", str(repo), "--workers", name[-1],
-                           "--http-port", str(http_port), "--grpc-port", str(grpc_port),
-                           "--metrics-port", str(metrics_port), "--http-address", "127.0.0.1",
-                           "--grpc-address", "127.0.0.1", "--metrics-address", "127.0.0.1"]
+                extra = () if name == "triton" else ("--workers", name[-1])
+                cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)
                 print(f"starting {name} ...", flush=True)
                 servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
                 figures[name] = {}
