@@ -3,6 +3,7 @@ talking to it, SIGTERM draining in-flight requests before a clean exit, bad flag
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -91,8 +92,9 @@ def test_serve_prints_table_and_serves_both_protocols(repo):
         s.stop()
 
 
-def test_sigterm_drains_in_flight_requests(repo):
-    s = Served(str(repo), "--model-repository", str(repo), "--grpc-impl", "grpcio")
+def test_sigterm_drains_in_flight_requests(repo, tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    s = Served(str(repo), "--model-repository", str(repo), "--grpc-impl", "grpcio", "--audit-log", str(audit))
     results: dict[int, object] = {}
     try:
         url = f"127.0.0.1:{s.ports['HTTPService']}"
@@ -140,6 +142,9 @@ def test_sigterm_drains_in_flight_requests(repo):
         assert all(isinstance(r, ConnectionError) or "shutting down" in str(r) for r in refused), refused
         out = "".join(s.lines)
         assert "SIGTERM: draining" in out and "azulite serve stopped" in out
+        # the audit log lost no line on the way out: one per answered request
+        lines = [json.loads(x) for x in audit.read_text().splitlines()]
+        assert len([x for x in lines if x["model"] == "slow_py" and x["status"] == 200]) == len(answered), lines
     finally:
         s.stop()
 

@@ -4,6 +4,10 @@ counted and never raised."""
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+import textwrap
 
 from azulite.serve.audit import FIELDS, AuditLog
 
@@ -65,3 +69,20 @@ def test_a_writer_that_falls_behind_drops_and_counts(tmp_path):
     _record(log, 1)
     assert log.dropped == 1
     log.close()
+
+
+def test_lines_queued_when_the_interpreter_exits_are_written(tmp_path):
+    """A process that ends without closing its log (an unhandled error, sys.exit from a signal handler)
+    still writes every line it recorded: the writer is a daemon thread, so nothing but the exit hook
+    would."""
+    script = textwrap.dedent(f"""
+        from azulite.serve.audit import AuditLog
+        log = AuditLog({str(tmp_path / "audit.jsonl")!r}, batch_s=3600.0)  # the timer never fires
+        for i in range(1000):
+            log.record(f"r{{i}}", "k1", "c", "m", "1", "http", 200, 0.001, 10, 20)
+        raise SystemExit(3)
+    """)
+    proc = subprocess.run([sys.executable, "-c", script], env={**os.environ}, timeout=120)
+    assert proc.returncode == 3
+    lines = (tmp_path / "audit.jsonl").read_text().splitlines()
+    assert [json.loads(x)["request_id"] for x in lines] == [f"r{i}" for i in range(1000)]

@@ -7,7 +7,7 @@ import sqlite3
 import pytest
 
 from azulite.errors import KeyStoreError
-from azulite.serve.keystore import KeyStore, check_token, parse_expiry, parse_quota, split_token
+from azulite.serve.keystore import CommitWatch, KeyStore, check_token, parse_expiry, parse_quota, split_token
 
 
 def test_create_stores_only_a_salted_hash(tmp_path):
@@ -72,3 +72,25 @@ def test_a_broken_store_names_the_file(tmp_path):
         KeyStore(other)
     with pytest.raises(KeyStoreError, match="does not exist"):
         KeyStore(tmp_path / "missing.db", create=False)
+
+
+def test_commit_watch_sees_every_commit_of_another_connection_and_nothing_else(tmp_path):
+    store = KeyStore(tmp_path / "keys.db")
+    watch = store.watch()
+    assert watch.mapped and not watch.moved()
+    other = KeyStore(tmp_path / "keys.db")  # another process's connection (the CLI)
+    record, _ = other.create("a")
+    assert watch.moved() and not watch.moved()  # once per change
+    store.records()
+    other.records()
+    assert not watch.moved()  # reads commit nothing: no reload is asked for in steady state
+    other.revoke(record.id)
+    assert watch.moved()
+    watch.close()
+    other.close()
+    store.close()
+
+
+def test_commit_watch_without_a_wal_index_always_answers_moved(tmp_path):
+    for watch in (CommitWatch(None), CommitWatch(tmp_path / "no-such.db")):
+        assert not watch.mapped and watch.moved() and watch.moved()

@@ -18,6 +18,7 @@ rotated by another reopens the new one before writing.
 
 from __future__ import annotations
 
+import atexit
 import fcntl
 import itertools
 import json
@@ -65,6 +66,7 @@ class AuditLog:
         self._wake = threading.Event()  # flush and close wake the writer early; requests never do
         self._thread = threading.Thread(target=self._run, name="azulite-audit", daemon=True)
         self._thread.start()
+        atexit.register(self.close)  # an interpreter exiting without close() still writes what is queued
 
     def request_id(self) -> str:
         """A server-side id for requests that bring none (unique per server start)."""
@@ -207,6 +209,7 @@ class AuditLog:
         return done.wait(timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
+        atexit.unregister(self.close)
         if self._thread.is_alive():
             self._queue.put(_STOP)
             self._wake.set()

@@ -11,11 +11,15 @@ reveal what others do are admin-only under ``--auth``: :data:`ADMIN_CATEGORIES` 
 named restricted by a flag. A restricted category with a header (``CATEGORY:HEADER=VALUE``) also
 needs that header, with or without ``--auth``.
 
-The hot path with a guard: one dict lookup for the key, one sha256 of the secret compared in constant
-time, one bucket take; the key table is reloaded only when the store's ``PRAGMA data_version`` moved
-(checked at most every ``reload_interval_s``), which is how a revocation reaches a running server — every
-worker process of a server alike. With ``shared_state_dir`` the buckets and quotas are those of all the
-workers together (serve/sharedstate.py); without it, this process's own.
+The hot path with a guard: a compare of the key store's WAL-index header (keystore.CommitWatch: has
+anyone committed?), one dict lookup of the presented token among the keys already verified (the salted
+sha256, compared in constant time, runs once per key and key-store version), the bucket and quota takes
+(one lock for all of them when shared). When the header moved, ``PRAGMA data_version`` says whether the
+keys changed and they are reloaded, the verified tokens forgotten: a revocation committed by the CLI
+takes effect on the very next request — in every worker process of a server alike. ``reload_interval_s``
+is only a backstop (data_version asked that often whatever the header says). With ``shared_state_dir``
+the buckets and quotas are those of all the workers together (serve/sharedstate.py); without it, this
+process's own.
 """
 
 from __future__ import annotations
@@ -29,7 +33,7 @@ from urllib.parse import unquote
 
 from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
 from azulite.serve.audit import AuditLog
-from azulite.serve.keystore import KeyRecord, KeyStore, check_token, split_token
+from azulite.serve.keystore import CommitWatch, KeyRecord, KeyStore, check_token, split_token
 from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, refuse
 from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
 
@@ -114,9 +118,11 @@ class Guard:
         self.store: KeyStore | None = None
         self._keys: dict[str, KeyRecord] = {}
         self._version = -1
-        #: token -> (record, principal) of keys already verified: the hash is computed once per key
-        #: and reload (a reload makes new record objects, so stale entries stop matching)
+        #: token -> (record, principal) of keys already verified: the hash is computed once per key and
+        #: key-store version. A reload replaces the dict (a thread verifying against the old keys at that
+        #: moment fills the old one, never the new)
         self._verified: dict[str, tuple[KeyRecord, Principal]] = {}
+        self._watch: CommitWatch | None = None
         self._next_reload = 0.0
         self._lock = threading.Lock()
         if settings.auth:
@@ -124,8 +130,8 @@ class Guard:
                 raise SpecError("--auth needs a key store", field="--key-store",
                                 fix="create a key (azulite keys create NAME) or pass --key-store FILE")
             self.store = KeyStore(settings.key_store, create=False)
+            self._watch = self.store.watch()  # before the first load: a commit in between is seen
             self._reload()
-        self._now = self._wall = 0.0  # the clock, as read by the current request's authentication
         self.table: SlotTable | None = None
         if shared_state_dir is None:  # one process: plain dicts, the fastest
             self.buckets = TokenBuckets(self.clock)  # per key id
@@ -152,6 +158,8 @@ class Guard:
     def close(self) -> None:
         if self.audit is not None:
             self.audit.close()
+        if self._watch is not None:
+            self._watch.close()
         if self.store is not None:
             self.store.close()
         if self.table is not None:
@@ -164,32 +172,31 @@ class Guard:
             version = self.store.data_version()
             if version != self._version:
                 self._keys = {r.id: r for r in self.store.records() if r.revoked is None}
+                self._verified = {}
                 self._version = version
 
     def principal(self, token: str | None) -> Principal:
-        return self._authenticate(token)[1]
+        return self._authenticate(token, self.clock.monotonic(), self.clock.time())[1]
 
-    def _authenticate(self, token: str | None) -> tuple[KeyRecord, Principal]:
+    def _authenticate(self, token: str | None, now: float, wall: float) -> tuple[KeyRecord, Principal]:
         if token is None:
             raise Unauthenticated("this endpoint needs a key", fix="send 'Authorization: Bearer <key>' (gRPC: "
                                   "'authorization' metadata); create one with: azulite keys create NAME")
-        clock = self.clock
-        self._now = now = clock.monotonic()  # read once per request: the limits below reuse it
-        self._wall = wall = clock.time()
-        if now >= self._next_reload:
+        if self._watch.moved() or now >= self._next_reload:  # someone committed (or the backstop is due)
             self._next_reload = now + self.settings.reload_interval_s
             self._reload()
-        hit = self._verified.get(token)
-        if hit is None or hit[0] is not self._keys.get(hit[0].id):  # a new key, or revoked or reloaded
+        verified = self._verified
+        hit = verified.get(token)
+        if hit is None:  # a key not seen since the last reload
             parts = split_token(token)
             record = self._keys.get(parts[0]) if parts else None
             if record is None or not check_token(record, parts[1]):
                 raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
                                       fix="use a live key: azulite keys list")
             hit = (record, Principal(record.id, record.models, record.admin))
-            if len(self._verified) >= 4096:  # only verified keys get here; the bound is for rotations
-                self._verified.clear()
-            self._verified[token] = hit
+            if len(verified) >= 4096:  # only verified keys get here; the bound is for rotations
+                verified.clear()
+            verified[token] = hit
         expires = hit[0].expires
         if expires is not None and wall >= expires:
             raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
@@ -212,8 +219,10 @@ class Guard:
         if category == OPEN:
             return ANONYMOUS
         restricted = self.headers.get(protocol)
+        clock = self.clock
+        now, wall = clock.monotonic(), clock.time()  # read once per request: the limits reuse them
         if self.auth:
-            record, principal = self._authenticate(token)
+            record, principal = self._authenticate(token, now, wall)
         else:
             record, principal = None, ANONYMOUS
         if restricted is not None and category in restricted:
@@ -229,23 +238,40 @@ class Guard:
             if model and principal.models is not None and model not in principal.models:
                 raise PermissionDenied(f"this key does not reach model '{model}'",
                                        fix="use a key created with --models including it")
-            if record.rps:
-                wait = self.buckets.take(record.id, record.rps, now=self._now)
+            limited = record.rps or record.quota_per_day
+        else:
+            limited = None
+        model_rps = self.model_rps.get(model) if self.model_rps and category == "inference" else None
+        if limited or model_rps:
+            self._limits(record, model, model_rps, now, wall)
+        return principal
+
+    def _limits(self, record: KeyRecord | None, model: str, model_rps: float | None, now: float,
+                wall: float) -> None:
+        """The key's bucket and quota, then the model's bucket: in that order, under one lock when
+        the workers share them (one flock pair a request), none in one process (the event loop)."""
+        lock = self.table.lock if self.table is not None else None
+        if lock is not None:
+            lock.__enter__()
+        try:
+            if record is not None and record.rps:
+                wait = self.buckets.take_locked(record.id, record.rps, None, now)
                 if wait:
                     raise refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s",
                                  wait, "slow down, or raise the key's --rps")
-            if record.quota_per_day:
-                wait = self.quotas.take(record.id, record.quota_per_day, now=self._wall)
+            if record is not None and record.quota_per_day:
+                wait = self.quotas.take_locked(record.id, record.quota_per_day, wall)
                 if wait:
                     raise refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests "
                                  "today (UTC)", wait, "wait for the next UTC day, or raise the key's --quota")
-        if self.model_rps and category == "inference" and model in self.model_rps:
-            rps = self.model_rps[model]
-            wait = self.model_buckets.take(model, rps, now=self._now if self.auth else None)
-            if wait:
-                raise refuse(f"model '{model}' is over its rate limit of {rps:g} requests/s", wait,
-                             "slow down, or raise --model-rate-limit for this model")
-        return principal
+            if model_rps:
+                wait = self.model_buckets.take_locked(model, model_rps, None, now)
+                if wait:
+                    raise refuse(f"model '{model}' is over its rate limit of {model_rps:g} requests/s", wait,
+                                 "slow down, or raise --model-rate-limit for this model")
+        finally:
+            if lock is not None:
+                lock.__exit__(None, None, None)
 
 
 def bearer(value: str | bytes | None) -> str | None:

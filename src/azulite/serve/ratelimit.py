@@ -6,9 +6,8 @@ with the time until the next token (the Retry-After). A take never awaits, so th
 the server's event loop cannot interleave inside one; with ``thread_safe=True`` it is a critical section
 under a lock, so N threads hammering one bucket still get exactly what the figure allows.
 
-State lives in this process (item 10 of issue 11, several worker processes sharing one truth, is not
-built): buckets and quota counters are keyed by the key id / model name only, so moving them into a
-shared store (the key store's SQLite file, or shared memory) later changes this module alone.
+State lives in this process: the server's choice with one worker. The worker processes of one server
+share theirs through serve/sharedstate.py (same ``take`` and ``take_locked``, same answers).
 """
 
 from __future__ import annotations
@@ -73,6 +72,10 @@ class TokenBuckets:
         b[2] = tokens
         return (1.0 - tokens) / rate
 
+    #: ``take`` without the thread lock, ``now`` given: for a caller that holds it or runs on the event
+    #: loop (the guard: its key bucket, quota and model bucket, as sharedstate.py's under one flock)
+    take_locked = _take
+
 
 class DailyQuotas:
     """Requests per key per UTC day (the day from ``clock.time()``). ``thread_safe`` as TokenBuckets."""
@@ -101,6 +104,8 @@ class DailyQuotas:
             return (day + 1) * 86400 - now
         self._used[name] = (day, used + 1)
         return 0.0
+
+    take_locked = _take  #: as TokenBuckets.take_locked
 
 
 def refuse(what: str, wait_s: float, fix: str) -> ResourceExhausted:

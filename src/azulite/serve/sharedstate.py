@@ -147,24 +147,29 @@ class SharedTokenBuckets:
     def take(self, name: str, rate: float, burst: float | None = None, now: float | None = None) -> float:
         if now is None:
             now = self.clock.monotonic()
+        with self.table.lock:
+            return self.take_locked(name, rate, burst, now)
+
+    def take_locked(self, name: str, rate: float, burst: float | None, now: float) -> float:
+        """``take`` for a caller already holding ``table.lock`` (the guard takes a request's key bucket,
+        quota and model bucket under one lock: one flock pair a request, not three)."""
         table = self.table
-        with table.lock:
-            off, new = table.slot(self.prefix + name)
-            at = off + _KEY
-            r, size, tokens, stamp = _VALUES.unpack_from(table.mm, at)
-            if new or r != rate:
-                size = burst if burst is not None else max(1.0, rate)
-                tokens, stamp = size, now
-            elif now > stamp:
-                tokens = min(size, tokens + (now - stamp) * rate)
-                stamp = now
-            elif stamp - now > _CLOCK_RESTARTED_S:
-                stamp = now
-            if tokens >= 1.0:
-                _VALUES.pack_into(table.mm, at, rate, size, tokens - 1.0, stamp)
-                return 0.0
-            _VALUES.pack_into(table.mm, at, rate, size, tokens, stamp)
-            return (1.0 - tokens) / rate
+        off, new = table.slot(self.prefix + name)
+        at = off + _KEY
+        r, size, tokens, stamp = _VALUES.unpack_from(table.mm, at)
+        if new or r != rate:
+            size = burst if burst is not None else max(1.0, rate)
+            tokens, stamp = size, now
+        elif now > stamp:
+            tokens = min(size, tokens + (now - stamp) * rate)
+            stamp = now
+        elif stamp - now > _CLOCK_RESTARTED_S:
+            stamp = now
+        if tokens >= 1.0:
+            _VALUES.pack_into(table.mm, at, rate, size, tokens - 1.0, stamp)
+            return 0.0
+        _VALUES.pack_into(table.mm, at, rate, size, tokens, stamp)
+        return (1.0 - tokens) / rate
 
 
 class SharedDailyQuotas:
@@ -176,18 +181,22 @@ class SharedDailyQuotas:
     def take(self, name: str, per_day: int, now: float | None = None) -> float:
         if now is None:
             now = self.clock.time()
+        with self.table.lock:
+            return self.take_locked(name, per_day, now)
+
+    def take_locked(self, name: str, per_day: int, now: float) -> float:
+        """``take`` for a caller already holding ``table.lock``."""
         day = int(now // 86400)
         table = self.table
-        with table.lock:
-            off, new = table.slot(self.prefix + name)
-            at = off + _KEY
-            used_day, used, _, _ = _VALUES.unpack_from(table.mm, at)
-            if new or int(used_day) != day:
-                used = 0.0
-            if used >= per_day:
-                return (day + 1) * 86400 - now
-            _VALUES.pack_into(table.mm, at, float(day), used + 1.0, 0.0, now)
-            return 0.0
+        off, new = table.slot(self.prefix + name)
+        at = off + _KEY
+        used_day, used, _, _ = _VALUES.unpack_from(table.mm, at)
+        if new or int(used_day) != day:
+            used = 0.0
+        if used >= per_day:
+            return (day + 1) * 86400 - now
+        _VALUES.pack_into(table.mm, at, float(day), used + 1.0, 0.0, now)
+        return 0.0
 
 
 # --- drift windows ----------------------------------------------------------------------------------
