@@ -203,13 +203,15 @@ def test_the_prefetch_streams_the_files_in_order_and_stays_a_bounded_distance_ah
         paths[-1].write_bytes(b"x" * n)
     monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", chunk)
     monkeypatch.setattr(reader_module, "PREFETCH_AHEAD", 2 * chunk)
-    calls, changed, box = [], threading.Condition(), {}
+    calls, changed, box, ready = [], threading.Condition(), {}, threading.Event()
     real = os.posix_fadvise
 
     def watched(fd, offset, length, advice):
         if advice == os.POSIX_FADV_WILLNEED:
+            assert ready.wait(timeout=30)
+            consumed = box["p"]._consumed  # read at once: what the prefetch went on
             with changed:
-                calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, box["p"]._consumed))
+                calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, consumed))
                 changed.notify_all()
         return real(fd, offset, length, advice)
 
@@ -218,18 +220,21 @@ def test_the_prefetch_streams_the_files_in_order_and_stays_a_bounded_distance_ah
             assert changed.wait_for(lambda: len(calls) >= n, timeout=30), calls
 
     monkeypatch.setattr(os, "posix_fadvise", watched)
-    with changed:  # the thread's first call waits until box["p"] is set
-        box["p"] = prefetch = reader_module._Prefetch(paths)
-    try:
-        wait_for(2)
-        prefetch.consumed(chunk)  # one chunk read: one more may be advised
-        wait_for(3)
-        prefetch.consumed(10 * chunk)  # everything read: the rest follows
-        wait_for(9)
-    finally:
-        prefetch.stop()
+    box["p"] = prefetch = reader_module._Prefetch(paths)
+    ready.set()  # the thread's first call waits until box["p"] is set
     expected = [(str(paths[0]), i * chunk, chunk) for i in range(5)]
     expected += [(str(paths[1]), i * chunk, chunk) for i in range(3)] + [(str(paths[1]), 3 * chunk, 100)]
+    try:
+        # nothing consumed: it advises PREFETCH_AHEAD bytes, then waits for the readers
+        assert prefetch.waited.wait(timeout=30)
+        with changed:
+            assert [c[:3] for c in calls] == expected[:2]
+        prefetch.consumed(chunk)  # one chunk read: one more may be advised
+        wait_for(3)
+        prefetch.consumed(10 * chunk)  # everything read: the rest follows, in order
+        wait_for(len(expected))
+    finally:
+        prefetch.stop()
     assert [c[:3] for c in calls] == expected
     # never more than PREFETCH_AHEAD beyond what was consumed when each chunk was advised
     advised = 0

@@ -395,6 +395,8 @@ class _Prefetch:
         self._cond = threading.Condition()
         self._consumed = 0
         self._stopped = False
+        #: set once the prefetch stopped to let the readers catch up (PREFETCH_AHEAD reached)
+        self.waited = threading.Event()
         self._thread = threading.Thread(target=self._run, name="azulite-prefetch", daemon=True)
         if hasattr(os, "posix_fadvise"):
             self._thread.start()
@@ -423,6 +425,7 @@ class _Prefetch:
                 for at in range(0, size, PREFETCH_CHUNK):
                     with self._cond:
                         while not self._stopped and advised - self._consumed >= PREFETCH_AHEAD:
+                            self.waited.set()
                             self._cond.wait()
                         if self._stopped:
                             return
