@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import socket
+import threading
 
 import pytest
 import torch
@@ -14,6 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
+from azulite.train import reader as reader_module
 from azulite.train.reader import VerifyingReader
 from azulite.train.restore import IntegrityError
 
@@ -163,3 +166,78 @@ def test_ranks_reading_the_same_files_split_the_hashing(tmp_path):
     assert got[0]["direct_bytes"] == got[1]["direct_bytes"] > 0
     assert 0 < got[0]["hashed_bytes"] < shards and 0 < got[1]["hashed_bytes"] < shards
     assert got[0]["hashed_bytes"] + got[1]["hashed_bytes"] == shards
+
+
+def test_each_record_layout_is_read_just_before_its_bytes(tmp_path):
+    saved, _ = _save(tmp_path, seed=1, fill=3.0, step=7)
+    d = tmp_path / "step-00000007"
+    layouts = []  # (file, record offset, bytes this rank had read when the layout was read, read in place)
+
+    class Watched(VerifyingReader):
+        def _in_place(self, heads, req, target):
+            at = self._prefetch._consumed
+            got = super()._in_place(heads, req, target)
+            layouts.append((self.storage_data[req.storage_index].relative_path,
+                            self.storage_data[req.storage_index].offset, at, got is not None))
+            return got
+
+    model, opt, odd, progress, state = _fresh()
+    reader = Watched(d, json.loads((d / "manifest.json").read_text()), 1, str(d))  # one thread: files in turn
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    assert all(torch.equal(a, b) for a, b in zip(saved.parameters(), model.parameters()))
+    # page cache cold, a layout read waits for its record to arrive: each record's layout is read after
+    # the record before it was read (and hashed), not all of a file's up front
+    assert sum(direct for *_, direct in layouts) >= 4
+    for (f0, off0, at0, direct0), (f1, off1, at1, _) in zip(layouts, layouts[1:]):
+        if f0 == f1:
+            assert off0 < off1
+            if direct0:
+                assert at1 > at0, layouts
+
+
+def test_the_prefetch_streams_the_files_in_order_and_stays_a_bounded_distance_ahead(tmp_path, monkeypatch):
+    chunk = 4096
+    paths = []
+    for i, n in enumerate((5 * chunk, 3 * chunk + 100)):
+        paths.append(tmp_path / f"f{i}")
+        paths[-1].write_bytes(b"x" * n)
+    monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", chunk)
+    monkeypatch.setattr(reader_module, "PREFETCH_AHEAD", 2 * chunk)
+    calls, changed, box, ready = [], threading.Condition(), {}, threading.Event()
+    real = os.posix_fadvise
+
+    def watched(fd, offset, length, advice):
+        if advice == os.POSIX_FADV_WILLNEED:
+            assert ready.wait(timeout=30)
+            consumed = box["p"]._consumed  # read at once: what the prefetch went on
+            with changed:
+                calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, consumed))
+                changed.notify_all()
+        return real(fd, offset, length, advice)
+
+    def wait_for(n):
+        with changed:
+            assert changed.wait_for(lambda: len(calls) >= n, timeout=30), calls
+
+    monkeypatch.setattr(os, "posix_fadvise", watched)
+    box["p"] = prefetch = reader_module._Prefetch(paths)
+    ready.set()  # the thread's first call waits until box["p"] is set
+    expected = [(str(paths[0]), i * chunk, chunk) for i in range(5)]
+    expected += [(str(paths[1]), i * chunk, chunk) for i in range(3)] + [(str(paths[1]), 3 * chunk, 100)]
+    try:
+        # nothing consumed: it advises PREFETCH_AHEAD bytes, then waits for the readers
+        assert prefetch.waited.wait(timeout=30)
+        with changed:
+            assert [c[:3] for c in calls] == expected[:2]
+        prefetch.consumed(chunk)  # one chunk read: one more may be advised
+        wait_for(3)
+        prefetch.consumed(10 * chunk)  # everything read: the rest follows, in order
+        wait_for(len(expected))
+    finally:
+        prefetch.stop()
+    assert [c[:3] for c in calls] == expected
+    # never more than PREFETCH_AHEAD beyond what was consumed when each chunk was advised
+    advised = 0
+    for _, _, length, consumed in calls:
+        assert advised - consumed < 2 * chunk, calls
+        advised += length

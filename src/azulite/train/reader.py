@@ -35,6 +35,7 @@ import functools
 import io
 import os
 import socket
+import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -58,6 +59,12 @@ from azulite.train.restore import IntegrityError, mismatch
 #: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
 #: hash pass right after finds the bytes still in cache
 CHUNK = 8 << 20
+#: how far the prefetch (posix_fadvise WILLNEED) runs ahead of what this rank's reader threads consumed:
+#: enough to keep the disk busy while a record is copied and hashed, bounded so that a checkpoint larger
+#: than the page cache does not evict its own front before it is read (0: no prefetch)
+PREFETCH_AHEAD = 1 << 30
+#: the prefetch's unit
+PREFETCH_CHUNK = 64 << 20
 
 
 @dataclass
@@ -155,6 +162,7 @@ class VerifyingReader(FileSystemReader):
         self.fs = _VerifiedFiles(self._files, where)
         self.direct_bytes = 0
         self.hashed_bytes = 0
+        self._prefetch: _Prefetch | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if self._fetch is not None:
@@ -167,10 +175,20 @@ class VerifyingReader(FileSystemReader):
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
+        # page cache cold: the disk starts streaming this rank's files now, in the order they are read,
+        # and keeps streaming while records are copied and hashed (local files only: a Blob download
+        # writes its file just before it is read)
+        prefetch = _Prefetch([fp.path for fp in plans]) if self._fetch is None and PREFETCH_AHEAD > 0 else None
+        self._prefetch = prefetch
         # every rank reaches the collectives below whatever happens here: a rank that raised early would
         # leave the others waiting in them
-        hash_here = self._hashers(plans)
         failure: BaseException | None = None
+        try:
+            hash_here = self._hashers(plans)
+        except BaseException:
+            if prefetch is not None:
+                prefetch.stop()
+            raise
         try:
             for fp in plans:
                 fp.want = _wanted(self._files, fp.name, self._where)
@@ -187,6 +205,9 @@ class VerifyingReader(FileSystemReader):
                     self._read_file(fp, reqs, targets, verify)
         except Exception as e:  # noqa: BLE001 - raised below, after the others heard of it
             failure = e
+        finally:
+            if prefetch is not None:
+                prefetch.stop()
         self._agree(failure)
         # every file of this rank matched its manifest: only now is anything built from the bytes
         for fp in plans:
@@ -247,29 +268,22 @@ class VerifyingReader(FileSystemReader):
             self._fetch(fp.name, fp.path)
         try:
             f = open(fp.path, "rb", buffering=0)  # noqa: SIM115 - closed below
+            heads = open(fp.path, "rb")  # noqa: SIM115 - the record layouts' own reads, closed below
         except FileNotFoundError:
             raise IntegrityError(f"file {fp.name} is missing [{self._where}]") from None
-        with f:
-            # page cache cold: the layout reads below touch every record's head and tail; have the kernel
-            # stream the whole file in meanwhile (it is all read next) instead of seeking for each
+        with f, heads:
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_SEQUENTIAL)
-                os.posix_fadvise(f.fileno(), 0, 0, os.POSIX_FADV_WILLNEED)
+                # a layout read touches a record's first and last pages only: no readahead of its own
+                # (the stream's prefetch brings the rest, in order)
+                os.posix_fadvise(heads.fileno(), 0, 0, os.POSIX_FADV_RANDOM)
             size = os.fstat(f.fileno()).st_size
             if size != fp.want["bytes"]:
                 raise IntegrityError(f"file {fp.name} is {size} B, the manifest says {fp.want['bytes']} B "
                                      f"[{self._where}]")
-            # a record that several requests read (parts of one saved chunk into different targets) is
-            # kept whole and loaded after verification; any other tensor record is read in place
-            readers = Counter(self.storage_data[r.storage_index].offset for r in reqs)
-            for req in reqs:
-                shared = readers[self.storage_data[req.storage_index].offset] > 1
-                d = None if shared else self._in_place(f, req, targets.get(id(req)))
-                (fp.direct.append(d) if d is not None else fp.later.append(req))
-            f.seek(0)
-            self._read_and_hash(f, fp, size, verify)
+            self._read_and_hash(f, heads, fp, reqs, targets, size, verify)
 
-    def _in_place(self, f: Any, req: Any, target: torch.Tensor | None) -> _Direct | None:
+    def _in_place(self, heads: Any, req: Any, target: torch.Tensor | None) -> _Direct | None:
         """Where a tensor record's data lies in the file when it can be read straight into ``target``,
         else None (loaded from kept bytes after verification). Reads only the record's headers; they are
         not trusted yet, so a wrong answer can only put bytes in the wrong place of a tensor of the right
@@ -279,7 +293,8 @@ class VerifyingReader(FileSystemReader):
                 or target.device.type != "cpu" or not target.is_contiguous()):
             return None
         try:
-            src = torch.load(_create_file_view(f, sinfo.offset, sinfo.length), map_location="meta", weights_only=True)
+            src = torch.load(_create_file_view(heads, sinfo.offset, sinfo.length), map_location="meta",
+                             weights_only=True)
             offset = src.untyped_storage()._checkpoint_offset
             src = narrow_tensor_by_index(src, req.storage_offsets, req.lengths)
         except Exception:  # noqa: BLE001 - an unexpected record: the slow path will name any real problem
@@ -293,12 +308,20 @@ class VerifyingReader(FileSystemReader):
             return None
         return _Direct(start, nbytes, target, req)
 
-    def _read_and_hash(self, f: Any, fp: _FilePlan, size: int, verify: bool) -> None:
+    def _read_and_hash(self, f: Any, heads: Any, fp: _FilePlan, reqs: list[Any],
+                       targets: Mapping[int, torch.Tensor], size: int, verify: bool) -> None:
         """The whole file front to back, once: tensor data into its target, the rest kept; all hashed
-        (unless another rank hashes this very file: ``verify`` False)."""
+        (unless another rank hashes this very file: ``verify`` False). Records are taken in file order
+        and each one's layout is read just before its bytes: with the page cache cold, the layout reads
+        of a whole file up front waited for all of it to arrive, and only then did copying and hashing
+        start (a cold restore cost the disk's time plus the copy's); this way the copy of one record
+        runs while the disk brings the next."""
         algorithm = digest.algorithm_of(fp.want)
         h = digest.new(algorithm) if verify else None
-        fp.direct.sort(key=lambda d: d.start)
+        prefetch = self._prefetch
+        # a record that several requests read (parts of one saved chunk into different targets) is kept
+        # whole and loaded after verification; any other tensor record is read in place
+        readers = Counter(self.storage_data[r.storage_index].offset for r in reqs)
         pos = 0
 
         def fill(view: memoryview, at: int) -> None:
@@ -311,8 +334,15 @@ class VerifyingReader(FileSystemReader):
                 if h is not None:
                     h.update(view[done : done + n])  # releases the GIL on large buffers
                 done += n
+                if prefetch is not None:
+                    prefetch.consumed(n)
 
-        for d in fp.direct:
+        for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
+            shared = readers[self.storage_data[req.storage_index].offset] > 1
+            d = None if shared else self._in_place(heads, req, targets.get(id(req)))
+            if d is None:
+                fp.later.append(req)
+                continue
             if d.start < pos:  # each lies inside its own record: overlaps mean headers that cannot be right
                 raise IntegrityError(f"file {fp.name}: tensor records overlap at {d.start} B [{self._where}]")
             if d.start > pos:
@@ -321,6 +351,7 @@ class VerifyingReader(FileSystemReader):
                 fp.kept.append((pos, gap))
             if d.nbytes:
                 fill(tensor_memory(d.target), d.start)
+            fp.direct.append(d)
             pos = d.start + d.nbytes
         if size > pos:
             gap = bytearray(size - pos)
@@ -352,6 +383,59 @@ class VerifyingReader(FileSystemReader):
                                  f"{tuple(tensor.size())}, the checkpoint's metadata says {tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(req, target)
+
+
+class _Prefetch:
+    """Asks the kernel to read files in (``POSIX_FADV_WILLNEED``), in order, from a thread of its own,
+    at most :data:`PREFETCH_AHEAD` bytes beyond what the readers consumed. Advice only: a file that is
+    missing or shorter than expected fails where it is read, with its name."""
+
+    def __init__(self, paths: list[Path]) -> None:
+        self._paths = paths
+        self._cond = threading.Condition()
+        self._consumed = 0
+        self._stopped = False
+        #: set once the prefetch stopped to let the readers catch up (PREFETCH_AHEAD reached)
+        self.waited = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="azulite-prefetch", daemon=True)
+        if hasattr(os, "posix_fadvise"):
+            self._thread.start()
+
+    def consumed(self, n: int) -> None:
+        with self._cond:
+            self._consumed += n
+            self._cond.notify()
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopped = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join()
+
+    def _run(self) -> None:
+        advised = 0
+        for path in self._paths:
+            try:
+                fd = os.open(path, os.O_RDONLY)
+            except OSError:
+                continue
+            try:
+                size = os.fstat(fd).st_size
+                for at in range(0, size, PREFETCH_CHUNK):
+                    with self._cond:
+                        while not self._stopped and advised - self._consumed >= PREFETCH_AHEAD:
+                            self.waited.set()
+                            self._cond.wait()
+                        if self._stopped:
+                            return
+                    n = min(PREFETCH_CHUNK, size - at)
+                    os.posix_fadvise(fd, at, n, os.POSIX_FADV_WILLNEED)
+                    advised += n
+            except OSError:
+                continue
+            finally:
+                os.close(fd)
 
 
 def _kept_bytes(fp: _FilePlan, offset: int, length: int) -> bytes:
