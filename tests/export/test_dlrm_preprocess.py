@@ -113,7 +113,8 @@ def test_every_doubt_goes_to_the_reference_and_its_error():
             pre.parse_rows(rows)
 
 
-_ALPHABET = [b"0", b"7", b"9", b"a", b"F", b"g", b"-", b"+", b" ", b"\t", b"\r", b"\n", b"\xff", b"", b"8000000000000000"]
+_ALPHABET = [b"0", b"7", b"9", b"a", b"F", b"g", b"-", b"+", b" ", b"\t", b"\r", b"\n", b"\xff", b"",
+             b"8000000000000000"]
 
 
 def fuzz(trials: int, seed: int) -> tuple[int, int]:
