@@ -20,76 +20,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from azulite.export import dlrm_preprocess
 from azulite.export.plan import PreprocessStep, ServingPlan
 from azulite.export.recipe import TensorSpec
 
 ROW = TensorSpec(name="ROW", dtype="BYTES", dims=(1,))
-DENSE = TensorSpec(name="DENSE_RAW", dtype="INT64", dims=(13,))
-CATEGORIES = TensorSpec(name="CATEGORY_IDS", dtype="INT64", dims=(26,))
+DENSE = TensorSpec(name=dlrm_preprocess.DENSE_OUTPUT, dtype="INT64", dims=(dlrm_preprocess.DENSE_COUNT,))
+CATEGORIES = TensorSpec(name=dlrm_preprocess.CATEGORY_OUTPUT, dtype="INT64", dims=(dlrm_preprocess.CATEGORY_COUNT,))
 SCORE = TensorSpec(name="SCORE", dtype="FP32", dims=(1,))
 
-# The Python-backend step, whole: it must run in any Triton (numpy only, no azulite). ``parse_rows`` is
-# also what the export runs in-process to verify the pipeline, from this very text.
-PREPROCESS_MODEL_PY = '''"""Written by `azulite export`: raw Criteo TSV rows -> the DLRM model's int64 inputs.
-A row is "I1..I13 <tab> C1..C26" (39 fields) or the same after a label (40 fields): decimal counts (empty: 0)
-and hex category ids (empty: 0). The transform and the hashing run in the next model of the ensemble."""
-
-import re
-
-import numpy as np
-
-_DENSE = re.compile(r"-?[0-9]*")
-_CAT = re.compile(r"[0-9a-fA-F]{0,16}")
-INT64_MAX = (1 << 63) - 1
-
-
-def parse_rows(rows):
-    """rows: array of bytes, shape [B] or [B, 1] -> (dense [B, 13] int64, categories [B, 26] int64).
-    Raises ValueError naming the first bad row and field."""
-    rows = np.asarray(rows, dtype=object).reshape(-1)
-    dense = np.zeros((len(rows), 13), dtype=np.int64)
-    cats = np.zeros((len(rows), 26), dtype=np.int64)
-    for i, raw in enumerate(rows):
-        line = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
-        fields = line.rstrip("\\r\\n").split("\\t")
-        if len(fields) == 40:
-            fields = fields[1:]
-        if len(fields) != 39:
-            raise ValueError(f"row {i}: {len(fields)} tab-separated fields; a Criteo row has 13 counts and 26 "
-                             "categories (39 fields), optionally after its label (40)")
-        for j, f in enumerate(fields[:13]):
-            if not _DENSE.fullmatch(f):
-                raise ValueError(f"row {i}, I{j + 1}: {f[:20]!r} is not a decimal integer (or empty)")
-            dense[i, j] = int(f) if f not in ("", "-") else 0
-        for j, f in enumerate(fields[13:]):
-            if not _CAT.fullmatch(f):
-                raise ValueError(f"row {i}, C{j + 1}: {f[:20]!r} is not a hex category id of 1-16 digits (or empty)")
-            v = int(f, 16) if f else 0
-            if v > INT64_MAX:
-                raise ValueError(f"row {i}, C{j + 1}: {f!r} does not fit in int64")
-            cats[i, j] = v
-    return dense, cats
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        import triton_python_backend_utils as pb_utils
-
-        responses = []
-        for request in requests:
-            try:
-                dense, cats = parse_rows(pb_utils.get_input_tensor_by_name(request, "ROW").as_numpy())
-            except ValueError as e:
-                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(e))))
-                continue
-            responses.append(pb_utils.InferenceResponse(output_tensors=[
-                pb_utils.Tensor("{dense}", dense), pb_utils.Tensor("{cats}", cats)]))
-        return responses
-'''
+# The Python-backend step, whole: dlrm_preprocess.py, a module that runs in any Triton (numpy only, no
+# azulite) and is written as the step's model.py. Its ``parse_rows`` is also what the export runs in-process
+# to verify the pipeline, and what the bench's bare limit runs.
+PREPROCESS_MODEL_PY = (Path(__file__).parent / "dlrm_preprocess.py").read_text()
 
 
 def _served_module(dlrm: Any, num_embeddings: list[int]) -> Any:
@@ -165,16 +113,12 @@ def reference_scores(dlrm: Any, rows: np.ndarray, num_embeddings: list[int]) -> 
 
 def plan(model: Any, model_config: Mapping[str, Any]) -> ServingPlan:
     num_embeddings = [int(n) for n in model_config["kwargs"]["num_embeddings_per_feature"]]
-    namespace: dict[str, Any] = {}
-    exec(compile(PREPROCESS_MODEL_PY, "dlrm_preprocess/model.py", "exec"), namespace)  # noqa: S102 - our own text
-    parse_rows = namespace["parse_rows"]
 
     def preprocess(feed: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-        dense, cats = parse_rows(feed[ROW.name])
+        dense, cats = dlrm_preprocess.parse_rows(feed[ROW.name])
         return {DENSE.name: dense, CATEGORIES.name: cats}
 
-    step = PreprocessStep(inputs=(ROW,), run=preprocess,
-                          model_py=PREPROCESS_MODEL_PY.replace("{dense}", DENSE.name).replace("{cats}", CATEGORIES.name))
+    step = PreprocessStep(inputs=(ROW,), run=preprocess, model_py=PREPROCESS_MODEL_PY)
     return ServingPlan(
         module=_served_module(model, num_embeddings), inputs=(DENSE, CATEGORIES), outputs=(SCORE,),
         sample=lambda n, seed: {ROW.name: sample_rows(n, seed)},

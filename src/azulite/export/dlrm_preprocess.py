@@ -1,0 +1,193 @@
+"""Written by `azulite export` as dlrm_preprocess/<version>/model.py: raw Criteo TSV rows -> the DLRM model's
+int64 inputs. A row is "I1..I13 <tab> C1..C26" (39 fields) or the same after a label (40 fields): decimal
+counts (empty: 0) and hex category ids (empty: 0). The transform and the hashing run in the next model of
+the ensemble. This file must run in any Triton Python backend: numpy (1.26 or later) only, no azulite.
+
+Why vectorised: with many rows per request, parsing is the server's per-row work. The whole batch is one
+byte buffer, its tabs found at once, every field's bytes gathered right-aligned into a [digits, fields]
+array, turned into digit values by byte arithmetic and summed by place value: no Python object per row or
+per field. Anything the fast path is not sure of (a str row, a stray
+character, a field too long, a value past int64) goes to ``parse_rows_checked``, which reads field by field
+and names the first bad row and field -- so the fast path never has to decide an error itself.
+"""
+
+import re
+
+import numpy as np
+
+DENSE_OUTPUT = "DENSE_RAW"
+CATEGORY_OUTPUT = "CATEGORY_IDS"
+DENSE_COUNT, CATEGORY_COUNT = 13, 26
+FEATURES = DENSE_COUNT + CATEGORY_COUNT
+
+_DENSE = re.compile(r"-?[0-9]*")
+_CAT = re.compile(r"[0-9a-fA-F]{0,16}")
+INT64_MAX = (1 << 63) - 1
+INT64_MIN = -(1 << 63)
+
+_TAB, _MINUS, _ZERO = 9, 45, 48
+# at most 18 decimal digits always fit in int64 (10**18 - 1 < 2**63); longer fields take the checked path
+_MAX_DECIMAL_DIGITS = 18
+_POWERS_10 = 10 ** np.arange(_MAX_DECIMAL_DIGITS - 1, -1, -1, dtype=np.int64)
+_PLACES_16 = np.left_shift(1, np.arange(60, -1, -4, dtype=np.int64))  # hex place values, 16 digits
+_BACK = np.arange(-_MAX_DECIMAL_DIGITS, 0, dtype=np.int32)[:, None]  # a field's last bytes, from its end
+
+
+def parse_rows(rows):
+    """rows: array of bytes, shape [B] or [B, 1] -> (dense [B, 13] int64, categories [B, 26] int64).
+    Raises ValueError naming the first bad row and field."""
+    rows = np.asarray(rows, dtype=object).reshape(-1)
+    parsed = parse_rows_fast(rows) if len(rows) >= FAST_FROM_ROWS else None
+    return parsed if parsed is not None else parse_rows_checked(rows)
+
+
+#: below this many rows the fast path's fixed cost (a few dozen numpy calls) is more than reading the
+#: fields one by one
+FAST_FROM_ROWS = 4
+
+
+def parse_rows_fast(rows):
+    """The whole batch at once; None when any row needs ``parse_rows_checked`` (a bad row, a str row...)."""
+    n = len(rows)
+    if n == 0:
+        return np.zeros((0, DENSE_COUNT), dtype=np.int64), np.zeros((0, CATEGORY_COUNT), dtype=np.int64)
+    try:
+        blob = b"\t".join(rows)
+    except TypeError:  # str rows, None...: read one by one
+        return None
+    if b"\n" in blob or b"\r" in blob:  # lines as read from a file keep their end: strip it, as the checked path
+        rows = [r.rstrip(b"\r\n") for r in rows]
+        blob = b"\t".join(rows)
+        if b"\n" in blob or b"\r" in blob:
+            return None
+    # Rows joined by tabs: every field of every row lies between two tabs. The tab appended last ends the
+    # last field and makes "the byte at a field's start" valid for an empty field at the very end.
+    buf = np.frombuffer(blob + b"\t", dtype=np.uint8)
+    if len(buf) >= 1 << 31:
+        return None
+    field_end = np.flatnonzero(buf == _TAB).astype(np.int32)
+    field_start = np.empty_like(field_end)
+    field_start[0] = 0
+    field_start[1:] = field_end[:-1] + 1
+    lengths = np.fromiter(map(len, rows), dtype=np.int64, count=n)
+    row_end = np.cumsum(lengths + 1) - 1  # where each row's closing tab is
+    last = np.searchsorted(field_end, row_end)  # each row's last field
+    counts = np.diff(last)  # fields per row, past the first row's (last[0] + 1)
+    if not (FEATURES <= last[0] + 1 <= FEATURES + 1) or \
+            (n > 1 and (counts.min() < FEATURES or counts.max() > FEATURES + 1)):
+        return None
+    # The last 39 fields of each row (a label, when there is one, is skipped unread, as the checked path
+    # does), field-major: [39, rows]. Every array below keeps the rows innermost, so numpy's loops run
+    # long and contiguous rather than a few digits at a time.
+    index = np.arange(-(FEATURES - 1), 1)[:, None] + last
+    start, end = field_start[index], field_end[index]
+    dense = _decimal(buf, start[:DENSE_COUNT].ravel(), end[:DENSE_COUNT].ravel())
+    if dense is None:
+        return None
+    cats = _hexadecimal(buf, start[DENSE_COUNT:].ravel(), end[DENSE_COUNT:].ravel())
+    if cats is None:
+        return None
+    return (np.ascontiguousarray(dense.reshape(DENSE_COUNT, n).T),
+            np.ascontiguousarray(cats.reshape(CATEGORY_COUNT, n).T))
+
+
+def _chars(buf, start, end, max_width):
+    """The fields' bytes right-aligned, one column per field: [width, fields] uint8, missing leading bytes
+    "0"; None when a field is longer than ``max_width``."""
+    width = int((end - start).max())
+    if width > max_width:
+        return None
+    pos = _BACK[len(_BACK) - width:] + end
+    # "clip": a position before the buffer reads byte 0; the mask then makes it a "0" anyway
+    chars = np.take(buf, pos, mode="clip")
+    chars[pos < start] = _ZERO
+    return chars
+
+
+def _decimal(buf, start, end):
+    negative = (end > start) & (buf[start] == _MINUS)
+    chars = _chars(buf, start + negative, end, _MAX_DECIMAL_DIGITS)
+    if chars is None:
+        return None
+    digits = chars - np.uint8(_ZERO)  # wraps around below "0": anything not a digit is > 9
+    if (digits > 9).any():
+        return None
+    value = _POWERS_10[_MAX_DECIMAL_DIGITS - len(digits):] @ digits
+    return np.where(negative, -value, value)
+
+
+def _hexadecimal(buf, start, end):
+    chars = _chars(buf, start, end, 16)
+    if chars is None:
+        return None
+    decimal = chars - np.uint8(_ZERO)
+    letter = (chars | np.uint8(0x20)) - np.uint8(ord("a"))  # a-f and A-F -> 0..5; wraps around below "a"
+    is_decimal = decimal <= 9
+    if not (is_decimal | (letter <= 5)).all():
+        return None
+    digits = np.where(is_decimal, decimal, letter + np.uint8(10))
+    if len(digits) == 16 and (digits[0] > 7).any():  # past int64: the checked path says which
+        return None
+    return _PLACES_16[16 - len(digits):] @ digits
+
+
+def parse_rows_checked(rows):
+    """Field by field, each checked: the reference ``parse_rows_fast`` must equal, and the errors."""
+    rows = np.asarray(rows, dtype=object).reshape(-1)
+    dense = np.zeros((len(rows), DENSE_COUNT), dtype=np.int64)
+    cats = np.zeros((len(rows), CATEGORY_COUNT), dtype=np.int64)
+    for i, raw in enumerate(rows):
+        line = raw.decode("utf-8", "replace") if isinstance(raw, (bytes, bytearray)) else str(raw)
+        fields = line.rstrip("\r\n").split("\t")
+        if len(fields) == FEATURES + 1:
+            fields = fields[1:]
+        if len(fields) != FEATURES:
+            raise ValueError(f"row {i}: {len(fields)} tab-separated fields; a Criteo row has 13 counts and 26 "
+                             "categories (39 fields), optionally after its label (40)")
+        for j, f in enumerate(fields[:DENSE_COUNT]):
+            if not _DENSE.fullmatch(f):
+                raise ValueError(f"row {i}, I{j + 1}: {f[:20]!r} is not a decimal integer (or empty)")
+            v = int(f) if f not in ("", "-") else 0
+            if not INT64_MIN <= v <= INT64_MAX:
+                raise ValueError(f"row {i}, I{j + 1}: {f[:24]!r} does not fit in int64")
+            dense[i, j] = v
+        for j, f in enumerate(fields[DENSE_COUNT:]):
+            if not _CAT.fullmatch(f):
+                raise ValueError(f"row {i}, C{j + 1}: {f[:20]!r} is not a hex category id of 1-16 digits (or empty)")
+            v = int(f, 16) if f else 0
+            if v > INT64_MAX:
+                raise ValueError(f"row {i}, C{j + 1}: {f!r} does not fit in int64")
+            cats[i, j] = v
+    return dense, cats
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        rows = [pb_utils.get_input_tensor_by_name(r, "ROW").as_numpy().reshape(-1) for r in requests]
+        # every request the batcher handed over parsed as one batch; a batch holding a bad row is parsed
+        # again request by request, so only the request that sent it fails
+        parsed = None
+        if len(rows) > 1 and sum(len(r) for r in rows) >= FAST_FROM_ROWS:
+            parsed = parse_rows_fast(np.concatenate(rows))
+        if parsed is not None:
+            bounds = np.cumsum([len(r) for r in rows])[:-1]
+            parts = zip(np.split(parsed[0], bounds), np.split(parsed[1], bounds))
+        else:
+            parts = map(_or_error, rows)
+        responses = []
+        for part in parts:
+            if isinstance(part, ValueError):
+                responses.append(pb_utils.InferenceResponse(output_tensors=[], error=pb_utils.TritonError(str(part))))
+            else:
+                responses.append(pb_utils.InferenceResponse(output_tensors=[
+                    pb_utils.Tensor(DENSE_OUTPUT, part[0]), pb_utils.Tensor(CATEGORY_OUTPUT, part[1])]))
+        return responses
+
+
+def _or_error(rows):
+    try:
+        return parse_rows(rows)
+    except ValueError as e:
+        return e
