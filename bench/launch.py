@@ -67,14 +67,29 @@ def wait_until(pred: Callable[[], object], timeout: float, what: str) -> object:
 def az(*args: str, env: dict) -> dict:
     out = subprocess.run([AZULITE, *args, "--json"], env=env, cwd=REPO, capture_output=True)
     if out.returncode:
-        raise RuntimeError(f"azulite {' '.join(args)} exited {out.returncode}: {out.stderr.decode()[-2000:]}")
+        raise RuntimeError(f"azulite {' '.join(args)} exited {out.returncode}: {out.stderr.decode()[-2000:]}"
+                           f"{out.stdout.decode()[-2000:]}")
     return json.loads(out.stdout)
 
 
-def az_wait(job_id: str, env: dict) -> dict:
-    while (rec := az("job", "show", job_id, env=env))["state"] not in ("succeeded", "failed", "canceled"):
-        time.sleep(0.25)
+def az_run(*args: str, env: dict) -> dict:
+    """``azulite job submit ... --wait``: one process that follows the job in-process to its end, as a user
+    waits for it. (Polling ``azulite job show`` instead started a CLI process every 0.25 s, each reading the
+    job's MLflow metrics: a core's worth of load on the measured job, which it alone paid; under it a trial's
+    exit-time metric write missed its deadline, and the sweep failed as "never logged the primary metric".)"""
+    out = subprocess.run([AZULITE, "job", "submit", *args, "--wait", "--json"], env=env, cwd=REPO, capture_output=True)
+    try:
+        rec = json.loads(out.stdout)
+    except ValueError:
+        raise RuntimeError(f"azulite job submit {' '.join(args)} exited {out.returncode}: "
+                           f"{out.stderr.decode()[-2000:]}") from None
+    if rec["state"] != "succeeded":
+        raise RuntimeError(f"{rec['id']} {rec['state']}: {rec['reason']} (see {rec['job_dir']})")
     return rec
+
+
+def log_tail(logs: list[Path], n: int = 3000) -> str:
+    return "\n".join(f"--- {p}:\n{p.read_bytes()[-n:].decode(errors='replace')}" for p in logs if p.exists())
 
 
 def free_port() -> int:
@@ -125,24 +140,43 @@ def start_torchrun(steps: int, workdir: Path) -> dict:
     t0 = time.time()
     procs, logs = torchrun(2, 2, ["--steps", str(steps)], workdir, ENV)
     for p in procs:
-        assert p.wait(timeout=600) == 0, "torchrun failed"
+        assert p.wait(timeout=600) == 0, f"torchrun failed:\n{log_tail(logs)}"
     return figures(t0, stamps(b"".join(log.read_bytes() for log in logs)), steps)
 
 
 def start_azulite(steps: int, env: dict) -> dict:
     t0 = time.time()
-    job = az("job", "submit", "examples/ddp/job.yaml", "--set", f"inputs.steps={steps}",
-             "--set", "inputs.checkpoint_every=0", env=env)
-    rec = az_wait(job["id"], env)
-    assert rec["state"] == "succeeded", rec["reason"]
+    rec = az_run("examples/ddp/job.yaml", "--set", f"inputs.steps={steps}", "--set", "inputs.checkpoint_every=0",
+                 env=env)
     log = Path(rec["job_dir"]) / "attempt-1" / "logs" / "rank-0.log"
     return figures(t0, stamps(log.read_bytes()), steps)
 
 
 # ---- kill: kill -9 of a rank -> first step after recovery ----------------------------------------------
-def kill_and_time(rank0_log: Callable[[], Path | None], victim: Callable[[], int | None]) -> float:
+def rank0_started(roots: Callable[[], list[int]], since: float) -> float | None:
+    """When the training process of rank 0 that started after ``since`` (the restarted one) began, by its
+    process start time; None while there is none. A rank runner in front of it is not it."""
+    for root in roots():
+        try:
+            kids = psutil.Process(root).children(recursive=True)
+        except psutil.Error:
+            continue
+        for p in kids:
+            try:
+                if p.create_time() >= since - 0.02 and p.environ().get("RANK") == "0" and \
+                        "azulite.launch.local.rank" not in (cmd := " ".join(p.cmdline())) and "train.py" in cmd:
+                    return p.create_time()
+            except psutil.Error:
+                continue
+    return None
+
+
+def kill_and_time(rank0_log: Callable[[], Path | None], victim: Callable[[], int | None],
+                  roots: Callable[[], list[int]]) -> dict:
     """Once rank 0 is 30 steps in (checkpoints every 10), SIGKILL the victim; seconds until rank 0's first
-    step after its restart."""
+    step after its restart ("kill_to_step_s"), split at the start of rank 0's new process: "restart_s" (the
+    failure noticed, the old group stopped, the rendezvous, the workers started) and "startup_s" (the
+    script's imports, init_process_group, the restore, up to its first step)."""
     log = wait_until(lambda: (p := rank0_log()) and p.exists() and len(stamps(p.read_bytes())) >= 30 and p,
                      300, "30 steps before the kill")
     pid = wait_until(victim, 60, f"rank {KILLED_RANK}'s pid")
@@ -156,10 +190,11 @@ def kill_and_time(rank0_log: Callable[[], Path | None], victim: Callable[[], int
         st = stamps(text[restart.end():]) if restart else []
         return (st[0][1] - t_kill, restart.group(1).startswith(b"resumed")) if st else None
 
+    started = wait_until(lambda: rank0_started(roots, t_kill), 300, "rank 0's new process")
     seconds, resumed = wait_until(after, 300, "the first step after recovery")
     if not resumed:  # the restart found no committed checkpoint: this one measured no restore
         print("warning: no checkpoint had committed before the kill; the restart started fresh", file=sys.stderr)
-    return seconds
+    return {"kill_to_step_s": seconds, "restart_s": started - t_kill, "startup_s": seconds - (started - t_kill)}
 
 
 def rank_pid_under(roots: list[int], rank: int) -> int | None:
@@ -169,7 +204,8 @@ def rank_pid_under(roots: list[int], rank: int) -> int | None:
             for p in psutil.Process(root).children(recursive=True):
                 try:
                     env = p.environ()
-                    if env.get("RANK") == str(rank) and "train.py" in " ".join(p.cmdline()):
+                    cmd = " ".join(p.cmdline())  # the script itself, not azulite's rank runner in front of it
+                    if env.get("RANK") == str(rank) and "train.py" in cmd and "azulite.launch.local.rank" not in cmd:
                         return p.pid
                 except psutil.Error:
                     continue
@@ -178,31 +214,41 @@ def rank_pid_under(roots: list[int], rank: int) -> int | None:
     return None
 
 
-def kill_torchrun(workdir: Path, ckpt: str, env: dict) -> float:
+#: what torchrun's agent logs when a worker outlived the 30 s it is given to stop on SIGTERM at a restart
+#: (LocalElasticAgent stops workers with a fixed 30 s grace): a kill-to-step time ~30 s above the others
+HARD_STOP = re.compile(rb"forcefully exiting via")
+
+
+def hard_stops(agent_logs: list[Path]) -> int:
+    return sum(len(HARD_STOP.findall(p.read_bytes())) for p in agent_logs if p.exists())
+
+
+def kill_torchrun(workdir: Path, ckpt: str, env: dict) -> dict:
     args = ["--steps", "100000", "--checkpoints", ckpt, "--checkpoint-every", "10", "--step-sleep", "0.02"]
     procs, logs = torchrun(2, 2, args, workdir, env, max_restarts=2)
     try:
-        return kill_and_time(lambda: logs[0], lambda: rank_pid_under([p.pid for p in procs], KILLED_RANK))
+        out = kill_and_time(lambda: logs[0], lambda: rank_pid_under([p.pid for p in procs], KILLED_RANK),
+                            lambda: [p.pid for p in procs])
     finally:
         stop(procs)
+    return {**out, "hard_stops": hard_stops(logs)}
 
 
-def kill_azulite(ckpt: str | None, env: dict) -> float:
+def kill_azulite(ckpt: str | None, env: dict) -> dict:
     sets = ["--set", "inputs.steps=100000", "--set", "inputs.step_sleep=0.02", "--set", "inputs.checkpoint_every=10"]
     if ckpt:
         sets += ["--set", f"outputs.checkpoints.path={ckpt}"]
     job = az("job", "submit", "examples/ddp/job.yaml", *sets, env=env)
     log = Path(job["job_dir"]) / "attempt-1" / "logs" / "rank-0.log"
-
-    def victim() -> int | None:
-        procs = az("job", "show", job["id"], env=env)["processes"]
-        pid = next((p["pid"] for p in procs if p["kind"] == "rank" and p["rank"] == KILLED_RANK), None)
-        return pid if pid and psutil.pid_exists(pid) else None
-
     try:
-        return kill_and_time(lambda: log, victim)
+        # the agents' pids once, while the job starts; from then on the same psutil looks as for torchrun (a
+        # `job show` beside the measured run costs it a CPU-second: it reads the job's checkpoints and metrics)
+        agents = wait_until(lambda: len(a := [p["pid"] for p in az("job", "show", job["id"], env=env)["processes"]
+                                              if p["kind"] == "agent"]) == 2 and a, 120, "the job's 2 agents")
+        out = kill_and_time(lambda: log, lambda: rank_pid_under(agents, KILLED_RANK), lambda: agents)
     finally:
         az("job", "cancel", job["id"], env=env)
+    return {**out, "hard_stops": hard_stops(sorted(log.parent.glob("node-*.log")))}
 
 
 @contextmanager
@@ -232,6 +278,10 @@ trial:
     python train.py --steps {steps} --lr ${{{{search_space.lr}}}} --checkpoint-every 0
   resources: {{instance_count: 1}}
   distribution: {{type: pytorch, process_count_per_instance: 2}}
+  # the trial logs its one metric at its last step, so rank 0's MLflow writer first connects as the script
+  # exits; on a loaded machine that import outlasts the default exit wait (10 s) and the metric is lost
+  # ("succeeded without logging the primary metric"): let the exit wait for it
+  environment_variables: {{AZULITE_METRICS_EXIT_WAIT_S: "120"}}
 sampling_algorithm: grid
 search_space:
   lr: {{type: choice, values: {json.dumps(lrs)}}}
@@ -244,16 +294,15 @@ def sweep_azulite(lrs: list[float], steps: int, workdir: Path, env: dict) -> flo
     spec = workdir / "sweep.yaml"
     spec.write_text(sweep_yaml(lrs, steps))
     t0 = time.time()
-    rec = az_wait(az("job", "submit", str(spec), env=env)["id"], env)
-    assert rec["state"] == "succeeded", rec["reason"]
+    az_run(str(spec), env=env)
     return time.time() - t0
 
 
 def sweep_torchrun(lrs: list[float], steps: int, workdir: Path) -> float:
     t0 = time.time()
     for lr in lrs:
-        procs, _ = torchrun(1, 2, ["--steps", str(steps), "--lr", str(lr), "--checkpoint-every", "0"], workdir, ENV)
-        assert procs[0].wait(timeout=600) == 0, "torchrun failed"
+        procs, logs = torchrun(1, 2, ["--steps", str(steps), "--lr", str(lr), "--checkpoint-every", "0"], workdir, ENV)
+        assert procs[0].wait(timeout=600) == 0, f"torchrun failed:\n{log_tail(logs)}"
     return time.time() - t0
 
 
@@ -296,17 +345,24 @@ def main() -> None:
                     out["blob_skipped"] = "azurite-blob not installed (scripts/install.sh --dev)"
                 for where, conn_str in stores.items():
                     kenv = {**env, **({"AZURE_STORAGE_CONNECTION_STRING": conn_str} if conn_str else {})}
-                    k: dict[str, list[float]] = {"azulite": [], "torchrun": []}
+                    k: dict[str, list[dict]] = {"azulite": [], "torchrun": []}
                     for i in range(args.kills):
                         ckpt = f"az://bench/k{i}" if conn_str else str(tmp / f"ckpt-{where}-{i}")
                         k["torchrun"].append(kill_torchrun(tmp, ckpt, {**ENV, **kenv}))
                         ckpt = f"az://bench/a{i}" if conn_str else None  # azulite: the job's own output folder
                         k["azulite"].append(kill_azulite(ckpt, kenv))
-                        print(f"kill {where} {i}: torchrun {k['torchrun'][-1]:.2f}s  azulite {k['azulite'][-1]:.2f}s",
-                              file=sys.stderr)
-                    a, t = med(k["azulite"]), med(k["torchrun"])
+                        print(f"kill {where} {i}: torchrun {k['torchrun'][-1]}  azulite {k['azulite'][-1]}", file=sys.stderr)
+                    m = {n: {f: med(r[f] for r in v) for f in ("kill_to_step_s", "restart_s", "startup_s")}
+                         for n, v in k.items()}
+                    a, t = m["azulite"]["kill_to_step_s"], m["torchrun"]["kill_to_step_s"]
                     out.update({f"azulite_kill_to_step_{where}_s": round(a, 3), f"torchrun_kill_to_step_{where}_s": round(t, 3),
-                                f"kill_to_step_{where}_ratio": round(a / t, 3)})
+                                f"kill_to_step_{where}_ratio": round(a / t, 3),
+                                # every run, not only the median: an outlier is seen, and whether a worker
+                                # outlived torchrun's 30 s stop grace in it (hard_stops)
+                                f"kill_{where}_runs": {n: [{f: round(x, 3) if isinstance(x, float) else x
+                                                            for f, x in r.items()} for r in v] for n, v in k.items()}})
+                    for n in k:  # where the time goes: up to rank 0's new process, and from it to the step
+                        out.update({f"{n}_kill_{where}_{f}": round(m[n][f], 3) for f in ("restart_s", "startup_s")})
         if "sweep" in parts:
             lrs = [0.01 * (i + 1) for i in range(args.trials)]
             t = sweep_torchrun(lrs, 20, tmp)

@@ -24,6 +24,7 @@ from azulite.cli import observe as _observe
 from azulite.cli import rules as _rules
 from azulite.cli import dashboard as _dashboard
 from azulite.cli import agent as _agent
+from azulite.cli import job_nodes as _job_nodes
 
 app = typer.Typer(
     name="azulite",
@@ -53,6 +54,7 @@ _observe.register(app)
 app.add_typer(_rules.app, name="rules")
 _dashboard.register(app)
 _agent.register(app)
+_job_nodes.register(_job.app)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -9,6 +9,7 @@ supervisor's; this class only reads the store and writes requests into it (cance
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import subprocess
 import sys
@@ -21,10 +22,11 @@ import psutil
 from azulite.errors import LaunchError
 from azulite.launch.backend import Backend, register_backend
 from azulite.launch.data import check_inputs
+from azulite.launch.local.nodes import NodeView, node_view, wait_reply, write_request
 from azulite.launch.local.procs import pid_alive, terminate_tree
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import get_strategy
-from azulite.launch.local.supervisor import REPLACE_REQUEST, build_context, job_processes, retries_used
+from azulite.launch.local.supervisor import build_context, job_processes, retries_used
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
 from azulite.spec.sweep import SweepSpec
@@ -182,20 +184,64 @@ class LocalBackend(Backend):
         self.store.event(job_id, "preempt requested")
         return self.store.get(job_id)
 
-    def replace_nodes(self, job_id: str) -> JobRecord:
-        """Bring a running elastic job's lost nodes back now rather than after ``AZULITE_NODE_RETURN_S``: its
-        supervisor starts a new agent for each, which joins the job's rendezvous; torchrun grows the group
-        back at its next round (the training script resumes from its last checkpoint on the larger world)."""
+    # ---- nodes of an elastic job ---------------------------------------------------------------------
+    def nodes(self, job_id: str) -> NodeView:
+        """The job's nodes in its current attempt: running, lost, finished (``azulite job nodes JOB``)."""
         rec = self._status_impl(job_id)  # an unknown id: NotFound
-        if rec.spec.get("type") == "sweep" or not JobSpec.model_validate(rec.spec).elastic:
-            raise LaunchError(f"job {job_id} has a fixed node count: there is no lost node to bring back",
-                              where="elastic", fix="submit the job with `elastic: {min_nodes: N}` to let it shrink "
-                              "and grow back")
-        if rec.state != JobState.RUNNING:
-            raise LaunchError(f"job {job_id} is {rec.state.value}, not running: no node to bring back",
+        if rec.spec.get("type") == "sweep":
+            raise LaunchError(f"{job_id} is a sweep: its trials are the jobs with nodes",
+                              fix=f"look at a trial (`azulite job show {job_id}` lists them)")
+        spec = JobSpec.model_validate(rec.spec)
+        return node_view(rec, spec.node_range, spec.elastic is not None)
+
+    def add_nodes(self, job_id: str, count: int | None = None, *, timeout: float = 60.0) -> NodeView:
+        """Bring ``count`` of a running elastic job's lost nodes back now (None: every lost one), rather than
+        after ``AZULITE_NODE_RETURN_S``: its supervisor starts a new agent for each, which joins the job's
+        rendezvous; torchrun grows the group back at its next round (the training script resumes from its
+        last checkpoint on the larger world). Returns once the supervisor has started them; the view then
+        shows them running."""
+        view = self.nodes(job_id)
+        if count is not None and count < 1:
+            raise LaunchError(f"--add {count}: the number of nodes to bring back must be at least 1", where="--add",
+                              fix="e.g. --add 1, or --return to bring back every lost node")
+        if not view.elastic:
+            raise LaunchError(f"job {job_id} has a fixed node count ({view.max_nodes}): no node of it is lost "
+                              "while it runs, and none can be added", where="elastic",
+                              fix="submit the job with `elastic: {min_nodes: N}` to let it shrink and grow back")
+        if view.job_state != JobState.RUNNING.value:
+            raise LaunchError(f"job {job_id} is {view.job_state}, not running: no node to bring back",
                               fix="bring nodes back to a running job (see `azulite job list`)")
-        (Path(rec.job_dir) / REPLACE_REQUEST).touch()
-        self.store.event(job_id, "node return requested")
+        up = len(view.nodes) - len(view.lost)
+        if not view.lost:
+            raise LaunchError(f"job {job_id} has all {view.max_nodes} of its nodes (elastic max_nodes = "
+                              "instance_count): none is lost, so none can be added", where="--add",
+                              fix=f"nothing to do; `azulite job nodes {job_id}` shows its nodes")
+        if count is not None and count > len(view.lost):
+            raise LaunchError(f"--add {count} would give job {job_id} {up + count} nodes, over its max_nodes "
+                              f"({view.max_nodes}, its instance_count): {up} up, {len(view.lost)} lost "
+                              f"({', '.join(view.lost)})", where="--add",
+                              fix=f"--add {len(view.lost)} (or --return) to bring every lost node back")
+        rec = self.store.get(job_id)
+        rid = write_request(rec.job_dir, count)
+        self.store.event(job_id, f"node return requested ({count or 'every lost'} node(s))")
+
+        def gone() -> str | None:
+            now = self._status_impl(job_id)  # notices (and requeues) a dead supervisor
+            if now.state.terminal:
+                return f"job {job_id} ended ({now.state.value})"
+            if now.attempt != rec.attempt or now.state != JobState.RUNNING:
+                return f"job {job_id} is {now.state.value} (attempt {now.attempt})"
+            return None
+
+        reply = wait_reply(rec.job_dir, rid, gone=gone, timeout=timeout)
+        if reply.get("refused"):
+            raise LaunchError(f"job {job_id}: no node was brought back: {reply['refused']}",
+                              fix="see `azulite job nodes` and `azulite job show` for where the job is")
+        return dataclasses.replace(self.nodes(job_id), started=tuple(reply.get("started") or ()))
+
+    def replace_nodes(self, job_id: str) -> JobRecord:
+        """Every lost node of a running elastic job back now (``add_nodes(job_id)``)."""
+        self.add_nodes(job_id)
         return self.store.get(job_id)
 
     # ---- logs ----------------------------------------------------------------------------------------

@@ -11,7 +11,8 @@ the shell that submitted it. It runs attempts until the job ends:
 
 An elastic job (``elastic: {min_nodes}``) that loses a node goes on inside the attempt on the nodes left;
 the lost node comes back (a new agent for it joins the same rendezvous) after ``AZULITE_NODE_RETURN_S``,
-or at once on request (``LocalBackend.replace_nodes``), and torchrun grows the group back at its next round.
+or at once on request (``azulite job nodes JOB --add N``, ``nodes.py``), and torchrun grows the group back at
+its next round.
 
 It knows nothing about torchrun: the strategy for the job's distribution type (``strategy.py``) gives the
 processes to start and the per-rank results. The store is the truth; the supervisor is its only writer
@@ -34,6 +35,7 @@ import psutil
 
 from azulite.contract import ENV_ATTEMPT, ENV_JOB_ID, EXIT_PREEMPTED
 from azulite.errors import AzuliteError, LaunchError
+from azulite.launch.local.nodes import take_requests, write_reply
 from azulite.launch.local.procs import signal_all, terminate_tree, tree
 from azulite.launch.local.rank import shell_exit_code
 from azulite.launch.local.store import JobStore
@@ -48,8 +50,6 @@ from azulite.spec.job import JobSpec, PathInput
 from azulite.spec.loader import render_command
 
 POLL_S = 0.2
-#: a file in the job folder asking the supervisor to bring an elastic job's lost nodes back now
-REPLACE_REQUEST = "replace-nodes.request"
 #: rank exits that are effects (a clean end, a preempted save, our own SIGTERM/SIGKILL), never a root cause
 _NOT_A_CAUSE = (0, None, EXIT_PREEMPTED, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 #: inherited variables that would confuse the rank identity of the job's processes
@@ -163,7 +163,7 @@ class Supervisor:
         self.store, self.settings, self.job_id, self.environ = store, settings, job_id, environ
         self._cancel = False
         self._preempt = False
-        self._replace = False  # start replacements for an elastic job's lost nodes now (REPLACE_REQUEST)
+        self._node_requests: list[dict] = []  # bring an elastic job's lost nodes back now (nodes.py)
         self._procs: list[subprocess.Popen] = []  # the current attempt's launchers
         self.started = time.monotonic()
         self.job_dir: Path | None = None
@@ -176,9 +176,8 @@ class Supervisor:
         self._preempt = True
 
     def _flags(self) -> tuple[bool, bool]:
-        if self.job_dir is not None and (request := self.job_dir / REPLACE_REQUEST).exists():
-            request.unlink(missing_ok=True)
-            self._replace = True
+        if self.job_dir is not None:
+            self._node_requests += take_requests(self.job_dir)
         cancel, preempt = self.store.flags(self.job_id)
         self._cancel |= cancel
         self._preempt |= preempt
@@ -203,7 +202,15 @@ class Supervisor:
             self._end(JobState.FAILED, f"supervisor error: {exc!r} (see {job_dir / 'supervisor.log'})", exit_code=1)
             return 1
         finally:
+            self._refuse_node_requests("the job has ended")
             self._sweep()
+
+    def _refuse_node_requests(self, why: str) -> None:
+        if self.job_dir is not None:
+            self._node_requests += take_requests(self.job_dir)
+            for req in self._node_requests:
+                write_reply(self.job_dir, req["id"], started=[], refused=why)
+        self._node_requests = []
 
     def _end(self, state: JobState, message: str, **kw: object) -> None:
         self.store.transition(self.job_id, state, message=message, **kw)  # refused if already ended: fine
@@ -232,8 +239,8 @@ class Supervisor:
             strategy.preflight(ctx)
             if not self.store.transition(self.job_id, JobState.RUNNING, attempt=attempt, message=f"attempt {attempt}"):
                 return 0  # canceled meanwhile
-            self._preempt = self._replace = False
-            (job_dir / REPLACE_REQUEST).unlink(missing_ok=True)  # meant for an earlier attempt
+            self._preempt = False
+            self._refuse_node_requests(f"attempt {attempt} is starting, on all its nodes")  # meant for the last one
             out = self._run_attempt(ctx, strategy, spec)
             self._record(ctx, out)
             # after every attempt, whatever its end (a preempted one included): nothing written is lost
@@ -312,9 +319,16 @@ class Supervisor:
         lost_at: dict[str, float] = {}  # an elastic job's lost nodes, not yet replaced, and since when
         replaced: set[str] = set()
         finished_at: float | None = None  # when the first node ended 0: the job is done, nothing may join
+        noted: dict[str, int] = {}  # agents whose exit is in the store (by pid: a replacement is another)
         while True:
             exits = {n: (None if p.poll() is None else shell_exit_code(p.returncode)) for n, p in procs.items()}
             running = [n for n, c in exits.items() if c is None]
+            ended = [n for n, c in exits.items() if c is not None and noted.get(n) != procs[n].pid]
+            if ended:  # as soon as seen: `job nodes` reads which nodes are lost from the store
+                self.store.record_processes(self.job_id, [
+                    ProcessRecord(ctx.attempt, "agent", n, specs[n].node, None, None, procs[n].pid, exits[n],
+                                  str(specs[n].log)) for n in ended])
+                noted.update({n: procs[n].pid for n in ended})
             if not running:
                 break
             cancel, preempt = self._flags()
@@ -351,18 +365,28 @@ class Supervisor:
                 # the node returns (or a replacement starts): its new agent joins the same rendezvous, the
                 # running agents see it waiting and restart their workers, and the next round has it back
                 wait = self.settings.node_return_s
-                due = [n for n, t in lost_at.items() if self._replace or (wait >= 0 and now - t >= wait)]
-                self._replace = False
+                due = [n for n, t in sorted(lost_at.items()) if wait >= 0 and now - t >= wait]
+                asked = []
+                for req in self._node_requests:  # oldest first; each takes the lost nodes not yet taken
+                    left = [n for n in sorted(lost_at) if n not in due]
+                    take = left[: req["count"] or len(left)]
+                    due += take
+                    asked.append((req, take))
+                self._node_requests = []
                 for n in due:
                     del lost_at[n]
                     replaced.add(n)
                     procs[n] = self._start(ctx, specs[n])
                     self.store.event(self.job_id, f"{n} back: a new agent joins the rendezvous; the job grows "
                                      f"back to {spec.node_range[1]} node(s) at the next round")
-            elif self._replace:
-                self._replace = False
-                self.store.event(self.job_id, "no lost node to replace" if not lost_at else
-                                 "nodes are not replaced once the job is finishing or failing")
+                for req, take in asked:
+                    write_reply(self.job_dir, req["id"], started=take,
+                                refused=None if take else "no lost node left to bring back")
+            elif self._node_requests:
+                why = ("no lost node to bring back" if not lost_at else "nodes are not brought back once the job "
+                       "is finishing, failing or preempted")
+                self.store.event(self.job_id, f"node request refused: {why}")
+                self._refuse_node_requests(why)
             if finished_at is not None and now - finished_at > self.settings.peer_grace_s and first_failure is None \
                     and (late := [n for n in running if n in replaced and not _has_ranks(ctx, procs[n].pid)]):
                 # a replacement that came as the others finished waits for a round that will not come
