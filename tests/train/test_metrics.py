@@ -170,3 +170,31 @@ def test_exit_is_bounded_when_the_store_hangs(job):
     p = subprocess.run([sys.executable, "-c", STUCK], env=dict(os.environ), capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and "logged" in p.stdout, p.stderr
     assert "did not take the last values" in p.stderr
+
+
+# The writer is still connecting (importing MLflow, creating the run: seconds on a busy node) when a
+# script that logged its one metric at its last step exits: the exit waits for it, well past the stall
+# bound, and the value reaches the store.
+SLOW_CONNECT = """
+import threading
+from azulite.train import metric_writer as mw, metrics
+mw.CLOSE_TIMEOUT_S = 0.2
+real = mw.MetricWriter._connect
+logged = threading.Event()
+def slow(self):
+    logged.wait()  # not connected before the value is queued and the exit has begun
+    threading.Event().wait(1.0)  # five stall bounds: the old exit gave up here
+    return real(self)
+mw.MetricWriter._connect = slow
+metrics.log_metrics({"objective": 0.25}, step=7)
+logged.set()
+print("logged", flush=True)
+"""
+
+
+def test_exit_waits_for_a_writer_still_connecting_and_the_last_metric_is_kept(job):
+    p = subprocess.run([sys.executable, "-c", SLOW_CONNECT], env=dict(os.environ), capture_output=True, text=True,
+                       timeout=300)
+    assert p.returncode == 0 and "logged" in p.stdout, p.stderr
+    assert "did not take the last values" not in p.stderr, p.stderr
+    assert history(job)["objective"] == [(7, 0.25)]

@@ -7,10 +7,13 @@ whichever thread reaps the commit) only puts a tuple on a ``queue.SimpleQueue`` 
 lock and never blocks — and this thread alone talks to the store. Nothing here runs in a signal handler
 or holds a lock a signal handler could want (``Preemption`` only sets an Event).
 
-Exit: ``atexit`` closes the writer with a bounded wait (:data:`CLOSE_TIMEOUT_S`). ``atexit`` callbacks run
+Exit: ``atexit`` closes the writer with a bounded wait: it gives up on a store call that has made no
+progress for :data:`CLOSE_TIMEOUT_S`, but waits (up to :data:`EXIT_WAIT_CAP_S`) for a writer still
+connecting — importing MLflow and creating the run take seconds on a busy node, and a script that logs
+its one metric at its last step (a sweep trial's objective) must not lose it. ``atexit`` callbacks run
 after ``threading``'s own exit hooks, so a checkpoint the checkpointer commits as the interpreter exits
 (a preempted rank's ``sys.exit(75)`` included) is queued before the writer drains. The thread is a
-daemon: a store that never answers costs the exit at most the timeout, never a hang, and no join waits
+daemon: a store that never answers costs the exit at most the stall bound (or the cap), never a hang, and no join waits
 for it. A failure to write is counted and said once; training never sees it.
 
 TensorBoard files are written with TensorBoard's own record writer and protos, which need no TensorFlow
@@ -36,6 +39,9 @@ TB_DIR = "tensorboard"
 #: longest the exit waits for queued values to reach the store (a store that hangs costs this, no more;
 #: ``AZULITE_METRICS_EXIT_WAIT_S`` overrides it). Well inside the launcher's preemption grace (60 s)
 CLOSE_TIMEOUT_S = 10.0
+#: longest the exit waits in all, a writer still connecting included (``AZULITE_METRICS_EXIT_WAIT_S``
+#: overrides it): inside the launcher's preemption grace (60 s), so a preempted rank still exits 75
+EXIT_WAIT_CAP_S = 45.0
 #: values waiting beyond this are dropped (counted): a store stuck for long must not grow memory forever
 MAX_PENDING = 100_000
 #: MLflow's limit of metrics per log_batch call
@@ -71,10 +77,16 @@ class MetricWriter:
         self._closed = False
         self._client: Any = None
         self._tb: Any = None
+        # what the writer thread is doing now, for close(): ("connect" | "write", monotonic start) or None
+        self._busy: tuple[str, float] | None = None
         self._thread = threading.Thread(target=self._run, name="azulite-metrics", daemon=True)
         # inline: the caller writes (after the exit drain, when no writer thread is left)
         self._inline = inline
         if not inline:
+            # MLflow's import chain reaches concurrent.futures.thread, whose import registers a threading
+            # exit hook — refused once the interpreter is exiting ("can't register atexit after
+            # shutdown"). Imported here (stdlib, milliseconds) so a connect still running at exit succeeds.
+            import concurrent.futures.thread  # noqa: F401
             try:
                 self._thread.start()
             except RuntimeError:  # interpreter shutting down: nothing else writes now, so this caller may
@@ -104,23 +116,27 @@ class MetricWriter:
         return marker.done.wait(timeout)
 
     def close(self, timeout: float | None = None) -> bool:
-        """Write what is queued (waiting at most ``timeout``, default :data:`CLOSE_TIMEOUT_S`), end a run
-        created here, close the event file. Returns whether everything queued was handled in time."""
+        """Write what is queued, end a run created here, close the event file. Returns whether everything
+        queued was handled in time. ``timeout``: the longest wait in all; by default the wait ends when a
+        store call has been stuck for :data:`CLOSE_TIMEOUT_S` (a connect may take up to the cap)."""
         if self._closed:
             return True
-        if timeout is None:
+        cap = timeout
+        if cap is None:
             try:  # a node whose preemption grace is long can wait longer for its last figures
-                timeout = float(os.environ.get("AZULITE_METRICS_EXIT_WAIT_S") or CLOSE_TIMEOUT_S)
+                cap = float(os.environ.get("AZULITE_METRICS_EXIT_WAIT_S") or EXIT_WAIT_CAP_S)
             except ValueError:
-                timeout = CLOSE_TIMEOUT_S
+                cap = EXIT_WAIT_CAP_S
         self._closed = True
         done = True
         if self._inline:
             self._finish()
         else:
             self._q.put(_STOP)
-            self._thread.join(timeout)
+            t0 = time.monotonic()
+            self._join(cap, stall=None if timeout is not None else CLOSE_TIMEOUT_S)
             done = not self._thread.is_alive()
+            timeout = time.monotonic() - t0
             if not done:
                 self._said = True  # the stuck thread says nothing more: no stderr write during interpreter teardown
                 log.warning("metrics store %s did not take the last values within %.0fs; %d value(s) may be lost "
@@ -130,13 +146,29 @@ class MetricWriter:
                         self.failed, self.dropped, self.uri)
         return done
 
+    def _join(self, cap: float, stall: float | None) -> None:
+        """Wait for the writer thread to end: at most ``cap`` seconds, and with ``stall``, no longer than
+        that past the start of a write that has not returned (a hung store). Connecting is not a stall."""
+        end = time.monotonic() + cap
+        while self._thread.is_alive():
+            now = time.monotonic()
+            if now >= end:
+                return
+            busy = self._busy
+            if stall is not None and busy is not None and busy[0] == "write" and now - busy[1] >= stall:
+                return
+            # woken by the thread's end at once; the slice only bounds how late a stall is noticed
+            self._thread.join(min(end - now, 0.05 if stall is None else max(stall / 20, 0.01)))
+
     # -- the writer thread ---------------------------------------------------------------------------------
     def _run(self) -> None:
+        self._busy = ("connect", time.monotonic())
         try:  # connect now, not at the first value: importing MLflow takes seconds on a busy node, and a
             # first value queued just before a preempted exit would otherwise wait on it
             self._client = self._connect()
         except Exception:  # noqa: BLE001 - retried (and said) at the first write
             self._client = None
+        self._busy = None
         while True:
             item = self._q.get()
             batch: list[tuple[dict[str, float], int | None, float]] = []
@@ -155,11 +187,15 @@ class MetricWriter:
                     break
             if batch:
                 self._pending -= len(batch)
+                self._busy = ("connect" if self._client is None else "write", time.monotonic())
                 self._write(batch)
+                self._busy = None
             for m in markers:
                 m.done.set()
             if stop:
+                self._busy = ("write", time.monotonic())  # ending the run is a store call too
                 self._finish()
+                self._busy = None
                 return
 
     def _write(self, batch: list[tuple[dict[str, float], int | None, float]]) -> None:
