@@ -14,7 +14,9 @@ import pytest
 
 from azulite.errors import Internal
 from azulite.serve import instances
+from azulite.serve.backends.base import WorkItem
 from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
+from azulite.serve.server import new_event_loop
 from azulite.serve.types import InferRequest, InferTensor
 from tests.serve.conftest import build_model_repository
 from tests.serve.procs import children, cmdline
@@ -103,6 +105,15 @@ def _pid_of(dp, model: str, x: float) -> int:
     return one()
 
 
+def _on_server_loop(coro) -> None:
+    """On the loop ``azulite serve`` runs (uvloop: its poller makes a watched descriptor non-blocking)."""
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
 def test_single_process_server_runs_instances_in_processes_by_config(tmp_path):
     """``--workers 1``: a model whose config asks for instance processes gets one per instance, its
     neighbours stay threads (the default "auto" too); a wrong value or an impossible ask fails that
@@ -129,6 +140,12 @@ def test_single_process_server_runs_instances_in_processes_by_config(tmp_path):
             assert answered <= set(pids) and len(answered) >= 1
             for model in ("in_threads", "by_default"):
                 assert await _pid_of(dp, model, 1.0) == os.getpid()
+            # the blocking crossing (a batch too big for the arena takes it) still works on a socket the
+            # loop's poller has used (it leaves the descriptor non-blocking)
+            instance = dp.manager.get("in_processes").batcher._instances[0].model
+            item = WorkItem(inputs={"X": np.array([[5.0]], np.float32)}, outputs=None, batch_size=1)
+            results, _ = await asyncio.wait_for(asyncio.to_thread(instance.execute, [item]), 60)
+            assert int(results[0]["PID"][0, 0]) in pids
             # the batcher awaits an instance process on its loop: the instance threads never start
             names = [t.name for t in threading.enumerate()]
             assert not [n for n in names if n.startswith("azulite-in_processes")], names
@@ -140,7 +157,7 @@ def test_single_process_server_runs_instances_in_processes_by_config(tmp_path):
         finally:
             await dp.shutdown(30)
 
-    asyncio.run(run())
+    _on_server_loop(run())
     assert not [p for p in _instance_pids() if p not in before]
 
 
@@ -166,4 +183,4 @@ def test_instance_process_dying_mid_batch_fails_that_batch_and_is_restarted(tmp_
         finally:
             await dp.shutdown(30)
 
-    asyncio.run(run())
+    _on_server_loop(run())

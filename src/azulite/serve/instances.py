@@ -48,7 +48,7 @@ _CHOICES = {"true": "true", "yes": "true", "1": "true", "false": "false", "no": 
             "auto": "auto", "": "auto"}
 #: a batch whose inputs did not fit in the arena (travel inline) crosses from a thread: writing them from
 #: the event loop would block it for as long as the instance takes to read them
-ASYNC_INLINE_MAX = 256 * 1024
+ASYNC_INLINE_MAX = 64 * 1024
 #: (model, instance) -> times its process was started again after dying
 restarts: dict[tuple[str, str], int] = {}
 _restarts_lock = threading.Lock()
@@ -196,6 +196,7 @@ class ProcessInstance:
                 self._restart()
             header, packed = self._pack(items)
             try:
+                self._sock.setblocking(True)  # type: ignore[union-attr]  # after execute_async's poller
                 ipc.send_frame(self._sock, header, packed.inline)  # type: ignore[arg-type]
             except OSError:
                 # gone before the batch reached it (it died idle): the batch never ran, so it goes to the
@@ -208,7 +209,7 @@ class ProcessInstance:
             try:
                 answer, inline = ipc.recv_frame(self._sock)  # type: ignore[arg-type]
             except (ConnectionError, OSError):
-                self._proc.wait()  # type: ignore[union-attr]
+                self._end()
                 raise self._died("while executing") from None
             return self._results(answer, inline)
         raise AssertionError("unreachable")
@@ -224,9 +225,11 @@ class ProcessInstance:
             if packed.inline_bytes > ASYNC_INLINE_MAX:
                 return await loop.run_in_executor(None, self.execute, items)
             try:
+                # at most ASYNC_INLINE_MAX bytes into the idle process's empty socket buffer: never a partial
+                # write, even on the descriptor the loop's poller made non-blocking
                 self._sock.sendall(b"".join(ipc.frame(header, packed.inline)))  # type: ignore[union-attr]
             except OSError:
-                await loop.run_in_executor(None, self._proc.wait)  # type: ignore[union-attr]
+                await loop.run_in_executor(None, self._end)
                 if attempt == 1:
                     continue
                 raise Internal(f"model '{self.ctx.model_name}': instance process {self.ctx.instance_name} "
@@ -235,21 +238,36 @@ class ProcessInstance:
         sock = self._sock
         fd = sock.fileno()  # type: ignore[union-attr]
         answered = loop.create_future()
+        buf = bytearray()
 
         def on_readable() -> None:
-            loop.remove_reader(fd)
+            # the loop's poller makes the descriptor non-blocking: read what is there, parse once whole
             try:
-                # the process writes its answer with one call: once readable, the rest of the frame is
-                # in the socket or on its way, never behind another wait
-                answered.set_result(ipc.recv_frame(sock))  # type: ignore[arg-type]
-            except (ConnectionError, OSError) as exc:
-                answered.set_exception(exc)
+                chunk = sock.recv(1 << 20)  # type: ignore[union-attr]
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                chunk, error = b"", exc
+            else:
+                error = ConnectionError("the instance process closed its socket")
+            if not chunk:
+                loop.remove_reader(fd)
+                answered.set_exception(error)
+                return
+            buf.extend(chunk)
+            if len(buf) >= ipc.FRAME_PREFIX.size:
+                head_len, size = ipc.FRAME_PREFIX.unpack_from(buf)
+                end = ipc.FRAME_PREFIX.size + head_len + size
+                if len(buf) >= end:
+                    loop.remove_reader(fd)
+                    header = pickle.loads(buf[ipc.FRAME_PREFIX.size:ipc.FRAME_PREFIX.size + head_len])
+                    answered.set_result((header, memoryview(buf)[end - size:end]))
 
         loop.add_reader(fd, on_readable)
         try:
             answer, inline = await answered
         except (ConnectionError, OSError):
-            await loop.run_in_executor(None, self._proc.wait)  # type: ignore[union-attr]
+            await loop.run_in_executor(None, self._end)
             raise self._died("while executing") from None
         except asyncio.CancelledError:
             # its answer would be read as the next batch's: this process goes, the next batch starts another
@@ -257,6 +275,16 @@ class ProcessInstance:
             self._proc.kill()  # type: ignore[union-attr]
             raise
         return self._results(answer, inline)
+
+    def _end(self) -> None:
+        """Make sure the process is gone and reaped (it may be exiting already: its exit code stays)."""
+        if self._proc is not None:
+            if self._proc.poll() is None:
+                try:
+                    self._proc.wait(timeout=2)
+                except subprocess.TimeoutExpired:
+                    self._proc.kill()
+            self._proc.wait()
 
     def _restart(self) -> None:
         log.warning("instance process %s of model '%s' died: starting it again", self.ctx.instance_name,
@@ -269,6 +297,7 @@ class ProcessInstance:
     def close(self) -> None:
         if self._sock is not None:
             try:
+                self._sock.setblocking(True)
                 ipc.send_frame(self._sock, ("q",))
             except OSError:
                 pass
