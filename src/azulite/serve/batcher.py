@@ -16,8 +16,7 @@ idle instance on size or deadline, with Triton's dynamic-batching semantics.
 The merge/split of tensors is not here (merge.py, used by the backends); this module only decides which
 requests run together and when. Everything runs on the event loop; only ``execute`` runs in the
 instance's own thread, except the short executions of a single-instance model whose backend allows it,
-which run on the loop too (``INLINE_MAX_NS``), and an instance process's, which the loop awaits
-(``execute_async``: the process runs the batch, the loop serves on).
+which run on the loop too (``INLINE_MAX_NS``).
 """
 
 from __future__ import annotations
@@ -25,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
@@ -142,8 +141,6 @@ class _Pending:
 class _Instance:
     model: ModelInstance
     executor: ThreadPoolExecutor
-    #: the instance's ``execute_async`` (serve/instances.py: a process answering through the loop), else None
-    crossing: Callable[[list[WorkItem]], Awaitable[tuple[list[Result], Timing]]] | None = None
 
 
 def shape_key(item: WorkItem) -> tuple:
@@ -172,8 +169,7 @@ class Batcher:
         self.settings = settings
         self.observer = observer or NullObserver()
         self._instances = [
-            _Instance(m, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"azulite-{name}"),
-                      getattr(m, "execute_async", None))
+            _Instance(m, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"azulite-{name}"))
             for name, m in instances
         ]
         # one instance (nothing to run concurrently) whose backend allows it: short executions run inline
@@ -422,11 +418,7 @@ class Batcher:
         results: list[Result] = []
         timing = Timing()
         try:
-            if inst.crossing is not None:  # an instance process: awaited on this loop, no thread hop
-                t0 = time.perf_counter_ns()
-                results, timing = await inst.crossing(items)
-                took = time.perf_counter_ns() - t0
-            elif self._may_inline and self._exec_ns is not None and self._exec_ns < INLINE_MAX_NS:
+            if self._may_inline and self._exec_ns is not None and self._exec_ns < INLINE_MAX_NS:
                 results, timing, took = _timed_execute(inst.model, items)
             else:
                 results, timing, took = await loop.run_in_executor(inst.executor, _timed_execute, inst.model, items)

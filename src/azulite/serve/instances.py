@@ -17,14 +17,15 @@ N``, whose loop serves the front-ends, threads in a single-process server (see R
 processes, for the measurements behind that default). KIND_GPU instances get ``CUDA_VISIBLE_DEVICES``
 set to their group's GPU in their process.
 
-The batcher crosses to an instance process without a thread: :meth:`ProcessInstance.execute_async`
-writes the batch's header on the event loop and the answer is read by a reader callback on the same
-loop, so a batch costs two small socket writes and two wake-ups, not a thread hand-off each way.
+The batcher drives an instance process as a thread-backed instance (its ``execute`` blocks on the
+socket in the instance's thread, or inline on the loop for short single-instance batches). A crossing
+awaited on the loop itself (a reader callback, no thread) was built and measured against this: under
+load (average 8-11 on 2 cores) it answered gil_py through ``--workers 2`` at 0.50-0.72x the throughput of
+the thread crossing, at 1.0-1.17x its CPU per inference, so it is not used (README: instance processes).
 """
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
 import logging
 import os
@@ -46,9 +47,6 @@ ARENA_BYTES = 64 * 1024 * 1024
 PARAM = "azulite_instance_process"
 _CHOICES = {"true": "true", "yes": "true", "1": "true", "false": "false", "no": "false", "0": "false",
             "auto": "auto", "": "auto"}
-#: a batch whose inputs did not fit in the arena (travel inline) crosses from a thread: writing them from
-#: the event loop would block it for as long as the instance takes to read them
-ASYNC_INLINE_MAX = 64 * 1024
 #: (model, instance) -> times its process was started again after dying
 restarts: dict[tuple[str, str], int] = {}
 _restarts_lock = threading.Lock()
@@ -97,9 +95,9 @@ def wants_process(config: mc.ModelConfig, backend: str, model_file, *, host: boo
 
 
 class ProcessInstance:
-    # the batcher awaits execute_async on its loop (no thread, and the loop is free while the process
-    # works); never run execute inline, which would hold the loop for the whole batch
-    inline_safe = False
+    # execute waits on its process, never on this server: short batches may run inline on the loop (the
+    # batcher decides), which saves a thread hop per batch on top of the process hop
+    inline_safe = True
 
     def __init__(self, backend: str, ctx: LoadContext, *, gpu: int | None = None) -> None:
         self.backend = backend
@@ -196,7 +194,6 @@ class ProcessInstance:
                 self._restart()
             header, packed = self._pack(items)
             try:
-                self._sock.setblocking(True)  # type: ignore[union-attr]  # after execute_async's poller
                 ipc.send_frame(self._sock, header, packed.inline)  # type: ignore[arg-type]
             except OSError:
                 # gone before the batch reached it (it died idle): the batch never ran, so it goes to the
@@ -213,68 +210,6 @@ class ProcessInstance:
                 raise self._died("while executing") from None
             return self._results(answer, inline)
         raise AssertionError("unreachable")
-
-    async def execute_async(self, items: list[WorkItem]) -> tuple[list[Result], Timing]:
-        """On the batcher's loop: the header goes out with one non-blocking write into the idle
-        process's empty socket buffer, the answer comes back through a reader callback."""
-        loop = asyncio.get_running_loop()
-        for attempt in (1, 2):
-            if self._proc is None or self._proc.poll() is not None:
-                await loop.run_in_executor(None, self._restart)  # loading the model again: off the loop
-            header, packed = self._pack(items)
-            if packed.inline_bytes > ASYNC_INLINE_MAX:
-                return await loop.run_in_executor(None, self.execute, items)
-            try:
-                # at most ASYNC_INLINE_MAX bytes into the idle process's empty socket buffer: never a partial
-                # write, even on the descriptor the loop's poller made non-blocking
-                self._sock.sendall(b"".join(ipc.frame(header, packed.inline)))  # type: ignore[union-attr]
-            except OSError:
-                await loop.run_in_executor(None, self._end)
-                if attempt == 1:
-                    continue
-                raise Internal(f"model '{self.ctx.model_name}': instance process {self.ctx.instance_name} "
-                               "exits as soon as it starts") from None
-            break
-        sock = self._sock
-        fd = sock.fileno()  # type: ignore[union-attr]
-        answered = loop.create_future()
-        buf = bytearray()
-
-        def on_readable() -> None:
-            # the loop's poller makes the descriptor non-blocking: read what is there, parse once whole
-            try:
-                chunk = sock.recv(1 << 20)  # type: ignore[union-attr]
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                chunk, error = b"", exc
-            else:
-                error = ConnectionError("the instance process closed its socket")
-            if not chunk:
-                loop.remove_reader(fd)
-                answered.set_exception(error)
-                return
-            buf.extend(chunk)
-            if len(buf) >= ipc.FRAME_PREFIX.size:
-                head_len, size = ipc.FRAME_PREFIX.unpack_from(buf)
-                end = ipc.FRAME_PREFIX.size + head_len + size
-                if len(buf) >= end:
-                    loop.remove_reader(fd)
-                    header = pickle.loads(buf[ipc.FRAME_PREFIX.size:ipc.FRAME_PREFIX.size + head_len])
-                    answered.set_result((header, memoryview(buf)[end - size:end]))
-
-        loop.add_reader(fd, on_readable)
-        try:
-            answer, inline = await answered
-        except (ConnectionError, OSError):
-            await loop.run_in_executor(None, self._end)
-            raise self._died("while executing") from None
-        except asyncio.CancelledError:
-            # its answer would be read as the next batch's: this process goes, the next batch starts another
-            loop.remove_reader(fd)
-            self._proc.kill()  # type: ignore[union-attr]
-            raise
-        return self._results(answer, inline)
 
     def _end(self) -> None:
         """Make sure the process is gone and reaped (it may be exiting already: its exit code stays)."""
@@ -297,7 +232,6 @@ class ProcessInstance:
     def close(self) -> None:
         if self._sock is not None:
             try:
-                self._sock.setblocking(True)
                 ipc.send_frame(self._sock, ("q",))
             except OSError:
                 pass

@@ -19,7 +19,6 @@ from azulite.serve import shm_ring
 from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 _FRAME = struct.Struct("<II")
-FRAME_PREFIX = _FRAME  # (header length, payload length), before every frame
 PROTOCOL = pickle.HIGHEST_PROTOCOL
 
 
