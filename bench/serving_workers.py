@@ -4,8 +4,13 @@ HTTP and gRPC at concurrency 1, 8 and 32, on two Python-backend models that run 
 - ``bench_matmul``: x FP32 [256] times a fixed 256x256 W (numpy: releases the GIL in the kernel),
   max_batch_size 64, dynamic batching 100 us, one instance (tests/serve/models/bench_matmul);
 - ``gil_py``: holds the GIL ~1 ms per batch in pure Python, then echoes x; max_batch_size 64, dynamic
-  batching 100 us, two instances (Triton and ``--workers 2`` run each in its own process; ``--workers 1``
-  runs both as threads of one interpreter, so one at a time).
+  batching 100 us, two instances, each in its own process on all three servers (Triton's Python stubs;
+  azulite's ``azulite_instance_process: "true"``, serve/instances.py, with ``--workers 1`` too).
+
+On ``--workers 1`` only, the A/B behind the default of ``azulite_instance_process`` ("auto": threads in
+a single-process server): ``gil_py_threads`` (gil_py as two threads of the server) and
+``bench_matmul_proc`` (bench_matmul's one instance in a process of its own), each point measured right
+after its twin, so ``instance_process_ab`` compares processes with threads under the same load.
 
 Per point: throughput and p99 (perf_analyzer), and the server's CPU-seconds per 1,000 inferences (the
 /proc times of its whole process tree over the run, divided by the inferences its statistics counted
@@ -36,6 +41,9 @@ from bench.serving import ROOT, anchors, free_port, perf_run, server_cmd, start_
 from tests.serve.conftest import build_model_repository
 
 MODELS = ("bench_matmul", "gil_py")
+#: A/B twins measured on --workers 1 only: (twin, of model, instances in processes?)
+TWINS = (("gil_py_threads", "gil_py", False), ("bench_matmul_proc", "bench_matmul", True))
+INSTANCE_PARAM = 'parameters {{ key: "azulite_instance_process" value: {{ string_value: "{}" }} }}\n'
 GIL_PY = '''
 import time
 import triton_python_backend_utils as pb_utils
@@ -107,8 +115,13 @@ def main(argv: list[str] | None = None) -> None:
     try:
         repo = build_model_repository(work / "repo", ("bench_matmul",))
         (repo / "gil_py" / "1").mkdir(parents=True)
-        (repo / "gil_py" / "config.pbtxt").write_text(GIL_CONFIG)
+        (repo / "gil_py" / "config.pbtxt").write_text(GIL_CONFIG + INSTANCE_PARAM.format("true"))
         (repo / "gil_py" / "1" / "model.py").write_text(GIL_PY)
+        for twin, model, processes in TWINS:
+            shutil.copytree(repo / model, repo / twin)
+            config = (repo / twin / "config.pbtxt").read_text().replace(f'name: "{model}"', f'name: "{twin}"')
+            config = config.replace(INSTANCE_PARAM.format("true"), "")
+            (repo / twin / "config.pbtxt").write_text(config + INSTANCE_PARAM.format("true" if processes else "false"))
         data = work / "input.json"
         values = np.random.default_rng(0).uniform(-1, 1, 256).astype(np.float32).round(4).tolist()
         data.write_text(json.dumps({"data": [{"x": {"content": values, "shape": [256]}}]}))
@@ -125,27 +138,30 @@ def main(argv: list[str] | None = None) -> None:
                 figures[name] = {}
             # every server stays up; each point is measured on one, then the next, so a change in the
             # machine's load between points hits all of them alike
+            twins = {model: twin for twin, model, _ in TWINS}
             for model in args.models:
                 for protocol in ("http", "grpc"):
                     for c in args.concurrency:
-                        for name, (proc, http_port, grpc_port) in servers.items():
+                        runs = [(name, model) for name in servers] + [("azulite_w1", twins[model])]
+                        for name, point_model in runs:
+                            proc, http_port, grpc_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
-                            n0, cpu0, t0 = inference_count(http_port, model), tree_cpu_s(proc.pid), time.monotonic()
+                            n0, cpu0, t0 = inference_count(http_port, point_model), tree_cpu_s(proc.pid), time.monotonic()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                            r = perf_run(pa, model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
+                            r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
                             pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             wall = time.monotonic() - t0
                             cpu = tree_cpu_s(proc.pid) - cpu0
-                            n = inference_count(http_port, model) - n0
+                            n = inference_count(http_port, point_model) - n0
                             if "error" not in r and n > 0:
                                 load = (pa1.ru_utime + pa1.ru_stime) - (pa0.ru_utime + pa0.ru_stime)
                                 r.update(cpu_s_per_1k=round(cpu / n * 1000, 4),
                                          cores={"server": round(cpu / wall, 2), "load_generator": round(load / wall, 2)})
-                            figures[name][f"{model}_{protocol}_c{c}"] = r
+                            figures[name][f"{point_model}_{protocol}_c{c}"] = r
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
                                      f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  cores {r.get('cores')}"
                                      if "error" not in r else f"error: {r['error']}")
-                            print(f"  {name:10s} {model:12s} {protocol:4s} c={c:<3d} {shown}", flush=True)
+                            print(f"  {name:10s} {point_model:17s} {protocol:4s} c={c:<3d} {shown}", flush=True)
         finally:
             for proc, _, _ in servers.values():
                 stop(proc)
@@ -165,19 +181,32 @@ def main(argv: list[str] | None = None) -> None:
                 goals["cpu_le_triton"] &= ratio[name][key]["cpu_per_inference"] <= 1.0
         scaling = {}
         for key, w1 in figures["azulite_w1"].items():
-            w2 = figures["azulite_w2"].get(key, {})
-            if key.startswith("gil_py") and "error" not in w1 and "error" not in w2:
+            w2 = figures["azulite_w2"].get(key)
+            if key.startswith("gil_py") and w2 is not None and "error" not in w1 and "error" not in w2:
                 scaling[key] = round(w2["infer_per_s"] / w1["infer_per_s"], 3)
         # at c=1 one request is in flight at a time: no parallel batches to run, nothing for a second
         # instance process to do (the 1.6x goal is for the concurrent points)
         goals["gil_workers2_ge_1.6x_workers1"] = bool(scaling) and all(
             v >= 1.6 for k, v in scaling.items() if not k.endswith("_c1"))
+        # processes over threads, same server (--workers 1), same point, measured back to back
+        ab = {}
+        for twin, model, processes in TWINS:
+            for key, a in figures["azulite_w1"].items():
+                if not key.startswith(model + "_") or key.startswith(twin):
+                    continue
+                b = figures["azulite_w1"].get(twin + key[len(model):], {})
+                proc_r, thread_r = (b, a) if processes else (a, b)
+                if "cpu_s_per_1k" in proc_r and "cpu_s_per_1k" in thread_r:
+                    ab[key] = {"throughput": round(proc_r["infer_per_s"] / thread_r["infer_per_s"], 3),
+                               "cpu_per_inference": round(proc_r["cpu_s_per_1k"] / thread_r["cpu_s_per_1k"], 3)}
         print("\nratios to triton:", json.dumps(ratio, indent=1))
+        print("--workers 1, instance processes / threads:", json.dumps(ab, indent=1))
         print("gil_py workers 2 / workers 1:", scaling)
         print(json.dumps({"bench": "serving_workers", "models": args.models, "concurrency": args.concurrency,
                           "load_generator_pinned_to": pin[2] if pin else None, "cores": len(cores),
                           "loadavg": os.getloadavg(), "figures": figures, "ratio": ratio,
-                          "gil_workers2_over_workers1": scaling, "goals": goals}))
+                          "gil_workers2_over_workers1": scaling, "instance_process_ab_workers1": ab,
+                          "goals": goals}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import asyncio
 import os
+import re
 import signal
 
 import numpy as np
+import pytest
 
+from azulite.errors import Internal
 from azulite.serve import instances
 from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
+from azulite.serve.server import new_event_loop
 from azulite.serve.types import InferRequest, InferTensor
 from tests.serve.conftest import build_model_repository
 from tests.serve.procs import children, cmdline
@@ -58,3 +62,112 @@ def test_instances_in_their_own_processes(tmp_path):
     asyncio.run(run())
     assert not [p for p in _instance_pids() if p not in before]  # every instance process finalized
 
+
+
+# answers its process id; exits (code 3) in the middle of a batch that holds a negative input
+PID_PY = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        if any((r.inputs()[0].as_numpy() < 0).any() for r in requests):
+            os._exit(3)
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("PID", np.full((len(r.inputs()[0].as_numpy()), 1),
+                                                                            os.getpid(), np.int64))])
+                for r in requests]
+'''
+PID_CONFIG = '''
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+instance_group [ {{ count: 2 kind: KIND_CPU }} ]
+{parameters}
+'''
+
+
+def _pid_model(root, name: str, choice: str | None) -> None:
+    (root / name / "1").mkdir(parents=True)
+    param = "" if choice is None else f'parameters {{ key: "azulite_instance_process" value: {{ string_value: "{choice}" }} }}'
+    (root / name / "config.pbtxt").write_text(PID_CONFIG.format(name=name, parameters=param))
+    (root / name / "1" / "model.py").write_text(PID_PY)
+
+
+def _pid_of(dp, model: str, x: float) -> int:
+    async def one() -> int:
+        response = await dp.infer(InferRequest(model, [InferTensor("X", "FP32", (1, 1), np.array([[x]], np.float32))]))
+        return int(response.outputs[0].data[0, 0])
+    return one()
+
+
+def _on_server_loop(coro) -> None:
+    """On the loop ``azulite serve`` runs (uvloop: its poller makes a watched descriptor non-blocking)."""
+    loop = new_event_loop()
+    try:
+        loop.run_until_complete(coro)
+    finally:
+        loop.close()
+
+
+def test_single_process_server_runs_instances_in_processes_by_config(tmp_path):
+    """``--workers 1``: a model whose config asks for instance processes gets one per instance, its
+    neighbours stay threads (the default "auto" too); a wrong value or an impossible ask fails that
+    model's load, naming the parameter, and the rest serve."""
+    _pid_model(tmp_path, "in_processes", "true")
+    _pid_model(tmp_path, "in_threads", "false")
+    _pid_model(tmp_path, "by_default", None)
+    _pid_model(tmp_path, "misspelt", "processes")
+    build_model_repository(tmp_path, ("repeat_py",))  # decoupled: cannot leave the server's loop
+    (tmp_path / "repeat_py" / "config.pbtxt").write_text((tmp_path / "repeat_py" / "config.pbtxt").read_text()
+                                                         + '\nparameters { key: "azulite_instance_process" '
+                                                           'value: { string_value: "true" } }\n')
+    before = set(_instance_pids())
+    dp = TritonDataPlane(DataPlaneSettings(repository=tmp_path))
+
+    async def run() -> None:
+        try:
+            pids = [p for p in _instance_pids() if p not in before]
+            assert sorted(cmdline(p).split(b"\0")[4] for p in pids) == [b"in_processes", b"in_processes"]
+            # two requests at once: both instances busy, each answering from its own process
+            answered = set(await asyncio.gather(_pid_of(dp, "in_processes", 1.0), _pid_of(dp, "in_processes", 2.0)))
+            assert answered <= set(pids) and len(answered) >= 1
+            for model in ("in_threads", "by_default"):
+                assert await _pid_of(dp, model, 1.0) == os.getpid()
+            index = {m.name: m for m in dp.repository_index().models}
+            assert index["misspelt"].state == "UNAVAILABLE"
+            assert "azulite_instance_process" in index["misspelt"].reason and "'processes'" in index["misspelt"].reason
+            assert index["repeat_py"].state == "UNAVAILABLE" and "decoupled" in index["repeat_py"].reason
+        finally:
+            await dp.shutdown(30)
+
+    _on_server_loop(run())
+    assert not [p for p in _instance_pids() if p not in before]
+
+
+def test_instance_process_dying_mid_batch_fails_that_batch_and_is_restarted(tmp_path):
+    _pid_model(tmp_path, "dies_py", "true")
+    before = set(_instance_pids())
+    restarted = sum(n for (model, _), n in instances.restarts.items() if model == "dies_py")
+    dp = TritonDataPlane(DataPlaneSettings(repository=tmp_path))
+
+    async def run() -> None:
+        try:
+            pids = {p for p in _instance_pids() if p not in before}
+            with pytest.raises(Internal, match=r"instance process \w+ died \(exit code 3\) while executing"):
+                await _pid_of(dp, "dies_py", -1.0)
+            # the one that died is started again, with the model loaded; the other never stopped
+            for x in (1.0, 2.0, 3.0):
+                assert await _pid_of(dp, "dies_py", x) in {p for p in _instance_pids() if p not in before}
+            now = {p for p in _instance_pids() if p not in before}
+            assert len(now) == 2 and len(now & pids) == 1
+            assert sum(n for (model, _), n in instances.restarts.items() if model == "dies_py") == restarted + 1
+            text = dp.metrics.metrics_text().decode()
+            assert re.search(r'^azulite_instance_restarts_total\{.*model="dies_py".*\} 1(\.0)?$', text, re.M), text
+        finally:
+            await dp.shutdown(30)
+
+    _on_server_loop(run())

@@ -259,6 +259,33 @@ def test_killed_front_end_is_replaced_while_the_other_serves(served):
     b.close()
 
 
+def test_killed_model_host_is_restarted_with_every_front_end(served):
+    """The host holds the models: when it dies the supervisor starts it (its start-up models loaded
+    again, instance processes too) and then every front-end, and counts it."""
+    before = served.metric("azulite_worker_restarts_total", '{role="host"}')
+    old_frontends = set(served.frontends())
+
+    def host() -> list[int]:
+        return [p for p in children(served.proc.pid) if b" host " in b" " + cmdline(p).replace(b"\0", b" ")]
+
+    (old_host,) = host()
+    old_instances = [p for p in children(old_host) if b"azulite.serve.instances" in cmdline(p)]
+    assert old_instances
+    os.kill(old_host, signal.SIGKILL)
+    wait_for(lambda: (h := host()) and h != [old_host] and len(set(served.frontends()) - old_frontends) == 2,
+             "a new host and two new front-ends")
+    # the dead host's instance processes saw their socket close and left with it
+    wait_for(lambda: not [p for p in old_instances if alive(p)], "the old instance processes to exit")
+    conn = wait_for(lambda: served.conn(), "a front-end to accept")
+    status, doc = wait_for(lambda: (r := call(conn, "POST", "/v2/models/batch_count_py/infer",
+                                              {"inputs": [{"name": "X", "datatype": "FP32", "shape": [2, 1],
+                                                           "data": [1.0, 2.0]}]})) and r[0] == 200 and r,
+                           "the model to answer again")
+    assert doc["outputs"][0]["data"] == [1, 1], doc
+    assert served.metric("azulite_worker_restarts_total", '{role="host"}') == before + 1
+    conn.close()
+
+
 def test_shutdown_drains_every_worker(tmp_path):
     gate = tmp_path / "gate"
     gate.mkdir()
@@ -321,11 +348,19 @@ def test_limits_quotas_and_audit_hold_across_front_ends(tmp_path):
         assert [infer_with(c, quota) for c in (a, b, a, b)] == [200, 200, 200, 429]
         # the audit writer batches lines: wait until both front-ends' six are in the log before a kill -9
         wait_for(lambda: audit.exists() and audit.read_text().count('"model":"add_sub_py"') >= 6, "six audit lines")
+        # the guard's counters are the whole server's, whichever front-end the scrape reaches (and the
+        # killed front-end's published counts stay in the sum)
+        wait_for(lambda: s.metric("azulite_audit_lines_written") == len(audit.read_text().splitlines()),
+                 "every audit line (health checks too) counted")
+        assert s.metric("azulite_requests_rejected", '{status="RESOURCE_EXHAUSTED"}') == 2
         # a front-end killed and replaced starts from the shared counts, not a fresh quota
         os.kill(a_pid, signal.SIGKILL)
         pids = wait_for(lambda: (p := s.frontends()) and len(p) == 2 and a_pid not in p and p, "a new front-end")
         new = s.conn_on(next(p for p in pids if p != b_pid))
         assert [infer_with(new, quota), infer_with(b, quota), infer_with(new, slow)] == [429, 429, 429]
+        wait_for(lambda: s.metric("azulite_requests_rejected", '{status="RESOURCE_EXHAUSTED"}') == 5
+                 and s.metric("azulite_audit_lines_written") == len(audit.read_text().splitlines()),
+                 "the new front-end's counts in the sum")
         for c in (a, b, new):
             c.close()
     finally:

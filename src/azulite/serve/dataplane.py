@@ -20,6 +20,7 @@ import threadpoolctl
 
 from azulite.errors import Internal, InvalidArgument, ModelLoadError, ServeError, Unavailable, Unsupported
 from azulite.serve import config as cfg
+from azulite.serve import instances
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Rejected
@@ -115,6 +116,7 @@ class TritonDataPlane:
         self.fallbacks: dict[tuple[str, str, str], int] = {}
         self.metrics.extra.append(lambda: fallback_metrics(self.fallbacks))
         self.metrics.extra.append(lambda: drift_metrics(self.manager.entries, self._policies))
+        self.metrics.extra.append(instances.restart_metrics)
         self.manager.load_initial()
         self._limit_threads()  # again: models may have loaded more BLAS libraries (scipy, MKL...)
         explicit = settings.control_mode == "explicit" and "*" not in settings.load_models

@@ -53,9 +53,14 @@ class _RemoteMetrics:
 
     def __init__(self, plane: "RemoteDataPlane") -> None:
         self._plane = plane
-        self.extra: list = []  # this front-end's own collectors are not merged (see README: workers)
+        # the host renders the whole server's metrics: this front-end's own collectors are not merged,
+        # its guard counters reach the host through serve/guard_counts.py
+        self.extra: list = []
+        self.refresh: list = []  # called before each scrape (this front-end's counts published first)
 
     def metrics_text(self) -> bytes:
+        for refresh in self.refresh:
+            refresh()
         return self._plane.call("metrics_text")
 
 

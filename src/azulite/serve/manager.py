@@ -52,7 +52,8 @@ class ManagerSettings:
     #: called as verify_model(root, name) before a model's files are read; raises ModelLoadError naming a
     #: file that does not match the repository manifest (None: no integrity check)
     verify_model: Callable[[Path, str], None] | None = None
-    #: run the instances that need their own interpreter in their own processes (serve/instances.py)
+    #: a model whose config leaves ``azulite_instance_process`` at "auto" runs its Python instances in
+    #: processes of their own (on in the model host of ``--workers N``; serve/instances.py)
     instance_processes: bool = False
 
 
@@ -261,8 +262,9 @@ class ModelManager:
             config = get_backend(backend).auto_complete(config, model_file)
         cfg.fill_defaults(config, model=name)
         cfg.validate_config(config, model=name)
-        policy_of(config)  # a bad fallback or drift parameter fails the load, naming it
+        policy_of(config)  # a bad fallback, drift or instance-process parameter fails the load, naming it
         window_of(config)
+        instances.placement(config)
         return config
 
     def _load_version(self, source: repo.ModelSource, config: mc.ModelConfig, version: int,
@@ -296,7 +298,7 @@ class ModelManager:
         return LoadedModel(name=name, version=version, config=config, batcher=batcher, stats=stats, labels=labels)
 
     def _instance(self, impl, backend: str, ctx: LoadContext, group):
-        if self.settings.instance_processes and instances.wants_process(ctx.config, backend, ctx.model_file):
+        if instances.wants_process(ctx.config, backend, ctx.model_file, host=self.settings.instance_processes):
             gpu = group.gpus[ctx.instance_index % len(group.gpus)] if group.kind == mc.ModelInstanceGroup.KIND_GPU \
                 and group.gpus else None
             return instances.ProcessInstance(backend, ctx, gpu=gpu)

@@ -307,7 +307,7 @@ async def _until_stopped(sock: socket.socket) -> None:
 
 
 async def _host_main(sock: socket.socket, settings, run_dir: str, workers: int) -> None:
-    from azulite.serve import instances
+    from azulite.serve import guard_counts
     from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
     from azulite.serve.host import ModelHost
     from azulite.serve.server import FINALIZE_GRACE_S, _manifest_check
@@ -318,8 +318,8 @@ async def _host_main(sock: socket.socket, settings, run_dir: str, workers: int) 
         repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
         strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify,
         instance_processes=True))
-    dp.metrics.extra.append(instances.restart_metrics)
     dp.metrics.extra.append(worker_metrics(Path(run_dir), workers))
+    dp.metrics.extra.append(guard_counts.merged_metrics(Path(run_dir) / "guard"))
     host = ModelHost(dp, str(Path(run_dir) / "host.sock"))
     await host.start()
     if s.model_control_mode == "poll":
@@ -337,6 +337,7 @@ async def _host_main(sock: socket.socket, settings, run_dir: str, workers: int) 
 
 
 async def _frontend_main(sock: socket.socket, settings, host_path: str) -> None:
+    from azulite.serve import guard_counts
     from azulite.serve.frontend_plane import RemoteDataPlane
     from azulite.serve.server import Server
 
@@ -344,11 +345,18 @@ async def _frontend_main(sock: socket.socket, settings, host_path: str) -> None:
     await plane.connect()
     server = Server(settings, dataplane=plane)
     ports = await server.start()
+    counts = None
+    if server.guard is not None:  # its counters join the other front-ends' in the host's /metrics
+        counts = guard_counts.Publisher(server.guard, Path(host_path).parent / "guard")
+        counts.start()
+        plane.metrics.refresh.append(counts.publish)
     gc.collect()
     gc.freeze()
     ipc.send_frame(sock, ("ready", ports))
     await _until_stopped(sock)
     await server.stop()
+    if counts is not None:
+        counts.close()  # after the guard's close: the audit lines it flushed are counted
 
 
 def main(argv: list[str]) -> None:
