@@ -123,3 +123,49 @@ def test_perf_analyzer_measures_an_ensemble_with_no_version_given(ensemble_repo,
         assert "Composing models:" in p.stdout and "add_sub_py, version: 1" in p.stdout, p.stdout
         header, row = (line.split(",") for line in csv.read_text().splitlines()[:2])
         assert float(row[header.index("Inferences/Second")]) > 0
+
+
+CHAINS = """
+name: "{name}"
+platform: "ensemble"
+max_batch_size: 8
+input [ {{ name: "T" data_type: TYPE_STRING dims: [ -1 ] }} ]
+output [ {{ name: "OUT" data_type: {out_type} dims: [ -1 ] }} ]
+ensemble_scheduling {{ step [
+  {{ model_name: "string_py" input_map {{ key: "TEXT" value: "T" }}
+     output_map {{ key: "UPPER" value: "u" }} output_map {{ key: "LENGTH" value: "n" }} }},
+  {{ model_name: "{second}" input_map {{ key: "{second_in}" value: "{fed}" }} output_map {{ key: "{second_out}" value: "OUT" }} }}
+] }}
+"""
+
+
+def test_steps_go_to_the_composing_batchers_checked_and_counted(tmp_path, model_repository):
+    """Steps skip the wire-shaped request (serve/ensemble.py step_item), yet a step's tensors are still held
+    against the composing model's config (an earlier step's INT64 into an FP32 input fails naming the model
+    and input), BYTES flow between steps, and each composing model counts its own requests as Triton does."""
+    for name in ("string_py", "add_sub_py"):
+        shutil.copytree(model_repository / name, tmp_path / name)
+    for name, out_type, second, second_in, fed, second_out in (
+            ("shout", "TYPE_STRING", "string_py", "TEXT", "u", "UPPER"),
+            ("mistyped", "TYPE_FP32", "add_sub_py", "INPUT0", "n", "OUTPUT0")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(CHAINS.format(
+            name=name, out_type=out_type, second=second, second_in=second_in, fed=fed, second_out=second_out))
+    dp = TritonDataPlane(DataPlaneSettings(repository=tmp_path))
+
+    async def main():
+        text = np.array([[b"ab", b"c"], [b"de", b"f"]], dtype=np.object_)
+        r = await dp.infer(InferRequest("shout", [InferTensor("T", "BYTES", text.shape, text)]))
+        assert r.outputs[0].datatype == "BYTES"
+        assert r.outputs[0].data.tolist() == [[b"AB", b"C"], [b"DE", b"F"]]
+        assert dp.model_statistics("string_py").model_stats[0].inference_stats.success.count == 2
+        with pytest.raises(InvalidArgument, match="inference input 'INPUT0' data-type is 'INT64', but model "
+                                                  "'add_sub_py' expects 'FP32'"):
+            await dp.infer(InferRequest("mistyped", [InferTensor("T", "BYTES", text.shape, text)]))
+        py = dp.model_statistics("add_sub_py").model_stats[0].inference_stats
+        assert (py.success.count, py.fail.count) == (0, 1)
+        assert dp.model_statistics("mistyped").model_stats[0].inference_stats.fail.count == 1
+        assert dp.model_statistics("string_py").model_stats[0].inference_stats.success.count == 3
+        await dp.shutdown()
+
+    asyncio.run(main())

@@ -25,7 +25,7 @@ from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Rejected
 from azulite.serve.decoupled import is_decoupled, stream, stream_with_policies, unary_refused
-from azulite.serve.ensemble import run_ensemble
+from azulite.serve.ensemble import run_ensemble, step_item, step_outputs
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
 from azulite.serve.sharedstate import SharedDriftStore, drift_key
 from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallback_metrics, policy_of
@@ -453,6 +453,38 @@ class TritonDataPlane:
 
     async def _run_step(self, model_name: str, version: str, feed: dict[str, np.ndarray],
                         wanted: list[str]) -> dict[str, np.ndarray]:
+        """One ensemble step, straight into its model's batcher (serve/ensemble.py), counted in the model's
+        statistics as a request of its own (as Triton reports composing models)."""
+        model = self.manager.get(model_name, version)
+        if model.batcher is None or is_decoupled(model) or model.config.HasField("sequence_batching"):
+            return await self._step_request(model_name, version, feed, wanted)
+        start = time.perf_counter_ns()
+        self._inflight += 1
+        reason = "OTHER"
+        try:
+            item = step_item(model, feed, wanted)
+            reason = "BACKEND"
+            outputs = step_outputs(model, item, await model.batcher.submit(item), wanted)
+        except Rejected:
+            model.stats.failed(time.perf_counter_ns() - start, "REJECTED")
+            raise
+        except ServeError:
+            model.stats.failed(time.perf_counter_ns() - start, reason)
+            raise
+        except asyncio.CancelledError:
+            model.stats.failed(time.perf_counter_ns() - start, "CANCELED")
+            raise
+        except Exception as exc:  # a bug of ours: answer INTERNAL, keep serving
+            model.stats.failed(time.perf_counter_ns() - start, "OTHER")
+            raise Internal(f"model '{model.name}': {type(exc).__name__}: {exc}") from exc
+        finally:
+            self._inflight -= 1
+        model.stats.succeeded(time.perf_counter_ns() - start)
+        return outputs
+
+    async def _step_request(self, model_name: str, version: str, feed: dict[str, np.ndarray],
+                            wanted: list[str]) -> dict[str, np.ndarray]:
+        """A step to a nested ensemble, a decoupled or a sequence model: the full request path."""
         from azulite.serve.types import RequestedOutput
 
         request = InferRequest(

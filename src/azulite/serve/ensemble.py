@@ -1,17 +1,29 @@
 """Ensemble scheduling as Triton's: steps run as soon as every tensor their ``input_map`` names exists
-(an ensemble input or an output of an earlier step), independent steps concurrently; each step is a full
-inference request to its composing model (so it is batched, counted and validated like any other).
+(an ensemble input or an output of an earlier step), independent steps concurrently; each step is a request
+to its composing model (so it is batched, counted and validated like any other).
+
+A step goes straight into its composing model's batcher (:func:`step_item`, :func:`step_outputs`): its
+arrays are checked against the model's config as a client's request would be, without building and
+re-reading a wire-shaped request and response per step (measured: 5% less CPU per row for the DLRM
+ensemble at 32 rows per request; README, DLRM benchmark).
 """
 
 from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from azulite.errors import Internal, ModelLoadError
+from azulite.errors import Internal, InvalidArgument, ModelLoadError, ServeError
+from azulite.serve import config as cfg
+from azulite.serve.backends.base import WorkItem
+from azulite.serve.parameters import shape_text
 from azulite.serve.proto import model_config_pb2 as mc
+
+if TYPE_CHECKING:
+    from azulite.serve.models import LoadedModel
 
 StepRunner = Callable[[str, str, dict[str, np.ndarray], list[str]], Awaitable[dict[str, np.ndarray]]]
 
@@ -106,3 +118,86 @@ async def run_ensemble(ensemble: str, plan: tuple[EnsembleStep, ...], inputs: di
         for task in running:
             task.cancel()
     return {name: pool[name] for name in wanted}
+
+
+def _wire(dtype: np.dtype) -> str:
+    try:
+        return cfg.numpy_to_wire(dtype)
+    except ServeError:
+        return str(dtype)
+
+
+def step_item(model: LoadedModel, feed: dict[str, np.ndarray], wanted: list[str]) -> WorkItem:
+    """The checks a client's request gets (TritonDataPlane._prepare), on a step's arrays: the tensors come
+    from the ensemble's checked inputs or an earlier step's outputs, but a composing model may have been
+    reloaded with another config, so each is still held against the model's config."""
+    name = model.name
+    mbs = model.max_batch_size
+    batch = -1
+    inputs: dict[str, np.ndarray] = {}
+    for key, data in feed.items():
+        spec = model.inputs.get(key)
+        if spec is None:
+            raise InvalidArgument(f"unexpected inference input '{key}' for model '{name}'",
+                                  fix=f"the model's inputs are {sorted(model.inputs)}")
+        if data.dtype != cfg.WIRE_TO_NUMPY.get(spec.datatype):
+            raise InvalidArgument(f"inference input '{key}' data-type is '{_wire(data.dtype)}', "
+                                  f"but model '{name}' expects '{spec.datatype}'")
+        shape = data.shape
+        if mbs > 0:
+            if not shape:
+                raise InvalidArgument(
+                    f"unexpected shape for input '{key}' for model '{name}'. Expected "
+                    f"{shape_text((-1, *spec.dims))}, got [] (the model batches: the first dimension is the batch)")
+            if batch < 0:
+                batch = shape[0]
+            elif shape[0] != batch:
+                raise InvalidArgument(f"input '{key}' has batch size {shape[0]} but other inputs of the request "
+                                      f"have {batch}, for model '{name}'")
+            rest = shape[1:]
+        else:
+            rest = shape
+        if not spec.matches(rest):
+            expected = (-1, *spec.dims) if mbs > 0 else spec.dims
+            raise InvalidArgument(f"unexpected shape for input '{key}' for model '{name}'. "
+                                  f"Expected {shape_text(expected)}, got {shape_text(shape)}")
+        if spec.reshape is not None:
+            data = data.reshape(((batch,) if mbs > 0 else ()) + spec.reshape)
+        inputs[key] = data
+    if not model.required_inputs <= inputs.keys():
+        missing = sorted(model.required_inputs - inputs.keys())
+        raise InvalidArgument(
+            f"expected {len(model.required_inputs)} inputs but got {len(inputs)} inputs for model '{name}'. "
+            f"Got input(s) {sorted(inputs)}, but missing required input(s) {missing}.")
+    if mbs > 0 and batch == 0:
+        raise InvalidArgument(f"inference request batch-size must be >= 1 for '{name}' (got a batch of 0)")
+    if mbs > 0 and batch > mbs:
+        raise InvalidArgument(f"inference request batch-size must be <= {mbs} for '{name}'",
+                              fix=f"split the request into batches of at most {mbs}")
+    for out in wanted:
+        if out not in model.outputs:
+            raise InvalidArgument(f"unexpected inference output '{out}' for model '{name}'",
+                                  fix=f"the model's outputs are {sorted(model.outputs)}")
+    return WorkItem(inputs=inputs, outputs=frozenset(wanted), batch_size=max(batch, 0))
+
+
+def step_outputs(model: LoadedModel, item: WorkItem, outputs: dict[str, np.ndarray],
+                 wanted: list[str]) -> dict[str, np.ndarray]:
+    """The arrays a response would carry (TritonDataPlane._respond, less classification, which a step
+    never asks for): config reshape applied, strings as BYTES' object arrays of bytes."""
+    result = {}
+    batched = model.max_batch_size > 0
+    for name in wanted:
+        array = outputs.get(name)
+        if array is None:
+            raise Internal(f"model '{model.name}' did not produce the requested output '{name}'")
+        if not isinstance(array, np.ndarray):
+            array = np.asarray(array)
+        spec = model.outputs.get(name)
+        if spec is not None and spec.reshape is not None:
+            array = array.reshape(((item.batch_size,) if batched else ()) + spec.dims)
+        if array.dtype.kind in ("S", "U"):
+            array = np.array([s.encode() if isinstance(s, str) else bytes(s) for s in array.reshape(-1)],
+                             dtype=np.object_).reshape(array.shape)
+        result[name] = array
+    return result
