@@ -180,8 +180,9 @@ def test_pipelining_without_reading_is_paused_then_cut_off(server):
     except (socket.timeout, ConnectionResetError, BrokenPipeError):
         pass  # the server stopped reading: the kernel buffers filled
     [conn] = [c for c in http.connections if c not in before] or [None]
-    if conn is not None:  # still open: its queue of answers is bounded
+    if conn is not None:  # still open: its queue of answers and the requests it runs are bounded
         assert len(conn.replies) <= LIMITS.max_pipelined
+        assert http.in_flight <= LIMITS.max_pipelined
     well_behaved(server)
     deadline = time.monotonic() + 60
     while set(http.connections) - before:  # cut off once its answers went unread for stall_timeout_s

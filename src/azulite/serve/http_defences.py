@@ -13,7 +13,7 @@ log = logging.getLogger("azulite.serve.http")
 
 class HttpDefences:
     """Needs of the connection: ``transport``, ``server`` (``limits``, ``tick``), ``replies``, ``peer``,
-    ``head_tick``, ``stall_timer``, ``read_paused``, ``write_paused`` and ``_fail``."""
+    ``head_tick``, ``stall_timer``, ``read_paused``, ``write_paused``, ``deferred`` and ``_fail``."""
 
     __slots__ = ()
 
@@ -46,7 +46,8 @@ class HttpDefences:
         """Read while the client reads its answers and has few requests ahead of them."""
         if self.transport is None:
             return
-        want = not self.write_paused and len(self.replies) < self.server.limits.max_pipelined
+        want = (not self.write_paused and not self.deferred
+                and len(self.replies) < self.server.limits.max_pipelined)
         if want and self.read_paused:
             self.read_paused = False
             if self.head_tick >= 0:  # a head cut by our pause gets a whole timeout again

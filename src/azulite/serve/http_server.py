@@ -32,7 +32,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
 
     __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
                  "replies", "closing", "peer", "head_size", "head_tick", "stall_timer", "read_paused",
-                 "write_paused", "streaming")
+                 "write_paused", "streaming", "deferred")
 
     def __init__(self, server: "HttpServer") -> None:
         self.server = server
@@ -52,6 +52,10 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         self.read_paused = False  # too many pipelined requests ahead of their answers
         self.write_paused = False  # the client does not read its answers
         self.streaming = False  # a streamed answer is being written (http_stream.py)
+        # requests parsed from a read that was already under way when pipelining reached its limit
+        # (pause_reading stops the next read, not the parse of this one): started as answers drain, so
+        # no more than max_pipelined of a connection's requests ever run at once
+        self.deferred: deque[tuple] = deque()
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -70,6 +74,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
     def connection_lost(self, exc) -> None:
         self.server.connections.discard(self)
         self.transport = None
+        self.deferred.clear()
         if self.stall_timer is not None:
             self.stall_timer.cancel()
 
@@ -136,13 +141,20 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         method = self.parser.get_method()
         keep_alive = self.parser.should_keep_alive()
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        if self.deferred or len(self.replies) >= self.server.limits.max_pipelined:
+            self.deferred.append((method, self.url, self.headers, body, keep_alive))
+            return
+        self._dispatch(method, self.url, self.headers, body, keep_alive)
+
+    def _dispatch(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes,
+                  keep_alive: bool) -> None:
         slot = [None, keep_alive]
         self.replies.append(slot)
         if len(self.replies) >= self.server.limits.max_pipelined:
             self._reading()
         try:
-            path = self.url.decode("latin-1")
-            coro = self.server.app.handle(method, path, self.headers, body, self.peer)
+            path = url.decode("latin-1")
+            coro = self.server.app.handle(method, path, headers, body, self.peer)
         except Exception as exc:  # noqa: BLE001
             slot[0] = error_reply(exc)
             self._flush()
@@ -164,7 +176,10 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         try:
             self._write_ready()
         finally:
-            if self.read_paused and len(self.replies) <= self.server.limits.max_pipelined // 2:
+            limit = self.server.limits.max_pipelined
+            while self.deferred and len(self.replies) < limit and self.transport is not None and not self.closing:
+                self._dispatch(*self.deferred.popleft())
+            if self.read_paused and not self.deferred and len(self.replies) <= limit // 2:
                 self._reading()
 
     def _write_ready(self) -> None:
@@ -205,7 +220,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         if self.transport is None:
             return
         body = json.dumps({"error": message}).encode()
-        if any(slot[0] is None for slot in self.replies):  # earlier requests still running: drop, close
+        if self.deferred or any(slot[0] is None for slot in self.replies):  # earlier ones unanswered: drop, close
             close_soon(self.transport, self.server.limits)
             return
         self._flush()
