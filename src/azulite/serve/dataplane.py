@@ -24,6 +24,7 @@ from azulite.serve import instances
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Rejected
+from azulite.serve.checks import check_inputs, check_outputs
 from azulite.serve.decoupled import is_decoupled, stream, stream_with_policies, unary_refused
 from azulite.serve.ensemble import run_ensemble, step_item, step_outputs
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
@@ -32,7 +33,7 @@ from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallbac
 from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
 from azulite.serve.models import READY, LoadedModel
-from azulite.serve.parameters import classify, request_int, shape_text, top_k
+from azulite.serve.parameters import classify, request_int, top_k
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
 from azulite.serve.sequence import Sequencer
@@ -348,74 +349,8 @@ class TritonDataPlane:
         return entry[1]
 
     def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:
-        name = model.name
-        mbs = model.max_batch_size
-        inputs: dict[str, np.ndarray] = {}
-        batch = -1
-        for tensor in request.inputs:
-            spec = model.inputs.get(tensor.name)
-            if spec is None:
-                raise InvalidArgument(f"unexpected inference input '{tensor.name}' for model '{name}'",
-                                      fix=f"the model's inputs are {sorted(model.inputs)}")
-            if tensor.name in inputs:
-                raise InvalidArgument(f"input '{tensor.name}' is given twice in the request for model '{name}'")
-            if tensor.datatype != spec.datatype:
-                raise InvalidArgument(f"inference input '{tensor.name}' data-type is '{tensor.datatype}', "
-                                      f"but model '{name}' expects '{spec.datatype}'")
-            shape = tuple(tensor.shape)
-            if mbs > 0:
-                if not shape:
-                    raise InvalidArgument(
-                        f"unexpected shape for input '{tensor.name}' for model '{name}'. Expected "
-                        f"{shape_text((-1, *spec.dims))}, got [] "
-                        "(the model batches: the first dimension is the batch)")
-                if batch < 0:
-                    batch = shape[0]
-                elif shape[0] != batch:
-                    raise InvalidArgument(
-                        f"input '{tensor.name}' has batch size {shape[0]} but other inputs of the request have "
-                        f"{batch}, for model '{name}'")
-                rest = shape[1:]
-            else:
-                rest = shape
-            if not spec.matches(rest):
-                expected = (-1, *spec.dims) if mbs > 0 else spec.dims
-                raise InvalidArgument(f"unexpected shape for input '{tensor.name}' for model '{name}'. "
-                                      f"Expected {shape_text(expected)}, got {shape_text(shape)}")
-            data = tensor.data
-            expected_dtype = cfg.WIRE_TO_NUMPY.get(spec.datatype)
-            if expected_dtype is None:
-                raise Unsupported(f"datatype {spec.datatype} of input '{tensor.name}' is not supported by azulite")
-            if data.dtype != expected_dtype:
-                raise InvalidArgument(f"input '{tensor.name}' of model '{name}': data of numpy dtype {data.dtype} "
-                                      f"does not match datatype {tensor.datatype}")
-            if data.shape != shape:
-                if data.size != int(np.prod(shape)):
-                    raise InvalidArgument(
-                        f"input '{tensor.name}' of model '{name}': {data.size} elements given for shape "
-                        f"{shape_text(shape)}")
-                data = data.reshape(shape)
-            if spec.reshape is not None:
-                data = data.reshape(((batch,) if mbs > 0 else ()) + spec.reshape)
-            inputs[tensor.name] = data
-        if len(inputs) < len(model.required_inputs) or not model.required_inputs <= inputs.keys():
-            missing = sorted(model.required_inputs - inputs.keys())
-            raise InvalidArgument(
-                f"expected {len(model.required_inputs)} inputs but got {len(inputs)} inputs for model '{name}'. "
-                f"Got input(s) {sorted(inputs)}, but missing required input(s) {missing}. "
-                "Please provide all required input(s).")
-        if mbs > 0 and batch == 0:
-            raise InvalidArgument(f"inference request batch-size must be >= 1 for '{name}' (got a batch of 0)")
-        if mbs > 0 and batch > mbs:
-            raise InvalidArgument(f"inference request batch-size must be <= {mbs} for '{name}'",
-                                  fix=f"split the request into batches of at most {mbs}")
-        outputs = None
-        if request.outputs is not None:
-            for out in request.outputs:
-                if out.name not in model.outputs:
-                    raise InvalidArgument(f"unexpected inference output '{out.name}' for model '{name}'",
-                                          fix=f"the model's outputs are {sorted(model.outputs)}")
-            outputs = frozenset(o.name for o in request.outputs)
+        inputs, batch = check_inputs(model, ((t.name, t.datatype, tuple(t.shape), t.data) for t in request.inputs))
+        outputs = None if request.outputs is None else check_outputs(model, (o.name for o in request.outputs))
         return WorkItem(inputs=inputs, outputs=outputs, batch_size=max(batch, 0), request_id=request.id,
                         parameters=request.parameters)
 

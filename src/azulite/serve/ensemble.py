@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from azulite.errors import Internal, InvalidArgument, ModelLoadError, ServeError
+from azulite.errors import Internal, ModelLoadError, ServeError
 from azulite.serve import config as cfg
 from azulite.serve.backends.base import WorkItem
-from azulite.serve.parameters import shape_text
+from azulite.serve.checks import check_inputs, check_outputs
 from azulite.serve.proto import model_config_pb2 as mc
 
 if TYPE_CHECKING:
@@ -128,57 +128,11 @@ def _wire(dtype: np.dtype) -> str:
 
 
 def step_item(model: LoadedModel, feed: dict[str, np.ndarray], wanted: list[str]) -> WorkItem:
-    """The checks a client's request gets (TritonDataPlane._prepare), on a step's arrays: the tensors come
-    from the ensemble's checked inputs or an earlier step's outputs, but a composing model may have been
-    reloaded with another config, so each is still held against the model's config."""
-    name = model.name
-    mbs = model.max_batch_size
-    batch = -1
-    inputs: dict[str, np.ndarray] = {}
-    for key, data in feed.items():
-        spec = model.inputs.get(key)
-        if spec is None:
-            raise InvalidArgument(f"unexpected inference input '{key}' for model '{name}'",
-                                  fix=f"the model's inputs are {sorted(model.inputs)}")
-        if data.dtype != cfg.WIRE_TO_NUMPY.get(spec.datatype):
-            raise InvalidArgument(f"inference input '{key}' data-type is '{_wire(data.dtype)}', "
-                                  f"but model '{name}' expects '{spec.datatype}'")
-        shape = data.shape
-        if mbs > 0:
-            if not shape:
-                raise InvalidArgument(
-                    f"unexpected shape for input '{key}' for model '{name}'. Expected "
-                    f"{shape_text((-1, *spec.dims))}, got [] (the model batches: the first dimension is the batch)")
-            if batch < 0:
-                batch = shape[0]
-            elif shape[0] != batch:
-                raise InvalidArgument(f"input '{key}' has batch size {shape[0]} but other inputs of the request "
-                                      f"have {batch}, for model '{name}'")
-            rest = shape[1:]
-        else:
-            rest = shape
-        if not spec.matches(rest):
-            expected = (-1, *spec.dims) if mbs > 0 else spec.dims
-            raise InvalidArgument(f"unexpected shape for input '{key}' for model '{name}'. "
-                                  f"Expected {shape_text(expected)}, got {shape_text(shape)}")
-        if spec.reshape is not None:
-            data = data.reshape(((batch,) if mbs > 0 else ()) + spec.reshape)
-        inputs[key] = data
-    if not model.required_inputs <= inputs.keys():
-        missing = sorted(model.required_inputs - inputs.keys())
-        raise InvalidArgument(
-            f"expected {len(model.required_inputs)} inputs but got {len(inputs)} inputs for model '{name}'. "
-            f"Got input(s) {sorted(inputs)}, but missing required input(s) {missing}.")
-    if mbs > 0 and batch == 0:
-        raise InvalidArgument(f"inference request batch-size must be >= 1 for '{name}' (got a batch of 0)")
-    if mbs > 0 and batch > mbs:
-        raise InvalidArgument(f"inference request batch-size must be <= {mbs} for '{name}'",
-                              fix=f"split the request into batches of at most {mbs}")
-    for out in wanted:
-        if out not in model.outputs:
-            raise InvalidArgument(f"unexpected inference output '{out}' for model '{name}'",
-                                  fix=f"the model's outputs are {sorted(model.outputs)}")
-    return WorkItem(inputs=inputs, outputs=frozenset(wanted), batch_size=max(batch, 0))
+    """The checks a client's request gets (serve/checks.py), on a step's arrays: the tensors come from the
+    ensemble's checked inputs or an earlier step's outputs, but a composing model may have been reloaded
+    with another config, so each is still held against the model's config."""
+    inputs, batch = check_inputs(model, ((key, _wire(data.dtype), data.shape, data) for key, data in feed.items()))
+    return WorkItem(inputs=inputs, outputs=check_outputs(model, wanted), batch_size=max(batch, 0))
 
 
 def step_outputs(model: LoadedModel, item: WorkItem, outputs: dict[str, np.ndarray],

@@ -1,0 +1,91 @@
+"""A request's tensors held against its model's config: one set of checks for a client's request
+(:meth:`TritonDataPlane._prepare`) and for an ensemble step's arrays (:func:`ensemble.step_item`), so
+both refuse alike and an error names the input, the model, what was expected and what came. Triton's own
+wording where it has one (its clients' users grep for it)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from azulite.errors import InvalidArgument, Unsupported
+from azulite.serve import config as cfg
+from azulite.serve.parameters import shape_text
+
+if TYPE_CHECKING:
+    from azulite.serve.models import LoadedModel
+
+
+def check_inputs(model: LoadedModel, tensors: Iterable[tuple[str, str, tuple[int, ...], np.ndarray]]
+                 ) -> tuple[dict[str, np.ndarray], int]:
+    """``tensors``: (name, wire datatype, shape, data) each. Returns the inputs (shaped as the model
+    takes them: the request's shape, then the config's reshape) and the batch size (-1: not batching)."""
+    name = model.name
+    mbs = model.max_batch_size
+    inputs: dict[str, np.ndarray] = {}
+    batch = -1
+    for key, datatype, shape, data in tensors:
+        spec = model.inputs.get(key)
+        if spec is None:
+            raise InvalidArgument(f"unexpected inference input '{key}' for model '{name}'",
+                                  fix=f"the model's inputs are {sorted(model.inputs)}")
+        if key in inputs:
+            raise InvalidArgument(f"input '{key}' is given twice in the request for model '{name}'")
+        if datatype != spec.datatype:
+            raise InvalidArgument(f"inference input '{key}' data-type is '{datatype}', "
+                                  f"but model '{name}' expects '{spec.datatype}'")
+        if mbs > 0:
+            if not shape:
+                raise InvalidArgument(
+                    f"unexpected shape for input '{key}' for model '{name}'. Expected "
+                    f"{shape_text((-1, *spec.dims))}, got [] (the model batches: the first dimension is the batch)")
+            if batch < 0:
+                batch = shape[0]
+            elif shape[0] != batch:
+                raise InvalidArgument(f"input '{key}' has batch size {shape[0]} but other inputs of the request "
+                                      f"have {batch}, for model '{name}'")
+            rest = shape[1:]
+        else:
+            rest = shape
+        if not spec.matches(rest):
+            expected = (-1, *spec.dims) if mbs > 0 else spec.dims
+            raise InvalidArgument(f"unexpected shape for input '{key}' for model '{name}'. "
+                                  f"Expected {shape_text(expected)}, got {shape_text(shape)}")
+        expected_dtype = cfg.WIRE_TO_NUMPY.get(spec.datatype)
+        if expected_dtype is None:
+            raise Unsupported(f"datatype {spec.datatype} of input '{key}' is not supported by azulite")
+        if data.dtype != expected_dtype:
+            raise InvalidArgument(f"input '{key}' of model '{name}': data of numpy dtype {data.dtype} "
+                                  f"does not match datatype {datatype}")
+        if data.shape != shape:
+            if data.size != int(np.prod(shape)):
+                raise InvalidArgument(f"input '{key}' of model '{name}': {data.size} elements given for shape "
+                                      f"{shape_text(shape)}")
+            data = data.reshape(shape)
+        if spec.reshape is not None:
+            data = data.reshape(((batch,) if mbs > 0 else ()) + spec.reshape)
+        inputs[key] = data
+    if len(inputs) < len(model.required_inputs) or not model.required_inputs <= inputs.keys():
+        missing = sorted(model.required_inputs - inputs.keys())
+        raise InvalidArgument(
+            f"expected {len(model.required_inputs)} inputs but got {len(inputs)} inputs for model '{name}'. "
+            f"Got input(s) {sorted(inputs)}, but missing required input(s) {missing}. "
+            "Please provide all required input(s).")
+    if mbs > 0 and batch == 0:
+        raise InvalidArgument(f"inference request batch-size must be >= 1 for '{name}' (got a batch of 0)")
+    if mbs > 0 and batch > mbs:
+        raise InvalidArgument(f"inference request batch-size must be <= {mbs} for '{name}'",
+                              fix=f"split the request into batches of at most {mbs}")
+    return inputs, batch
+
+
+def check_outputs(model: LoadedModel, names: Iterable[str]) -> frozenset[str]:
+    """The outputs asked for, each one the model has."""
+    wanted = frozenset(names)
+    for out in wanted:
+        if out not in model.outputs:
+            raise InvalidArgument(f"unexpected inference output '{out}' for model '{model.name}'",
+                                  fix=f"the model's outputs are {sorted(model.outputs)}")
+    return wanted
