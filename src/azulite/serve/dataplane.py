@@ -23,8 +23,8 @@ from azulite.serve import config as cfg
 from azulite.serve import instances
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
-from azulite.serve.batcher import Rejected
 from azulite.serve.checks import check_inputs, check_outputs
+from azulite.serve.counted import Counted
 from azulite.serve.decoupled import is_decoupled, stream, stream_with_policies, unary_refused
 from azulite.serve.ensemble import run_ensemble, step_item, step_outputs
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
@@ -301,15 +301,13 @@ class TritonDataPlane:
         model = self.manager.get(request.model_name, request.model_version)
         if is_decoupled(model):
             raise unary_refused(model)
-        start = time.perf_counter_ns()
-        self._inflight += 1
-        reason = "OTHER"
-        try:
+        with Counted(self, model) as counted:
+            start = counted.start
             item = self._prepare(model, request)
             priority = request_int(request, "priority") if "priority" in request.parameters else 0
             timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
             wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
-            reason = "BACKEND"
+            counted.reason = "BACKEND"
             if model.batcher is None:
                 # Triton's ensemble scheduler reports the ensemble's own queue (arrival to first step) and
                 # compute counts per request; perf_analyzer finds an ensemble's version, when none is given,
@@ -325,21 +323,6 @@ class TritonDataPlane:
             else:
                 outputs = await model.batcher.submit(item, priority=priority, timeout_us=timeout)
             response = self._respond(model, request, item, outputs, wanted)
-        except Rejected:
-            model.stats.failed(time.perf_counter_ns() - start, "REJECTED")
-            raise
-        except ServeError:
-            model.stats.failed(time.perf_counter_ns() - start, reason)
-            raise
-        except asyncio.CancelledError:
-            model.stats.failed(time.perf_counter_ns() - start, "CANCELED")
-            raise
-        except Exception as exc:  # a bug of ours: answer INTERNAL, keep serving
-            model.stats.failed(time.perf_counter_ns() - start, "OTHER")
-            raise Internal(f"model '{model.name}': {type(exc).__name__}: {exc}") from exc
-        finally:
-            self._inflight -= 1
-        model.stats.succeeded(time.perf_counter_ns() - start)
         return response
 
     def _sequencer(self, model: LoadedModel) -> Sequencer:
@@ -393,28 +376,10 @@ class TritonDataPlane:
         model = self.manager.get(model_name, version)
         if model.batcher is None or is_decoupled(model) or model.config.HasField("sequence_batching"):
             return await self._step_request(model_name, version, feed, wanted)
-        start = time.perf_counter_ns()
-        self._inflight += 1
-        reason = "OTHER"
-        try:
+        with Counted(self, model) as counted:
             item = step_item(model, feed, wanted)
-            reason = "BACKEND"
+            counted.reason = "BACKEND"
             outputs = step_outputs(model, item, await model.batcher.submit(item), wanted)
-        except Rejected:
-            model.stats.failed(time.perf_counter_ns() - start, "REJECTED")
-            raise
-        except ServeError:
-            model.stats.failed(time.perf_counter_ns() - start, reason)
-            raise
-        except asyncio.CancelledError:
-            model.stats.failed(time.perf_counter_ns() - start, "CANCELED")
-            raise
-        except Exception as exc:  # a bug of ours: answer INTERNAL, keep serving
-            model.stats.failed(time.perf_counter_ns() - start, "OTHER")
-            raise Internal(f"model '{model.name}': {type(exc).__name__}: {exc}") from exc
-        finally:
-            self._inflight -= 1
-        model.stats.succeeded(time.perf_counter_ns() - start)
         return outputs
 
     async def _step_request(self, model_name: str, version: str, feed: dict[str, np.ndarray],

@@ -22,12 +22,12 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
-import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable, Unsupported
 from azulite.serve.batcher import Rejected
+from azulite.serve.counted import Counted
 from azulite.serve.parameters import request_int
 from azulite.serve.types import InferRequest, InferResponse
 
@@ -71,10 +71,9 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
             queue.put_nowait((future.exception(), True))
 
     empty_final = bool(request.parameters.get(EMPTY_FINAL, False))
-    start = time.perf_counter_ns()
-    dp._inflight += 1
-    try:
+    with Counted(dp, model) as counted:
         item = dp._prepare(model, request)
+        counted.reason = "BACKEND"
         item.sink = sink
         wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
         future = model.batcher.submit(item, priority=request_int(request, "priority"),
@@ -95,18 +94,6 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
             yield response
             if final:
                 break
-    except ServeError:
-        model.stats.failed(time.perf_counter_ns() - start, "BACKEND")
-        raise
-    except (asyncio.CancelledError, GeneratorExit):
-        model.stats.failed(time.perf_counter_ns() - start, "CANCELED")
-        raise
-    except Exception as exc:  # a bug of ours: answer INTERNAL, keep serving
-        model.stats.failed(time.perf_counter_ns() - start, "OTHER")
-        raise Internal(f"model '{model.name}': {type(exc).__name__}: {exc}") from exc
-    finally:
-        dp._inflight -= 1
-    model.stats.succeeded(time.perf_counter_ns() - start)
 
 
 async def stream_with_policies(dp: "TritonDataPlane", model: "LoadedModel | None", request: InferRequest,
