@@ -13,8 +13,10 @@ process start, imports, the process group, the planner and sharding, loading dat
 every array into memory first; azulite streams), the first steps' one-time costs, and after the last step
 the held-out evaluation and the final checkpoint. Inside the window azulite does what its job does every
 step: the streaming reader, the preemption agreement (an all-reduce every 10 steps), progress and MLflow
-metrics every ``--log_every`` steps. Periodic async checkpoints are a choice of interval, which the bare
-loop has no counterpart of: the head-to-head runs save only after the window (``--checkpoint_every 0``)
+metrics every ``--log_every`` steps (rank 0's metrics thread writes the store in one transaction per 5 s
+at most, ``azulite.train.metric_writer.WRITE_INTERVAL_S``: in the defaults' ~2.5 s window that is one or
+none; a longer run pays ~8 ms of CPU per 5 s for it). Periodic async checkpoints are a choice of
+interval, which the bare loop has no counterpart of: the head-to-head runs save only after the window (``--checkpoint_every 0``)
 and one more 2-rank run saves every ``--ckpt_run_every`` steps (``checkpointing_samples_per_s``).
 
 Both sides run as one node of 2 processes under one torchrun agent (the azulite job with
@@ -107,9 +109,10 @@ def bare_torchrun(data: Path, args: argparse.Namespace) -> dict:
         # autogroup scheduling a busy machine shares CPU per session, and both sides must get the same share
         capture_output=True, text=True, env=env, timeout=900, start_new_session=True)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
-    m = re.search(r"bare_samples_per_s=([\d.]+) steps=(\d+) cpu_ms_per_step=([\d.]+) sharding=(\S+)", p.stdout)
+    m = re.search(r"bare_samples_per_s=([\d.]+) steps=(\d+) cpu_ms_per_step=([\d.]+) sharding=(\S+) "
+                  r"cpu_ms_per_step_ranks=(\S+)", p.stdout)
     return {"samples_per_s": float(m.group(1)), "steps": int(m.group(2)), "cpu_ms_per_step": float(m.group(3)),
-            "sharding": json.loads(m.group(4)),
+            "sharding": json.loads(m.group(4)), "cpu_ms_per_step_ranks": json.loads(m.group(5)),
             "wall_s": time.perf_counter() - t0}
 
 
@@ -161,6 +164,9 @@ def main() -> None:
         "ratio_vs_bare": statistics.median(ratios), "ratios": ratios,
         "azulite_cpu_ms_per_step": statistics.median(a["cpu_ms_per_step"] for a, _ in pairs),
         "bare_cpu_ms_per_step": statistics.median(b["cpu_ms_per_step"] for _, b in pairs),
+        # every rank's CPU per step, per pair: a step waits for the slowest rank
+        "azulite_cpu_ms_per_step_ranks": [a["cpu_ms_per_step_ranks"] for a, _ in pairs],
+        "bare_cpu_ms_per_step_ranks": [b["cpu_ms_per_step_ranks"] for _, b in pairs],
         "checkpointing_samples_per_s": ckpt["samples_per_s"], "checkpoint_every": args.ckpt_run_every,
         "checkpointing_ratio_vs_bare": ckpt["samples_per_s"] / statistics.median(b["samples_per_s"] for _, b in pairs),
         "azulite_tsv_samples_per_s": tsv["samples_per_s"],

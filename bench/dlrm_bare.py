@@ -98,13 +98,16 @@ def main() -> None:
         loss.backward()
         opt.step()
     end, cpu_end = time.perf_counter(), time.process_time()
+    timed = steps - args.untimed_steps
+    cpu_ranks = [None] * world  # every rank's CPU per step (after the window), as train.py's result has
+    dist.all_gather_object(cpu_ranks, round((cpu_end - cpu_start) * 1000 / timed, 3) if start is not None else None)
     if rank == 0 and start is not None:
         kinds = [ps.sharding_type for params in model.plan.plan.values() for ps in params.values()]
         counts = {k: kinds.count(k) for k in sorted(set(kinds))}
-        timed = steps - args.untimed_steps
         print(f"bare_samples_per_s={timed * gb / (end - start):.1f} steps={steps} "
               f"cpu_ms_per_step={(cpu_end - cpu_start) * 1000 / timed:.3f} "
-              f"sharding={json.dumps(counts, separators=(',', ':'))}", flush=True)
+              f"sharding={json.dumps(counts, separators=(',', ':'))} "
+              f"cpu_ms_per_step_ranks={json.dumps(cpu_ranks, separators=(',', ':'))}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

@@ -157,7 +157,10 @@ def main(argv: list[str] | None = None) -> int:
     from torchmetrics.functional.classification import binary_auroc
 
     global_batch = args.batch_size * ctx.world_size
-    window_loss, window_preds, window_labels = [], [], []
+    # rank 0's window of steps for the progress line: detached tensors only (no .item(), no sigmoid, no
+    # sync per step); loss, sigmoid and AUROC are computed once per --log_every steps
+    keep_window = bool(args.log_every) and ctx.is_main
+    window_loss, window_logits, window_labels = [], [], []
     t_window, steps_window = time.perf_counter(), 0
     # samples/s: rank 0's clock from the end of this run's step --untimed_steps to the end of its last step
     # (and the CPU seconds this process spent in that window, all threads: a figure a busy machine blurs less)
@@ -183,21 +186,24 @@ def main(argv: list[str] | None = None) -> int:
         if train_start is not None:
             train_samples += global_batch
         steps_window += 1
-        if ctx.is_main:
-            window_loss.append(loss.item())
-            window_preds.append(torch.sigmoid(logits.detach()))
+        if keep_window:
+            window_loss.append(loss.detach())
+            window_logits.append(logits.detach())
             window_labels.append(labels)
-        if args.log_every and progress.step % args.log_every == 0 and ctx.is_main:
+        if keep_window and progress.step % args.log_every == 0:
             dt = time.perf_counter() - t_window
-            metrics = {"train_loss": sum(window_loss) / len(window_loss),
-                       "train_auc": float(binary_auroc(torch.cat(window_preds), torch.cat(window_labels).long())),
+            # validate_args=False: the labels are the reader's 0/1 and the scores sigmoids; torchmetrics'
+            # checks of them cost ~8x the AUROC itself (measured over 20 x 256 rows: ~4 ms vs ~0.5 ms)
+            metrics = {"train_loss": float(torch.stack(window_loss).double().mean()),
+                       "train_auc": float(binary_auroc(torch.sigmoid(torch.cat(window_logits)),
+                                                       torch.cat(window_labels).long(), validate_args=False)),
                        "samples_per_s": steps_window * global_batch / dt}
             limit = f"/{args.limit_train_batches}" if args.limit_train_batches else ""
             print(f"step {progress.step} epoch {reader.epoch + 1}/{args.epochs} batch {reader.chunks}{limit} "
                   f"loss {metrics['train_loss']:.4f} auc {metrics['train_auc']:.4f} "
                   f"samples/s {metrics['samples_per_s']:.0f}", flush=True)
             sink.log(metrics, progress.step)
-            window_loss, window_preds, window_labels = [], [], []
+            window_loss, window_logits, window_labels = [], [], []
             t_window, steps_window = time.perf_counter(), 0
         if args.step_sleep:
             time.sleep(args.step_sleep)
@@ -213,12 +219,17 @@ def main(argv: list[str] | None = None) -> int:
     train_s = time.perf_counter() - train_start if train_start is not None else 0.0
     timed_steps = train_samples // global_batch
     cpu_ms_per_step = (time.process_time() - cpu_start) * 1000 / timed_steps if timed_steps else None
+    cpu_ms_ranks = [cpu_ms_per_step]
+    if ctx.distributed:  # every rank's figure (after the timed window): the slowest rank sets the pace
+        cpu_ms_ranks = [None] * ctx.world_size
+        dist.all_gather_object(cpu_ms_ranks, cpu_ms_per_step)
 
     if ckpt is not None:
         ckpt.save(progress.step, sync=True, raise_on_error=True)  # the final state is always committed
     result: dict = {"steps": progress.step, "samples": progress.samples,
                     "samples_per_s": train_samples / train_s if train_s > 0 and train_samples else None,
-                    "cpu_ms_per_step": cpu_ms_per_step, "sharding": plan_counts}
+                    "cpu_ms_per_step": cpu_ms_per_step, "cpu_ms_per_step_ranks": cpu_ms_ranks,
+                    "sharding": plan_counts}
     if permille:
         val = criteo_reader.open_reader(args.dataset_path, split="val", shuffle_files=False, **reader_kw)
         result.update({f"val_{k}": v for k, v in

@@ -58,3 +58,60 @@ def test_conversion_keeps_the_bad_line_limit(tmp_path):
         convert(tmp_path / "day_0", tmp_path / "out")
     assert "day_0" in str(e.value) and "malformed" in str(e.value)
     assert not list((tmp_path / "out").glob("*.npy"))  # nothing half-written
+
+
+def _npy_day(folder, name: str, n: int, rng) -> None:
+    folder.mkdir(exist_ok=True)
+    np.save(folder / f"{name}_dense.npy", rng.random((n, 13), dtype=np.float32))
+    np.save(folder / f"{name}_sparse.npy", rng.integers(0, 2**40, (n, 26), dtype=np.int64))
+    np.save(folder / f"{name}_labels.npy", rng.integers(0, 2, (n, 1), dtype=np.int32))
+
+
+def _expected_chunks(folder, names, split, permille, world_size, batch_size, rank):
+    """This rank's rows of every chunk, from whole arrays and the rule as the reader's docstring states it."""
+    dense, sparse, labels = [], [], []
+    for name in names:
+        d, s, y = (np.load(folder / f"{name}_{k}.npy") for k in ("dense", "sparse", "labels"))
+        i = np.arange(len(y))
+        keep = np.ones(len(y), bool) if split == "all" else (i % 1000 < permille) == (split == "val")
+        dense.append(d[keep]), sparse.append(s[keep] % np.array(N)), labels.append(y[keep, 0].astype(np.float32))
+    dense, sparse, labels = np.concatenate(dense), np.concatenate(sparse), np.concatenate(labels)
+    need = world_size * batch_size
+    out = []
+    for c in range(0, len(labels), need):
+        rows = slice(c + rank, c + need, world_size)
+        d, s, y = dense[rows], sparse[rows], labels[rows]
+        w = np.ones(len(y), np.float32)
+        if c + need > len(labels):  # the partial last chunk: dropped for train, padded for val
+            if split == "train":
+                break
+            pad = batch_size - len(y)
+            d, s = np.concatenate([d, np.zeros((pad, 13), np.float32)]), np.concatenate([s, np.zeros((pad, 26), np.int64)])
+            y, w = np.concatenate([y, np.zeros(pad, np.float32)]), np.concatenate([w, np.zeros(pad, np.float32)])
+        out.append((d, s, y, w))
+    return out
+
+
+@pytest.mark.parametrize("split,permille,world_size,batch_size", [
+    ("train", 150, 2, 256), ("train", 0, 3, 7), ("train", 999, 2, 1), ("val", 150, 3, 50), ("val", 1, 2, 5),
+    ("all", 0, 4, 333), ("train", 100, 1, 600), ("train", 100, 3, 301), ("val", 150, 3, 70),
+])
+def test_npy_reader_rows_follow_the_split_and_sharding_rule(tmp_path, split, permille, world_size, batch_size):
+    rng = np.random.default_rng(7)
+    _npy_day(tmp_path, "day_0", 2500, rng)
+    _npy_day(tmp_path, "day_1", 1701, rng)
+    for rank in range(world_size):
+        r = CriteoNpyReader([str(tmp_path / "day_0"), str(tmp_path / "day_1")], rank=rank, world_size=world_size,
+                            batch_size=batch_size, num_embeddings_per_feature=N, split=split,
+                            validation_permille=permille, shuffle_files=False)
+        want = _expected_chunks(tmp_path, ["day_0", "day_1"], split, permille, world_size, batch_size, rank)
+        got = []
+        while (rows := r.next_rows()) is not None:
+            got.append(rows)
+        assert len(got) == len(want) > 0
+        for k, (g, w) in enumerate(zip(got, want)):
+            for f, expected in zip(("dense", "sparse", "labels", "weight"), w):
+                value = getattr(g, f)
+                assert value.dtype == expected.dtype and np.array_equal(value, expected), (rank, k, f)
+                assert value.flags.writeable and not isinstance(value.base, np.memmap)  # a copy, not the file
+        assert r.epoch == 1 and r.chunks == 0

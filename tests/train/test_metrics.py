@@ -15,6 +15,7 @@ import pytest
 from azulite.launch.tracking import STORE_FILE, _template, store_uri
 from azulite.train import metric_writer as mw
 from azulite.train import metrics as m
+from tests.launch.jobkit import wait_for
 
 
 @pytest.fixture
@@ -92,6 +93,32 @@ def test_only_the_writer_thread_writes_and_a_slow_store_never_holds_the_caller(j
     assert set(writers) == {"azulite-metrics"}
     hist = history(job)
     assert [s for s, _ in hist["loss"]] == [1, 2, 3, 4, 5] and hist["checkpoint_save_s"] == [(5, 0.25)]
+
+
+def test_values_within_the_write_interval_go_to_the_store_in_one_transaction(job, monkeypatch):
+    # an interval no test outlives: only the flush can make the writer write
+    monkeypatch.setenv("AZULITE_METRICS_WRITE_INTERVAL_S", "3600")
+    batches = []
+    real = mw.MetricWriter._mlflow
+
+    def counted(self, batch):
+        batches.append([step for _, step, _ in batch])
+        return real(self, batch)
+
+    monkeypatch.setattr(mw.MetricWriter, "_mlflow", counted)
+    m.warm_up()  # the writer is connected and waiting for values
+    assert m.log_metrics({"loss": 1.0}, step=1)
+    writer = mw.current()
+    wait_for(lambda: writer._q.qsize() == 0, 120, "the writer to take the first value")
+    for step in range(2, 6):
+        assert m.log_metrics({"loss": 1.0 / step}, step=step)
+    assert m.checkpoint_committed(5, 0.25)
+    assert writer.written == 0 and batches == []  # held back, not lost: the flush writes them
+    assert m.flush(120)
+    assert batches == [[1, 2, 3, 4, 5, 5]]
+    hist = history(job)
+    assert [s for s, _ in hist["loss"]] == [1, 2, 3, 4, 5] and hist["checkpoint_save_s"] == [(5, 0.25)]
+    assert tensorboard_scalars(job)["loss"] == [1, 2, 3, 4, 5]
 
 
 def test_a_failing_store_is_counted_said_once_and_never_raises(tmp_path, monkeypatch, caplog):

@@ -125,12 +125,18 @@ class _Stream:
         self.bad = 0  # malformed lines in the file so far
         self.chunks = 0  # chunks handed out this epoch
         self._open_index: int | None = None
+        self._order: tuple[int, list[int]] | None = None
 
     # --- position -------------------------------------------------------------------------------------
     def order(self) -> list[int]:
-        if not self.shuffle:
-            return list(range(len(self.files)))
-        return [int(i) for i in np.random.default_rng([self.seed, self.epoch]).permutation(len(self.files))]
+        """This epoch's file order (made once per epoch: a seeded generator costs more than a step's reads)."""
+        if self._order is None or self._order[0] != self.epoch:
+            if not self.shuffle:
+                files = list(range(len(self.files)))
+            else:
+                files = [int(i) for i in np.random.default_rng([self.seed, self.epoch]).permutation(len(self.files))]
+            self._order = (self.epoch, files)
+        return self._order[1]
 
     def state_dict(self) -> dict[str, Any]:
         return {k: getattr(self, k) for k in ("epoch", "file_pos", "offset", "line_no", "row_no", "bad", "chunks")}
@@ -345,33 +351,58 @@ class CriteoNpyReader(_Stream):
         self._open_index = None
 
     def _take(self, index: int, n: int, chunk_start: int) -> tuple[Rows | None, int]:
+        # The wanted rows of a file are runs (held-out rows come in blocks of ``permille`` per 1000), and
+        # this rank's share of a run is every world_size-th row: strided slices of the memory maps, copied
+        # once, with no index arrays built per step.
         if self._arrays is None or self._open_index != index:
             pre = self.files[index]
             self._arrays = tuple(np.load(f"{pre}_{part}.npy", mmap_mode="r") for part in ("dense", "sparse", "labels"))
             self._open_index = index
         dense, sparse, labels = self._arrays
         total = len(labels)
-        picked: list[np.ndarray] = []
-        count = 0
-        while count < n and self.row_no < total:
-            stop = min(total, self.row_no + max(2 * (n - count), 2000))
-            idx = np.arange(self.row_no, stop)
-            if self.split != "all":
-                held = idx % 1000 < self.permille
-                idx = idx[held] if self.split == "val" else idx[~held]
-            idx = idx[: n - count]
-            picked.append(idx)
-            count += len(idx)
-            self.row_no = int(idx[-1]) + 1 if count == n else stop
-        self.line_no = self.row_no
+        first = (self.rank - chunk_start) % self.world_size
+        mine: list[slice] = []  # this rank's rows, in chunk order
+        count, row = 0, self.row_no
+        while count < n:
+            lo, hi = self._run(row, total)
+            if lo >= total:
+                row = total
+                break
+            hi = min(hi, lo + n - count)
+            start = lo + (first - count) % self.world_size  # the first row of the run at a position ≡ first
+            if start < hi:
+                mine.append(slice(start, hi, self.world_size))
+            count += hi - lo
+            row = hi
+        self.row_no = self.line_no = row
         if count == 0:
             return None, 0
-        allidx = np.concatenate(picked)
-        own = allidx[self._own(chunk_start, count)]
-        if len(own) == 0:
+        if not mine:
             return None, count
-        return Rows(np.asarray(dense[own], np.float32), self._hash(np.asarray(sparse[own])),
-                    np.asarray(labels[own, 0], np.float32), np.ones(len(own), np.float32)), count
+        ids = _gather(sparse, mine)
+        y = _gather(labels, mine, np.float32)[:, 0]
+        return Rows(_gather(dense, mine, np.float32), self._hash(ids), y, np.ones(len(y), np.float32)), count
+
+    def _run(self, row: int, total: int) -> tuple[int, int]:
+        """The run of wanted rows ``[lo, hi)`` that holds ``row``, or the next one after it
+        (``lo >= total``: none is left)."""
+        if self.split == "all" or self.permille == 0:
+            return row, total
+        block, within = divmod(row, 1000)
+        base = block * 1000
+        if self.split == "train":
+            return (base + self.permille if within < self.permille else row), min(total, base + 1000)
+        if within >= self.permille:  # val: the next block's held-out rows
+            base += 1000
+            row = base
+        return row, min(total, base + self.permille)
+
+
+def _gather(arr: np.ndarray, slices: list[slice], dtype: Any = None) -> np.ndarray:
+    """The rows of ``slices`` of a memory map as one new in-memory array (never a view of the file)."""
+    if len(slices) == 1:
+        return np.array(arr[slices[0]], dtype=dtype)
+    return np.concatenate([arr[s] for s in slices]).astype(dtype or arr.dtype, copy=False)
 
 
 def open_reader(dataset_path: str | os.PathLike, **kw: Any) -> _Stream:

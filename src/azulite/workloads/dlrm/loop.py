@@ -22,15 +22,22 @@ from azulite.data.criteo_reader import Rows
 log = logging.getLogger(__name__)
 
 
+_KEYS = list(CAT_FEATURE_NAMES)
+#: batch size -> the KJT's lengths (one id per feature and row): the same every step, and never written to
+_LENGTHS: dict[int, torch.Tensor] = {}
+
+
 def to_batch(rows: Rows) -> tuple[torch.Tensor, Any, torch.Tensor, torch.Tensor]:
     """(dense [B, 13], KeyedJaggedTensor of one id per feature and row, labels [B], weights [B])."""
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
     b = len(rows.labels)
+    lengths = _LENGTHS.get(b)
+    if lengths is None:
+        lengths = _LENGTHS[b] = torch.ones(CAT_FEATURE_COUNT * b, dtype=torch.int32)
     # KJT values are feature-major: all rows of cat_0, then all rows of cat_1, ...
     values = torch.from_numpy(np.ascontiguousarray(rows.sparse.T)).reshape(-1)
-    kjt = KeyedJaggedTensor.from_lengths_sync(keys=list(CAT_FEATURE_NAMES), values=values,
-                                              lengths=torch.ones(CAT_FEATURE_COUNT * b, dtype=torch.int32))
+    kjt = KeyedJaggedTensor.from_lengths_sync(keys=_KEYS, values=values, lengths=lengths)
     return (torch.from_numpy(rows.dense), kjt, torch.from_numpy(rows.labels), torch.from_numpy(rows.weight))
 
 
