@@ -89,3 +89,22 @@ def check_outputs(model: LoadedModel, names: Iterable[str]) -> frozenset[str]:
             raise InvalidArgument(f"unexpected inference output '{out}' for model '{model.name}'",
                                   fix=f"the model's outputs are {sorted(model.outputs)}")
     return wanted
+
+
+def output_array(model: LoadedModel, batch_size: int, name: str, array) -> np.ndarray:
+    """A model's output as an answer carries it (a response, or an ensemble step's next feed): an ndarray
+    with the config's reshape applied, numpy strings as BYTES' object array of bytes."""
+    if not isinstance(array, np.ndarray):
+        array = np.asarray(array)
+    spec = model.outputs.get(name)
+    if spec is not None and spec.reshape is not None:
+        array = array.reshape(((batch_size,) if model.max_batch_size > 0 else ()) + spec.dims)
+    return bytes_objects(array)
+
+
+def bytes_objects(array: np.ndarray) -> np.ndarray:
+    """Numpy strings (kinds S, U) as a BYTES tensor holds them: an object array of bytes; else unchanged."""
+    if array.dtype.kind not in ("S", "U"):
+        return array
+    return np.array([s.encode() if isinstance(s, str) else bytes(s) for s in array.reshape(-1)],
+                    dtype=np.object_).reshape(array.shape)

@@ -23,7 +23,7 @@ from azulite.serve import config as cfg
 from azulite.serve import instances
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
-from azulite.serve.checks import check_inputs, check_outputs
+from azulite.serve.checks import bytes_objects, check_inputs, check_outputs, output_array
 from azulite.serve.counted import Counted
 from azulite.serve.decoupled import is_decoupled, stream, stream_with_policies, unary_refused
 from azulite.serve.ensemble import run_ensemble, step_item, step_outputs
@@ -38,7 +38,7 @@ from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
 from azulite.serve.sequence import Sequencer
 from azulite.serve.shm import SystemSharedMemory
-from azulite.serve.types import InferRequest, InferResponse, InferTensor
+from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 SERVER_NAME = "azulite"
 SERVER_VERSION = "0.1.0"
@@ -353,19 +353,10 @@ class TritonDataPlane:
                 if item.outputs is None:
                     continue  # a Python model may leave an output out
                 raise Internal(f"model '{model.name}' did not produce the requested output '{name}'")
-            if not isinstance(array, np.ndarray):
-                array = np.asarray(array)
-            spec = model.outputs.get(name)
-            if spec is not None and spec.reshape is not None:
-                array = array.reshape(((item.batch_size,) if batched else ()) + spec.dims)
+            array = output_array(model, item.batch_size, name, array)
             if name in classes:
-                array = classify(array, classes[name], model.labels.get(name), batched)
-            datatype = _DTYPE_TO_WIRE.get(array.dtype)
-            if datatype is None:
-                datatype = cfg.numpy_to_wire(array.dtype)
-                if datatype == "BYTES" and array.dtype != np.object_:
-                    array = np.array([s.encode() if isinstance(s, str) else bytes(s) for s in array.reshape(-1)],
-                                     dtype=np.object_).reshape(array.shape)
+                array = bytes_objects(classify(array, classes[name], model.labels.get(name), batched))
+            datatype = _DTYPE_TO_WIRE.get(array.dtype) or cfg.numpy_to_wire(array.dtype)
             tensors.append(InferTensor(name=name, datatype=datatype, shape=array.shape, data=array))
         return InferResponse(model_name=model.name, model_version=model.version_str, outputs=tensors, id=request.id)
 
@@ -385,8 +376,6 @@ class TritonDataPlane:
     async def _step_request(self, model_name: str, version: str, feed: dict[str, np.ndarray],
                             wanted: list[str]) -> dict[str, np.ndarray]:
         """A step to a nested ensemble, a decoupled or a sequence model: the full request path."""
-        from azulite.serve.types import RequestedOutput
-
         request = InferRequest(
             model_name=model_name,
             model_version=version,
@@ -399,8 +388,6 @@ class TritonDataPlane:
 
     def _bls(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
         """A Python model's ``InferenceRequest.exec()``, called from its instance thread."""
-        from azulite.serve.types import RequestedOutput
-
         if self._loop is None:
             raise pb_utils.TritonModelException("BLS is available once the server serves requests")
         version = "" if request._model_version in (-1, None) else str(request._model_version)

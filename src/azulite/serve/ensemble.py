@@ -19,7 +19,7 @@ import numpy as np
 from azulite.errors import Internal, ModelLoadError, ServeError
 from azulite.serve import config as cfg
 from azulite.serve.backends.base import WorkItem
-from azulite.serve.checks import check_inputs, check_outputs
+from azulite.serve.checks import check_inputs, check_outputs, output_array
 from azulite.serve.proto import model_config_pb2 as mc
 
 if TYPE_CHECKING:
@@ -140,18 +140,9 @@ def step_outputs(model: LoadedModel, item: WorkItem, outputs: dict[str, np.ndarr
     """The arrays a response would carry (TritonDataPlane._respond, less classification, which a step
     never asks for): config reshape applied, strings as BYTES' object arrays of bytes."""
     result = {}
-    batched = model.max_batch_size > 0
     for name in wanted:
         array = outputs.get(name)
         if array is None:
             raise Internal(f"model '{model.name}' did not produce the requested output '{name}'")
-        if not isinstance(array, np.ndarray):
-            array = np.asarray(array)
-        spec = model.outputs.get(name)
-        if spec is not None and spec.reshape is not None:
-            array = array.reshape(((item.batch_size,) if batched else ()) + spec.dims)
-        if array.dtype.kind in ("S", "U"):
-            array = np.array([s.encode() if isinstance(s, str) else bytes(s) for s in array.reshape(-1)],
-                             dtype=np.object_).reshape(array.shape)
-        result[name] = array
+        result[name] = output_array(model, item.batch_size, name, array)
     return result
