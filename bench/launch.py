@@ -36,6 +36,8 @@ from typing import Callable, Iterator
 
 import psutil
 
+from azulite.launch.local.procs import signal_all, tree
+
 REPO = Path(__file__).resolve().parents[1]
 TRAIN = REPO / "examples/ddp/train.py"
 AZULITE = str(Path(sys.executable).parent / "azulite")
@@ -118,19 +120,9 @@ def torchrun(nodes: int, per_node: int, args: list[str], workdir: Path, env: dic
 def stop(procs: list[subprocess.Popen]) -> None:
     """Kill the agents and their workers: torchrun starts each worker in a session of its own, so the
     agent's process group does not reach them; take the trees first (psutil), then kill."""
-    tree = []
-    for p in procs:
-        try:
-            root = psutil.Process(p.pid)
-            tree += [root, *root.children(recursive=True)]
-        except psutil.Error:
-            continue
-    for q in tree:
-        try:
-            q.kill()
-        except psutil.Error:
-            pass
-    psutil.wait_procs(tree, timeout=30)
+    everything = tree(p.pid for p in procs)
+    signal_all(everything, signal.SIGKILL)
+    psutil.wait_procs(everything, timeout=30)
     for p in procs:
         p.wait()
 

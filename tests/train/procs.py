@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import uuid
 import sys
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import psutil
 
+from azulite.launch.local.procs import signal_all, tree
 from tests.train.azurite import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -87,17 +89,9 @@ class Proc:
     def kill_group(self) -> None:
         """kill -9 of torchrun and every worker. torchrun starts each worker in its own session, so the
         process group is not enough: collect the whole tree first, then kill all of it."""
-        try:
-            tree = [psutil.Process(self.popen.pid)]
-            tree += tree[0].children(recursive=True)
-        except psutil.NoSuchProcess:
-            tree = []
-        for p in tree:
-            try:
-                p.kill()
-            except psutil.NoSuchProcess:
-                pass
-        psutil.wait_procs(tree, timeout=30)
+        everything = tree([self.popen.pid])
+        signal_all(everything, signal.SIGKILL)
+        psutil.wait_procs(everything, timeout=30)
         self.popen.wait(timeout=30)
 
     def wait(self, timeout: float = 240) -> Result:
