@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from tests.train.azurite import Azurite
+from tests.train.azurite import running
 
 
 def save_checkpoint(uri: Path | str, model: torch.nn.Module, model_config: dict, step: int = 1,
@@ -38,8 +38,5 @@ def repo_entries(repo: Path) -> list[str]:
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory: pytest.TempPathFactory):
     """A real Azurite (Blob emulator) on a free port for the export tests that read checkpoints from Blob."""
-    az = Azurite(tmp_path_factory.mktemp("azurite-export")).start()
-    try:
+    with running(tmp_path_factory, "azurite-export") as az:
         yield az
-    finally:
-        az.stop()

@@ -136,15 +136,10 @@ P0, P1 = "user_logs/std_log_process_0.txt", "user_logs/std_log_process_1.txt"
 
 @pytest.fixture(scope="module")
 def azurite(tmp_path_factory):
-    from tests.train.azurite import Azurite, azurite_binary
+    from tests.train.azurite import running
 
-    if azurite_binary() is None:
-        pytest.skip("azurite not installed (scripts/install.sh --dev)")
-    az = Azurite(tmp_path_factory.mktemp("azurite")).start()
-    try:
+    with running(tmp_path_factory) as az:
         yield az
-    finally:
-        az.stop()
 
 
 @pytest.fixture

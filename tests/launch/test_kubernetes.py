@@ -189,18 +189,13 @@ def test_code_snapshot_uploaded_to_blob_for_the_init_container(tmp_path, api, sp
 
 @pytest.fixture(scope="module")
 def azurite(tmp_path_factory):
-    from tests.train.azurite import Azurite, azurite_binary
-
-    if azurite_binary() is None:
-        pytest.skip("azurite not installed (scripts/install.sh --dev)")
-    az = Azurite(tmp_path_factory.mktemp("azurite")).start()
     from azure.storage.blob import BlobServiceClient
 
-    BlobServiceClient.from_connection_string(az.connection_string).create_container("code")
-    try:
+    from tests.train.azurite import running
+
+    with running(tmp_path_factory) as az:
+        BlobServiceClient.from_connection_string(az.connection_string).create_container("code")
         yield az
-    finally:
-        az.stop()
 
 
 def test_job_commands_follow_the_store_to_the_cluster(tmp_path, api, spec_file):

@@ -12,20 +12,15 @@ import tritonclient.http as httpclient
 from azulite.errors import StorageError
 from azulite.serve.remote import RemoteRepository
 from tests.cli.test_serve import Served
-from tests.train.azurite import Azurite, azurite_binary
+from tests.train.azurite import running
 
 MODEL = Path(__file__).parent / "models" / "add_sub_py"
 
 
 @pytest.fixture(scope="module")
 def azurite(tmp_path_factory):
-    if azurite_binary() is None:
-        pytest.skip("azurite not installed (scripts/install.sh --dev)")
-    az = Azurite(tmp_path_factory.mktemp("azurite")).start()
-    try:
+    with running(tmp_path_factory) as az:
         yield az
-    finally:
-        az.stop()
 
 
 @pytest.fixture

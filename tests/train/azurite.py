@@ -13,7 +13,11 @@ import signal
 import socket
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "devstoreaccount1"
@@ -85,3 +89,16 @@ class Azurite:
         if self.proc.stderr:
             self.proc.stderr.close()
         self.proc = None
+
+
+@contextmanager
+def running(tmp_path_factory, name: str = "azurite") -> Iterator[Azurite]:
+    """A started Azurite for a fixture, stopped after. Not installed is a failure that says how to
+    install it, never a skip: `make test` installs it, and a skipped Blob test would hide a missing step."""
+    if azurite_binary() is None:
+        pytest.fail("azurite-blob is not installed: run scripts/install.sh --dev (make test does)")
+    az = Azurite(tmp_path_factory.mktemp(name)).start()
+    try:
+        yield az
+    finally:
+        az.stop()

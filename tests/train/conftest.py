@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.train.azurite import Azurite
+from tests.train.azurite import running
 from tests.train.procs import Runner
 
 #: the toy run every resume test is compared with
@@ -40,8 +40,5 @@ def baseline(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 @pytest.fixture(scope="session")
 def azurite(tmp_path_factory: pytest.TempPathFactory):
-    az = Azurite(tmp_path_factory.mktemp("azurite")).start()
-    try:
+    with running(tmp_path_factory) as az:
         yield az
-    finally:
-        az.stop()
