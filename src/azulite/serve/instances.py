@@ -2,10 +2,13 @@
 two instances of a Python model whose code holds the GIL then run at the same time on two cores.
 
 The batcher drives a :class:`ProcessInstance` exactly like an in-process one: ``execute`` runs in the
-instance's thread, writes the batch's inputs into a shared-memory arena (serve/shm_ring.py), sends a
-small header over a socketpair and waits; the instance process reads the inputs in place, executes,
-writes the outputs into its own arena and answers with their descriptors. One batch at a time per
-instance, so each arena is simply reset per batch. An instance process that dies fails the batch it
+instance's thread, writes the batch's inputs into a shared-memory arena (serve/shm_ring.py; each
+input's rows of every request back to back, one block and one descriptor per input, ipc.pack_dicts),
+sends a small header over a socketpair and waits; the instance process reads the inputs in place,
+executes, writes the outputs into its own arena the same way and answers with their descriptors. Each
+side makes one sendmsg and one recv per frame (ipc.Channel), so a batch costs four syscalls and one
+wake-up per direction, and no wait4: a process that died idle refuses the next send. One batch at a time
+per instance, so each arena is simply reset per batch. An instance process that dies fails the batch it
 was running and is started again (counted: ``azulite_instance_restarts_total``).
 
 Which instances go out of process (serve/manager.py asks :func:`wants_process`): Python models that
@@ -106,6 +109,8 @@ class ProcessInstance:
         self.key = (ctx.model_name, ctx.instance_name)
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
+        self._chan: ipc.Channel | None = None
+        self._dead = False  # its process ended (seen by a failed crossing): start another before the next batch
         self._arenas_open = False
         self._spawn()
 
@@ -128,8 +133,10 @@ class ProcessInstance:
         self._out_map, self._out = shm_ring.attach(out_fd)
         self._arenas_open = True
         self._sock = mine
+        self._chan = ipc.Channel(mine)
+        self._dead = False
         try:
-            header, _ = ipc.recv_frame(mine)
+            header, _ = self._chan.recv()
         except ConnectionError:
             self._reap()
             raise ModelLoadError(f"failed to load model '{self.ctx.model_name}': its instance process "
@@ -160,14 +167,11 @@ class ProcessInstance:
     def _pack(self, items: list[WorkItem]) -> tuple[tuple, shm_ring.Packed]:
         self.inputs.reset()  # the previous batch is answered: its blocks are free
         packed = shm_ring.Packed()
-        metas = []
-        for item in items:
-            names = list(item.inputs)
-            start = len(packed.refs)
-            shm_ring.put(self.inputs, [item.inputs[n] for n in names], packed)
-            metas.append((names, start, None if item.outputs is None else sorted(item.outputs),
-                          item.batch_size, item.request_id, item.parameters))
-        return ("x", metas, packed.refs), packed
+        # the batch's inputs, each name's rows back to back in one block (ipc.pack_dicts)
+        inputs = ipc.pack_dicts(self.inputs, [item.inputs for item in items], packed)
+        metas = [(None if item.outputs is None else sorted(item.outputs), item.batch_size, item.request_id,
+                  item.parameters) for item in items]
+        return ("x", metas, inputs, packed.refs), packed
 
     def _died(self, while_: str) -> Internal:
         code = self._proc.poll() if self._proc is not None else None
@@ -177,36 +181,36 @@ class ProcessInstance:
     def _results(self, header: tuple, inline: memoryview) -> tuple[list[Result], Timing]:
         if header[0] == "e":
             raise ipc.rebuild_error(header[1])
-        _, results_meta, refs, timing = header
-        results: list[Result] = []
-        for entry in results_meta:
-            if entry[0] == "e":
-                results.append(ipc.rebuild_error(entry[1]))
-            else:
-                results.append({name: shm_ring.take(self._out, inline, refs[i], copy=True)
-                                for name, i in entry[1]})
+        _, errors, outputs, refs, timing = header
+        # one copy of each stacked output out of the arena (the instance reuses it for its next batch)
+        answered = iter(ipc.unpack_dicts(self._out, inline, outputs, refs, copy=True))
+        results: list[Result] = [ipc.rebuild_error(e) if e is not None else next(answered) for e in errors]
         return results, Timing(*timing)
 
     def execute(self, items: list[WorkItem]) -> tuple[list[Result], Timing]:
         """From a thread (warm-up at load, or a batch too big for the arena)."""
         for attempt in (1, 2):
-            if self._proc is None or self._proc.poll() is not None:
+            # no poll (a wait4) per batch: a process that died idle refuses the send below (EPIPE: its
+            # end of the socketpair closed with it), and one that died in a batch failed that batch
+            if self._proc is None or self._dead:
                 self._restart()
             header, packed = self._pack(items)
             try:
-                ipc.send_frame(self._sock, header, packed.inline)  # type: ignore[arg-type]
+                self._chan.send(header, packed.inline)  # type: ignore[union-attr]
             except OSError:
                 # gone before the batch reached it (it died idle): the batch never ran, so it goes to the
                 # process started in its place
                 self._proc.wait()  # type: ignore[union-attr]
+                self._dead = True
                 if attempt == 1:
                     continue
                 raise Internal(f"model '{self.ctx.model_name}': instance process {self.ctx.instance_name} "
                                "exits as soon as it starts") from None
             try:
-                answer, inline = ipc.recv_frame(self._sock)  # type: ignore[arg-type]
+                answer, inline = self._chan.recv()  # type: ignore[union-attr]
             except (ConnectionError, OSError):
                 self._end()
+                self._dead = True
                 raise self._died("while executing") from None
             return self._results(answer, inline)
         raise AssertionError("unreachable")
@@ -268,39 +272,33 @@ def _serve(sock: socket.socket) -> None:
         import threadpoolctl
 
         threadpoolctl.threadpool_limits(limits=ctx.compute_threads, user_api="blas")
-    ipc.send_frame(sock, ("o",))
+    chan = ipc.Channel(sock)
+    chan.send(("o",))
     try:
         while True:
             try:
-                header, inline = ipc.recv_frame(sock)
+                header, inline = chan.recv()
             except (ConnectionError, OSError):
                 return
             if header[0] == "q":
                 return
-            _, metas, refs = header
-            items = []
-            for names, start, outputs, batch_size, rid, parameters in metas:
-                inputs = {n: shm_ring.take(in_view, inline, refs[start + k], copy=False) for k, n in enumerate(names)}
-                items.append(WorkItem(inputs=inputs, outputs=None if outputs is None else frozenset(outputs),
-                                      batch_size=batch_size, request_id=rid, parameters=parameters))
+            _, metas, inputs, refs = header
+            # read in place: the server rewrites its arena only after this batch is answered
+            items = [WorkItem(inputs=d, outputs=None if outputs is None else frozenset(outputs),
+                              batch_size=batch_size, request_id=rid, parameters=parameters)
+                     for d, (outputs, batch_size, rid, parameters)
+                     in zip(ipc.unpack_dicts(in_view, inline, inputs, refs, copy=False), metas)]
             try:
                 results, timing = instance.execute(items)
             except Exception as exc:  # noqa: BLE001 - fails the batch, as in-process
-                ipc.send_frame(sock, ("e", ipc.error_tuple(exc)))
+                chan.send(("e", ipc.error_tuple(exc)))
                 continue
             out.reset()
             packed = shm_ring.Packed()
-            answers = []
-            for result in results:
-                if isinstance(result, BaseException):
-                    answers.append(("e", ipc.error_tuple(result)))
-                    continue
-                names = list(result)
-                start = len(packed.refs)
-                shm_ring.put(out, [result[n] for n in names], packed)
-                answers.append(("o", [(n, start + k) for k, n in enumerate(names)]))
-            ipc.send_frame(sock, ("r", answers, packed.refs, (timing.input_ns, timing.infer_ns, timing.output_ns)),
-                           packed.inline)
+            errors = [ipc.error_tuple(r) if isinstance(r, BaseException) else None for r in results]
+            outputs = ipc.pack_dicts(out, [r for r in results if not isinstance(r, BaseException)], packed)
+            chan.send(("r", errors, outputs, packed.refs, (timing.input_ns, timing.infer_ns, timing.output_ns)),
+                      packed.inline)
     finally:
         instance.close()
 
