@@ -163,7 +163,7 @@ def main(argv: list[str] | None = None) -> None:
         figures: dict = {}
         try:
             names = ["triton", "azulite_w1", "base_w1", "azulite_w2", "base_w2"]
-            for name in names if args.ab_src else names[::2]:
+            for name in names if args.ab_src else [n for n in names if not n.startswith("base_")]:
                 http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
                 extra = () if name == "triton" else ("--workers", name[-1])
                 cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)
