@@ -21,10 +21,15 @@ processes, for the measurements behind that default). KIND_GPU instances get ``C
 set to their group's GPU in their process.
 
 The batcher drives an instance process as a thread-backed instance (its ``execute`` blocks on the
-socket in the instance's thread, or inline on the loop for short single-instance batches). A crossing
-awaited on the loop itself (a reader callback, no thread) was built and measured against this: under
-load (average 8-11 on 2 cores) it answered gil_py through ``--workers 2`` at 0.50-0.72x the throughput of
-the thread crossing, at 1.0-1.17x its CPU per inference, so it is not used (README: instance processes).
+socket in the instance's thread, or inline on the loop for short single-instance batches).
+:meth:`ProcessInstance.start_batch` crosses from the loop itself (send, then a reader callback), for a
+batcher that calls it: in isolation it costs the server less CPU per batch than the thread hand-off (see
+its docstring). An earlier loop-side crossing, wired into the batcher and measured at bench level under
+load (average 8-11 on 2 cores), answered gil_py through ``--workers 2`` at 0.50-0.72x the throughput of
+the thread crossing at 1.0-1.17x its CPU per inference (README: instance processes), so the batcher does
+not call it yet: that is for the bench on an idle machine to decide. After a loop-side crossing,
+``execute`` sets the socket blocking again (uvloop's poller leaves it non-blocking, on which a thread's
+blocking crossing failed; tests/serve/test_instances.py catches it).
 """
 
 from __future__ import annotations
@@ -188,7 +193,11 @@ class ProcessInstance:
         return results, Timing(*timing)
 
     def execute(self, items: list[WorkItem]) -> tuple[list[Result], Timing]:
-        """From a thread (warm-up at load, or a batch too big for the arena)."""
+        """From a thread (warm-up at load, a batcher without :meth:`start_batch`, a restart)."""
+        if self._sock is not None:
+            # blocking again: uvloop's poller made the socket non-blocking if start_batch crossed on the
+            # loop before (a blocking recv would then fail at once instead of waiting for the answer)
+            self._sock.setblocking(True)
         for attempt in (1, 2):
             # no poll (a wait4) per batch: a process that died idle refuses the send below (EPIPE: its
             # end of the socketpair closed with it), and one that died in a batch failed that batch
@@ -215,6 +224,60 @@ class ProcessInstance:
             return self._results(answer, inline)
         raise AssertionError("unreachable")
 
+    def start_batch(self, loop, items: list[WorkItem], done) -> None:
+        """Cross from the event loop itself, without a thread: send the batch, and when the answer is
+        readable call ``done((results, timing), None)`` (or ``done(None, error)``) on the loop. One batch
+        at a time, as with execute. A process to start again, or inputs too large for the arena, go
+        through :meth:`execute` in a thread instead (rare; a start takes ~0.3 s, which the loop must not
+        wait out). Measured against the thread hand-off (two instance processes of an echo model kept
+        busy from uvloop, batches of 8, eight interleaved pairs at load 9-10): 82-118 vs 112-149 µs of
+        the server's CPU per batch, lower in every pair; wall time per batch mixed (0.8-1.9x)."""
+        if self._proc is None or self._dead or self._chan is None:
+            self._in_thread(loop, items, done)
+            return
+        header, packed = self._pack(items)
+        if packed.inline_bytes:
+            self._in_thread(loop, items, done)
+            return
+        try:
+            self._chan.send(header)  # a few hundred bytes into an idle socket: never waits
+        except OSError:
+            self._proc.wait()  # died idle: the batch never ran; execute starts another process
+            self._dead = True
+            self._in_thread(loop, items, done)
+            return
+        fd = self._sock.fileno()  # type: ignore[union-attr]
+
+        def readable() -> None:
+            try:
+                frame = self._chan.try_recv()  # type: ignore[union-attr]
+                if frame is None:
+                    return  # part of the answer: wait for the rest
+                outcome, error = self._results(*frame), None
+            except (ConnectionError, OSError):
+                loop.remove_reader(fd)
+                self._end()
+                self._dead = True
+                done(None, self._died("while executing"))
+                return
+            except Exception as exc:  # noqa: BLE001 - the batch's error (e.g. the model's own)
+                outcome, error = None, exc
+            loop.remove_reader(fd)
+            done(outcome, error)
+
+        loop.add_reader(fd, readable)
+
+    def _in_thread(self, loop, items, done) -> None:
+        def finished(f) -> None:
+            if f.cancelled():
+                done(None, Internal(f"model '{self.ctx.model_name}': the batch was cancelled"))
+            elif f.exception() is not None:
+                done(None, f.exception())
+            else:
+                done(f.result(), None)
+
+        loop.run_in_executor(None, self.execute, items).add_done_callback(finished)
+
     def _end(self) -> None:
         """Make sure the process is gone and reaped (it may be exiting already: its exit code stays)."""
         if self._proc is not None:
@@ -235,6 +298,7 @@ class ProcessInstance:
 
     def close(self) -> None:
         if self._sock is not None:
+            self._sock.setblocking(True)
             try:
                 ipc.send_frame(self._sock, ("q",))
             except OSError:

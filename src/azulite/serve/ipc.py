@@ -135,21 +135,47 @@ class Channel:
 
     def _fill(self, need: int) -> None:
         """Receive until ``need`` bytes from _start are buffered."""
-        if self._start + need > len(self._buf):  # make room: move what is buffered to the front (or grow)
-            held = self._end - self._start
-            if need > len(self._buf):
-                self._view.release()
-                buf = bytearray(max(need, 2 * len(self._buf)))
-                buf[:held] = self._buf[self._start:self._end]
-                self._buf, self._view = buf, memoryview(buf)
-            else:
-                self._buf[:held] = self._buf[self._start:self._end]
-            self._start, self._end = 0, held
+        if self._start + need > len(self._buf):
+            self._room(need)
         while self._end - self._start < need:
             k = self.sock.recv_into(self._view[self._end:])
             if k == 0:
                 raise ConnectionError("the peer process closed the connection")
             self._end += k
+
+    def try_recv(self) -> tuple[tuple, memoryview] | None:
+        """The next frame if all of it has arrived, else None; never waits, whatever mode the socket is
+        in (MSG_DONTWAIT: an event loop's poller may have made it non-blocking, or not)."""
+        while True:
+            held = self._end - self._start
+            if held >= _FRAME.size:
+                head_len, size = _FRAME.unpack_from(self._buf, self._start)
+                if held >= _FRAME.size + head_len + size:
+                    return self.recv()  # all buffered: recv does not touch the socket
+                need = _FRAME.size + head_len + size
+            else:
+                need = _FRAME.size
+            if self._start + need > len(self._buf):
+                self._room(need)
+            try:
+                k = self.sock.recv_into(self._view[self._end:], 0, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return None
+            if k == 0:
+                raise ConnectionError("the peer process closed the connection")
+            self._end += k
+
+    def _room(self, need: int) -> None:
+        """Room for ``need`` bytes from _start: what is buffered moved to the front (or a larger buffer)."""
+        held = self._end - self._start
+        if need > len(self._buf):
+            self._view.release()
+            buf = bytearray(max(need, 2 * len(self._buf)))
+            buf[:held] = self._buf[self._start:self._end]
+            self._buf, self._view = buf, memoryview(buf)
+        else:
+            self._buf[:held] = self._buf[self._start:self._end]
+        self._start, self._end = 0, held
 
     def recv(self) -> tuple[tuple, memoryview]:
         if self._end - self._start < _FRAME.size:
