@@ -82,6 +82,14 @@ def test_channel_one_receive_per_frame_and_payloads_never_reused():
         header, payload = chan.recv()
         assert header == ("p", 2) and bytes(payload) == b"xyz"
         writer.join()
+        # without waiting (an event loop's reader callback): None until the whole frame is there
+        assert chan.try_recv() is None
+        data = b"".join(bytes(p) for p in ipc.frame(("q", 3), [big.tobytes()]))
+        mine.sendall(data[:5000])
+        assert chan.try_recv() is None
+        mine.sendall(data[5000:])
+        header, payload = chan.try_recv()
+        assert header == ("q", 3) and bytes(payload) == big.tobytes() and chan.try_recv() is None
         mine.close()
         with pytest.raises(ConnectionError):
             chan.recv()
