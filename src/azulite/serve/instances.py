@@ -230,8 +230,10 @@ class ProcessInstance:
         at a time, as with execute. A process to start again, or inputs too large for the arena, go
         through :meth:`execute` in a thread instead (rare; a start takes ~0.3 s, which the loop must not
         wait out). Measured against the thread hand-off (two instance processes of an echo model kept
-        busy from uvloop, batches of 8, eight interleaved pairs at load 9-10): 82-118 vs 112-149 µs of
-        the server's CPU per batch, lower in every pair; wall time per batch mixed (0.8-1.9x)."""
+        busy from uvloop, batches of 8, interleaved pairs): 82-118 vs 112-149 µs of the server's CPU per
+        batch over eight pairs at load 9-10, 94-102 vs 110-143 over three at load 13-15, lower in every
+        pair; wall time per batch 0.8-1.9x in the first eight, 1.4-3.6x in the last three (on a machine
+        that loaded, a process with three runnable threads gets more turns than one with one)."""
         if self._proc is None or self._dead or self._chan is None:
             self._in_thread(loop, items, done)
             return
@@ -240,7 +242,8 @@ class ProcessInstance:
             self._in_thread(loop, items, done)
             return
         try:
-            self._chan.send(header)  # a few hundred bytes into an idle socket: never waits
+            # blocking (see unwatch), and the peer has read everything sent before: a small header never waits
+            self._chan.send(header)  # type: ignore[union-attr]
         except OSError:
             self._proc.wait()  # died idle: the batch never ran; execute starts another process
             self._dead = True
@@ -255,15 +258,21 @@ class ProcessInstance:
                     return  # part of the answer: wait for the rest
                 outcome, error = self._results(*frame), None
             except (ConnectionError, OSError):
-                loop.remove_reader(fd)
+                unwatch()
                 self._end()
                 self._dead = True
                 done(None, self._died("while executing"))
                 return
             except Exception as exc:  # noqa: BLE001 - the batch's error (e.g. the model's own)
                 outcome, error = None, exc
-            loop.remove_reader(fd)
+            unwatch()
             done(outcome, error)
+
+        def unwatch() -> None:
+            loop.remove_reader(fd)
+            # blocking again (uvloop's poller made it non-blocking): every send and every thread's
+            # crossing then finds it as they expect
+            self._sock.setblocking(True)  # type: ignore[union-attr]
 
         loop.add_reader(fd, readable)
 
