@@ -184,6 +184,11 @@ def test_batches_cross_from_the_loop_and_from_threads_alike(tmp_path):
     batch runs on a process started in its place."""
     _pid_model(tmp_path, "cross_py", "true")
     model_dir = tmp_path / "cross_py"
+    # slow to answer x > 100: a thread's crossing then surely waits in recv for the answer
+    (model_dir / "1" / "model.py").write_text(PID_PY.replace("import os\n", "import os\nimport time\n").replace(
+        "        if any((r.inputs()[0].as_numpy() < 0)",
+        "        if any((r.inputs()[0].as_numpy() > 100).any() for r in requests):\n            time.sleep(0.2)\n"
+        "        if any((r.inputs()[0].as_numpy() < 0)"))
     config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
     ctx = LoadContext("cross_py", 1, model_dir, model_dir / "1" / "model.py", config, "cross_py_0", 0)
     inst = instances.ProcessInstance("python", ctx)
@@ -203,7 +208,7 @@ def test_batches_cross_from_the_loop_and_from_threads_alike(tmp_path):
         pid = inst._proc.pid
         assert await on_loop([item(1.0), item(2.0)]) == [pid, pid]
         try:
-            results, _ = await asyncio.wait_for(asyncio.to_thread(inst.execute, [item(3.0)]), 60)
+            results, _ = await asyncio.wait_for(asyncio.to_thread(inst.execute, [item(300.0)]), 60)
         except TimeoutError:
             os.kill(pid, signal.SIGKILL)  # unblocks the thread stuck in recv, so the test ends
             raise
