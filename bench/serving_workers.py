@@ -19,7 +19,14 @@ over the same run). perf_analyzer is pinned (taskset) to the last core; the serv
 one JSON object with the ratios and goals: >= 1.0x Triton's throughput everywhere, CPU per inference
 <= Triton's, and on gil_py ``--workers 2`` >= 1.6x ``--workers 1``.
 
+Per point the server's CPU is also split by role (``cores`` and ``cpu_us_per_inference_by_role``: main,
+host, frontends, instances; Triton's Python stubs count as its instances), which is what the arithmetic of
+the ``--workers 2`` / ``--workers 1`` goal needs. ``--ab-src OTHER/src`` serves ``--workers 1`` and ``2``
+from another checkout too (base_w1, base_w2), each point right after the same point of this one:
+``ab_over_base`` gives this checkout's throughput and CPU per inference over that one's.
+
     python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
+                            [--models gil_py] [--ab-src OTHER/src] [--no-twins]
 """
 
 from __future__ import annotations
@@ -69,10 +76,27 @@ instance_group [ { count: 2 kind: KIND_CPU } ]
 TICK = os.sysconf("SC_CLK_TCK")
 
 
-def tree_cpu_s(pid: int) -> float:
-    """User + system seconds of pid and every live descendant, plus what they reaped. Parents come from
-    each process's stat (a process's task/*/children lists only the children of that one thread, and
-    Triton starts its Python stubs from other threads)."""
+def _role(pid: int) -> str:
+    """Which part of a server a process is: its model instances (azulite's instance processes, Triton's
+    Python stubs), the model host or a front-end of ``--workers N``, else "main" (a single-process
+    server, the supervisor of ``--workers N``, tritonserver itself)."""
+    try:
+        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return "main"
+    if b"azulite.serve.instances" in cmd or b"triton_python_backend_stub" in cmd:
+        return "instances"
+    if b"azulite.serve.workers\0host" in cmd:
+        return "host"
+    if b"azulite.serve.workers\0frontend" in cmd:
+        return "frontends"
+    return "main"
+
+
+def tree_cpu(pid: int) -> dict[str, float]:
+    """User + system seconds of pid and every live descendant, plus what they reaped, by role
+    (:func:`_role`). Parents come from each process's stat (a process's task/*/children lists only the
+    children of that one thread, and Triton starts its Python stubs from other threads)."""
     stats: dict[int, list[str]] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -83,13 +107,19 @@ def tree_cpu_s(pid: int) -> float:
     kids: dict[int, list[int]] = {}
     for p, fields in stats.items():
         kids.setdefault(int(fields[1]), []).append(p)
-    total, stack = 0.0, [pid]
+    by_role: dict[str, float] = {}
+    stack = [pid]
     while stack:
         p = stack.pop()
         if p in stats:
-            total += sum(int(stats[p][i]) for i in (11, 12, 13, 14)) / TICK  # utime stime cutime cstime
+            role = _role(p)
+            by_role[role] = by_role.get(role, 0.0) + sum(int(stats[p][i]) for i in (11, 12, 13, 14)) / TICK
         stack += kids.get(p, [])
-    return total
+    return by_role
+
+
+def tree_cpu_s(pid: int) -> float:
+    return sum(tree_cpu(pid).values())
 
 
 def inference_count(http_port: int, model: str) -> int:
@@ -107,6 +137,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--measure-ms", type=int, default=1500)
     ap.add_argument("--models", nargs="+", default=list(MODELS), choices=MODELS)
+    ap.add_argument("--ab-src", help="A/B: also serve with --workers 1 and 2 from this other checkout's src/ "
+                    "(base_w1, base_w2), each point measured right after the same point of this one")
+    ap.add_argument("--no-twins", action="store_true", help="skip the processes/threads twins on --workers 1")
     args = ap.parse_args(argv)
     bin_dir = anchors(args.anchors)
     cores = sorted(os.sched_getaffinity(0))
@@ -129,10 +162,13 @@ def main(argv: list[str] | None = None) -> None:
         servers: dict[str, tuple[subprocess.Popen, int, int]] = {}
         figures: dict = {}
         try:
-            for name in ("triton", "azulite_w1", "azulite_w2"):
+            names = ["triton", "azulite_w1", "base_w1", "azulite_w2", "base_w2"]
+            for name in names if args.ab_src else [n for n in names if not n.startswith("base_")]:
                 http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
                 extra = () if name == "triton" else ("--workers", name[-1])
                 cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)
+                if name.startswith("base_"):  # env execs the server: its pid is the server's
+                    cmd = ["env", f"PYTHONPATH={Path(args.ab_src).resolve()}", *cmd]
                 print(f"starting {name} ...", flush=True)
                 servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
                 figures[name] = {}
@@ -142,21 +178,26 @@ def main(argv: list[str] | None = None) -> None:
             for model in args.models:
                 for protocol in ("http", "grpc"):
                     for c in args.concurrency:
-                        runs = [(name, model) for name in servers] + [("azulite_w1", twins[model])]
+                        runs = [(name, model) for name in servers] + ([] if args.no_twins else [("azulite_w1", twins[model])])
                         for name, point_model in runs:
                             proc, http_port, grpc_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
-                            n0, cpu0, t0 = inference_count(http_port, point_model), tree_cpu_s(proc.pid), time.monotonic()
+                            n0, cpu0, t0 = inference_count(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
                             pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             wall = time.monotonic() - t0
-                            cpu = tree_cpu_s(proc.pid) - cpu0
+                            cpu1 = tree_cpu(proc.pid)
+                            roles = {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1}
+                            cpu = sum(roles.values())
                             n = inference_count(http_port, point_model) - n0
                             if "error" not in r and n > 0:
                                 load = (pa1.ru_utime + pa1.ru_stime) - (pa0.ru_utime + pa0.ru_stime)
+                                # the CPU each side used: the server by role, and the load generator
                                 r.update(cpu_s_per_1k=round(cpu / n * 1000, 4),
-                                         cores={"server": round(cpu / wall, 2), "load_generator": round(load / wall, 2)})
+                                         cores={"server": round(cpu / wall, 2), "load_generator": round(load / wall, 2),
+                                                **{f"server_{k}": round(v / wall, 2) for k, v in sorted(roles.items())}},
+                                         cpu_us_per_inference_by_role={k: round(v / n * 1e6, 1) for k, v in sorted(roles.items())})
                             figures[name][f"{point_model}_{protocol}_c{c}"] = r
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
                                      f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  cores {r.get('cores')}"
@@ -184,6 +225,16 @@ def main(argv: list[str] | None = None) -> None:
             w2 = figures["azulite_w2"].get(key)
             if key.startswith("gil_py") and w2 is not None and "error" not in w1 and "error" not in w2:
                 scaling[key] = round(w2["infer_per_s"] / w1["infer_per_s"], 3)
+        # What --workers 2 could reach at most on these cores: all of them busy (server and load generator)
+        # at the CPU per inference --workers 2 was measured to cost: cores / (w2's server + w1's load
+        # generator CPU per inference), over w1's throughput. Below 1.6 the goal is out of reach here
+        # whatever the crossing does (README: "What --workers 2 / --workers 1 needs").
+        ceiling = {}
+        for key in scaling:
+            w1, w2 = figures["azulite_w1"][key], figures["azulite_w2"][key]
+            if "cores" in w1 and "cpu_s_per_1k" in w2:
+                generator_s = w1["cores"]["load_generator"] / w1["infer_per_s"]
+                ceiling[key] = round(len(cores) / (w2["cpu_s_per_1k"] / 1000 + generator_s) / w1["infer_per_s"], 3)
         # at c=1 one request is in flight at a time: no parallel batches to run, nothing for a second
         # instance process to do (the 1.6x goal is for the concurrent points)
         goals["gil_workers2_ge_1.6x_workers1"] = bool(scaling) and all(
@@ -199,13 +250,24 @@ def main(argv: list[str] | None = None) -> None:
                 if "cpu_s_per_1k" in proc_r and "cpu_s_per_1k" in thread_r:
                     ab[key] = {"throughput": round(proc_r["infer_per_s"] / thread_r["infer_per_s"], 3),
                                "cpu_per_inference": round(proc_r["cpu_s_per_1k"] / thread_r["cpu_s_per_1k"], 3)}
+        base = {}  # this checkout over --ab-src, same point, measured back to back
+        for w in ("w1", "w2"):
+            for key, a in figures.get(f"azulite_{w}", {}).items():
+                b = figures.get(f"base_{w}", {}).get(key, {})
+                if "cpu_s_per_1k" in a and "cpu_s_per_1k" in b:
+                    base[f"{w}_{key}"] = {"throughput": round(a["infer_per_s"] / b["infer_per_s"], 3),
+                                          "cpu_per_inference": round(a["cpu_s_per_1k"] / b["cpu_s_per_1k"], 3)}
+        if base:
+            print("this checkout / --ab-src:", json.dumps(base, indent=1))
         print("\nratios to triton:", json.dumps(ratio, indent=1))
         print("--workers 1, instance processes / threads:", json.dumps(ab, indent=1))
-        print("gil_py workers 2 / workers 1:", scaling)
+        print("gil_py workers 2 / workers 1:", scaling, "at most (all cores busy):", ceiling)
         print(json.dumps({"bench": "serving_workers", "models": args.models, "concurrency": args.concurrency,
                           "load_generator_pinned_to": pin[2] if pin else None, "cores": len(cores),
                           "loadavg": os.getloadavg(), "figures": figures, "ratio": ratio,
-                          "gil_workers2_over_workers1": scaling, "instance_process_ab_workers1": ab,
+                          "gil_workers2_over_workers1": scaling, "gil_workers2_over_workers1_ceiling": ceiling,
+                          "instance_process_ab_workers1": ab,
+                          "ab_over_base": base,
                           "goals": goals}))
     finally:
         shutil.rmtree(work, ignore_errors=True)

@@ -12,8 +12,12 @@ import signal
 import numpy as np
 import pytest
 
+from google.protobuf import text_format
+
 from azulite.errors import Internal
 from azulite.serve import instances
+from azulite.serve.backends.base import LoadContext, WorkItem
+from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
 from azulite.serve.server import new_event_loop
 from azulite.serve.types import InferRequest, InferTensor
@@ -171,3 +175,52 @@ def test_instance_process_dying_mid_batch_fails_that_batch_and_is_restarted(tmp_
             await dp.shutdown(30)
 
     _on_server_loop(run())
+
+
+def test_batches_cross_from_the_loop_and_from_threads_alike(tmp_path):
+    """start_batch crosses on the server's own loop, no thread (uvloop: its poller makes the socket
+    non-blocking); execute from a thread after it still waits for its answer (the blocking crossing once
+    failed after a loop-side one); a process dying in a loop-side batch fails that batch, and the next
+    batch runs on a process started in its place."""
+    _pid_model(tmp_path, "cross_py", "true")
+    model_dir = tmp_path / "cross_py"
+    # slow to answer x > 100: a thread's crossing then surely waits in recv for the answer
+    (model_dir / "1" / "model.py").write_text(PID_PY.replace("import os\n", "import os\nimport time\n").replace(
+        "        if any((r.inputs()[0].as_numpy() < 0)",
+        "        if any((r.inputs()[0].as_numpy() > 100).any() for r in requests):\n            time.sleep(0.2)\n"
+        "        if any((r.inputs()[0].as_numpy() < 0)"))
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
+    ctx = LoadContext("cross_py", 1, model_dir, model_dir / "1" / "model.py", config, "cross_py_0", 0)
+    inst = instances.ProcessInstance("python", ctx)
+
+    def item(x: float) -> WorkItem:
+        return WorkItem({"X": np.array([[x]], np.float32)}, None, 1)
+
+    async def on_loop(items):
+        loop = asyncio.get_running_loop()
+        answer = loop.create_future()
+        inst.start_batch(loop, items, lambda outcome, error: answer.set_exception(error) if error is not None
+                         else answer.set_result(outcome))
+        results, _ = await asyncio.wait_for(answer, 60)
+        return [int(r["PID"][0, 0]) for r in results]
+
+    async def run() -> None:
+        pid = inst._proc.pid
+        assert await on_loop([item(1.0), item(2.0)]) == [pid, pid]
+        try:
+            results, _ = await asyncio.wait_for(asyncio.to_thread(inst.execute, [item(300.0)]), 60)
+        except TimeoutError:
+            os.kill(pid, signal.SIGKILL)  # unblocks the thread stuck in recv, so the test ends
+            raise
+        assert int(results[0]["PID"][0, 0]) == pid
+        assert await on_loop([item(4.0)]) == [pid]
+        with pytest.raises(Internal, match=r"instance process cross_py_0 died \(exit code 3\) while executing"):
+            await on_loop([item(-1.0)])
+        again = await on_loop([item(5.0)])
+        assert again[0] != pid and again[0] in _instance_pids()
+
+    try:
+        _on_server_loop(run())
+    finally:
+        inst.close()
+    assert not [p for p in _instance_pids() if b"cross_py" in cmdline(p)]

@@ -1,10 +1,17 @@
 """Frames between azulite's processes: whatever way the stream cuts them, each frame comes out whole and
-once; errors cross as the same class and status."""
+once (one receive per frame on a request/answer crossing); errors cross as the same class and status; a
+batch's tensors cross as one block per input."""
 
 from __future__ import annotations
 
+import socket
+import threading
+
+import numpy as np
+import pytest
+
 from azulite.errors import InvalidArgument, NotFound, ResourceExhausted
-from azulite.serve import ipc
+from azulite.serve import ipc, shm_ring
 from azulite.serve.batcher import Rejected
 
 
@@ -36,3 +43,103 @@ def test_errors_keep_their_class_and_status():
         assert back.status == exc.status and back.message == exc.message and back.where == exc.where
         assert back.fix == exc.fix
     assert ipc.rebuild_error(ipc.error_tuple(ResourceExhausted("slow", retry_after_s=2.5))).retry_after_s == 2.5
+
+
+class _CountingSocket(socket.socket):
+    """A real socket that counts its receive calls (what the channel costs per frame)."""
+
+    def __init__(self, sock: socket.socket) -> None:
+        super().__init__(sock.family, sock.type, sock.proto, fileno=sock.detach())
+        self.recvs = 0
+
+    def recv_into(self, *args):
+        self.recvs += 1
+        return super().recv_into(*args)
+
+
+def test_channel_one_receive_per_frame_and_payloads_never_reused():
+    mine, theirs = socket.socketpair()
+    counted = _CountingSocket(theirs)
+    chan = ipc.Channel(counted, size=256)
+    try:
+        kept = []
+        for i in range(5):  # a request/answer crossing: each frame sent alone, received with ONE recv
+            ipc.send_frame(mine, ("x", i, [("a", 0)]), [np.full(8, i, np.float32).tobytes()])
+            before = counted.recvs
+            header, payload = chan.recv()
+            assert header == ("x", i, [("a", 0)]) and counted.recvs == before + 1
+            kept.append(payload)
+        # a payload given out stays what it was while later frames arrive (it is never the reused buffer)
+        assert [np.frombuffer(p, np.float32).tolist() for p in kept] == [[float(i)] * 8 for i in range(5)]
+        # a frame larger than the buffer, and frames cut anyhow or sent together, come out whole and once
+        big = np.arange(10_000, dtype=np.int64)
+        data = b"".join(bytes(p) for f in [(("big",), [big.tobytes()]), (("o", 1),), (("p", 2), [b"xyz"])]
+                        for p in ipc.frame(*f))
+        writer = threading.Thread(target=lambda: [mine.sendall(data[i:i + 777]) for i in range(0, len(data), 777)])
+        writer.start()
+        assert (lambda h, p: (h, np.frombuffer(p, np.int64).tolist()))(*chan.recv()) == (("big",), big.tolist())
+        assert chan.recv() == (("o", 1), memoryview(b""))
+        header, payload = chan.recv()
+        assert header == ("p", 2) and bytes(payload) == b"xyz"
+        writer.join()
+        # without waiting (an event loop's reader callback): None until the whole frame is there
+        assert chan.try_recv() is None
+        data = b"".join(bytes(p) for p in ipc.frame(("q", 3), [big.tobytes()]))
+        mine.sendall(data[:5000])
+        assert chan.try_recv() is None
+        mine.sendall(data[5000:])
+        header, payload = chan.try_recv()
+        assert header == ("q", 3) and bytes(payload) == big.tobytes() and chan.try_recv() is None
+        mine.close()
+        with pytest.raises(ConnectionError):
+            chan.recv()
+    finally:
+        mine.close()
+        counted.close()
+
+
+def test_a_batch_of_requests_crosses_as_one_block_per_input():
+    arena = shm_ring.Arena(1 << 16)
+    try:
+        batch = [{"x": np.arange(k * 4, dtype=np.float32).reshape(k, 4) + k, "n": np.full((k, 1), k, np.int64)}
+                 for k in (1, 3, 2)]
+        packed = shm_ring.Packed()
+        desc = ipc.pack_dicts(arena, batch, packed)
+        assert desc[0] == "rows" and len(packed.refs) == 2 and [r[0] for r in packed.refs] == ["s", "s"]
+        back = ipc.unpack_dicts(arena.view, ipc._EMPTY, desc, packed.refs, copy=True)
+        arena.view[:] = b"\xff" * len(arena.view)  # copies own their data: the writer may reuse its arena
+        assert len(back) == 3
+        for got, sent in zip(back, batch):
+            assert sorted(got) == sorted(sent)
+            for name in sent:
+                assert got[name].dtype == sent[name].dtype and (got[name] == sent[name]).all()
+
+        # what cannot be stacked goes per tensor: BYTES, other trailing shapes, different names, 0-d
+        odd = [[{"t": np.array([b"ab", b"c"], dtype=np.object_)}, {"t": np.array([b"d"], dtype=np.object_)}],
+               [{"x": np.ones((1, 4), np.float32)}, {"x": np.ones((1, 5), np.float32)}],
+               [{"x": np.ones((1, 4), np.float32)}, {"y": np.ones((1, 4), np.float32)}],
+               [{"s": np.float32(2.5) * np.ones(())}], [{}, {}]]
+        for dicts in odd:
+            arena.reset()
+            packed = shm_ring.Packed()
+            desc = ipc.pack_dicts(arena, dicts, packed)
+            assert desc[0] == "each"
+            back = ipc.unpack_dicts(arena.view, ipc._EMPTY, desc, packed.refs, copy=True)
+            assert [sorted(d) for d in back] == [sorted(d) for d in dicts]
+            for got, sent in zip(back, dicts):
+                for name in sent:
+                    assert got[name].shape == sent[name].shape and (got[name] == sent[name]).all()
+
+        # no room in the arena for x (96 bytes): its stacked block goes inline after the header; n fits
+        tiny = shm_ring.Arena(64)
+        try:
+            packed = shm_ring.Packed()
+            desc = ipc.pack_dicts(tiny, batch, packed)
+            assert desc[0] == "rows" and [r[0] for r in packed.refs] == ["i", "s"]
+            inline = memoryview(b"".join(bytes(p) for p in packed.inline))
+            back = ipc.unpack_dicts(tiny.view, inline, desc, packed.refs, copy=False)
+            assert all((g["x"] == s["x"]).all() and (g["n"] == s["n"]).all() for g, s in zip(back, batch))
+        finally:
+            tiny.close()
+    finally:
+        arena.close()

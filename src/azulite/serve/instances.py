@@ -2,10 +2,13 @@
 two instances of a Python model whose code holds the GIL then run at the same time on two cores.
 
 The batcher drives a :class:`ProcessInstance` exactly like an in-process one: ``execute`` runs in the
-instance's thread, writes the batch's inputs into a shared-memory arena (serve/shm_ring.py), sends a
-small header over a socketpair and waits; the instance process reads the inputs in place, executes,
-writes the outputs into its own arena and answers with their descriptors. One batch at a time per
-instance, so each arena is simply reset per batch. An instance process that dies fails the batch it
+instance's thread, writes the batch's inputs into a shared-memory arena (serve/shm_ring.py; each
+input's rows of every request back to back, one block and one descriptor per input, ipc.pack_dicts),
+sends a small header over a socketpair and waits; the instance process reads the inputs in place,
+executes, writes the outputs into its own arena the same way and answers with their descriptors. Each
+side makes one sendmsg and one recv per frame (ipc.Channel), so a batch costs four syscalls and one
+wake-up per direction, and no wait4: a process that died idle refuses the next send. One batch at a time
+per instance, so each arena is simply reset per batch. An instance process that dies fails the batch it
 was running and is started again (counted: ``azulite_instance_restarts_total``).
 
 Which instances go out of process (serve/manager.py asks :func:`wants_process`): Python models that
@@ -18,10 +21,15 @@ processes, for the measurements behind that default). KIND_GPU instances get ``C
 set to their group's GPU in their process.
 
 The batcher drives an instance process as a thread-backed instance (its ``execute`` blocks on the
-socket in the instance's thread, or inline on the loop for short single-instance batches). A crossing
-awaited on the loop itself (a reader callback, no thread) was built and measured against this: under
-load (average 8-11 on 2 cores) it answered gil_py through ``--workers 2`` at 0.50-0.72x the throughput of
-the thread crossing, at 1.0-1.17x its CPU per inference, so it is not used (README: instance processes).
+socket in the instance's thread, or inline on the loop for short single-instance batches).
+:meth:`ProcessInstance.start_batch` crosses from the loop itself (send, then a reader callback), for a
+batcher that calls it: in isolation it costs the server less CPU per batch than the thread hand-off (see
+its docstring). An earlier loop-side crossing, wired into the batcher and measured at bench level under
+load (average 8-11 on 2 cores), answered gil_py through ``--workers 2`` at 0.50-0.72x the throughput of
+the thread crossing at 1.0-1.17x its CPU per inference (README: instance processes), so the batcher does
+not call it yet: that is for the bench on an idle machine to decide. After a loop-side crossing,
+``execute`` sets the socket blocking again (uvloop's poller leaves it non-blocking, on which a thread's
+blocking crossing failed; tests/serve/test_instances.py catches it).
 """
 
 from __future__ import annotations
@@ -106,6 +114,8 @@ class ProcessInstance:
         self.key = (ctx.model_name, ctx.instance_name)
         self._proc: subprocess.Popen | None = None
         self._sock: socket.socket | None = None
+        self._chan: ipc.Channel | None = None
+        self._dead = False  # its process ended (seen by a failed crossing): start another before the next batch
         self._arenas_open = False
         self._spawn()
 
@@ -128,8 +138,10 @@ class ProcessInstance:
         self._out_map, self._out = shm_ring.attach(out_fd)
         self._arenas_open = True
         self._sock = mine
+        self._chan = ipc.Channel(mine)
+        self._dead = False
         try:
-            header, _ = ipc.recv_frame(mine)
+            header, _ = self._chan.recv()
         except ConnectionError:
             self._reap()
             raise ModelLoadError(f"failed to load model '{self.ctx.model_name}': its instance process "
@@ -160,14 +172,11 @@ class ProcessInstance:
     def _pack(self, items: list[WorkItem]) -> tuple[tuple, shm_ring.Packed]:
         self.inputs.reset()  # the previous batch is answered: its blocks are free
         packed = shm_ring.Packed()
-        metas = []
-        for item in items:
-            names = list(item.inputs)
-            start = len(packed.refs)
-            shm_ring.put(self.inputs, [item.inputs[n] for n in names], packed)
-            metas.append((names, start, None if item.outputs is None else sorted(item.outputs),
-                          item.batch_size, item.request_id, item.parameters))
-        return ("x", metas, packed.refs), packed
+        # the batch's inputs, each name's rows back to back in one block (ipc.pack_dicts)
+        inputs = ipc.pack_dicts(self.inputs, [item.inputs for item in items], packed)
+        metas = [(None if item.outputs is None else sorted(item.outputs), item.batch_size, item.request_id,
+                  item.parameters) for item in items]
+        return ("x", metas, inputs, packed.refs), packed
 
     def _died(self, while_: str) -> Internal:
         code = self._proc.poll() if self._proc is not None else None
@@ -177,39 +186,106 @@ class ProcessInstance:
     def _results(self, header: tuple, inline: memoryview) -> tuple[list[Result], Timing]:
         if header[0] == "e":
             raise ipc.rebuild_error(header[1])
-        _, results_meta, refs, timing = header
-        results: list[Result] = []
-        for entry in results_meta:
-            if entry[0] == "e":
-                results.append(ipc.rebuild_error(entry[1]))
-            else:
-                results.append({name: shm_ring.take(self._out, inline, refs[i], copy=True)
-                                for name, i in entry[1]})
+        _, errors, outputs, refs, timing = header
+        # one copy of each stacked output out of the arena (the instance reuses it for its next batch)
+        answered = iter(ipc.unpack_dicts(self._out, inline, outputs, refs, copy=True))
+        results: list[Result] = [ipc.rebuild_error(e) if e is not None else next(answered) for e in errors]
         return results, Timing(*timing)
 
     def execute(self, items: list[WorkItem]) -> tuple[list[Result], Timing]:
-        """From a thread (warm-up at load, or a batch too big for the arena)."""
+        """From a thread (warm-up at load, a batcher without :meth:`start_batch`, a restart)."""
+        if self._sock is not None:
+            # blocking again: uvloop's poller made the socket non-blocking if start_batch crossed on the
+            # loop before (a blocking recv would then fail at once instead of waiting for the answer)
+            self._sock.setblocking(True)
         for attempt in (1, 2):
-            if self._proc is None or self._proc.poll() is not None:
+            # no poll (a wait4) per batch: a process that died idle refuses the send below (EPIPE: its
+            # end of the socketpair closed with it), and one that died in a batch failed that batch
+            if self._proc is None or self._dead:
                 self._restart()
             header, packed = self._pack(items)
             try:
-                ipc.send_frame(self._sock, header, packed.inline)  # type: ignore[arg-type]
+                self._chan.send(header, packed.inline)  # type: ignore[union-attr]
             except OSError:
                 # gone before the batch reached it (it died idle): the batch never ran, so it goes to the
                 # process started in its place
                 self._proc.wait()  # type: ignore[union-attr]
+                self._dead = True
                 if attempt == 1:
                     continue
                 raise Internal(f"model '{self.ctx.model_name}': instance process {self.ctx.instance_name} "
                                "exits as soon as it starts") from None
             try:
-                answer, inline = ipc.recv_frame(self._sock)  # type: ignore[arg-type]
+                answer, inline = self._chan.recv()  # type: ignore[union-attr]
             except (ConnectionError, OSError):
                 self._end()
+                self._dead = True
                 raise self._died("while executing") from None
             return self._results(answer, inline)
         raise AssertionError("unreachable")
+
+    def start_batch(self, loop, items: list[WorkItem], done) -> None:
+        """Cross from the event loop itself, without a thread: send the batch, and when the answer is
+        readable call ``done((results, timing), None)`` (or ``done(None, error)``) on the loop. One batch
+        at a time, as with execute. A process to start again, or inputs too large for the arena, go
+        through :meth:`execute` in a thread instead (rare; a start takes ~0.3 s, which the loop must not
+        wait out). Measured against the thread hand-off (two instance processes of an echo model kept
+        busy from uvloop, batches of 8, interleaved pairs): 82-118 vs 112-149 µs of the server's CPU per
+        batch over eight pairs at load 9-10, 94-102 vs 110-143 over three at load 13-15, lower in every
+        pair; wall time per batch 0.8-1.9x in the first eight, 1.4-3.6x in the last three (on a machine
+        that loaded, a process with three runnable threads gets more turns than one with one)."""
+        if self._proc is None or self._dead or self._chan is None:
+            self._in_thread(loop, items, done)
+            return
+        header, packed = self._pack(items)
+        if packed.inline_bytes:
+            self._in_thread(loop, items, done)
+            return
+        try:
+            # blocking (see unwatch), and the peer has read everything sent before: a small header never waits
+            self._chan.send(header)  # type: ignore[union-attr]
+        except OSError:
+            self._proc.wait()  # died idle: the batch never ran; execute starts another process
+            self._dead = True
+            self._in_thread(loop, items, done)
+            return
+        fd = self._sock.fileno()  # type: ignore[union-attr]
+
+        def readable() -> None:
+            try:
+                frame = self._chan.try_recv()  # type: ignore[union-attr]
+                if frame is None:
+                    return  # part of the answer: wait for the rest
+                outcome, error = self._results(*frame), None
+            except (ConnectionError, OSError):
+                unwatch()
+                self._end()
+                self._dead = True
+                done(None, self._died("while executing"))
+                return
+            except Exception as exc:  # noqa: BLE001 - the batch's error (e.g. the model's own)
+                outcome, error = None, exc
+            unwatch()
+            done(outcome, error)
+
+        def unwatch() -> None:
+            loop.remove_reader(fd)
+            # blocking again (uvloop's poller made it non-blocking): every send and every thread's
+            # crossing then finds it as they expect
+            self._sock.setblocking(True)  # type: ignore[union-attr]
+
+        loop.add_reader(fd, readable)
+
+    def _in_thread(self, loop, items, done) -> None:
+        def finished(f) -> None:
+            if f.cancelled():
+                done(None, Internal(f"model '{self.ctx.model_name}': the batch was cancelled"))
+            elif f.exception() is not None:
+                done(None, f.exception())
+            else:
+                done(f.result(), None)
+
+        loop.run_in_executor(None, self.execute, items).add_done_callback(finished)
 
     def _end(self) -> None:
         """Make sure the process is gone and reaped (it may be exiting already: its exit code stays)."""
@@ -231,6 +307,7 @@ class ProcessInstance:
 
     def close(self) -> None:
         if self._sock is not None:
+            self._sock.setblocking(True)
             try:
                 ipc.send_frame(self._sock, ("q",))
             except OSError:
@@ -268,39 +345,33 @@ def _serve(sock: socket.socket) -> None:
         import threadpoolctl
 
         threadpoolctl.threadpool_limits(limits=ctx.compute_threads, user_api="blas")
-    ipc.send_frame(sock, ("o",))
+    chan = ipc.Channel(sock)
+    chan.send(("o",))
     try:
         while True:
             try:
-                header, inline = ipc.recv_frame(sock)
+                header, inline = chan.recv()
             except (ConnectionError, OSError):
                 return
             if header[0] == "q":
                 return
-            _, metas, refs = header
-            items = []
-            for names, start, outputs, batch_size, rid, parameters in metas:
-                inputs = {n: shm_ring.take(in_view, inline, refs[start + k], copy=False) for k, n in enumerate(names)}
-                items.append(WorkItem(inputs=inputs, outputs=None if outputs is None else frozenset(outputs),
-                                      batch_size=batch_size, request_id=rid, parameters=parameters))
+            _, metas, inputs, refs = header
+            # read in place: the server rewrites its arena only after this batch is answered
+            items = [WorkItem(inputs=d, outputs=None if outputs is None else frozenset(outputs),
+                              batch_size=batch_size, request_id=rid, parameters=parameters)
+                     for d, (outputs, batch_size, rid, parameters)
+                     in zip(ipc.unpack_dicts(in_view, inline, inputs, refs, copy=False), metas)]
             try:
                 results, timing = instance.execute(items)
             except Exception as exc:  # noqa: BLE001 - fails the batch, as in-process
-                ipc.send_frame(sock, ("e", ipc.error_tuple(exc)))
+                chan.send(("e", ipc.error_tuple(exc)))
                 continue
             out.reset()
             packed = shm_ring.Packed()
-            answers = []
-            for result in results:
-                if isinstance(result, BaseException):
-                    answers.append(("e", ipc.error_tuple(result)))
-                    continue
-                names = list(result)
-                start = len(packed.refs)
-                shm_ring.put(out, [result[n] for n in names], packed)
-                answers.append(("o", [(n, start + k) for k, n in enumerate(names)]))
-            ipc.send_frame(sock, ("r", answers, packed.refs, (timing.input_ns, timing.infer_ns, timing.output_ns)),
-                           packed.inline)
+            errors = [ipc.error_tuple(r) if isinstance(r, BaseException) else None for r in results]
+            outputs = ipc.pack_dicts(out, [r for r in results if not isinstance(r, BaseException)], packed)
+            chan.send(("r", errors, outputs, packed.refs, (timing.input_ns, timing.infer_ns, timing.output_ns)),
+                      packed.inline)
     finally:
         instance.close()
 

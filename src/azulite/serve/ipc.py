@@ -85,14 +85,17 @@ class FrameProtocol(asyncio.Protocol):
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytearray:
     buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
+    _recv_into(sock, memoryview(buf))
+    return buf
+
+
+def _recv_into(sock: socket.socket, view: memoryview) -> None:
+    got, n = 0, len(view)
     while got < n:
         k = sock.recv_into(view[got:])
         if k == 0:
-            raise ConnectionError("the model host closed the connection")
+            raise ConnectionError("the peer process closed the connection")
         got += k
-    return buf
 
 
 def recv_frame(sock: socket.socket) -> tuple[tuple, memoryview]:
@@ -103,7 +106,99 @@ def recv_frame(sock: socket.socket) -> tuple[tuple, memoryview]:
 
 
 def send_frame(sock: socket.socket, header: tuple, payload: list[bytes | memoryview] | None = None) -> None:
-    sock.sendall(b"".join(bytes(p) if isinstance(p, memoryview) else p for p in frame(header, payload)))
+    """One sendmsg of the frame's parts (gathered by the kernel: the payload is not copied into a joined
+    bytes first); the rest with sendall when the socket took only part of it."""
+    parts = frame(header, payload)
+    if len(parts) > 512:  # far below the kernel's IOV_MAX (1024) on what one sendmsg may gather
+        parts = [b"".join(bytes(p) for p in parts)]
+    sent = sock.sendmsg(parts)
+    total = sum(len(p) for p in parts)
+    if sent < total:
+        sock.sendall(b"".join(bytes(p) for p in parts)[sent:])
+
+
+class Channel:
+    """Frames over a blocking socket for a request/answer crossing (an instance process and its
+    server): a frame usually arrives with ONE recv (the length prefix, header and whatever payload
+    came with them land in a reused buffer) where :func:`recv_frame` makes two or three, and goes out
+    with one sendmsg. The payload of a frame is its own buffer (arrays read in place from it may be
+    kept by whoever got them; the reused buffer is never handed out)."""
+
+    def __init__(self, sock: socket.socket, size: int = 1 << 16) -> None:
+        self.sock = sock
+        self._buf = bytearray(size)
+        self._view = memoryview(self._buf)
+        self._start = self._end = 0
+
+    def send(self, header: tuple, payload: list[bytes | memoryview] | None = None) -> None:
+        send_frame(self.sock, header, payload)
+
+    def _fill(self, need: int) -> None:
+        """Receive until ``need`` bytes from _start are buffered."""
+        if self._start + need > len(self._buf):
+            self._room(need)
+        while self._end - self._start < need:
+            k = self.sock.recv_into(self._view[self._end:])
+            if k == 0:
+                raise ConnectionError("the peer process closed the connection")
+            self._end += k
+
+    def try_recv(self) -> tuple[tuple, memoryview] | None:
+        """The next frame if all of it has arrived, else None; never waits, whatever mode the socket is
+        in (MSG_DONTWAIT: an event loop's poller may have made it non-blocking, or not)."""
+        while True:
+            held = self._end - self._start
+            if held >= _FRAME.size:
+                head_len, size = _FRAME.unpack_from(self._buf, self._start)
+                if held >= _FRAME.size + head_len + size:
+                    return self.recv()  # all buffered: recv does not touch the socket
+                need = _FRAME.size + head_len + size
+            else:
+                need = _FRAME.size
+            if self._start + need > len(self._buf):
+                self._room(need)
+            try:
+                k = self.sock.recv_into(self._view[self._end:], 0, socket.MSG_DONTWAIT)
+            except (BlockingIOError, InterruptedError):
+                return None
+            if k == 0:
+                raise ConnectionError("the peer process closed the connection")
+            self._end += k
+
+    def _room(self, need: int) -> None:
+        """Room for ``need`` bytes from _start: what is buffered moved to the front (or a larger buffer)."""
+        held = self._end - self._start
+        if need > len(self._buf):
+            self._view.release()
+            buf = bytearray(max(need, 2 * len(self._buf)))
+            buf[:held] = self._buf[self._start:self._end]
+            self._buf, self._view = buf, memoryview(buf)
+        else:
+            self._buf[:held] = self._buf[self._start:self._end]
+        self._start, self._end = 0, held
+
+    def recv(self) -> tuple[tuple, memoryview]:
+        if self._end - self._start < _FRAME.size:
+            self._fill(_FRAME.size)
+        head_len, size = _FRAME.unpack_from(self._buf, self._start)
+        need = _FRAME.size + head_len
+        if self._end - self._start < need:
+            self._fill(need)
+        start = self._start + _FRAME.size
+        header = pickle.loads(self._view[start:start + head_len])
+        self._start += need
+        payload = _EMPTY
+        if size:
+            out = bytearray(size)
+            have = min(size, self._end - self._start)
+            out[:have] = self._view[self._start:self._start + have]
+            self._start += have
+            payload = memoryview(out)
+            if have < size:
+                _recv_into(self.sock, payload[have:])
+        if self._start == self._end:
+            self._start = self._end = 0
+        return header, payload
 
 
 def error_tuple(exc: BaseException) -> tuple:
@@ -169,6 +264,46 @@ def response_from(header: tuple, view, inline):
     model, version, rid, parameters, metas, refs = header
     return InferResponse(model_name=model, model_version=version, id=rid, parameters=parameters,
                          outputs=unpack_tensors(view, inline, metas, refs, copy=True))
+
+
+def pack_dicts(arena, dicts: list[dict], packed) -> tuple:
+    """Named arrays of a batch's requests (inputs going to an instance process, or its results coming
+    back) as one descriptor. When every dict has the same names and each name is :func:`shm_ring.stackable`
+    across them (a dynamic batch of one model's requests, the usual case): ("rows", [(name, ref index,
+    first dimension of each)]), one block per name. Otherwise ("each", [[(name, ref index)] per dict])."""
+    names = list(dicts[0]) if dicts else []
+    if names and all(len(d) == len(names) for d in dicts):
+        try:
+            columns = [[d[n] for d in dicts] for n in names]
+        except KeyError:
+            columns = None
+        if columns is not None and all(shm_ring.stackable(c) for c in columns):
+            out = []
+            for name, arrays in zip(names, columns):
+                out.append((name, len(packed.refs), [a.shape[0] for a in arrays]))
+                shm_ring.put_rows(arena, arrays, packed)
+            return ("rows", out)
+    each = []
+    for d in dicts:
+        keys = list(d)
+        start = len(packed.refs)
+        shm_ring.put(arena, [d[k] for k in keys], packed)
+        each.append([(k, start + i) for i, k in enumerate(keys)])
+    return ("each", each)
+
+
+def unpack_dicts(view, inline, desc: tuple, refs: list, *, copy: bool) -> list[dict]:
+    kind, body = desc
+    if kind == "each":
+        return [{name: shm_ring.take(view, inline, refs[i], copy=copy) for name, i in entry} for entry in body]
+    dicts: list[dict] = []
+    for name, i, rows in body:
+        pieces = shm_ring.take_rows(view, inline, refs[i], rows, copy=copy)
+        if not dicts:
+            dicts = [{} for _ in pieces]
+        for d, piece in zip(dicts, pieces):
+            d[name] = piece
+    return dicts
 
 
 # --- protobuf answers (tritonclient's generated modules do not pickle) -----------------------------------

@@ -146,3 +146,45 @@ def attach(fd: int) -> tuple[mmap.mmap, memoryview]:
     m = mmap.mmap(fd, size)
     os.close(fd)
     return m, memoryview(m)
+
+
+def stackable(arrays: list) -> bool:
+    """Whether these arrays can be written as one block (:func:`put_rows`): numeric, at least one
+    dimension, one dtype and the same shape past the first dimension."""
+    first = arrays[0]
+    if not isinstance(first, np.ndarray) or first.ndim == 0 or first.dtype == np.object_:
+        return False
+    dtype, rest = first.dtype, first.shape[1:]
+    return all(isinstance(a, np.ndarray) and a.ndim and a.dtype == dtype and a.shape[1:] == rest for a in arrays)
+
+
+def put_rows(arena: Arena | None, arrays: list[np.ndarray], packed: Packed) -> None:
+    """Arrays that :func:`stackable` accepted, written back to back as ONE block (one copy, in C: a batch
+    of n requests costs one descriptor, not n); its ref describes the stacked array, which
+    :func:`take_rows` cuts back into the pieces."""
+    first = arrays[0]
+    shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
+    count = int(np.prod(shape))
+    n = count * first.dtype.itemsize
+    offset = arena.alloc(n) if arena is not None and n else None
+    if offset is None:
+        stacked = np.concatenate(arrays, axis=0)
+        packed.refs.append(("i", packed.inline_bytes, n, first.dtype.str, shape, count))
+        packed.inline.append(memoryview(stacked).cast("B") if n else b"")
+        packed.inline_bytes += n
+        return
+    out = np.ndarray(shape, first.dtype, buffer=arena.map, offset=offset)  # type: ignore[union-attr]
+    np.concatenate(arrays, axis=0, out=out)
+    packed.blocks.append(offset)
+    packed.refs.append(("s", offset, n, first.dtype.str, shape, count))
+
+
+def take_rows(view: memoryview | None, inline: memoryview, ref: tuple, rows: list[int], *, copy: bool) -> list:
+    """The pieces :func:`put_rows` stacked (``rows``: each one's first dimension), as views of one array
+    (of one copy of the block when ``copy``)."""
+    whole = take(view, inline, ref, copy=copy)
+    out, at = [], 0
+    for k in rows:
+        out.append(whole[at:at + k])
+        at += k
+    return out
