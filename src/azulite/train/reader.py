@@ -3,9 +3,8 @@ tensors being restored, hashing every byte in the same pass.
 
 DCP's own FileSystemReader ``torch.load``s every tensor record into a new tensor and copies that into the
 target; with a hash check in front (a separate read, or a buffered copy of the file) a restore ran at a
-fraction of ``torch.load``'s speed. Here each record's layout is read first (``torch.load`` with
-``map_location="meta"``: the record's few header bytes, not its data, give the data's offset, dtype and
-shape), then each file is read front to back in large ``readinto`` calls: tensor data lands directly in
+fraction of ``torch.load``'s speed. Here each record's layout is read first (:mod:`azulite.train.record`:
+the record's zip directory and pickle, not its data, give the data's offset, dtype and shape), then each file is read front to back in large ``readinto`` calls: tensor data lands directly in
 the target tensor's memory, the bytes between (zip headers, pickles, small objects) in a buffer kept
 for later, and the manifest's hash (BLAKE3, :mod:`azulite.train.digest`) is fed every byte right after it
 arrived (cache-hot; the hash and file reads release the GIL, so files read in parallel threads). No extra
@@ -53,7 +52,7 @@ from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future as TorchFuture
 
 from azulite.errors import CheckpointError
-from azulite.train import digest
+from azulite.train import digest, record
 from azulite.train.restore import IntegrityError, mismatch
 
 #: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
@@ -293,9 +292,13 @@ class VerifyingReader(FileSystemReader):
                 or target.device.type != "cpu" or not target.is_contiguous()):
             return None
         try:
-            src = torch.load(_create_file_view(heads, sinfo.offset, sinfo.length), map_location="meta",
-                             weights_only=True)
-            offset = src.untyped_storage()._checkpoint_offset
+            lay = record.layout(heads.fileno(), sinfo.offset, sinfo.length)
+            if lay is not None:
+                src, offset = lay.meta(), lay.data_start
+            else:  # a record the quick parser does not know: torch's own reading of it (slower, in Python)
+                src = torch.load(_create_file_view(heads, sinfo.offset, sinfo.length), map_location="meta",
+                                 weights_only=True)
+                offset = src.untyped_storage()._checkpoint_offset
             src = narrow_tensor_by_index(src, req.storage_offsets, req.lengths)
         except Exception:  # noqa: BLE001 - an unexpected record: the slow path will name any real problem
             return None
