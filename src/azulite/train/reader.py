@@ -169,24 +169,44 @@ class VerifyingReader(FileSystemReader):
             self._fetch(path.name, path)
         return super().read_metadata(*args, **kwargs)
 
+    def _file_paths(self, plan: Any) -> list[Path]:
+        """The files a load plan reads, in the order they are read."""
+        names = sorted({self.storage_data[req.storage_index].relative_path for req in plan.items})
+        return [Path(self.fs.concat_path(self.path, n)) for n in names]
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        # page cache cold: the disk starts streaming this rank's files as soon as they are known, in the
+        # order they are read, while DCP agrees on the global plan (collectives: a few ms the disk would
+        # otherwise idle), and keeps streaming while records are copied and hashed (local files only: a
+        # Blob download writes its file just before it is read)
+        self.stop_prefetch()
+        if self._fetch is None and PREFETCH_AHEAD > 0:
+            self._prefetch = _Prefetch(self._file_paths(plan))
+        return super().prepare_local_plan(plan)
+
+    def stop_prefetch(self) -> None:
+        """Ends the prefetch thread (read_data does at its end; a load that failed before it, here)."""
+        if self._prefetch is not None:
+            self._prefetch.stop()
+            self._prefetch = None
+
     def read_data(self, plan: Any, planner: Any) -> TorchFuture:
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
-        # page cache cold: the disk starts streaming this rank's files now, in the order they are read,
-        # and keeps streaming while records are copied and hashed (local files only: a Blob download
-        # writes its file just before it is read)
-        prefetch = _Prefetch([fp.path for fp in plans]) if self._fetch is None and PREFETCH_AHEAD > 0 else None
-        self._prefetch = prefetch
+        if self._prefetch is not None and self._prefetch.paths != [fp.path for fp in plans]:
+            self.stop_prefetch()  # the global plan changed this rank's files: stream those instead
+        if self._prefetch is None and self._fetch is None and PREFETCH_AHEAD > 0:
+            self._prefetch = _Prefetch([fp.path for fp in plans])
+        prefetch = self._prefetch
         # every rank reaches the collectives below whatever happens here: a rank that raised early would
         # leave the others waiting in them
         failure: BaseException | None = None
         try:
             hash_here = self._hashers(plans)
         except BaseException:
-            if prefetch is not None:
-                prefetch.stop()
+            self.stop_prefetch()
             raise
         try:
             for fp in plans:
@@ -205,8 +225,7 @@ class VerifyingReader(FileSystemReader):
         except Exception as e:  # noqa: BLE001 - raised below, after the others heard of it
             failure = e
         finally:
-            if prefetch is not None:
-                prefetch.stop()
+            self.stop_prefetch()
         self._agree(failure)
         # every file of this rank matched its manifest: only now is anything built from the bytes
         for fp in plans:
@@ -394,7 +413,7 @@ class _Prefetch:
     missing or shorter than expected fails where it is read, with its name."""
 
     def __init__(self, paths: list[Path]) -> None:
-        self._paths = paths
+        self.paths = paths
         self._cond = threading.Condition()
         self._consumed = 0
         self._stopped = False
@@ -418,7 +437,7 @@ class _Prefetch:
 
     def _run(self) -> None:
         advised = 0
-        for path in self._paths:
+        for path in self.paths:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
