@@ -124,15 +124,27 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         return lambda: _evict(paths) if rank == 0 else None
 
     rounds: dict[str, list[float]] = {"restore_cold": [], "torch_load_cold": [], "restore": [], "torch_load": []}
+    cpu: dict[str, list[float]] = {k: [] for k in rounds}
+
+    def measure(name: str, nbytes: int, fn, before=None) -> None:
+        # wall MB/s, and CPU seconds of both ranks' processes (all threads): what other load on the
+        # machine skews least
+        c0 = time.process_time()
+        rounds[name].append(nbytes / 1e6 / _timed(ctx, fn, before=before))
+        both: list = [None] * world
+        dist.all_gather_object(both, time.process_time() - c0)
+        cpu[name].append(sum(both))
+
     for _ in range(args.repeat):
-        rounds["restore_cold"].append(ckpt_bytes / 1e6 / _timed(ctx, ck.load_latest, before=evict(list(step_path.iterdir()))))
-        rounds["torch_load_cold"].append(plain_bytes / 1e6 / _timed(ctx, tload, before=evict([plain])))
-        rounds["restore"].append(ckpt_bytes / 1e6 / _timed(ctx, ck.load_latest))
-        rounds["torch_load"].append(plain_bytes / 1e6 / _timed(ctx, tload))
+        measure("restore_cold", ckpt_bytes, ck.load_latest, before=evict(list(step_path.iterdir())))
+        measure("torch_load_cold", plain_bytes, tload, before=evict([plain]))
+        measure("restore", ckpt_bytes, ck.load_latest)
+        measure("torch_load", plain_bytes, tload)
     ck.close()
     if rank == 0:
         res = {f"{k}_MBps": statistics.median(v) for k, v in rounds.items()}
         res.update({f"{k}_each_MBps": [round(x) for x in v] for k, v in rounds.items()})
+        res.update({f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()})
         res.update(ckpt_mb=ckpt_bytes / 1e6, plain_mb=plain_bytes / 1e6, files=len(manifest["files"]))
         Path(out).write_text(json.dumps(res))
     train.shutdown(ctx)
