@@ -4,8 +4,9 @@ tensors being restored, hashing every byte in the same pass.
 DCP's own FileSystemReader ``torch.load``s every tensor record into a new tensor and copies that into the
 target; with a hash check in front (a separate read, or a buffered copy of the file) a restore ran at a
 fraction of ``torch.load``'s speed. Here each record's layout is read first (:mod:`azulite.train.record`:
-the record's zip directory and pickle, not its data, give the data's offset, dtype and shape), then each file is read front to back in large ``readinto`` calls: tensor data lands directly in
-the target tensor's memory, the bytes between (zip headers, pickles, small objects) in a buffer kept
+the record's zip directory and pickle, not its data, give the data's offset, dtype and shape), then each
+file is read front to back in large ``readinto`` calls: tensor data lands directly in the target tensor's
+memory, the bytes between (zip headers, pickles, small objects) in a buffer kept
 for later, and the manifest's hash (BLAKE3, :mod:`azulite.train.digest`) is fed every byte right after it
 arrived (cache-hot; the hash and file reads release the GIL, so files read in parallel threads). No extra
 copy and no allocation per tensor.
