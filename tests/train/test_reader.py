@@ -195,6 +195,41 @@ def test_each_record_layout_is_read_just_before_its_bytes(tmp_path):
                 assert at1 > at0, layouts
 
 
+def test_the_prefetch_starts_with_the_local_plan_and_ends_with_the_load(tmp_path):
+    saved, _ = _save(tmp_path, seed=1, fill=3.0, step=7)
+    d = tmp_path / "step-00000007"
+    seen = {}
+
+    class Watched(VerifyingReader):
+        def prepare_global_plan(self, plans):
+            # DCP agrees on the plan here (collectives across ranks): the disk is already streaming
+            seen["paths"] = None if self._prefetch is None else [p.name for p in self._prefetch.paths]
+            return super().prepare_global_plan(plans)
+
+    model, opt, odd, progress, state = _fresh()
+    reader = Watched(d, json.loads((d / "manifest.json").read_text()), 1, str(d))
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    assert all(torch.equal(a, b) for a, b in zip(saved.parameters(), model.parameters()))
+    assert seen["paths"] == sorted(n for n in json.loads((d / "manifest.json").read_text())["files"]
+                                   if n.endswith(".distcp"))
+    assert reader._prefetch is None
+    assert not [t for t in threading.enumerate() if t.name == "azulite-prefetch"]
+
+    # a load that fails between its plan and its reads stops the prefetch too (Checkpointer._load)
+    class Failing(VerifyingReader):
+        def prepare_global_plan(self, plans):
+            raise RuntimeError("planted")
+
+    reader = Failing(d, json.loads((d / "manifest.json").read_text()), 1, str(d))
+    with pytest.raises(BaseException) as failed:  # noqa: PT011 - DCP wraps it: CheckpointException(BaseException)
+        try:
+            dcp.load(state, storage_reader=reader, no_dist=True)
+        finally:
+            reader.stop_prefetch()
+    assert "planted" in repr(getattr(failed.value, "failures", failed.value))
+    assert not [t for t in threading.enumerate() if t.name == "azulite-prefetch" and t.is_alive()]
+
+
 def test_the_prefetch_streams_the_files_in_order_and_stays_a_bounded_distance_ahead(tmp_path, monkeypatch):
     chunk = 4096
     paths = []

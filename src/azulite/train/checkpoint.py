@@ -466,6 +466,7 @@ class Checkpointer:
         try:
             dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
         finally:
+            reader.stop_prefetch()  # a load that failed between its plan and its reads
             self._restorer.discard(step)  # this rank's downloaded copy only
         self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes}
         self.loaded_manifest = manifest

@@ -3,10 +3,10 @@ tensors being restored, hashing every byte in the same pass.
 
 DCP's own FileSystemReader ``torch.load``s every tensor record into a new tensor and copies that into the
 target; with a hash check in front (a separate read, or a buffered copy of the file) a restore ran at a
-fraction of ``torch.load``'s speed. Here each record's layout is read first (``torch.load`` with
-``map_location="meta"``: the record's few header bytes, not its data, give the data's offset, dtype and
-shape), then each file is read front to back in large ``readinto`` calls: tensor data lands directly in
-the target tensor's memory, the bytes between (zip headers, pickles, small objects) in a buffer kept
+fraction of ``torch.load``'s speed. Here each record's layout is read first (:mod:`azulite.train.record`:
+the record's zip directory and pickle, not its data, give the data's offset, dtype and shape), then each
+file is read front to back in large ``readinto`` calls: tensor data lands directly in the target tensor's
+memory, the bytes between (zip headers, pickles, small objects) in a buffer kept
 for later, and the manifest's hash (BLAKE3, :mod:`azulite.train.digest`) is fed every byte right after it
 arrived (cache-hot; the hash and file reads release the GIL, so files read in parallel threads). No extra
 copy and no allocation per tensor.
@@ -53,7 +53,7 @@ from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future as TorchFuture
 
 from azulite.errors import CheckpointError
-from azulite.train import digest
+from azulite.train import digest, record
 from azulite.train.restore import IntegrityError, mismatch
 
 #: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
@@ -170,24 +170,44 @@ class VerifyingReader(FileSystemReader):
             self._fetch(path.name, path)
         return super().read_metadata(*args, **kwargs)
 
+    def _file_paths(self, plan: Any) -> list[Path]:
+        """The files a load plan reads, in the order they are read."""
+        names = sorted({self.storage_data[req.storage_index].relative_path for req in plan.items})
+        return [Path(self.fs.concat_path(self.path, n)) for n in names]
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        # page cache cold: the disk starts streaming this rank's files as soon as they are known, in the
+        # order they are read, while DCP agrees on the global plan (collectives: a few ms the disk would
+        # otherwise idle), and keeps streaming while records are copied and hashed (local files only: a
+        # Blob download writes its file just before it is read)
+        self.stop_prefetch()
+        if self._fetch is None and PREFETCH_AHEAD > 0:
+            self._prefetch = _Prefetch(self._file_paths(plan))
+        return super().prepare_local_plan(plan)
+
+    def stop_prefetch(self) -> None:
+        """Ends the prefetch thread (read_data does at its end; a load that failed before it, here)."""
+        if self._prefetch is not None:
+            self._prefetch.stop()
+            self._prefetch = None
+
     def read_data(self, plan: Any, planner: Any) -> TorchFuture:
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
-        # page cache cold: the disk starts streaming this rank's files now, in the order they are read,
-        # and keeps streaming while records are copied and hashed (local files only: a Blob download
-        # writes its file just before it is read)
-        prefetch = _Prefetch([fp.path for fp in plans]) if self._fetch is None and PREFETCH_AHEAD > 0 else None
-        self._prefetch = prefetch
+        if self._prefetch is not None and self._prefetch.paths != [fp.path for fp in plans]:
+            self.stop_prefetch()  # the global plan changed this rank's files: stream those instead
+        if self._prefetch is None and self._fetch is None and PREFETCH_AHEAD > 0:
+            self._prefetch = _Prefetch([fp.path for fp in plans])
+        prefetch = self._prefetch
         # every rank reaches the collectives below whatever happens here: a rank that raised early would
         # leave the others waiting in them
         failure: BaseException | None = None
         try:
             hash_here = self._hashers(plans)
         except BaseException:
-            if prefetch is not None:
-                prefetch.stop()
+            self.stop_prefetch()
             raise
         try:
             for fp in plans:
@@ -206,8 +226,7 @@ class VerifyingReader(FileSystemReader):
         except Exception as e:  # noqa: BLE001 - raised below, after the others heard of it
             failure = e
         finally:
-            if prefetch is not None:
-                prefetch.stop()
+            self.stop_prefetch()
         self._agree(failure)
         # every file of this rank matched its manifest: only now is anything built from the bytes
         for fp in plans:
@@ -293,9 +312,13 @@ class VerifyingReader(FileSystemReader):
                 or target.device.type != "cpu" or not target.is_contiguous()):
             return None
         try:
-            src = torch.load(_create_file_view(heads, sinfo.offset, sinfo.length), map_location="meta",
-                             weights_only=True)
-            offset = src.untyped_storage()._checkpoint_offset
+            lay = record.layout(heads.fileno(), sinfo.offset, sinfo.length)
+            if lay is not None:
+                src, offset = lay.meta(), lay.data_start
+            else:  # a record the quick parser does not know: torch's own reading of it (slower, in Python)
+                src = torch.load(_create_file_view(heads, sinfo.offset, sinfo.length), map_location="meta",
+                                 weights_only=True)
+                offset = src.untyped_storage()._checkpoint_offset
             src = narrow_tensor_by_index(src, req.storage_offsets, req.lengths)
         except Exception:  # noqa: BLE001 - an unexpected record: the slow path will name any real problem
             return None
@@ -391,7 +414,7 @@ class _Prefetch:
     missing or shorter than expected fails where it is read, with its name."""
 
     def __init__(self, paths: list[Path]) -> None:
-        self._paths = paths
+        self.paths = paths
         self._cond = threading.Condition()
         self._consumed = 0
         self._stopped = False
@@ -415,7 +438,7 @@ class _Prefetch:
 
     def _run(self) -> None:
         advised = 0
-        for path in self._paths:
+        for path in self.paths:
             try:
                 fd = os.open(path, os.O_RDONLY)
             except OSError:
