@@ -227,6 +227,33 @@ def test_inline_is_decided_by_cpu_time_unless_the_instance_waits(monkeypatch, by
     assert not on_loop[0] and (not any(on_loop) if by_wall else all(on_loop[1:])), threads
 
 
+def test_a_model_off_the_loop_by_wall_time_alone_is_probed_back(monkeypatch):
+    # wall-clock guard 100 ms; the model sleeps 200 ms for its first 3 batches (little CPU: a waiting
+    # model, or a short one stretched by load), then answers at once; a probe every 4 such batches
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_WALL_NS", 100_000_000)
+    monkeypatch.setattr(batcher_module, "PROBE_EVERY", 4)
+
+    class Slowed(Recorder):
+        def execute(self, items):
+            self.sleep_s = 0.2 if len(self.threads) < 3 else 0.0
+            return super().execute(items)
+
+    async def main():
+        model = Slowed()
+        batcher = Batcher(model="m", settings=settings(max_batch_size=1), instances=[("i0", model)])
+        for v in range(12):
+            assert (await batcher.submit(item(v)))["y"][0, 0] == 2 * v
+        await batcher.close()
+        return model.threads
+
+    threads = asyncio.run(main())
+    on_loop = [t == threading.main_thread().name for t in threads]
+    # batch 0 measures on the thread; batches 1-3: the guard keeps them there (the average stays past
+    # 100 ms, batch 3's quick answer included); batch 4 is the probe, and with its wall time as the
+    # average the rest stay on the loop
+    assert on_loop == [False] * 4 + [True] * 8, threads
+
+
 def test_close_finalizes_in_the_instance_thread_and_ends_it():
     class Closing(Recorder):
         def close(self) -> None:

@@ -57,6 +57,9 @@ INLINE_MAX_NS = 500_000
 #: ... and whose executions also take less than this in wall-clock time: a model that waits (sleeps, I/O,
 #: compute in threads of its own) rather than computes keeps its thread however little CPU it uses.
 INLINE_MAX_WALL_NS = 4 * INLINE_MAX_NS
+#: A model kept off the loop by the wall-clock guard alone runs one batch in this many on the loop again,
+#: and that batch's wall time replaces the average (see Batcher._inline).
+PROBE_EVERY = 64
 
 
 def _timed_execute(model: ModelInstance, items: list[WorkItem]) -> tuple[list[Result], Timing, int, int]:
@@ -222,6 +225,8 @@ class Batcher:
         self._may_inline = len(instances) == 1 and bool(getattr(instances[0][1], "inline_safe", False))
         self._exec_ns: float | None = None  # moving average of execute()'s own time (no hand-off)
         self._exec_cpu_ns = 0.0  # the same, CPU time of the thread that ran it
+        self._off_loop = 0  # batches the wall-clock guard alone sent to the thread since the last probe
+        self._probe = False  # the batch running inline now is a probe
         # an instance whose execute waits on something else (its process) is measured by the wall clock alone
         self._by_wall = bool(instances) and bool(getattr(instances[0][1], "inline_by_wall", False))
         self._levels = [_Level() for _ in range(settings.priority_levels)]
@@ -480,7 +485,19 @@ class Batcher:
             return False
         if self._by_wall:
             return self._exec_ns < INLINE_MAX_NS
-        return self._exec_cpu_ns < INLINE_MAX_NS and self._exec_ns < INLINE_MAX_WALL_NS
+        if self._exec_cpu_ns >= INLINE_MAX_NS:
+            return False
+        if self._exec_ns < INLINE_MAX_WALL_NS:
+            return True
+        # Short in CPU, long in wall time: a model that waits (it keeps its thread), or a short one whose wall
+        # clock a loaded machine stretched -- and on its thread, waiting for the GIL stretches it further, so
+        # the average alone would never bring it back. Now and then one batch runs on the loop to tell which.
+        self._off_loop += 1
+        if self._off_loop < PROBE_EVERY:
+            return False
+        self._off_loop = 0
+        self._probe = True
+        return True
 
     def _finish(self, inst: _Instance, batch: list[_Pending], start: int, outcome, failure: BaseException | None) -> None:
         self._inflight -= 1
@@ -492,8 +509,9 @@ class Batcher:
         if failure is None:
             results, timing, took, cpu = outcome
             # the model's own time, not the hand-off's: that is what inline execution would block the loop for
-            if self._exec_ns is None:
+            if self._exec_ns is None or self._probe:
                 self._exec_ns, self._exec_cpu_ns = took, cpu
+                self._probe = False
             else:
                 self._exec_ns = 0.8 * self._exec_ns + 0.2 * took
                 self._exec_cpu_ns = 0.8 * self._exec_cpu_ns + 0.2 * cpu
