@@ -50,6 +50,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import serving as base  # noqa: E402 - bench/serving.py: ports, server start/stop, perf_analyzer runs
+from serving_workers import inference_count, tree_cpu_s  # noqa: E402 - a server's CPU per inference
 
 
 @dataclass
@@ -215,11 +216,20 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
             servers[server] = (base.start_server(f"{name}-{server}", cmd, http_port, work), http_port, grpc_port)
         for protocol in ("http", "grpc"):
             for c in concurrency:
-                for server, (_, http_port, grpc_port) in servers.items():
+                for server, (proc, http_port, grpc_port) in servers.items():
+                    # the server's own CPU (its process tree: Triton's Python stubs too) per row it answered,
+                    # from /proc and its statistics: a figure the machine's load stretches far less than
+                    # throughput, and the one a server's own work is judged by
+                    rows0, cpu0 = inference_count(http_port, bm.model), tree_cpu_s(proc.pid)
                     r = perf(bin_dir / "perf_analyzer", bm, protocol, http_port if protocol == "http" else grpc_port,
                              c, measure_ms, work, rows)
+                    served = inference_count(http_port, bm.model) - rows0
+                    if "error" not in r and served > 0:
+                        r["server_cpu_us_per_row"] = round((tree_cpu_s(proc.pid) - cpu0) / served * 1e6, 2)
                     figures[server][f"{protocol}_c{c}"] = r
                     shown = (f"{r['infer_per_s']:>9.1f} rows/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
+                             + (f"  server CPU {r['server_cpu_us_per_row']:6.2f} us/row" if "server_cpu_us_per_row" in r
+                                else "")
                              + ("" if r["stable"] else "  (unstable: machine load)") if "error" not in r
                              else f"error: {r['error']}")
                     print(f"  {name} {server:8s} {protocol:4s} c={c:<3d} {shown}", flush=True)
@@ -241,6 +251,8 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
         ratios[key] = {"vs_triton_throughput": round(a["infer_per_s"] / t["infer_per_s"], 3),
                        "vs_triton_p99": round(a["p99_ms"] / t["p99_ms"], 3),
                        "vs_bare_throughput": round(a["infer_per_s"] / figures["bare"][f"b{c}"], 3)}
+        if "server_cpu_us_per_row" in a and "server_cpu_us_per_row" in t:  # below 1: less CPU per row than Triton
+            ratios[key]["vs_triton_cpu_per_row"] = round(a["server_cpu_us_per_row"] / t["server_cpu_us_per_row"], 3)
     c_max = max(concurrency)
     goals = {
         "ge_1x_triton_every_point": bool(ratios) and all(r["vs_triton_throughput"] >= 1.0 for r in ratios.values()),

@@ -14,6 +14,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import onnx
 import pytest
 import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
@@ -78,6 +79,9 @@ def test_export_sharded_dlrm_serve_raw_rows_equal_to_torchrec(exported):
     rows, want = exported["rows"], exported["want"]
     assert (result["name"], result["format"], result["inputs"], result["outputs"]) == ("dlrm", "onnx", ["ROW"], ["SCORE"])
     assert result["verification"]["ok"]
+    # every feature looked up in one Gather over the tables laid end to end, not a slice and a lookup each
+    ops = [node.op_type for node in onnx.load(repo / "dlrm_model" / "1" / "model.onnx").graph.node]
+    assert ops.count("Gather") == 1, ops
     assert sorted(x.name for x in repo.iterdir()) == ["dlrm", "dlrm_model", "dlrm_preprocess"]
     assert json.loads((step_dir / "manifest.json").read_text())["world_size"] == 2
     assert want.shape == (24, 1) and 0 < want.min() and want.max() < 1

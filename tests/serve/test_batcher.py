@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from azulite.errors import Internal, Unavailable
+from azulite.serve import batcher as batcher_module
 from azulite.serve import merge
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Batcher, BatcherSettings, QueuePolicy, shape_key
@@ -197,6 +198,78 @@ def test_short_executions_of_a_single_instance_run_on_the_event_loop(sleep_s, co
     on_loop = [t == threading.main_thread().name for t in threads]
     # a loaded machine may stretch the first few past the threshold; the model's time decides in the end
     assert all(on_loop[-10:]) if inline else not any(on_loop), threads
+
+
+class Waiter(Recorder):
+    """Sleeps in execute: little CPU, a long wall clock (as a short batch stretched by a loaded machine,
+    or an instance waiting on its process)."""
+
+    def __init__(self, sleep_s: float, by_wall: bool) -> None:
+        super().__init__(sleep_s)
+        self.inline_by_wall = by_wall
+
+
+@pytest.mark.parametrize("by_wall", [False, True], ids=["cpu-time-decides", "process-instance-by-wall"])
+def test_inline_is_decided_by_cpu_time_unless_the_instance_waits(monkeypatch, by_wall):
+    # wall-clock guard lifted: only the measure decides (2 ms asleep: > INLINE_MAX_NS of wall, ~0 of CPU)
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_WALL_NS", 10**12)
+
+    async def main():
+        model = Waiter(0.002, by_wall)
+        batcher = Batcher(model="m", settings=settings(max_batch_size=1), instances=[("i0", model)])
+        for v in range(12):
+            assert (await batcher.submit(item(v)))["y"][0, 0] == 2 * v
+        await batcher.close()
+        return model.threads
+
+    threads = asyncio.run(main())
+    on_loop = [t == threading.main_thread().name for t in threads]
+    assert not on_loop[0] and (not any(on_loop) if by_wall else all(on_loop[1:])), threads
+
+
+def test_a_model_off_the_loop_by_wall_time_alone_is_probed_back(monkeypatch):
+    # wall-clock guard 100 ms; the model sleeps 200 ms for its first 3 batches (little CPU: a waiting
+    # model, or a short one stretched by load), then answers at once; a probe every 4 such batches
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_WALL_NS", 100_000_000)
+    monkeypatch.setattr(batcher_module, "PROBE_EVERY", 4)
+
+    class Slowed(Recorder):
+        def execute(self, items):
+            self.sleep_s = 0.2 if len(self.threads) < 3 else 0.0
+            return super().execute(items)
+
+    async def main():
+        model = Slowed()
+        batcher = Batcher(model="m", settings=settings(max_batch_size=1), instances=[("i0", model)])
+        for v in range(12):
+            assert (await batcher.submit(item(v)))["y"][0, 0] == 2 * v
+        await batcher.close()
+        return model.threads
+
+    threads = asyncio.run(main())
+    on_loop = [t == threading.main_thread().name for t in threads]
+    # batch 0 measures on the thread; batches 1-3: the guard keeps them there (the average stays past
+    # 100 ms, batch 3's quick answer included); batch 4 is the probe, and with its wall time as the
+    # average the rest stay on the loop
+    assert on_loop == [False] * 4 + [True] * 8, threads
+
+
+def test_close_finalizes_in_the_instance_thread_and_ends_it():
+    class Closing(Recorder):
+        def close(self) -> None:
+            self.closed_in = threading.current_thread()
+
+    async def main():
+        model = Closing(0.005)  # long: every batch on the instance's thread
+        batcher = Batcher(model="m", settings=settings(max_batch_size=1), instances=[("i0", model)])
+        assert (await batcher.submit(item(3)))["y"][0, 0] == 6
+        await batcher.close()
+        return model
+
+    model = asyncio.run(main())
+    assert model.closed_in.name == model.threads[0] and model.closed_in.name.startswith("azulite-i0")
+    model.closed_in.join(WAIT)
+    assert not model.closed_in.is_alive()
 
 
 def test_priority_levels_serve_level_one_first():

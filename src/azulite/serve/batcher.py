@@ -17,15 +17,22 @@ The merge/split of tensors is not here (merge.py, used by the backends); this mo
 requests run together and when. Everything runs on the event loop; only ``execute`` runs in the
 instance's own thread, except the short executions of a single-instance model whose backend allows it,
 which run on the loop too (``INLINE_MAX_NS``).
+
+The hand-offs are the cheapest the loop offers, because under load they happen once per batch: a request
+is a deque entry and one future; the scheduler is one task that wakes on a future and runs (or posts) a
+batch itself, with no task per batch; a batch goes to its instance's long-lived thread through a
+``SimpleQueue`` and comes back as one ``call_soon_threadsafe`` that answers every request of it (no
+executor future, no chained asyncio future, no asyncio.Queue of idle instances).
 """
 
 from __future__ import annotations
 
 import asyncio
+import queue
+import threading
 import time
 from collections import deque
-from collections.abc import Sequence
-from concurrent.futures import ThreadPoolExecutor
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -39,17 +46,26 @@ class Rejected(Unavailable):
     as reason REJECTED."""
 
 
-#: A single-instance model whose executions take less than this (moving average) runs them on the event
-#: loop itself: handing a short batch to the instance's thread and its answer back costs more than the
-#: batch (bench model at concurrency 8: 6.8k -> 11.5k infer/s). Longer ones keep their thread, so the
-#: loop never stalls for long; the average follows the model, inline or not.
+#: A single-instance model whose executions take less than this CPU time (moving average) runs them on the
+#: event loop itself: handing a short batch to the instance's thread and its answer back costs more than
+#: the batch (bench model at concurrency 8: 6.8k -> 11.5k infer/s), and a thread running Python beside the
+#: loop trades the GIL with it at every numpy call (DLRM's parse: more CPU per row, less throughput).
+#: Longer ones keep their thread, so the loop never stalls for long; the average follows the model, inline
+#: or not. CPU time, not wall time: on a loaded machine the wall clock of the same batch stretches several
+#: fold, which used to push a short model off the loop exactly when the hand-off cost most.
 INLINE_MAX_NS = 500_000
+#: ... and whose executions also take less than this in wall-clock time: a model that waits (sleeps, I/O,
+#: compute in threads of its own) rather than computes keeps its thread however little CPU it uses.
+INLINE_MAX_WALL_NS = 4 * INLINE_MAX_NS
+#: A model kept off the loop by the wall-clock guard alone runs one batch in this many on the loop again,
+#: and that batch's wall time replaces the average (see Batcher._inline).
+PROBE_EVERY = 64
 
 
-def _timed_execute(model: ModelInstance, items: list[WorkItem]) -> tuple[list[Result], Timing, int]:
-    t0 = time.perf_counter_ns()
+def _timed_execute(model: ModelInstance, items: list[WorkItem]) -> tuple[list[Result], Timing, int, int]:
+    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
     results, timing = model.execute(items)
-    return results, timing, time.perf_counter_ns() - t0
+    return results, timing, time.perf_counter_ns() - t0, time.thread_time_ns() - c0
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,10 +153,46 @@ class _Pending:
     seq: int
 
 
-@dataclass(slots=True, eq=False)
 class _Instance:
-    model: ModelInstance
-    executor: ThreadPoolExecutor
+    """A model instance and its own thread, started on first use: it runs one job at a time from a
+    SimpleQueue and posts each outcome back to the loop with one ``call_soon_threadsafe``."""
+
+    __slots__ = ("model", "name", "_jobs", "_thread")
+
+    def __init__(self, name: str, model: ModelInstance) -> None:
+        self.model = model
+        self.name = name
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+
+    def post(self, loop: asyncio.AbstractEventLoop, fn: Callable, args: tuple,
+             done: Callable[[object, BaseException | None], None]) -> None:
+        """Run ``fn(*args)`` in the instance's thread; then ``done(result, None)`` or ``done(None, exc)``
+        on the loop."""
+        if self._thread is None:
+            self._thread = threading.Thread(target=self._work, name=f"azulite-{self.name}", daemon=True)
+            self._thread.start()
+        self._jobs.put((loop, fn, args, done))
+
+    def _work(self) -> None:
+        while True:
+            job = self._jobs.get()
+            if job is None:
+                return
+            loop, fn, args, done = job
+            try:
+                outcome, error = fn(*args), None
+            except BaseException as exc:  # noqa: BLE001 - the loop decides what a failure means
+                outcome, error = None, exc
+            try:
+                loop.call_soon_threadsafe(done, outcome, error)
+            except RuntimeError:  # the loop is closed (interpreter exit): nobody waits for the answer
+                pass
+
+    def stop(self) -> None:
+        if self._thread is not None:
+            self._jobs.put(None)
+            self._thread = None
 
 
 def shape_key(item: WorkItem) -> tuple:
@@ -168,13 +220,15 @@ class Batcher:
         self.model = model
         self.settings = settings
         self.observer = observer or NullObserver()
-        self._instances = [
-            _Instance(m, ThreadPoolExecutor(max_workers=1, thread_name_prefix=f"azulite-{name}"))
-            for name, m in instances
-        ]
+        self._instances = [_Instance(name, m) for name, m in instances]
         # one instance (nothing to run concurrently) whose backend allows it: short executions run inline
         self._may_inline = len(instances) == 1 and bool(getattr(instances[0][1], "inline_safe", False))
         self._exec_ns: float | None = None  # moving average of execute()'s own time (no hand-off)
+        self._exec_cpu_ns = 0.0  # the same, CPU time of the thread that ran it
+        self._off_loop = 0  # batches the wall-clock guard alone sent to the thread since the last probe
+        self._probe = False  # the batch running inline now is a probe
+        # an instance whose execute waits on something else (its process) is measured by the wall clock alone
+        self._by_wall = bool(instances) and bool(getattr(instances[0][1], "inline_by_wall", False))
         self._levels = [_Level() for _ in range(settings.priority_levels)]
         self._count = 0  # requests queued (all levels, normal + delayed)
         self._rows = 0  # their batch sizes summed
@@ -186,8 +240,8 @@ class Batcher:
         self._inflight = 0
         self._closing = False
         self._task: asyncio.Task | None = None
-        self._running: set[asyncio.Task] = set()
-        self._idle: asyncio.Queue | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._idle: deque[_Instance] = deque(self._instances)
         self._waker: asyncio.Future | None = None
         self._drained: asyncio.Event | None = None
 
@@ -207,11 +261,10 @@ class Batcher:
             raise Rejected("Exceeds maximum queue size", where=f"model '{self.model}'")
         timeout = timeout_us if (policy.allow_timeout_override and timeout_us > 0) else policy.default_timeout_us
         now = time.monotonic_ns()
-        loop = asyncio.get_running_loop()
         pending = _Pending(
             item=item,
             shape_key=shape_key(item) if s.dynamic else (),
-            future=loop.create_future(),
+            future=self._loop.create_future(),  # type: ignore[union-attr]
             enqueued_ns=now,
             deadline_ns=now + timeout * 1000 if timeout else 0,
             level=level,
@@ -226,7 +279,9 @@ class Batcher:
         self.observer.queued(1)
         # While the scheduler sleeps out max_queue_delay, a request that cannot complete a batch need
         # not wake it (the timer will): saves a scheduler pass per request under load.
-        if not self._delaying or s.preferred or self._rows >= s.max_batch_size or pending.deadline_ns:
+        # With every instance busy the scheduler waits for one, and the one finishing wakes it.
+        if self._idle and (not self._delaying or s.preferred or self._rows >= s.max_batch_size
+                           or pending.deadline_ns):
             self._wake()
         return pending.future
 
@@ -246,15 +301,20 @@ class Batcher:
             self._fail_queued(Unavailable(f"model '{self.model}' was unloaded before the request ran"))
         loop = asyncio.get_running_loop()
         for inst in self._instances:
-            await loop.run_in_executor(inst.executor, inst.model.close)
-            inst.executor.shutdown(wait=False)
+            closed = loop.create_future()
+            # in the instance's own thread, after its last batch (as Triton finalizes an instance)
+            inst.post(loop, inst.model.close, (), lambda _, error, f=closed: f.done() or f.set_result(error))
+            error = await closed
+            inst.stop()
+            if error is not None:
+                raise error
 
     def close_now(self) -> None:
         """Finalize without an event loop (a model that never served a request, or interpreter exit)."""
         self._closing = True
         for inst in self._instances:
             inst.model.close()
-            inst.executor.shutdown(wait=False)
+            inst.stop()
 
     @property
     def queued(self) -> int:
@@ -263,11 +323,9 @@ class Batcher:
     # --- the scheduler ----------------------------------------------------------------------------
 
     def _start(self) -> None:
-        self._idle = asyncio.Queue()
-        for inst in self._instances:
-            self._idle.put_nowait(inst)
         self._drained = asyncio.Event()
-        self._task = asyncio.get_running_loop().create_task(self._run(), name=f"batcher-{self.model}")
+        self._loop = asyncio.get_running_loop()
+        self._task = self._loop.create_task(self._run(), name=f"batcher-{self.model}")
 
     def _wake(self) -> None:
         waker = self._waker
@@ -295,20 +353,16 @@ class Batcher:
                 handle.cancel()
 
     async def _run(self) -> None:
-        assert self._idle is not None and self._drained is not None
-        loop = asyncio.get_running_loop()
         while True:
-            inst = await self._idle.get()
+            if not self._idle:
+                await self._sleep_until_woken(0)  # an instance finishing wakes it
+                continue
             try:
                 batch = await self._next_batch()
             except Exception as exc:  # a scheduler bug must not leave requests waiting forever
-                self._idle.put_nowait(inst)
                 self._fail_queued(Internal(f"model '{self.model}': scheduler error {type(exc).__name__}: {exc}"))
                 continue
-            self._inflight += 1
-            task = loop.create_task(self._execute(inst, batch))
-            self._running.add(task)  # the loop keeps only weak references to tasks
-            task.add_done_callback(self._running.discard)
+            self._dispatch(self._idle.popleft(), batch)
 
     def _fail_queued(self, error: ServeError) -> None:
         failed = sorted((p for lane in self._levels for p in (*lane.queue, *lane.delayed)), key=lambda p: p.seq)
@@ -410,29 +464,63 @@ class Batcher:
         self.observer.queued(-len(batch))
         return batch
 
-    async def _execute(self, inst: _Instance, batch: list[_Pending]) -> None:
-        loop = asyncio.get_running_loop()
+    def _dispatch(self, inst: _Instance, batch: list[_Pending]) -> None:
+        """Run the batch inline on the loop (short executions of a single instance) or post it to the
+        instance's thread; either way :meth:`_finish` answers it."""
+        self._inflight += 1
         start = time.monotonic_ns()
         items = [p.item for p in batch]
+        if self._inline():
+            try:
+                outcome, error = _timed_execute(inst.model, items), None
+            except Exception as exc:  # noqa: BLE001 - _finish fails the batch
+                outcome, error = None, exc
+            self._finish(inst, batch, start, outcome, error)
+        else:
+            inst.post(self._loop, _timed_execute, (inst.model, items),  # type: ignore[arg-type]
+                      lambda outcome, error: self._finish(inst, batch, start, outcome, error))
+
+    def _inline(self) -> bool:
+        if not self._may_inline or self._exec_ns is None:
+            return False
+        if self._by_wall:
+            return self._exec_ns < INLINE_MAX_NS
+        if self._exec_cpu_ns >= INLINE_MAX_NS:
+            return False
+        if self._exec_ns < INLINE_MAX_WALL_NS:
+            return True
+        # Short in CPU, long in wall time: a model that waits (it keeps its thread), or a short one whose wall
+        # clock a loaded machine stretched -- and on its thread, waiting for the GIL stretches it further, so
+        # the average alone would never bring it back. Now and then one batch runs on the loop to tell which.
+        self._off_loop += 1
+        if self._off_loop < PROBE_EVERY:
+            return False
+        self._off_loop = 0
+        self._probe = True
+        return True
+
+    def _finish(self, inst: _Instance, batch: list[_Pending], start: int, outcome, failure: BaseException | None) -> None:
+        self._inflight -= 1
+        self._idle.append(inst)
+        self._wake()
         error: ServeError | None = None
         results: list[Result] = []
         timing = Timing()
-        try:
-            if self._may_inline and self._exec_ns is not None and self._exec_ns < INLINE_MAX_NS:
-                results, timing, took = _timed_execute(inst.model, items)
-            else:
-                results, timing, took = await loop.run_in_executor(inst.executor, _timed_execute, inst.model, items)
+        if failure is None:
+            results, timing, took, cpu = outcome
             # the model's own time, not the hand-off's: that is what inline execution would block the loop for
-            self._exec_ns = took if self._exec_ns is None else 0.8 * self._exec_ns + 0.2 * took
+            if self._exec_ns is None or self._probe:
+                self._exec_ns, self._exec_cpu_ns = took, cpu
+                self._probe = False
+            else:
+                self._exec_ns = 0.8 * self._exec_ns + 0.2 * took
+                self._exec_cpu_ns = 0.8 * self._exec_cpu_ns + 0.2 * cpu
             if len(results) != len(batch):
                 error = Internal(f"model '{self.model}': {len(results)} results for {len(batch)} requests")
-        except ServeError as exc:
-            error = exc
-        except Exception as exc:  # a backend bug: fail the batch, keep serving
-            error = Internal(f"model '{self.model}': {type(exc).__name__}: {exc}")
-        finally:
-            self._inflight -= 1
-            self._idle.put_nowait(inst)  # type: ignore[union-attr]
+        elif isinstance(failure, ServeError):
+            error = failure
+        else:  # a backend bug: fail the batch, keep serving
+            error = Internal(f"model '{self.model}': {type(failure).__name__}: {failure}")
         batch_size = sum(p.item.batch_size for p in batch) or 1
         self.observer.executed(batch_size, [start - p.enqueued_ns for p in batch], timing, error is None)
         if error is not None:
@@ -443,7 +531,6 @@ class Batcher:
                 self._complete(p, result)
         if self._closing and self._count == 0 and self._inflight == 0:
             self._drained.set()  # type: ignore[union-attr]
-            self._wake()
 
     # --- answers ----------------------------------------------------------------------------------
 

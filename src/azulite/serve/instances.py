@@ -106,6 +106,8 @@ class ProcessInstance:
     # execute waits on its process, never on this server: short batches may run inline on the loop (the
     # batcher decides), which saves a thread hop per batch on top of the process hop
     inline_safe = True
+    # its execute waits on the process (little CPU of its own): the batcher judges it by the wall clock
+    inline_by_wall = True
 
     def __init__(self, backend: str, ctx: LoadContext, *, gpu: int | None = None) -> None:
         self.backend = backend

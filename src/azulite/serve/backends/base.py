@@ -52,7 +52,9 @@ class ModelInstance(Protocol):
 
     ``inline_safe``: execute may also run on the server's event loop thread (it never waits on the
     server itself, as a Python model's BLS call or its own event loop would); the batcher does so for a
-    single-instance model whose executions are short (see :mod:`azulite.serve.batcher`)."""
+    single-instance model whose executions are short (see :mod:`azulite.serve.batcher`): short in CPU
+    time, unless the instance sets ``inline_by_wall`` (its execute waits on another process), then in
+    wall time."""
 
     inline_safe: bool
 
