@@ -465,8 +465,9 @@ class Batcher:
         return batch
 
     def _dispatch(self, inst: _Instance, batch: list[_Pending]) -> None:
-        """Run the batch inline on the loop (short executions of a single instance) or post it to the
-        instance's thread; either way :meth:`_finish` answers it."""
+        """Run the batch inline on the loop (short executions of a single instance), send it to its
+        instance process from the loop, or post it to the instance's thread; each way :meth:`_finish`
+        answers it."""
         self._inflight += 1
         start = time.monotonic_ns()
         items = [p.item for p in batch]
@@ -476,6 +477,16 @@ class Batcher:
             except Exception as exc:  # noqa: BLE001 - _finish fails the batch
                 outcome, error = None, exc
             self._finish(inst, batch, start, outcome, error)
+        elif (start_batch := getattr(inst.model, "start_batch", None)) is not None:
+            # an instance process: sent from the loop and answered by a reader callback, no thread between
+            # (ProcessInstance.start_batch has the A/B); its wall time is what the inline rule reads for it
+            t0 = time.perf_counter_ns()
+            try:
+                start_batch(self._loop, items, lambda outcome, error: self._finish(
+                    inst, batch, start, None if outcome is None else (*outcome, time.perf_counter_ns() - t0, 0),
+                    error))
+            except Exception as exc:  # noqa: BLE001 - e.g. inputs it cannot pack: _finish fails the batch
+                self._finish(inst, batch, start, None, exc)
         else:
             inst.post(self._loop, _timed_execute, (inst.model, items),  # type: ignore[arg-type]
                       lambda outcome, error: self._finish(inst, batch, start, outcome, error))
