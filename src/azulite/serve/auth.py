@@ -124,6 +124,12 @@ class Guard:
         self._verified: dict[str, tuple[KeyRecord, Principal]] = {}
         self._watch: CommitWatch | None = None
         self._next_reload = 0.0
+        #: (authorization as sent, protocol, category, model) -> (principal, record, model rps, expiry) of
+        #: requests that passed the whole check and need no restricted-API header: a repeat costs one
+        #: lookup (no bearer parse, no token or category checks), then only what changes per request (the
+        #: commit watch, the expiry, the limits). Replaced on every key reload, so a revocation still
+        #: takes effect on the very next request.
+        self._plans: dict[tuple, tuple[Principal, KeyRecord | None, float | None, float | None]] = {}
         self._lock = threading.Lock()
         if settings.auth:
             if settings.key_store is None:
@@ -173,6 +179,7 @@ class Guard:
             if version != self._version:
                 self._keys = {r.id: r for r in self.store.records() if r.revoked is None}
                 self._verified = {}
+                self._plans = {}
                 self._version = version
 
     def principal(self, token: str | None) -> Principal:
@@ -204,6 +211,55 @@ class Guard:
         return hit
 
     # --- the check -----------------------------------------------------------------------------------
+
+    def check_request(self, protocol: str, category: str, model: str, authorization: str | bytes | None,
+                      headers=None, get_header=None) -> Principal:
+        """:meth:`check` for a request as the transport has it: ``authorization`` is the header or metadata
+        value as sent (``Bearer <key>``), parsed only the first time it is seen. The hot path of both
+        transports: a request like one that passed before (same key, protocol, category and model) is
+        answered from ``_plans``."""
+        plan = self._plans.get((authorization, protocol, category, model))
+        if plan is None:
+            return self._check_and_plan(protocol, category, model, authorization, headers, get_header)
+        clock = self.clock
+        now = clock.monotonic()
+        watch = self._watch
+        if watch is not None and (watch.moved() or now >= self._next_reload):
+            self._next_reload = now + self.settings.reload_interval_s
+            plans = self._plans
+            self._reload()
+            if self._plans is not plans:  # the keys changed: this request is checked in full against them
+                return self._check_and_plan(protocol, category, model, authorization, headers, get_header)
+        principal, record, model_rps, expires = plan
+        if expires is None and record is None and model_rps is None:
+            return principal
+        wall = clock.time()
+        if expires is not None and wall >= expires:
+            return self._check_and_plan(protocol, category, model, authorization, headers, get_header)  # refuses
+        try:
+            self._limits(record, model, model_rps, now, wall)
+        except ServeError as exc:
+            self.rejected[exc.status] = self.rejected.get(exc.status, 0) + 1
+            raise
+        return principal
+
+    def _check_and_plan(self, protocol: str, category: str, model: str, authorization, headers,
+                        get_header) -> Principal:
+        token = bearer(authorization) if self.auth else None
+        plans = self._plans  # the reload in check() may replace it: a plan never outlives its keys
+        principal = self.check(protocol, category, model, token, headers, get_header)
+        if category == OPEN or category in self.headers.get(protocol, ()):
+            return principal  # open: nothing to save; a restricted-API header is read on every request
+        record = self._verified.get(token, (None,))[0] if token is not None else None
+        if self.auth and record is None:
+            return principal  # verified by a reload in between: plan it next time
+        model_rps = self.model_rps.get(model) if self.model_rps and category == "inference" else None
+        limited = record is not None and bool(record.rps or record.quota_per_day)
+        if len(plans) >= 4096:
+            plans.clear()
+        plans[(authorization, protocol, category, model)] = (principal, record if limited else None, model_rps,
+                                                              record.expires if record is not None else None)
+        return principal
 
     def check(self, protocol: str, category: str, model: str, token: str | None, headers=None,
               get_header=None) -> Principal:

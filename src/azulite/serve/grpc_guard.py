@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from azulite.errors import ServeError
-from azulite.serve.auth import GRPC_ROUTES, Guard, Principal, bearer
+from azulite.serve.auth import GRPC_ROUTES, Guard, Principal
 from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
 
@@ -59,8 +59,9 @@ class GuardedServicer:
                 setattr(self, name, self._unary(name, method, category, field))
 
     def _check(self, category: str, model: str, context) -> Principal:
-        token = bearer(_metadata(context, "authorization")) if self.guard.auth else None
-        return self.guard.check("grpc", category, model, token, context, _metadata)
+        guard = self.guard
+        return guard.check_request("grpc", category, model, _metadata(context, "authorization") if guard.auth else None,
+                                   context, _metadata)
 
     def _audit(self, start: float, principal: Principal | None, request, context, status: str, response) -> None:
         audit = self.guard.audit
@@ -124,13 +125,14 @@ class GuardedServicer:
                 await context.abort(*_status(exc), _trailers(exc))
                 return
 
-            token = bearer(_metadata(context, "authorization")) if self.guard.auth else None
+            authorization = _metadata(context, "authorization") if self.guard.auth else None
 
             async def checked():
                 async for request in request_iterator:
                     t0 = time.perf_counter()
                     try:  # per request: the model it names, and the limits
-                        self.guard.check("grpc", "inference", request.model_name, token, context, _metadata)
+                        self.guard.check_request("grpc", "inference", request.model_name, authorization, context,
+                                                 _metadata)
                     except ServeError as exc:
                         self._audit(t0, principal, request, context, exc.status, None)
                         raise
