@@ -2,7 +2,7 @@
 address, model, version, protocol, status, latency, bytes in/out), written by a thread, never on the
 request path.
 
-The request path only appends a tuple to a queue (``SimpleQueue.put``: well under a microsecond); a
+The request path only appends a tuple to a deque (``deque.append``, atomic under the GIL); a
 daemon thread wakes every ``batch_s`` (never per request), formats what gathered and writes it at once. Rotation by size is
 the standard library's ``RotatingFileHandler.doRollover`` (it renames ``audit.log`` -> ``audit.log.1``...). A write that fails
 (disk full, file removed, permissions) never reaches a request: it is counted in ``write_errors``
@@ -19,18 +19,19 @@ rotated by another reopens the new one before writing.
 from __future__ import annotations
 
 import atexit
+import collections
 import fcntl
 import itertools
 import json
 import logging
 import logging.handlers
 import os
-import queue
 import threading
 import time
 from pathlib import Path
 
 _STOP = object()
+_now = time.time
 _str = json.encoder.encode_basestring_ascii  # C: a JSON string literal, quotes included
 FIELDS = ("time", "request_id", "key_id", "client", "model", "version", "protocol", "status", "latency_ms",
           "bytes_in", "bytes_out")
@@ -59,7 +60,9 @@ class AuditLog:
         # the standard library's rotation (renames, backup count); lines are written in batches below
         self._handler = logging.handlers.RotatingFileHandler(str(self.path), maxBytes=max_bytes, backupCount=backups,
                                                              delay=True, encoding="utf-8")
-        self._queue: queue.SimpleQueue = queue.SimpleQueue()
+        #: lines waiting for the writer: the request path appends, the writer pops from the left (both
+        #: atomic in CPython, no lock; SimpleQueue.put measured slower on the request path, with qsize())
+        self._queue: collections.deque = collections.deque()
         self._ids = itertools.count(1)
         self._middles: dict[tuple, str] = {}  # (key, client, model, version, protocol) -> their JSON fields
         self._boot = f"{os.getpid():x}{int(time.time()) & 0xFFFFFF:06x}"
@@ -76,10 +79,11 @@ class AuditLog:
                protocol: str, status: int | str, latency_s: float, bytes_in: int, bytes_out: int) -> None:
         """Queue one line (positional, in FIELDS order, for speed: this runs on every request). A
         request_id of None gets the server's own id, assigned by the writer."""
-        if self._queue.qsize() >= self.max_pending:
+        q = self._queue
+        if len(q) >= self.max_pending:
             self.dropped += 1
             return
-        self._queue.put((time.time(), request_id, key_id, client, model, version, protocol, status, latency_s,
+        q.append((_now(), request_id, key_id, client, model, version, protocol, status, latency_s,
                          bytes_in, bytes_out))
 
     def _run(self) -> None:
@@ -92,12 +96,8 @@ class AuditLog:
             # put, and that wake-up hands the GIL over (measured: 86 us of the request path per line)
             self._wake.wait(self.batch_s)
             self._wake.clear()
-            batch = []
-            while True:
-                try:
-                    batch.append(self._queue.get_nowait())
-                except queue.Empty:
-                    break
+            q = self._queue
+            batch = [q.popleft() for _ in range(len(q))]  # only this thread pops: len() are there
             lines, events = [], []
             for item in batch:
                 if item is _STOP:
@@ -204,14 +204,14 @@ class AuditLog:
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every line recorded before this call is written (or failed)."""
         done = threading.Event()
-        self._queue.put(done)
+        self._queue.append(done)
         self._wake.set()
         return done.wait(timeout_s)
 
     def close(self, timeout_s: float = 30.0) -> None:
         atexit.unregister(self.close)
         if self._thread.is_alive():
-            self._queue.put(_STOP)
+            self._queue.append(_STOP)
             self._wake.set()
             self._thread.join(timeout_s)
         self._handler.close()
