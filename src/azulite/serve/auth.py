@@ -34,7 +34,7 @@ from urllib.parse import unquote
 from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
 from azulite.serve.audit import AuditLog
 from azulite.serve.keystore import CommitWatch, KeyRecord, KeyStore, check_token, split_token
-from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, refuse
+from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, refuse, take_planned
 from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
 
 CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
@@ -129,7 +129,7 @@ class Guard:
         #: lookup (no bearer parse, no token or category checks), then only what changes per request (the
         #: commit watch, the expiry, the limits). Replaced on every key reload, so a revocation still
         #: takes effect on the very next request.
-        self._plans: dict[tuple, tuple[Principal, KeyRecord | None, float | None, float | None]] = {}
+        self._plans: dict[tuple, tuple] = {}  # -> (principal, record, model rps, expiry, this process's buckets)
         self._lock = threading.Lock()
         if settings.auth:
             if settings.key_store is None:
@@ -230,14 +230,19 @@ class Guard:
             self._reload()
             if self._plans is not plans:  # the keys changed: this request is checked in full against them
                 return self._check_and_plan(protocol, category, model, authorization, headers, get_header)
-        principal, record, model_rps, expires = plan
+        principal, record, model_rps, expires, local = plan
         if expires is None and record is None and model_rps is None:
             return principal
         wall = clock.time()
         if expires is not None and wall >= expires:
             return self._check_and_plan(protocol, category, model, authorization, headers, get_header)  # refuses
         try:
-            self._limits(record, model, model_rps, now, wall)
+            if local is None:  # the workers' shared buckets, under their lock
+                self._limits(record, model, model_rps, now, wall)
+            else:
+                refused, wait = take_planned(*local, now, wall)
+                if refused:
+                    raise self._refusal(refused, wait, record, model, model_rps)
         except ServeError as exc:
             self.rejected[exc.status] = self.rejected.get(exc.status, 0) + 1
             raise
@@ -255,10 +260,17 @@ class Guard:
             return principal  # verified by a reload in between: plan it next time
         model_rps = self.model_rps.get(model) if self.model_rps and category == "inference" else None
         limited = record is not None and bool(record.rps or record.quota_per_day)
+        local = None
+        if self.table is None and (limited or model_rps):  # this process's buckets: drawn from directly
+            now, wall = self.clock.monotonic(), self.clock.time()
+            local = (self.buckets.bucket(record.id, record.rps, None, now) if limited and record.rps else None,
+                     self.quotas.counter(record.id, wall) if limited and record.quota_per_day else None,
+                     record.quota_per_day if limited and record.quota_per_day else 0,
+                     self.model_buckets.bucket(model, model_rps, None, now) if model_rps else None)
         if len(plans) >= 4096:
             plans.clear()
         plans[(authorization, protocol, category, model)] = (principal, record if limited else None, model_rps,
-                                                              record.expires if record is not None else None)
+                                                              record.expires if record is not None else None, local)
         return principal
 
     def check(self, protocol: str, category: str, model: str, token: str | None, headers=None,
@@ -313,21 +325,30 @@ class Guard:
             if record is not None and record.rps:
                 wait = self.buckets.take_locked(record.id, record.rps, None, now)
                 if wait:
-                    raise refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s",
-                                 wait, "slow down, or raise the key's --rps")
+                    raise self._refusal(1, wait, record, model, model_rps)
             if record is not None and record.quota_per_day:
                 wait = self.quotas.take_locked(record.id, record.quota_per_day, wall)
                 if wait:
-                    raise refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests "
-                                 "today (UTC)", wait, "wait for the next UTC day, or raise the key's --quota")
+                    raise self._refusal(2, wait, record, model, model_rps)
             if model_rps:
                 wait = self.model_buckets.take_locked(model, model_rps, None, now)
                 if wait:
-                    raise refuse(f"model '{model}' is over its rate limit of {model_rps:g} requests/s", wait,
-                                 "slow down, or raise --model-rate-limit for this model")
+                    raise self._refusal(3, wait, record, model, model_rps)
         finally:
             if lock is not None:
                 lock.__exit__(None, None, None)
+
+    @staticmethod
+    def _refusal(which: int, wait: float, record: KeyRecord | None, model: str, model_rps: float | None):
+        """The 429 of the key's bucket (1), its quota (2) or the model's bucket (3)."""
+        if which == 1:
+            return refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s", wait,
+                          "slow down, or raise the key's --rps")
+        if which == 2:
+            return refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests today (UTC)", wait,
+                          "wait for the next UTC day, or raise the key's --quota")
+        return refuse(f"model '{model}' is over its rate limit of {model_rps:g} requests/s", wait,
+                      "slow down, or raise --model-rate-limit for this model")
 
 
 def bearer(value: str | bytes | None) -> str | None:
