@@ -369,9 +369,14 @@ def test_a_repeated_request_is_checked_as_fully_as_the_first(tmp_path):
         store.close()
 
 
-def test_audit_log_records_requests_without_secrets(server, keys):
+def test_audit_log_records_requests_without_secrets(server, stub, keys):
     raw(server, "GET", "/v2/models/add_sub_onnx", headers={**bearer(keys["onnx"]), "X-Request-ID": "audit-me"})
     raw(server, "GET", "/v2/models/add_sub_onnx")
+    request = pb.ModelInferRequest(model_name="add_sub_onnx", id="audit-grpc")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        request.raw_input_contents.append(X.astype(np.float32).tobytes())
+    answer = stub.ModelInfer(request, metadata=tuple(bearer(keys["onnx"]).items()), timeout=60)
     assert server.server.guard.audit.flush()
     text = server.audit_path.read_text()
     for token in (keys["onnx"], keys["all"], keys["admin"]):
@@ -381,6 +386,10 @@ def test_audit_log_records_requests_without_secrets(server, keys):
     onnx_id = keys["onnx"].split("_")[1]
     assert (mine["key_id"], mine["model"], mine["protocol"], mine["status"]) == (onnx_id, "add_sub_onnx", "http", 200)
     assert mine["client"].startswith("127.0.0.1:") and mine["bytes_out"] > 0
+    grpc_line = [x for x in lines if x["request_id"] == "audit-grpc"][-1]
+    # the sizes on the wire (on the h2 transport, read from the call instead of asking protobuf)
+    assert (grpc_line["bytes_in"], grpc_line["bytes_out"]) == (request.ByteSize(), answer.ByteSize())
+    assert grpc_line["bytes_out"] > 0 and grpc_line["status"] == "OK"
     assert any(x["status"] == 401 and x["key_id"] is None for x in lines)
     assert any(x["protocol"] == "grpc" and x["status"] == "UNAUTHENTICATED" for x in lines)
     metrics = raw_metrics(server)

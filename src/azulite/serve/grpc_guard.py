@@ -45,6 +45,19 @@ def _fields_of(request) -> tuple[str, str, bool]:
     return fields
 
 
+_SIZED: dict[type, bool] = {}
+
+
+def _sizes_known(context) -> bool:
+    """Whether the transport's context carries the call's sizes (azulite's HTTP/2 transport; grpc.aio's
+    does not): asked per context type once."""
+    kind = type(context)
+    known = _SIZED.get(kind)
+    if known is None:
+        known = _SIZED[kind] = bool(getattr(kind, "sizes_known", False))
+    return known
+
+
 class GuardedServicer:
     """Has the same RPC attributes as the servicer it wraps."""
 
@@ -63,16 +76,31 @@ class GuardedServicer:
         return guard.check_request("grpc", category, model, _metadata(context, "authorization") if guard.auth else None,
                                    context, _metadata)
 
-    def _audit(self, start: float, principal: Principal | None, request, context, status: str, response) -> None:
+    def _audit(self, start: float, principal: Principal | None, request, context, status: str, response,
+               model: str | None = None) -> None:
+        """``model``: the request's model name when the caller already read it (a protobuf field read is
+        not free)."""
         audit = self.guard.audit
         if audit is None:
             return
         fields = _FIELDS.get(type(request)) or _fields_of(request)
+        n_in = context.request_bytes if _sizes_known(context) else None
+        if n_in is None:
+            n_in = request.ByteSize()
+            n_out = response.ByteSize() if response is not None else 0
+        elif response is not None:
+            # azulite's HTTP/2 transport sends this payload: serialized once, here, and its length
+            # audited (ByteSize would serialize the answer a second time)
+            context.reply_payload = payload = response.SerializeToString()
+            n_out = len(payload)
+        else:
+            n_out = 0
+        if model is None:
+            model = getattr(request, fields[0]) if fields[0] else ""
         audit.record((getattr(request, "id") or None) if fields[2] else None,
-                     principal.key_id if principal is not None else None, context.peer(),
-                     getattr(request, fields[0]) if fields[0] else "", getattr(request, fields[1]) if fields[1] else "",
-                     "grpc", status, time.perf_counter() - start, request.ByteSize(),
-                     response.ByteSize() if response is not None else 0)
+                     principal.key_id if principal is not None else None, context.peer(), model,
+                     getattr(request, fields[1]) if fields[1] else "", "grpc", status, time.perf_counter() - start,
+                     n_in, n_out)
 
     def _unary(self, name: str, method, category: str, field: str):
         async def call(request, context):
@@ -80,6 +108,7 @@ class GuardedServicer:
             principal = None
             response = None
             status = "OK"
+            model = None
             try:
                 model = getattr(request, field) if field else ""
                 try:
@@ -97,7 +126,7 @@ class GuardedServicer:
                     status = _code_of(exc)
                 raise
             finally:
-                self._audit(start, principal, request, context, status, response)
+                self._audit(start, principal, request, context, status, response, model if field else None)
 
         call.__name__ = name
         return call
