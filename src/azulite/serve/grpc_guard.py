@@ -84,7 +84,10 @@ class GuardedServicer:
         if audit is None:
             return
         fields = _FIELDS.get(type(request)) or _fields_of(request)
-        n_in = context.request_bytes if _sizes_known(context) else None
+        sized = _SIZED.get(type(context))
+        if sized is None:
+            sized = _sizes_known(context)
+        n_in = context.request_bytes if sized else None
         if n_in is None:
             n_in = request.ByteSize()
             n_out = response.ByteSize() if response is not None else 0
@@ -103,6 +106,10 @@ class GuardedServicer:
                      n_in, n_out)
 
     def _unary(self, name: str, method, category: str, field: str):
+        # what every call of this RPC asks, looked up once (this wrapper runs on every gRPC request)
+        check, auth, audit = self.guard.check_request, self.guard.auth, self._audit
+        lists_models = name in ("ModelStatistics", "RepositoryIndex")
+
         async def call(request, context):
             start = time.perf_counter()
             principal = None
@@ -112,11 +119,12 @@ class GuardedServicer:
             try:
                 model = getattr(request, field) if field else ""
                 try:
-                    principal = self._check(category, model, context)
+                    principal = check("grpc", category, model, _metadata(context, "authorization") if auth else None,
+                                      context, _metadata)
                 except ServeError as exc:
                     status = exc.status
                     await context.abort(*_status(exc), _trailers(exc))
-                if principal.models is not None and name in ("ModelStatistics", "RepositoryIndex") and not model:
+                if lists_models and principal.models is not None and not model:
                     response = await self._filtered(name, method, request, context, principal)
                 else:
                     response = await method(request, context)
@@ -126,7 +134,7 @@ class GuardedServicer:
                     status = _code_of(exc)
                 raise
             finally:
-                self._audit(start, principal, request, context, status, response, model if field else None)
+                audit(start, principal, request, context, status, response, model if field else None)
 
         call.__name__ = name
         return call
