@@ -11,10 +11,11 @@ reveal what others do are admin-only under ``--auth``: :data:`ADMIN_CATEGORIES` 
 named restricted by a flag. A restricted category with a header (``CATEGORY:HEADER=VALUE``) also
 needs that header, with or without ``--auth``.
 
-The hot path with a guard: a compare of the key store's WAL-index header (keystore.CommitWatch: has
-anyone committed?), one dict lookup of the presented token among the keys already verified (the salted
-sha256, compared in constant time, runs once per key and key-store version), the bucket and quota takes
-(one lock for all of them when shared). When the header moved, ``PRAGMA data_version`` says whether the
+The hot path with a guard (:meth:`Guard.check_request`): one dict lookup of the request's plan (the
+``Authorization`` value as sent, protocol, category, model of a request that passed the full check
+before: the salted sha256, compared in constant time, runs once per key and key-store version), a
+compare of the key store's WAL-index header (keystore.CommitWatch: has anyone committed?), the key's
+expiry, the bucket and quota takes (in one call in one process; one lock for all of them when shared). When the header moved, ``PRAGMA data_version`` says whether the
 keys changed and they are reloaded, the verified tokens forgotten: a revocation committed by the CLI
 takes effect on the very next request — in every worker process of a server alike. ``reload_interval_s``
 is only a backstop (data_version asked that often whatever the header says). With ``shared_state_dir``
@@ -124,7 +125,7 @@ class Guard:
         self._verified: dict[str, tuple[KeyRecord, Principal]] = {}
         self._watch: CommitWatch | None = None
         self._next_reload = 0.0
-        #: (authorization as sent, protocol, category, model) -> (principal, record, model rps, expiry) of
+        #: (authorization as sent, protocol, category, model) -> the plan of
         #: requests that passed the whole check and need no restricted-API header: a repeat costs one
         #: lookup (no bearer parse, no token or category checks), then only what changes per request (the
         #: commit watch, the expiry, the limits). Replaced on every key reload, so a revocation still
