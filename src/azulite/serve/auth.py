@@ -17,8 +17,9 @@ before: the salted sha256, compared in constant time, runs once per key and key-
 compare of the key store's WAL-index header (keystore.CommitWatch: has anyone committed?), the key's
 expiry, the bucket and quota takes (in one call in one process; one lock for all of them when shared).
 When the header moved, ``PRAGMA data_version`` says whether the keys changed and they are reloaded, the
-verified tokens and plans forgotten: a revocation committed by the CLI takes effect on the very next request — in every worker process of a server alike. ``reload_interval_s``
-is only a backstop (data_version asked that often whatever the header says). With ``shared_state_dir``
+verified tokens and plans forgotten: a revocation committed by the CLI takes effect on the very next
+request — in every worker process of a server alike. ``reload_interval_s`` is only a backstop
+(data_version asked that often whatever the header says). With ``shared_state_dir``
 the buckets and quotas are those of all the workers together (serve/sharedstate.py); without it, this
 process's own.
 """
