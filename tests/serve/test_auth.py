@@ -299,9 +299,84 @@ def test_guard_sees_each_commit_on_the_next_check_and_caches_between(tmp_path):
         store.close()
 
 
-def test_audit_log_records_requests_without_secrets(server, keys):
+class SteppedClock:
+    """Time that moves only when the test says."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+        self.wall = 1_700_000_000.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def time(self) -> float:
+        return self.wall
+
+
+def test_a_repeated_request_is_checked_as_fully_as_the_first(tmp_path):
+    """check_request answers a request like one that passed before from its plan: the plan must still
+    see a revocation, an expiry, the limits and a restricted-API header on every repeat."""
+    from azulite.errors import PermissionDenied, ResourceExhausted
+
+    store = KeyStore(tmp_path / "keys.db")
+    clock = SteppedClock()
+    live, live_token = store.create("live", rps=2.0, models=["m"])
+    dated, dated_token = store.create("dated", expires=clock.wall + 10, now=clock.wall - 1)
+    admin, admin_token = store.create("admin", admin=True)
+    guard = Guard(GuardSettings(auth=True, key_store=store.path, reload_interval_s=3600.0, model_rps=(("m", 3.0),),
+                                restricted={"http": (Restriction(("model-config",), "x-admin", "s3cret"),)}),
+                  clock=clock)
+    header = lambda h, name: None if h is None else h.get(name)  # noqa: E731
+    try:
+        auth = f"Bearer {live_token}".encode()
+        for _ in range(2):  # the key's bucket holds 2 (its rps), the model's 3
+            assert guard.check_request("http", "inference", "m", auth).key_id == live.id
+        with pytest.raises(ResourceExhausted):
+            guard.check_request("http", "inference", "m", auth)  # from the plan: the key's limit still holds
+        clock.now += 0.5  # one more of the key's tokens; the model's bucket (3 rps) has 2.5
+        assert guard.check_request("http", "inference", "m", auth).key_id == live.id
+        with pytest.raises(ResourceExhausted, match="key 'live'"):
+            guard.check_request("http", "inference", "m", auth)
+        admin_auth = f"Bearer {admin_token}".encode()  # no limit of its own: the model's 1.5 tokens bind
+        assert guard.check_request("http", "inference", "m", admin_auth).key_id == admin.id
+        with pytest.raises(ResourceExhausted, match="model 'm'"):
+            guard.check_request("http", "inference", "m", admin_auth)
+        with pytest.raises(PermissionDenied):  # outside the key's models, asked twice: never planned
+            guard.check_request("http", "inference", "other", auth)
+        with pytest.raises(PermissionDenied):
+            guard.check_request("http", "inference", "other", auth)
+
+        dated_auth = f"Bearer {dated_token}".encode()
+        assert guard.check_request("http", "metadata", "", dated_auth).key_id == dated.id
+        assert guard.check_request("http", "metadata", "", dated_auth).key_id == dated.id
+        clock.wall += 10
+        with pytest.raises(Unauthenticated):
+            guard.check_request("http", "metadata", "", dated_auth)
+
+        good = {"x-admin": "s3cret"}
+        assert guard.check_request("http", "model-config", "m", admin_auth, good, header).admin
+        assert guard.check_request("http", "model-config", "m", admin_auth, good, header).admin
+        with pytest.raises(PermissionDenied):  # the header is read on every request, never planned
+            guard.check_request("http", "model-config", "m", admin_auth, {"x-admin": "wrong"}, header)
+
+        assert guard.check_request("http", "metadata", "", admin_auth).key_id == admin.id
+        KeyStore(store.path).revoke(admin.id)  # another process's commit: seen on the very next request
+        with pytest.raises(Unauthenticated):
+            guard.check_request("http", "metadata", "", admin_auth)
+        assert guard.rejected == {"RESOURCE_EXHAUSTED": 3, "PERMISSION_DENIED": 3, "UNAUTHENTICATED": 2}
+    finally:
+        guard.close()
+        store.close()
+
+
+def test_audit_log_records_requests_without_secrets(server, stub, keys):
     raw(server, "GET", "/v2/models/add_sub_onnx", headers={**bearer(keys["onnx"]), "X-Request-ID": "audit-me"})
     raw(server, "GET", "/v2/models/add_sub_onnx")
+    request = pb.ModelInferRequest(model_name="add_sub_onnx", id="audit-grpc")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 16])
+        request.raw_input_contents.append(X.astype(np.float32).tobytes())
+    answer = stub.ModelInfer(request, metadata=tuple(bearer(keys["onnx"]).items()), timeout=60)
     assert server.server.guard.audit.flush()
     text = server.audit_path.read_text()
     for token in (keys["onnx"], keys["all"], keys["admin"]):
@@ -311,6 +386,10 @@ def test_audit_log_records_requests_without_secrets(server, keys):
     onnx_id = keys["onnx"].split("_")[1]
     assert (mine["key_id"], mine["model"], mine["protocol"], mine["status"]) == (onnx_id, "add_sub_onnx", "http", 200)
     assert mine["client"].startswith("127.0.0.1:") and mine["bytes_out"] > 0
+    grpc_line = [x for x in lines if x["request_id"] == "audit-grpc"][-1]
+    # the sizes on the wire (on the h2 transport, read from the call instead of asking protobuf)
+    assert (grpc_line["bytes_in"], grpc_line["bytes_out"]) == (request.ByteSize(), answer.ByteSize())
+    assert grpc_line["bytes_out"] > 0 and grpc_line["status"] == "OK"
     assert any(x["status"] == 401 and x["key_id"] is None for x in lines)
     assert any(x["protocol"] == "grpc" and x["status"] == "UNAUTHENTICATED" for x in lines)
     metrics = raw_metrics(server)

@@ -102,3 +102,33 @@ def test_refusal_says_when_to_retry_in_whole_seconds():
     exc = refuse("over", 0.2, "slow down")
     assert exc.status == "RESOURCE_EXHAUSTED" and exc.retry_after_s == 1
     assert refuse("over", 7.01, "x").retry_after_s == 8
+
+
+def test_planned_takes_answer_as_the_three_takes_do():
+    """take_planned (the guard's hot path) against take_locked on twin buckets, over a seeded random walk
+    of times across a UTC midnight: the same grants, the same refusal (which one, how long) every time."""
+    import random
+
+    from azulite.serve.ratelimit import take_planned
+
+    rng = random.Random(11)
+    now, wall = 500.0, 86400.0 * 3 - 2.0  # two seconds before a UTC midnight
+    keys, quotas, models = TokenBuckets(), DailyQuotas(), TokenBuckets()
+    twin_keys, twin_quotas, twin_models = TokenBuckets(), DailyQuotas(), TokenBuckets()
+    key, quota, model = keys.bucket("k", 6.0, None, now), quotas.counter("k", wall), models.bucket("m", 4.0, None, now)
+    outcomes = set()
+    for _ in range(3000):
+        step = rng.choice((0.0, 0.0, 0.01, 0.05, 0.3))
+        now, wall = now + step, wall + step
+        got = take_planned(key, quota, 40, model, now, wall)
+        takes = (lambda: twin_keys.take_locked("k", 6.0, None, now), lambda: twin_quotas.take_locked("k", 40, wall),
+                 lambda: twin_models.take_locked("m", 4.0, None, now))
+        want = (0, 0.0)
+        for which, take in enumerate(takes, 1):  # in order; a refusal stops there, as the guard does
+            wait = take()
+            if wait:
+                want = (which, wait)
+                break
+        assert got[0] == want[0] and got[1] == pytest.approx(want[1]), (now, wall)
+        outcomes.add(got[0])
+    assert outcomes == {0, 1, 2, 3}  # the walk reached every refusal, and a new day's quota

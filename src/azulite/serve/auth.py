@@ -11,13 +11,15 @@ reveal what others do are admin-only under ``--auth``: :data:`ADMIN_CATEGORIES` 
 named restricted by a flag. A restricted category with a header (``CATEGORY:HEADER=VALUE``) also
 needs that header, with or without ``--auth``.
 
-The hot path with a guard: a compare of the key store's WAL-index header (keystore.CommitWatch: has
-anyone committed?), one dict lookup of the presented token among the keys already verified (the salted
-sha256, compared in constant time, runs once per key and key-store version), the bucket and quota takes
-(one lock for all of them when shared). When the header moved, ``PRAGMA data_version`` says whether the
-keys changed and they are reloaded, the verified tokens forgotten: a revocation committed by the CLI
-takes effect on the very next request — in every worker process of a server alike. ``reload_interval_s``
-is only a backstop (data_version asked that often whatever the header says). With ``shared_state_dir``
+The hot path with a guard (:meth:`Guard.check_request`): one dict lookup of the request's plan (the
+``Authorization`` value as sent, protocol, category, model of a request that passed the full check
+before: the salted sha256, compared in constant time, runs once per key and key-store version), a
+compare of the key store's WAL-index header (keystore.CommitWatch: has anyone committed?), the key's
+expiry, the bucket and quota takes (in one call in one process; one lock for all of them when shared).
+When the header moved, ``PRAGMA data_version`` says whether the keys changed and they are reloaded, the
+verified tokens and plans forgotten: a revocation committed by the CLI takes effect on the very next
+request — in every worker process of a server alike. ``reload_interval_s`` is only a backstop
+(data_version asked that often whatever the header says). With ``shared_state_dir``
 the buckets and quotas are those of all the workers together (serve/sharedstate.py); without it, this
 process's own.
 """
@@ -34,7 +36,7 @@ from urllib.parse import unquote
 from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
 from azulite.serve.audit import AuditLog
 from azulite.serve.keystore import CommitWatch, KeyRecord, KeyStore, check_token, split_token
-from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, refuse
+from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, refuse, take_planned
 from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
 
 CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
@@ -124,6 +126,12 @@ class Guard:
         self._verified: dict[str, tuple[KeyRecord, Principal]] = {}
         self._watch: CommitWatch | None = None
         self._next_reload = 0.0
+        #: (authorization as sent, protocol, category, model) -> the plan of
+        #: requests that passed the whole check and need no restricted-API header: a repeat costs one
+        #: lookup (no bearer parse, no token or category checks), then only what changes per request (the
+        #: commit watch, the expiry, the limits). Replaced on every key reload, so a revocation still
+        #: takes effect on the very next request.
+        self._plans: dict[tuple, tuple] = {}  # -> (principal, record, model rps, expiry, this process's buckets)
         self._lock = threading.Lock()
         if settings.auth:
             if settings.key_store is None:
@@ -173,6 +181,7 @@ class Guard:
             if version != self._version:
                 self._keys = {r.id: r for r in self.store.records() if r.revoked is None}
                 self._verified = {}
+                self._plans = {}
                 self._version = version
 
     def principal(self, token: str | None) -> Principal:
@@ -204,6 +213,67 @@ class Guard:
         return hit
 
     # --- the check -----------------------------------------------------------------------------------
+
+    def check_request(self, protocol: str, category: str, model: str, authorization: str | bytes | None,
+                      headers=None, get_header=None) -> Principal:
+        """:meth:`check` for a request as the transport has it: ``authorization`` is the header or metadata
+        value as sent (``Bearer <key>``), parsed only the first time it is seen. The hot path of both
+        transports: a request like one that passed before (same key, protocol, category and model) is
+        answered from ``_plans``."""
+        plan = self._plans.get((authorization, protocol, category, model))
+        if plan is None:
+            return self._check_and_plan(protocol, category, model, authorization, headers, get_header)
+        clock = self.clock
+        now = clock.monotonic()
+        watch = self._watch
+        if watch is not None and (watch.moved() or now >= self._next_reload):
+            self._next_reload = now + self.settings.reload_interval_s
+            plans = self._plans
+            self._reload()
+            if self._plans is not plans:  # the keys changed: this request is checked in full against them
+                return self._check_and_plan(protocol, category, model, authorization, headers, get_header)
+        principal, record, model_rps, expires, local = plan
+        if expires is None and record is None and model_rps is None:
+            return principal
+        wall = clock.time()
+        if expires is not None and wall >= expires:
+            return self._check_and_plan(protocol, category, model, authorization, headers, get_header)  # refuses
+        try:
+            if local is None:  # the workers' shared buckets, under their lock
+                self._limits(record, model, model_rps, now, wall)
+            else:
+                refused, wait = take_planned(*local, now, wall)
+                if refused:
+                    raise self._refusal(refused, wait, record, model, model_rps)
+        except ServeError as exc:
+            self.rejected[exc.status] = self.rejected.get(exc.status, 0) + 1
+            raise
+        return principal
+
+    def _check_and_plan(self, protocol: str, category: str, model: str, authorization, headers,
+                        get_header) -> Principal:
+        token = bearer(authorization) if self.auth else None
+        plans = self._plans  # the reload in check() may replace it: a plan never outlives its keys
+        principal = self.check(protocol, category, model, token, headers, get_header)
+        if category == OPEN or category in self.headers.get(protocol, ()):
+            return principal  # open: nothing to save; a restricted-API header is read on every request
+        record = self._verified.get(token, (None,))[0] if token is not None else None
+        if self.auth and record is None:
+            return principal  # verified by a reload in between: plan it next time
+        model_rps = self.model_rps.get(model) if self.model_rps and category == "inference" else None
+        limited = record is not None and bool(record.rps or record.quota_per_day)
+        local = None
+        if self.table is None and (limited or model_rps):  # this process's buckets: drawn from directly
+            now, wall = self.clock.monotonic(), self.clock.time()
+            local = (self.buckets.bucket(record.id, record.rps, None, now) if limited and record.rps else None,
+                     self.quotas.counter(record.id, wall) if limited and record.quota_per_day else None,
+                     record.quota_per_day if limited and record.quota_per_day else 0,
+                     self.model_buckets.bucket(model, model_rps, None, now) if model_rps else None)
+        if len(plans) >= 4096:
+            plans.clear()
+        plans[(authorization, protocol, category, model)] = (principal, record if limited else None, model_rps,
+                                                              record.expires if record is not None else None, local)
+        return principal
 
     def check(self, protocol: str, category: str, model: str, token: str | None, headers=None,
               get_header=None) -> Principal:
@@ -257,21 +327,30 @@ class Guard:
             if record is not None and record.rps:
                 wait = self.buckets.take_locked(record.id, record.rps, None, now)
                 if wait:
-                    raise refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s",
-                                 wait, "slow down, or raise the key's --rps")
+                    raise self._refusal(1, wait, record, model, model_rps)
             if record is not None and record.quota_per_day:
                 wait = self.quotas.take_locked(record.id, record.quota_per_day, wall)
                 if wait:
-                    raise refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests "
-                                 "today (UTC)", wait, "wait for the next UTC day, or raise the key's --quota")
+                    raise self._refusal(2, wait, record, model, model_rps)
             if model_rps:
                 wait = self.model_buckets.take_locked(model, model_rps, None, now)
                 if wait:
-                    raise refuse(f"model '{model}' is over its rate limit of {model_rps:g} requests/s", wait,
-                                 "slow down, or raise --model-rate-limit for this model")
+                    raise self._refusal(3, wait, record, model, model_rps)
         finally:
             if lock is not None:
                 lock.__exit__(None, None, None)
+
+    @staticmethod
+    def _refusal(which: int, wait: float, record: KeyRecord | None, model: str, model_rps: float | None):
+        """The 429 of the key's bucket (1), its quota (2) or the model's bucket (3)."""
+        if which == 1:
+            return refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s", wait,
+                          "slow down, or raise the key's --rps")
+        if which == 2:
+            return refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests today (UTC)", wait,
+                          "wait for the next UTC day, or raise the key's --quota")
+        return refuse(f"model '{model}' is over its rate limit of {model_rps:g} requests/s", wait,
+                      "slow down, or raise --model-rate-limit for this model")
 
 
 def bearer(value: str | bytes | None) -> str | None:

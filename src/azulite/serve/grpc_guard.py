@@ -9,7 +9,7 @@ from __future__ import annotations
 import time
 
 from azulite.errors import ServeError
-from azulite.serve.auth import GRPC_ROUTES, Guard, Principal, bearer
+from azulite.serve.auth import GRPC_ROUTES, Guard, Principal
 from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
 
@@ -45,6 +45,19 @@ def _fields_of(request) -> tuple[str, str, bool]:
     return fields
 
 
+_SIZED: dict[type, bool] = {}
+
+
+def _sizes_known(context) -> bool:
+    """Whether the transport's context carries the call's sizes (azulite's HTTP/2 transport; grpc.aio's
+    does not): asked per context type once."""
+    kind = type(context)
+    known = _SIZED.get(kind)
+    if known is None:
+        known = _SIZED[kind] = bool(getattr(kind, "sizes_known", False))
+    return known
+
+
 class GuardedServicer:
     """Has the same RPC attributes as the servicer it wraps."""
 
@@ -59,34 +72,59 @@ class GuardedServicer:
                 setattr(self, name, self._unary(name, method, category, field))
 
     def _check(self, category: str, model: str, context) -> Principal:
-        token = bearer(_metadata(context, "authorization")) if self.guard.auth else None
-        return self.guard.check("grpc", category, model, token, context, _metadata)
+        guard = self.guard
+        return guard.check_request("grpc", category, model, _metadata(context, "authorization") if guard.auth else None,
+                                   context, _metadata)
 
-    def _audit(self, start: float, principal: Principal | None, request, context, status: str, response) -> None:
+    def _audit(self, start: float, principal: Principal | None, request, context, status: str, response,
+               model: str | None = None) -> None:
+        """``model``: the request's model name when the caller already read it (a protobuf field read is
+        not free)."""
         audit = self.guard.audit
         if audit is None:
             return
         fields = _FIELDS.get(type(request)) or _fields_of(request)
+        sized = _SIZED.get(type(context))
+        if sized is None:
+            sized = _sizes_known(context)
+        n_in = context.request_bytes if sized else None
+        if n_in is None:
+            n_in = request.ByteSize()
+            n_out = response.ByteSize() if response is not None else 0
+        elif response is not None:
+            # azulite's HTTP/2 transport sends this payload: serialized once, here, and its length
+            # audited (ByteSize would serialize the answer a second time)
+            context.reply_payload = payload = response.SerializeToString()
+            n_out = len(payload)
+        else:
+            n_out = 0
+        if model is None:
+            model = getattr(request, fields[0]) if fields[0] else ""
         audit.record((getattr(request, "id") or None) if fields[2] else None,
-                     principal.key_id if principal is not None else None, context.peer(),
-                     getattr(request, fields[0]) if fields[0] else "", getattr(request, fields[1]) if fields[1] else "",
-                     "grpc", status, time.perf_counter() - start, request.ByteSize(),
-                     response.ByteSize() if response is not None else 0)
+                     principal.key_id if principal is not None else None, context.peer(), model,
+                     getattr(request, fields[1]) if fields[1] else "", "grpc", status, time.perf_counter() - start,
+                     n_in, n_out)
 
     def _unary(self, name: str, method, category: str, field: str):
+        # what every call of this RPC asks, looked up once (this wrapper runs on every gRPC request)
+        check, auth, audit = self.guard.check_request, self.guard.auth, self._audit
+        lists_models = name in ("ModelStatistics", "RepositoryIndex")
+
         async def call(request, context):
             start = time.perf_counter()
             principal = None
             response = None
             status = "OK"
+            model = None
             try:
                 model = getattr(request, field) if field else ""
                 try:
-                    principal = self._check(category, model, context)
+                    principal = check("grpc", category, model, _metadata(context, "authorization") if auth else None,
+                                      context, _metadata)
                 except ServeError as exc:
                     status = exc.status
                     await context.abort(*_status(exc), _trailers(exc))
-                if principal.models is not None and name in ("ModelStatistics", "RepositoryIndex") and not model:
+                if lists_models and principal.models is not None and not model:
                     response = await self._filtered(name, method, request, context, principal)
                 else:
                     response = await method(request, context)
@@ -96,7 +134,7 @@ class GuardedServicer:
                     status = _code_of(exc)
                 raise
             finally:
-                self._audit(start, principal, request, context, status, response)
+                audit(start, principal, request, context, status, response, model if field else None)
 
         call.__name__ = name
         return call
@@ -124,13 +162,14 @@ class GuardedServicer:
                 await context.abort(*_status(exc), _trailers(exc))
                 return
 
-            token = bearer(_metadata(context, "authorization")) if self.guard.auth else None
+            authorization = _metadata(context, "authorization") if self.guard.auth else None
 
             async def checked():
                 async for request in request_iterator:
                     t0 = time.perf_counter()
                     try:  # per request: the model it names, and the limits
-                        self.guard.check("grpc", "inference", request.model_name, token, context, _metadata)
+                        self.guard.check_request("grpc", "inference", request.model_name, authorization, context,
+                                                 _metadata)
                     except ServeError as exc:
                         self._audit(t0, principal, request, context, exc.status, None)
                         raise

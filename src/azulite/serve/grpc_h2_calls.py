@@ -31,11 +31,15 @@ class _Abort(Exception):
 class _Context:
     """The part of grpc.aio.ServicerContext the servicer uses."""
 
-    __slots__ = ("metadata", "address")
+    __slots__ = ("metadata", "address", "request_bytes", "reply_payload")
+    #: the guard's audit reads a unary call's sizes here instead of asking protobuf (ByteSize serializes)
+    sizes_known = True
 
-    def __init__(self, metadata, address: str = "") -> None:
+    def __init__(self, metadata, address: str = "", request_bytes: int | None = None) -> None:
         self.metadata = metadata
         self.address = address
+        self.request_bytes = request_bytes  # the request message's length (unary calls)
+        self.reply_payload: bytes | None = None  # the answer, when the guard serialized it for its audit line
 
     def peer(self) -> str:
         return self.address
@@ -151,8 +155,10 @@ class H2Calls:
                 request = request_type.FromString(message)
             except DecodeError as exc:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse the request message: {exc}") from None
-            response = await handler(request, _Context(stream.headers, self.peer))
-            self._reply(stream, response.SerializeToString())
+            context = _Context(stream.headers, self.peer, len(message))
+            response = await handler(request, context)
+            payload = context.reply_payload
+            self._reply(stream, payload if payload is not None else response.SerializeToString())
         except _Abort as exc:
             self._finish(stream, exc.code, exc.details, exc.trailing_metadata)
         except asyncio.CancelledError:

@@ -27,7 +27,7 @@ from urllib.parse import unquote
 
 from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
-from azulite.serve.auth import Guard, bearer, http_route
+from azulite.serve.auth import Guard, http_route
 from azulite.serve.http_stream import is_stream
 from azulite.serve.types import DataPlane
 
@@ -131,10 +131,15 @@ class HttpApp:
         self.dp = dataplane
         self.guard = guard
 
-    async def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
-                     client: str = "") -> Reply:
+    def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
+               client: str = "") -> Awaitable[Reply]:
+        """The request's answer, to await. A plain function handing back one coroutine or the other: an
+        ``async def`` here would put one more coroutine on every guarded request's await chain."""
         if self.guard is not None:
-            return await self._guarded(method, path, headers, body, client)
+            return self._guarded(method, path, headers, body, client)
+        return self._unguarded(method, path, headers, body)
+
+    async def _unguarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
         try:
             result = self.dispatch(method, path, headers, body)
             if isinstance(result, Awaitable):
@@ -146,20 +151,23 @@ class HttpApp:
     async def _guarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                        client: str) -> Reply:
         """Keys, restricted APIs and limits before the route; the audit line after it."""
+        guard = self.guard
         start = time.perf_counter()
         category, model, version = http_route(path)
         principal = None
         try:
-            token = bearer(headers.get(b"authorization")) if self.guard.auth else None
-            principal = self.guard.check("http", category, model, token, headers, _header)
-            if principal.models is not None and not model and category == "statistics":
+            principal = guard.check_request("http", category, model,
+                                            headers.get(b"authorization") if guard.auth else None, headers, _header)
+            if principal.models is None:
+                result = self.dispatch(method, path, headers, body)
+                reply = await result if isinstance(result, Awaitable) else result
+            elif not model and category == "statistics":
                 stats = self.dp.model_statistics("", "")
                 keep = [s for s in stats.model_stats if principal.may_see(s.name)]
                 del stats.model_stats[:]
                 stats.model_stats.extend(keep)
                 reply = _json_reply(codec.message_to_json(stats))
-            elif principal.models is not None and category == "model-repository" and path.rstrip("/").endswith(
-                    "/index"):
+            elif category == "model-repository" and path.rstrip("/").endswith("/index"):
                 index = self.dp.repository_index(bool(_parse_json_body(body).get("ready", False)))
                 keep = [m for m in index.models if principal.may_see(m.name)]
                 del index.models[:]
@@ -170,7 +178,7 @@ class HttpApp:
                 reply = await result if isinstance(result, Awaitable) else result
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply = error_reply(exc)
-        audit = self.guard.audit
+        audit = guard.audit
         if audit is not None:
             rid = headers.get(b"x-request-id")
             audit.record(rid.decode("latin-1") if rid else None, principal.key_id if principal is not None else None,

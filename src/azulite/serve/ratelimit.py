@@ -76,6 +76,15 @@ class TokenBuckets:
     #: loop (the guard: its key bucket, quota and model bucket, as sharedstate.py's under one flock)
     take_locked = _take
 
+    def bucket(self, name: str, rate: float, burst: float | None, now: float) -> list[float]:
+        """The bucket ``take_locked(name, rate, burst, now)`` draws from (made if new): for
+        :func:`take_planned`, which draws from it directly."""
+        b = self._buckets.get(name)
+        if b is None or b[0] != rate:
+            size = burst if burst is not None else max(1.0, rate)
+            b = self._buckets[name] = [rate, size, size, now]
+        return b
+
 
 class DailyQuotas:
     """Requests per key per UTC day (the day from ``clock.time()``). ``thread_safe`` as TokenBuckets."""
@@ -97,15 +106,59 @@ class DailyQuotas:
 
     def _take(self, name: str, per_day: int, now: float) -> float:
         day = int(now // 86400)
-        used_day, used = self._used.get(name, (day, 0))
-        if used_day != day:
-            used = 0
-        if used >= per_day:
+        used = self._used.get(name)
+        if used is None:
+            used = self._used[name] = [day, 0]
+        elif used[0] != day:
+            used[0], used[1] = day, 0
+        if used[1] >= per_day:
             return (day + 1) * 86400 - now
-        self._used[name] = (day, used + 1)
+        used[1] += 1
         return 0.0
 
     take_locked = _take  #: as TokenBuckets.take_locked
+
+    def counter(self, name: str, now: float) -> list[int]:
+        """The [day, used] pair ``take_locked(name, ...)`` counts in (made if new), for :func:`take_planned`."""
+        used = self._used.get(name)
+        if used is None:
+            used = self._used[name] = [int(now // 86400), 0]
+        return used
+
+
+def take_planned(key: list[float] | None, quota: list[int] | None, per_day: int, model: list[float] | None,
+                 now: float, wall: float) -> tuple[int, float]:
+    """A key's bucket, its daily quota and a model's bucket (each None when it has none) taken in that
+    order, as three ``take_locked`` calls would: (0, 0.0) when granted, else (1 key, 2 quota or 3 model,
+    the wait), what was taken before the refusal staying taken. The same arithmetic as
+    TokenBuckets._take and DailyQuotas._take, in one call on objects found once (``bucket``,
+    ``counter``): this runs on every guarded request, where three lookups and calls showed."""
+    if key is not None:
+        tokens = key[2]
+        if now > key[3]:
+            tokens = min(key[1], tokens + (now - key[3]) * key[0])
+            key[3] = now
+        if tokens < 1.0:
+            key[2] = tokens
+            return 1, (1.0 - tokens) / key[0]
+        key[2] = tokens - 1.0
+    if quota is not None:
+        day = int(wall // 86400)
+        if quota[0] != day:
+            quota[0], quota[1] = day, 0
+        if quota[1] >= per_day:
+            return 2, (day + 1) * 86400 - wall
+        quota[1] += 1
+    if model is not None:
+        tokens = model[2]
+        if now > model[3]:
+            tokens = min(model[1], tokens + (now - model[3]) * model[0])
+            model[3] = now
+        if tokens < 1.0:
+            model[2] = tokens
+            return 3, (1.0 - tokens) / model[0]
+        model[2] = tokens - 1.0
+    return 0, 0.0
 
 
 def refuse(what: str, wait_s: float, fix: str) -> ResourceExhausted:
