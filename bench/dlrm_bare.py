@@ -13,6 +13,7 @@ step, on rank 0 (nothing before the window: process start, imports, planning, lo
 from __future__ import annotations
 
 import argparse
+import gc
 import glob
 import json
 import os
@@ -85,6 +86,8 @@ def main() -> None:
     b, gb = args.batch_size, args.batch_size * world
     steps = len(labels) // gb
     lengths = torch.ones(26 * b, dtype=torch.int32)
+    gc.collect()  # as examples/dlrm/train.py does before its steps
+    gc.freeze()
     start = None
     for step in range(steps):
         if step == args.untimed_steps:

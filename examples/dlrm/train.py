@@ -15,6 +15,7 @@ every rank's shards).
 from __future__ import annotations
 
 import argparse
+import gc
 import hashlib
 import json
 import logging
@@ -166,6 +167,12 @@ def main(argv: list[str] | None = None) -> int:
     # (and the CPU seconds this process spent in that window, all threads: a figure a busy machine blurs less)
     train_start, train_samples, run_steps = (time.perf_counter() if args.untimed_steps <= 0 else None), 0, 0
     cpu_start = time.process_time()
+    # Everything built so far (TorchRec, the planner's objects, MLflow's client and run, torchmetrics) lives
+    # as long as the job: out of the collector's way, or the first young-generation collections in the
+    # training steps walk the setup's survivors (rank 0: two gen-1 collections of ~13 ms each in a window of
+    # 400 steps at load 20, then one of ~1.3 ms; the bare loop, with no MLflow or torchmetrics, had none)
+    gc.collect()
+    gc.freeze()
     model.train()
     while reader.epoch < args.epochs:
         if args.limit_train_batches and reader.chunks >= args.limit_train_batches:

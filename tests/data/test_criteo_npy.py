@@ -115,3 +115,21 @@ def test_npy_reader_rows_follow_the_split_and_sharding_rule(tmp_path, split, per
                 assert value.dtype == expected.dtype and np.array_equal(value, expected), (rank, k, f)
                 assert value.flags.writeable and not isinstance(value.base, np.memmap)  # a copy, not the file
         assert r.epoch == 1 and r.chunks == 0
+
+
+def test_npy_rows_are_feature_major_and_match_tsv_with_mixed_table_sizes(tmp_path):
+    # mixed sizes hash with np.remainder, uniform ones with the scalar division: both must give the TSV
+    # reader's rows; the npy reader's sparse ids are a view of a feature-major array (the KJT's layout),
+    # writable and in memory (never the read-only map)
+    generate(tmp_path / "tsv", rows=600, files=1, seed=3)
+    convert(tmp_path / "tsv", tmp_path / "npy")
+    sizes = [7, 100] + [1000] * 12 + [2**33] * 12
+    kw = dict(rank=0, world_size=2, batch_size=32, num_embeddings_per_feature=sizes, validation_permille=100)
+    a, b = open_reader(tmp_path / "tsv", **kw), open_reader(tmp_path / "npy", **kw)
+    n = 0
+    while (rb := b.next_rows()) is not None:
+        ra = a.next_rows()
+        assert np.array_equal(ra.sparse, rb.sparse)
+        assert rb.sparse.T.flags.c_contiguous and rb.sparse.flags.writeable
+        n += 1
+    assert a.next_rows() is None and n > 5

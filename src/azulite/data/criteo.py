@@ -50,9 +50,22 @@ def category_ids(values: Sequence[str | bytes]) -> np.ndarray:
     return np.array([int(v, 16) if v else 0 for v in values], dtype=np.int64)
 
 
-def hash_ids(ids: np.ndarray, num_embeddings_per_feature: Sequence[int]) -> np.ndarray:
-    """Row of each id in its feature's table: ``id % num_embeddings`` (ids: ``[..., 26]`` int64)."""
-    return np.remainder(np.asarray(ids, dtype=np.int64), np.asarray(num_embeddings_per_feature, dtype=np.int64))
+def hash_ids(ids: np.ndarray, num_embeddings_per_feature: Sequence[int] | np.ndarray, *,
+             out: np.ndarray | None = None) -> np.ndarray:
+    """Row of each id in its feature's table: ``id % num_embeddings`` (ids: ``[..., 26]`` int64, the sizes
+    broadcast against them; ``out``: where to write, e.g. a feature-major array for ``ids.T``)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    n = np.asarray(num_embeddings_per_feature, dtype=np.int64)
+    first = int(n.flat[0]) if n.size else 0
+    if first > 0 and (n.size == 1 or not (n != first).any()):
+        # one size for every table: ids - (ids // n) * n with a scalar n, which numpy divides with
+        # libdivide (a multiply and a shift); np.remainder by an array of sizes runs a hardware division per
+        # element, ~5x the time (~35 vs ~7 us for a 256-row batch: a training step's reader cost). The same
+        # floor semantics as np.remainder for every int64, negative ids included.
+        q = np.floor_divide(ids, first)
+        q *= first
+        return np.subtract(ids, q, out=q if out is None else out)  # ``out`` may be ``ids`` itself
+    return np.remainder(ids, n, out=out)
 
 
 def hash_categories(values: Sequence[str | bytes], num_embeddings_per_feature: Sequence[int]) -> np.ndarray:

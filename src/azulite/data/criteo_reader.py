@@ -345,6 +345,7 @@ class CriteoNpyReader(_Stream):
     def __init__(self, prefixes: Sequence[str], **kw: Any) -> None:
         super().__init__(prefixes, **kw)
         self._arrays: tuple[np.ndarray, np.ndarray, np.ndarray] | None = None
+        self._sizes_column: np.ndarray | None = None  # the table sizes as [26, 1], against feature-major ids
 
     def _close(self) -> None:
         self._arrays = None
@@ -356,7 +357,10 @@ class CriteoNpyReader(_Stream):
         # once, with no index arrays built per step.
         if self._arrays is None or self._open_index != index:
             pre = self.files[index]
-            self._arrays = tuple(np.load(f"{pre}_{part}.npy", mmap_mode="r") for part in ("dense", "sparse", "labels"))
+            # plain ndarray views of the maps: slicing an np.memmap runs its Python __getitem__ and
+            # __array_finalize__ every time (the mmap stays alive through the views' base)
+            self._arrays = tuple(np.asarray(np.load(f"{pre}_{part}.npy", mmap_mode="r"))
+                                 for part in ("dense", "sparse", "labels"))
             self._open_index = index
         dense, sparse, labels = self._arrays
         total = len(labels)
@@ -379,9 +383,23 @@ class CriteoNpyReader(_Stream):
             return None, 0
         if not mine:
             return None, count
-        ids = _gather(sparse, mine)
         y = _gather(labels, mine, np.float32)[:, 0]
-        return Rows(_gather(dense, mine, np.float32), self._hash(ids), y, np.ones(len(y), np.float32)), count
+        return Rows(_gather(dense, mine, np.float32), self._hash_feature_major(sparse, mine), y,
+                    np.ones(len(y), np.float32)), count
+
+    def _hash_feature_major(self, sparse: np.ndarray, slices: list[slice]) -> np.ndarray:
+        """The table rows of ``slices`` of the raw ids, ``[rows, 26]`` as a view of a feature-major
+        ``[26, rows]`` array: the KeyedJaggedTensor's layout (all rows of cat_0, then cat_1...), so
+        :func:`azulite.workloads.dlrm.loop.to_batch` takes it without a copy. The ids are hashed
+        in place on that copy (numpy's scalar division is vectorized over contiguous memory only: hashing
+        the strided map straight into the output takes ~2x as long)."""
+        ids = sparse[slices[0]] if len(slices) == 1 else np.concatenate([sparse[s] for s in slices])
+        ids = np.array(ids.T, order="C")  # the one copy out of the map (always a copy: never the map itself)
+        if self.num_embeddings is None:
+            return ids.T
+        if self._sizes_column is None:
+            self._sizes_column = self.num_embeddings[:, None]
+        return hash_ids(ids, self._sizes_column, out=ids).T
 
     def _run(self, row: int, total: int) -> tuple[int, int]:
         """The run of wanted rows ``[lo, hi)`` that holds ``row``, or the next one after it
