@@ -10,7 +10,8 @@ Three measures, as issue 16 names them:
   resumed from the last committed checkpoint) — checkpoints on local disk, and on Blob storage (Azurite)
   when Azurite is installed (``scripts/install.sh --dev``).
 - **sweep**: wall seconds per trial of a grid sweep (``type: sweep``, one trial at a time) against running
-  each trial's command alone with torchrun, so the difference is what the sweep machinery costs a trial.
+  each trial's command alone with torchrun, so the difference is what the sweep machinery costs a trial;
+  and where a trial's seconds go, for both (``sweep_trial_breakdown_s``, ``torchrun_trial_breakdown_s``).
 
 Prints one JSON object as the last line.
 
@@ -280,20 +281,65 @@ limits: {{max_total_trials: {len(lrs)}, max_concurrent_trials: 1}}
 """
 
 
-def sweep_azulite(lrs: list[float], steps: int, workdir: Path, env: dict) -> float:
+def sweep_azulite(lrs: list[float], steps: int, workdir: Path, env: dict) -> tuple[float, list[dict]]:
     spec = workdir / "sweep.yaml"
     spec.write_text(sweep_yaml(lrs, steps))
     t0 = time.time()
-    az_run(str(spec), env=env)
-    return time.time() - t0
+    rec = az_run(str(spec), env=env)
+    t_end = time.time()
+    return t_end - t0, sweep_timeline(rec, t0, t_end, env)
 
 
-def sweep_torchrun(lrs: list[float], steps: int, workdir: Path) -> float:
+def sweep_timeline(rec: dict, t0: float, t_end: float, env: dict) -> list[dict]:
+    """Where each trial's seconds went, from the store's times, the rank records and rank 0's step stamps:
+    ``submit_s`` (the previous trial's end, or the submit command's start for the first, to the trial's
+    record: the CLI, the driver's start, the next trial's sampling and render), ``supervisor_s`` (to the
+    supervisor's "running": its start, the job's folders, the MLflow store), ``agent_s`` (to the first rank
+    runner: torchrun's agent, the rendezvous), ``to_first_step_s`` (the script's imports, init, the model),
+    ``steps_s``, ``exit_s`` (rank 0's last step to the last rank's end: the process group's end, the
+    metrics' exit drain), ``end_s`` (to the trial's recorded end: the agent's exit, the supervisor seeing it,
+    outputs), and for the last trial ``wait_s`` (to the submit command's return: the driver's end, ``--wait``
+    seeing it)."""
+    from azulite.launch.local.store import JobStore
+    from azulite.launch.local.sweeper import read_state
+    from azulite.launch.settings import Settings
+
+    store = JobStore(Settings.from_environ(env).db_path)
+    out, prev_end = [], t0
+    trials = read_state(rec["job_dir"])["trials"]
+    for i, tr in enumerate(trials):
+        job = store.get(tr["id"])
+        jd = Path(job.job_dir)
+        ranks = [json.loads(p.read_text()) for p in sorted(jd.glob("attempt-1/ranks/rank-*.json"))]
+        st = stamps((jd / "attempt-1" / "logs" / "rank-0.log").read_bytes())
+        first_rank = min(r["started_at"] for r in ranks)
+        last_exit = max(r["ended_at"] for r in ranks)
+        row = {"submit_s": job.created_at - prev_end, "supervisor_s": job.started_at - job.created_at,
+               "agent_s": first_rank - job.started_at, "to_first_step_s": st[0][1] - first_rank,
+               "steps_s": st[-1][1] - st[0][1], "exit_s": last_exit - st[-1][1], "end_s": job.ended_at - last_exit}
+        if i == len(trials) - 1:
+            row["wait_s"] = t_end - job.ended_at
+        out.append(row)
+        prev_end = job.ended_at
+    return out
+
+
+def sweep_torchrun(lrs: list[float], steps: int, workdir: Path) -> tuple[float, list[dict]]:
     t0 = time.time()
+    out = []
     for lr in lrs:
+        t_start = time.time()
         procs, logs = torchrun(1, 2, ["--steps", str(steps), "--lr", str(lr), "--checkpoint-every", "0"], workdir, ENV)
         assert procs[0].wait(timeout=600) == 0, f"torchrun failed:\n{log_tail(logs)}"
-    return time.time() - t0
+        t_exit = time.time()
+        st = stamps(logs[0].read_bytes())
+        out.append({"to_first_step_s": st[0][1] - t_start, "steps_s": st[-1][1] - st[0][1], "exit_s": t_exit - st[-1][1]})
+    return time.time() - t0, out
+
+
+def _mean_rows(rows: list[dict]) -> dict:
+    keys = dict.fromkeys(k for r in rows for k in r)
+    return {k: round(statistics.mean(r[k] for r in rows if k in r), 3) for k in keys}
 
 
 def main() -> None:
@@ -355,11 +401,13 @@ def main() -> None:
                         out.update({f"{n}_kill_{where}_{f}": round(m[n][f], 3) for f in ("restart_s", "startup_s")})
         if "sweep" in parts:
             lrs = [0.01 * (i + 1) for i in range(args.trials)]
-            t = sweep_torchrun(lrs, 20, tmp)
-            a = sweep_azulite(lrs, 20, tmp, env)
+            t, t_rows = sweep_torchrun(lrs, 20, tmp)
+            a, a_rows = sweep_azulite(lrs, 20, tmp, env)
             out.update({"trials": args.trials, "sweep_per_trial_s": round(a / args.trials, 3),
                         "torchrun_per_trial_s": round(t / args.trials, 3),
-                        "sweep_overhead_per_trial_s": round((a - t) / args.trials, 3)})
+                        "sweep_overhead_per_trial_s": round((a - t) / args.trials, 3),
+                        # where a trial's seconds go (means over the trials; sweep_timeline says what each is)
+                        "sweep_trial_breakdown_s": _mean_rows(a_rows), "torchrun_trial_breakdown_s": _mean_rows(t_rows)})
     out["load_1m_end"] = round(os.getloadavg()[0], 2)  # figures taken under load are not claims
     print(json.dumps(out))
 

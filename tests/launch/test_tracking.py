@@ -78,3 +78,44 @@ def test_log_metrics_rank0_only_and_a_noop_without_a_store(tmp_path):
     assert not (tmp_path / "m.db").exists()
     with pytest.raises(MetricsError, match="'loss' = 'high' is not a number"):
         log_metrics({"loss": "high"}, environ={"RANK": "0", "MLFLOW_TRACKING_URI": uri})
+
+
+def test_metric_history_from_the_jobs_own_store_is_what_mlflow_reads(tmp_path, monkeypatch):
+    """A sweep's driver reads each trial's objective straight from the trial's SQLite store (no MLflow
+    import in the driver): the same values in the same order as MLflow's client gives, NaN included,
+    deleted runs and other experiments' and metrics' values left out."""
+    import math
+    import shutil
+
+    from mlflow.entities import Metric
+    from mlflow.tracking import MlflowClient
+
+    from azulite.launch import tracking
+    from azulite.spec.job import JobSpec
+
+    spec = JobSpec.model_validate({"name": "exp-h", "command": "python train.py", "code": str(tmp_path)})
+    shutil.copyfile(tracking._template(), tmp_path / STORE_FILE)
+    uri = tracking.store_uri(tmp_path)
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.create_experiment(tracking.experiment_name(spec))
+    other = client.create_experiment("another")
+
+    def run(experiment, start, values, key="loss"):
+        run_id = client.create_run(experiment, start_time=start).info.run_id
+        client.log_batch(run_id, metrics=[Metric(key, v, ts, step) for step, v, ts in values], synchronous=True)
+        return run_id
+
+    run(exp, 2000, [(0, 5.0, 1)])  # a later attempt's run: after the first one's values
+    run(exp, 1000, [(2, 3.0, 1), (1, 4.0, 2), (3, float("nan"), 3), (2, 2.5, 4)])  # out of step order
+    client.delete_run(run(exp, 1500, [(0, 99.0, 1)]))
+    run(exp, 1200, [(0, 1.0, 1)], key="acc")
+    run(other, 500, [(0, 77.0, 1)])
+
+    def same(values):
+        return ["nan" if math.isnan(v) else v for v in values]
+
+    expected = [4.0, 3.0, 2.5, "nan", 5.0]
+    assert same(tracking._history_from_mlflow(uri, tracking.experiment_name(spec), "loss")) == expected
+    monkeypatch.setattr(tracking, "_history_from_mlflow", lambda *a: pytest.fail("read through MLflow"))
+    assert same(tracking.metric_history(spec, tmp_path, "loss")) == expected
+    assert tracking.metric_history(spec, tmp_path, "never-logged") == []

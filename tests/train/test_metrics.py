@@ -95,6 +95,39 @@ def test_only_the_writer_thread_writes_and_a_slow_store_never_holds_the_caller(j
     assert [s for s, _ in hist["loss"]] == [1, 2, 3, 4, 5] and hist["checkpoint_save_s"] == [(5, 0.25)]
 
 
+def test_init_starts_rank_0s_writer_connecting_without_waiting_and_early_values_keep_their_order(job, monkeypatch):
+    from azulite import train
+
+    # a connect that ends only when the test says, and a warm-up wait no test outlives: an init that
+    # waited for the writer would never return while the connect is held
+    monkeypatch.setattr(m, "WARM_UP_WAIT_S", 3600.0)
+    connecting, release = threading.Event(), threading.Event()
+    real = mw.MetricWriter._connect
+
+    def held(self):
+        connecting.set()
+        assert release.wait(120), "the test never released the connect"
+        return real(self)
+
+    monkeypatch.setattr(mw.MetricWriter, "_connect", held)
+    done = threading.Event()
+    threading.Thread(target=lambda: (train.init(), done.set()), daemon=True).start()
+    try:
+        assert done.wait(120), "train.init() waited for the metrics writer to connect"
+        assert connecting.wait(120), "train.init() did not start rank 0's writer"
+        writer = mw.current()
+        assert writer is not None and writer._client is None  # still connecting: training goes on
+        for step in (1, 2, 3):  # the first steps' values queue behind the connect
+            assert m.log_metrics({"loss": 1.0 / step}, step=step)
+        assert writer.written == 0
+    finally:
+        release.set()
+    assert m.flush(120)
+    hist = history(job)
+    assert hist["loss"] == [(1, 1.0), (2, 0.5), (3, pytest.approx(1 / 3))]
+    assert tensorboard_scalars(job)["loss"] == [1, 2, 3]
+
+
 def test_values_within_the_write_interval_go_to_the_store_in_one_transaction(job, monkeypatch):
     # an interval no test outlives: only the flush can make the writer write
     monkeypatch.setenv("AZULITE_METRICS_WRITE_INTERVAL_S", "3600")
@@ -205,12 +238,14 @@ def test_exit_is_bounded_when_the_store_hangs(job):
 SLOW_CONNECT = """
 import threading
 from azulite.train import metric_writer as mw, metrics
-mw.CLOSE_TIMEOUT_S = 0.2
+# a stall bound the store's own writes (the first log_batch, ending the run) stay well inside on a loaded
+# machine (with 0.2 s, at load 8 the first write after the connect was once taken for a stuck store)
+mw.CLOSE_TIMEOUT_S = 2.0
 real = mw.MetricWriter._connect
 logged = threading.Event()
 def slow(self):
     logged.wait()  # not connected before the value is queued and the exit has begun
-    threading.Event().wait(1.0)  # five stall bounds: the old exit gave up here
+    threading.Event().wait(6.0)  # three stall bounds: the old exit gave up here
     return real(self)
 mw.MetricWriter._connect = slow
 metrics.log_metrics({"objective": 0.25}, step=7)

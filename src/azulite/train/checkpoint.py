@@ -183,7 +183,7 @@ class Checkpointer:
                     self._hooks.append(opt.register_step_pre_hook(wait_staged_hook(self)))
         _commit_before_exit(self)
         if ctx.is_main:
-            warm_up()  # the metrics writer connects now, before the first step
+            warm_up(wait=0)  # the metrics writer connects on its thread (train.init started it already)
         self._failed_in_a_row = 0
         self.last_committed: int | None = None
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)

@@ -21,6 +21,7 @@ import torch.distributed as dist
 
 from azulite import contract
 from azulite.errors import LaunchError
+from azulite.train.metrics import warm_up
 
 Backend = Literal["auto", "gloo", "nccl"]
 
@@ -125,7 +126,11 @@ def init(
     available, else gloo. A single process (WORLD_SIZE unset or 1) gets no process group at all.
     All ranks use the same ``seed``: models start identical, data differs through the sampler.
     """
-    env = DistEnv.from_environ(os.environ if environ is None else environ)
+    mapping = os.environ if environ is None else environ
+    env = DistEnv.from_environ(mapping)
+    # rank 0's metrics writer starts connecting now, on its own thread: MLflow's import and the run's
+    # creation overlap the rendezvous, the model's build and the restore instead of preceding the first step
+    warm_up(mapping, wait=0)
     cuda = torch.cuda.is_available()
     if backend == "auto":
         backend = "nccl" if cuda else "gloo"

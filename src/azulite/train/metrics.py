@@ -100,21 +100,27 @@ def checkpoint_committed(step: int, save_seconds: float, *, environ: Mapping[str
         return False
 
 
-#: how long rank 0 waits at start for its writer to connect (import MLflow, open the store, start the run)
+#: how long :func:`warm_up` waits, when asked to, for rank 0's writer to connect (import MLflow, open the
+#: store, start the run)
 WARM_UP_WAIT_S = 20.0
 
 
-def warm_up(environ: Mapping[str, str] | None = None) -> None:
-    """Start rank 0's metrics writer and wait (at most :data:`WARM_UP_WAIT_S`) until it is connected: the
-    checkpointer calls it when built, before training. Waiting here puts MLflow's import and the run's
-    creation (1-2 CPU-seconds) before the first step; left to run beside the first steps, that thread took
-    CPU from the ranks sharing the node's cores (measured: the DDP example's mean step time +45% over 300
-    steps on 2 cores)."""
+def warm_up(environ: Mapping[str, str] | None = None, *, wait: float | None = None) -> None:
+    """Start rank 0's metrics writer, which connects on its own thread, and wait until it is connected: at
+    most ``wait`` seconds (:data:`WARM_UP_WAIT_S` when None; 0: no wait). ``train.init`` and the
+    checkpointer start it without waiting: MLflow's import and the run's creation (1-2 CPU-seconds) then
+    overlap the rendezvous and the restore instead of preceding a (re)started rank's first step, and values
+    logged meanwhile queue and are written, in order, once it is connected (the exit waits for a connect
+    in progress). A workload that would rather pay for it before its first step than beside its first
+    steps (the thread takes CPU from ranks sharing the node's cores) waits."""
     env = os.environ if environ is None else environ
     uri = env.get("MLFLOW_TRACKING_URI")
     try:
         if uri and global_rank(env) == 0 and importlib.util.find_spec("mlflow") is not None:
-            metric_writer.writer_for(uri, env).flush(WARM_UP_WAIT_S)
+            w = metric_writer.writer_for(uri, env)
+            wait = WARM_UP_WAIT_S if wait is None else wait
+            if wait > 0:
+                w.flush(wait)
     except MetricsError:
         pass
 

@@ -5,7 +5,10 @@ group kill of the agent alone does not reach them)."""
 
 from __future__ import annotations
 
+import os
+import select
 import signal
+import time
 from typing import Iterable
 
 import psutil
@@ -43,6 +46,30 @@ def terminate_tree(pids: Iterable[int], grace_s: float, *, extra: Iterable[psuti
     signal_all(alive.values(), signal.SIGKILL)
     psutil.wait_procs(list(alive.values()), timeout=5)
     return sorted(alive)
+
+
+def wait_any_exit(pids: Iterable[int], timeout: float) -> bool:
+    """Wait until one of ``pids`` has exited (True) or ``timeout`` passed (False), woken by the exit itself
+    (Linux pidfds), not at the next tick of a polling interval: a job's end is seen when it happens. Works
+    for any process of this user, not only children; an exited child stays waitable (its zombie holds the
+    pid until it is reaped). Where pidfds are missing (kernel < 5.3) it sleeps ``timeout``."""
+    fds: list[int] = []
+    try:
+        for pid in pids:
+            try:
+                fds.append(os.pidfd_open(pid))
+            except ProcessLookupError:
+                return True  # gone already
+            except (OSError, AttributeError):
+                time.sleep(timeout)
+                return False
+        if not fds:
+            time.sleep(timeout)
+            return False
+        return bool(select.select(fds, [], [], timeout)[0])
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def pid_alive(pid: int | None) -> bool:

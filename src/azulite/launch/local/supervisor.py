@@ -36,7 +36,7 @@ import psutil
 from azulite.contract import ENV_ATTEMPT, ENV_JOB_ID, EXIT_PREEMPTED
 from azulite.errors import AzuliteError, LaunchError
 from azulite.launch.local.nodes import take_requests, write_reply
-from azulite.launch.local.procs import signal_all, terminate_tree, tree
+from azulite.launch.local.procs import signal_all, terminate_tree, tree, wait_any_exit
 from azulite.launch.local.rank import shell_exit_code
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import (
@@ -408,7 +408,9 @@ class Supervisor:
                     self.store.event(self.job_id, f"rank(s) {lost} lost after a node finished: the group cannot "
                                      f"re-form; stopping {', '.join(running)}")
                     terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
-            time.sleep(POLL_S)
+            # woken at once by an agent's exit (the attempt's end seen when it happens); the interval only
+            # paces the looks at the store (cancel, preempt, node requests) and the rank records
+            wait_any_exit([procs[n].pid for n in running], POLL_S)
         out.exits = exits
         out.results = strategy.collect(ctx, exits)
         return out

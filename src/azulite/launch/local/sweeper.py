@@ -24,6 +24,7 @@ from typing import Any
 from azulite.errors import AzuliteError, SweepError
 from azulite.launch.backend import get_backend
 from azulite.launch.early_stop import due_at, should_stop
+from azulite.launch.local.procs import wait_any_exit
 from azulite.launch.local.store import JobStore
 from azulite.launch.records import JobState
 from azulite.launch.sampling import Sampler, better, make_sampler
@@ -46,6 +47,7 @@ class Trial:
     early_terminated: bool = False
     evaluated: int = 0  # the last evaluation point (report count) the policy looked at
     token: Any = None
+    supervisor_pid: int | None = None  # the trial's own supervisor, once it has recorded itself
 
 
 def read_state(job_dir: str | Path) -> dict[str, Any] | None:
@@ -118,7 +120,10 @@ class Sweeper:
                     return JobState.FAILED, f"no trial reported {spec.objective.primary_metric!r}"
                 return JobState.SUCCEEDED, (f"{len(self.trials)} trial(s); best {best.id}: "
                                             f"{spec.objective.primary_metric}={best.metric:g} {best.values}")
-            time.sleep(POLL_S)
+            # a trial's end wakes this at once (its supervisor exits right after recording it): the next
+            # trial starts then, not at the next tick; the interval paces the metric reads of running
+            # trials (early termination) and the looks for a cancel
+            wait_any_exit([t.supervisor_pid for t in running if t.supervisor_pid], POLL_S)
 
     def _submit(self, spec: SweepSpec, values: dict[str, Any]) -> str:
         job = spec.trial_spec(values)
@@ -136,6 +141,9 @@ class Sweeper:
             if t.state != "running":
                 continue
             rec = self.backend.status(t.id)
+            t.supervisor_pid = rec.supervisor_pid
+            if not rec.state.terminal and spec.early_termination is None:
+                continue  # its reports matter only to a policy, or once it has ended
             t.reports = metric_history(JobSpec.model_validate(rec.spec), rec.job_dir, metric)
             if not rec.state.terminal:
                 continue

@@ -1,0 +1,59 @@
+"""Waiting for a process's end (``procs.wait_any_exit``): woken by the exit itself, for a child and for a
+process of another parent (a sweep's driver waits on its trials' detached supervisors)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import threading
+
+from azulite.launch.local.procs import wait_any_exit
+
+# reads a FIFO to its end: it exits when the test closes the writing side, at a moment the test picks
+READER = "import sys; open(sys.argv[1]).read()"
+
+
+def _waits_until_exit(pid: int, release) -> None:
+    """A wait far longer than any test runs returns once ``release()`` ends the process: only the exit can
+    have woken it."""
+    assert wait_any_exit([pid], 0) is False  # alive: a zero wait says so
+    result: list[bool] = []
+    done = threading.Event()
+    threading.Thread(target=lambda: (result.append(wait_any_exit([os.getpid(), pid], 3600)), done.set()),
+                     daemon=True).start()
+    release()
+    assert done.wait(120), "the wait was not woken by the process's exit"
+    assert result == [True]
+
+
+def test_a_childs_exit_wakes_the_wait(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    child = subprocess.Popen([sys.executable, "-c", READER, str(fifo)])
+    writer = open(fifo, "w")  # blocks until the child has opened its end
+    try:
+        _waits_until_exit(child.pid, writer.close)
+    finally:
+        writer.close()
+        assert child.wait(120) == 0
+
+
+def test_the_exit_of_a_process_of_another_parent_wakes_the_wait(tmp_path):
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    # a double fork, as a detached supervisor is started: the reader is re-parented, not our child
+    spawn = ("import subprocess, sys; print(subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]], "
+             "start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL).pid)")
+    out = subprocess.run([sys.executable, "-c", spawn, READER, str(fifo)], capture_output=True, text=True, timeout=120)
+    pid = int(out.stdout)
+    writer = open(fifo, "w")
+    try:
+        _waits_until_exit(pid, writer.close)
+    finally:
+        writer.close()
+    assert wait_any_exit([pid], 0) is True  # gone (reaped by init): at once
+
+
+def test_no_pids_waits_the_timeout_and_says_no_exit():
+    assert wait_any_exit([], 0) is False
