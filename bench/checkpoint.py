@@ -89,17 +89,21 @@ def _raw_write(path: Path, nbytes: int) -> None:
         os.fsync(f.fileno())
 
 
-def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
-    """--restore-only: one save, then restores against torch.load of the same state, cold and warm, the two
-    interleaved round by round (other load on the machine hits both alike); medians and every round."""
+def _rank_setup(rank: int, world: int, port: int, args: argparse.Namespace):
+    """One rank of the bench: its process group, the model under DDP and its Adam optimizer."""
     env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
            "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
     torch.set_num_threads(1)
     ctx = train.init(env, seed=0)
-    root = Path(args.dir)
     model = _model(args.mb)
     ddp = DDP(model)
-    opt = torch.optim.Adam(ddp.parameters(), lr=1e-4)
+    return ctx, Path(args.dir), model, ddp, torch.optim.Adam(ddp.parameters(), lr=1e-4)
+
+
+def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
+    """--restore-only: one save, then restores against torch.load of the same state, cold and warm, the two
+    interleaved round by round (other load on the machine hits both alike); medians and every round."""
+    ctx, root, model, ddp, opt = _rank_setup(rank, world, port, args)
     opt.zero_grad(set_to_none=True)
     ddp(torch.randn(args.batch, WIDTH)).square().mean().backward()
     opt.step()
@@ -159,14 +163,7 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
 
 
 def worker(rank: int, world: int, port: int, args: argparse.Namespace, out: str) -> None:
-    env = {"RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
-           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
-    torch.set_num_threads(1)
-    ctx = train.init(env, seed=0)
-    root = Path(args.dir)
-    model = _model(args.mb)
-    ddp = DDP(model)
-    opt = torch.optim.Adam(ddp.parameters(), lr=1e-4)
+    ctx, root, model, ddp, opt = _rank_setup(rank, world, port, args)
     x = torch.randn(args.batch, WIDTH)
 
     def step() -> None:

@@ -56,3 +56,26 @@ def test_strategy_registry():
 
     with pytest.raises(ValueError, match="already registered"):
         register_strategy(Dup)
+
+
+def test_a_local_waiter_is_woken_by_the_supervisors_exit(tmp_path):
+    """`job wait` / `submit --wait` look at a job once a second; the job's end (its supervisor exiting after
+    writing the last state) wakes them at once instead of at the next look."""
+    import subprocess
+    import sys
+    import threading
+
+    from azulite.launch.records import JobRecord, JobState
+
+    b = get_backend("local", Settings(home=tmp_path))
+    supervisor = subprocess.Popen([sys.executable, "-c", "import sys; sys.stdin.read()"], stdin=subprocess.PIPE)
+    rec = JobRecord(id="j-1", name="j", backend="local", state=JobState.RUNNING, attempt=0, created_at=0.0,
+                    started_at=None, ended_at=None, exit_code=None, reason=None, spec={}, spec_path=None,
+                    environment=None, job_dir=str(tmp_path), supervisor_pid=supervisor.pid)
+    woken = threading.Event()
+    waiter = threading.Thread(target=lambda: (b.wait_for_change(rec, 3600.0), woken.set()), daemon=True)
+    waiter.start()
+    assert not woken.wait(0.2)  # a live supervisor keeps it waiting
+    supervisor.stdin.close()  # the supervisor ends
+    assert woken.wait(120), "the waiter slept on after the supervisor exited"
+    supervisor.wait()

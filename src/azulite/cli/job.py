@@ -238,6 +238,7 @@ def submit(
     raise typer.Exit(outcome_exit_code(rec))
 
 
+WAIT_LOOK_S = 1.0  # a waiter's look at the job (state, progress); the job's end wakes a local waiter at once
 PROGRESS_EVERY_S = 10.0  # not a terminal (a CI log): a progress line at most this often, when it changed
 
 
@@ -261,7 +262,7 @@ def _wait(b: Backend, rec: JobRecord, *, quiet: bool) -> JobRecord:
                 shown, shown_at = progress, time.monotonic()
             if rec.state.terminal:
                 return rec
-            time.sleep(0.3)
+            b.wait_for_change(rec, WAIT_LOOK_S)
 
 
 @app.command("wait")
@@ -305,7 +306,7 @@ def wait_(
             console.err().print(f"[yellow]timed out[/] after {timeout:g} s waiting for {what} "
                                 f"(state {rec.state.value})")
             raise typer.Exit(124)
-        time.sleep(0.5 if checkpoint else 0.3)
+        b.wait_for_change(rec, WAIT_LOOK_S)
 
 
 @app.command("list")

@@ -77,6 +77,12 @@ class Backend(ABC):
     def status(self, job_id: str) -> JobRecord:
         return self._status_impl(job_id)
 
+    def wait_for_change(self, rec: JobRecord, timeout_s: float) -> None:
+        """Block up to ``timeout_s`` between two looks at a job (``job wait``, ``submit --wait``). Here a
+        plain pause; a backend that can be woken by the job's end overrides it, so a waiter looks rarely
+        and still sees the end when it happens."""
+        time.sleep(timeout_s)
+
     def list(self, limit: int = 50) -> list[JobRecord]:
         return self._list_impl(limit)
 

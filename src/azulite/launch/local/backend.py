@@ -23,7 +23,7 @@ from azulite.errors import LaunchError
 from azulite.launch.backend import Backend, register_backend
 from azulite.launch.data import check_inputs
 from azulite.launch.local.nodes import NodeView, node_view, wait_reply, write_request
-from azulite.launch.local.procs import pid_alive, terminate_tree
+from azulite.launch.local.procs import pid_alive, terminate_tree, wait_any_exit
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import get_strategy
 from azulite.launch.local.supervisor import build_context, job_processes, retries_used
@@ -121,6 +121,16 @@ class LocalBackend(Backend):
                 self._recover(rec)
                 rec = self.store.get(job_id)
         return rec
+
+    def wait_for_change(self, rec: JobRecord, timeout_s: float) -> None:
+        """Woken by the supervisor's exit (it writes the job's last state, then exits), else after
+        ``timeout_s``: a waiter's look every 0.3 s cost ~8 ms of CPU per second, taken from the job's ranks
+        on a small machine."""
+        pid = rec.supervisor_pid
+        if pid is not None and pid > 0 and not rec.state.terminal:
+            wait_any_exit([pid], timeout_s)
+        else:
+            time.sleep(timeout_s)
 
     def _recover(self, rec: JobRecord) -> None:
         """A job whose supervisor died (killed, or the machine restarted): end what is left of its attempt
