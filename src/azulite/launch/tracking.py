@@ -112,24 +112,31 @@ def last_metrics(spec: JobSpec, job_dir: str | Path, *, job_id: str | None = Non
                            where=uri, fix="check that the tracking store is reachable") from None
 
 
-def _latest_from_sqlite(path: str, experiment: str) -> dict[str, dict[str, Any]] | None:
-    """The job's own store read directly, read-only: `job show` answers in milliseconds instead of paying
-    for importing MLflow (~1 s, far more on a busy machine, for every look at a running job). It reads
-    MLflow's own ``latest_metrics`` table (MLflow's "latest": the highest step, then the newest); None when
-    the schema is not what this expects, and the caller asks MLflow itself."""
+def _query_store(path: str, sql: str, params: tuple) -> list[tuple] | None:
+    """Rows of one query on a job's MLflow SQLite store opened read-only; None when the store cannot
+    answer it (not MLflow's schema, locked past the timeout, not a database)."""
     import sqlite3
 
     try:
         db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
         try:
-            rows = db.execute(
-                "SELECT lm.key, lm.value, lm.step, lm.timestamp FROM latest_metrics lm "
-                "JOIN runs r ON r.run_uuid = lm.run_uuid JOIN experiments e ON e.experiment_id = r.experiment_id "
-                "WHERE e.name = ? AND r.lifecycle_stage = 'active' ORDER BY r.start_time, r.run_uuid",
-                (experiment,)).fetchall()
+            return db.execute(sql, params).fetchall()
         finally:
             db.close()
     except sqlite3.Error:
+        return None
+
+
+def _latest_from_sqlite(path: str, experiment: str) -> dict[str, dict[str, Any]] | None:
+    """The job's own store read directly, read-only: `job show` answers in milliseconds instead of paying
+    for importing MLflow (~1 s, far more on a busy machine, for every look at a running job). It reads
+    MLflow's own ``latest_metrics`` table (MLflow's "latest": the highest step, then the newest); None when
+    the schema is not what this expects, and the caller asks MLflow itself."""
+    rows = _query_store(
+        path, "SELECT lm.key, lm.value, lm.step, lm.timestamp FROM latest_metrics lm "
+        "JOIN runs r ON r.run_uuid = lm.run_uuid JOIN experiments e ON e.experiment_id = r.experiment_id "
+        "WHERE e.name = ? AND r.lifecycle_stage = 'active' ORDER BY r.start_time, r.run_uuid", (experiment,))
+    if rows is None:
         return None
     # a requeued attempt is a later run: its values win
     return {key: {"value": value, "step": step, "timestamp": ts} for key, value, step, ts in rows}
@@ -154,19 +161,12 @@ def _history_from_sqlite(path: str, experiment: str, name: str) -> list[float] |
     driver ~1.5 CPU-seconds (and each trial's store another engine and schema check) beside the trials'
     ranks on the same cores. Values as MLflow's client gives them (a NaN is stored as 0 with ``is_nan``);
     None when the schema is not what this expects."""
-    import sqlite3
-
-    try:
-        db = sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)
-        try:
-            rows = db.execute(
-                "SELECT m.value, m.is_nan FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
-                "JOIN experiments e ON e.experiment_id = r.experiment_id "
-                "WHERE e.name = ? AND m.key = ? AND r.lifecycle_stage = 'active' "
-                "ORDER BY r.start_time, r.run_uuid, m.step, m.timestamp", (experiment, name)).fetchall()
-        finally:
-            db.close()
-    except sqlite3.Error:
+    rows = _query_store(
+        path, "SELECT m.value, m.is_nan FROM metrics m JOIN runs r ON r.run_uuid = m.run_uuid "
+        "JOIN experiments e ON e.experiment_id = r.experiment_id "
+        "WHERE e.name = ? AND m.key = ? AND r.lifecycle_stage = 'active' "
+        "ORDER BY r.start_time, r.run_uuid, m.step, m.timestamp", (experiment, name))
+    if rows is None:
         return None
     return [float("nan") if is_nan else float(value) for value, is_nan in rows]
 
