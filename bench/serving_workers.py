@@ -122,10 +122,16 @@ def tree_cpu_s(pid: int) -> float:
     return sum(tree_cpu(pid).values())
 
 
-def inference_count(http_port: int, model: str) -> int:
+def counts(http_port: int, model: str) -> tuple[int, int]:
+    """(inferences, batches executed) so far, from the server's own statistics (Triton's format on both)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/{model}/stats", timeout=30) as r:
         doc = json.loads(r.read())
-    return sum(int(s.get("inference_count", 0)) for s in doc["model_stats"])
+    return (sum(int(s.get("inference_count", 0)) for s in doc["model_stats"]),
+            sum(int(s.get("execution_count", 0)) for s in doc["model_stats"]))
+
+
+def inference_count(http_port: int, model: str) -> int:
+    return counts(http_port, model)[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -182,7 +188,7 @@ def main(argv: list[str] | None = None) -> None:
                         for name, point_model in runs:
                             proc, http_port, grpc_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
-                            n0, cpu0, t0 = inference_count(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
+                            (n0, b0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
                             pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -190,17 +196,19 @@ def main(argv: list[str] | None = None) -> None:
                             cpu1 = tree_cpu(proc.pid)
                             roles = {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1}
                             cpu = sum(roles.values())
-                            n = inference_count(http_port, point_model) - n0
+                            n1, b1 = counts(http_port, point_model)
+                            n, batches = n1 - n0, b1 - b0
                             if "error" not in r and n > 0:
                                 load = (pa1.ru_utime + pa1.ru_stime) - (pa0.ru_utime + pa0.ru_stime)
                                 # the CPU each side used: the server by role, and the load generator
-                                r.update(cpu_s_per_1k=round(cpu / n * 1000, 4),
+                                # the batches each server formed (a GIL-bound model's time is per batch)
+                                r.update(cpu_s_per_1k=round(cpu / n * 1000, 4), batch_avg=round(n / max(batches, 1), 2),
                                          cores={"server": round(cpu / wall, 2), "load_generator": round(load / wall, 2),
                                                 **{f"server_{k}": round(v / wall, 2) for k, v in sorted(roles.items())}},
                                          cpu_us_per_inference_by_role={k: round(v / n * 1e6, 1) for k, v in sorted(roles.items())})
                             figures[name][f"{point_model}_{protocol}_c{c}"] = r
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
-                                     f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  cores {r.get('cores')}"
+                                     f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  batch {r.get('batch_avg')}  cores {r.get('cores')}"
                                      if "error" not in r else f"error: {r['error']}")
                             print(f"  {name:10s} {point_model:17s} {protocol:4s} c={c:<3d} {shown}", flush=True)
         finally:
