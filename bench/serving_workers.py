@@ -19,6 +19,15 @@ over the same run). perf_analyzer is pinned (taskset) to the last core; the serv
 one JSON object with the ratios and goals: >= 1.0x Triton's throughput everywhere, CPU per inference
 <= Triton's, and on gil_py ``--workers 2`` >= 1.6x ``--workers 1``.
 
+Per point also the batches each server formed (``batch_avg``: inferences / executions, from its own
+statistics) and how busy its instances were (``instance_busy``: the model's execution time summed over
+batch_stats, over the point's wall time and the model's instance count; below 1, an instance waited for
+a batch). Not the same clock on both: Triton's Python backend times an execution in the server around
+its round trip to the stub (the crossing and the stub's wake-up included), azulite in the instance process
+around the model's execute (neither included), so at equal idle time Triton's reads higher. With a model
+whose time is per batch (gil_py), these two and the CPU per inference by role are what say where one
+server answers less than the other.
+
 Per point the server's CPU is also split by role (``cores`` and ``cpu_us_per_inference_by_role``: main,
 host, frontends, instances; Triton's Python stubs count as its instances), which is what the arithmetic of
 the ``--workers 2`` / ``--workers 1`` goal needs. ``--ab-src OTHER/src`` serves ``--workers 1`` and ``2``
@@ -122,12 +131,18 @@ def tree_cpu_s(pid: int) -> float:
     return sum(tree_cpu(pid).values())
 
 
-def counts(http_port: int, model: str) -> tuple[int, int]:
-    """(inferences, batches executed) so far, from the server's own statistics (Triton's format on both)."""
+#: instances per model (instance_group count), for how busy each was
+INSTANCES = {"bench_matmul": 1, "gil_py": 2, "gil_py_threads": 2, "bench_matmul_proc": 1}
+
+
+def counts(http_port: int, model: str) -> tuple[int, int, int]:
+    """(inferences, batches executed, ns the model spent executing them) so far, from the server's own
+    statistics (Triton's format on both; the time summed over batch_stats, once per batch)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/{model}/stats", timeout=30) as r:
         doc = json.loads(r.read())
     return (sum(int(s.get("inference_count", 0)) for s in doc["model_stats"]),
-            sum(int(s.get("execution_count", 0)) for s in doc["model_stats"]))
+            sum(int(s.get("execution_count", 0)) for s in doc["model_stats"]),
+            sum(int(b.get("compute_infer", {}).get("ns", 0)) for s in doc["model_stats"] for b in s.get("batch_stats", ())))
 
 
 def inference_count(http_port: int, model: str) -> int:
@@ -188,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
                         for name, point_model in runs:
                             proc, http_port, grpc_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
-                            (n0, b0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
+                            (n0, b0, e0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
                             pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -196,19 +211,22 @@ def main(argv: list[str] | None = None) -> None:
                             cpu1 = tree_cpu(proc.pid)
                             roles = {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1}
                             cpu = sum(roles.values())
-                            n1, b1 = counts(http_port, point_model)
+                            n1, b1, e1 = counts(http_port, point_model)
                             n, batches = n1 - n0, b1 - b0
                             if "error" not in r and n > 0:
                                 load = (pa1.ru_utime + pa1.ru_stime) - (pa0.ru_utime + pa0.ru_stime)
                                 # the CPU each side used: the server by role, and the load generator
                                 # the batches each server formed (a GIL-bound model's time is per batch)
+                                # and how busy their instances were (the model's own time over the run's wall time,
+                                # per instance): below 1 an instance sat idle while requests were on their way
                                 r.update(cpu_s_per_1k=round(cpu / n * 1000, 4), batch_avg=round(n / max(batches, 1), 2),
+                                         instance_busy=round((e1 - e0) / 1e9 / wall / INSTANCES[point_model], 3),
                                          cores={"server": round(cpu / wall, 2), "load_generator": round(load / wall, 2),
                                                 **{f"server_{k}": round(v / wall, 2) for k, v in sorted(roles.items())}},
                                          cpu_us_per_inference_by_role={k: round(v / n * 1e6, 1) for k, v in sorted(roles.items())})
                             figures[name][f"{point_model}_{protocol}_c{c}"] = r
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
-                                     f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  batch {r.get('batch_avg')}  cores {r.get('cores')}"
+                                     f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  batch {r.get('batch_avg')}  busy {r.get('instance_busy')}  cores {r.get('cores')}"
                                      if "error" not in r else f"error: {r['error']}")
                             print(f"  {name:10s} {point_model:17s} {protocol:4s} c={c:<3d} {shown}", flush=True)
         finally:
