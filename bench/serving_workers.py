@@ -44,6 +44,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -125,6 +126,42 @@ def tree_cpu(pid: int) -> dict[str, float]:
             by_role[role] = by_role.get(role, 0.0) + sum(int(stats[p][i]) for i in (11, 12, 13, 14)) / TICK
         stack += kids.get(p, [])
     return by_role
+
+
+def kill_strays(work: Path, grace_s: float = 5.0) -> list[int]:
+    """End every process still naming this run's folder in its command line, and unlink the /dev/shm
+    regions such a process names: a tritonserver that aborts while starting leaves its Python stubs
+    running, orphaned (seen here: SIGABRT at start-up, two stubs still up 12 minutes later; they ignore
+    SIGTERM, hence the SIGKILL after ``grace_s``)."""
+    mark = str(work).encode()
+
+    def naming() -> dict[int, bytes]:
+        out = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if mark in cmd:
+                    out[int(entry)] = cmd
+        return out
+
+    found = naming()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in naming() if sig == signal.SIGKILL else found:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and time.monotonic() < deadline and naming():
+            time.sleep(0.1)
+    for cmd in found.values():
+        for arg in cmd.split(b"\0"):
+            if arg.startswith(b"triton_python_backend_shm_region_") and b"/" not in arg:
+                Path("/dev/shm", arg.decode()).unlink(missing_ok=True)
+    return sorted(found)
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -296,6 +333,9 @@ def main(argv: list[str] | None = None) -> None:
                           "ab_over_base": base,
                           "goals": goals}))
     finally:
+        strays = kill_strays(work)
+        if strays:
+            print(f"ended {len(strays)} process(es) the servers left behind: {strays}", file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)
 
 
