@@ -128,11 +128,12 @@ def tree_cpu(pid: int) -> dict[str, float]:
     return by_role
 
 
-def kill_strays(work: Path, grace_s: float = 5.0) -> list[int]:
-    """End every process still naming this run's folder in its command line, and unlink the /dev/shm
-    regions such a process names: a tritonserver that aborts while starting leaves its Python stubs
-    running, orphaned (seen here: SIGABRT at start-up, two stubs still up 12 minutes later; they ignore
-    SIGTERM, hence the SIGKILL after ``grace_s``)."""
+def kill_strays(work: Path, grace_s: float = 5.0, *, orphans_only: bool = False) -> list[int]:
+    """End every process still naming this run's folder in its command line (``orphans_only``: only those
+    whose parent is gone, while other servers of the run still serve), and unlink the /dev/shm regions
+    such a process names: a tritonserver that aborts while starting leaves its Python stubs running,
+    orphaned (seen here: SIGABRT at start-up, two stubs still up 12 minutes later; they ignore SIGTERM,
+    hence the SIGKILL after ``grace_s``)."""
     mark = str(work).encode()
 
     def naming() -> dict[int, bytes]:
@@ -143,7 +144,7 @@ def kill_strays(work: Path, grace_s: float = 5.0) -> list[int]:
                     cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
                 except OSError:
                     continue
-                if mark in cmd:
+                if mark in cmd and (not orphans_only or _parent(int(entry)) == 1):
                     out[int(entry)] = cmd
         return out
 
@@ -162,6 +163,13 @@ def kill_strays(work: Path, grace_s: float = 5.0) -> list[int]:
             if arg.startswith(b"triton_python_backend_shm_region_") and b"/" not in arg:
                 Path("/dev/shm", arg.decode()).unlink(missing_ok=True)
     return sorted(found)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
 
 
 def tree_cpu_s(pid: int) -> float:
@@ -222,13 +230,24 @@ def main(argv: list[str] | None = None) -> None:
         try:
             names = ["triton", "azulite_w1", "base_w1", "azulite_w2", "base_w2"]
             for name in names if args.ab_src else [n for n in names if not n.startswith("base_")]:
-                http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-                extra = () if name == "triton" else ("--workers", name[-1])
-                cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)
-                if name.startswith("base_"):  # env execs the server: its pid is the server's
-                    cmd = ["env", f"PYTHONPATH={Path(args.ab_src).resolve()}", *cmd]
-                print(f"starting {name} ...", flush=True)
-                servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
+                for attempt in (1, 2):
+                    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+                    extra = () if name == "triton" else ("--workers", name[-1])
+                    cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)
+                    if name.startswith("base_"):  # env execs the server: its pid is the server's
+                        cmd = ["env", f"PYTHONPATH={Path(args.ab_src).resolve()}", *cmd]
+                    print(f"starting {name} ...", flush=True)
+                    try:
+                        servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
+                        break
+                    except (RuntimeError, TimeoutError) as exc:
+                        if attempt == 2:
+                            raise
+                        # once more (seen once here: tritonserver aborted at start-up, then started fine),
+                        # its orphans ended first; the end of its log shown (the run's folder goes at the end)
+                        tail = (work / f"{name}.log").read_text(errors="replace")[-600:]
+                        kill_strays(work, orphans_only=True)
+                        print(f"  {name} did not start ({exc}): once more; its log ended with:\n{tail}", flush=True)
                 figures[name] = {}
             # every server stays up; each point is measured on one, then the next, so a change in the
             # machine's load between points hits all of them alike
