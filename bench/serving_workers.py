@@ -19,6 +19,15 @@ over the same run). perf_analyzer is pinned (taskset) to the last core; the serv
 one JSON object with the ratios and goals: >= 1.0x Triton's throughput everywhere, CPU per inference
 <= Triton's, and on gil_py ``--workers 2`` >= 1.6x ``--workers 1``.
 
+Per point also the batches each server formed (``batch_avg``: inferences / executions, from its own
+statistics) and how busy its instances were (``instance_busy``: the model's execution time summed over
+batch_stats, over the point's wall time and the model's instance count; below 1, an instance waited for
+a batch). Not the same clock on both: Triton's Python backend times an execution in the server around
+its round trip to the stub (the crossing and the stub's wake-up included), azulite in the instance process
+around the model's execute (neither included), so at equal idle time Triton's reads higher. With a model
+whose time is per batch (gil_py), these two and the CPU per inference by role are what say where one
+server answers less than the other.
+
 Per point the server's CPU is also split by role (``cores`` and ``cpu_us_per_inference_by_role``: main,
 host, frontends, instances; Triton's Python stubs count as its instances), which is what the arithmetic of
 the ``--workers 2`` / ``--workers 1`` goal needs. ``--ab-src OTHER/src`` serves ``--workers 1`` and ``2``
@@ -35,6 +44,7 @@ import json
 import os
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -118,14 +128,70 @@ def tree_cpu(pid: int) -> dict[str, float]:
     return by_role
 
 
+def kill_strays(work: Path, grace_s: float = 5.0, *, orphans_only: bool = False) -> list[int]:
+    """End every process still naming this run's folder in its command line (``orphans_only``: only those
+    whose parent is gone, while other servers of the run still serve), and unlink the /dev/shm regions
+    such a process names: a tritonserver that aborts while starting leaves its Python stubs running,
+    orphaned (seen here: SIGABRT at start-up, two stubs still up 12 minutes later; they ignore SIGTERM,
+    hence the SIGKILL after ``grace_s``)."""
+    mark = str(work).encode()
+
+    def naming() -> dict[int, bytes]:
+        out = {}
+        for entry in os.listdir("/proc"):
+            if entry.isdigit() and int(entry) != os.getpid():
+                try:
+                    cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
+                except OSError:
+                    continue
+                if mark in cmd and (not orphans_only or _parent(int(entry)) == 1):
+                    out[int(entry)] = cmd
+        return out
+
+    found = naming()
+    for sig in (signal.SIGTERM, signal.SIGKILL):
+        for pid in naming() if sig == signal.SIGKILL else found:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + grace_s
+        while sig == signal.SIGTERM and time.monotonic() < deadline and naming():
+            time.sleep(0.1)
+    for cmd in found.values():
+        for arg in cmd.split(b"\0"):
+            if arg.startswith(b"triton_python_backend_shm_region_") and b"/" not in arg:
+                Path("/dev/shm", arg.decode()).unlink(missing_ok=True)
+    return sorted(found)
+
+
+def _parent(pid: int) -> int:
+    try:
+        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+        return -1
+
+
 def tree_cpu_s(pid: int) -> float:
     return sum(tree_cpu(pid).values())
 
 
-def inference_count(http_port: int, model: str) -> int:
+#: instances per model (instance_group count), for how busy each was
+INSTANCES = {"bench_matmul": 1, "gil_py": 2, "gil_py_threads": 2, "bench_matmul_proc": 1}
+
+
+def counts(http_port: int, model: str) -> tuple[int, int, int]:
+    """(inferences, batches executed, ns the model spent executing them) so far, from the server's own
+    statistics (Triton's format on both; the time summed over batch_stats, once per batch)."""
     with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/{model}/stats", timeout=30) as r:
         doc = json.loads(r.read())
-    return sum(int(s.get("inference_count", 0)) for s in doc["model_stats"])
+    return (sum(int(s.get("inference_count", 0)) for s in doc["model_stats"]),
+            sum(int(s.get("execution_count", 0)) for s in doc["model_stats"]),
+            sum(int(b.get("compute_infer", {}).get("ns", 0)) for s in doc["model_stats"] for b in s.get("batch_stats", ())))
+
+
+def inference_count(http_port: int, model: str) -> int:
+    return counts(http_port, model)[0]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -164,13 +230,24 @@ def main(argv: list[str] | None = None) -> None:
         try:
             names = ["triton", "azulite_w1", "base_w1", "azulite_w2", "base_w2"]
             for name in names if args.ab_src else [n for n in names if not n.startswith("base_")]:
-                http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-                extra = () if name == "triton" else ("--workers", name[-1])
-                cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)
-                if name.startswith("base_"):  # env execs the server: its pid is the server's
-                    cmd = ["env", f"PYTHONPATH={Path(args.ab_src).resolve()}", *cmd]
-                print(f"starting {name} ...", flush=True)
-                servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
+                for attempt in (1, 2):
+                    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+                    extra = () if name == "triton" else ("--workers", name[-1])
+                    cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)
+                    if name.startswith("base_"):  # env execs the server: its pid is the server's
+                        cmd = ["env", f"PYTHONPATH={Path(args.ab_src).resolve()}", *cmd]
+                    print(f"starting {name} ...", flush=True)
+                    try:
+                        servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
+                        break
+                    except (RuntimeError, TimeoutError) as exc:
+                        if attempt == 2:
+                            raise
+                        # once more (seen once here: tritonserver aborted at start-up, then started fine),
+                        # its orphans ended first; the end of its log shown (the run's folder goes at the end)
+                        tail = (work / f"{name}.log").read_text(errors="replace")[-600:]
+                        kill_strays(work, orphans_only=True)
+                        print(f"  {name} did not start ({exc}): once more; its log ended with:\n{tail}", flush=True)
                 figures[name] = {}
             # every server stays up; each point is measured on one, then the next, so a change in the
             # machine's load between points hits all of them alike
@@ -182,7 +259,7 @@ def main(argv: list[str] | None = None) -> None:
                         for name, point_model in runs:
                             proc, http_port, grpc_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
-                            n0, cpu0, t0 = inference_count(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
+                            (n0, b0, e0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
                             pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -190,17 +267,22 @@ def main(argv: list[str] | None = None) -> None:
                             cpu1 = tree_cpu(proc.pid)
                             roles = {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1}
                             cpu = sum(roles.values())
-                            n = inference_count(http_port, point_model) - n0
+                            n1, b1, e1 = counts(http_port, point_model)
+                            n, batches = n1 - n0, b1 - b0
                             if "error" not in r and n > 0:
                                 load = (pa1.ru_utime + pa1.ru_stime) - (pa0.ru_utime + pa0.ru_stime)
                                 # the CPU each side used: the server by role, and the load generator
-                                r.update(cpu_s_per_1k=round(cpu / n * 1000, 4),
+                                # the batches each server formed (a GIL-bound model's time is per batch)
+                                # and how busy their instances were (the model's own time over the run's wall time,
+                                # per instance): below 1 an instance sat idle while requests were on their way
+                                r.update(cpu_s_per_1k=round(cpu / n * 1000, 4), batch_avg=round(n / max(batches, 1), 2),
+                                         instance_busy=round((e1 - e0) / 1e9 / wall / INSTANCES[point_model], 3),
                                          cores={"server": round(cpu / wall, 2), "load_generator": round(load / wall, 2),
                                                 **{f"server_{k}": round(v / wall, 2) for k, v in sorted(roles.items())}},
                                          cpu_us_per_inference_by_role={k: round(v / n * 1e6, 1) for k, v in sorted(roles.items())})
                             figures[name][f"{point_model}_{protocol}_c{c}"] = r
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
-                                     f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  cores {r.get('cores')}"
+                                     f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  batch {r.get('batch_avg')}  busy {r.get('instance_busy')}  cores {r.get('cores')}"
                                      if "error" not in r else f"error: {r['error']}")
                             print(f"  {name:10s} {point_model:17s} {protocol:4s} c={c:<3d} {shown}", flush=True)
         finally:
@@ -270,6 +352,9 @@ def main(argv: list[str] | None = None) -> None:
                           "ab_over_base": base,
                           "goals": goals}))
     finally:
+        strays = kill_strays(work)
+        if strays:
+            print(f"ended {len(strays)} process(es) the servers left behind: {strays}", file=sys.stderr)
         shutil.rmtree(work, ignore_errors=True)
 
 

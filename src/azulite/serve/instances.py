@@ -20,20 +20,19 @@ N``, whose loop serves the front-ends, threads in a single-process server (see R
 processes, for the measurements behind that default). KIND_GPU instances get ``CUDA_VISIBLE_DEVICES``
 set to their group's GPU in their process.
 
-The batcher drives an instance process as a thread-backed instance (its ``execute`` blocks on the
-socket in the instance's thread, or inline on the loop for short single-instance batches).
-:meth:`ProcessInstance.start_batch` crosses from the loop itself (send, then a reader callback), for a
-batcher that calls it: in isolation it costs the server less CPU per batch than the thread hand-off (see
-its docstring). An earlier loop-side crossing, wired into the batcher and measured at bench level under
-load (average 8-11 on 2 cores), answered gil_py through ``--workers 2`` at 0.50-0.72x the throughput of
-the thread crossing at 1.0-1.17x its CPU per inference (README: instance processes), so the batcher does
-not call it yet: that is for the bench on an idle machine to decide. After a loop-side crossing,
-``execute`` sets the socket blocking again (uvloop's poller leaves it non-blocking, on which a thread's
-blocking crossing failed; tests/serve/test_instances.py catches it).
+The batcher sends every batch for an instance process from its event loop
+(:meth:`ProcessInstance.start_batch`: the header sent, the answer parsed by a reader callback; no
+thread between), which measured 1.04-1.25x the throughput of the thread hand-off on gil_py idle (README:
+instance processes). The socket stays registered with that loop between batches; a crossing from a
+thread (warm-up at load, a restart) or inline on the loop takes it off first (:meth:`_detach`) and sets
+it blocking again (uvloop's poller leaves it non-blocking, on which a thread's blocking crossing failed;
+tests/serve/test_instances.py catches both). A process that dies idle is then seen by the loop at once
+(its socket reads EOF) and started again before the next batch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import logging
 import os
@@ -119,6 +118,9 @@ class ProcessInstance:
         self._chan: ipc.Channel | None = None
         self._dead = False  # its process ended (seen by a failed crossing): start another before the next batch
         self._arenas_open = False
+        self._watched = None  # the event loop its socket stays registered with (start_batch), if any
+        self._watched_fd = -1
+        self._done = None  # the loop-side batch in flight: its callback
         self._spawn()
 
     def _spawn(self) -> None:
@@ -195,10 +197,11 @@ class ProcessInstance:
         return results, Timing(*timing)
 
     def execute(self, items: list[WorkItem]) -> tuple[list[Result], Timing]:
-        """From a thread (warm-up at load, a batcher without :meth:`start_batch`, a restart)."""
+        """From a thread (warm-up at load, a batcher without :meth:`start_batch`, a restart) or inline on
+        the loop: the socket off the loop first, and blocking (uvloop's poller made it non-blocking; a
+        blocking recv would then fail at once instead of waiting for the answer)."""
+        self._detach()
         if self._sock is not None:
-            # blocking again: uvloop's poller made the socket non-blocking if start_batch crossed on the
-            # loop before (a blocking recv would then fail at once instead of waiting for the answer)
             self._sock.setblocking(True)
         for attempt in (1, 2):
             # no poll (a wait4) per batch: a process that died idle refuses the send below (EPIPE: its
@@ -235,48 +238,113 @@ class ProcessInstance:
         busy from uvloop, batches of 8, interleaved pairs): 82-118 vs 112-149 µs of the server's CPU per
         batch over eight pairs at load 9-10, 94-102 vs 110-143 over three at load 13-15, lower in every
         pair; wall time per batch 0.8-1.9x in the first eight, 1.4-3.6x in the last three (on a machine
-        that loaded, a process with three runnable threads gets more turns than one with one)."""
+        that loaded, a process with three runnable threads gets more turns than one with one).
+
+        The socket stays registered with the loop from one batch to the next (:meth:`_watch`): adding and
+        removing uvloop's reader per batch cost 6 ``epoll_ctl``, 2 ``ioctl`` and 1 ``io_uring_enter``
+        (``strace -c -f``, 4,100 batches; none with it kept), and in the same isolation, interleaved in
+        one process (20 blocks of 600 batches each way, 2026-11-24 06:10 UTC, load average 12.7) the
+        loop's CPU per batch fell from a median 126 to 85 µs (lower in 16 blocks of 20); wall time per
+        batch moved 0.13-5.9x from block to block at that load, nothing to read from it. A crossing from
+        a thread (warm-up, a restart) or inline on the loop takes it off the loop first (:meth:`_detach`),
+        so only one side ever reads the socket."""
         if self._proc is None or self._dead or self._chan is None:
+            self._detach()
             self._in_thread(loop, items, done)
             return
         header, packed = self._pack(items)
         if packed.inline_bytes:
+            self._detach()
             self._in_thread(loop, items, done)
             return
+        self._watch(loop)
         try:
-            # blocking (see unwatch), and the peer has read everything sent before: a small header never waits
+            # the peer has read everything sent before (one batch at a time), so a small header fits in the
+            # socket's buffer at once, non-blocking as the loop's poller left it or not
             self._chan.send(header)  # type: ignore[union-attr]
         except OSError:
-            self._proc.wait()  # died idle: the batch never ran; execute starts another process
+            self._detach()
+            self._proc.wait()  # type: ignore[union-attr] # died idle: the batch never ran; execute starts another
             self._dead = True
             self._in_thread(loop, items, done)
             return
-        fd = self._sock.fileno()  # type: ignore[union-attr]
+        self._done = done
 
-        def readable() -> None:
-            try:
-                frame = self._chan.try_recv()  # type: ignore[union-attr]
-                if frame is None:
-                    return  # part of the answer: wait for the rest
-                outcome, error = self._results(*frame), None
-            except (ConnectionError, OSError):
-                unwatch()
-                self._end()
-                self._dead = True
+    def _watch(self, loop) -> None:
+        """Keep the socket registered with ``loop`` (once: it stays between batches)."""
+        if self._watched is loop:
+            return
+        self._detach()
+        self._watched_fd = self._sock.fileno()  # type: ignore[union-attr]
+        loop.add_reader(self._watched_fd, self._readable)
+        self._watched = loop
+
+    def _readable(self) -> None:
+        """The loop's reader: the answer of the batch in flight, or the end of a process that died (idle
+        or in that batch)."""
+        try:
+            frame = self._chan.try_recv()  # type: ignore[union-attr]
+            if frame is None:
+                return  # part of the answer: wait for the rest
+        except (ConnectionError, OSError):
+            done, self._done = self._done, None
+            self._unwatch()
+            self._end()
+            self._dead = True
+            if done is not None:
                 done(None, self._died("while executing"))
-                return
-            except Exception as exc:  # noqa: BLE001 - the batch's error (e.g. the model's own)
-                outcome, error = None, exc
-            unwatch()
-            done(outcome, error)
+            return
+        done, self._done = self._done, None
+        if done is None:  # nothing asked: never sent by a live instance process
+            log.warning("instance process %s of model '%s' answered no batch", self.ctx.instance_name,
+                        self.ctx.model_name)
+            return
+        try:
+            outcome, error = self._results(*frame), None
+        except Exception as exc:  # noqa: BLE001 - the batch's error (e.g. the model's own)
+            outcome, error = None, exc
+        done(outcome, error)
+
+    def _unwatch(self) -> None:
+        """Off the loop (on the loop's thread, or with the loop stopped), the socket blocking again
+        (uvloop's poller made it non-blocking) for the thread crossings."""
+        loop, self._watched = self._watched, None
+        if loop is None:
+            return
+        try:
+            loop.remove_reader(self._watched_fd)
+        except (RuntimeError, ValueError, OSError):  # a closed loop: nothing is watched any more
+            pass
+        if self._sock is not None:
+            self._sock.setblocking(True)
+
+    def _detach(self) -> None:
+        """Take the socket off the loop watching it, from any thread: on the loop's own thread (or with
+        the loop not running) at once, else on the loop, waiting for it (a thread's crossing then reads
+        the answer itself)."""
+        loop = self._watched
+        if loop is None:
+            return
+        try:
+            running = asyncio.get_running_loop()
+        except RuntimeError:
+            running = None
+        if running is loop or not loop.is_running():
+            self._unwatch()
+            return
+        off = threading.Event()
 
         def unwatch() -> None:
-            loop.remove_reader(fd)
-            # blocking again (uvloop's poller made it non-blocking): every send and every thread's
-            # crossing then finds it as they expect
-            self._sock.setblocking(True)  # type: ignore[union-attr]
+            self._unwatch()
+            off.set()
 
-        loop.add_reader(fd, readable)
+        try:
+            loop.call_soon_threadsafe(unwatch)
+        except RuntimeError:  # closed meanwhile
+            self._unwatch()
+            return
+        if not off.wait(30):  # the loop stopped before it ran: nothing watches the socket now
+            self._unwatch()
 
     def _in_thread(self, loop, items, done) -> None:
         def finished(f) -> None:
@@ -308,6 +376,7 @@ class ProcessInstance:
         self._spawn()
 
     def close(self) -> None:
+        self._detach()  # before the socket closes: a loop must never watch a closed (or reused) descriptor
         if self._sock is not None:
             self._sock.setblocking(True)
             try:

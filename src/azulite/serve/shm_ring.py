@@ -15,6 +15,7 @@ unlinks them behind a second process's back; a memfd has neither problem.
 from __future__ import annotations
 
 import bisect
+import math
 import mmap
 import os
 from dataclasses import dataclass, field
@@ -164,7 +165,7 @@ def put_rows(arena: Arena | None, arrays: list[np.ndarray], packed: Packed) -> N
     :func:`take_rows` cuts back into the pieces."""
     first = arrays[0]
     shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
-    count = int(np.prod(shape))
+    count = math.prod(shape)  # not np.prod: ~6 µs of numpy reduction on a tuple, per input per batch
     n = count * first.dtype.itemsize
     offset = arena.alloc(n) if arena is not None and n else None
     if offset is None:
