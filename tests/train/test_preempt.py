@@ -118,3 +118,50 @@ def test_scheduled_terminate_in_a_torchrun_job_commits_and_exits_75(runner, meta
     assert "exitcode  : 75" in res.output, res.output  # torchrun reports its workers' 'preempted' exit code
     committed = [c.step for c in list_checkpoints(str(ckpt)) if c.committed]
     assert committed and 3 <= committed[-1] < 400
+
+
+# A rank gets SIGTERM up to three times (the supervisor signals the whole tree, the rank runner forwards its
+# own, torchrun's agent SIGTERMs its workers): the handler must survive being re-entered at any bytecode.
+# The child re-delivers SIGTERM from a trace hook at the k-th bytecode of the first handler, for every k,
+# with a real signal (signal.raise_signal runs the handler at once, nested, as a signal arriving there would).
+_REENTRY = r"""
+import faulthandler, signal, sys
+from azulite.train.preempt import Preemption
+
+faulthandler.dump_traceback_later(60, exit=True)  # a deadlock prints its stack and fails, instead of hanging
+
+def first_signal_with_a_second_at(k):
+    p = Preemption(None).install()
+    seen = 0
+    def tracer(frame, event, arg):
+        nonlocal seen
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            seen += 1
+            if seen == k:
+                signal.raise_signal(signal.SIGTERM)  # runs the handler again, inside this one
+        return tracer
+    sys.settrace(tracer)
+    try:
+        signal.raise_signal(signal.SIGTERM)
+    finally:
+        sys.settrace(None)
+        p.uninstall()
+    assert p.requested and p.reason == "SIGTERM", (k, p.reason)
+    return seen
+
+opcodes = first_signal_with_a_second_at(0)
+assert opcodes > 5, opcodes
+for k in range(1, opcodes + 1):
+    first_signal_with_a_second_at(k)
+print(f"re-entered at each of {opcodes} bytecodes")
+"""
+
+
+def test_a_second_sigterm_at_any_point_of_the_handler_neither_deadlocks_nor_loses_the_request():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _REENTRY], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "re-entered at each of" in p.stdout
