@@ -59,3 +59,13 @@ def request_dumps(pids: Iterable[int], sig: int) -> list[int]:
             except OSError:
                 continue
     return sent
+
+
+def live_rank_pids(records: dict[int, dict]) -> list[int]:
+    """From the rank runners' records: each unfinished rank's runner, its command and what that started."""
+    pids: list[int] = []
+    for rec in records.values():
+        if rec.get("exit_code") is None and rec.get("child_pid"):
+            child = int(rec["child_pid"])
+            pids += [int(rec["pid"]), child, *descendants(child)]
+    return pids
