@@ -147,9 +147,11 @@ def main(argv: list[str]) -> int:
         _write_record(record_path, record)
         faulthandler.register(STACK_DUMP_SIGNAL, file=log, all_threads=True)
         after_s = stop_dump_after(env)
+        watchdog = None
         if after_s > 0:
-            threading.Thread(target=_stop_watchdog, args=(proc, wake_r, after_s, log, rank),
-                             name="azulite-stop-watchdog", daemon=True).start()
+            watchdog = threading.Thread(target=_stop_watchdog, args=(proc, wake_r, after_s, log, rank),
+                                        name="azulite-stop-watchdog", daemon=True)
+            watchdog.start()
         for signum in caught:
             forward(signum, None)
         out = sys.stdout.buffer
@@ -163,6 +165,8 @@ def main(argv: list[str]) -> int:
                 pass
         code = shell_exit_code(proc.wait())
         faulthandler.unregister(STACK_DUMP_SIGNAL)
+        if watchdog is not None:  # it returns at once now (the exit made its pidfd readable); never let it
+            watchdog.join()       # write through a closed log's fd, which the record file may reuse
 
     record.update(exit_code=code, ended_at=time.time())
     _write_record(record_path, record)
