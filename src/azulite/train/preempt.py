@@ -158,7 +158,7 @@ class Preemption:
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
         # runs between any two bytecodes of the main thread, and may itself be interrupted by the next
-        # signal: no locks, no logging, no allocation-heavy calls (signal.Signals(n).name takes none)
+        # signal: no locks, no logging, nothing that waits (signal.Signals(n).name takes no lock)
         self.request(signal.Signals(signum).name)
 
     def request(self, reason: str) -> None:
