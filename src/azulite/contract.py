@@ -5,6 +5,8 @@ The distributed variables themselves are the ones Azure ML sets (MASTER_ADDR, MA
 RANK, LOCAL_RANK, NODE_RANK; TF_CONFIG; the MPI rank variables); these are azulite's additions.
 """
 
+import signal
+
 #: Exit code of a training process that was asked to stop (SIGTERM, a spot eviction notice), finished its
 #: step, committed a checkpoint and exited cleanly. A launcher marks the job ``preempted`` and requeues it.
 #: 75 is EX_TEMPFAIL of sysexits.h: "a temporary failure; the user is invited to retry".
@@ -18,3 +20,14 @@ ENV_ATTEMPT = "AZULITE_ATTEMPT"
 #: The output a job's checkpoints go to: ``outputs.checkpoints`` in the job spec. ``job show`` lists the
 #: committed checkpoints found there.
 CHECKPOINT_OUTPUT = "checkpoints"
+
+#: The signal that makes a training process (``azulite.train.init`` registers it) and a rank runner print
+#: every thread's Python stack to their log, then go on: how a launcher shows where a rank that does not
+#: stop is stuck, with no debugger on the machine. A launcher sends it only to
+#: processes that catch it, since its default action ends a process.
+STACK_DUMP_SIGNAL = signal.SIGUSR1
+#: Seconds a rank may keep running after a stop signal (SIGTERM/SIGINT) before its rank runner has it (and
+#: itself) print their stacks into the rank's log; 0 turns that off. The default stays under torchrun's 30 s
+#: between SIGTERM and SIGKILL of its workers, so the stacks are written before torchrun kills a stuck rank.
+ENV_STOP_DUMP_S = "AZULITE_STOP_DUMP_S"
+STOP_DUMP_S_DEFAULT = 20.0

@@ -118,3 +118,110 @@ def test_scheduled_terminate_in_a_torchrun_job_commits_and_exits_75(runner, meta
     assert "exitcode  : 75" in res.output, res.output  # torchrun reports its workers' 'preempted' exit code
     committed = [c.step for c in list_checkpoints(str(ckpt)) if c.committed]
     assert committed and 3 <= committed[-1] < 400
+
+
+# A rank gets SIGTERM up to three times (the supervisor signals the whole tree, the rank runner forwards its
+# own, torchrun's agent SIGTERMs its workers): the handler must survive being re-entered at any bytecode.
+# The child re-delivers SIGTERM from a trace hook at the k-th bytecode of the first handler, for every k,
+# with a real signal (signal.raise_signal runs the handler at once, nested, as a signal arriving there would).
+_REENTRY = r"""
+import faulthandler, signal, sys
+from azulite.train.preempt import Preemption
+
+faulthandler.dump_traceback_later(60, exit=True)  # a deadlock prints its stack and fails, instead of hanging
+
+def first_signal_with_a_second_at(k):
+    p = Preemption(None).install()
+    seen = 0
+    def tracer(frame, event, arg):
+        nonlocal seen
+        frame.f_trace_opcodes = True
+        if event == "opcode":
+            seen += 1
+            if seen == k:
+                signal.raise_signal(signal.SIGTERM)  # runs the handler again, inside this one
+        return tracer
+    sys.settrace(tracer)
+    try:
+        signal.raise_signal(signal.SIGTERM)
+    finally:
+        sys.settrace(None)
+        p.uninstall()
+    assert p.requested and p.reason == "SIGTERM", (k, p.reason)
+    return seen
+
+opcodes = first_signal_with_a_second_at(0)
+assert opcodes > 5, opcodes
+for k in range(1, opcodes + 1):
+    first_signal_with_a_second_at(k)
+print(f"re-entered at each of {opcodes} bytecodes")
+"""
+
+
+def test_a_second_sigterm_at_any_point_of_the_handler_neither_deadlocks_nor_loses_the_request():
+    import subprocess
+    import sys
+
+    p = subprocess.run([sys.executable, "-c", _REENTRY], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stdout + p.stderr
+    assert "re-entered at each of" in p.stdout
+
+
+# The same on the real signal path, as many times as the run allows: the supervisor's SIGTERM to the whole
+# tree (rank runner and rank) and the runner's forwarded one reach the rank a few tens of µs apart. The old
+# Event-based flag hung here after 497, 618 and 2760 stops (load ~11); a few stops in `make test`, 5000 in
+# `make soak`.
+_STOPPED_OVER_AND_OVER = r"""
+import sys, time
+from azulite.train.preempt import Preemption
+
+for line in sys.stdin:  # one line per round: a fresh flag, ready, wait for the stop
+    p = Preemption(None).install()  # replaces the last round's handler (none left uninstalled in between)
+    print("ready", flush=True)
+    while not p.requested:
+        time.sleep(0.0005)
+"""
+
+
+def _sigterm_bursts(tmp_path, rounds: int) -> None:
+    import os
+    import select
+    import signal
+    import subprocess
+    import sys
+
+    from azulite.launch.local.procs import signal_all, tree
+
+    (tmp_path / "rank.py").write_text(_STOPPED_OVER_AND_OVER)
+    fifo = tmp_path / "rounds"
+    os.mkfifo(fifo)  # the runner gives its command no stdin: the rounds come through a fifo
+    env = {**os.environ, "RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "AZULITE_STOP_DUMP_S": "0"}
+    runner = subprocess.Popen(
+        [sys.executable, "-m", "azulite.launch.local.rank", "--records", str(tmp_path / "rec"), "--logs",
+         str(tmp_path / "logs"), "--", "/bin/sh", "-c", f"exec {sys.executable} rank.py < {fifo}"],
+        env=env, cwd=tmp_path, stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        with open(fifo, "w") as rounds_w:
+            for i in range(rounds):
+                rounds_w.write("go\n")
+                rounds_w.flush()
+                # a generous safety net: a deadlocked rank never says ready again
+                assert select.select([runner.stdout], [], [], 120)[0], f"the rank hung at round {i}"
+                assert runner.stdout.readline() == b"ready\n"
+                signal_all(tree([runner.pid]), signal.SIGTERM)
+    finally:
+        for p in tree([runner.pid]):
+            p.kill()
+        runner.wait()
+
+
+def test_sigterm_bursts_through_the_rank_runner_never_hang_the_rank(tmp_path):
+    _sigterm_bursts(tmp_path, 30)
+
+
+@pytest.mark.soak
+@pytest.mark.timeout(1800)
+def test_sigterm_bursts_soak(tmp_path):
+    import os
+
+    _sigterm_bursts(tmp_path, 5000 if os.environ.get("AZULITE_SOAK") == "1" else 30)

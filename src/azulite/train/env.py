@@ -8,8 +8,10 @@ can hand it a plain dict.
 
 from __future__ import annotations
 
+import faulthandler
 import os
 import random
+import signal
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -113,6 +115,21 @@ def seed_everything(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def enable_stack_dumps() -> bool:
+    """Print every thread's Python stack to stderr (the rank's log) on :data:`contract.STACK_DUMP_SIGNAL`
+    and go on: the rank runner and the supervisor send it to a rank that does not stop, so a hang shows
+    where each rank and each of its threads was. Written by faulthandler from C, so it works while the main
+    thread is stuck in a lock, a collective or a signal handler. A script's own handler for the signal is
+    left alone (False)."""
+    if signal.getsignal(contract.STACK_DUMP_SIGNAL) not in (signal.SIG_DFL, None):
+        return False
+    try:
+        faulthandler.register(contract.STACK_DUMP_SIGNAL, all_threads=True, chain=False)
+    except (ValueError, RuntimeError, OSError):  # no usable stderr (a closed or redirected-away fd 2)
+        return False
+    return True
+
+
 def init(
     environ: Mapping[str, str] | None = None,
     *,
@@ -128,6 +145,7 @@ def init(
     """
     mapping = os.environ if environ is None else environ
     env = DistEnv.from_environ(mapping)
+    enable_stack_dumps()
     # rank 0's metrics writer starts connecting now, on its own thread: MLflow's import and the run's
     # creation overlap the rendezvous, the model's build and the restore instead of preceding the first step
     warm_up(mapping, wait=0)

@@ -129,7 +129,13 @@ class Preemption:
         self.ctx = ctx
         self.signals = signals
         self.check_every = max(1, check_every)
-        self._requested = threading.Event()
+        # A plain attribute, not a threading.Event: the SIGTERM handler writes it, and a handler may be
+        # entered again by a second SIGTERM (the supervisor, the rank runner and torchrun each send one)
+        # while the first is inside Event.set() holding its non-reentrant lock: the rank then deadlocks
+        # in its own handler and its peers wait in the next collective until torchrun SIGKILLs them all
+        # (the CI hang of issue 9). A bool store is atomic under the GIL and needs no lock; nobody waits on
+        # it (should_stop polls it).
+        self._requested = False
         self.reason: str | None = None
         self._calls = 0
         self._previous: dict[signal.Signals, Any] = {}
@@ -151,30 +157,33 @@ class Preemption:
             self._watcher.stop()
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        # runs between any two bytecodes of the main thread, and may itself be interrupted by the next
+        # signal: no locks, no logging, nothing that waits (signal.Signals(n).name takes no lock)
         self.request(signal.Signals(signum).name)
 
     def request(self, reason: str) -> None:
-        """Raise this rank's flag (from a signal handler, a watcher thread or the script)."""
-        if not self._requested.is_set():
+        """Raise this rank's flag (from a signal handler, a watcher thread or the script). Lock-free and
+        safe to re-enter: a concurrent second request may overwrite ``reason``, never block."""
+        if not self._requested:
             self.reason = reason
-            self._requested.set()
+            self._requested = True
 
     @property
     def requested(self) -> bool:
         """This rank's own flag (no agreement)."""
-        return self._requested.is_set()
+        return self._requested
 
     def should_stop(self) -> bool:
         """True on every rank when any rank was asked to stop. A collective every ``check_every`` calls."""
         self._calls += 1
         if self._calls % self.check_every:
             return False
-        flag = 1 if self._requested.is_set() else 0
+        flag = 1 if self._requested else 0
         if self.ctx.distributed:
             t = torch.tensor([flag], dtype=torch.int32, device=self.ctx.device)
             dist.all_reduce(t, op=dist.ReduceOp.MAX)
             flag = int(t.item())
-        if flag and not self._requested.is_set():
+        if flag and not self._requested:
             self.request("another rank was asked to stop")
         return bool(flag)
 

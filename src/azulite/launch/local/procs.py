@@ -48,6 +48,21 @@ def terminate_tree(pids: Iterable[int], grace_s: float, *, extra: Iterable[psuti
     return sorted(alive)
 
 
+def describe(procs: Iterable[psutil.Process]) -> list[str]:
+    """One line per live process (pid, parent, state, threads, CPU seconds, command): a launcher's own view
+    of a job it is about to kill, for the post-mortem."""
+    lines = []
+    for p in procs:
+        try:
+            with p.oneshot():
+                cpu = p.cpu_times()
+                lines.append(f"  pid {p.pid} ppid {p.ppid()} {p.status()} threads {p.num_threads()} "
+                             f"cpu {cpu.user + cpu.system:.1f}s: {' '.join(p.cmdline())[:200]}")
+        except psutil.Error:
+            continue
+    return lines
+
+
 def wait_any_exit(pids: Iterable[int], timeout: float) -> bool:
     """Wait until one of ``pids`` has exited (True) or ``timeout`` passed (False), woken by the exit itself
     (Linux pidfds), not at the next tick of a polling interval: a job's end is seen when it happens. Works
@@ -138,4 +153,4 @@ def port_owner(port: int) -> str | None:
     return None
 
 
-__all__ = ["tree", "terminate_tree", "signal_all", "pid_alive", "free_port", "port_in_use", "port_owner"]
+__all__ = ["tree", "describe", "terminate_tree", "signal_all", "pid_alive", "free_port", "port_in_use", "port_owner"]

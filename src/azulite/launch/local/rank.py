@@ -9,22 +9,31 @@ records what a launcher does not reliably report: which pid ran which rank, and 
 - tees the command's stdout+stderr to ``<logs>/rank-<R>.log`` (appended across elastic restarts),
 - forwards SIGTERM/SIGINT to the command and keeps waiting (so a preempted rank can commit and exit 75),
 - writes ``<records>/rank-<R>.json`` when the command starts and when it ends (atomic rename), and exits
-  with the command's exit code (128+N for a signal N).
+  with the command's exit code (128+N for a signal N),
+- makes a hang readable: SIGUSR1 prints its own stacks into the rank's log (faulthandler), and a rank still
+  running ``AZULITE_STOP_DUMP_S`` (20) seconds after a stop signal gets SIGUSR1 too (``azulite.train``
+  prints every thread's stack) along with the runner's own stacks: before torchrun's SIGKILL at 30 s.
 
 Stdlib only and import-light: it starts once per rank per attempt.
 """
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
+import select
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
+from typing import BinaryIO
 
+from azulite.contract import ENV_STOP_DUMP_S, STACK_DUMP_SIGNAL, STOP_DUMP_S_DEFAULT
 from azulite.launch.env import pytorch_env_from_torchrun, rank_identity
+from azulite.launch.local.stacks import descendants, request_dumps
 
 
 def _write_record(path: Path, record: dict) -> None:
@@ -36,6 +45,39 @@ def _write_record(path: Path, record: dict) -> None:
 def shell_exit_code(returncode: int) -> int:
     """subprocess's -N for "killed by signal N" as a shell would say it (128+N)."""
     return 128 - returncode if returncode < 0 else returncode
+
+
+def stop_dump_after(env: dict[str, str]) -> float:
+    raw = env.get(ENV_STOP_DUMP_S, "")
+    try:
+        return float(raw) if raw.strip() else STOP_DUMP_S_DEFAULT
+    except ValueError:
+        return STOP_DUMP_S_DEFAULT  # a diagnostic is not worth failing a rank over
+
+
+def _stop_watchdog(proc: subprocess.Popen, wake_fd: int, after_s: float, log: BinaryIO, rank: int) -> None:
+    """Once woken by a stop signal: if the command has not exited ``after_s`` later, write why into the log,
+    then the runner's own stacks, then ask the command (and what it started) for theirs."""
+    try:
+        pidfd = os.pidfd_open(proc.pid)
+    except (OSError, AttributeError):  # kernel < 5.3: no way to wait for the exit here without polling
+        return
+    try:
+        if pidfd in select.select([wake_fd, pidfd], [], [])[0]:
+            return  # ended before any stop signal
+        if select.select([pidfd], [], [], after_s)[0]:
+            return  # stopped in time
+        log.write(f"azulite: rank {rank} (pid {proc.pid}) still running {after_s:g}s after a stop signal; "
+                  f"stacks of the rank runner, then of the rank, follow (a diagnostic: the rank goes on)\n".encode())
+        faulthandler.dump_traceback(file=log, all_threads=True)
+        sent = request_dumps([proc.pid, *descendants(proc.pid)], STACK_DUMP_SIGNAL)
+        if not sent:
+            log.write(f"azulite: rank {rank}'s command does not print stacks on signal {STACK_DUMP_SIGNAL} "
+                      f"(it does when it calls azulite.train.init)\n".encode())
+    except (OSError, ValueError):  # the log closed under us: the rank ended meanwhile
+        pass
+    finally:
+        os.close(pidfd)
 
 
 def main(argv: list[str]) -> int:
@@ -71,8 +113,15 @@ def main(argv: list[str]) -> int:
 
     proc: subprocess.Popen | None = None
     caught: list[int] = []
+    # the handler only writes a byte here (no locks: it may run inside itself when signals come in bursts)
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
 
     def forward(signum, _frame):  # keep waiting: the command decides how to end (e.g. exit 75)
+        try:
+            os.write(wake_w, b"s")
+        except OSError:  # full: the watchdog is awake already
+            pass
         if proc is None:
             caught.append(signum)  # arrived before the command started: delivered once it has
             return
@@ -96,6 +145,13 @@ def main(argv: list[str]) -> int:
             return code
         record["child_pid"] = proc.pid
         _write_record(record_path, record)
+        faulthandler.register(STACK_DUMP_SIGNAL, file=log, all_threads=True)
+        after_s = stop_dump_after(env)
+        watchdog = None
+        if after_s > 0:
+            watchdog = threading.Thread(target=_stop_watchdog, args=(proc, wake_r, after_s, log, rank),
+                                        name="azulite-stop-watchdog", daemon=True)
+            watchdog.start()
         for signum in caught:
             forward(signum, None)
         out = sys.stdout.buffer
@@ -108,6 +164,9 @@ def main(argv: list[str]) -> int:
             except (BrokenPipeError, ValueError):
                 pass
         code = shell_exit_code(proc.wait())
+        faulthandler.unregister(STACK_DUMP_SIGNAL)
+        if watchdog is not None:  # it returns at once now (the exit made its pidfd readable); never let it
+            watchdog.join()       # write through a closed log's fd, which the record file may reuse
 
     record.update(exit_code=code, ended_at=time.time())
     _write_record(record_path, record)

@@ -33,11 +33,12 @@ from pathlib import Path
 
 import psutil
 
-from azulite.contract import ENV_ATTEMPT, ENV_JOB_ID, EXIT_PREEMPTED
+from azulite.contract import ENV_ATTEMPT, ENV_JOB_ID, EXIT_PREEMPTED, STACK_DUMP_SIGNAL
 from azulite.errors import AzuliteError, LaunchError
 from azulite.launch.local.nodes import take_requests, write_reply
-from azulite.launch.local.procs import signal_all, terminate_tree, tree, wait_any_exit
+from azulite.launch.local.procs import describe, signal_all, terminate_tree, tree, wait_any_exit
 from azulite.launch.local.rank import shell_exit_code
+from azulite.launch.local.stacks import live_rank_pids, request_dumps
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import (
     LaunchContext, LaunchStrategy, ProcessSpec, RankResult, get_strategy, read_rank_records,
@@ -50,6 +51,8 @@ from azulite.spec.job import JobSpec, PathInput
 from azulite.spec.loader import render_command
 
 POLL_S = 0.2
+#: between asking a preempted job's stuck ranks for their stacks and SIGKILLing them: time to write them
+DUMP_WAIT_S = 2.0
 #: rank exits that are effects (a clean end, a preempted save, our own SIGTERM/SIGKILL), never a root cause
 _NOT_A_CAUSE = (0, None, EXIT_PREEMPTED, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
 #: inherited variables that would confuse the rank identity of the job's processes
@@ -315,6 +318,7 @@ class Supervisor:
         deadline = time.monotonic() + spec.timeout if spec.timeout else None
         first_failure: float | None = None
         preempt_sent: float | None = None
+        dumped_at: float | None = None  # when a preempted job past its grace was asked for its stacks
         synced = 0.0
         lost_at: dict[str, float] = {}  # an elastic job's lost nodes, not yet replaced, and since when
         replaced: set[str] = set()
@@ -348,7 +352,12 @@ class Supervisor:
                 self.store.event(self.job_id, "preempt: SIGTERM sent to the job's processes")
                 signal_all(tree(procs[n].pid for n in running), signal.SIGTERM)
             if preempt_sent is not None and now - preempt_sent > self.settings.preempt_grace_s:
-                terminate_tree([procs[n].pid for n in running], 1.0)
+                if dumped_at is None:  # a rank that does not stop is a bug to find: its stacks, then the kill
+                    dumped_at = now
+                    self._dump_stacks(ctx, [procs[n].pid for n in running],
+                                      f"still running {self.settings.preempt_grace_s:g}s after the preempt SIGTERM")
+                elif now - dumped_at > DUMP_WAIT_S:
+                    terminate_tree([procs[n].pid for n in running], 1.0)
             failed = [n for n, c in exits.items() if c not in (None, 0)]
             if failed and spec.elastic and len(running) >= spec.node_range[0]:
                 # an elastic job goes on while min_nodes agents are left: torchrun re-forms the group on them
@@ -414,6 +423,19 @@ class Supervisor:
         out.exits = exits
         out.results = strategy.collect(ctx, exits)
         return out
+
+    def _dump_stacks(self, ctx: LaunchContext, launchers: list[int], why: str) -> None:
+        """Before a kill: this supervisor's view of the attempt's processes into its own log, and every
+        rank's and rank runner's Python stacks into the rank's log (only processes that registered
+        :data:`STACK_DUMP_SIGNAL` are sent it: the launchers and unknown commands would die of it)."""
+        print(f"{time.strftime('%Y-%m-%d %H:%M:%S')} attempt {ctx.attempt} {why}; its processes:", flush=True)
+        print("\n".join(describe(tree(launchers))), flush=True)
+        ranks = read_rank_records(ctx.records_dir)
+        pids = live_rank_pids(ranks)
+        sent = request_dumps(pids, STACK_DUMP_SIGNAL)
+        self.store.event(self.job_id, f"{why}: asked {len(sent)} process(es) of rank(s) "
+                         f"{sorted(r for r, x in ranks.items() if x.get('exit_code') is None)} for their stacks "
+                         f"(in the ranks' logs; the process list in supervisor.log); SIGKILL in {DUMP_WAIT_S:g}s")
 
     def _start(self, ctx: LaunchContext, ps: ProcessSpec) -> subprocess.Popen:
         """Start one of the attempt's processes (in its own session, output appended to its log)."""
