@@ -63,3 +63,27 @@ def test_the_agent_refuses_a_bad_interval_and_another_backend(home):
     p = subprocess.run([*AZULITE, "agent"], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "AZULITE_BACKEND": "kubernetes"})
     assert p.returncode == 2 and "AZULITE_BACKEND" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_burst_of_stop_signals_stops_the_agent_without_deadlock(home):
+    """SIGTERM and SIGINT as fast as they can be sent, from the moment the agent looks: its handler only
+    writes a byte, so a signal landing while the main thread (or a first handler) holds the stop event's
+    lock cannot hang it (the handler that set the event itself hung the agent in 2 of ~30 bursts here)."""
+    agent = subprocess.Popen([*AZULITE, "agent", "--interval", "0.001"], cwd=REPO, text=True,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    try:
+        assert "looking after" in agent.stderr.readline()
+        for i in range(300):
+            try:
+                agent.send_signal(signal.SIGTERM if i % 2 else signal.SIGINT)
+            except ProcessLookupError:
+                break
+        out, err = agent.communicate(timeout=60)
+    finally:
+        if agent.poll() is None:
+            agent.kill()
+            agent.wait()
+    # a signal of the burst that lands after the interpreter began to exit (handlers back to default) ends
+    # it by that signal: the agent had stopped (it said so); a deadlock shows as the timeout above
+    assert "stopped after" in err and agent.returncode in (0, -signal.SIGTERM, -signal.SIGINT), \
+        (agent.returncode, err)

@@ -43,8 +43,22 @@ def agent(
         line = json.dumps({"ts": time.time(), **asdict(change)}) if json_ else f"{time.strftime('%H:%M:%S')} {change}"
         print(line, flush=True)
 
+    # The handler only writes a byte; a thread sets the event. Event.set takes a lock the main thread may
+    # hold at that moment (inside stop.wait), or a first handler may (a second signal landing inside it):
+    # the agent would then deadlock on itself, as preempted ranks did (issue 9).
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+
+    def on_signal(*_: object) -> None:
+        try:
+            os.write(wake_w, b"x")
+        except BlockingIOError:  # a byte already waits: the event will be set
+            pass
+
+    threading.Thread(target=lambda: (os.read(wake_r, 1), stop.set()), name="azulite-agent-signals",
+                     daemon=True).start()
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, on_signal)
     print(f"azulite agent: looking after the jobs in {settings.home} every {interval:g}s (pid "
           f"{os.getpid()})", file=sys.stderr, flush=True)
     looks = watch(backend, interval=interval, stop=stop, report=report)
