@@ -11,7 +11,10 @@ at concurrency 1, 8 and 32 (one row per request; dynamic batching merges them).
   intra-op thread, as azulite's sessions.
 - The bare session: the same preprocessing function and an onnxruntime session (1 thread) in this
   process, on batches of c rows for concurrency c: what dynamic batching could at best merge, with no
-  server at all.
+  server at all. Beside its rows/s: its CPU per row (``bare_cpu_us_per_row``), and per point the server's
+  CPU per row over it (``vs_bare_cpu_per_row``: what is above 1 is the server's own work per row) and
+  the rows per execution each model's batcher really formed (``batch_rows``, from the servers'
+  statistics), so a gap to the limit reads as either work per row or smaller batches.
 
 - ARR-COC: the ``arrcoc`` ensemble of examples/arrcoc (ten steps: Pillow decode, five ONNX models,
   tokenizer, opponent processor, decoder, detokenizer), trained and built here by its build_repository.py
@@ -62,8 +65,8 @@ class BenchModel:
     #: perf_analyzer --input-data JSON and --shape arguments
     input_data: Path
     shape_args: list[str]
-    #: rows/s of the in-process limit on batches of ``b`` rows, measured for about ``seconds``
-    bare: Callable[[int, float], float]
+    #: (rows/s, CPU us per row) of the in-process limit on batches of ``b`` rows, measured for about ``seconds``
+    bare: Callable[[int, float], tuple[float, float]]
     #: the copy real Triton serves; None: azulite.export.wrappers.python_backend_copy of ``repo``
     triton_repo: Path | None = None
     #: the ensemble's max_batch_size: the most rows one execution can merge
@@ -103,14 +106,14 @@ def build_dlrm(work: Path) -> BenchModel:
     session = ort.InferenceSession(str(repo / "dlrm_model" / "1" / "model.onnx"), sess_options=options,
                                    providers=["CPUExecutionProvider"])
 
-    def bare(batch: int, seconds: float) -> float:
-        done, t0 = 0, time.perf_counter()
+    def bare(batch: int, seconds: float) -> tuple[float, float]:
+        done, t0, c0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
             start = done % (len(rows) - batch) if len(rows) > batch else 0
             dense, cats = parse_rows(rows[start:start + batch])
             session.run(["SCORE"], {"DENSE_RAW": dense, "CATEGORY_IDS": cats})
             done += batch
-        return done / (time.perf_counter() - t0)
+        return done / (time.perf_counter() - t0), (time.process_time() - c0) / done * 1e6
 
     return BenchModel(repo=repo, model="dlrm", input_data=data, shape_args=["--shape", "ROW:1"], bare=bare)
 
@@ -149,9 +152,9 @@ def build_arrcoc(work: Path) -> BenchModel:
     def run(name: str, out: str, **inputs: np.ndarray) -> np.ndarray:
         return sessions[name].run([out], inputs)[0]
 
-    def bare(batch: int, seconds: float) -> float:
+    def bare(batch: int, seconds: float) -> tuple[float, float]:
         # every step of the ensemble, each on the whole batch, as dynamic batching would at best merge them
-        done, t0 = 0, time.perf_counter()
+        done, t0, c0 = 0, time.perf_counter(), time.process_time()
         while time.perf_counter() - t0 < seconds:
             picks = [(done + i) % len(cases) for i in range(batch)]
             image = np.stack([arrcoc.preprocessor.decode(raws[i]) for i in picks])
@@ -164,7 +167,7 @@ def build_arrcoc(work: Path) -> BenchModel:
             answer = run("decoder", "token_ids", texture=texture, token_budget=budget, embedding=embedding)
             [arrcoc.detokenizer.detokenize(row, words) for row in answer]
             done += batch
-        return done / (time.perf_counter() - t0)
+        return done / (time.perf_counter() - t0), (time.process_time() - c0) / done * 1e6
 
     return BenchModel(repo=repo, model="arrcoc", input_data=data, shape_args=[], bare=bare, triton_repo=triton_repo,
                       max_batch=arrcoc.MAX_BATCH_SIZE)
@@ -199,6 +202,30 @@ def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms:
             "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable}
 
 
+def executions(http_port: int) -> dict[str, tuple[int, int]]:
+    """(rows, executions) so far of every model a server has run, from its statistics (Triton's and ours)."""
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{http_port}/v2/models/stats", timeout=30) as r:
+        doc = json.loads(r.read())
+    out: dict[str, tuple[int, int]] = {}
+    for m in doc.get("model_stats", []):
+        rows, runs = out.get(m["name"], (0, 0))
+        out[m["name"]] = (rows + int(m.get("inference_count", 0)), runs + int(m.get("execution_count", 0)))
+    return out
+
+
+def batch_rows(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, int]]) -> dict[str, float]:
+    """Rows per execution of each model between two ``executions`` readings: the batches the server's
+    dynamic batchers really formed, to hold beside the bare limit's (an ensemble's: rows per request)."""
+    out = {}
+    for name, (rows, runs) in after.items():
+        rows0, runs0 = before.get(name, (0, 0))
+        if runs > runs0:
+            out[name] = round((rows - rows0) / (runs - runs0), 1)
+    return out
+
+
 def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], measure_ms: int, work: Path,
             rows: int = 1) -> dict:
     from azulite.export.wrappers import python_backend_copy
@@ -221,15 +248,18 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
                     # from /proc and its statistics: a figure the machine's load stretches far less than
                     # throughput, and the one a server's own work is judged by
                     rows0, cpu0 = inference_count(http_port, bm.model), tree_cpu_s(proc.pid)
+                    runs0 = executions(http_port)
                     r = perf(bin_dir / "perf_analyzer", bm, protocol, http_port if protocol == "http" else grpc_port,
                              c, measure_ms, work, rows)
                     served = inference_count(http_port, bm.model) - rows0
                     if "error" not in r and served > 0:
                         r["server_cpu_us_per_row"] = round((tree_cpu_s(proc.pid) - cpu0) / served * 1e6, 2)
+                        r["batch_rows"] = batch_rows(runs0, executions(http_port))
                     figures[server][f"{protocol}_c{c}"] = r
                     shown = (f"{r['infer_per_s']:>9.1f} rows/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
                              + (f"  server CPU {r['server_cpu_us_per_row']:6.2f} us/row" if "server_cpu_us_per_row" in r
                                 else "")
+                             + (f"  rows/execution {r['batch_rows']}" if r.get("batch_rows") else "")
                              + ("" if r["stable"] else "  (unstable: machine load)") if "error" not in r
                              else f"error: {r['error']}")
                     print(f"  {name} {server:8s} {protocol:4s} c={c:<3d} {shown}", flush=True)
@@ -238,10 +268,13 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
             base.stop(proc)
     # the limit at concurrency c: the model on the largest batch dynamic batching could form from c requests
     # of ``rows`` rows each (at most the ensemble's max_batch_size)
+    figures["bare_cpu_us_per_row"] = {}
     for c in concurrency:
         b = min(c * rows, bm.max_batch)
-        figures["bare"][f"b{c}"] = round(bm.bare(b, measure_ms / 1000), 1)
-        print(f"  {name} bare onnxruntime session, batches of {b:<3d} {figures['bare'][f'b{c}']:>9.1f} rows/s", flush=True)
+        per_s, cpu = bm.bare(b, measure_ms / 1000)
+        figures["bare"][f"b{c}"], figures["bare_cpu_us_per_row"][f"b{c}"] = round(per_s, 1), round(cpu, 2)
+        print(f"  {name} bare onnxruntime session, batches of {b:<3d} {per_s:>9.1f} rows/s  CPU {cpu:6.2f} us/row",
+              flush=True)
     ratios: dict = {}
     for key, t in figures["triton"].items():
         a = figures["azulite"].get(key, {})
@@ -253,6 +286,11 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
                        "vs_bare_throughput": round(a["infer_per_s"] / figures["bare"][f"b{c}"], 3)}
         if "server_cpu_us_per_row" in a and "server_cpu_us_per_row" in t:  # below 1: less CPU per row than Triton
             ratios[key]["vs_triton_cpu_per_row"] = round(a["server_cpu_us_per_row"] / t["server_cpu_us_per_row"], 3)
+        if "server_cpu_us_per_row" in a:
+            # where the gap to the bare limit goes: the server's CPU per row over the bare loop's (the model and
+            # its preprocessing alone, one thread); what is above 1 is the server's own work per row
+            ratios[key]["vs_bare_cpu_per_row"] = round(a["server_cpu_us_per_row"]
+                                                       / figures["bare_cpu_us_per_row"][f"b{c}"], 3)
     c_max = max(concurrency)
     goals = {
         "ge_1x_triton_every_point": bool(ratios) and all(r["vs_triton_throughput"] >= 1.0 for r in ratios.values()),

@@ -35,6 +35,10 @@ def split_outputs(
             )
     if len(sizes) == 1:
         return [outputs]
-    bounds = np.cumsum(sizes)[:-1]
-    pieces = {name: np.split(array, bounds) for name, array in outputs.items()}
-    return [{name: pieces[name][i] for name in outputs} for i in range(len(sizes))]
+    # views by plain slices: np.split costs ~5 us per output more, on every batch
+    results, start = [], 0
+    for size in sizes:
+        end = start + size
+        results.append({name: array[start:end] for name, array in outputs.items()})
+        start = end
+    return results
