@@ -323,7 +323,7 @@ def test_an_elastic_job_that_loses_a_node_goes_on_with_the_nodes_left(home, tmp_
 def test_elastic_ranges_are_validated_and_reach_torchrun(tmp_path):
     from azulite.errors import SpecError
     from azulite.launch.local.strategy import get_strategy
-    from azulite.launch.local.supervisor import build_context
+    from azulite.launch.local.context import build_context
 
     spec = write_job(tmp_path / "r", "print(1)\n", spec_2x1(extra="elastic: {min_nodes: 1}"))
     job = load_job(spec)

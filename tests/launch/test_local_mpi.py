@@ -14,7 +14,7 @@ from azulite.errors import LaunchError
 from azulite.launch.backend import get_backend
 from azulite.launch.local.mpi import LOOPBACK_FLAGS, LOOPBACK_FLAGS_V5, loopback_flags, rank_shim
 from azulite.launch.local.strategy import get_strategy
-from azulite.launch.local.supervisor import build_context
+from azulite.launch.local.context import build_context
 from azulite.launch.records import JobState
 from azulite.launch.settings import Settings
 from azulite.spec.loader import load_job

@@ -4,7 +4,7 @@ from pathlib import Path
 
 from azulite.launch.local.pytorch import gpu_split
 from azulite.launch.local.strategy import command_argv, get_strategy
-from azulite.launch.local.supervisor import build_context
+from azulite.launch.local.context import build_context
 from azulite.spec.loader import load_job
 
 

@@ -26,7 +26,8 @@ from azulite.launch.local.nodes import NodeView, node_view, wait_reply, write_re
 from azulite.launch.local.procs import pid_alive, terminate_tree, wait_any_exit
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import get_strategy
-from azulite.launch.local.supervisor import build_context, job_processes, retries_used
+from azulite.launch.local.context import build_context, job_processes
+from azulite.launch.local.supervisor import retries_used
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
 from azulite.spec.sweep import SweepSpec
