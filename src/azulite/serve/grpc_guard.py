@@ -15,11 +15,21 @@ from azulite.serve.proto import service_pb2 as pb
 
 
 def _metadata(context, name: str) -> str | None:
-    """One metadata value from either transport (h2: raw (bytes, bytes) headers; grpc.aio: str keys)."""
+    """One metadata value from either transport (h2: raw (bytes, bytes) headers; grpc.aio: str keys).
+    HTTP/2 header names are lower case (RFC 9113 8.2.1: a request with an upper-case one is malformed;
+    grpc.aio hands them over lower-cased), so a key compares as it is: no decode, no lower() per
+    header of every request. A name sent in upper case is therefore not found: refused, never let through."""
+    raw = name.encode("latin-1")
     for key, value in context.invocation_metadata() or ():
-        if isinstance(key, bytes):
-            key = key.decode("latin-1")
-        if key.lower() == name:
+        if key == raw or key == name:
+            return value.decode("latin-1") if isinstance(value, bytes) else value
+    return None
+
+
+def _authorization(context) -> str | None:
+    """``_metadata(context, "authorization")``, the one every guarded call asks for."""
+    for key, value in context.invocation_metadata() or ():
+        if key == b"authorization" or key == "authorization":
             return value.decode("latin-1") if isinstance(value, bytes) else value
     return None
 
@@ -73,7 +83,7 @@ class GuardedServicer:
 
     def _check(self, category: str, model: str, context) -> Principal:
         guard = self.guard
-        return guard.check_request("grpc", category, model, _metadata(context, "authorization") if guard.auth else None,
+        return guard.check_request("grpc", category, model, _authorization(context) if guard.auth else None,
                                    context, _metadata)
 
     def _audit(self, start: float, principal: Principal | None, request, context, status: str, response,
@@ -119,7 +129,7 @@ class GuardedServicer:
             try:
                 model = getattr(request, field) if field else ""
                 try:
-                    principal = check("grpc", category, model, _metadata(context, "authorization") if auth else None,
+                    principal = check("grpc", category, model, _authorization(context) if auth else None,
                                       context, _metadata)
                 except ServeError as exc:
                     status = exc.status
@@ -162,7 +172,7 @@ class GuardedServicer:
                 await context.abort(*_status(exc), _trailers(exc))
                 return
 
-            authorization = _metadata(context, "authorization") if self.guard.auth else None
+            authorization = _authorization(context) if self.guard.auth else None
 
             async def checked():
                 async for request in request_iterator:
