@@ -2,7 +2,7 @@
 address, model, version, protocol, status, latency, bytes in/out), formatted and written by a process of
 its own (serve/audit_writer.py), never on the request path nor under the server's GIL.
 
-The request path only appends a tuple of raw values to a deque (``deque.append``, atomic under the
+The request path only appends a tuple of raw values to a list (``list.append``, atomic under the
 GIL; its time is ``perf_counter``'s, converted to wall time by the writer). A daemon thread wakes every
 ``batch_s`` (never per request), takes what gathered and hands it to the writer process in one pipe
 write, as one ``marshal`` blob (C speed), then waits — off the GIL, in a read — for the writer's
@@ -29,7 +29,6 @@ whose file was rotated by another reopens the new one before writing.
 from __future__ import annotations
 
 import atexit
-import collections
 import marshal
 import os
 import subprocess
@@ -67,9 +66,12 @@ class AuditLog:
         self.written = 0
         self.max_pending = max_pending
         self.batch_s = batch_s
-        #: lines waiting for the writer: the request path appends, the thread pops from the left (both
-        #: atomic in CPython, no lock; SimpleQueue.put measured slower on the request path, with qsize())
-        self._queue: collections.deque = collections.deque()
+        #: lines waiting for the writer: the request path appends; the thread copies the first n and
+        #: deletes them (``q[:n]``, ``del q[:n]``: each one C call, atomic under the GIL, so a line appended
+        #: in between stays for the next batch) — no per-line pop in Python
+        self._queue: list = []
+        self._signals = 0  # flush events / the stop marker in the queue: only then is a batch sorted
+        self._signal_lock = threading.Lock()  # flush() and close() from any thread, the thread's count
         self._proc: subprocess.Popen | None = None
         self._wake = threading.Event()  # flush and close wake the thread early; requests never do
         self._start_writer()
@@ -125,15 +127,24 @@ class AuditLog:
             self._wake.wait(self.batch_s)
             self._wake.clear()
             q = self._queue
-            batch = [q.popleft() for _ in range(len(q))]  # only this thread pops: len() are there
-            records, events = [], []
-            for item in batch:
-                if type(item) is tuple:
-                    records.append(item)
-                elif item is _STOP:
-                    stop = True
-                else:
-                    events.append(item)
+            n = len(q)
+            batch = q[:n]
+            del q[:n]
+            events = []
+            if self._signals:
+                records = []
+                for item in batch:
+                    if type(item) is tuple:
+                        records.append(item)
+                    else:
+                        with self._signal_lock:
+                            self._signals -= 1
+                        if item is _STOP:
+                            stop = True
+                        else:
+                            events.append(item)
+            else:
+                records = batch
             if records:
                 self._send(records)
             for event in events:
@@ -177,6 +188,8 @@ class AuditLog:
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every line recorded before this call is written (or failed)."""
         done = threading.Event()
+        with self._signal_lock:  # before the append: the thread never meets a signal it was not told of
+            self._signals += 1
         self._queue.append(done)
         self._wake.set()
         return done.wait(timeout_s)
@@ -184,6 +197,8 @@ class AuditLog:
     def close(self, timeout_s: float = 30.0) -> None:
         atexit.unregister(self.close)
         if self._thread.is_alive():
+            with self._signal_lock:
+                self._signals += 1
             self._queue.append(_STOP)
             self._wake.set()
             self._thread.join(timeout_s)
