@@ -98,7 +98,7 @@ class AuditLog:
         try:
             self._proc = subprocess.Popen([sys.executable, "-m", "azulite.serve.audit_writer", *self._args],
                                           stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
-        except OSError:
+        except (OSError, ValueError, TypeError):  # no interpreter to run (sys.executable unknown), no fds
             self._proc = None  # counted, batch by batch, until a start succeeds
 
     def _stop_writer(self, timeout_s: float = 30.0) -> None:
