@@ -70,6 +70,10 @@ class AuditLog:
         #: deletes them (``q[:n]``, ``del q[:n]``: each one C call, atomic under the GIL, so a line appended
         #: in between stays for the next batch) — no per-line pop in Python
         self._queue: list = []
+        #: the same list, for a request path that appends its record itself (a tuple in FIELDS order, the
+        #: time ``time.perf_counter()``'s) while ``len(queue) < max_pending`` (else ``dropped += 1``):
+        #: what record() does, without a call per request (serve/http.py's guarded route)
+        self.queue = self._queue
         self._signals = 0  # flush events / the stop marker in the queue: only then is a batch sorted
         self._signal_lock = threading.Lock()  # flush() and close() from any thread, the thread's count
         self._proc: subprocess.Popen | None = None
