@@ -144,7 +144,9 @@ def planned_take(key: list[float] | None, quota: list[int] | None, per_day: int,
         if key is not None:
             tokens = key[2]
             if now > key[3]:
-                tokens = min(key[1], tokens + (now - key[3]) * key[0])
+                tokens += (now - key[3]) * key[0]
+                if tokens > key[1]:  # min() without the call
+                    tokens = key[1]
                 key[3] = now
             if tokens < 1.0:
                 key[2] = tokens
@@ -160,7 +162,9 @@ def planned_take(key: list[float] | None, quota: list[int] | None, per_day: int,
         if model is not None:
             tokens = model[2]
             if now > model[3]:
-                tokens = min(model[1], tokens + (now - model[3]) * model[0])
+                tokens += (now - model[3]) * model[0]
+                if tokens > model[1]:
+                    tokens = model[1]
                 model[3] = now
             if tokens < 1.0:
                 model[2] = tokens
