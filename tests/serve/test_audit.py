@@ -86,3 +86,84 @@ def test_lines_queued_when_the_interpreter_exits_are_written(tmp_path):
     assert proc.returncode == 3
     lines = (tmp_path / "audit.jsonl").read_text().splitlines()
     assert [json.loads(x)["request_id"] for x in lines] == [f"r{i}" for i in range(1000)]
+
+
+def _writer_pid(log: AuditLog) -> int:
+    assert log._proc is not None
+    return log._proc.pid
+
+
+def test_a_writer_process_that_dies_is_replaced(tmp_path):
+    """The writer process killed between batches: the next batch starts a new one and nothing is lost."""
+    log = AuditLog(tmp_path / "audit.jsonl")
+    _record(log, 0)
+    assert log.flush()
+    first = log._proc
+    first.kill()
+    first.wait(60)
+    for i in range(1, 6):
+        _record(log, i)
+    assert log.flush()
+    assert _writer_pid(log) != first.pid
+    lines = [json.loads(x)["request_id"] for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert lines == [f"r{i}" for i in range(6)] and log.written == 6 and log.write_errors == 0
+    log.close()
+
+
+def test_the_writer_ignores_sigterm_and_sigint(tmp_path):
+    """A signal to the whole process group (Ctrl-C, a service manager) must not end the writer before the
+    server hands over its last lines: it ends when the server closes the pipe."""
+    import signal
+
+    log = AuditLog(tmp_path / "audit.jsonl")
+    _record(log, 0)
+    assert log.flush()  # the writer is up, its handlers set
+    pid = _writer_pid(log)
+    os.kill(pid, signal.SIGTERM)
+    os.kill(pid, signal.SIGINT)
+    _record(log, 1)
+    assert log.flush()  # a round trip after both signals: a writer they ended could not have answered
+    assert _writer_pid(log) == pid and log.written == 2 and log.write_errors == 0
+    log.close()
+    assert log._proc is None
+
+
+def _gone(pid: int) -> bool:
+    """Exited: no such process, or a zombie waiting for init to reap it."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
+
+
+def test_the_writer_exits_when_the_server_is_killed(tmp_path):
+    """SIGKILL of the server: its writer sees the pipe close, writes what it had received, and exits —
+    no process is left behind."""
+    import signal
+    import time
+
+    script = textwrap.dedent(f"""
+        import sys
+        from azulite.serve.audit import AuditLog
+        log = AuditLog({str(tmp_path / "audit.jsonl")!r})
+        log.record("r0", "k1", "c", "m", "1", "http", 200, 0.001, 10, 20)
+        log.flush()
+        print(log._proc.pid, flush=True)
+        sys.stdin.read()  # until killed
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={**os.environ})
+    try:
+        writer = int(proc.stdout.readline())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    deadline = time.monotonic() + 60  # a safety net only: the writer exits as soon as it reads the EOF
+    while not _gone(writer) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the condition (no event crosses from an orphan); not a timed assertion
+    assert _gone(writer), "the audit writer outlived its server"
+    assert json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[0])["request_id"] == "r0"

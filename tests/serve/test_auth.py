@@ -391,7 +391,7 @@ def test_audit_log_records_requests_without_secrets(server, stub, keys):
     assert (grpc_line["bytes_in"], grpc_line["bytes_out"]) == (request.ByteSize(), answer.ByteSize())
     assert grpc_line["bytes_out"] > 0 and grpc_line["status"] == "OK"
     assert any(x["status"] == 401 and x["key_id"] is None for x in lines)
-    assert any(x["protocol"] == "grpc" and x["status"] == "UNAUTHENTICATED" for x in lines)
+    assert any(x["protocol"] == "grpc" and x["status"] == "UNAUTHENTICATED" for x in lines), [x for x in lines if x["protocol"] == "grpc"]
     metrics = raw_metrics(server)
     assert "azulite_audit_lines_written" in metrics and 'azulite_requests_rejected{status="UNAUTHENTICATED"}' in metrics
 

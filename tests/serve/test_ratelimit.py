@@ -105,22 +105,23 @@ def test_refusal_says_when_to_retry_in_whole_seconds():
 
 
 def test_planned_takes_answer_as_the_three_takes_do():
-    """take_planned (the guard's hot path) against take_locked on twin buckets, over a seeded random walk
+    """planned_take (the guard's hot path) against take_locked on twin buckets, over a seeded random walk
     of times across a UTC midnight: the same grants, the same refusal (which one, how long) every time."""
     import random
 
-    from azulite.serve.ratelimit import take_planned
+    from azulite.serve.ratelimit import planned_take
 
     rng = random.Random(11)
     now, wall = 500.0, 86400.0 * 3 - 2.0  # two seconds before a UTC midnight
     keys, quotas, models = TokenBuckets(), DailyQuotas(), TokenBuckets()
     twin_keys, twin_quotas, twin_models = TokenBuckets(), DailyQuotas(), TokenBuckets()
     key, quota, model = keys.bucket("k", 6.0, None, now), quotas.counter("k", wall), models.bucket("m", 4.0, None, now)
+    planned = planned_take(key, quota, 40, model, lambda: wall, None, lambda which, wait: (which, wait))
     outcomes = set()
     for _ in range(3000):
         step = rng.choice((0.0, 0.0, 0.01, 0.05, 0.3))
         now, wall = now + step, wall + step
-        got = take_planned(key, quota, 40, model, now, wall)
+        got = planned(now) or (0, 0.0)
         takes = (lambda: twin_keys.take_locked("k", 6.0, None, now), lambda: twin_quotas.take_locked("k", 40, wall),
                  lambda: twin_models.take_locked("m", 4.0, None, now))
         want = (0, 0.0)

@@ -1,42 +1,49 @@
 """The audit log: one JSON line per request (time, request id, key id — never the secret —, client
-address, model, version, protocol, status, latency, bytes in/out), written by a thread, never on the
-request path.
+address, model, version, protocol, status, latency, bytes in/out), formatted and written by a process of
+its own (serve/audit_writer.py), never on the request path nor under the server's GIL.
 
-The request path only appends a tuple to a deque (``deque.append``, atomic under the GIL); a
-daemon thread wakes every ``batch_s`` (never per request), formats what gathered and writes it at once. Rotation by size is
-the standard library's ``RotatingFileHandler.doRollover`` (it renames ``audit.log`` -> ``audit.log.1``...). A write that fails
-(disk full, file removed, permissions) never reaches a request: it is counted in ``write_errors``
-(exported as ``azulite_audit_write_errors``) and the line is dropped. When the queue passes
-``max_pending`` lines (a disk slower than the traffic) lines are dropped and counted too, so memory
-stays bounded.
+The request path only appends a tuple of raw values to a list (``list.append``, atomic under the
+GIL; its time is ``perf_counter``'s, converted to wall time by the writer). A daemon thread wakes every
+``batch_s`` (never per request), takes what gathered and hands it to the writer process in one pipe
+write, as one ``marshal`` blob (C speed), then waits — off the GIL, in a read — for the writer's
+acknowledgement: lines written, lines lost to a failed write. Why a process: see audit_writer.py.
+
+Rotation by size is the standard library's ``RotatingFileHandler.doRollover`` (it renames
+``audit.log`` -> ``audit.log.1``...). A write that fails (disk full, file removed, permissions) never
+reaches a request: it is counted in ``write_errors`` (exported as ``azulite_audit_write_errors``) and
+the line is dropped; a writer process that dies loses the batch it was handed (counted the same) and is
+started again for the next one. When the queue passes ``max_pending`` lines (a disk slower than the
+traffic) lines are dropped and counted too, so memory stays bounded.
+
+Shutdown: ``close()`` (the server's SIGTERM/SIGINT path, and an exit hook for an interpreter that ends
+without it) hands over what is queued and waits for the writer to write it. A server killed with
+SIGKILL loses the lines it had not yet handed over (at most ``batch_s`` of them, as the thread writer
+did before); the writer still writes every line it had received, then exits.
 
 Several worker processes of one server (``ServerSettings.shared_state_dir``) write the one log: each
-batch goes out under an exclusive ``flock`` of a lock file in that directory (lines never interleave),
-the size that decides a rotation is the file's own (every worker's lines), and a worker whose file was
-rotated by another reopens the new one before writing.
+writer writes a batch under an exclusive ``flock`` of a lock file in that directory (lines never
+interleave), the size that decides a rotation is the file's own (every worker's lines), and a writer
+whose file was rotated by another reopens the new one before writing.
 """
 
 from __future__ import annotations
 
 import atexit
-import collections
-import fcntl
-import itertools
-import json
-import logging
-import logging.handlers
+import marshal
 import os
+import subprocess
+import sys
 import threading
 import time
 from pathlib import Path
 
+from azulite.serve.audit_writer import ACK, FRAME, _read_exactly
+
 _STOP = object()
-_now = time.time
-#: a line: time, request id, the cached middle (key ... status), latency, sizes
-_TEMPLATE = '{"time":%.6f,"request_id":%s,%s"latency_ms":%.3f,"bytes_in":%d,"bytes_out":%d}'
-_str = json.encoder.encode_basestring_ascii  # C: a JSON string literal, quotes included
+_now = time.perf_counter
 FIELDS = ("time", "request_id", "key_id", "client", "model", "version", "protocol", "status", "latency_ms",
           "bytes_in", "bytes_out")
+_SRC = str(Path(__file__).resolve().parents[2])  # the writer imports the azulite this process runs
 
 
 class AuditLog:
@@ -49,35 +56,32 @@ class AuditLog:
         it, so lines never interleave and a rotation by one worker is followed by the others."""
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._lock_fd = None
         if shared_lock is not None:
             Path(shared_lock).parent.mkdir(parents=True, exist_ok=True)
-            self._lock_fd = os.open(shared_lock, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        self._args = [str(self.path), str(int(max_bytes)), str(int(backups)),
+                      str(shared_lock) if shared_lock is not None else "",
+                      f"{os.getpid():x}{int(time.time()) & 0xFFFFFF:06x}"]  # server-assigned ids: unique per start
         self.write_errors = 0
         self.dropped = 0
         self.written = 0
         self.max_pending = max_pending
         self.batch_s = batch_s
-        # delay=True: the file opens at the first line, so a missing folder later is a counted failure
-        # the standard library's rotation (renames, backup count); lines are written in batches below
-        self._handler = logging.handlers.RotatingFileHandler(str(self.path), maxBytes=max_bytes, backupCount=backups,
-                                                             delay=True, encoding="utf-8")
-        #: lines waiting for the writer: the request path appends, the writer pops from the left (both
-        #: atomic in CPython, no lock; SimpleQueue.put measured slower on the request path, with qsize())
-        self._queue: collections.deque = collections.deque()
-        self._ids = itertools.count(1)
-        self._middles: dict[tuple, str] = {}  # (key, client, model, version, protocol, status) -> JSON
-        self._boot = f"{os.getpid():x}{int(time.time()) & 0xFFFFFF:06x}"
-        # hex and digits: nothing to escape
-        self._own_template = _TEMPLATE.replace('"request_id":%s', f'"request_id":"{self._boot}-%d"')
-        self._wake = threading.Event()  # flush and close wake the writer early; requests never do
+        #: lines waiting for the writer: the request path appends; the thread copies the first n and
+        #: deletes them (``q[:n]``, ``del q[:n]``: each one C call, atomic under the GIL, so a line appended
+        #: in between stays for the next batch) — no per-line pop in Python
+        self._queue: list = []
+        #: the same list, for a request path that appends its record itself (a tuple in FIELDS order, the
+        #: time ``time.perf_counter()``'s) while ``len(queue) < max_pending`` (else ``dropped += 1``):
+        #: what record() does, without a call per request (serve/http.py's guarded route)
+        self.queue = self._queue
+        self._signals = 0  # flush events / the stop marker in the queue: only then is a batch sorted
+        self._signal_lock = threading.Lock()  # flush() and close() from any thread, the thread's count
+        self._proc: subprocess.Popen | None = None
+        self._wake = threading.Event()  # flush and close wake the thread early; requests never do
+        self._start_writer()
         self._thread = threading.Thread(target=self._run, name="azulite-audit", daemon=True)
         self._thread.start()
         atexit.register(self.close)  # an interpreter exiting without close() still writes what is queued
-
-    def request_id(self) -> str:
-        """A server-side id for requests that bring none (unique per server start)."""
-        return f"{self._boot}-{next(self._ids)}"
 
     def record(self, request_id: str | None, key_id: str | None, client: str, model: str, version: str,
                protocol: str, status: int | str, latency_s: float, bytes_in: int, bytes_out: int) -> None:
@@ -88,12 +92,38 @@ class AuditLog:
             self.dropped += 1
             return
         q.append((_now(), request_id, key_id, client, model, version, protocol, status, latency_s,
-                         bytes_in, bytes_out))
+                  bytes_in, bytes_out))
+
+    # --- the thread: hand batches to the writer process ------------------------------------------------
+
+    def _start_writer(self) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (_SRC, env.get("PYTHONPATH", "")) if p)
+        try:
+            self._proc = subprocess.Popen([sys.executable, "-m", "azulite.serve.audit_writer", *self._args],
+                                          stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env, close_fds=True)
+        except (OSError, ValueError, TypeError):  # no interpreter to run (sys.executable unknown), no fds
+            self._proc = None  # counted, batch by batch, until a start succeeds
+
+    def _stop_writer(self, timeout_s: float = 30.0) -> None:
+        proc, self._proc = self._proc, None
+        if proc is None:
+            return
+        for f in (proc.stdin, proc.stdout):
+            try:
+                f.close()
+            except OSError:
+                pass
+        try:
+            proc.wait(timeout_s)  # it writes what it holds, then exits on the closed pipe
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
 
     def _run(self) -> None:
-        # Wake at most every batch_s and write what gathered in one write: a thread woken per line
+        # Wake at most every batch_s and hand over what gathered in one write: a thread woken per line
         # would take the GIL from the event loop thousands of times a second (measured: half the
-        # throughput at 8k requests/s), and one write + flush per batch keeps the syscalls few.
+        # throughput at 8k requests/s).
         stop = False
         while not stop:
             # sleep, then drain without blocking: a getter blocked in get() would be woken by each
@@ -101,117 +131,69 @@ class AuditLog:
             self._wake.wait(self.batch_s)
             self._wake.clear()
             q = self._queue
-            batch = [q.popleft() for _ in range(len(q))]  # only this thread pops: len() are there
-            lines, events = [], []
-            line = self._line
-            for item in batch:
-                if type(item) is tuple:
-                    try:
-                        lines.append(line(item))
-                    except (TypeError, ValueError):
-                        self.write_errors += 1
-                elif item is _STOP:
-                    stop = True
-                else:
-                    events.append(item)
-            if lines:
-                self._write(lines)
+            n = len(q)
+            batch = q[:n]
+            del q[:n]
+            events = []
+            if self._signals:
+                records = []
+                for item in batch:
+                    if type(item) is tuple:
+                        records.append(item)
+                    else:
+                        with self._signal_lock:
+                            self._signals -= 1
+                        if item is _STOP:
+                            stop = True
+                        else:
+                            events.append(item)
+            else:
+                records = batch
+            if records:
+                self._send(records)
             for event in events:
                 event.set()
+        self._stop_writer()
 
-    def _line(self, item: tuple) -> str:
-        """One JSON object by template: ~3x faster than json.dumps of a dict (strings still go through
-        json's own C escaper, so a hostile model name or request id cannot break the line). The fields
-        a client repeats request after request (key, address, model, version, protocol, status) are
-        escaped once and kept (bounded), which halves the writer's CPU per line (measured 2.1 -> ~1 µs);
-        a server-assigned request id is a number in the template (no string built for it)."""
-        middle = self._middles.get(item[2:8])
-        if middle is None:
-            middle = self._middle(item[2:8])
-        rid = item[1]
-        if rid is None:
-            return self._own_template % (item[0], next(self._ids), middle, item[8] * 1000.0, item[9], item[10])
-        return _TEMPLATE % (item[0], _str(rid), middle, item[8] * 1000.0, item[9], item[10])
-
-    def _middle(self, who: tuple) -> str:
-        key, client, model, version, protocol, status = who
-        if len(self._middles) >= 4096:
-            self._middles.clear()
-        middle = self._middles[who] = '"key_id":%s,"client":%s,"model":%s,"version":%s,"protocol":%s,"status":%s,' % (
-            "null" if key is None else _str(key), _str(client), _str(model), _str(version), _str(protocol),
-            status if isinstance(status, int) else _str(status))
-        return middle
-
-    def _write(self, lines: list[str]) -> None:
-        if self._lock_fd is None:
-            self._append(lines)
+    def _send(self, records: list[tuple]) -> None:
+        try:
+            blob = marshal.dumps((time.time() - time.perf_counter(), records))
+        except ValueError:  # a value marshal cannot carry (a caller's own type): those lines only are lost
+            keep = []
+            for r in records:
+                try:
+                    marshal.dumps(r)
+                    keep.append(r)
+                except ValueError:
+                    self.write_errors += 1
+            records = keep
+            blob = marshal.dumps((time.time() - time.perf_counter(), records))
+        if self._proc is None or self._proc.poll() is not None:
+            self._stop_writer(0.0)
+            self._start_writer()
+        proc = self._proc
+        if proc is None:
+            self.write_errors += len(records)
             return
         try:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_EX)
-        except OSError:
-            self.write_errors += len(lines)
-            return
-        try:
-            h = self._handler
-            if h.stream is not None and not self._still_the_log(h.stream):
-                h.stream.close()  # another worker rotated the log: append to the new file
-                h.stream = None
-            self._append(lines)
-        finally:
-            fcntl.flock(self._lock_fd, fcntl.LOCK_UN)
-
-    def _still_the_log(self, stream) -> bool:
-        try:
-            return os.stat(self.path).st_ino == os.fstat(stream.fileno()).st_ino
+            proc.stdin.write(FRAME.pack(len(blob)) + blob)
+            proc.stdin.flush()
+            ack = _read_exactly(proc.stdout.fileno(), ACK.size)
         except (OSError, ValueError):
-            return False
-
-    def _append(self, lines: list[str]) -> None:
-        """Append the lines, rotating (RotatingFileHandler's naming: audit.log.1, .2 ...) whenever the next
-        line would take the file past max_bytes."""
-        h = self._handler
-        pending = lines
-        try:
-            if h.stream is None:
-                h.stream = h._open()
-            size = os.fstat(h.stream.fileno()).st_size  # the file's, other workers' lines included
-            if h.maxBytes <= 0 or size + sum(map(len, pending)) + len(pending) <= h.maxBytes:
-                h.stream.write("\n".join(pending) + "\n")  # no rotation due: one write, no per-line loop
-                h.stream.flush()
-                self.written += len(pending)
-                return
-            while pending:
-                chunk, used = [], 0
-                for line in pending:
-                    n = len(line) + 1
-                    if h.maxBytes > 0 and size + used + n > h.maxBytes and (size or chunk):
-                        break
-                    chunk.append(line)
-                    used += n
-                if chunk:
-                    h.stream.write("\n".join(chunk) + "\n")
-                    self.written += len(chunk)
-                    pending = pending[len(chunk):]
-                    size += used
-                if pending:
-                    h.stream.flush()
-                    h.doRollover()
-                    if h.stream is None:  # delay=True: doRollover leaves the new file unopened
-                        h.stream = h._open()
-                    size = 0
-            h.stream.flush()
-        except Exception:  # noqa: BLE001 - the writer thread must outlive any failure; counted
-            self.write_errors += len(pending)
-            try:
-                if h.stream is not None:
-                    h.stream.close()
-            except OSError:
-                pass
-            h.stream = None  # reopen on the next batch (the disk may come back)
+            ack = b""
+        if len(ack) != ACK.size:  # the writer died with the batch: lost, and a new one next time
+            self.write_errors += len(records)
+            self._stop_writer(5.0)
+            return
+        written, errors = ACK.unpack(ack)
+        self.written += written
+        self.write_errors += errors
 
     def flush(self, timeout_s: float = 30.0) -> bool:
         """Wait until every line recorded before this call is written (or failed)."""
         done = threading.Event()
+        with self._signal_lock:  # before the append: the thread never meets a signal it was not told of
+            self._signals += 1
         self._queue.append(done)
         self._wake.set()
         return done.wait(timeout_s)
@@ -219,10 +201,10 @@ class AuditLog:
     def close(self, timeout_s: float = 30.0) -> None:
         atexit.unregister(self.close)
         if self._thread.is_alive():
+            with self._signal_lock:
+                self._signals += 1
             self._queue.append(_STOP)
             self._wake.set()
             self._thread.join(timeout_s)
-        self._handler.close()
-        if self._lock_fd is not None:
-            os.close(self._lock_fd)
-            self._lock_fd = None
+        if not self._thread.is_alive():
+            self._stop_writer()

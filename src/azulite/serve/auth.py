@@ -36,7 +36,7 @@ from urllib.parse import unquote
 from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
 from azulite.serve.audit import AuditLog
 from azulite.serve.keystore import CommitWatch, KeyRecord, KeyStore, check_token, split_token
-from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, refuse, take_planned
+from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, planned_take, refuse
 from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
 
 CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
@@ -131,7 +131,11 @@ class Guard:
         #: lookup (no bearer parse, no token or category checks), then only what changes per request (the
         #: commit watch, the expiry, the limits). Replaced on every key reload, so a revocation still
         #: takes effect on the very next request.
-        self._plans: dict[tuple, tuple] = {}  # -> (principal, record, model rps, expiry, this process's buckets)
+        self._plans: dict[tuple, tuple] = {}  # -> (principal, take: None or the per-request closure)
+        #: (authorization as sent, HTTP path) -> (principal, take, category, model, version): the HTTP
+        #: hot path's plan, the route included (one lookup for both). Replaced with _plans.
+        self._http_plans: dict[tuple, tuple] = {}
+        self._monotonic = self.clock.monotonic
         self._lock = threading.Lock()
         if settings.auth:
             if settings.key_store is None:
@@ -182,6 +186,7 @@ class Guard:
                 self._keys = {r.id: r for r in self.store.records() if r.revoked is None}
                 self._verified = {}
                 self._plans = {}
+                self._http_plans = {}
                 self._version = version
 
     def principal(self, token: str | None) -> Principal:
@@ -223,8 +228,7 @@ class Guard:
         plan = self._plans.get((authorization, protocol, category, model))
         if plan is None:
             return self._check_and_plan(protocol, category, model, authorization, headers, get_header)
-        clock = self.clock
-        now = clock.monotonic()
+        now = self._monotonic()
         watch = self._watch
         if watch is not None and (watch.moved() or now >= self._next_reload):
             self._next_reload = now + self.settings.reload_interval_s
@@ -232,23 +236,41 @@ class Guard:
             self._reload()
             if self._plans is not plans:  # the keys changed: this request is checked in full against them
                 return self._check_and_plan(protocol, category, model, authorization, headers, get_header)
-        principal, record, model_rps, expires, local = plan
-        if expires is None and record is None and model_rps is None:
-            return principal
-        wall = clock.time()
-        if expires is not None and wall >= expires:
-            return self._check_and_plan(protocol, category, model, authorization, headers, get_header)  # refuses
-        try:
-            if local is None:  # the workers' shared buckets, under their lock
-                self._limits(record, model, model_rps, now, wall)
+        take = plan[1]
+        if take is None or not take(now):
+            return plan[0]
+        return self._check_and_plan(protocol, category, model, authorization, headers, get_header)  # expired: refuses
+
+    def check_http(self, authorization: bytes | None, path: str, headers=None,
+                   get_header=None) -> tuple[Principal, object, str, str, str]:
+        """:meth:`check_request` for an HTTP request by its path: (principal, -, category, model, version).
+        A request like one that passed before (same Authorization value and path) costs one lookup for
+        its route and plan together, then what changes per request (commit watch, expiry, limits)."""
+        hit = self._http_plans.get((authorization, path))
+        if hit is not None:
+            now = self._monotonic()
+            watch = self._watch
+            if watch is None or not (watch.moved() or now >= self._next_reload):
+                take = hit[1]
+                if take is None or not take(now):
+                    return hit
             else:
-                refused, wait = take_planned(*local, now, wall)
-                if refused:
-                    raise self._refusal(refused, wait, record, model, model_rps)
-        except ServeError as exc:
-            self.rejected[exc.status] = self.rejected.get(exc.status, 0) + 1
-            raise
-        return principal
+                self._next_reload = now + self.settings.reload_interval_s
+                self._reload()  # a reload that changed the keys replaced _http_plans: checked in full below
+                if hit is self._http_plans.get((authorization, path)):
+                    take = hit[1]
+                    if take is None or not take(now):
+                        return hit
+        category, model, version = http_route(path)
+        principal = self.check_request("http", category, model, authorization, headers, get_header)
+        plan = self._plans.get((authorization, "http", category, model))
+        if plan is not None and plan[0] is principal:
+            http_plans = self._http_plans
+            if len(http_plans) >= 4096:
+                http_plans.clear()
+            hit = http_plans[(authorization, path)] = (principal, plan[1], category, model, version)
+            return hit
+        return principal, None, category, model, version
 
     def _check_and_plan(self, protocol: str, category: str, model: str, authorization, headers,
                         get_header) -> Principal:
@@ -271,9 +293,43 @@ class Guard:
                      self.model_buckets.bucket(model, model_rps, None, now) if model_rps else None)
         if len(plans) >= 4096:
             plans.clear()
-        plans[(authorization, protocol, category, model)] = (principal, record if limited else None, model_rps,
-                                                              record.expires if record is not None else None, local)
+        expires = record.expires if record is not None else None
+        take = (self._take_closure(record if limited else None, model, model_rps, expires, local)
+                if limited or model_rps or expires is not None else None)
+        plans[(authorization, protocol, category, model)] = (principal, take)
         return principal
+
+    def _take_closure(self, record: KeyRecord | None, model: str, model_rps: float | None, expires: float | None,
+                      local: tuple | None):
+        """What a planned request still does each time, as one closure over the objects it needs (no
+        attribute lookups, no argument unpacking: this runs on every guarded request). ``take(now)``:
+        False when granted; True when the key expired (the caller checks in full, which refuses); raises
+        the 429 of a limit (counted)."""
+        wall_clock = self.clock.time
+        rejected = self.rejected
+        refusal = self._refusal
+        if local is None:  # the workers' shared buckets, under their lock
+            limits = self._limits if (record is not None or model_rps) else None
+
+            def take(now: float) -> bool:
+                wall = wall_clock()
+                if expires is not None and wall >= expires:
+                    return True
+                if limits is not None:
+                    try:
+                        limits(record, model, model_rps, now, wall)
+                    except ServeError as exc:
+                        rejected[exc.status] = rejected.get(exc.status, 0) + 1
+                        raise
+                return False
+
+            return take
+        def refused(which: int, wait: float):
+            exc = refusal(which, wait, record, model, model_rps)
+            rejected[exc.status] = rejected.get(exc.status, 0) + 1
+            raise exc
+
+        return planned_take(*local, wall_clock, expires, refused)
 
     def check(self, protocol: str, category: str, model: str, token: str | None, headers=None,
               get_header=None) -> Principal:

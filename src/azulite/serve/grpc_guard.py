@@ -7,19 +7,32 @@ HTTP/2 server and grpc.aio call the RPCs by attribute name alike.
 from __future__ import annotations
 
 import time
+from time import perf_counter as _perf
 
 from azulite.errors import ServeError
 from azulite.serve.auth import GRPC_ROUTES, Guard, Principal
 from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
 
+_SERVICE = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+
 
 def _metadata(context, name: str) -> str | None:
-    """One metadata value from either transport (h2: raw (bytes, bytes) headers; grpc.aio: str keys)."""
+    """One metadata value from either transport (h2: raw (bytes, bytes) headers; grpc.aio: str keys).
+    HTTP/2 header names are lower case (RFC 9113 8.2.1: a request with an upper-case one is malformed;
+    grpc.aio hands them over lower-cased), so a key compares as it is: no decode, no lower() per
+    header of every request. A name sent in upper case is therefore not found: refused, never let through."""
+    raw = name.encode("latin-1")
     for key, value in context.invocation_metadata() or ():
-        if isinstance(key, bytes):
-            key = key.decode("latin-1")
-        if key.lower() == name:
+        if key == raw or key == name:
+            return value.decode("latin-1") if isinstance(value, bytes) else value
+    return None
+
+
+def _authorization(context) -> str | None:
+    """``_metadata(context, "authorization")``, the one every guarded call asks for."""
+    for key, value in context.invocation_metadata() or ():
+        if key == b"authorization" or key == "authorization":
             return value.decode("latin-1") if isinstance(value, bytes) else value
     return None
 
@@ -73,7 +86,7 @@ class GuardedServicer:
 
     def _check(self, category: str, model: str, context) -> Principal:
         guard = self.guard
-        return guard.check_request("grpc", category, model, _metadata(context, "authorization") if guard.auth else None,
+        return guard.check_request("grpc", category, model, _authorization(context) if guard.auth else None,
                                    context, _metadata)
 
     def _audit(self, start: float, principal: Principal | None, request, context, status: str, response,
@@ -106,20 +119,25 @@ class GuardedServicer:
                      n_in, n_out)
 
     def _unary(self, name: str, method, category: str, field: str):
-        # what every call of this RPC asks, looked up once (this wrapper runs on every gRPC request)
-        check, auth, audit = self.guard.check_request, self.guard.auth, self._audit
+        # what every call of this RPC asks, looked up once (this wrapper runs on every gRPC request): the
+        # request type's model / version / id fields from the service's descriptor, the audit log
+        check, auth, audit_log = self.guard.check_request, self.guard.auth, self.guard.audit
         lists_models = name in ("ModelStatistics", "RepositoryIndex")
+        model_field, version_field, has_id = _fields_of(getattr(pb, _SERVICE.methods_by_name[name].input_type.name)())
+        audit_model_field = "" if field else model_field  # a model the guard does not check is still audited
+        record = audit_log.record if audit_log is not None else None
 
         async def call(request, context):
-            start = time.perf_counter()
+            start = _perf()
             principal = None
             response = None
             status = "OK"
-            model = None
+            model = ""
             try:
-                model = getattr(request, field) if field else ""
+                if field:
+                    model = getattr(request, field)
                 try:
-                    principal = check("grpc", category, model, _metadata(context, "authorization") if auth else None,
+                    principal = check("grpc", category, model, _authorization(context) if auth else None,
                                       context, _metadata)
                 except ServeError as exc:
                     status = exc.status
@@ -134,7 +152,28 @@ class GuardedServicer:
                     status = _code_of(exc)
                 raise
             finally:
-                audit(start, principal, request, context, status, response, model if field else None)
+                if record is not None:  # the audit line (as _audit, inlined: once per gRPC request)
+                    if audit_model_field:
+                        model = getattr(request, audit_model_field)
+                    kind = type(context)
+                    sized = _SIZED.get(kind)
+                    if sized is None:
+                        sized = _sizes_known(context)
+                    n_in = context.request_bytes if sized else None
+                    if n_in is None:
+                        n_in = request.ByteSize()
+                        n_out = response.ByteSize() if response is not None else 0
+                    elif response is not None:
+                        # azulite's HTTP/2 transport sends this payload: serialized once, here, and its
+                        # length audited (ByteSize would serialize the answer a second time)
+                        context.reply_payload = payload = response.SerializeToString()
+                        n_out = len(payload)
+                    else:
+                        n_out = 0
+                    record((request.id or None) if has_id else None,
+                           principal.key_id if principal is not None else None, context.peer(), model,
+                           getattr(request, version_field) if version_field else "", "grpc", status,
+                           _perf() - start, n_in, n_out)
 
         call.__name__ = name
         return call
@@ -162,7 +201,7 @@ class GuardedServicer:
                 await context.abort(*_status(exc), _trailers(exc))
                 return
 
-            authorization = _metadata(context, "authorization") if self.guard.auth else None
+            authorization = _authorization(context) if self.guard.auth else None
 
             async def checked():
                 async for request in request_iterator:

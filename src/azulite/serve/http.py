@@ -19,9 +19,9 @@ import base64
 import gzip
 import json
 import logging
-import time
 import zlib
 from collections.abc import Awaitable, Callable
+from time import perf_counter as _perf
 from typing import Any
 from urllib.parse import unquote
 
@@ -150,14 +150,15 @@ class HttpApp:
 
     async def _guarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                        client: str) -> Reply:
-        """Keys, restricted APIs and limits before the route; the audit line after it."""
+        """Keys, restricted APIs and limits before the route; the audit line after it. A request like
+        one that passed before costs one lookup (route and plan together, Guard.check_http), the limits'
+        closure and one deque append."""
         guard = self.guard
-        start = time.perf_counter()
-        category, model, version = http_route(path)
+        start = _perf()
         principal = None
         try:
-            principal = guard.check_request("http", category, model,
-                                            headers.get(b"authorization") if guard.auth else None, headers, _header)
+            principal, _, category, model, version = guard.check_http(
+                headers.get(b"authorization") if guard.auth else None, path, headers, _header)
             if principal.models is None:
                 result = self.dispatch(method, path, headers, body)
                 reply = await result if isinstance(result, Awaitable) else result
@@ -178,12 +179,21 @@ class HttpApp:
                 reply = await result if isinstance(result, Awaitable) else result
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply = error_reply(exc)
+            if principal is None:  # refused by the guard: the route for the audit line
+                _, model, version = http_route(path)
         audit = guard.audit
-        if audit is not None:
-            rid = headers.get(b"x-request-id")
-            audit.record(rid.decode("latin-1") if rid else None, principal.key_id if principal is not None else None,
-                         client, model, version, "http", reply[0], time.perf_counter() - start, len(body),
-                         0 if is_stream(reply[2]) else len(reply[2]))
+        if audit is not None:  # AuditLog.record's append, in this frame (it runs on every guarded request)
+            end = _perf()
+            q = audit.queue
+            if len(q) < audit.max_pending:
+                rid = headers.get(b"x-request-id")
+                out = reply[2]
+                q.append((end, rid.decode("latin-1") if rid else None,
+                          principal.key_id if principal is not None else None, client, model, version, "http",
+                          reply[0], end - start, len(body),
+                          len(out) if type(out) is bytes else 0 if is_stream(out) else len(out)))
+            else:
+                audit.dropped += 1
         return reply
 
     def dispatch(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes):

@@ -78,7 +78,7 @@ class TokenBuckets:
 
     def bucket(self, name: str, rate: float, burst: float | None, now: float) -> list[float]:
         """The bucket ``take_locked(name, rate, burst, now)`` draws from (made if new): for
-        :func:`take_planned`, which draws from it directly."""
+        :func:`planned_take`, which draws from it directly."""
         b = self._buckets.get(name)
         if b is None or b[0] != rate:
             size = burst if burst is not None else max(1.0, rate)
@@ -119,46 +119,60 @@ class DailyQuotas:
     take_locked = _take  #: as TokenBuckets.take_locked
 
     def counter(self, name: str, now: float) -> list[int]:
-        """The [day, used] pair ``take_locked(name, ...)`` counts in (made if new), for :func:`take_planned`."""
+        """The [day, used] pair ``take_locked(name, ...)`` counts in (made if new), for :func:`planned_take`."""
         used = self._used.get(name)
         if used is None:
             used = self._used[name] = [int(now // 86400), 0]
         return used
 
 
-def take_planned(key: list[float] | None, quota: list[int] | None, per_day: int, model: list[float] | None,
-                 now: float, wall: float) -> tuple[int, float]:
-    """A key's bucket, its daily quota and a model's bucket (each None when it has none) taken in that
-    order, as three ``take_locked`` calls would: (0, 0.0) when granted, else (1 key, 2 quota or 3 model,
-    the wait), what was taken before the refusal staying taken. The same arithmetic as
-    TokenBuckets._take and DailyQuotas._take, in one call on objects found once (``bucket``,
-    ``counter``): this runs on every guarded request, where three lookups and calls showed."""
-    if key is not None:
-        tokens = key[2]
-        if now > key[3]:
-            tokens = min(key[1], tokens + (now - key[3]) * key[0])
-            key[3] = now
-        if tokens < 1.0:
-            key[2] = tokens
-            return 1, (1.0 - tokens) / key[0]
-        key[2] = tokens - 1.0
-    if quota is not None:
-        day = int(wall // 86400)
-        if quota[0] != day:
-            quota[0], quota[1] = day, 0
-        if quota[1] >= per_day:
-            return 2, (day + 1) * 86400 - wall
-        quota[1] += 1
-    if model is not None:
-        tokens = model[2]
-        if now > model[3]:
-            tokens = min(model[1], tokens + (now - model[3]) * model[0])
-            model[3] = now
-        if tokens < 1.0:
-            model[2] = tokens
-            return 3, (1.0 - tokens) / model[0]
-        model[2] = tokens - 1.0
-    return 0, 0.0
+def planned_take(key: list[float] | None, quota: list[int] | None, per_day: int, model: list[float] | None,
+                 wall_clock, expires: float | None, refused):
+    """The per-request part of a guard's plan as one closure ``take(now)``: a key's bucket, its daily
+    quota and a model's bucket (each None when it has none; from ``bucket`` and ``counter``) taken in
+    that order, as three ``take_locked`` calls would, with the same arithmetic as TokenBuckets._take and
+    DailyQuotas._take. ``take`` answers False when granted, True when the key's ``expires`` (wall time)
+    has passed, and ``refused(which, wait)``'s answer (it may raise) on a refusal — which: 1 the key's
+    bucket, 2 its quota, 3 the model's bucket —, what was taken before the refusal staying taken.
+    ``wall_clock()`` is read only when a quota or an expiry needs it. One closure over the objects it
+    needs, no lookups or argument unpacking: this runs on every guarded request."""
+    def take(now: float):
+        if expires is not None or quota is not None:
+            wall = wall_clock()
+            if expires is not None and wall >= expires:
+                return True
+        if key is not None:
+            tokens = key[2]
+            if now > key[3]:
+                tokens += (now - key[3]) * key[0]
+                if tokens > key[1]:  # min() without the call
+                    tokens = key[1]
+                key[3] = now
+            if tokens < 1.0:
+                key[2] = tokens
+                return refused(1, (1.0 - tokens) / key[0])
+            key[2] = tokens - 1.0
+        if quota is not None:
+            day = int(wall // 86400)
+            if quota[0] != day:
+                quota[0], quota[1] = day, 0
+            if quota[1] >= per_day:
+                return refused(2, (day + 1) * 86400 - wall)
+            quota[1] += 1
+        if model is not None:
+            tokens = model[2]
+            if now > model[3]:
+                tokens += (now - model[3]) * model[0]
+                if tokens > model[1]:
+                    tokens = model[1]
+                model[3] = now
+            if tokens < 1.0:
+                model[2] = tokens
+                return refused(3, (1.0 - tokens) / model[0])
+            model[2] = tokens - 1.0
+        return False
+
+    return take
 
 
 def refuse(what: str, wait_s: float, fix: str) -> ResourceExhausted:
