@@ -4,18 +4,20 @@ size), measured in the same run; also 1 rank vs 2, the data readers alone (TSV a
 training consumes, the cost of periodic checkpoints, and the AUC reached. Not a test. The last line
 printed is one JSON object.
 
-    .venv/bin/python bench/dlrm.py [--rows 60000] [--batch_size 256] [--pairs 1]
+    .venv/bin/python bench/dlrm.py [--rows 120000] [--batch_size 256] [--pairs 1]
 
 What is timed, on both sides alike: rank 0's clock from the end of training step ``--untimed_steps`` to the
 end of the last training step; samples/s = the global samples of the steps in between over that time (one
-pass over the training rows: ~210 steps of 2 x 256 with the defaults). Outside the window on both sides:
-process start, imports, the process group, the planner and sharding, loading data (the bare loop reads
+pass over the training rows: ~420 steps of 2 x 256 with the defaults, ~5 s idle: long enough that the
+job's once-a-second and once-per-5-s events land in every window alike, and a few slow steps weigh less
+than in the ~210 steps of 60,000 rows per file this bench timed until round 22). Outside the window on
+both sides: process start, imports, the process group, the planner and sharding, loading data (the bare loop reads
 every array into memory first; azulite streams), the first steps' one-time costs, and after the last step
 the held-out evaluation and the final checkpoint. Inside the window azulite does what its job does every
 step: the streaming reader, the preemption agreement (an all-reduce every 10 steps), progress and MLflow
 metrics every ``--log_every`` steps (rank 0's metrics thread writes the store in one transaction per 5 s
-at most, ``azulite.train.metric_writer.WRITE_INTERVAL_S``: in the defaults' ~2.5 s window that is one or
-none; a longer run pays ~8 ms of CPU per 5 s for it). Periodic async checkpoints are a choice of
+at most, ``azulite.train.metric_writer.WRITE_INTERVAL_S``: in the defaults' ~5 s window that is one, at
+times two; a longer run pays ~8 ms of CPU per 5 s for it). Periodic async checkpoints are a choice of
 interval, which the bare loop has no counterpart of: the head-to-head runs save only after the window (``--checkpoint_every 0``)
 and one more 2-rank run saves every ``--ckpt_run_every`` steps (``checkpointing_samples_per_s``).
 
@@ -122,7 +124,7 @@ def bare_torchrun(data: Path, args: argparse.Namespace) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=60000, help="rows per file (2 files)")
+    ap.add_argument("--rows", type=int, default=120000, help="rows per file (2 files)")
     ap.add_argument("--batch_size", type=int, default=256, help="per rank")
     ap.add_argument("--untimed_steps", type=int, default=20, help="first steps outside the timed window (both sides)")
     ap.add_argument("--log_every", type=int, default=20, help="the azulite job's progress + MLflow interval")
