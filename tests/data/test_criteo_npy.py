@@ -147,12 +147,12 @@ def test_read_ahead_hands_out_the_same_rows_and_positions_and_resumes_mid_block(
     kw = dict(rank=world_size - 1, world_size=world_size, batch_size=batch_size, num_embeddings_per_feature=N,
               split=split, validation_permille=permille, seed=5)
     one, ahead = CriteoNpyReader(files, read_ahead=1, **kw), CriteoNpyReader(files, read_ahead=read_ahead, **kw)
-    expected, states, blocks = [], [], 0
+    expected, states, kept, blocks = [], [], [], 0
     while one.epoch < 2:  # two epochs: shuffled file order, file ends, the val split's padded last chunk
         want, got = one.next_rows(), ahead.next_rows()
         blocks += len(ahead._ahead) == read_ahead - 1  # a block was just read
         assert ahead.state_dict() == one.state_dict()
-        expected.append(want), states.append(one.state_dict())
+        expected.append(want), states.append(one.state_dict()), kept.append(got)
         if want is None:
             assert got is None
             continue
@@ -160,6 +160,8 @@ def test_read_ahead_hands_out_the_same_rows_and_positions_and_resumes_mid_block(
             assert np.array_equal(getattr(got, f), getattr(want, f)) and getattr(got, f).dtype == getattr(want, f).dtype
         assert got.sparse.T.flags.c_contiguous or not want.sparse.T.flags.c_contiguous  # the KJT's layout
     assert blocks > 2  # the read-ahead path ran, not only the chunk-at-a-time one
+    for got, want in zip(kept, expected):  # rows handed out earlier were not overwritten by later reads
+        assert got is want is None or np.array_equal(got.sparse, want.sparse) and np.array_equal(got.dense, want.dense)
     # restored from a position inside a block (not a block boundary), it continues exactly
     k = next(i for i, s in enumerate(states) if expected[i] is not None and i % read_ahead == read_ahead // 2 and i > 3)
     resumed = CriteoNpyReader(files, read_ahead=read_ahead, **kw)

@@ -361,6 +361,9 @@ class CriteoNpyReader(_Stream):
         self.read_ahead = (max(1, min(16, self.READ_AHEAD_ROWS // max(self.batch_size, 1)))
                            if read_ahead is None else max(1, int(read_ahead)))
         self._ahead: deque[tuple[Rows, int]] = deque()  # chunks read ahead: (rows, the row position after it)
+        # int64 work arrays kept between reads (the gathered raw ids, the hash's quotients): new ones of a
+        # read-ahead block's size come from fresh pages every time, ~8 page faults per chunk
+        self._work: list[np.ndarray | None] = [None, None]
 
     def _close(self) -> None:
         self._arrays = None
@@ -464,14 +467,26 @@ class CriteoNpyReader(_Stream):
         :func:`azulite.workloads.dlrm.loop.to_batch` takes it without a copy. The ids are hashed
         in place on that copy (numpy's scalar division is vectorized over contiguous memory only: hashing
         the strided map straight into the output takes ~2x as long)."""
-        ids = sparse[slices[0]] if len(slices) == 1 else np.concatenate([sparse[s] for s in slices])
+        if len(slices) == 1:
+            ids = sparse[slices[0]]  # a view of the map
+        else:
+            n = sum(len(range(s.start, s.stop, s.step)) for s in slices)
+            ids = np.concatenate([sparse[s] for s in slices], out=self._work_array(0, (n, sparse.shape[1])))
         # the one copy out of the map (always a copy: never the map itself), [chunks, 26, rows per chunk]
         ids = np.array(ids.reshape(chunks, -1, ids.shape[-1]).transpose(0, 2, 1), order="C")
         if self.num_embeddings is not None:
             if self._sizes_column is None:
                 self._sizes_column = self.num_embeddings[:, None]
-            hash_ids(ids, self._sizes_column, out=ids)
+            hash_ids(ids, self._sizes_column, out=ids, scratch=self._work_array(1, ids.shape))
         return ids if chunks > 1 else ids[0].T
+
+    def _work_array(self, i: int, shape: tuple[int, ...]) -> np.ndarray:
+        """Work array ``i`` as an int64 array of ``shape`` (its contents are garbage: overwritten by the caller)."""
+        n = int(np.prod(shape))
+        buf = self._work[i]
+        if buf is None or buf.size < n:
+            buf = self._work[i] = np.empty(n, np.int64)
+        return buf[:n].reshape(shape)
 
     def _run(self, row: int, total: int) -> tuple[int, int]:
         """The run of wanted rows ``[lo, hi)`` that holds ``row``, or the next one after it
