@@ -4,18 +4,20 @@ size), measured in the same run; also 1 rank vs 2, the data readers alone (TSV a
 training consumes, the cost of periodic checkpoints, and the AUC reached. Not a test. The last line
 printed is one JSON object.
 
-    .venv/bin/python bench/dlrm.py [--rows 60000] [--batch_size 256] [--pairs 1]
+    .venv/bin/python bench/dlrm.py [--rows 120000] [--batch_size 256] [--pairs 1]
 
 What is timed, on both sides alike: rank 0's clock from the end of training step ``--untimed_steps`` to the
 end of the last training step; samples/s = the global samples of the steps in between over that time (one
-pass over the training rows: ~210 steps of 2 x 256 with the defaults). Outside the window on both sides:
-process start, imports, the process group, the planner and sharding, loading data (the bare loop reads
+pass over the training rows: ~420 steps of 2 x 256 with the defaults, ~5 s idle: long enough that the
+job's once-a-second and once-per-5-s events land in every window alike, and a few slow steps weigh less
+than in the ~210 steps of 60,000 rows per file this bench timed until round 22). Outside the window on
+both sides: process start, imports, the process group, the planner and sharding, loading data (the bare loop reads
 every array into memory first; azulite streams), the first steps' one-time costs, and after the last step
 the held-out evaluation and the final checkpoint. Inside the window azulite does what its job does every
 step: the streaming reader, the preemption agreement (an all-reduce every 10 steps), progress and MLflow
 metrics every ``--log_every`` steps (rank 0's metrics thread writes the store in one transaction per 5 s
-at most, ``azulite.train.metric_writer.WRITE_INTERVAL_S``: in the defaults' ~2.5 s window that is one or
-none; a longer run pays ~8 ms of CPU per 5 s for it). Periodic async checkpoints are a choice of
+at most, ``azulite.train.metric_writer.WRITE_INTERVAL_S``: in the defaults' ~5 s window that is one, at
+times two; a longer run pays ~8 ms of CPU per 5 s for it). Periodic async checkpoints are a choice of
 interval, which the bare loop has no counterpart of: the head-to-head runs save only after the window (``--checkpoint_every 0``)
 and one more 2-rank run saves every ``--ckpt_run_every`` steps (``checkpointing_samples_per_s``).
 
@@ -24,8 +26,10 @@ Both sides run as one node of 2 processes under one torchrun agent (the azulite 
 add a second torchrun agent polling on this same machine, which real nodes do not share). The bench checks
 that both got the same sharding plan (``table_wise`` for every table, asked of both) and the same number of
 steps. ``cpu_ms_per_step`` (rank 0's process CPU time over the window, all threads) is printed beside each
-figure: a shared, loaded machine blurs it less than the wall clock. ``--pairs N`` runs the azulite job and the bare loop back to back N times (the
-ratio of each pair and their median): on a shared machine the spread says how far to trust one ratio.
+figure: a shared, loaded machine blurs it less than the wall clock. ``--pairs N`` runs the azulite job and the
+bare loop back to back N times, every other pair bare first (the ratio of each pair and their median;
+``cpu_ratio_vs_bare``: the median of the pairs' ratios of rank 0's CPU per step, bare over azulite): on a
+shared machine the spread says how far to trust one ratio.
 """
 
 from __future__ import annotations
@@ -112,15 +116,15 @@ def bare_torchrun(data: Path, args: argparse.Namespace) -> dict:
         capture_output=True, text=True, env=env, timeout=900, start_new_session=True)
     assert p.returncode == 0, p.stdout[-2000:] + p.stderr[-2000:]
     m = re.search(r"bare_samples_per_s=([\d.]+) steps=(\d+) cpu_ms_per_step=([\d.]+) sharding=(\S+) "
-                  r"cpu_ms_per_step_ranks=(\S+)", p.stdout)
+                  r"cpu_ms_per_step_ranks=(\S+) minflt_per_step=([\d.]+)", p.stdout)
     return {"samples_per_s": float(m.group(1)), "steps": int(m.group(2)), "cpu_ms_per_step": float(m.group(3)),
             "sharding": json.loads(m.group(4)), "cpu_ms_per_step_ranks": json.loads(m.group(5)),
-            "wall_s": time.perf_counter() - t0}
+            "minflt_per_step": float(m.group(6)), "wall_s": time.perf_counter() - t0}
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=60000, help="rows per file (2 files)")
+    ap.add_argument("--rows", type=int, default=120000, help="rows per file (2 files)")
     ap.add_argument("--batch_size", type=int, default=256, help="per rank")
     ap.add_argument("--untimed_steps", type=int, default=20, help="first steps outside the timed window (both sides)")
     ap.add_argument("--log_every", type=int, default=20, help="the azulite job's progress + MLflow interval")
@@ -144,10 +148,16 @@ def main() -> None:
         out["reader_npy_rows_per_s"] = reader_rows_per_s(tmp / "npy", args.batch_size, 2)
         pairs = []
         for i in range(args.pairs):
+            # every other pair runs the bare loop first: a machine whose load drifts during the bench then
+            # favours neither side in the median
+            if i % 2:
+                bare = bare_torchrun(tmp / "npy", args)
+                print(f"bare TorchRec loop, 2 ranks: {bare}", flush=True)
             two = azulite_job(tmp / "npy", tmp / f"home2-{i}", args, 2, args.checkpoint_every)
             print(f"azulite job, 2 ranks: {two}", flush=True)
-            bare = bare_torchrun(tmp / "npy", args)
-            print(f"bare TorchRec loop, 2 ranks: {bare}", flush=True)
+            if not i % 2:
+                bare = bare_torchrun(tmp / "npy", args)
+                print(f"bare TorchRec loop, 2 ranks: {bare}", flush=True)
             assert two["sharding"] == bare["sharding"], (two["sharding"], bare["sharding"])
             assert two["steps"] == bare["steps"], (two["steps"], bare["steps"])
             pairs.append((two, bare))
@@ -158,14 +168,20 @@ def main() -> None:
         ckpt = azulite_job(tmp / "npy", tmp / "home4", args, 2, args.ckpt_run_every)
         print(f"azulite job, 2 ranks, checkpoint every {args.ckpt_run_every} steps: {ckpt}", flush=True)
     ratios = [a["samples_per_s"] / b["samples_per_s"] for a, b in pairs]
+    # the same pairs by rank 0's CPU time per step (bare over azulite: < 1 means azulite costs more)
+    cpu_ratios = [b["cpu_ms_per_step"] / a["cpu_ms_per_step"] for a, b in pairs]
     two_sps = statistics.median(a["samples_per_s"] for a, _ in pairs)
     out.update({
         "steps": pairs[0][0]["steps"], "sharding": pairs[0][0]["sharding"],
         "azulite_samples_per_s": two_sps,
         "bare_samples_per_s": statistics.median(b["samples_per_s"] for _, b in pairs),
         "ratio_vs_bare": statistics.median(ratios), "ratios": ratios,
+        "cpu_ratio_vs_bare": statistics.median(cpu_ratios), "cpu_ratios": cpu_ratios,
         "azulite_cpu_ms_per_step": statistics.median(a["cpu_ms_per_step"] for a, _ in pairs),
         "bare_cpu_ms_per_step": statistics.median(b["cpu_ms_per_step"] for _, b in pairs),
+        # minor page faults per step in the window (rank 0, all threads): allocator churn or mapped reads
+        "azulite_minflt_per_step": statistics.median(a["minflt_per_step"] for a, _ in pairs),
+        "bare_minflt_per_step": statistics.median(b["minflt_per_step"] for _, b in pairs),
         # every rank's CPU per step, per pair: a step waits for the slowest rank
         "azulite_cpu_ms_per_step_ranks": [a["cpu_ms_per_step_ranks"] for a, _ in pairs],
         "bare_cpu_ms_per_step_ranks": [b["cpu_ms_per_step_ranks"] for _, b in pairs],

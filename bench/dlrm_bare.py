@@ -17,6 +17,7 @@ import gc
 import glob
 import json
 import os
+import resource
 import time
 import warnings
 
@@ -92,6 +93,7 @@ def main() -> None:
     for step in range(steps):
         if step == args.untimed_steps:
             start, cpu_start = time.perf_counter(), time.process_time()
+            flt_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
         rows = slice(step * gb + rank * b, step * gb + (rank + 1) * b)
         kjt = KeyedJaggedTensor.from_lengths_sync(
             keys=names, values=torch.from_numpy(np.ascontiguousarray(sparse[rows].T)).reshape(-1), lengths=lengths)
@@ -101,6 +103,7 @@ def main() -> None:
         loss.backward()
         opt.step()
     end, cpu_end = time.perf_counter(), time.process_time()
+    flt_end = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     timed = steps - args.untimed_steps
     cpu_ranks = [None] * world  # every rank's CPU per step (after the window), as train.py's result has
     dist.all_gather_object(cpu_ranks, round((cpu_end - cpu_start) * 1000 / timed, 3) if start is not None else None)
@@ -110,7 +113,8 @@ def main() -> None:
         print(f"bare_samples_per_s={timed * gb / (end - start):.1f} steps={steps} "
               f"cpu_ms_per_step={(cpu_end - cpu_start) * 1000 / timed:.3f} "
               f"sharding={json.dumps(counts, separators=(',', ':'))} "
-              f"cpu_ms_per_step_ranks={json.dumps(cpu_ranks, separators=(',', ':'))}", flush=True)
+              f"cpu_ms_per_step_ranks={json.dumps(cpu_ranks, separators=(',', ':'))} "
+              f"minflt_per_step={(flt_end - flt_start) / timed:.1f}", flush=True)
     dist.barrier()
     dist.destroy_process_group()
 

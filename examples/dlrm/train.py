@@ -20,6 +20,7 @@ import hashlib
 import json
 import logging
 import os
+import resource
 import sys
 import time
 import warnings
@@ -167,6 +168,7 @@ def main(argv: list[str] | None = None) -> int:
     # (and the CPU seconds this process spent in that window, all threads: a figure a busy machine blurs less)
     train_start, train_samples, run_steps = (time.perf_counter() if args.untimed_steps <= 0 else None), 0, 0
     cpu_start = time.process_time()
+    flt_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     # Everything built so far (TorchRec, the planner's objects, MLflow's client and run, torchmetrics) lives
     # as long as the job: out of the collector's way, or the first young-generation collections in the
     # training steps walk the setup's survivors (rank 0: two gen-1 collections of ~13 ms each in a window of
@@ -223,9 +225,13 @@ def main(argv: list[str] | None = None) -> int:
             ckpt.maybe_save(progress.step)
         if run_steps == args.untimed_steps:
             train_start, cpu_start = time.perf_counter(), time.process_time()
+            flt_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     train_s = time.perf_counter() - train_start if train_start is not None else 0.0
     timed_steps = train_samples // global_batch
     cpu_ms_per_step = (time.process_time() - cpu_start) * 1000 / timed_steps if timed_steps else None
+    # minor page faults per step in the window (all threads): the bench's sign of allocator churn
+    faults = resource.getrusage(resource.RUSAGE_SELF).ru_minflt - flt_start
+    minflt_per_step = faults / timed_steps if timed_steps else None
     cpu_ms_ranks = [cpu_ms_per_step]
     if ctx.distributed:  # every rank's figure (after the timed window): the slowest rank sets the pace
         cpu_ms_ranks = [None] * ctx.world_size
@@ -236,6 +242,7 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"steps": progress.step, "samples": progress.samples,
                     "samples_per_s": train_samples / train_s if train_s > 0 and train_samples else None,
                     "cpu_ms_per_step": cpu_ms_per_step, "cpu_ms_per_step_ranks": cpu_ms_ranks,
+                    "minflt_per_step": minflt_per_step,
                     "sharding": plan_counts}
     if permille:
         val = criteo_reader.open_reader(args.dataset_path, split="val", shuffle_files=False, **reader_kw)

@@ -133,3 +133,42 @@ def test_npy_rows_are_feature_major_and_match_tsv_with_mixed_table_sizes(tmp_pat
         assert rb.sparse.T.flags.c_contiguous and rb.sparse.flags.writeable
         n += 1
     assert a.next_rows() is None and n > 5
+
+
+@pytest.mark.parametrize("split,permille,world_size,batch_size,read_ahead", [
+    ("train", 150, 2, 64, 5), ("val", 150, 3, 20, 4), ("all", 0, 1, 100, 16), ("train", 990, 2, 1, 3),
+])
+def test_read_ahead_hands_out_the_same_rows_and_positions_and_resumes_mid_block(
+        tmp_path, split, permille, world_size, batch_size, read_ahead):
+    rng = np.random.default_rng(11)
+    _npy_day(tmp_path, "day_0", 2500, rng)
+    _npy_day(tmp_path, "day_1", 1701, rng)
+    files = [str(tmp_path / "day_0"), str(tmp_path / "day_1")]
+    kw = dict(rank=world_size - 1, world_size=world_size, batch_size=batch_size, num_embeddings_per_feature=N,
+              split=split, validation_permille=permille, seed=5)
+    one, ahead = CriteoNpyReader(files, read_ahead=1, **kw), CriteoNpyReader(files, read_ahead=read_ahead, **kw)
+    expected, states, kept, blocks = [], [], [], 0
+    while one.epoch < 2:  # two epochs: shuffled file order, file ends, the val split's padded last chunk
+        want, got = one.next_rows(), ahead.next_rows()
+        blocks += len(ahead._ahead) == read_ahead - 1  # a block was just read
+        assert ahead.state_dict() == one.state_dict()
+        expected.append(want), states.append(one.state_dict()), kept.append(got)
+        if want is None:
+            assert got is None
+            continue
+        for f in ("dense", "sparse", "labels", "weight"):
+            assert np.array_equal(getattr(got, f), getattr(want, f)) and getattr(got, f).dtype == getattr(want, f).dtype
+        assert got.sparse.T.flags.c_contiguous or not want.sparse.T.flags.c_contiguous  # the KJT's layout
+    assert blocks > 2  # the read-ahead path ran, not only the chunk-at-a-time one
+    for got, want in zip(kept, expected):  # rows handed out earlier were not overwritten by later reads
+        assert got is want is None or np.array_equal(got.sparse, want.sparse) and np.array_equal(got.dense, want.dense)
+    # restored from a position inside a block (not a block boundary), it continues exactly
+    k = next(i for i, s in enumerate(states) if expected[i] is not None and i % read_ahead == read_ahead // 2 and i > 3)
+    resumed = CriteoNpyReader(files, read_ahead=read_ahead, **kw)
+    resumed.next_rows()  # a block read ahead from the start, which the restore must drop
+    resumed.load_state_dict(states[k])
+    for want in expected[k + 1:]:
+        got = resumed.next_rows()
+        assert (got is None) == (want is None)
+        if want is not None:
+            assert np.array_equal(got.sparse, want.sparse) and np.array_equal(got.dense, want.dense)

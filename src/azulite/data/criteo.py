@@ -51,9 +51,10 @@ def category_ids(values: Sequence[str | bytes]) -> np.ndarray:
 
 
 def hash_ids(ids: np.ndarray, num_embeddings_per_feature: Sequence[int] | np.ndarray, *,
-             out: np.ndarray | None = None) -> np.ndarray:
+             out: np.ndarray | None = None, scratch: np.ndarray | None = None) -> np.ndarray:
     """Row of each id in its feature's table: ``id % num_embeddings`` (ids: ``[..., 26]`` int64, the sizes
-    broadcast against them; ``out``: where to write, e.g. a feature-major array for ``ids.T``)."""
+    broadcast against them; ``out``: where to write, e.g. a feature-major array for ``ids.T``; ``scratch``:
+    an int64 array of ids' shape for the intermediate quotients, instead of a new one)."""
     ids = np.asarray(ids, dtype=np.int64)
     n = np.asarray(num_embeddings_per_feature, dtype=np.int64)
     first = int(n.flat[0]) if n.size else 0
@@ -62,7 +63,7 @@ def hash_ids(ids: np.ndarray, num_embeddings_per_feature: Sequence[int] | np.nda
         # libdivide (a multiply and a shift); np.remainder by an array of sizes runs a hardware division per
         # element, ~5x the time (~35 vs ~7 us for a 256-row batch: a training step's reader cost). The same
         # floor semantics as np.remainder for every int64, negative ids included.
-        q = np.floor_divide(ids, first)
+        q = np.floor_divide(ids, first, out=scratch)
         q *= first
         return np.subtract(ids, q, out=q if out is None else out)  # ``out`` may be ``ids`` itself
     return np.remainder(ids, n, out=out)
