@@ -431,3 +431,50 @@ def test_close_drains_then_refuses():
         assert [r["y"][0, 0] for r in await asyncio.gather(*futures)] == [2.0, 4.0]
 
     asyncio.run(main())
+
+
+class Sender:
+    """An instance driven like an instance process: ``start_batch`` only records the batch and its answer
+    callback; the test answers it, as the loop's reader callback answers a process's batch."""
+
+    def __init__(self) -> None:
+        self.sent: list[tuple[list[float], object]] = []
+
+    def start_batch(self, loop, items: list[WorkItem], done) -> None:
+        self.sent.append(([float(i.inputs["x"].reshape(-1)[0]) for i in items], done))
+
+    def answer(self, k: int) -> None:
+        values, done = self.sent[k]
+        sizes = [1] * len(values)
+        outputs = {"y": np.asarray(values, np.float32).reshape(-1, 1) * 2}
+        done((merge.split_outputs(outputs, sizes, model="sender"), Timing(1, 2, 3)), None)
+
+    def execute(self, items):  # never called: the batcher sends batches with start_batch
+        raise AssertionError("execute called")
+
+    def close(self) -> None:
+        pass
+
+
+def test_an_instance_that_answers_gets_its_next_ready_batch_in_the_same_callback():
+    """Two instance processes busy, two requests queued (each a full batch): the answer of one sends it
+    the next batch before the callback returns, not after the rest of the loop's pass (the scheduler task,
+    woken, runs only then). With the wake-up alone, nothing is sent inside the callback: fails."""
+
+    async def main():
+        a, b = Sender(), Sender()
+        bt = Batcher(model="m", settings=settings(max_batch_size=1), instances=[("a", a), ("b", b)])
+        futures = [bt.submit(item(v)) for v in (1.0, 2.0, 3.0, 4.0)]
+        await until(lambda: len(a.sent) == 1 and len(b.sent) == 1)
+        assert bt.queued == 2
+        a.answer(0)  # on the loop, as a reader callback runs
+        assert [v for v, _ in a.sent] == [[1.0], [3.0]] and bt.queued == 1  # sent within the callback
+        b.answer(0)
+        assert [v for v, _ in b.sent] == [[2.0], [4.0]] and bt.queued == 0
+        a.answer(1)
+        b.answer(1)
+        results = await asyncio.wait_for(asyncio.gather(*futures), WAIT)
+        assert [float(r["y"][0, 0]) for r in results] == [2.0, 4.0, 6.0, 8.0]
+        await bt.close()
+
+    asyncio.run(main())

@@ -354,11 +354,8 @@ class Batcher:
 
     async def _run(self) -> None:
         while True:
-            if not self._idle:
-                await self._sleep_until_woken(0)  # an instance finishing wakes it
-                continue
             try:
-                batch = await self._next_batch()
+                batch = await self._next_batch()  # returns with an instance idle (no await between)
             except Exception as exc:  # a scheduler bug must not leave requests waiting forever
                 self._fail_queued(Internal(f"model '{self.model}': scheduler error {type(exc).__name__}: {exc}"))
                 continue
@@ -406,47 +403,59 @@ class Batcher:
         return nearest
 
     async def _next_batch(self) -> list[_Pending]:
-        s = self.settings
         while True:
-            now = time.monotonic_ns()
-            nearest = self._expire(now) if self._with_deadline else 0
+            if not self._idle:  # every instance busy (or a finishing one took the batch): one wakes it
+                await self._sleep_until_woken(0)
+                continue
+            batch, until = self._choose(time.monotonic_ns())
+            if batch is not None:
+                return batch
             if self._count == 0:
                 if self._closing and self._inflight == 0:
                     self._drained.set()  # type: ignore[union-attr]
-                await self._sleep_until_woken(nearest)
+                await self._sleep_until_woken(until)
                 continue
-            if not s.dynamic:
-                return self._take(1)
-            # The longest prefix that fits: same shapes, batch sizes summing to <= max_batch_size.
-            n, total, best_preferred = 0, 0, 0
-            head_key = None
-            for p in self._order():
-                if head_key is None:
-                    head_key = p.shape_key
-                elif p.shape_key != head_key:
-                    break
-                if total + p.item.batch_size > s.max_batch_size and n:
-                    break
-                n += 1
-                total += p.item.batch_size
-                if total in s.preferred:
-                    best_preferred = n
-                if total >= s.max_batch_size:
-                    break
-            full = total >= s.max_batch_size or n < self._count
-            if full or self._closing:
-                return self._take(n)
-            if best_preferred:
-                return self._take(best_preferred)
-            head = next(self._order())
-            due = head.enqueued_ns + s.max_delay_ns
-            if now >= due:
-                return self._take(n)
             self._delaying = True
             try:
-                await self._sleep_until_woken(min(due, nearest) if nearest else due)
+                await self._sleep_until_woken(until)
             finally:
                 self._delaying = False
+
+    def _choose(self, now: int) -> tuple[list[_Pending] | None, int]:
+        """The batch to run now (taken off the queues), or None and when to look again (0: when woken):
+        nothing queued, or a batch still filling within max_queue_delay."""
+        s = self.settings
+        nearest = self._expire(now) if self._with_deadline else 0
+        if self._count == 0:
+            return None, nearest
+        if not s.dynamic:
+            return self._take(1), 0
+        # The longest prefix that fits: same shapes, batch sizes summing to <= max_batch_size.
+        n, total, best_preferred = 0, 0, 0
+        head_key = None
+        for p in self._order():
+            if head_key is None:
+                head_key = p.shape_key
+            elif p.shape_key != head_key:
+                break
+            if total + p.item.batch_size > s.max_batch_size and n:
+                break
+            n += 1
+            total += p.item.batch_size
+            if total in s.preferred:
+                best_preferred = n
+            if total >= s.max_batch_size:
+                break
+        full = total >= s.max_batch_size or n < self._count
+        if full or self._closing:
+            return self._take(n), 0
+        if best_preferred:
+            return self._take(best_preferred), 0
+        head = next(self._order())
+        due = head.enqueued_ns + s.max_delay_ns
+        if now >= due:
+            return self._take(n), 0
+        return None, (min(due, nearest) if nearest else due)
 
     def _take(self, n: int) -> list[_Pending]:
         batch: list[_Pending] = []
@@ -484,12 +493,12 @@ class Batcher:
             try:
                 start_batch(self._loop, items, lambda outcome, error: self._finish(
                     inst, batch, start, None if outcome is None else (*outcome, time.perf_counter_ns() - t0, 0),
-                    error))
+                    error, chain=True))
             except Exception as exc:  # noqa: BLE001 - e.g. inputs it cannot pack: _finish fails the batch
                 self._finish(inst, batch, start, None, exc)
         else:
             inst.post(self._loop, _timed_execute, (inst.model, items),  # type: ignore[arg-type]
-                      lambda outcome, error: self._finish(inst, batch, start, outcome, error))
+                      lambda outcome, error: self._finish(inst, batch, start, outcome, error, chain=True))
 
     def _inline(self) -> bool:
         if not self._may_inline or self._exec_ns is None:
@@ -510,9 +519,19 @@ class Batcher:
         self._probe = True
         return True
 
-    def _finish(self, inst: _Instance, batch: list[_Pending], start: int, outcome, failure: BaseException | None) -> None:
+    def _finish(self, inst: _Instance, batch: list[_Pending], start: int, outcome, failure: BaseException | None,
+                *, chain: bool = False) -> None:
+        """Answer a batch. ``chain``: called back by an instance (its process's answer read by the loop,
+        or its thread's result posted), which then gets its next batch here at once when one is ready:
+        the scheduler task, woken instead, would run only after every other I/O callback of this loop pass
+        (parsing other connections' requests meanwhile, with the instance idle). Never for inline batches
+        (the scheduler is the caller) nor while closing (the scheduler drains)."""
         self._inflight -= 1
         self._idle.append(inst)
+        if chain and self._count and not self._may_inline and not self._closing:
+            batch_next, _ = self._choose(time.monotonic_ns())
+            if batch_next is not None:
+                self._dispatch(self._idle.popleft(), batch_next)
         self._wake()
         error: ServeError | None = None
         results: list[Result] = []
