@@ -537,9 +537,9 @@ class _Prefetch:
 
     def _bring(self, fd: int, sink: int, at: int, n: int) -> bool:
         """Bytes [at, at + n) of ``fd`` into the cache; False when the file ended early."""
+        end = at + n
         if self._sendfile:
             try:
-                end = at + n
                 while at < end:
                     sent = os.sendfile(sink, fd, at, end - at)
                     if sent <= 0:
@@ -550,7 +550,8 @@ class _Prefetch:
                 if e.errno not in _NO_SENDFILE:
                     raise
                 self._sendfile = False  # not to /dev/null on this system: advice instead
-        os.posix_fadvise(fd, at, n, os.POSIX_FADV_WILLNEED)
+        if hasattr(os, "posix_fadvise"):
+            os.posix_fadvise(fd, at, end - at, os.POSIX_FADV_WILLNEED)
         return True
 
 
