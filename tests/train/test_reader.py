@@ -231,6 +231,15 @@ def test_the_prefetch_starts_with_the_local_plan_and_ends_with_the_load(tmp_path
     assert not [t for t in threading.enumerate() if t.name == "azulite-prefetch" and t.is_alive()]
 
 
+def _evict(path):
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
 def _files(tmp_path, *sizes):
     paths = []
     for i, n in enumerate(sizes):
@@ -240,6 +249,7 @@ def _files(tmp_path, *sizes):
 
 
 def test_the_prefetch_reads_the_files_in_order_and_stays_a_bounded_distance_ahead(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_module, "_in_cache", lambda fd, at, n: False)  # as if cold
     chunk = 4096
     paths = _files(tmp_path, 5 * chunk, 3 * chunk + 100)
     monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", chunk)
@@ -285,6 +295,7 @@ def test_the_prefetch_reads_the_files_in_order_and_stays_a_bounded_distance_ahea
 
 
 def test_a_reader_waits_until_the_prefetch_brought_what_it_reads(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_module, "_in_cache", lambda fd, at, n: False)  # as if cold
     chunk = 4096
     paths = _files(tmp_path, 3 * chunk, 2 * chunk)
     monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", chunk)
@@ -325,6 +336,7 @@ def test_a_reader_waits_until_the_prefetch_brought_what_it_reads(tmp_path, monke
 
 
 def test_readers_never_wait_on_a_prefetch_that_cannot_go_on(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_module, "_in_cache", lambda fd, at, n: False)  # as if cold
     chunk = 4096
     paths = _files(tmp_path, 4 * chunk, 4 * chunk)
     monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", chunk)
@@ -343,6 +355,7 @@ def test_readers_never_wait_on_a_prefetch_that_cannot_go_on(tmp_path, monkeypatc
 
 
 def test_without_sendfile_to_a_file_the_prefetch_falls_back_to_advice(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_module, "_in_cache", lambda fd, at, n: False)  # as if cold
     chunk = 4096
     paths = _files(tmp_path, 2 * chunk + 7, chunk)
     monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", chunk)
@@ -368,6 +381,7 @@ def test_without_sendfile_to_a_file_the_prefetch_falls_back_to_advice(tmp_path, 
 
 
 def test_a_restore_reads_only_what_the_prefetch_brought(tmp_path, monkeypatch):
+    monkeypatch.setattr(reader_module, "_in_cache", lambda fd, at, n: False)  # as if cold
     saved, _ = _save(tmp_path, seed=1, fill=3.0, step=7)
     d = tmp_path / "step-00000007"
     monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", 4096)
@@ -441,3 +455,44 @@ def test_a_restore_reads_only_what_the_prefetch_brought(tmp_path, monkeypatch):
     assert all(cached >= end for _, end, cached in reads), reads
     assert all(cached >= end for _, end, cached in asked), asked
     assert not gave_up.is_set()
+
+
+def test_the_prefetch_passes_over_a_file_already_in_the_cache(tmp_path, monkeypatch):
+    chunk = 4096
+    warm, cold = _files(tmp_path, 4 * chunk, 4 * chunk)
+    fd = os.open(warm, os.O_RDONLY)
+    try:
+        just_written = reader_module._in_cache(fd, 0, 4 * chunk)
+        if reader_module._CACHESTAT is None:
+            pytest.skip("no cachestat(2) here (Linux >= 6.5)")
+        assert just_written
+        assert not reader_module._in_cache(fd, 4 * chunk, chunk)  # past its end: nothing is
+        assert not reader_module._in_cache(fd, 3 * chunk, 2 * chunk)
+    finally:
+        os.close(fd)
+    _evict(cold)
+    fd = os.open(cold, os.O_RDONLY)
+    try:
+        if reader_module._in_cache(fd, 0, 4 * chunk):
+            pytest.skip("the file could not be evicted from the page cache here (tmpfs?)")
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_RANDOM)
+        os.pread(fd, 1, 0)  # its first page only (no readahead past it)
+    finally:
+        os.close(fd)
+    monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", chunk)
+    sent, real = [], os.sendfile
+
+    def watched(out, fd, offset, count):
+        sent.append((os.readlink(f"/proc/self/fd/{fd}"), offset))
+        return real(out, fd, offset, count)
+
+    monkeypatch.setattr(os, "sendfile", watched)
+    prefetch = reader_module._Prefetch([warm, cold])
+    try:
+        prefetch.ready(warm, 4 * chunk)
+        prefetch.ready(cold, 4 * chunk)
+    finally:
+        prefetch.stop()
+    # the file just written is not read again; the one only partly in the cache is read whole, in order
+    assert sent and all(path == str(cold) for path, _ in sent), sent
+    assert [offset for _, offset in sent] == sorted(offset for _, offset in sent) and sent[0][1] == 0, sent

@@ -34,8 +34,10 @@ import ctypes
 import errno
 import functools
 import io
+import mmap
 import os
 import socket
+import sys
 import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
@@ -509,6 +511,11 @@ class _Prefetch:
             return
         try:
             size = os.fstat(fd).st_size
+            # a file wholly in the cache (a warm restore) is not read again; one that is not is read whole:
+            # skipping its cached pieces would break the sequential pattern the kernel's readahead keys on
+            # (a cold restore then cost 170 device requests instead of 100)
+            if _in_cache(fd, 0, size):
+                return
             if hasattr(os, "posix_fadvise"):
                 os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_SEQUENTIAL)  # the largest readahead window
             at = 0
@@ -553,6 +560,40 @@ class _Prefetch:
         if hasattr(os, "posix_fadvise"):
             os.posix_fadvise(fd, at, end - at, os.POSIX_FADV_WILLNEED)
         return True
+
+
+class _CacheRange(ctypes.Structure):
+    _fields_ = [("off", ctypes.c_uint64), ("len", ctypes.c_uint64)]
+
+
+class _CacheStat(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_uint64) for name in
+                ("nr_cache", "nr_dirty", "nr_writeback", "nr_evicted", "nr_recently_evicted")]
+
+
+#: cachestat(2)'s number (Linux >= 6.5; one number on every architecture), None once it proved missing
+_CACHESTAT: int | None = 451 if sys.platform.startswith("linux") else None
+_PAGE = mmap.PAGESIZE
+
+
+def _in_cache(fd: int, at: int, n: int) -> bool:
+    """Whether every page of bytes [at, at + n) of ``fd`` is in the page cache (cachestat(2)); False where
+    that cannot be told. Passing over cached pages with sendfile costs ~7 ms of CPU per 302 MB a rank
+    (~45 GB/s): a warm restore's whole prefetch, which this makes a few system calls."""
+    global _CACHESTAT
+    if _CACHESTAT is None or n <= 0:
+        return False
+    rng, stat = _CacheRange(at, n), _CacheStat()
+    if _libc().syscall(_CACHESTAT, fd, ctypes.byref(rng), ctypes.byref(stat), 0) != 0:
+        if ctypes.get_errno() == errno.ENOSYS:
+            _CACHESTAT = None
+        return False
+    return stat.nr_cache >= (at + n + _PAGE - 1) // _PAGE - at // _PAGE
+
+
+@functools.cache
+def _libc() -> Any:
+    return ctypes.CDLL(None, use_errno=True)
 
 
 #: sendfile's answers where it cannot write to a file (macOS: sockets only)
