@@ -80,6 +80,16 @@ def _evict(paths) -> None:
             os.close(fd)
 
 
+def _disk_reads(path: Path) -> int | None:
+    """Read requests the block device holding ``path`` completed so far (None where there is no such
+    device, e.g. tmpfs): how many requests a cold read cost, the disk's view of its access pattern."""
+    st = os.stat(path)
+    try:
+        return int(Path(f"/sys/dev/block/{os.major(st.st_dev)}:{os.minor(st.st_dev)}/stat").read_text().split()[0])
+    except (OSError, IndexError, ValueError):
+        return None
+
+
 def _raw_write(path: Path, nbytes: int) -> None:
     buf = os.urandom(1 << 20) * 8  # 8 MiB, incompressible
     with open(path, "wb", buffering=0) as f:
@@ -135,15 +145,19 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
     rounds: dict[str, list[float]] = {"restore_cold": [], "torch_load_cold": [], "restore": [], "torch_load": [],
                                       "torch_load_every_rank_cold": [], "torch_load_every_rank": []}
     cpu: dict[str, list[float]] = {k: [] for k in rounds}
+    reads: dict[str, list[int]] = {k: [] for k in rounds}
 
     def measure(name: str, nbytes: int, fn, before=None) -> None:
         # wall MB/s, and CPU seconds of both ranks' processes (all threads): what other load on the
-        # machine skews least
-        c0 = time.process_time()
+        # machine skews least; and the disk's read requests meanwhile (other work's reads count too)
+        c0, r0 = time.process_time(), _disk_reads(root)
         rounds[name].append(nbytes / 1e6 / _timed(ctx, fn, before=before))
+        r1 = _disk_reads(root)
         both: list = [None] * world
         dist.all_gather_object(both, time.process_time() - c0)
         cpu[name].append(sum(both))
+        if r0 is not None and r1 is not None:
+            reads[name].append(r1 - r0)
 
     for _ in range(args.repeat):
         measure("restore_cold", ckpt_bytes, ck.load_latest, before=evict(list(step_path.iterdir())))
@@ -157,6 +171,7 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         res = {f"{k}_MBps": statistics.median(v) for k, v in rounds.items()}
         res.update({f"{k}_each_MBps": [round(x) for x in v] for k, v in rounds.items()})
         res.update({f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()})
+        res.update({f"{k}_disk_reads": statistics.median(v) for k, v in reads.items() if v and k.endswith("cold")})
         res.update(ckpt_mb=ckpt_bytes / 1e6, plain_mb=plain_bytes / 1e6, files=len(manifest["files"]))
         Path(out).write_text(json.dumps(res))
     train.shutdown(ctx)

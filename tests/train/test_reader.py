@@ -16,6 +16,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
+from azulite.train import prefetch as prefetch_module
 from azulite.train import reader as reader_module
 from azulite.train.reader import VerifyingReader
 from azulite.train.restore import IntegrityError
@@ -230,49 +231,78 @@ def test_the_prefetch_starts_with_the_local_plan_and_ends_with_the_load(tmp_path
     assert not [t for t in threading.enumerate() if t.name == "azulite-prefetch" and t.is_alive()]
 
 
-def test_the_prefetch_streams_the_files_in_order_and_stays_a_bounded_distance_ahead(tmp_path, monkeypatch):
-    chunk = 4096
-    paths = []
-    for i, n in enumerate((5 * chunk, 3 * chunk + 100)):
-        paths.append(tmp_path / f"f{i}")
-        paths[-1].write_bytes(b"x" * n)
-    monkeypatch.setattr(reader_module, "PREFETCH_CHUNK", chunk)
-    monkeypatch.setattr(reader_module, "PREFETCH_AHEAD", 2 * chunk)
-    calls, changed, box, ready = [], threading.Condition(), {}, threading.Event()
-    real = os.posix_fadvise
+def test_a_restore_reads_only_what_the_prefetch_brought(tmp_path, monkeypatch):
+    monkeypatch.setattr(prefetch_module, "in_cache", lambda fd, at, n: False)  # as if cold
+    saved, _ = _save(tmp_path, seed=1, fill=3.0, step=7)
+    d = tmp_path / "step-00000007"
+    monkeypatch.setattr(prefetch_module, "PREFETCH_CHUNK", 4096)
+    monkeypatch.setattr(reader_module, "CHUNK", 4096)
+    box: dict = {}
+    asked: list[tuple[str, int, int]] = []  # (file, end asked for, bytes of it in the cache then)
+    reads: list[tuple[str, int, int]] = []  # (file, end of a data read, bytes of it in the cache then)
 
-    def watched(fd, offset, length, advice):
-        if advice == os.POSIX_FADV_WILLNEED:
-            assert ready.wait(timeout=30)
-            consumed = box["p"]._consumed  # read at once: what the prefetch went on
-            with changed:
-                calls.append((os.readlink(f"/proc/self/fd/{fd}"), offset, length, consumed))
-                changed.notify_all()
-        return real(fd, offset, length, advice)
+    # the prefetch brings a piece only once a reader asked for bytes beyond it: a reader that did not ask
+    # before reading reads bytes that are not there yet, every time
+    asking, wanted, gave_up = threading.Condition(), {}, threading.Event()
+    real = os.sendfile
 
-    def wait_for(n):
-        with changed:
-            assert changed.wait_for(lambda: len(calls) >= n, timeout=30), calls
+    def on_demand(out, fd, offset, count):
+        path = os.readlink(f"/proc/self/fd/{fd}")
+        with asking:
+            if not gave_up.is_set() and not asking.wait_for(lambda: wanted.get(path, 0) > offset, timeout=30):
+                gave_up.set()
+        return real(out, fd, offset, count)
 
-    monkeypatch.setattr(os, "posix_fadvise", watched)
-    box["p"] = prefetch = reader_module._Prefetch(paths)
-    ready.set()  # the thread's first call waits until box["p"] is set
-    expected = [(str(paths[0]), i * chunk, chunk) for i in range(5)]
-    expected += [(str(paths[1]), i * chunk, chunk) for i in range(3)] + [(str(paths[1]), 3 * chunk, 100)]
-    try:
-        # nothing consumed: it advises PREFETCH_AHEAD bytes, then waits for the readers
-        assert prefetch.waited.wait(timeout=30)
-        with changed:
-            assert [c[:3] for c in calls] == expected[:2]
-        prefetch.consumed(chunk)  # one chunk read: one more may be advised
-        wait_for(3)
-        prefetch.consumed(10 * chunk)  # everything read: the rest follows, in order
-        wait_for(len(expected))
-    finally:
-        prefetch.stop()
-    assert [c[:3] for c in calls] == expected
-    # never more than PREFETCH_AHEAD beyond what was consumed when each chunk was advised
-    advised = 0
-    for _, _, length, consumed in calls:
-        assert advised - consumed < 2 * chunk, calls
-        advised += length
+    class Watched(prefetch_module.Prefetch):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            box["p"] = self
+
+        def ready(self, path, end):
+            with asking:
+                wanted[str(path)] = max(wanted.get(str(path), 0), end)
+                asking.notify_all()
+            super().ready(path, end)
+            with self._cond:
+                asked.append((path.name, end, self._cached.get(path, 0)))
+
+    class Checked:
+        """A data file as the reader reads it: each read notes how much of the file was in the cache."""
+
+        def __init__(self, path, f):
+            self.path, self.f = path, f
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+        def fileno(self):
+            return self.f.fileno()
+
+        def readinto(self, view):
+            end = min(self.f.tell() + len(view), os.fstat(self.f.fileno()).st_size)
+            with box["p"]._cond:
+                reads.append((self.path.name, end, box["p"]._cached.get(self.path, 0)))
+            return self.f.readinto(view)
+
+    def checked_open(path, mode="r", buffering=-1):
+        f = open(path, mode, buffering=buffering)  # noqa: SIM115 - closed by the reader
+        return Checked(path, f) if buffering == 0 else f
+
+    monkeypatch.setattr(prefetch_module, "Prefetch", Watched)
+    monkeypatch.setattr(reader_module, "open", checked_open, raising=False)
+    monkeypatch.setattr(os, "sendfile", on_demand)
+    model, opt, odd, progress, state = _fresh()
+    reader = VerifyingReader(d, json.loads((d / "manifest.json").read_text()), 2, str(d))
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    assert all(torch.equal(a, b) for a, b in zip(saved.parameters(), model.parameters()))
+    assert odd.tag == "tag-3.0" and torch.equal(odd.t, torch.full((16, 8), 3.0).t())
+    shards = {p.name: p.stat().st_size for p in d.glob("*.distcp")}
+    # every byte of every shard was read after the prefetch brought it (layouts and data alike)
+    assert {name: max(end for n, end, _ in reads if n == name) for name in shards} == shards
+    assert len(reads) >= sum(shards.values()) // 4096
+    assert all(cached >= end for _, end, cached in reads), reads
+    assert all(cached >= end for _, end, cached in asked), asked
+    assert not gave_up.is_set()

@@ -35,7 +35,6 @@ import functools
 import io
 import os
 import socket
-import threading
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -54,19 +53,12 @@ from torch.futures import Future as TorchFuture
 
 from azulite.errors import CheckpointError
 from azulite.train import digest, record
+from azulite.train import prefetch as pf
 from azulite.train.restore import IntegrityError, mismatch
 
 #: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
 #: hash pass right after finds the bytes still in cache
 CHUNK = 8 << 20
-#: how far the prefetch (posix_fadvise WILLNEED) runs ahead of what this rank's reader threads consumed:
-#: enough to keep the disk busy while a record is copied and hashed, bounded so that a checkpoint larger
-#: than the page cache does not evict its own front before it is read (0: no prefetch)
-PREFETCH_AHEAD = 1 << 30
-#: the prefetch's unit
-PREFETCH_CHUNK = 64 << 20
-
-
 @dataclass
 class _Direct:
     """One tensor read in place: file bytes [start, start + nbytes) are the target's memory, in order."""
@@ -162,7 +154,7 @@ class VerifyingReader(FileSystemReader):
         self.fs = _VerifiedFiles(self._files, where)
         self.direct_bytes = 0
         self.hashed_bytes = 0
-        self._prefetch: _Prefetch | None = None
+        self._prefetch: pf.Prefetch | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if self._fetch is not None:
@@ -181,8 +173,8 @@ class VerifyingReader(FileSystemReader):
         # otherwise idle), and keeps streaming while records are copied and hashed (local files only: a
         # Blob download writes its file just before it is read)
         self.stop_prefetch()
-        if self._fetch is None and PREFETCH_AHEAD > 0:
-            self._prefetch = _Prefetch(self._file_paths(plan))
+        if self._fetch is None and pf.PREFETCH_AHEAD > 0:
+            self._prefetch = pf.Prefetch(self._file_paths(plan), streams=pf.PREFETCH_STREAMS)
         return super().prepare_local_plan(plan)
 
     def stop_prefetch(self) -> None:
@@ -198,9 +190,8 @@ class VerifyingReader(FileSystemReader):
         plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
         if self._prefetch is not None and self._prefetch.paths != [fp.path for fp in plans]:
             self.stop_prefetch()  # the global plan changed this rank's files: stream those instead
-        if self._prefetch is None and self._fetch is None and PREFETCH_AHEAD > 0:
-            self._prefetch = _Prefetch([fp.path for fp in plans])
-        prefetch = self._prefetch
+        if self._prefetch is None and self._fetch is None and pf.PREFETCH_AHEAD > 0:
+            self._prefetch = pf.Prefetch([fp.path for fp in plans], streams=pf.PREFETCH_STREAMS)
         # every rank reaches the collectives below whatever happens here: a rank that raised early would
         # leave the others waiting in them
         failure: BaseException | None = None
@@ -350,6 +341,8 @@ class VerifyingReader(FileSystemReader):
         def fill(view: memoryview, at: int) -> None:
             done = 0
             while done < len(view):
+                if prefetch is not None:
+                    prefetch.ready(fp.path, at + done + min(CHUNK, len(view) - done))
                 n = f.readinto(view[done : done + CHUNK])
                 if not n:
                     raise IntegrityError(f"file {fp.name} ended at {at + done} B, the manifest says {size} B "
@@ -361,7 +354,11 @@ class VerifyingReader(FileSystemReader):
                     prefetch.consumed(n)
 
         for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
-            shared = readers[self.storage_data[req.storage_index].offset] > 1
+            sinfo = self.storage_data[req.storage_index]
+            shared = readers[sinfo.offset] > 1
+            if prefetch is not None and not shared:
+                # the layout read touches the record's first and last pages: from the cache, once there
+                prefetch.ready(fp.path, sinfo.offset + sinfo.length)
             d = None if shared else self._in_place(heads, req, targets.get(id(req)))
             if d is None:
                 fp.later.append(req)
@@ -406,59 +403,6 @@ class VerifyingReader(FileSystemReader):
                                  f"{tuple(tensor.size())}, the checkpoint's metadata says {tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(req, target)
-
-
-class _Prefetch:
-    """Asks the kernel to read files in (``POSIX_FADV_WILLNEED``), in order, from a thread of its own,
-    at most :data:`PREFETCH_AHEAD` bytes beyond what the readers consumed. Advice only: a file that is
-    missing or shorter than expected fails where it is read, with its name."""
-
-    def __init__(self, paths: list[Path]) -> None:
-        self.paths = paths
-        self._cond = threading.Condition()
-        self._consumed = 0
-        self._stopped = False
-        #: set once the prefetch stopped to let the readers catch up (PREFETCH_AHEAD reached)
-        self.waited = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="azulite-prefetch", daemon=True)
-        if hasattr(os, "posix_fadvise"):
-            self._thread.start()
-
-    def consumed(self, n: int) -> None:
-        with self._cond:
-            self._consumed += n
-            self._cond.notify()
-
-    def stop(self) -> None:
-        with self._cond:
-            self._stopped = True
-            self._cond.notify()
-        if self._thread.is_alive():
-            self._thread.join()
-
-    def _run(self) -> None:
-        advised = 0
-        for path in self.paths:
-            try:
-                fd = os.open(path, os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                size = os.fstat(fd).st_size
-                for at in range(0, size, PREFETCH_CHUNK):
-                    with self._cond:
-                        while not self._stopped and advised - self._consumed >= PREFETCH_AHEAD:
-                            self.waited.set()
-                            self._cond.wait()
-                        if self._stopped:
-                            return
-                    n = min(PREFETCH_CHUNK, size - at)
-                    os.posix_fadvise(fd, at, n, os.POSIX_FADV_WILLNEED)
-                    advised += n
-            except OSError:
-                continue
-            finally:
-                os.close(fd)
 
 
 def _kept_bytes(fp: _FilePlan, offset: int, length: int) -> bytes:
