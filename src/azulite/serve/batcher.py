@@ -348,17 +348,12 @@ class Batcher:
         fine = None
         if until_ns and until_ns - time.monotonic_ns() < 1_000_000:
             # Event-loop timers have millisecond resolution (asyncio rounds up to 1 ms, uvloop fires at
-            # once), so a sub-millisecond max_queue_delay is waited out one loop pass at a time (a busy
-            # wait that keeps the delay as configured and serves I/O) while none of this model's batches
-            # runs: it answers the due time at once, where a sleeping core woken by a timer answered it
-            # later (idle, bench_matmul at c=1, 100 µs: 1.10x Triton's throughput against 1.42x with the
-            # busy wait). While a batch runs, the busy wait would take its core (an instance process on
-            # 2 cores) or its GIL (an instance thread): then a timerfd (finetimer) wakes the loop once
-            # (idle A/B, gil_py --workers 1 at c=8: 0.80-0.86x CPU per inference, 1.06-1.09x throughput).
-            if self._inflight and self._fine is None and not self._fine_tried:
+            # once): a sub-millisecond max_queue_delay waits on a timerfd (finetimer), or, without one,
+            # one loop pass at a time (a busy wait: it keeps the delay as configured and serves I/O)
+            if self._fine is None and not self._fine_tried:
                 self._fine_tried = True
                 self._fine = finetimer.create(loop, self._wake)
-            fine = self._fine if self._inflight else None
+            fine = self._fine
             if fine is None:
                 await asyncio.sleep(0)
                 return
