@@ -37,7 +37,6 @@ from dataclasses import dataclass, field
 from typing import Protocol
 
 from azulite.errors import Internal, ServeError, Unavailable
-from azulite.serve import finetimer
 from azulite.serve.backends.base import ModelInstance, Result, Timing, WorkItem
 from azulite.serve.proto import model_config_pb2 as mc
 
@@ -245,8 +244,6 @@ class Batcher:
         self._idle: deque[_Instance] = deque(self._instances)
         self._waker: asyncio.Future | None = None
         self._drained: asyncio.Event | None = None
-        self._fine: finetimer.FineTimer | None = None  # sub-millisecond waits (made at the first one)
-        self._fine_tried = False
 
     # --- the front door ---------------------------------------------------------------------------
 
@@ -302,7 +299,6 @@ class Batcher:
                     pass
             self._task.cancel()
             self._fail_queued(Unavailable(f"model '{self.model}' was unloaded before the request ran"))
-        self._close_timer()
         loop = asyncio.get_running_loop()
         for inst in self._instances:
             closed = loop.create_future()
@@ -316,16 +312,9 @@ class Batcher:
     def close_now(self) -> None:
         """Finalize without an event loop (a model that never served a request, or interpreter exit)."""
         self._closing = True
-        self._close_timer()
         for inst in self._instances:
             inst.model.close()
             inst.stop()
-
-    def _close_timer(self) -> None:
-        fine, self._fine = self._fine, None
-        self._fine_tried = True  # none made after this
-        if fine is not None:
-            fine.close()
 
     @property
     def queued(self) -> int:
@@ -344,24 +333,16 @@ class Batcher:
             waker.set_result(None)
 
     async def _sleep_until_woken(self, until_ns: int) -> None:
-        loop = asyncio.get_running_loop()
-        fine = None
         if until_ns and until_ns - time.monotonic_ns() < 1_000_000:
             # Event-loop timers have millisecond resolution (asyncio rounds up to 1 ms, uvloop fires at
-            # once): a sub-millisecond max_queue_delay waits on a timerfd (finetimer), or, without one,
-            # one loop pass at a time (a busy wait: it keeps the delay as configured and serves I/O)
-            if self._fine is None and not self._fine_tried:
-                self._fine_tried = True
-                self._fine = finetimer.create(loop, self._wake)
-            fine = self._fine
-            if fine is None:
-                await asyncio.sleep(0)
-                return
+            # once): for a sub-millisecond max_queue_delay, yield one loop pass at a time instead, which
+            # keeps the delay as configured and serves I/O meanwhile.
+            await asyncio.sleep(0)
+            return
+        loop = asyncio.get_running_loop()
         self._waker = waker = loop.create_future()
         handle = None
-        if fine is not None:
-            fine.arm(until_ns)
-        elif until_ns:
+        if until_ns:
             delay = max(0.0, (until_ns - time.monotonic_ns()) / 1e9)
             handle = loop.call_later(delay, lambda: waker.done() or waker.set_result(None))
         try:
@@ -370,8 +351,6 @@ class Batcher:
             self._waker = None
             if handle is not None:
                 handle.cancel()
-            if fine is not None:
-                fine.disarm()
 
     async def _run(self) -> None:
         while True:
