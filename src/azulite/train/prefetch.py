@@ -31,7 +31,6 @@ PREFETCH_CHUNK = 8 << 20
 PREFETCH_STREAMS = 1
 
 
-
 class Prefetch:
     """Brings files into the page cache ahead of this rank's readers: ``streams`` threads, each taking the
     next file in order and reading it front to back, :data:`PREFETCH_CHUNK` at a time, at most
