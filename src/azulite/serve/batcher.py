@@ -13,7 +13,8 @@ idle instance on size or deadline, with Triton's dynamic-batching semantics.
 - A model without ``dynamic_batching`` gets Triton's default scheduler: one request per execution.
 - A batch that fails fails every request in it.
 
-The merge/split of tensors is not here (merge.py, used by the backends); this module only decides which
+The merge/split of tensors is not here (merge.py, used by the backends), nor the settings read from a
+config (batch_settings.py) or an instance's thread (instance_thread.py); this module only decides which
 requests run together and when. Everything runs on the event loop; only ``execute`` runs in the
 instance's own thread, except the short executions of a single-instance model whose backend allows it,
 which run on the loop too (``INLINE_MAX_NS``).
@@ -28,17 +29,16 @@ executor future, no chained asyncio future, no asyncio.Queue of idle instances).
 from __future__ import annotations
 
 import asyncio
-import queue
-import threading
 import time
 from collections import deque
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
 from azulite.errors import Internal, ServeError, Unavailable
 from azulite.serve.backends.base import ModelInstance, Result, Timing, WorkItem
-from azulite.serve.proto import model_config_pb2 as mc
+from azulite.serve.batch_settings import BatcherSettings
+from azulite.serve.instance_thread import InstanceThread
 
 
 class Rejected(Unavailable):
@@ -68,64 +68,6 @@ def _timed_execute(model: ModelInstance, items: list[WorkItem]) -> tuple[list[Re
     return results, timing, time.perf_counter_ns() - t0, time.thread_time_ns() - c0
 
 
-@dataclass(frozen=True, slots=True)
-class QueuePolicy:
-    delay_on_timeout: bool = False  # timeout_action DELAY (else REJECT)
-    default_timeout_us: int = 0
-    allow_timeout_override: bool = False
-    max_queue_size: int = 0  # 0: unbounded
-
-    @classmethod
-    def from_proto(cls, policy: mc.ModelQueuePolicy) -> "QueuePolicy":
-        return cls(
-            delay_on_timeout=policy.timeout_action == mc.ModelQueuePolicy.DELAY,
-            default_timeout_us=policy.default_timeout_microseconds,
-            allow_timeout_override=policy.allow_timeout_override,
-            max_queue_size=policy.max_queue_size,
-        )
-
-
-@dataclass(frozen=True, slots=True)
-class BatcherSettings:
-    max_batch_size: int = 0
-    dynamic: bool = False
-    preferred: tuple[int, ...] = ()
-    max_delay_ns: int = 0
-    preserve_ordering: bool = False
-    priority_levels: int = 1
-    default_level: int = 1
-    policies: tuple[QueuePolicy, ...] = (QueuePolicy(),)
-
-    @classmethod
-    def from_config(cls, config: mc.ModelConfig) -> "BatcherSettings":
-        if config.sequence_batching.HasField("oldest") and config.max_batch_size > 0:
-            # the oldest strategy batches requests of different sequences (serve/sequence.py keeps one
-            # request per sequence in flight, so a batch never holds two steps of one sequence)
-            oldest = config.sequence_batching.oldest
-            return cls(max_batch_size=config.max_batch_size, dynamic=True,
-                       preferred=tuple(sorted(set(oldest.preferred_batch_size))),
-                       max_delay_ns=oldest.max_queue_delay_microseconds * 1000)
-        if not config.HasField("dynamic_batching") or config.max_batch_size == 0:
-            return cls(max_batch_size=config.max_batch_size)
-        db = config.dynamic_batching
-        levels = max(1, db.priority_levels)
-        default = QueuePolicy.from_proto(db.default_queue_policy)
-        policies = tuple(
-            QueuePolicy.from_proto(db.priority_queue_policy[level]) if level in db.priority_queue_policy else default
-            for level in range(1, levels + 1)
-        )
-        return cls(
-            max_batch_size=config.max_batch_size,
-            dynamic=True,
-            preferred=tuple(sorted(set(db.preferred_batch_size))),
-            max_delay_ns=db.max_queue_delay_microseconds * 1000,
-            preserve_ordering=db.preserve_ordering,
-            priority_levels=levels,
-            default_level=db.default_priority_level or levels,
-            policies=policies,
-        )
-
-
 class Observer(Protocol):
     """What the batcher reports (statistics and metrics live elsewhere)."""
 
@@ -153,48 +95,6 @@ class _Pending:
     seq: int
 
 
-class _Instance:
-    """A model instance and its own thread, started on first use: it runs one job at a time from a
-    SimpleQueue and posts each outcome back to the loop with one ``call_soon_threadsafe``."""
-
-    __slots__ = ("model", "name", "_jobs", "_thread")
-
-    def __init__(self, name: str, model: ModelInstance) -> None:
-        self.model = model
-        self.name = name
-        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
-        self._thread: threading.Thread | None = None
-
-    def post(self, loop: asyncio.AbstractEventLoop, fn: Callable, args: tuple,
-             done: Callable[[object, BaseException | None], None]) -> None:
-        """Run ``fn(*args)`` in the instance's thread; then ``done(result, None)`` or ``done(None, exc)``
-        on the loop."""
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._work, name=f"azulite-{self.name}", daemon=True)
-            self._thread.start()
-        self._jobs.put((loop, fn, args, done))
-
-    def _work(self) -> None:
-        while True:
-            job = self._jobs.get()
-            if job is None:
-                return
-            loop, fn, args, done = job
-            try:
-                outcome, error = fn(*args), None
-            except BaseException as exc:  # noqa: BLE001 - the loop decides what a failure means
-                outcome, error = None, exc
-            try:
-                loop.call_soon_threadsafe(done, outcome, error)
-            except RuntimeError:  # the loop is closed (interpreter exit): nobody waits for the answer
-                pass
-
-    def stop(self) -> None:
-        if self._thread is not None:
-            self._jobs.put(None)
-            self._thread = None
-
-
 def shape_key(item: WorkItem) -> tuple:
     """Requests batch together only if every input has the same shape past the batch dimension (in
     whatever order a client listed its inputs)."""
@@ -220,7 +120,7 @@ class Batcher:
         self.model = model
         self.settings = settings
         self.observer = observer or NullObserver()
-        self._instances = [_Instance(name, m) for name, m in instances]
+        self._instances = [InstanceThread(name, m) for name, m in instances]
         # one instance (nothing to run concurrently) whose backend allows it: short executions run inline
         self._may_inline = len(instances) == 1 and bool(getattr(instances[0][1], "inline_safe", False))
         self._exec_ns: float | None = None  # moving average of execute()'s own time (no hand-off)
@@ -241,7 +141,7 @@ class Batcher:
         self._closing = False
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._idle: deque[_Instance] = deque(self._instances)
+        self._idle: deque[InstanceThread] = deque(self._instances)
         self._waker: asyncio.Future | None = None
         self._drained: asyncio.Event | None = None
 
@@ -473,7 +373,7 @@ class Batcher:
         self.observer.queued(-len(batch))
         return batch
 
-    def _dispatch(self, inst: _Instance, batch: list[_Pending]) -> None:
+    def _dispatch(self, inst: InstanceThread, batch: list[_Pending]) -> None:
         """Run the batch inline on the loop (short executions of a single instance), send it to its
         instance process from the loop, or post it to the instance's thread; each way :meth:`_finish`
         answers it."""
@@ -519,7 +419,7 @@ class Batcher:
         self._probe = True
         return True
 
-    def _finish(self, inst: _Instance, batch: list[_Pending], start: int, outcome, failure: BaseException | None,
+    def _finish(self, inst: InstanceThread, batch: list[_Pending], start: int, outcome, failure: BaseException | None,
                 *, chain: bool = False) -> None:
         """Answer a batch. ``chain``: called back by an instance (its process's answer read by the loop,
         or its thread's result posted), which then gets its next batch here at once when one is ready:

@@ -25,7 +25,8 @@ from azulite.serve import config as cfg
 from azulite.serve import instances
 from azulite.serve import repository as repo
 from azulite.serve.backends.base import LoadContext, get_backend
-from azulite.serve.batcher import Batcher, BatcherSettings
+from azulite.serve.batch_settings import BatcherSettings
+from azulite.serve.batcher import Batcher
 from azulite.serve.ensemble import check_ensemble
 from azulite.serve.drift import window_of
 from azulite.serve.fallback import policy_of

@@ -16,7 +16,7 @@ flags (request parameters, over HTTP and gRPC alike). Per sequence, the server
 
 Both strategies keep these semantics. ``direct``: one request per execution. ``oldest``: the model's
 batcher batches requests of different sequences (its ``max_queue_delay_microseconds`` and
-``preferred_batch_size``, up to max_batch_size; batcher.BatcherSettings); a batch never holds two steps of
+``preferred_batch_size``, up to max_batch_size; batch_settings.BatcherSettings); a batch never holds two steps of
 one sequence, since a sequence has one request in flight. ``max_candidate_sequences`` is not a limit here.
 """
 
