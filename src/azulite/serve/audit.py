@@ -37,7 +37,7 @@ import threading
 import time
 from pathlib import Path
 
-from azulite.serve.audit_writer import ACK, FRAME, _read_exactly
+from azulite.serve.audit_writer import ACK, FRAME, read_exactly
 
 _STOP = object()
 _now = time.perf_counter
@@ -70,10 +70,6 @@ class AuditLog:
         #: deletes them (``q[:n]``, ``del q[:n]``: each one C call, atomic under the GIL, so a line appended
         #: in between stays for the next batch) — no per-line pop in Python
         self._queue: list = []
-        #: the same list, for a request path that appends its record itself (a tuple in FIELDS order, the
-        #: time ``time.perf_counter()``'s) while ``len(queue) < max_pending`` (else ``dropped += 1``):
-        #: what record() does, without a call per request (serve/http.py's guarded route)
-        self.queue = self._queue
         self._signals = 0  # flush events / the stop marker in the queue: only then is a batch sorted
         self._signal_lock = threading.Lock()  # flush() and close() from any thread, the thread's count
         self._proc: subprocess.Popen | None = None
@@ -178,7 +174,7 @@ class AuditLog:
         try:
             proc.stdin.write(FRAME.pack(len(blob)) + blob)
             proc.stdin.flush()
-            ack = _read_exactly(proc.stdout.fileno(), ACK.size)
+            ack = read_exactly(proc.stdout.fileno(), ACK.size)
         except (OSError, ValueError):
             ack = b""
         if len(ack) != ACK.size:  # the writer died with the batch: lost, and a new one next time

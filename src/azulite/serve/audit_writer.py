@@ -166,7 +166,7 @@ class Writer:
             pass
 
 
-def _read_exactly(fd: int, n: int) -> bytes:
+def read_exactly(fd: int, n: int) -> bytes:
     parts, got = [], 0
     while got < n:
         chunk = os.read(fd, n - got)
@@ -185,10 +185,10 @@ def main(argv: list[str]) -> int:
     inp, out = sys.stdin.fileno(), sys.stdout.fileno()
     try:
         while True:
-            head = _read_exactly(inp, FRAME.size)
+            head = read_exactly(inp, FRAME.size)
             if not head:
                 break  # the server closed the log, or died
-            blob = _read_exactly(inp, FRAME.unpack(head)[0])
+            blob = read_exactly(inp, FRAME.unpack(head)[0])
             if not blob:
                 break
             written, errors = writer.written, writer.write_errors

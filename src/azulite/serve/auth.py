@@ -250,17 +250,14 @@ class Guard:
         if hit is not None:
             now = self._monotonic()
             watch = self._watch
-            if watch is None or not (watch.moved() or now >= self._next_reload):
+            if watch is not None and (watch.moved() or now >= self._next_reload):
+                self._next_reload = now + self.settings.reload_interval_s
+                self._reload()  # a reload that changed the keys replaced _http_plans: checked in full below
+                hit = self._http_plans.get((authorization, path))
+            if hit is not None:
                 take = hit[1]
                 if take is None or not take(now):
                     return hit
-            else:
-                self._next_reload = now + self.settings.reload_interval_s
-                self._reload()  # a reload that changed the keys replaced _http_plans: checked in full below
-                if hit is self._http_plans.get((authorization, path)):
-                    take = hit[1]
-                    if take is None or not take(now):
-                        return hit
         category, model, version = http_route(path)
         principal = self.check_request("http", category, model, authorization, headers, get_header)
         plan = self._plans.get((authorization, "http", category, model))

@@ -58,17 +58,25 @@ def _fields_of(request) -> tuple[str, str, bool]:
     return fields
 
 
+#: context type -> whether it carries the call's sizes (azulite's HTTP/2 transport; grpc.aio's does not)
 _SIZED: dict[type, bool] = {}
 
 
-def _sizes_known(context) -> bool:
-    """Whether the transport's context carries the call's sizes (azulite's HTTP/2 transport; grpc.aio's
-    does not): asked per context type once."""
+def _sizes(context, request, response) -> tuple[int, int]:
+    """The request's and the answer's sizes for the audit line. On azulite's HTTP/2 transport the request's
+    comes from the call, and the answer is serialized once here and handed to the transport to send
+    (``context.reply_payload``): ``ByteSize`` would serialize it a second time; on grpc.aio, ByteSize."""
     kind = type(context)
-    known = _SIZED.get(kind)
-    if known is None:
-        known = _SIZED[kind] = bool(getattr(kind, "sizes_known", False))
-    return known
+    sized = _SIZED.get(kind)
+    if sized is None:
+        sized = _SIZED[kind] = bool(getattr(kind, "sizes_known", False))
+    n_in = context.request_bytes if sized else None
+    if n_in is None:
+        return request.ByteSize(), (response.ByteSize() if response is not None else 0)
+    if response is None:
+        return n_in, 0
+    context.reply_payload = payload = response.SerializeToString()
+    return n_in, len(payload)
 
 
 class GuardedServicer:
@@ -97,20 +105,7 @@ class GuardedServicer:
         if audit is None:
             return
         fields = _FIELDS.get(type(request)) or _fields_of(request)
-        sized = _SIZED.get(type(context))
-        if sized is None:
-            sized = _sizes_known(context)
-        n_in = context.request_bytes if sized else None
-        if n_in is None:
-            n_in = request.ByteSize()
-            n_out = response.ByteSize() if response is not None else 0
-        elif response is not None:
-            # azulite's HTTP/2 transport sends this payload: serialized once, here, and its length
-            # audited (ByteSize would serialize the answer a second time)
-            context.reply_payload = payload = response.SerializeToString()
-            n_out = len(payload)
-        else:
-            n_out = 0
+        n_in, n_out = _sizes(context, request, response)
         if model is None:
             model = getattr(request, fields[0]) if fields[0] else ""
         audit.record((getattr(request, "id") or None) if fields[2] else None,
@@ -152,24 +147,10 @@ class GuardedServicer:
                     status = _code_of(exc)
                 raise
             finally:
-                if record is not None:  # the audit line (as _audit, inlined: once per gRPC request)
+                if record is not None:  # the audit line (as _audit, with this RPC's fields known)
                     if audit_model_field:
                         model = getattr(request, audit_model_field)
-                    kind = type(context)
-                    sized = _SIZED.get(kind)
-                    if sized is None:
-                        sized = _sizes_known(context)
-                    n_in = context.request_bytes if sized else None
-                    if n_in is None:
-                        n_in = request.ByteSize()
-                        n_out = response.ByteSize() if response is not None else 0
-                    elif response is not None:
-                        # azulite's HTTP/2 transport sends this payload: serialized once, here, and its
-                        # length audited (ByteSize would serialize the answer a second time)
-                        context.reply_payload = payload = response.SerializeToString()
-                        n_out = len(payload)
-                    else:
-                        n_out = 0
+                    n_in, n_out = _sizes(context, request, response)
                     record((request.id or None) if has_id else None,
                            principal.key_id if principal is not None else None, context.peer(), model,
                            getattr(request, version_field) if version_field else "", "grpc", status,

@@ -152,7 +152,7 @@ class HttpApp:
                        client: str) -> Reply:
         """Keys, restricted APIs and limits before the route; the audit line after it. A request like
         one that passed before costs one lookup (route and plan together, Guard.check_http), the limits'
-        closure and one deque append."""
+        closure and one list append (AuditLog.record)."""
         guard = self.guard
         start = _perf()
         principal = None
@@ -182,18 +182,12 @@ class HttpApp:
             if principal is None:  # refused by the guard: the route for the audit line
                 _, model, version = http_route(path)
         audit = guard.audit
-        if audit is not None:  # AuditLog.record's append, in this frame (it runs on every guarded request)
-            end = _perf()
-            q = audit.queue
-            if len(q) < audit.max_pending:
-                rid = headers.get(b"x-request-id")
-                out = reply[2]
-                q.append((end, rid.decode("latin-1") if rid else None,
-                          principal.key_id if principal is not None else None, client, model, version, "http",
-                          reply[0], end - start, len(body),
-                          len(out) if type(out) is bytes else 0 if is_stream(out) else len(out)))
-            else:
-                audit.dropped += 1
+        if audit is not None:
+            rid = headers.get(b"x-request-id")
+            out = reply[2]
+            audit.record(rid.decode("latin-1") if rid else None, principal.key_id if principal is not None else None,
+                         client, model, version, "http", reply[0], _perf() - start, len(body),
+                         len(out) if type(out) is bytes else 0 if is_stream(out) else len(out))
         return reply
 
     def dispatch(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes):
