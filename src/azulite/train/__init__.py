@@ -19,7 +19,7 @@ from azulite.contract import EXIT_PREEMPTED
 # Names load their module on first use (PEP 562): `azulite job show` lists checkpoints through
 # azulite.train.catalog without importing torch; a training script pays for torch when it touches init.
 _WHERE = {
-    "CheckpointConfig": "checkpoint", "Checkpointer": "checkpoint",
+    "CheckpointConfig": "checkpoint_config", "Checkpointer": "checkpoint",
     "CheckpointInfo": "catalog", "list_checkpoints": "catalog",
     "DistEnv": "env", "TrainContext": "env", "init": "env", "seed_everything": "env", "shutdown": "env",
     "log_metrics": "metrics",

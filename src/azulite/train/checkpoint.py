@@ -1,8 +1,8 @@
 """Sharded checkpoints with an atomic commit, integrity hashes, retention and resume-latest: the
 Checkpointer, which decides when to save and restore and runs the collectives. What it coordinates lives
-beside it, one idea per module: ``staging`` (an async save's copy of the state), ``commit`` (shards,
-hashes and the manifest that makes a checkpoint exist), ``restore`` (choosing and verifying the checkpoint
-to load).
+beside it, one idea per module: ``checkpoint_config`` (how and where to checkpoint), ``staging`` (an async
+save's copy of the state), ``commit`` (shards, hashes and the manifest that makes a checkpoint exist),
+``restore`` (choosing and verifying the checkpoint to load).
 
 Layout under the checkpoint URI (a directory or ``az://container/path``)::
 
@@ -30,7 +30,6 @@ cheap, hashing a blob means downloading it), uploads them, then the coordinator 
 from __future__ import annotations
 
 import hashlib
-import json
 import logging
 import os
 import shutil
@@ -40,10 +39,9 @@ import time
 import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -51,6 +49,7 @@ import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.errors import CheckpointError, StorageError
+from azulite.train.checkpoint_config import CheckpointConfig
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
@@ -64,55 +63,6 @@ from azulite.train.storage import CheckpointStorage, StorageSettings
 log = logging.getLogger("azulite.train.checkpoint")
 
 __all__ = ["CheckpointConfig", "Checkpointer", "PhaseHook"]
-
-
-# --- configuration -------------------------------------------------------------------------------------
-@dataclass(frozen=True, kw_only=True)
-class CheckpointConfig:
-    """How and where a job checkpoints. Validated when built."""
-
-    #: a local directory or ``az://container/path``
-    uri: str
-    #: save every ``interval`` steps in :meth:`Checkpointer.maybe_save` (0: only explicit saves)
-    interval: int = 0
-    #: keep the newest N committed checkpoints (>= 1)
-    keep_last: int = 3
-    #: also keep every checkpoint whose step is a multiple of K, forever (0: none)
-    keep_every: int = 0
-    #: periodic saves copy and write in the Checkpointer's thread; the step blocks only to take the state
-    #: dicts and copy the buffers (see ``overlap_staging``)
-    async_save: bool = True
-    #: async saves copy parameters and optimizer state in the background while the next forward and
-    #: backward run; the optimizer's next ``step()`` waits until the copy is done (a step pre-hook). Turn
-    #: off when the loop changes parameters in place outside ``optimizer.step()`` (or call
-    #: :meth:`Checkpointer.wait_staged` before it does)
-    overlap_staging: bool = True
-    #: writer threads per rank (files per rank); 2 doubles DCP's write bandwidth here
-    thread_count: int = 2
-    #: what a failed save does: "continue" logs it loudly and trains on (the previous checkpoint stays
-    #: the one to resume from) until ``max_failed_saves`` in a row; "stop" raises CheckpointError
-    on_save_error: Literal["continue", "stop"] = "continue"
-    max_failed_saves: int = 3
-    #: the model's config, written into every manifest so a resume can rebuild from files alone
-    model_config: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        where = "CheckpointConfig"
-        for name, low in (("interval", 0), ("keep_last", 1), ("keep_every", 0), ("thread_count", 1),
-                          ("max_failed_saves", 1)):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value < low:
-                raise CheckpointError(f"{name}={value!r} must be an integer >= {low}", where=f"{where}.{name}",
-                                      fix=f"e.g. {name}={max(low, 1)}")
-        if self.on_save_error not in ("continue", "stop"):
-            raise CheckpointError(f"on_save_error={self.on_save_error!r} is not one of 'continue', 'stop'",
-                                  where=f"{where}.on_save_error", fix="on_save_error='continue'")
-        try:
-            json.dumps(dict(self.model_config))
-        except (TypeError, ValueError) as e:
-            raise CheckpointError(f"model_config is not JSON-serialisable: {e}", where=f"{where}.model_config",
-                                  fix="pass plain numbers, strings, lists and dicts") from None
-
 
 
 def _commit_before_exit(checkpointer: Checkpointer) -> None:
