@@ -169,7 +169,7 @@ class Channel:
     def recv_spinning(self, spin_ns: int) -> tuple[tuple, memoryview]:
         """:meth:`recv`, after polling the socket for up to ``spin_ns`` first (MSG_DONTWAIT). While this
         side polls it is not asleep on the socket's wait queue, so the peer's sendmsg finds no sleeper to
-        wake: no futex wake-up or scheduler work charged to the sender, and no wake-up latency here. The
+        wake: no wake-up (scheduler work, an IPI) charged to the sender, and no wake-up latency here. The
         kernel's own wait queue is the "is it asleep?" flag, with its barriers, so no wake is ever lost
         (a flag of our own in shared memory would need a store-load fence Python cannot issue). Costs
         this side's CPU for as long as it polls."""
