@@ -9,7 +9,8 @@ pure Python, one per loop pass, until the answer comes. Per block:
 
 - ``start_batch_wall_us`` / ``start_batch_cpu_us``: wall and CPU time of the loop inside start_batch
   (the pack, the header, the sendmsg that wakes the instance). Wall far above CPU: the loop lost its
-  core in there (a woken normal task preempts its waker);
+  core in there (a woken normal task preempts its waker; on a loaded machine other tasks do too, hence
+  the interleaved blocks);
 - ``loop_share``: the loop thread's CPU over the block's wall time (1.0: the loop never lost its core
   while an instance ran a batch; on 2 cores with both instance processes busy it cannot stay at 1);
 - ``chunks_per_batch``: how much of that other work the loop got done per batch.
