@@ -34,8 +34,13 @@ the ``--workers 2`` / ``--workers 1`` goal needs. ``--ab-src OTHER/src`` serves 
 from another checkout too (base_w1, base_w2), each point right after the same point of this one:
 ``ab_over_base`` gives this checkout's throughput and CPU per inference over that one's.
 
+``--gaps``: gil_py stamps the start and end of each execute (same model code on every server), and per
+point ``gaps_us`` gives how long its instance processes sat between one batch's end and the next one's
+start (percentiles over both instances, the crossing both ways and the server's work between included),
+the measure behind ``instance_busy`` that reads the same clock on azulite and Triton.
+
     python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
-                            [--models gil_py] [--ab-src OTHER/src] [--no-twins]
+                            [--models gil_py] [--ab-src OTHER/src] [--no-twins] [--gaps]
 """
 
 from __future__ import annotations
@@ -74,6 +79,22 @@ class TritonPythonModel:
         return [pb_utils.InferenceResponse(
                     [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
 '''
+#: gil_py under --gaps: the same, and each execute's start and end (CLOCK_MONOTONIC ns, the clock of the
+#: bench's time.monotonic_ns) appended to gaps-<pid>.bin in the model's folder, one write per batch (a few
+#: µs against the 1 ms the batch holds the GIL, the same on every server)
+GIL_PY_STAMPED = GIL_PY.replace("import time\n", "import os\nimport struct\nimport time\n").replace(
+    "    def execute(self, requests):\n",
+    "    def initialize(self, args):\n"
+    "        self._fd = os.open(os.path.join(args['model_repository'], f'gaps-{os.getpid()}.bin'),\n"
+    "                           os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)\n\n"
+    "    def execute(self, requests):\n"
+    "        start = time.monotonic_ns()\n").replace(
+    "        return [pb_utils.InferenceResponse(",
+    "        responses = [pb_utils.InferenceResponse(").replace(
+    "for r in requests]\n",
+    "for r in requests]\n"
+    "        os.write(self._fd, struct.pack('<qq', start, time.monotonic_ns()))\n"
+    "        return responses\n")
 GIL_CONFIG = '''
 name: "gil_py"
 backend: "python"
@@ -172,6 +193,46 @@ def _parent(pid: int) -> int:
         return -1
 
 
+def instance_pids(pid: int) -> list[int]:
+    """The model-instance processes (:func:`_role`) under pid."""
+    parents: dict[int, int] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            parents[int(entry)] = _parent(int(entry))
+    found, stack = [], [pid]
+    while stack:
+        p = stack.pop()
+        if p != pid and _role(p) == "instances":
+            found.append(p)
+        stack += [c for c, parent in parents.items() if parent == p]
+    return found
+
+
+def gaps(model_dir: Path, pids: list[int], t0_ns: int, t1_ns: int) -> dict:
+    """How long each instance process sat between one execute's end and the next one's start (ns stamps
+    from GIL_PY_STAMPED, in the same clock on every server) within [t0_ns, t1_ns]: the crossing both ways,
+    the server's own work between an answer and the next batch, and any wait for requests. Percentiles in
+    µs over every instance's gaps, and their share of the window."""
+    found: list[int] = []
+    busy = seen = 0
+    for pid in pids:
+        try:
+            raw = (model_dir / f"gaps-{pid}.bin").read_bytes()
+        except OSError:  # an instance of another model
+            continue
+        seen += 1
+        stamps = np.frombuffer(raw[:len(raw) // 16 * 16], dtype="<i8").reshape(-1, 2)
+        stamps = stamps[(stamps[:, 0] >= t0_ns) & (stamps[:, 1] <= t1_ns)]
+        busy += int((stamps[:, 1] - stamps[:, 0]).sum())
+        found += (stamps[1:, 0] - stamps[:-1, 1]).tolist()
+    if not found:
+        return {}
+    us = np.array(found) / 1000
+    return {"n": len(found), "instances": seen, "mean_us": round(float(us.mean()), 1),
+            **{f"p{q}_us": round(float(np.percentile(us, q)), 1) for q in (10, 50, 90, 99)},
+            "execute_share": round(busy / max(1, (t1_ns - t0_ns) * seen), 3)}
+
+
 def tree_cpu_s(pid: int) -> float:
     return sum(tree_cpu(pid).values())
 
@@ -206,6 +267,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--ab-src", help="A/B: also serve with --workers 1 and 2 from this other checkout's src/ "
                     "(base_w1, base_w2), each point measured right after the same point of this one")
     ap.add_argument("--no-twins", action="store_true", help="skip the processes/threads twins on --workers 1")
+    ap.add_argument("--gaps", action="store_true", help="gil_py stamps each execute: per point, the instances' "
+                    "idle gaps between batches (gaps_us), on every server alike")
     args = ap.parse_args(argv)
     bin_dir = anchors(args.anchors)
     cores = sorted(os.sched_getaffinity(0))
@@ -215,7 +278,7 @@ def main(argv: list[str] | None = None) -> None:
         repo = build_model_repository(work / "repo", ("bench_matmul",))
         (repo / "gil_py" / "1").mkdir(parents=True)
         (repo / "gil_py" / "config.pbtxt").write_text(GIL_CONFIG + INSTANCE_PARAM.format("true"))
-        (repo / "gil_py" / "1" / "model.py").write_text(GIL_PY)
+        (repo / "gil_py" / "1" / "model.py").write_text(GIL_PY_STAMPED if args.gaps else GIL_PY)
         for twin, model, processes in TWINS:
             shutil.copytree(repo / model, repo / twin)
             config = (repo / twin / "config.pbtxt").read_text().replace(f'name: "{model}"', f'name: "{twin}"')
@@ -260,10 +323,13 @@ def main(argv: list[str] | None = None) -> None:
                             proc, http_port, grpc_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
                             (n0, b0, e0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
+                            t0_ns = time.monotonic_ns()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
                             pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             wall = time.monotonic() - t0
+                            if args.gaps and point_model == "gil_py":
+                                r["gaps_us"] = gaps(repo / "gil_py", instance_pids(proc.pid), t0_ns, time.monotonic_ns())
                             cpu1 = tree_cpu(proc.pid)
                             roles = {k: cpu1.get(k, 0.0) - cpu0.get(k, 0.0) for k in cpu1}
                             cpu = sum(roles.values())
@@ -283,6 +349,7 @@ def main(argv: list[str] | None = None) -> None:
                             figures[name][f"{point_model}_{protocol}_c{c}"] = r
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
                                      f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  batch {r.get('batch_avg')}  busy {r.get('instance_busy')}  cores {r.get('cores')}"
+                                     + (f"  gaps {r['gaps_us']}" if "gaps_us" in r else "")
                                      if "error" not in r else f"error: {r['error']}")
                             print(f"  {name:10s} {point_model:17s} {protocol:4s} c={c:<3d} {shown}", flush=True)
         finally:
