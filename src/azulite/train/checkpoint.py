@@ -464,6 +464,7 @@ class Checkpointer:
                          name, self.ctx.rank, saved_ws)
                 state.pop(name)
         try:
+            reader.start_prefetch()  # page cache cold: the disk streams while DCP plans
             dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
         finally:
             reader.stop_prefetch()  # a load that failed between its plan and its reads
