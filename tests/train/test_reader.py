@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -365,3 +366,18 @@ def test_ranks_reading_the_same_bytes_split_the_hashing_evenly_and_hash_everythi
     assert got == [{"a"}, {"a"}, set()]
     # one rank alone hashes all it reads
     assert reader_module.assign_hashing([same], sizes) == [set(sizes)]
+
+
+def test_a_cold_restore_reports_when_the_disk_was_first_asked(tmp_path, monkeypatch):
+    _save(tmp_path, seed=1, fill=3.0, step=7)
+    model, opt, odd, progress, state = _fresh()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), init({}), state)
+    assert ck.load_latest() == 7  # warm (just written): nothing streamed, no figure
+    if prefetch_module._CACHESTAT is not None:  # the kernel tells what is cached (cachestat, Linux >= 6.5)
+        assert "first_read_s" not in ck.last_restore
+    monkeypatch.setattr(prefetch_module, "in_cache", lambda fd, at, n: False)  # as if cold
+    started = time.perf_counter()
+    assert ck.load_latest() == 7
+    took = time.perf_counter() - started
+    ck.close()
+    assert 0 < ck.last_restore["first_read_s"] < took

@@ -13,6 +13,7 @@ import mmap
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -63,6 +64,8 @@ class Prefetch:
         self.waited = threading.Event()
         #: set once the first file's first read was asked of the disk (or a stream ended before)
         self.issued = threading.Event()
+        #: when the disk was asked for the first bytes (``time.perf_counter()``); None while it was not
+        self.issued_at: float | None = None
         usable = self._sendfile or hasattr(os, "posix_fadvise")
         self._threads = [threading.Thread(target=self._run, name="azulite-prefetch", daemon=True)
                          for _ in range(min(max(1, streams), len(paths)) if usable else 0)]
@@ -164,7 +167,9 @@ class Prefetch:
     def _bring(self, fd: int, sink: int, at: int, n: int) -> bool:
         """Bytes [at, at + n) of ``fd`` into the cache; False when the file ended early."""
         end = at + n
-        self.issued.set()  # the system call below releases the GIL
+        if self.issued_at is None:
+            self.issued_at = time.perf_counter()
+            self.issued.set()  # the system call below releases the GIL
         if self._sendfile:
             try:
                 while at < end:

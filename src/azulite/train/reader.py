@@ -196,6 +196,9 @@ class VerifyingReader(FileSystemReader):
         self.hashed_bytes = 0
         self._prefetch: pf.Prefetch | None = None
         self._prefetch_for: list[Path] = []  # the data files the prefetch streams, in order
+        #: when the disk was first asked for this restore's bytes (``time.perf_counter()``; None: all
+        #: were in the page cache, or none was streamed)
+        self.first_read_at: float | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if self._fetch is not None:
@@ -255,6 +258,8 @@ class VerifyingReader(FileSystemReader):
         """Ends the prefetch thread (read_data does at its end; a load that failed before it, here)."""
         if self._prefetch is not None:
             self._prefetch.stop()
+            if self.first_read_at is None:
+                self.first_read_at = self._prefetch.issued_at
             self._prefetch = None
             self._prefetch_for = []
 
