@@ -176,9 +176,9 @@ def test_each_record_layout_is_read_just_before_its_bytes(tmp_path):
     layouts = []  # (file, record offset, bytes this rank had read when the layout was read, read in place)
 
     class Watched(VerifyingReader):
-        def _in_place(self, heads, req, target):
+        def _in_place(self, heads, req, target, *wait):
             at = self._prefetch._consumed
-            got = super()._in_place(heads, req, target)
+            got = super()._in_place(heads, req, target, *wait)
             layouts.append((self.storage_data[req.storage_index].relative_path,
                             self.storage_data[req.storage_index].offset, at, got is not None))
             return got

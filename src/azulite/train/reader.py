@@ -351,17 +351,26 @@ class VerifyingReader(FileSystemReader):
                                      f"[{self._where}]")
             self._read_and_hash(f, heads, fp, reqs, targets, size, verify)
 
-    def _in_place(self, heads: Any, req: Any, target: torch.Tensor | None) -> _Direct | None:
+    def _in_place(self, heads: Any, req: Any, target: torch.Tensor | None,
+                  wait: Callable[[int], None] = lambda end: None) -> _Direct | None:
         """Where a tensor record's data lies in the file when it can be read straight into ``target``,
         else None (loaded from kept bytes after verification). Reads only the record's headers; they are
         not trusted yet, so a wrong answer can only put bytes in the wrong place of a tensor of the right
-        size, and the file's hash fails."""
+        size, and the file's hash fails. ``wait(end)`` returns once the file's bytes up to ``end`` can be
+        read from the cache: the record's first page tells a plain tensor's layout (its pickle and
+        headers come first), so a reader follows a cold file's stream 8 MiB at a time instead of waiting
+        for each record's last page (its zip directory: only for records the first page does not tell)."""
         sinfo = self.storage_data[req.storage_index]
         if (target is None or req.type == LoadItemType.BYTE_IO or sinfo.transform_descriptors
                 or target.device.type != "cpu" or not target.is_contiguous()):
             return None
         try:
-            lay = record.layout(heads.fileno(), sinfo.offset, sinfo.length)
+            first = min(record.HEAD, sinfo.length)
+            wait(sinfo.offset + first)
+            lay = record.layout_from_head(os.pread(heads.fileno(), first, sinfo.offset), sinfo.length)
+            if lay is None:
+                wait(sinfo.offset + sinfo.length)
+                lay = record.layout(heads.fileno(), sinfo.offset, sinfo.length)
             if lay is not None:
                 src, offset = lay.meta(), lay.data_start
             else:  # a record the quick parser does not know: torch's own reading of it (slower, in Python)
@@ -396,6 +405,10 @@ class VerifyingReader(FileSystemReader):
         readers = Counter(self.storage_data[r.storage_index].offset for r in reqs)
         pos = 0
 
+        def wait(end: int) -> None:
+            if prefetch is not None:
+                prefetch.ready(fp.path, end)
+
         def fill(view: memoryview, at: int) -> None:
             done = 0
             while done < len(view):
@@ -414,10 +427,7 @@ class VerifyingReader(FileSystemReader):
         for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
             sinfo = self.storage_data[req.storage_index]
             shared = readers[sinfo.offset] > 1
-            if prefetch is not None and not shared:
-                # the layout read touches the record's first and last pages: from the cache, once there
-                prefetch.ready(fp.path, sinfo.offset + sinfo.length)
-            d = None if shared else self._in_place(heads, req, targets.get(id(req)))
+            d = None if shared else self._in_place(heads, req, targets.get(id(req)), wait)
             if d is None:
                 fp.later.append(req)
                 continue
