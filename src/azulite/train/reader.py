@@ -92,9 +92,11 @@ class _Identities:
 
 @dataclass(frozen=True)
 class _HashHere:
-    """What the coordinator's global plan hands back to each rank: the files it hashes."""
+    """What the coordinator's global plan hands back to each rank: the files it hashes, of those the
+    coordinator saw it read (``known``); a file the rank reads beyond those it hashes itself."""
 
     files: frozenset[str]
+    known: frozenset[str]
 
 
 @functools.cache
@@ -251,8 +253,12 @@ class VerifyingReader(FileSystemReader):
         if not all(isinstance(p.storage_data, _Identities) for p in plans):
             return plans  # not our local plans (another planner's): every rank hashes what it reads
         sizes = {n: int(e.get("bytes", 0)) for n, e in self._files.items()}
-        hashers = assign_hashing([p.storage_data.files for p in plans], sizes)
-        return [dataclasses.replace(p, storage_data=_HashHere(frozenset(h))) for p, h in zip(plans, hashers)]
+        # the files each global plan reads (a planner may have changed the local plans): one the rank
+        # did not name in its local plan has no identity, so that rank hashes it itself
+        reads = [{self.storage_data[i.storage_index].relative_path for i in p.items} for p in plans]
+        hashers = assign_hashing([{n: p.storage_data.files.get(n) for n in r} for p, r in zip(plans, reads)], sizes)
+        return [dataclasses.replace(p, storage_data=_HashHere(frozenset(h), frozenset(r)))
+                for p, h, r in zip(plans, hashers, reads)]
 
     def stop_prefetch(self) -> None:
         """Ends the prefetch thread (read_data does at its end; a load that failed before it, here)."""
@@ -272,8 +278,8 @@ class VerifyingReader(FileSystemReader):
         self._stream([fp.path for fp in plans])
         # the files this rank hashes (the coordinator's answer, prepare_global_plan); all it reads when the
         # plan carries none
-        hash_here = (set(plan.storage_data.files) if isinstance(plan.storage_data, _HashHere)
-                     else {fp.name for fp in plans})
+        given = plan.storage_data if isinstance(plan.storage_data, _HashHere) else None
+        hash_here = {fp.name for fp in plans if given is None or fp.name in given.files or fp.name not in given.known}
         # every rank reaches the collective below whatever happens here: a rank that raised early would
         # leave the others waiting in it
         failure: BaseException | None = None
