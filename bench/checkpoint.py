@@ -9,7 +9,9 @@ On 2 ranks (gloo, CPU) with a ~300 MB model + Adam state:
     optimizer step) compared with a sync save.
 Restores are measured warm (files just written: the page cache) and cold (the checkpoint's own files evicted
 with posix_fadvise(DONTNEED) before each load, untimed; torch.load's file likewise), and from a copy in host
-memory (/dev/shm: what a tiered in-memory snapshot would be read from). With --blob, also a restore from
+memory (/dev/shm: what a tiered in-memory snapshot would be read from). Cold restores also report how long
+the disk waited for the restore's first request (``restore_cold_first_read_ms``, rank 0, from load_latest's
+start). With --blob, also a restore from
 Azure Blob (a local Azurite) against downloading the same files the same way without hashing or loading.
 
     .venv/bin/python bench/checkpoint.py                         # ~300 MB, 5 x (50 + 50) steps, ~3 min
@@ -159,8 +161,11 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         if r0 is not None and r1 is not None:
             reads[name].append(r1 - r0)
 
+    first_read: list[float] = []  # ms from load_latest's start to the disk's first request (rank 0)
     for _ in range(args.repeat):
         measure("restore_cold", ckpt_bytes, ck.load_latest, before=evict(list(step_path.iterdir())))
+        if "first_read_s" in ck.last_restore:
+            first_read.append(ck.last_restore["first_read_s"] * 1e3)
         measure("torch_load_cold", plain_bytes, tload, before=evict([plain]))
         measure("restore", ckpt_bytes, ck.load_latest)
         measure("torch_load", plain_bytes, tload)
@@ -173,6 +178,9 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         res.update({f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()})
         res.update({f"{k}_disk_reads": statistics.median(v) for k, v in reads.items() if v and k.endswith("cold")})
         res.update(ckpt_mb=ckpt_bytes / 1e6, plain_mb=plain_bytes / 1e6, files=len(manifest["files"]))
+        if first_read:
+            res.update(restore_cold_first_read_ms=statistics.median(first_read),
+                       restore_cold_first_read_each_ms=[round(x, 1) for x in first_read])
         Path(out).write_text(json.dumps(res))
     train.shutdown(ctx)
 

@@ -8,6 +8,7 @@ import logging
 import os
 import socket
 import threading
+import time
 
 import pytest
 import torch
@@ -175,9 +176,9 @@ def test_each_record_layout_is_read_just_before_its_bytes(tmp_path):
     layouts = []  # (file, record offset, bytes this rank had read when the layout was read, read in place)
 
     class Watched(VerifyingReader):
-        def _in_place(self, heads, req, target):
+        def _in_place(self, heads, req, target, *wait):
             at = self._prefetch._consumed
-            got = super()._in_place(heads, req, target)
+            got = super()._in_place(heads, req, target, *wait)
             layouts.append((self.storage_data[req.storage_index].relative_path,
                             self.storage_data[req.storage_index].offset, at, got is not None))
             return got
@@ -306,3 +307,77 @@ def test_a_restore_reads_only_what_the_prefetch_brought(tmp_path, monkeypatch):
     assert all(cached >= end for _, end, cached in reads), reads
     assert all(cached >= end for _, end, cached in asked), asked
     assert not gave_up.is_set()
+
+
+def test_the_prefetch_starts_when_the_checkpoint_is_chosen_and_narrows_to_the_plan(tmp_path):
+    saved, _ = _save(tmp_path, seed=1, fill=3.0, step=7)
+    d = tmp_path / "step-00000007"
+    data = sorted(n for n in json.loads((d / "manifest.json").read_text())["files"] if n.endswith(".distcp"))
+    seen = {}
+
+    class Watched(VerifyingReader):
+        def read_metadata(self, *args, **kwargs):
+            # before DCP reads .metadata (and asks the state for its tensors, and plans): the disk
+            # already streams .metadata, then every data file in the order a DDP rank reads them
+            seen["at_metadata"] = [p.name for p in self._prefetch.paths]
+            seen["issued"] = self._prefetch.issued.is_set()
+            seen["first"] = self._prefetch
+            return super().read_metadata(*args, **kwargs)
+
+        def prepare_global_plan(self, plans):
+            seen["at_plan"] = [p.name for p in self._prefetch.paths]
+            seen["same"] = self._prefetch is seen["first"]
+            return super().prepare_global_plan(plans)
+
+    model, opt, odd, progress, state = _fresh()
+    reader = Watched(d, json.loads((d / "manifest.json").read_text()), 2, str(d))
+    reader.start_prefetch()
+    dcp.load(state, storage_reader=reader, no_dist=True)
+    assert all(torch.equal(a, b) for a, b in zip(saved.parameters(), model.parameters()))
+    assert seen["at_metadata"] == [".metadata", *data] and seen["issued"]
+    assert seen["same"]  # the whole state reads every file: the stream goes on as it was
+    assert not [t for t in threading.enumerate() if t.name == "azulite-prefetch" and t.is_alive()]
+
+    # a load of part of the state reads fewer files: the stream narrows to them once the plan is known
+    progress = Progress()
+    reader = Watched(d, json.loads((d / "manifest.json").read_text()), 2, str(d))
+    reader.start_prefetch()
+    dcp.load({"progress": progress}, storage_reader=reader, no_dist=True)
+    assert progress.step == 7
+    assert seen["at_metadata"] == [".metadata", *data]
+    assert not seen["same"] and seen["at_plan"] and set(seen["at_plan"]) < set(data)
+    assert not [t for t in threading.enumerate() if t.name == "azulite-prefetch" and t.is_alive()]
+
+
+def test_ranks_reading_the_same_bytes_split_the_hashing_evenly_and_hash_everything_once():
+    a, b = ("host", "boot", 1, 10, 100, 5), ("host", "boot", 1, 11, 60, 5)
+    sizes = {"a": 100, "b": 60, "c": 50, "d": 40}
+    same = {"a": a, "b": b, "c": ("host", "boot", 1, 12, 50, 5), "d": ("host", "boot", 1, 13, 40, 5)}
+    # DDP: both ranks read every file from the same inodes: each file hashed once, the bytes split evenly
+    got = reader_module.assign_hashing([same, same], sizes)
+    assert got[0] | got[1] == set(sizes) and not got[0] & got[1]
+    assert {sum(sizes[n] for n in g) for g in got} == {140, 110}  # greedy by size: a+d, b+c
+    # a file with no identity (a Blob download: the rank's own bytes) is hashed by every rank reading it
+    got = reader_module.assign_hashing([{"a": None, "b": b}, {"a": None, "b": b}], sizes)
+    assert "a" in got[0] and "a" in got[1] and len([g for g in got if "b" in g]) == 1
+    # the same name on another host (or another inode) is other bytes: each reader hashes its own
+    elsewhere = ("other", "boot", 1, 10, 100, 5)
+    got = reader_module.assign_hashing([{"a": a}, {"a": elsewhere}, {}], sizes)
+    assert got == [{"a"}, {"a"}, set()]
+    # one rank alone hashes all it reads
+    assert reader_module.assign_hashing([same], sizes) == [set(sizes)]
+
+
+def test_a_cold_restore_reports_when_the_disk_was_first_asked(tmp_path, monkeypatch):
+    _save(tmp_path, seed=1, fill=3.0, step=7)
+    model, opt, odd, progress, state = _fresh()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), init({}), state)
+    assert ck.load_latest() == 7  # warm (just written): nothing streamed, no figure
+    if prefetch_module._CACHESTAT is not None:  # the kernel tells what is cached (cachestat, Linux >= 6.5)
+        assert "first_read_s" not in ck.last_restore
+    monkeypatch.setattr(prefetch_module, "in_cache", lambda fd, at, n: False)  # as if cold
+    started = time.perf_counter()
+    assert ck.load_latest() == 7
+    took = time.perf_counter() - started
+    ck.close()
+    assert 0 < ck.last_restore["first_read_s"] < took

@@ -96,3 +96,39 @@ def test_not_a_plain_tensor_is_none(tmp_path: Path) -> None:
     assert found[:4] == [None] * 4 and found[5] is None and junk == [None, None]
     # a Parameter pickles through another rebuild function: not this parser's
     assert found[4] is None
+
+
+@pytest.mark.parametrize("crc", [True, False])
+def test_the_first_page_of_a_record_gives_the_same_layout(tmp_path: Path, crc: bool) -> None:
+    """layout_from_head: what a reader of a cold file uses once a record's first page arrived."""
+    torch.manual_seed(0)
+    objs = [make() for make in CASES.values()]
+    path = tmp_path / "records.bin"
+    spans = _records(path, objs, crc)
+    data = path.read_bytes()
+    with open(path, "rb") as f:
+        for name, (start, length) in zip(CASES, spans):
+            head = data[start : start + min(record.HEAD, length)]
+            got = record.layout_from_head(head, length)
+            assert got is not None and got == record.layout(f.fileno(), start, length), name
+            # too little of the record to tell (up to the storage entry's header, or into the pickle): no
+            # answer, never a wrong one
+            storage_header = head.rfind(b"PK\x03\x04", 0, got.data_start)
+            assert record.layout_from_head(head[: storage_header + 30], length) is None, name
+            assert record.layout_from_head(head[:60], length) is None, name
+            # a record shorter than its tensor's bytes: no answer
+            assert record.layout_from_head(head, got.data_start + got.storage_bytes - 1) is None, name
+
+
+def test_the_first_page_of_anything_else_gives_no_layout(tmp_path: Path) -> None:
+    path = tmp_path / "records.bin"
+    objs = [{"a": torch.ones(2)}, 1.5, [torch.ones(3)], "text", torch.nn.Parameter(torch.ones(2))]
+    spans = _records(path, objs)
+    data = path.read_bytes()
+    assert [record.layout_from_head(data[s : s + min(record.HEAD, n)], n) for s, n in spans] == [None] * 5
+    assert record.layout_from_head(b"", 10) is None and record.layout_from_head(data[:200], 200) is None
+    # a record whose byte order entry says big-endian
+    buf = io.BytesIO()
+    torch.save(torch.ones(4), buf)
+    big = buf.getvalue().replace(b"little", b"big\x00\x00\x00", 1)
+    assert record.layout_from_head(big[: record.HEAD], len(big)) is None

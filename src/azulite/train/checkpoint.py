@@ -139,8 +139,10 @@ class Checkpointer:
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
         self.loaded_manifest: dict[str, Any] | None = None
         #: what this rank's last restore hashed (files it read that no other rank on its host hashed) and
-        #: read straight into tensors, in bytes
-        self.last_restore: dict[str, int] = {}
+        #: read straight into tensors, in bytes; with the page cache cold, ``first_read_s``: seconds from
+        #: load_latest's start to the disk's first request for the checkpoint's files
+        self.last_restore: dict[str, float] = {}
+        self._restore_started = 0.0
         #: seconds the training loop was blocked by the last save: all of it for a sync save; for an async
         #: save the copy made before save() returns plus any wait for the background copy at the next
         #: optimizer step (or :meth:`wait_staged`)
@@ -373,6 +375,7 @@ class Checkpointer:
         or None when there is none (a fresh start). Corrupt or incomplete checkpoints are skipped, and
         the log says which file was wrong and which checkpoint is used instead."""
         self.wait()  # loading writes into the very tensors a pending save may still be copying
+        self._restore_started = time.perf_counter()
         while True:
             choice: tuple[int, dict[str, Any]] | str | None = None
             if self.ctx.is_main:
@@ -414,11 +417,14 @@ class Checkpointer:
                          name, self.ctx.rank, saved_ws)
                 state.pop(name)
         try:
+            reader.start_prefetch()  # page cache cold: the disk streams while DCP plans
             dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
         finally:
             reader.stop_prefetch()  # a load that failed between its plan and its reads
             self._restorer.discard(step)  # this rank's downloaded copy only
         self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes}
+        if reader.first_read_at is not None:  # a cold read: how long the disk waited for its first request
+            self.last_restore["first_read_s"] = reader.first_read_at - self._restore_started
         self.loaded_manifest = manifest
         self.last_committed = step
         if saved_ws != self.ctx.world_size:

@@ -13,6 +13,7 @@ import mmap
 import os
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -61,10 +62,16 @@ class Prefetch:
         self._sendfile = hasattr(os, "sendfile")
         #: set once a stream stopped to let the readers catch up (PREFETCH_AHEAD reached)
         self.waited = threading.Event()
+        #: set once the first file's first read was asked of the disk (or a stream ended before)
+        self.issued = threading.Event()
+        #: when the disk was asked for the first bytes (``time.perf_counter()``); None while it was not
+        self.issued_at: float | None = None
         usable = self._sendfile or hasattr(os, "posix_fadvise")
         self._threads = [threading.Thread(target=self._run, name="azulite-prefetch", daemon=True)
                          for _ in range(min(max(1, streams), len(paths)) if usable else 0)]
         self._live = len(self._threads)
+        if not self._threads:
+            self.issued.set()
         for t in self._threads:
             t.start()
 
@@ -82,6 +89,13 @@ class Prefetch:
             while (not self._stopped and self._live and self._cached.get(path, 0) < end
                    and self._blocked < self._live):
                 self._cond.wait()
+
+    def wait_issued(self, timeout: float = 1.0) -> None:
+        """Returns once the disk was asked for the first bytes (at most ``timeout`` seconds). A caller that
+        goes on running Python right after starting the prefetch (DCP's planning) would otherwise hold
+        the GIL and keep the new thread from its first read for up to the interpreter's switch interval
+        (5 ms): that long the disk idled."""
+        self.issued.wait(timeout)
 
     def stop(self) -> None:
         with self._cond:
@@ -107,6 +121,7 @@ class Prefetch:
                             self._cached[path] = _WHOLE
                             self._cond.notify_all()
         finally:
+            self.issued.set()
             with self._cond:
                 self._live -= 1
                 self._cond.notify_all()
@@ -152,6 +167,9 @@ class Prefetch:
     def _bring(self, fd: int, sink: int, at: int, n: int) -> bool:
         """Bytes [at, at + n) of ``fd`` into the cache; False when the file ended early."""
         end = at + n
+        if self.issued_at is None:
+            self.issued_at = time.perf_counter()
+            self.issued.set()  # the system call below releases the GIL
         if self._sendfile:
             try:
                 while at < end:

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import dataclasses
 import functools
 import io
 import os
@@ -59,6 +60,8 @@ from azulite.train.restore import IntegrityError, mismatch
 #: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
 #: hash pass right after finds the bytes still in cache
 CHUNK = 8 << 20
+#: DCP's data files (FileSystemWriter: ``__<rank>_<n>.distcp``), what a restore streams before its plan
+_DATA = ".distcp"
 @dataclass
 class _Direct:
     """One tensor read in place: file bytes [start, start + nbytes) are the target's memory, in order."""
@@ -79,6 +82,23 @@ class _FilePlan:
     kept: list[tuple[int, bytearray]] = field(default_factory=list)  # (file offset, bytes) between tensors
 
 
+@dataclass(frozen=True)
+class _Identities:
+    """What a rank's local plan carries to DCP's coordinator (``LoadPlan.storage_data``): the identity of
+    each file it reads (:func:`_identity`; None where its bytes are its own, a Blob download)."""
+
+    files: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class _HashHere:
+    """What the coordinator's global plan hands back to each rank: the files it hashes, of those the
+    coordinator saw it read (``known``); a file the rank reads beyond those it hashes itself."""
+
+    files: frozenset[str]
+    known: frozenset[str]
+
+
 @functools.cache
 def _host() -> tuple[str, str]:
     try:
@@ -95,6 +115,28 @@ def _identity(path: Path) -> tuple[Any, ...] | None:
     except OSError:
         return None
     return (*_host(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def assign_hashing(readers_files: list[Mapping[str, Any]], sizes: Mapping[str, int]) -> list[set[str]]:
+    """Which files each rank hashes, given each rank's ``{file: identity}`` (index: the rank in the
+    load's group): every file a rank reads, except those another rank reads from the very same bytes
+    (an equal, non-None identity) and hashes instead. A file's readers share it by size, greedily, so the
+    hashing splits evenly: for DDP, where every rank reads the whole checkpoint, each hashes 1/N of it.
+    A file with no identity (a Blob download, or not there: it fails when read) is hashed by its reader."""
+    readers: dict[tuple[str, Any], list[int]] = {}
+    here: list[set[str]] = [set() for _ in readers_files]
+    for rank, files in enumerate(readers_files):
+        for name, ident in files.items():
+            if ident is None:
+                here[rank].add(name)
+            else:
+                readers.setdefault((name, ident), []).append(rank)
+    load = [0] * len(readers_files)
+    for name, ident in sorted(readers, key=lambda k: (-sizes.get(k[0], 0), k[0], repr(k[1]))):
+        rank = min(readers[(name, ident)], key=lambda r: (load[r], r))
+        load[rank] += sizes.get(name, 0)
+        here[rank].add(name)
+    return here
 
 
 def tensor_memory(t: torch.Tensor) -> memoryview:
@@ -155,6 +197,10 @@ class VerifyingReader(FileSystemReader):
         self.direct_bytes = 0
         self.hashed_bytes = 0
         self._prefetch: pf.Prefetch | None = None
+        self._prefetch_for: list[Path] = []  # the data files the prefetch streams, in order
+        #: when the disk was first asked for this restore's bytes (``time.perf_counter()``; None: all
+        #: were in the page cache, or none was streamed)
+        self.first_read_at: float | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if self._fetch is not None:
@@ -167,39 +213,76 @@ class VerifyingReader(FileSystemReader):
         names = sorted({self.storage_data[req.storage_index].relative_path for req in plan.items})
         return [Path(self.fs.concat_path(self.path, n)) for n in names]
 
-    def prepare_local_plan(self, plan: Any) -> Any:
-        # page cache cold: the disk starts streaming this rank's files as soon as they are known, in the
-        # order they are read, while DCP agrees on the global plan (collectives: a few ms the disk would
-        # otherwise idle), and keeps streaming while records are copied and hashed (local files only: a
-        # Blob download writes its file just before it is read)
+    def start_prefetch(self) -> None:
+        """Page cache cold: start streaming the checkpoint from the moment it is chosen, before DCP asks
+        the state for its tensors, reads ``.metadata`` and plans (5-50 ms the disk otherwise idled, a
+        cold restore's time before its first byte): ``.metadata`` first, then every data file of the
+        manifest in the order a rank reads them. That is what a DDP rank reads (every tensor); a rank
+        whose plan reads fewer files narrows the stream to them in :meth:`prepare_local_plan`, having
+        brought at most what the disk reads while DCP plans. Local files only (a Blob download writes its
+        file just before it is read)."""
+        if self._fetch is not None or pf.PREFETCH_AHEAD <= 0 or self._prefetch is not None:
+            return
+        data = [Path(self.fs.concat_path(self.path, n)) for n in sorted(self._files) if n.endswith(_DATA)]
+        self._stream(data, lead=[Path(self._get_metadata_path())])
+        if self._prefetch is not None:
+            self._prefetch.wait_issued()
+
+    def _stream(self, data: list[Path], lead: list[Path] | None = None) -> None:
+        """Stream ``data`` (after ``lead``), unless the prefetch already streams exactly those files."""
+        if self._prefetch is not None and self._prefetch_for == data:
+            return
         self.stop_prefetch()
-        if self._fetch is None and pf.PREFETCH_AHEAD > 0:
-            self._prefetch = pf.Prefetch(self._file_paths(plan), streams=pf.PREFETCH_STREAMS)
-        return super().prepare_local_plan(plan)
+        if self._fetch is None and pf.PREFETCH_AHEAD > 0 and data:
+            self._prefetch = pf.Prefetch([*(lead or []), *data], streams=pf.PREFETCH_STREAMS)
+            self._prefetch_for = data
+
+    def prepare_local_plan(self, plan: Any) -> Any:
+        # the disk streams this rank's files, in the order they are read, while DCP agrees on the global
+        # plan (collectives), and keeps streaming while records are copied and hashed
+        paths = self._file_paths(plan)
+        self._stream(paths)
+        # the coordinator learns which ranks read the very same files from the plans DCP gathers anyway,
+        # and hands each rank the files it hashes with the plan it scatters: no collective of our own
+        # before the reads
+        ids = {p.name: (_identity(p) if self._group is not None else None) for p in paths}
+        return dataclasses.replace(super().prepare_local_plan(plan), storage_data=_Identities(ids))
+
+    def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
+        plans = super().prepare_global_plan(plans)
+        if not all(isinstance(p.storage_data, _Identities) for p in plans):
+            return plans  # not our local plans (another planner's): every rank hashes what it reads
+        sizes = {n: int(e.get("bytes", 0)) for n, e in self._files.items()}
+        # the files each global plan reads (a planner may have changed the local plans): one the rank
+        # did not name in its local plan has no identity, so that rank hashes it itself
+        reads = [{self.storage_data[i.storage_index].relative_path for i in p.items} for p in plans]
+        hashers = assign_hashing([{n: p.storage_data.files.get(n) for n in r} for p, r in zip(plans, reads)], sizes)
+        return [dataclasses.replace(p, storage_data=_HashHere(frozenset(h), frozenset(r)))
+                for p, h, r in zip(plans, hashers, reads)]
 
     def stop_prefetch(self) -> None:
         """Ends the prefetch thread (read_data does at its end; a load that failed before it, here)."""
         if self._prefetch is not None:
             self._prefetch.stop()
+            if self.first_read_at is None:
+                self.first_read_at = self._prefetch.issued_at
             self._prefetch = None
+            self._prefetch_for = []
 
     def read_data(self, plan: Any, planner: Any) -> TorchFuture:
         per_file: dict[str, list[Any]] = {}
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
-        if self._prefetch is not None and self._prefetch.paths != [fp.path for fp in plans]:
-            self.stop_prefetch()  # the global plan changed this rank's files: stream those instead
-        if self._prefetch is None and self._fetch is None and pf.PREFETCH_AHEAD > 0:
-            self._prefetch = pf.Prefetch([fp.path for fp in plans], streams=pf.PREFETCH_STREAMS)
-        # every rank reaches the collectives below whatever happens here: a rank that raised early would
-        # leave the others waiting in them
+        # the global plan may have changed this rank's files: then stream those instead
+        self._stream([fp.path for fp in plans])
+        # the files this rank hashes (the coordinator's answer, prepare_global_plan); all it reads when the
+        # plan carries none
+        given = plan.storage_data if isinstance(plan.storage_data, _HashHere) else None
+        hash_here = {fp.name for fp in plans if given is None or fp.name in given.files or fp.name not in given.known}
+        # every rank reaches the collective below whatever happens here: a rank that raised early would
+        # leave the others waiting in it
         failure: BaseException | None = None
-        try:
-            hash_here = self._hashers(plans)
-        except BaseException:
-            self.stop_prefetch()
-            raise
         try:
             for fp in plans:
                 fp.want = _wanted(self._files, fp.name, self._where)
@@ -230,37 +313,18 @@ class VerifyingReader(FileSystemReader):
         fut.set_result(None)
         return fut
 
-    # -- sharing the hashing of files several ranks read -----------------------------------------------------
-    def _hashers(self, plans: list[_FilePlan]) -> set[str]:
-        """The files this rank hashes: all it reads, except those another rank on this host reads from
-        the same inode and hashes instead (a file's readers share it by size, greedily, so the hashing
-        splits evenly: for DDP, where every rank reads the whole checkpoint, each hashes 1/N of it)."""
-        mine = {fp.name: _identity(fp.path) for fp in plans}
-        if self._group is None:
-            return set(mine)
-        everyone: list[Any] = [None] * dist.get_world_size(self._group)
-        dist.all_gather_object(everyone, mine, group=self._group)
-        readers: dict[tuple[str, Any], list[int]] = {}
-        for rank, files in enumerate(everyone):
-            for name, ident in files.items():
-                if ident is not None:
-                    readers.setdefault((name, ident), []).append(rank)
-        me, load = dist.get_rank(self._group), [0] * len(everyone)
-        here = {name for name, ident in mine.items() if ident is None}  # not there: fails when read
-        size = {name: int(self._files.get(name, {}).get("bytes", 0)) for name, _ in readers}
-        for name, ident in sorted(readers, key=lambda k: (-size[k[0]], k[0], k[1])):
-            rank = min(readers[(name, ident)], key=lambda r: (load[r], r))
-            load[rank] += size[name]
-            if rank == me:
-                here.add(name)
-        return here
-
+    # -- every rank's verdict --------------------------------------------------------------------------------
     def _agree(self, failure: BaseException | None) -> None:
         """Raise on every rank if any rank's read failed: a rank that used bytes another rank hashed must
-        not build anything from them when that hash did not match."""
+        not build anything from them when that hash did not match. One all-reduce of a flag when all is
+        well (it ends a restore: what it costs is the restore's); the messages only when one failed."""
         if self._group is None:
             if failure is not None:
                 raise failure
+            return
+        flag = torch.tensor([0 if failure is None else 1], dtype=torch.int32)
+        dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=self._group)
+        if not int(flag[0]):
             return
         verdict = None if failure is None else (isinstance(failure, IntegrityError), str(failure))
         everyone: list[Any] = [None] * dist.get_world_size(self._group)
@@ -293,17 +357,26 @@ class VerifyingReader(FileSystemReader):
                                      f"[{self._where}]")
             self._read_and_hash(f, heads, fp, reqs, targets, size, verify)
 
-    def _in_place(self, heads: Any, req: Any, target: torch.Tensor | None) -> _Direct | None:
+    def _in_place(self, heads: Any, req: Any, target: torch.Tensor | None,
+                  wait: Callable[[int], None] = lambda end: None) -> _Direct | None:
         """Where a tensor record's data lies in the file when it can be read straight into ``target``,
         else None (loaded from kept bytes after verification). Reads only the record's headers; they are
         not trusted yet, so a wrong answer can only put bytes in the wrong place of a tensor of the right
-        size, and the file's hash fails."""
+        size, and the file's hash fails. ``wait(end)`` returns once the file's bytes up to ``end`` can be
+        read from the cache: the record's first page tells a plain tensor's layout (its pickle and
+        headers come first), so a reader follows a cold file's stream 8 MiB at a time instead of waiting
+        for each record's last page (its zip directory: only for records the first page does not tell)."""
         sinfo = self.storage_data[req.storage_index]
         if (target is None or req.type == LoadItemType.BYTE_IO or sinfo.transform_descriptors
                 or target.device.type != "cpu" or not target.is_contiguous()):
             return None
         try:
-            lay = record.layout(heads.fileno(), sinfo.offset, sinfo.length)
+            first = min(record.HEAD, sinfo.length)
+            wait(sinfo.offset + first)
+            lay = record.layout_from_head(os.pread(heads.fileno(), first, sinfo.offset), sinfo.length)
+            if lay is None:
+                wait(sinfo.offset + sinfo.length)
+                lay = record.layout(heads.fileno(), sinfo.offset, sinfo.length)
             if lay is not None:
                 src, offset = lay.meta(), lay.data_start
             else:  # a record the quick parser does not know: torch's own reading of it (slower, in Python)
@@ -338,6 +411,10 @@ class VerifyingReader(FileSystemReader):
         readers = Counter(self.storage_data[r.storage_index].offset for r in reqs)
         pos = 0
 
+        def wait(end: int) -> None:
+            if prefetch is not None:
+                prefetch.ready(fp.path, end)
+
         def fill(view: memoryview, at: int) -> None:
             done = 0
             while done < len(view):
@@ -356,10 +433,7 @@ class VerifyingReader(FileSystemReader):
         for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
             sinfo = self.storage_data[req.storage_index]
             shared = readers[sinfo.offset] > 1
-            if prefetch is not None and not shared:
-                # the layout read touches the record's first and last pages: from the cache, once there
-                prefetch.ready(fp.path, sinfo.offset + sinfo.length)
-            d = None if shared else self._in_place(heads, req, targets.get(id(req)))
+            d = None if shared else self._in_place(heads, req, targets.get(id(req)), wait)
             if d is None:
                 fp.later.append(req)
                 continue

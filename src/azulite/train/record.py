@@ -36,6 +36,14 @@ _STORAGE_DTYPES = {
 }
 _LOCAL_HEADER = struct.Struct("<4s22xHH")  # signature ... file name length, extra field length
 _LOCAL_SIG = b"PK\x03\x04"
+#: a local header's signature, flags, method, compressed size and the two lengths
+_LOCAL_FIELDS = struct.Struct("<4s2xHH8xI4xHH")
+_DESCRIPTOR = struct.Struct("<4s4xII")  # signature, CRC, compressed and uncompressed size
+_DESCRIPTOR64 = struct.Struct("<4s4xQQ")
+_DESCRIPTOR_SIG = b"PK\x07\x08"
+#: how much of a record's start :func:`layout_from_head` looks at: a plain tensor's pickle and the small
+#: entries before its data take ~600 B
+HEAD = 4096
 
 
 @dataclass(frozen=True)
@@ -182,3 +190,71 @@ def layout(fd: int, start: int, length: int) -> Layout | None:
             struct.error, KeyError, IndexError, AttributeError):
         return None
     return Layout(obj.storage.dtype, obj.size, obj.stride, obj.storage_offset, data_start, nbytes)
+
+
+def layout_from_head(head: bytes, length: int) -> Layout | None:
+    """The layout of a ``length``-byte record, from its first bytes alone (``head``, up to :data:`HEAD`),
+    or None when they do not tell (then :func:`layout`, which needs the record's end: its zip directory).
+
+    ``torch.save`` writes ``data.pkl`` first, then a few one-line entries, then the storage, each entry
+    behind its local header; a streamed zip's local headers carry no sizes (a data descriptor follows
+    each entry: flag bit 3), so the walk takes the pickle's end from the pickle itself (its STOP, checked
+    against the descriptor after it) and a small entry's end from the first descriptor after it whose
+    sizes equal the bytes between. A reader of a cold file can thus place a tensor's bytes once the
+    record's first page arrived, not its last. Nothing here is trusted either (see :func:`layout`)."""
+    try:
+        pos, prefix, key, obj, order = 0, None, None, None, None
+        while pos + _LOCAL_FIELDS.size <= len(head):
+            sig, flags, method, csize, name_len, extra_len = _LOCAL_FIELDS.unpack_from(head, pos)
+            if sig != _LOCAL_SIG or method != zipfile.ZIP_STORED:
+                return None
+            name = head[pos + _LOCAL_FIELDS.size : pos + _LOCAL_FIELDS.size + name_len].decode("utf-8")
+            start = pos + _LOCAL_FIELDS.size + name_len + extra_len
+            if prefix is None:  # the first entry: the pickle
+                if not name.endswith("data.pkl"):
+                    return None
+                prefix = name[: -len("data.pkl")]
+                src = io.BytesIO(head[start:])
+                obj = _Unpickler(src).load()
+                if not isinstance(obj, _Tensor):
+                    return None
+                key = f"{prefix}data/{obj.storage.key}"
+                end = start + src.tell()
+            elif name == key:  # the storage: where the tensor's bytes begin
+                nbytes = obj.storage.numel * obj.storage.dtype.itemsize
+                if order != b"little" or start + nbytes > length:
+                    return None
+                return Layout(obj.storage.dtype, obj.size, obj.stride, obj.storage_offset, start, nbytes)
+            elif flags & 0x8:  # a small entry of unknown size: it ends at the descriptor that says so
+                end = head.find(_DESCRIPTOR_SIG, start)
+                while end >= 0 and (_descriptor(head, end) or (-1,))[0] != end - start:
+                    end = head.find(_DESCRIPTOR_SIG, end + 1)
+                if end < 0:
+                    return None
+            else:
+                end = start + csize
+            if name == f"{prefix}byteorder":
+                order = head[start:end]
+            pos = end
+            if flags & 0x8:
+                desc = _descriptor(head, end)
+                if desc is None or desc[0] != end - start:
+                    return None
+                pos += desc[1]
+    except (_Unknown, pickle.UnpicklingError, EOFError, ValueError, TypeError, struct.error, UnicodeDecodeError,
+            AttributeError, IndexError, KeyError):
+        return None
+    return None
+
+
+def _descriptor(head: bytes, at: int) -> tuple[int, int] | None:
+    """(entry size, descriptor length) of a data descriptor at ``at`` (32- or 64-bit sizes: the form
+    followed by the next header), None where there is none."""
+    if head[at : at + 4] != _DESCRIPTOR_SIG:
+        return None
+    for form in (_DESCRIPTOR, _DESCRIPTOR64):
+        if at + form.size + 4 <= len(head):
+            _, csize, usize = form.unpack_from(head, at)
+            if csize == usize and head[at + form.size : at + form.size + 2] == b"PK":
+                return csize, form.size
+    return None
