@@ -99,6 +99,9 @@ def shape_key(item: WorkItem) -> tuple:
     """Requests batch together only if every input has the same shape past the batch dimension (in
     whatever order a client listed its inputs)."""
     skip = 1 if item.batch_size else 0
+    if len(item.inputs) == 1:  # one input (an ensemble's parse step, most models): nothing to sort
+        for name, array in item.inputs.items():
+            return ((name, array.shape[skip:]),)
     return tuple(sorted((name, array.shape[skip:]) for name, array in item.inputs.items()))
 
 
