@@ -5,6 +5,8 @@ idle instance on size or deadline, with Triton's dynamic-batching semantics.
 - Requests go together while their non-batch shapes match and their batch sizes sum to at most
   ``max_batch_size``. A batch leaves at once when full or when a prefix of the queue sums to a
   ``preferred_batch_size``; otherwise when the oldest request waited ``max_queue_delay_microseconds``.
+- An inline batch (run on the loop itself) that is not full, after a batch that merged several requests,
+  first lets the loop run ``GATHER_PASSES`` passes, so requests already read join it.
 - ``priority_levels``: level 1 is served first; each level has its queue policy: ``max_queue_size``
   (over it: UNAVAILABLE "Exceeds maximum queue size"), ``default_timeout_microseconds`` (a request's own
   ``timeout`` counts only with ``allow_timeout_override``), ``timeout_action`` REJECT (fail it) or DELAY
@@ -60,15 +62,11 @@ INLINE_MAX_WALL_NS = 4 * INLINE_MAX_NS
 #: A model kept off the loop by the wall-clock guard alone runs one batch in this many on the loop again,
 #: and that batch's wall time replaces the average (see Batcher._inline).
 PROBE_EVERY = 64
-#: An inline batch runs on the loop itself, so while it runs nothing is read: the requests of other
-#: connections wait in their sockets, and once read, their handlers reach this queue one loop pass later.
-#: Chosen at once, the next batch holds only the requests that happened to be queued (DLRM, one row per
-#: request, HTTP c=32: 5.6-6.7 rows per execution), and each pays the batch's fixed cost (the parse
-#: step's Python call, onnxruntime's run). So when the last batch merged several requests (requests are
-#: arriving together) and this one is not full, the scheduler yields this many loop passes first: two,
-#: because uvloop runs the scheduler's resumption before the handlers the same poll created. Measured
-#: (load 21-26, 2 rounds): 11-12 rows per execution, server CPU per row 164-167 -> 146-149 us. A lone
-#: client's batches are single requests: it never waits.
+#: An inline batch blocks the loop, so other connections' requests wait in their sockets and, once read,
+#: reach this queue a loop pass later: chosen at once, the next batch holds whatever happened to be queued
+#: (DLRM, 1 row per request, HTTP c=32: ~6 rows) and pays the batch's fixed cost for few rows. After a batch
+#: that merged several requests, a batch that is not full first lets the loop run this many passes (two:
+#: uvloop resumes the scheduler before the handlers of the same poll). Measured: README, DLRM serving.
 GATHER_PASSES = 2
 
 
@@ -341,9 +339,7 @@ class Batcher:
                 self._delaying = False
 
     def _gathers(self) -> bool:
-        """Let the loop run GATHER_PASSES passes before an inline batch that is not full, when the last
-        batch merged several requests: the requests already read from other connections reach the queue
-        and join it (see GATHER_PASSES)."""
+        """Whether to let the loop run a pass before choosing the batch (see GATHER_PASSES)."""
         return (self._last_requests > 1 and 0 < self._rows < self.settings.max_batch_size and self.settings.dynamic
                 and self._may_inline and self._exec_ns is not None and self._exec_cpu_ns < INLINE_MAX_NS
                 and not self._by_wall and not self._closing)
