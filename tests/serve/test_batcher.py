@@ -216,22 +216,31 @@ def test_an_inline_batch_gathers_the_requests_of_the_next_loop_passes_after_a_me
         assert model.threads[-1] == threading.main_thread().name
         await asyncio.gather(batcher.submit(item(10)), batcher.submit(item(11)))  # merged: two requests
 
-        async def one_then_another(a: float, b: float) -> None:
+        async def one_then_others(first: float, *others: float) -> None:
+            """``first`` now, each of ``others`` one loop pass after the one before it."""
             later: list[asyncio.Future] = []
-            first = batcher.submit(item(a))
-            loop.call_soon(lambda: later.append(batcher.submit(item(b))))  # one loop pass later
-            await first
-            await until(lambda: bool(later))
-            await later[0]
 
-        await one_then_another(20, 21)
+            def submit(values: tuple[float, ...]) -> None:
+                later.append(batcher.submit(item(values[0])))
+                if values[1:]:
+                    loop.call_soon(submit, values[1:])
+
+            head = batcher.submit(item(first))
+            loop.call_soon(submit, others)
+            await head
+            await until(lambda: len(later) == len(others))
+            await asyncio.gather(*later)
+
+        await one_then_others(20, 21)
+        await one_then_others(40, 41, 42, 43)  # past the first two passes: on while the queue grows
         await batcher.submit(item(25))  # alone: the last batch is one request again
-        await one_then_another(30, 31)
+        await one_then_others(30, 31)
         await batcher.close()
         return model.batches
 
     batches = asyncio.run(main())
     assert [10.0, 11.0] in batches and [20.0, 21.0] in batches, batches
+    assert [40.0, 41.0, 42.0, 43.0] in batches, batches
     assert [30.0] in batches and [31.0] in batches, batches
 
 
