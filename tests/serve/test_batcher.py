@@ -201,6 +201,49 @@ def test_short_executions_of_a_single_instance_run_on_the_event_loop(sleep_s, co
     assert all(on_loop[-10:]) if inline else not any(on_loop), threads
 
 
+def test_an_inline_batch_gathers_the_requests_of_the_next_loop_passes_after_a_merged_batch(monkeypatch):
+    """After a batch that merged several requests, the next inline batch that is not full waits
+    GATHER_PASSES loop passes, so a request submitted one pass later (the handler of a request read from
+    another connection meanwhile) joins it; after a batch of one request (a lone client) it runs at once."""
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_WALL_NS", 10**12)  # the CPU time decides: inline
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        model = Recorder()
+        batcher = Batcher(model="m", settings=settings(max_batch_size=8), instances=[("i0", model)])
+        for v in range(3):  # measured, then inline; batches of one request
+            await batcher.submit(item(v))
+        assert model.threads[-1] == threading.main_thread().name
+        await asyncio.gather(batcher.submit(item(10)), batcher.submit(item(11)))  # merged: two requests
+
+        async def one_then_others(first: float, *others: float) -> None:
+            """``first`` now, each of ``others`` one loop pass after the one before it."""
+            later: list[asyncio.Future] = []
+
+            def submit(values: tuple[float, ...]) -> None:
+                later.append(batcher.submit(item(values[0])))
+                if values[1:]:
+                    loop.call_soon(submit, values[1:])
+
+            head = batcher.submit(item(first))
+            loop.call_soon(submit, others)
+            await head
+            await until(lambda: len(later) == len(others))
+            await asyncio.gather(*later)
+
+        await one_then_others(20, 21)
+        await one_then_others(40, 41, 42, 43)  # past the first two passes: on while the queue grows
+        await batcher.submit(item(25))  # alone: the last batch is one request again
+        await one_then_others(30, 31)
+        await batcher.close()
+        return model.batches
+
+    batches = asyncio.run(main())
+    assert [10.0, 11.0] in batches and [20.0, 21.0] in batches, batches
+    assert [40.0, 41.0, 42.0, 43.0] in batches, batches
+    assert [30.0] in batches and [31.0] in batches, batches
+
+
 class Waiter(Recorder):
     """Sleeps in execute: little CPU, a long wall clock (as a short batch stretched by a loaded machine,
     or an instance waiting on its process)."""

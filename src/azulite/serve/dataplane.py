@@ -299,7 +299,7 @@ class TritonDataPlane:
     async def _infer(self, request: InferRequest) -> InferResponse:
         """infer without the shutdown check: ensemble steps and BLS calls of requests in flight."""
         model = self.manager.get(request.model_name, request.model_version)
-        if is_decoupled(model):
+        if model.decoupled:
             raise unary_refused(model)
         with Counted(self, model) as counted:
             start = counted.start
@@ -317,7 +317,7 @@ class TritonDataPlane:
                 outputs = await run_ensemble(model.name, model.ensemble_plan, item.inputs, wanted, self._run_step)
                 model.stats.executed(item.batch_size or 1, [began - start],
                                      Timing(infer_ns=time.perf_counter_ns() - began), ok=True)
-            elif model.config.HasField("sequence_batching"):
+            elif model.sequence:
                 outputs = await self._sequencer(model).run(
                     request.parameters, item, lambda it: model.batcher.submit(it, priority=priority, timeout_us=timeout))
             else:
@@ -365,7 +365,7 @@ class TritonDataPlane:
         """One ensemble step, straight into its model's batcher (serve/ensemble.py), counted in the model's
         statistics as a request of its own (as Triton reports composing models)."""
         model = self.manager.get(model_name, version)
-        if model.batcher is None or is_decoupled(model) or model.config.HasField("sequence_batching"):
+        if model.batcher is None or model.sequence or model.decoupled:
             return await self._step_request(model_name, version, feed, wanted)
         with Counted(self, model) as counted:
             item = step_item(model, feed, wanted)

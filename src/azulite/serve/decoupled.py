@@ -40,7 +40,7 @@ FINAL_FLAG = "triton_final_response"
 
 
 def is_decoupled(model: "LoadedModel") -> bool:
-    return model.config.model_transaction_policy.decoupled
+    return model.decoupled
 
 
 def unary_refused(model: "LoadedModel") -> Unsupported:

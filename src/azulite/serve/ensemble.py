@@ -67,7 +67,7 @@ class EnsembleStep:
     """One ensemble step read out of the protobuf once, when the model is loaded (map access on a message
     costs per request)."""
 
-    __slots__ = ("model", "version", "feed", "wanted", "out")
+    __slots__ = ("model", "version", "feed", "wanted", "out", "needs")
 
     def __init__(self, step: mc.ModelEnsembling.Step) -> None:
         self.model = step.model_name
@@ -75,9 +75,10 @@ class EnsembleStep:
         self.feed = tuple(step.input_map.items())
         self.wanted = list(step.output_map)
         self.out = tuple(step.output_map.items())
+        self.needs = frozenset(value for _, value in self.feed)
 
     def ready(self, pool: dict[str, np.ndarray]) -> bool:
-        return all(value in pool for _, value in self.feed)
+        return pool.keys() >= self.needs
 
 
 def plan_of(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:

@@ -52,6 +52,7 @@ _REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbid
             503: b"Service Unavailable"}
 JSON = b"application/json"
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # Triton's --http-max-input-size default
+_ROUTES_CACHED = 1024  # infer paths HttpApp remembers the route of
 
 Reply = tuple[int, bytes, bytes, tuple[tuple[bytes, bytes], ...]]  # status, content type, body, headers
 
@@ -130,6 +131,9 @@ class HttpApp:
     def __init__(self, dataplane: DataPlane, guard: Guard | None = None) -> None:
         self.dp = dataplane
         self.guard = guard
+        #: path -> (model, version) of infer paths already routed: an infer request skips the split and
+        #: unquote of its path (bounded: a client sending endless distinct paths only stops the caching)
+        self._infer_routes: dict[str, tuple[str, str]] = {}
 
     def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                client: str = "") -> Awaitable[Reply]:
@@ -191,6 +195,9 @@ class HttpApp:
         return reply
 
     def dispatch(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes):
+        route = self._infer_routes.get(path)
+        if route is not None and method == b"POST":
+            return self._infer(route[0], route[1], headers, body)
         parts = [unquote(p) for p in path.split("?", 1)[0].strip("/").split("/")]
         if not parts or parts[0] != "v2":
             raise NotFound(f"no such endpoint: {method.decode()} {path}", fix="KServe v2 paths start with /v2")
@@ -235,6 +242,8 @@ class HttpApp:
         action = tail[0] if len(tail) == 1 else ("" if not tail else None)
         if action == "infer":
             self._method(post, method, path)
+            if len(self._infer_routes) < _ROUTES_CACHED:
+                self._infer_routes[path] = (name, version)
             return self._infer(name, version, headers, body)
         if action == "":
             self._method(get, method, path)

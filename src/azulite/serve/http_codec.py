@@ -27,6 +27,10 @@ from azulite.serve.config import WIRE_TO_NUMPY
 from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 _LEN = struct.Struct("<I")
+#: json.dumps / json.loads without their per-call wrappers: dumps with separators builds a JSONEncoder on
+#: every call, loads of bytes runs a Python encoding sniffer first (the KServe body is UTF-8)
+_ENCODE = json.JSONEncoder(separators=(",", ":")).encode
+_DECODE = json.JSONDecoder().decode
 _INT64_TYPES = {
     _descriptor.FieldDescriptor.TYPE_INT64,
     _descriptor.FieldDescriptor.TYPE_UINT64,
@@ -189,7 +193,7 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
         raise InvalidArgument(
             f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes")
     try:
-        doc = json.loads(view[:header_length].tobytes() if header_length != len(body) else body)
+        doc = _DECODE(str(view[:header_length] if header_length != len(body) else body, "utf-8"))
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"malformed JSON in the infer request: {exc}",
                               fix="send a KServe v2 infer request object") from None
@@ -312,7 +316,7 @@ def encode_infer_response(response: InferResponse, request: InferRequest) -> tup
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
-    header = json.dumps(doc, separators=(",", ":")).encode()
+    header = _ENCODE(doc).encode()
     if not blobs:
         return header, None
     return b"".join([header, *blobs]), len(header)

@@ -40,7 +40,9 @@ class TensorSpec:
         )
 
     def matches(self, shape: tuple[int, ...]) -> bool:
-        return len(shape) == len(self.dims) and all(d == -1 or d == s for d, s in zip(self.dims, shape))
+        # a tuple compare first: every request of a fixed-shape input answers it in one C call
+        return shape == self.dims or (len(shape) == len(self.dims)
+                                      and all(d == -1 or d == s for d, s in zip(self.dims, shape)))
 
 
 @dataclass(slots=True, eq=False)
@@ -57,18 +59,22 @@ class LoadedModel:
     version_str: str = ""
     #: an ensemble's steps, read out of its config once (empty for other models)
     ensemble_plan: tuple[EnsembleStep, ...] = ()
+    #: the config's, read once: checked several times per request, and a protobuf field read costs more
+    max_batch_size: int = 0
+    #: the config has sequence_batching; model_transaction_policy.decoupled (read once, for the same reason)
+    sequence: bool = False
+    decoupled: bool = False
 
     def __post_init__(self) -> None:
         self.inputs = {t.name: TensorSpec.of(t) for t in self.config.input}
         self.outputs = {t.name: TensorSpec.of(t) for t in self.config.output}
         self.required_inputs = frozenset(n for n, s in self.inputs.items() if not s.optional)
         self.version_str = str(self.version)
+        self.max_batch_size = self.config.max_batch_size
+        self.sequence = self.config.HasField("sequence_batching")
+        self.decoupled = self.config.model_transaction_policy.decoupled
         if self.config.HasField("ensemble_scheduling"):
             self.ensemble_plan = plan_of(self.config)
-
-    @property
-    def max_batch_size(self) -> int:
-        return self.config.max_batch_size
 
     @property
     def is_ensemble(self) -> bool:
