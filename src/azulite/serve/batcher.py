@@ -40,7 +40,7 @@ from typing import Protocol
 from azulite.errors import Internal, ServeError, Unavailable
 from azulite.serve.backends.base import ModelInstance, Result, Timing, WorkItem
 from azulite.serve.batch_settings import BatcherSettings
-from azulite.serve.instance_thread import InstanceThread
+from azulite.serve.instance_thread import InstanceThread, timed_execute
 
 
 class Rejected(Unavailable):
@@ -70,12 +70,6 @@ PROBE_EVERY = 64
 #: grows, up to GATHER_MAX_PASSES. Measured: README, DLRM serving.
 GATHER_PASSES = 2
 GATHER_MAX_PASSES = 8
-
-
-def _timed_execute(model: ModelInstance, items: list[WorkItem]) -> tuple[list[Result], Timing, int, int]:
-    t0, c0 = time.perf_counter_ns(), time.thread_time_ns()
-    results, timing = model.execute(items)
-    return results, timing, time.perf_counter_ns() - t0, time.thread_time_ns() - c0
 
 
 class Observer(Protocol):
@@ -409,7 +403,7 @@ class Batcher:
         items = [p.item for p in batch]
         if self._inline():
             try:
-                outcome, error = _timed_execute(inst.model, items), None
+                outcome, error = timed_execute(inst.model, items), None
             except Exception as exc:  # noqa: BLE001 - _finish fails the batch
                 outcome, error = None, exc
             self._finish(inst, batch, start, outcome, error)
@@ -424,7 +418,7 @@ class Batcher:
             except Exception as exc:  # noqa: BLE001 - e.g. inputs it cannot pack: _finish fails the batch
                 self._finish(inst, batch, start, None, exc)
         else:
-            inst.post(self._loop, _timed_execute, (inst.model, items),  # type: ignore[arg-type]
+            inst.post(self._loop, timed_execute, (inst.model, items),  # type: ignore[arg-type]
                       lambda outcome, error: self._finish(inst, batch, start, outcome, error, chain=True))
 
     def _inline(self) -> bool:
