@@ -144,7 +144,8 @@ def measure(pa: Path, azulite_serve: list[str], token: str, key_store: Path, dat
                     h, g, m = free_port(), free_port(), free_port()
                     cmd = azulite_serve + ["--http-port", str(h), "--grpc-port", str(g), "--metrics-port", str(m),
                                            *server_args(side, protocol, work, key_store)]
-                    servers[side] = (start_server(f"{side}-{protocol}", cmd, h, work), h if protocol == "http" else g, m)
+                    port = h if protocol == "http" else g
+                    servers[side] = (start_server(f"{side}-{protocol}", cmd, h, work), port, m)
                 for side in sides:
                     proc, port, m = servers[side]
                     r = measure_side(pa, proc, protocol, port, m, concurrency, data, measure_ms, work,

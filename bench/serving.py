@@ -190,8 +190,8 @@ def main() -> None:
             store = KeyStore(work / "keys.db")
             _, token = store.create("bench", rps=RATE, quota_per_day=QUOTA)
             store.close()
-            print(f"\nazulite guarded vs off at c={max(args.concurrency)}, {args.guard_rounds} rounds on fresh servers:",
-                  flush=True)
+            print(f"\nazulite guarded vs off at c={max(args.concurrency)}, {args.guard_rounds} rounds on fresh "
+                  "servers:", flush=True)
             guard = measure(pa, azulite_serve(repo), token, work / "keys.db", data, work, rounds=args.guard_rounds,
                             concurrency=max(args.concurrency), measure_ms=args.measure_ms,
                             log=lambda line: print(line, flush=True))
