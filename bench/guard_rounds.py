@@ -117,11 +117,48 @@ RATIOS = (("throughput", "infer_per_s"), ("p99", "p99_ms"), ("cpu_per_request", 
 
 
 def round_ratio(off: dict, on: dict) -> dict:
-    out = {name: round(on[f] / off[f], 3) for name, f in RATIOS if off.get(f)}
+    out = {name: round(on[f] / off[f], 3) for name, f in RATIOS}
     off_tree = off["cpu_us_per_request"] + off["writer_cpu_us_per_request"]
     out["cpu_per_request_with_writer"] = round((on["cpu_us_per_request"] + on["writer_cpu_us_per_request"])
                                                / off_tree, 3)
     return out
+
+
+def left_out(row: dict) -> str | None:
+    """Why a round cannot stand in the medians (None: it can): a side that failed to start or measure,
+    or not the same work on both sides (failed requests, the guard refusing, audit lines lost)."""
+    off, on = row.get("off", {}), row.get("guarded", {})
+    reason = row.get("error") or off.get("error") or on.get("error")
+    if not reason and not (off and on):
+        reason = "a side was not measured"
+    if not reason and (on["failed"] or on["rejected"] or off["failed"] or on["audit_lines_lost"]):
+        reason = (f"requests failed (off {off['failed']}, guarded {on['failed']}), refused by the guard "
+                  f"({on['rejected']}) or audit lines lost ({on['audit_lines_lost']}): not the same work "
+                  f"on both sides")
+    return reason
+
+
+def summarize(per_round: list[dict]) -> dict:
+    """Every round as measured, and over the rounds used (those with a ``ratio``): the medians of the
+    per-round ratios, each side's medians, the throughput ratio's range and the goals (throughput >= 0.95x
+    off, p99 <= 1/0.95x, and server CPU per request <= 1/0.95x: the throughput a CPU-bound server keeps)."""
+    used = [r for r in per_round if "ratio" in r]
+    summary: dict = {"rounds": per_round, "rounds_used": len(used)}
+    if not used:
+        return summary
+    summary["median_ratio"] = {name: statistics.median(r["ratio"][name] for r in used) for name in used[0]["ratio"]}
+    for side in ("off", "guarded"):
+        summary[f"median_{side}"] = {f: statistics.median(r[side][f] for r in used) for f in SIDE_FIGURES}
+    med = summary["median_ratio"]
+    summary["goal_met"] = {"throughput": med["throughput"] >= 0.95, "p99": med["p99"] <= 1 / 0.95,
+                           "cpu_per_request": med["cpu_per_request"] <= 1 / 0.95}
+    summary["throughput_ratio_range"] = [min(r["ratio"]["throughput"] for r in used),
+                                         max(r["ratio"]["throughput"] for r in used)]
+    return summary
+
+
+SIDE_FIGURES = ("infer_per_s", "p99_ms", "cpu_us_per_request", "main_thread_cpu_us_per_request",
+                "writer_cpu_us_per_request", "requests_per_execution")
 
 
 def measure(pa: Path, azulite_serve: list[str], token: str, key_store: Path, data: Path, work: Path, *,
@@ -156,16 +193,12 @@ def measure(pa: Path, azulite_serve: list[str], token: str, key_store: Path, dat
             finally:
                 for proc, *_ in servers.values():
                     stop(proc)
-            off, on = row.get("off", {}), row.get("guarded", {})
-            reason = row.get("error") or off.get("error") or on.get("error")
-            if not reason and (on["failed"] or on["rejected"] or off["failed"] or on["audit_lines_lost"]):
-                reason = (f"requests failed (off {off['failed']}, guarded {on['failed']}), refused by the guard "
-                          f"({on['rejected']}) or audit lines lost ({on['audit_lines_lost']}): not the same work "
-                          f"on both sides")
+            reason = left_out(row)
             if reason:
                 row["left_out"] = reason
                 log(f"  {protocol} round {round_no}: left out: {reason}")
             else:
+                off, on = row["off"], row["guarded"]
                 row["ratio"] = round_ratio(off, on)
                 log(f"  {protocol} round {round_no} ({'/'.join(sides)}): off {off['infer_per_s']:.1f}/s "
                     f"p99 {off['p99_ms']:.3f} ms {off['cpu_us_per_request']:.1f} us | guarded "
@@ -173,21 +206,7 @@ def measure(pa: Path, azulite_serve: list[str], token: str, key_store: Path, dat
                     f"x{row['ratio']['throughput']:.3f} thr, x{row['ratio']['p99']:.3f} p99, "
                     f"x{row['ratio']['cpu_per_request']:.3f} CPU/req | load {on['load_avg_1m']}")
             per_round.append(row)
-        used = [r for r in per_round if "ratio" in r]
-        summary: dict = {"rounds": per_round, "rounds_used": len(used)}
-        if used:
-            summary["median_ratio"] = {name: statistics.median(r["ratio"][name] for r in used)
-                                       for name in used[0]["ratio"]}
-            for side in ("off", "guarded"):
-                summary[f"median_{side}"] = {f: statistics.median(r[side][f] for r in used)
-                                             for f in ("infer_per_s", "p99_ms", "cpu_us_per_request",
-                                                       "main_thread_cpu_us_per_request", "writer_cpu_us_per_request",
-                                                       "requests_per_execution")}
-            med = summary["median_ratio"]
-            summary["goal_met"] = {"throughput": med["throughput"] >= 0.95, "p99": med["p99"] <= 1 / 0.95}
-            # the spread the medians stand on: the lowest and highest round
-            summary["throughput_ratio_range"] = [min(r["ratio"]["throughput"] for r in used),
-                                                 max(r["ratio"]["throughput"] for r in used)]
+        summary = summarize(per_round)
         result[protocol] = summary
     return result
 
