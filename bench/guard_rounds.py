@@ -26,6 +26,7 @@ import os
 import re
 import statistics
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -76,6 +77,19 @@ def counted(metrics_port: int) -> dict[str, int]:
     return {"success": total("nv_inference_request_success"), "failure": total("nv_inference_request_failure"),
             "executions": total("nv_inference_exec_count"), "rejected": total("azulite_requests_rejected", False),
             "audit_lost": total("azulite_audit_write_errors", False) + total("azulite_audit_dropped", False)}
+
+
+def wait_metrics(metrics_port: int, proc, timeout_s: float = 60.0) -> None:
+    """The metrics endpoint answering: the server starts it after the HTTP endpoint that answered ready."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            counted(metrics_port)
+            return
+        except OSError:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def server_args(side: str, protocol: str, work: Path, key_store: Path) -> list[str]:
@@ -183,6 +197,7 @@ def measure(pa: Path, azulite_serve: list[str], token: str, key_store: Path, dat
                                            *server_args(side, protocol, work, key_store)]
                     port = h if protocol == "http" else g
                     servers[side] = (start_server(f"{side}-{protocol}", cmd, h, work), port, m)
+                    wait_metrics(m, servers[side][0])
                 for side in sides:
                     proc, port, m = servers[side]
                     r = measure_side(pa, proc, protocol, port, m, concurrency, data, measure_ms, work,
