@@ -6,16 +6,16 @@ max_batch_size 64, dynamic batching with max_queue_delay_microseconds 100 (tests
 Both servers run, measured in turn point by point on this machine (perf_analyzer shares its cores): compare the ratios, an absolute
 figure moves from run to run. The last line printed is one JSON object.
 
-A third server, ``azulite_guarded``, is azulite with its protections on (issue 11): ``--auth`` with a key,
-a per-key and a per-model rate limit (set high: they are checked on every request but never refuse) and
-the audit log. It is measured at the highest concurrency beside plain azulite; ``guard_ratio`` is guarded /
-off (goal: throughput >= 0.95). perf_analyzer sends ``-H`` headers over HTTP only, so over gRPC the guarded
-server is measured with rate limits and the audit log but no key (``guard_grpc_auth: false``). Over HTTP
-the "off" side of that ratio is plain azulite sent the very same requests, key header included (ignored
-there; ``azulite_off_same_requests``), so the ratio is the server's guard alone, not the client's larger
-requests; the azulite/Triton ratios use requests without it on both sides.
+The guard part (issue 11): azulite with its protections on — ``--auth`` with a key, a per-key and a
+per-model rate limit (set high: checked on every request, never refusing) and the audit log — against
+azulite off, at the highest concurrency, over several rounds on fresh servers with guarded and off
+interleaved (bench/guard_rounds.py: the same rounds as bench/guard_overhead.py); ``guard_ratio`` holds
+the medians of the per-round ratios guarded/off (goal: throughput >= 0.95, p99 <= 1/0.95), ``guard`` every
+round with its server CPU per request. Over HTTP both sides are sent the very same requests, key header
+included; perf_analyzer sends ``-H`` over HTTP only, so over gRPC the guarded server runs the limits and
+the audit log but no key (``guard_grpc_auth: false``).
 
-    python bench/serving.py [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 3000]
+    python bench/serving.py [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 3000] [--guard-rounds 5]
 
 ``--workers``: ``azulite serve --workers 1`` and ``--workers 2`` beside Triton instead (bench/serving_workers.py).
 """
@@ -149,6 +149,7 @@ def main() -> None:
     ap.add_argument("--anchors", help="folder holding bin/tritonserver and bin/perf_analyzer")
     ap.add_argument("--concurrency", type=int, nargs="+", default=[1, 8, 32])
     ap.add_argument("--measure-ms", type=int, default=3000)
+    ap.add_argument("--guard-rounds", type=int, default=5, help="rounds of guarded vs off (0: none)")
     args = ap.parse_args()
     bin_dir = anchors(args.anchors)
     work = Path(tempfile.mkdtemp(prefix="azulite-bench-serving-"))
@@ -158,60 +159,42 @@ def main() -> None:
         values = np.random.default_rng(0).uniform(-1, 1, 256).astype(np.float32).round(4).tolist()
         data.write_text(json.dumps({"data": [{"x": {"content": values, "shape": [256]}}]}))
         pa = bin_dir / "perf_analyzer"
-        figures: dict = {"triton": {}, "azulite": {}, "azulite_guarded": {}, "azulite_off_same_requests": {}}
-        from azulite.serve.keystore import KeyStore
-
-        store = KeyStore(work / "keys.db")
-        _, token = store.create("bench", rps=1e9, quota_per_day=10**12)
-        store.close()
-        auth_header = (f"Authorization:Bearer {token}",)
+        figures: dict = {"triton": {}, "azulite": {}}
         servers: dict[str, tuple[subprocess.Popen, int, int]] = {}
         try:
-            for name in ("triton", "azulite", "azulite_guarded"):
+            for name in ("triton", "azulite"):
                 http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
                 cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port)
-                if name == "azulite_guarded":
-                    # two processes: HTTP with keys (perf_analyzer sends -H over HTTP), gRPC with limits and
-                    # the audit log but no key (perf_analyzer sends no gRPC metadata)
-                    common = ["--model-rate-limit", f"{MODEL}=1e9"]
-                    http_cmd = cmd + common + ["--auth", "--key-store", str(work / "keys.db"), "--allow-grpc", "false",
-                                               "--audit-log", str(work / "audit-http.jsonl")]
-                    servers[name] = (start_server(name, http_cmd, http_port, work), http_port, -1)
-                    g_http, g_grpc, g_metrics = free_port(), free_port(), free_port()
-                    grpc_cmd = server_cmd(name, bin_dir, repo, g_http, g_grpc, g_metrics, *common,
-                                          "--audit-log", str(work / "audit-grpc.jsonl"))
-                    servers["azulite_guarded_grpc"] = (start_server(name + "_grpc", grpc_cmd, g_http, work), -1, g_grpc)
-                    continue
                 print(f"starting {name}: {' '.join(cmd[:2])} ...", flush=True)
                 servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
             # Both stay up (idle when not measured); each point is measured on one, then the other, so a
             # change in the machine's load between points hits both servers alike.
-            c_top = max(args.concurrency)
             for protocol in ("http", "grpc"):
                 for c in args.concurrency:
                     for name, (_, http_port, grpc_port) in servers.items():
-                        port = http_port if protocol == "http" else grpc_port
-                        if port < 0 or (name.startswith("azulite_guarded") and c != c_top):
-                            continue
-                        headers = auth_header if name == "azulite_guarded" else ()
-                        r = perf(pa, protocol, port, c, data, args.measure_ms, work, headers)
-                        name = "azulite_guarded" if name.startswith("azulite_guarded") else name
+                        r = perf(pa, protocol, http_port if protocol == "http" else grpc_port, c, data,
+                                 args.measure_ms, work)
                         figures[name][f"{protocol}_c{c}"] = r
                         shown = (f"{r['infer_per_s']:>9.1f} infer/s  p50 {r['p50_ms']:7.3f} ms  "
                                  f"p99 {r['p99_ms']:7.3f} ms" + ("" if r["stable"] else "  (unstable: machine load)")
                                  if "error" not in r else f"error: {r['error']}")
                         print(f"  {name:8s} {protocol:4s} c={c:<3d} {shown}", flush=True)
-                        if name == "azulite" and protocol == "http" and c == c_top:
-                            # the same requests the guarded server gets (its key header, ignored when
-                            # off): the guard ratio then compares the server alone, not the client's
-                            # larger requests
-                            r = perf(pa, protocol, port, c, data, args.measure_ms, work, auth_header)
-                            figures["azulite_off_same_requests"][f"{protocol}_c{c}"] = r
-                            print(f"  {name:8s} {protocol:4s} c={c:<3d} with the key header: "
-                                  f"{r.get('infer_per_s')} infer/s", flush=True)
         finally:
             for proc, _, _ in servers.values():
                 stop(proc)
+        guard: dict = {}
+        if args.guard_rounds > 0:
+            from azulite.serve.keystore import KeyStore
+            from guard_rounds import QUOTA, RATE, azulite_serve, measure
+
+            store = KeyStore(work / "keys.db")
+            _, token = store.create("bench", rps=RATE, quota_per_day=QUOTA)
+            store.close()
+            print(f"\nazulite guarded vs off at c={max(args.concurrency)}, {args.guard_rounds} rounds on fresh "
+                  "servers:", flush=True)
+            guard = measure(pa, azulite_serve(repo), token, work / "keys.db", data, work, rounds=args.guard_rounds,
+                            concurrency=max(args.concurrency), measure_ms=args.measure_ms,
+                            log=lambda line: print(line, flush=True))
         ratios: dict = {}
         print("\nazulite / triton:")
         for key, t in figures["triton"].items():
@@ -225,19 +208,23 @@ def main() -> None:
         goal = {proto: (ratios.get(f"{proto}_c{c_max}", {}).get("throughput", 0) >= 1.0
                         and ratios.get(f"{proto}_c{c_max}", {}).get("p99", 9e9) <= 1.0) for proto in ("http", "grpc")}
         guard_ratio: dict = {}
-        print("\nazulite guarded / off:")
-        for key, g in figures["azulite_guarded"].items():
-            a = figures["azulite_off_same_requests"].get(key) or figures["azulite"].get(key, {})
-            if "error" in g or "error" in a:
+        guard_goal: dict = {}
+        print("\nazulite guarded / off (medians of the rounds):")
+        for protocol in ("http", "grpc"):
+            g = guard.get(protocol, {})
+            if "median_ratio" not in g:
                 continue
-            guard_ratio[key] = {"throughput": round(g["infer_per_s"] / a["infer_per_s"], 3),
-                                "p99": round(g["p99_ms"] / a["p99_ms"], 3)}
-            print(f"  {key:9s} throughput x{guard_ratio[key]['throughput']:.2f}   p99 x{guard_ratio[key]['p99']:.2f}")
-        guard_goal = {key: r["throughput"] >= 0.95 for key, r in guard_ratio.items()}
+            key = f"{protocol}_c{c_max}"
+            guard_ratio[key] = g["median_ratio"]
+            guard_goal[key] = g["goal_met"]
+            print(f"  {key:9s} throughput x{g['median_ratio']['throughput']:.3f} (rounds "
+                  f"{g['throughput_ratio_range'][0]:.3f}-{g['throughput_ratio_range'][1]:.3f}, {g['rounds_used']} of "
+                  f"{guard['rounds_asked']} used)   p99 x{g['median_ratio']['p99']:.3f}   CPU/request "
+                  f"x{g['median_ratio']['cpu_per_request']:.3f}")
         print(json.dumps({"bench": "serving", "model": MODEL, "concurrency": args.concurrency,
                           "triton": figures["triton"], "azulite": figures["azulite"], "ratio": ratios,
-                          f"goal_met_c{c_max}": goal, "azulite_guarded": figures["azulite_guarded"],
-                          "azulite_off_same_requests": figures["azulite_off_same_requests"], "guard_ratio": guard_ratio, "guard_goal_met": guard_goal, "guard_grpc_auth": False}))
+                          f"goal_met_c{c_max}": goal, "guard_ratio": guard_ratio, "guard_goal_met": guard_goal,
+                          "guard_grpc_auth": False, "guard": guard, "load_avg_1m_end": round(os.getloadavg()[0], 2)}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

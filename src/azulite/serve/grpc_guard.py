@@ -79,18 +79,29 @@ def _sizes(context, request, response) -> tuple[int, int]:
     return n_in, len(payload)
 
 
+#: the RPCs whose answer lists models: a key limited to some models sees only those (``_filtered``)
+_FILTERED = frozenset(("ModelStatistics", "RepositoryIndex"))
+
+
 class GuardedServicer:
     """Has the same RPC attributes as the servicer it wraps."""
 
     def __init__(self, inner, guard: Guard) -> None:
         self.inner = inner
         self.guard = guard
+        #: RPC name -> (the real servicer's method, enter, leave): the unary RPCs azulite's HTTP/2 transport
+        #: guards in its own call (grpc_h2_calls._methods); the two that filter their answer by the key's
+        #: models keep the wrapper there too
+        self.folded: dict[str, tuple] = {}
         for name, (category, field) in GRPC_ROUTES.items():
             method = getattr(inner, name)
             if name == "ModelStreamInfer":
                 setattr(self, name, self._stream(method))
-            else:
-                setattr(self, name, self._unary(name, method, category, field))
+                continue
+            parts = self.unary_parts(name, category, field)
+            setattr(self, name, self._unary(name, method, parts))
+            if name not in _FILTERED:
+                self.folded[name] = (method, *parts)
 
     def _check(self, category: str, model: str, context) -> Principal:
         guard = self.guard
@@ -113,51 +124,76 @@ class GuardedServicer:
                      getattr(request, fields[1]) if fields[1] else "", "grpc", status, time.perf_counter() - start,
                      n_in, n_out)
 
-    def _unary(self, name: str, method, category: str, field: str):
-        # what every call of this RPC asks, looked up once (this wrapper runs on every gRPC request): the
-        # request type's model / version / id fields from the service's descriptor, the audit log
-        check, auth, audit_log = self.guard.check_request, self.guard.auth, self.guard.audit
-        lists_models = name in ("ModelStatistics", "RepositoryIndex")
-        model_field, version_field, has_id = _fields_of(getattr(pb, _SERVICE.methods_by_name[name].input_type.name)())
-        audit_model_field = "" if field else model_field  # a model the guard does not check is still audited
-        record = audit_log.record if audit_log is not None else None
+    def _unary(self, name: str, method, parts: tuple):
+        """The wrapper grpc.aio calls (and azulite's HTTP/2 transport, for the two RPCs that list models),
+        built on the same check and audit the HTTP/2 transport calls itself (:meth:`unary_parts`)."""
+        enter, leave = parts
+        lists_models = name in _FILTERED
 
         async def call(request, context):
-            start = _perf()
-            principal = None
-            response = None
-            status = "OK"
-            model = ""
             try:
-                if field:
-                    model = getattr(request, field)
-                try:
-                    principal = check("grpc", category, model, _authorization(context) if auth else None,
-                                      context, _metadata)
-                except ServeError as exc:
-                    status = exc.status
-                    await context.abort(*_status(exc), _trailers(exc))
-                if lists_models and principal.models is not None and not model:
+                state = enter(request, context)
+            except ServeError as exc:  # refused, and already audited
+                await context.abort(*_status(exc), _trailers(exc))
+            response = failure = None
+            try:
+                principal = state[1]
+                if lists_models and principal.models is not None and not state[2]:
                     response = await self._filtered(name, method, request, context, principal)
                 else:
                     response = await method(request, context)
                 return response
             except BaseException as exc:
-                if status == "OK":
-                    status = _code_of(exc)
+                failure = exc
                 raise
             finally:
-                if record is not None:  # the audit line (as _audit, with this RPC's fields known)
-                    if audit_model_field:
-                        model = getattr(request, audit_model_field)
-                    n_in, n_out = _sizes(context, request, response)
-                    record((request.id or None) if has_id else None,
-                           principal.key_id if principal is not None else None, context.peer(), model,
-                           getattr(request, version_field) if version_field else "", "grpc", status,
-                           _perf() - start, n_in, n_out)
+                leave(state, request, context, response, failure)
 
         call.__name__ = name
         return call
+
+    def unary_parts(self, name: str, category: str, field: str):
+        """One unary RPC's guard as two plain functions, so that azulite's HTTP/2 transport runs the
+        check and the audit in its own call's frame (grpc_h2_calls.py ``_run_unary``) around the real
+        servicer's method, with no guarded coroutine of its own (one coroutine less per call, and one
+        level less on each resume of the call). ``enter(request, context)`` -> state: checks the key,
+        the restricted-API metadata, the model the request names and the limits; a refusal is audited
+        and raised (ServeError: the transport answers it with the protocol's status and trailers).
+        ``leave(state, request, context, response, exc)``: the audit line (status OK, or ``exc``'s)."""
+        # what every call of this RPC asks, looked up once (this runs on every gRPC request): the request
+        # type's model / version / id fields from the service's descriptor, the audit log
+        check, auth, audit_log = self.guard.check_request, self.guard.auth, self.guard.audit
+        model_field, version_field, has_id = _fields_of(getattr(pb, _SERVICE.methods_by_name[name].input_type.name)())
+        audit_model_field = "" if field else model_field  # a model the guard does not check is still audited
+        record = audit_log.record if audit_log is not None else None
+
+        def enter(request, context) -> tuple:
+            start = _perf()
+            model = getattr(request, field) if field else ""
+            try:
+                principal = check("grpc", category, model, _authorization(context) if auth else None,
+                                  context, _metadata)
+            except ServeError as exc:
+                if record is not None:
+                    audit(start, None, model, request, context, None, exc.status)
+                raise
+            return start, principal, model
+
+        def leave(state: tuple, request, context, response, exc: BaseException | None) -> None:
+            if record is not None:
+                audit(state[0], state[1], state[2], request, context, response,
+                      "OK" if exc is None else _code_of(exc))
+
+        def audit(start: float, principal: Principal | None, model: str, request, context, response,
+                  status: str) -> None:
+            if audit_model_field:
+                model = getattr(request, audit_model_field)
+            n_in, n_out = _sizes(context, request, response)
+            record((request.id or None) if has_id else None, principal.key_id if principal is not None else None,
+                   context.peer(), model, getattr(request, version_field) if version_field else "", "grpc",
+                   status, _perf() - start, n_in, n_out)
+
+        return enter, leave
 
     async def _filtered(self, name: str, method, request, context, principal: Principal):
         """The RPCs that list every model answer only the key's models."""

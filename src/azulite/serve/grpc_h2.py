@@ -285,7 +285,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         if method is None:
             self._finish(stream, grpc.StatusCode.UNIMPLEMENTED, f"unknown method {stream.path}")
             return
-        request_type, handler, streaming = method
+        request_type, handler, streaming, _ = method
         if streaming:
             stream.queue = asyncio.Queue()
             stream.task = asyncio.ensure_future(self._run_streaming(stream, handler, request_type))

@@ -51,12 +51,20 @@ class _Context:
         return self.metadata
 
 
-def _methods(servicer: InferenceServicer) -> dict[str, tuple[Any, Any, bool]]:
+def _methods(servicer: InferenceServicer) -> dict[str, tuple[Any, Any, bool, tuple | None]]:
+    """path -> (request type, handler, streaming, guard): ``guard`` is a guarded servicer's (enter, leave)
+    for a unary RPC whose check and audit this transport runs in its own call around the real method
+    (grpc_guard.py ``unary_parts``); None: the handler is all there is to call."""
     service = pb.DESCRIPTOR.services_by_name["GRPCInferenceService"]
+    folded = getattr(servicer, "folded", {})
     out = {}
     for m in service.methods:
-        out[SERVICE + m.name] = (getattr(pb, m.input_type.name), getattr(servicer, m.name),
-                                 m.client_streaming or m.server_streaming)
+        handler, guard = getattr(servicer, m.name), None
+        if m.name in folded:
+            handler, *guard = folded[m.name]
+            guard = tuple(guard)
+        out[SERVICE + m.name] = (getattr(pb, m.input_type.name), handler, m.client_streaming or m.server_streaming,
+                                 guard)
     return out
 
 
@@ -140,23 +148,33 @@ class H2Calls:
             self._finish(stream, grpc.StatusCode.INVALID_ARGUMENT,
                          f"a unary call carries exactly one message, got {len(messages)}")
             return
-        request_type, handler, _ = self.server.methods[stream.path]
+        request_type, handler, _, guard = self.server.methods[stream.path]
         self.server.in_flight += 1
-        stream.task = asyncio.ensure_future(self._run_unary(stream, handler, request_type, messages[0]))
+        stream.task = asyncio.ensure_future(self._run_unary(stream, handler, request_type, messages[0], guard))
         stream.task.add_done_callback(self._call_done)
 
     def _call_done(self, _task: asyncio.Task) -> None:
         # a callback, not the coroutine's finally: a task canceled before it started runs no finally
         self.server.request_done()
 
-    async def _run_unary(self, stream: _Stream, handler, request_type, message: bytes) -> None:
+    async def _run_unary(self, stream: _Stream, handler, request_type, message: bytes, guard=None) -> None:
         try:
             try:
                 request = request_type.FromString(message)
             except DecodeError as exc:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse the request message: {exc}") from None
             context = _Context(stream.headers, self.peer, len(message))
-            response = await handler(request, context)
+            if guard is None:
+                response = await handler(request, context)
+            else:  # the guard's check and audit here, around the real method (grpc_guard.unary_parts)
+                enter, leave = guard
+                state = enter(request, context)  # a refusal raises ServeError: answered below, audited
+                try:
+                    response = await handler(request, context)
+                except BaseException as exc:
+                    leave(state, request, context, None, exc)
+                    raise
+                leave(state, request, context, response, None)
             payload = context.reply_payload
             self._reply(stream, payload if payload is not None else response.SerializeToString())
         except _Abort as exc:
