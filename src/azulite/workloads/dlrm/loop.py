@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.data.criteo import CAT_FEATURE_COUNT, CAT_FEATURE_NAMES
-from azulite.data.criteo_reader import Rows
+from azulite.data.criteo_stream import Rows
 
 log = logging.getLogger(__name__)
 
