@@ -24,8 +24,9 @@ and one more 2-rank run saves every ``--ckpt_run_every`` steps (``checkpointing_
 Both sides run as one node of 2 processes under one torchrun agent (the azulite job with
 ``instance_count=1, process_count_per_instance=2``; examples/dlrm/job.yaml's 2 simulated nodes x 1 would
 add a second torchrun agent polling on this same machine, which real nodes do not share). The bench checks
-that both got the same sharding plan (``table_wise`` for every table, asked of both) and the same number of
-steps. ``cpu_ms_per_step`` (rank 0's process CPU time over the window, all threads) is printed beside each
+that both got the same sharding plan (``table_wise`` for every table, asked of both), the same number of
+steps and the same runtime settings (torch's intra- and inter-op threads, the switch interval, the CPU
+affinity and the thread/allocator environment, as each side's rank 0 reports them; ``runtime`` in the JSON). ``cpu_ms_per_step`` (rank 0's process CPU time over the window, all threads) is printed beside each
 figure: a shared, loaded machine blurs it less than the wall clock. ``--pairs N`` runs the azulite job and the
 bare loop back to back N times, every other pair bare first (the ratio of each pair and their median;
 ``cpu_ratio_vs_bare``: the median of the pairs' ratios of rank 0's CPU per step, bare over azulite): on a

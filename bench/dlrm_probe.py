@@ -22,7 +22,14 @@ in ns, scheduler switches voluntary and not, migrations between CPUs) and runs `
 (task-clock, context switches, CPU migrations, page faults; and cycles, instructions, cache misses where
 the machine has hardware counters — a VM without a PMU says ``<not supported>``, reported as None). Figures
 are per step: rates between the first and the last sample inside the window, times the window's seconds
-per step. Thread names come from ``py-spy dump --nonblocking`` (CPython 3.11 names no OS thread).
+per step. Thread names come from ``py-spy dump --nonblocking`` (CPython 3.11 names no OS thread). The rest
+of each side's process tree (``azulite job submit --wait``, the supervisor, the torchrun agent, the rank
+runners: every process carrying the run's ``AZULITE_PROBE_TAG``) is sampled too (``others``: CPU ms per
+step by kind), since on 2 cores what they take the ranks lose.
+
+A ``cpus_allowed`` change seen in a sample (e.g. ``0-1`` -> ``0`` -> ``0-1``) is the kernel pinning a thread
+for a moment (``migrate_disable``, shown in /proc while it lasts), not an affinity anyone set: both sides
+show it, and ``sched_getaffinity`` in each rank says 0-1.
 """
 
 from __future__ import annotations
@@ -84,6 +91,44 @@ def find_ranks(tag: str, timeout: float = 300.0) -> dict[int, int]:
     raise TimeoutError(f"no 2 ranks tagged {tag}")
 
 
+def tagged(tag: str) -> dict[int, str]:
+    """{pid: what it is} of every process carrying ``AZULITE_PROBE_TAG=tag`` (the side's whole tree)."""
+    want = f"AZULITE_PROBE_TAG={tag}".encode()
+    out = {}
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/environ", "rb") as f:
+                if want not in f.read().split(b"\0"):
+                    continue
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if cmd.startswith("perf "):  # the probe's own perf stat
+            continue
+        kind = ("azulite job submit --wait" if "job submit" in cmd
+                else "torchrun agent" if "torch.distributed.run" in cmd or "torchrun" in cmd
+                else "rank runner" if "azulite.launch.local.rank" in cmd
+                else "rank" if ("train.py" in cmd or "dlrm_bare.py" in cmd)
+                else "supervisor" if "supervis" in cmd else cmd[:60])
+        out[int(pid)] = kind
+    return out
+
+
+def process_cpu_ns(pid: int) -> float:
+    """CPU time of every thread of ``pid`` so far, in ns (schedstat)."""
+    total = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        text = _read(f"/proc/{pid}/task/{tid}/schedstat")
+        if text:
+            total += float(text.split()[0])
+    return total
+
+
 def sample(pid: int) -> dict[int, list[float]]:
     """{tid: [cpu_ns, switches, voluntary, involuntary, migrations]} of every thread of ``pid``."""
     out = {}
@@ -125,6 +170,8 @@ class Watch:
         self.sched_info: dict[int, dict] = {}
         self.perf: dict[int, tuple[float, str]] = {}
         self.affinity: dict[int, dict[int, list[tuple[float, str]]]] = {}
+        # the rest of the side's process tree (launcher, agent, rank runners): (time, {pid: (kind, cpu ns)})
+        self.tree: list[tuple[float, dict[int, tuple[str, float]]]] = []
         self.thread = threading.Thread(target=self._run, daemon=True)
         self.error: BaseException | None = None
 
@@ -145,8 +192,13 @@ class Watch:
                     "cpus_allowed": re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1),
                 }
             named_at = time.monotonic() + 12.0  # past the setup: the training threads are up
+            others, scanned = {}, 0.0
             while any(os.path.exists(f"/proc/{pid}") for pid in ranks.values()):
                 now = time.time()
+                if now - scanned > 1.0:  # a whole /proc scan: once a second
+                    scanned = now
+                    others = {p: k for p, k in tagged(self.tag).items() if p not in ranks.values()}
+                self.tree.append((now, {p: (k, process_cpu_ns(p)) for p, k in others.items()}))
                 for rank, pid in ranks.items():
                     s = sample(pid)
                     if s:
@@ -202,7 +254,21 @@ class Watch:
                      for k in ("cpu_ms", "switches", "voluntary", "involuntary", "migrations")}
             out[rank] = {"per_step": total, "threads": dict(sorted(threads.items(), key=lambda kv: -kv[1]["cpu_ms"])),
                          "sched": self.sched_info.get(rank), "perf_per_step": self._perf(rank, window, steps)}
+        out["others"] = self._tree(window, steps)
         return out
+
+    def _tree(self, window: tuple[float, float], steps: int) -> dict:
+        """CPU ms per step of the side's other processes, by kind, over the window."""
+        inside = [(t, s) for t, s in self.tree if window[0] <= t <= window[1]]
+        if len(inside) < 2:
+            return {}
+        (ta, a), (tb, b) = inside[0], inside[-1]
+        scale = (window[1] - window[0]) / steps / (tb - ta)
+        per_kind: dict[str, float] = {}
+        for pid, (kind, ns) in b.items():
+            if pid in a:
+                per_kind[kind] = per_kind.get(kind, 0.0) + (ns - a[pid][1]) * scale / 1e6
+        return {k: round(v, 4) for k, v in sorted(per_kind.items())}
 
     def _perf(self, rank: int, window: tuple[float, float], steps: int) -> dict:
         if rank not in self.perf:
@@ -341,6 +407,9 @@ def main() -> None:
         mine = [r for r in runs if r["variant"] == name]
         s = {"cpu_ms_per_step_rank0": statistics.median(r["cpu_ms_per_step"] for r in mine),
              "samples_per_s": statistics.median(r["samples_per_s"] for r in mine)}
+        others = [r["ranks"].get("others") or {} for r in mine]
+        s["others_cpu_ms_per_step"] = {k: statistics.median(o.get(k, 0.0) for o in others)
+                                       for k in sorted({k for o in others for k in o})}
         for rank in (0, 1):
             per = [r["ranks"].get(rank, {}).get("per_step") for r in mine]
             per = [p for p in per if p]
