@@ -55,6 +55,15 @@ def main() -> None:
     # probes of the job's differences (bench/dlrm_probe.py), one at a time; bench/dlrm.py's anchor uses neither
     ap.add_argument("--probe_azulite_reader", action="store_true",
                     help="read the batches with azulite's streaming npy reader instead of arrays in memory")
+    ap.add_argument("--probe_alternate_reader", type=int, default=0, metavar="N",
+                    help="alternate blocks of N steps read from memory and through azulite's reader, and report "
+                         "each kind's CPU per step (an A/B inside one process: both meet the same load)")
+    ap.add_argument("--probe_alternate_stop", type=int, default=0, metavar="N",
+                    help="alternate blocks of N steps without and with the job's preemption agreement (a MAX "
+                         "all-reduce of one int every 10 steps, as azulite.train.Preemption.should_stop does)")
+    ap.add_argument("--probe_alternate_none", type=int, default=0, metavar="N",
+                    help="blocks of N steps alternating with no difference: what the alternation alone reads "
+                         "(its bias and noise)")
     ap.add_argument("--probe_extra_gloo_group", action="store_true",
                     help="create a second, idle gloo process group, as the job's checkpointer does")
     args = ap.parse_args()
@@ -94,7 +103,7 @@ def main() -> None:
     b, gb = args.batch_size, args.batch_size * world
     steps = len(labels) // gb
     reader = None
-    if args.probe_azulite_reader:
+    if args.probe_azulite_reader or args.probe_alternate_reader:
         from azulite.data.criteo_reader import open_reader
 
         reader = open_reader(args.dataset_path, split="train", rank=rank, world_size=world, batch_size=b,
@@ -104,11 +113,20 @@ def main() -> None:
     gc.collect()  # as examples/dlrm/train.py does before its steps
     gc.freeze()
     start = None
+    # the blocks of an alternating probe: main thread CPU s, process CPU s, steps ("memory": the plain loop)
+    alternate = {"memory": [0.0, 0.0, 0], "reader": [0.0, 0.0, 0], "stop": [0.0, 0.0, 0], "none": [0.0, 0.0, 0]}
     for step in range(steps):
         if step == args.untimed_steps:
             start, cpu_start, window_start = time.perf_counter(), time.process_time(), time.time()
             flt_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        if reader is None:
+        use_reader = reader is not None
+        block = args.probe_alternate_reader or args.probe_alternate_stop or args.probe_alternate_none
+        probed = bool(block) and (step // block) % 2 == 1  # the block with the difference
+        if args.probe_alternate_reader:
+            use_reader = probed
+        if block:
+            t_thread, t_proc = time.thread_time(), time.process_time()
+        if not use_reader:
             rows = slice(step * gb + rank * b, step * gb + (rank + 1) * b)
             d, s, y = dense[rows], sparse[rows], labels[rows]
         else:
@@ -121,6 +139,16 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
+        if args.probe_alternate_stop and probed and step % 10 == 9:
+            flag = torch.tensor([0], dtype=torch.int32)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            int(flag.item())
+        if block and step >= args.untimed_steps:
+            kind = "reader" if args.probe_alternate_reader else "stop" if args.probe_alternate_stop else "none"
+            a = alternate[kind if probed else "memory"]
+            a[0] += time.thread_time() - t_thread
+            a[1] += time.process_time() - t_proc
+            a[2] += 1
     end, cpu_end, window_end = time.perf_counter(), time.process_time(), time.time()
     flt_end = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     # the job's report of its thread pools, switch interval, affinity and env, taken the same way (imported
@@ -140,7 +168,12 @@ def main() -> None:
               f"cpu_ms_per_step_ranks={json.dumps(cpu_ranks, separators=(',', ':'))} "
               f"minflt_per_step={(flt_end - flt_start) / timed:.1f}", flush=True)
         # the window in epoch seconds (for a probe outside the process) and the runtime settings
-        print("bare_extra " + json.dumps({"window_unix": [window_start, window_end], "runtime": runtime}), flush=True)
+        extra = {"window_unix": [window_start, window_end], "runtime": runtime}
+        if args.probe_alternate_reader or args.probe_alternate_stop or args.probe_alternate_none:
+            extra["alternate_ms_per_step"] = {k: {"main_thread": round(v[0] * 1000 / v[2], 4),
+                                                  "process": round(v[1] * 1000 / v[2], 4), "steps": v[2]}
+                                              for k, v in alternate.items() if v[2]}
+        print("bare_extra " + json.dumps(extra), flush=True)
     dist.barrier()
     del extra_groups
     dist.destroy_process_group()

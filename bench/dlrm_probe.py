@@ -13,6 +13,11 @@ Variants, run interleaved (round r runs them in order, rotated by r, so a drifti
 - ``script-nostop``: ``script`` with the preemption agreement once per 10**9 steps instead of every 10;
 - ``bare``: bench/dlrm_bare.py under plain torchrun;
 - ``bare-reader``: ``bare`` reading its batches with azulite's npy reader (memory-mapped, read ahead);
+- ``bare-alt``: ``bare`` alternating blocks of 16 steps read from memory and through azulite's reader, each
+  kind's CPU per step (main thread and process) reported apart: the reader's whole cost in the loop,
+  its effect on the forward and backward included, in one process that meets one load;
+- ``bare-altstop``: the same with blocks of 20 steps without and with the job's preemption agreement;
+- ``bare-altnone``: the same alternation with no difference (an A/A: what the method reads by itself);
 - ``bare-pg``: ``bare`` with a second, idle gloo process group, as the job's checkpointer makes (gloo's
   TCP loop thread of each group wakes every 10 ms, idle or not).
 
@@ -307,6 +312,12 @@ def run_variant(name: str, data: Path, tmp: Path, args: argparse.Namespace, job_
             result = bench.bare_torchrun(data, args)
         elif name == "bare-reader":
             result = bench.bare_torchrun(data, args, ("--probe_azulite_reader",))
+        elif name == "bare-alt":
+            result = bench.bare_torchrun(data, args, ("--probe_alternate_reader", "16"))
+        elif name == "bare-altstop":
+            result = bench.bare_torchrun(data, args, ("--probe_alternate_stop", "20"))
+        elif name == "bare-altnone":
+            result = bench.bare_torchrun(data, args, ("--probe_alternate_none", "20"))
         elif name == "bare-pg":
             result = bench.bare_torchrun(data, args, ("--probe_extra_gloo_group",))
         else:
@@ -319,7 +330,8 @@ def run_variant(name: str, data: Path, tmp: Path, args: argparse.Namespace, job_
     steps = result["steps"] - args.untimed_steps
     return {"variant": name, "samples_per_s": result["samples_per_s"], "cpu_ms_per_step": result["cpu_ms_per_step"],
             "cpu_ms_per_step_ranks": result["cpu_ms_per_step_ranks"], "runtime": result.get("runtime"),
-            "window_unix": result["window_unix"], "ranks": watch.figures(tuple(result["window_unix"]), steps)}
+            "window_unix": result["window_unix"], "alternate_ms_per_step": result.get("alternate_ms_per_step"),
+            "ranks": watch.figures(tuple(result["window_unix"]), steps)}
 
 
 def script_torchrun(name: str, data: Path, tmp: Path, args: argparse.Namespace, job_env: dict, tag: str) -> dict:
@@ -399,7 +411,8 @@ def main() -> None:
                 run["round"], run["loadavg"] = r, os.getloadavg()
                 runs.append(run)
                 print(json.dumps({k: run[k] for k in ("variant", "round", "samples_per_s", "cpu_ms_per_step",
-                                                       "cpu_ms_per_step_ranks", "loadavg")}), flush=True)
+                                                       "cpu_ms_per_step_ranks", "alternate_ms_per_step", "loadavg")}),
+              flush=True)
     if args.out:
         Path(args.out).write_text(json.dumps(runs, indent=1))
     summary = {}
@@ -407,6 +420,11 @@ def main() -> None:
         mine = [r for r in runs if r["variant"] == name]
         s = {"cpu_ms_per_step_rank0": statistics.median(r["cpu_ms_per_step"] for r in mine),
              "samples_per_s": statistics.median(r["samples_per_s"] for r in mine)}
+        alt = [r["alternate_ms_per_step"] for r in mine if r.get("alternate_ms_per_step")]
+        if alt:  # rank 0's CPU per step with the probed difference minus without, per run: its cost
+            probed = next(k for k in ("reader", "stop", "none") if k in alt[0])
+            s[f"{probed}_minus_plain_ms_per_step"] = {
+                k: [round(a[probed][k] - a["memory"][k], 4) for a in alt] for k in ("main_thread", "process")}
         others = [r["ranks"].get("others") or {} for r in mine]
         s["others_cpu_ms_per_step"] = {k: statistics.median(o.get(k, 0.0) for o in others)
                                        for k in sorted({k for o in others for k in o})}
