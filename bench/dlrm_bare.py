@@ -8,6 +8,9 @@ examples/dlrm/train.py's ``samples_per_s``: from the end of step ``--untimed_ste
 step, on rank 0 (nothing before the window: process start, imports, planning, loading the arrays).
 
     torchrun --nproc-per-node 2 bench/dlrm_bare.py --dataset_path DIR --batch_size 256 ...
+
+The ``--probe_*`` flags are bench/dlrm_probe.py's (one difference from the job at a time, or an A/B of one
+inside this process); bench/dlrm.py's anchor runs with none of them.
 """
 
 from __future__ import annotations
@@ -113,18 +116,19 @@ def main() -> None:
     gc.collect()  # as examples/dlrm/train.py does before its steps
     gc.freeze()
     start = None
+    block = args.probe_alternate_reader or args.probe_alternate_stop or args.probe_alternate_none
+    use_reader = reader is not None
+    kind = "reader" if args.probe_alternate_reader else "stop" if args.probe_alternate_stop else "none"
     # the blocks of an alternating probe: main thread CPU s, process CPU s, steps ("memory": the plain loop)
     alternate = {"memory": [0.0, 0.0, 0], "reader": [0.0, 0.0, 0], "stop": [0.0, 0.0, 0], "none": [0.0, 0.0, 0]}
     for step in range(steps):
         if step == args.untimed_steps:
             start, cpu_start, window_start = time.perf_counter(), time.process_time(), time.time()
             flt_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        use_reader = reader is not None
-        block = args.probe_alternate_reader or args.probe_alternate_stop or args.probe_alternate_none
-        probed = bool(block) and (step // block) % 2 == 1  # the block with the difference
-        if args.probe_alternate_reader:
-            use_reader = probed
-        if block:
+        probed = False
+        if block:  # the probes only (a few bytecodes per step otherwise: the anchor is not slowed)
+            probed = (step // block) % 2 == 1  # the block with the difference
+            use_reader = probed if args.probe_alternate_reader else reader is not None
             t_thread, t_proc = time.thread_time(), time.process_time()
         if not use_reader:
             rows = slice(step * gb + rank * b, step * gb + (rank + 1) * b)
@@ -139,16 +143,16 @@ def main() -> None:
         opt.zero_grad()
         loss.backward()
         opt.step()
-        if args.probe_alternate_stop and probed and step % 10 == 9:
-            flag = torch.tensor([0], dtype=torch.int32)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            int(flag.item())
-        if block and step >= args.untimed_steps:
-            kind = "reader" if args.probe_alternate_reader else "stop" if args.probe_alternate_stop else "none"
-            a = alternate[kind if probed else "memory"]
-            a[0] += time.thread_time() - t_thread
-            a[1] += time.process_time() - t_proc
-            a[2] += 1
+        if block:
+            if probed and args.probe_alternate_stop and step % 10 == 9:
+                flag = torch.tensor([0], dtype=torch.int32)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                int(flag.item())
+            if step >= args.untimed_steps:
+                a = alternate[kind if probed else "memory"]
+                a[0] += time.thread_time() - t_thread
+                a[1] += time.process_time() - t_proc
+                a[2] += 1
     end, cpu_end, window_end = time.perf_counter(), time.process_time(), time.time()
     flt_end = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     # the job's report of its thread pools, switch interval, affinity and env, taken the same way (imported
