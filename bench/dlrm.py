@@ -24,8 +24,9 @@ and one more 2-rank run saves every ``--ckpt_run_every`` steps (``checkpointing_
 Both sides run as one node of 2 processes under one torchrun agent (the azulite job with
 ``instance_count=1, process_count_per_instance=2``; examples/dlrm/job.yaml's 2 simulated nodes x 1 would
 add a second torchrun agent polling on this same machine, which real nodes do not share). The bench checks
-that both got the same sharding plan (``table_wise`` for every table, asked of both) and the same number of
-steps. ``cpu_ms_per_step`` (rank 0's process CPU time over the window, all threads) is printed beside each
+that both got the same sharding plan (``table_wise`` for every table, asked of both), the same number of
+steps and the same runtime settings (torch's intra- and inter-op threads, the switch interval, the CPU
+affinity and the thread/allocator environment, as each side's rank 0 reports them; ``runtime`` in the JSON). ``cpu_ms_per_step`` (rank 0's process CPU time over the window, all threads) is printed beside each
 figure: a shared, loaded machine blurs it less than the wall clock. ``--pairs N`` runs the azulite job and the
 bare loop back to back N times, every other pair bare first (the ratio of each pair and their median;
 ``cpu_ratio_vs_bare``: the median of the pairs' ratios of rank 0's CPU per step, bare over azulite): on a
@@ -90,6 +91,18 @@ def azulite_job(data: Path, home: Path, args: argparse.Namespace, ranks: int, ch
     return {**json.loads(line[len("result "):]), "wall_s": wall}
 
 
+def runtime_differences(job: dict, bare: dict) -> dict:
+    """The settings (``azulite.workloads.dlrm.loop.runtime_settings``) in which rank 0 of the job and of
+    the bare loop differ, as {name: (job's, bare's)}; the threads alive are the job's own (its checkpoint
+    group's gloo threads, rank 0's metrics writer) and are not compared."""
+    out = {k: (job.get(k), bare.get(k)) for k in ("torch_threads", "torch_interop_threads", "switch_interval_s",
+                                                   "affinity") if job.get(k) != bare.get(k)}
+    env_j, env_b = job.get("env", {}), bare.get("env", {})
+    out.update({f"env {k}": (env_j.get(k), env_b.get(k)) for k in sorted(set(env_j) | set(env_b))
+                if env_j.get(k) != env_b.get(k) and k != "PYTHONPATH"})  # where imports come from: not speed
+    return out
+
+
 def _command_with_untimed(untimed: int) -> str:
     import yaml
 
@@ -97,11 +110,13 @@ def _command_with_untimed(untimed: int) -> str:
     return f"{spec['command'].strip()} --untimed_steps {untimed} --sharding_types {SHARDING}"
 
 
-def bare_torchrun(data: Path, args: argparse.Namespace) -> dict:
+def bare_torchrun(data: Path, args: argparse.Namespace, extra: tuple[str, ...] = ()) -> dict:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
+    # the variables the job's launcher sets that bear on a rank (azulite.launch.local): the same here
+    env = {**os.environ, "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1", "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1",
+           "PYTHONUNBUFFERED": "1"}
     t0 = time.perf_counter()
     p = subprocess.run(
         [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node=2", "--rdzv-backend=c10d",
@@ -110,7 +125,7 @@ def bare_torchrun(data: Path, args: argparse.Namespace) -> dict:
          "--embedding_dim", str(MODEL["embedding_dim"]), "--dense_arch_layer_sizes", MODEL["dense"],
          "--over_arch_layer_sizes", MODEL["over"], "--learning_rate", str(MODEL["lr"]),
          "--validation_permille", str(MODEL["permille"]), "--untimed_steps", str(args.untimed_steps),
-         "--sharding_types", SHARDING],
+         "--sharding_types", SHARDING, *extra],
         # its own session, as the azulite job's processes have (the supervisor detaches): with the kernel's
         # autogroup scheduling a busy machine shares CPU per session, and both sides must get the same share
         capture_output=True, text=True, env=env, timeout=900, start_new_session=True)
@@ -119,7 +134,8 @@ def bare_torchrun(data: Path, args: argparse.Namespace) -> dict:
                   r"cpu_ms_per_step_ranks=(\S+) minflt_per_step=([\d.]+)", p.stdout)
     return {"samples_per_s": float(m.group(1)), "steps": int(m.group(2)), "cpu_ms_per_step": float(m.group(3)),
             "sharding": json.loads(m.group(4)), "cpu_ms_per_step_ranks": json.loads(m.group(5)),
-            "minflt_per_step": float(m.group(6)), "wall_s": time.perf_counter() - t0}
+            "minflt_per_step": float(m.group(6)), "wall_s": time.perf_counter() - t0,
+            **json.loads(next(ln for ln in p.stdout.splitlines() if ln.startswith("bare_extra "))[len("bare_extra "):])}
 
 
 def main() -> None:
@@ -160,6 +176,10 @@ def main() -> None:
                 print(f"bare TorchRec loop, 2 ranks: {bare}", flush=True)
             assert two["sharding"] == bare["sharding"], (two["sharding"], bare["sharding"])
             assert two["steps"] == bare["steps"], (two["steps"], bare["steps"])
+            # the two sides' thread pools, switch interval, affinity and thread/allocator env must match: a
+            # difference there would be measured as azulite's cost or gain
+            differ = runtime_differences(two["runtime"], bare["runtime"])
+            assert not differ, f"the job and the bare loop ran under different settings: {differ}"
             pairs.append((two, bare))
         one = azulite_job(tmp / "npy", tmp / "home1", args, 1, args.checkpoint_every)
         print(f"azulite job, 1 rank: {one}", flush=True)
@@ -192,6 +212,7 @@ def main() -> None:
         "speedup_2_vs_1_rank": two_sps / one["samples_per_s"],
         "reader_tsv_over_consumption": out["reader_tsv_rows_per_s"] / tsv["samples_per_s"],
         "reader_npy_over_consumption": out["reader_npy_rows_per_s"] / two_sps,
+        "runtime": {k: v for k, v in pairs[0][1]["runtime"].items() if k != "threads"},  # both sides' (checked)
         "val_auc": pairs[0][0]["val_auc"], "best_auc": pairs[0][0].get("best_auc"),
         "azulite_job_wall_s": pairs[0][0]["wall_s"], "bare_wall_s": pairs[0][1]["wall_s"],
         "bench_s": time.perf_counter() - t_start,

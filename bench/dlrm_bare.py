@@ -8,6 +8,9 @@ examples/dlrm/train.py's ``samples_per_s``: from the end of step ``--untimed_ste
 step, on rank 0 (nothing before the window: process start, imports, planning, loading the arrays).
 
     torchrun --nproc-per-node 2 bench/dlrm_bare.py --dataset_path DIR --batch_size 256 ...
+
+The ``--probe_*`` flags are bench/dlrm_probe.py's (one difference from the job at a time, or an A/B of one
+inside this process); bench/dlrm.py's anchor runs with none of them.
 """
 
 from __future__ import annotations
@@ -52,6 +55,20 @@ def main() -> None:
     ap.add_argument("--validation_permille", type=int, default=100)
     ap.add_argument("--sharding_types", default="table_wise,column_wise,data_parallel")
     ap.add_argument("--untimed_steps", type=int, default=10, help="steps before the clock starts (as train.py's)")
+    # probes of the job's differences (bench/dlrm_probe.py), one at a time; bench/dlrm.py's anchor uses neither
+    ap.add_argument("--probe_azulite_reader", action="store_true",
+                    help="read the batches with azulite's streaming npy reader instead of arrays in memory")
+    ap.add_argument("--probe_alternate_reader", type=int, default=0, metavar="N",
+                    help="alternate blocks of N steps read from memory and through azulite's reader, and report "
+                         "each kind's CPU per step (an A/B inside one process: both meet the same load)")
+    ap.add_argument("--probe_alternate_stop", type=int, default=0, metavar="N",
+                    help="alternate blocks of N steps without and with the job's preemption agreement (a MAX "
+                         "all-reduce of one int every 10 steps, as azulite.train.Preemption.should_stop does)")
+    ap.add_argument("--probe_alternate_none", type=int, default=0, metavar="N",
+                    help="blocks of N steps alternating with no difference: what the alternation alone reads "
+                         "(its bias and noise)")
+    ap.add_argument("--probe_extra_gloo_group", action="store_true",
+                    help="create a second, idle gloo process group, as the job's checkpointer does")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -73,6 +90,8 @@ def main() -> None:
     model = DistributedModelParallel(module=model, device=torch.device("cpu"), plan=plan, sharders=sharders,
                                      data_parallel_wrapper=DefaultDataParallelWrapper(static_graph=False,
                                                                                       find_unused_parameters=True))
+    # alive (and its loop thread polling) until the end
+    extra_groups = [dist.new_group(backend="gloo")] if args.probe_extra_gloo_group else []
     opt = CombinedOptimizer([model.fused_optimizer, KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(model.named_parameters())),
         lambda ps: torch.optim.Adagrad(ps, lr=args.learning_rate))])
@@ -86,24 +105,61 @@ def main() -> None:
     dense, sparse, labels = np.concatenate(dense), np.concatenate(sparse), np.concatenate(labels).astype(np.float32)
     b, gb = args.batch_size, args.batch_size * world
     steps = len(labels) // gb
+    reader = None
+    if args.probe_azulite_reader or args.probe_alternate_reader:
+        from azulite.data.criteo_reader import open_reader
+
+        reader = open_reader(args.dataset_path, split="train", rank=rank, world_size=world, batch_size=b,
+                             num_embeddings_per_feature=[args.num_embeddings] * 26,
+                             validation_permille=args.validation_permille, seed=0)
     lengths = torch.ones(26 * b, dtype=torch.int32)
     gc.collect()  # as examples/dlrm/train.py does before its steps
     gc.freeze()
     start = None
+    block = args.probe_alternate_reader or args.probe_alternate_stop or args.probe_alternate_none
+    use_reader = reader is not None
+    kind = "reader" if args.probe_alternate_reader else "stop" if args.probe_alternate_stop else "none"
+    # the blocks of an alternating probe: main thread CPU s, process CPU s, steps ("memory": the plain loop)
+    alternate = {"memory": [0.0, 0.0, 0], "reader": [0.0, 0.0, 0], "stop": [0.0, 0.0, 0], "none": [0.0, 0.0, 0]}
     for step in range(steps):
         if step == args.untimed_steps:
-            start, cpu_start = time.perf_counter(), time.process_time()
+            start, cpu_start, window_start = time.perf_counter(), time.process_time(), time.time()
             flt_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-        rows = slice(step * gb + rank * b, step * gb + (rank + 1) * b)
+        probed = False
+        if block:  # the probes only (a few bytecodes per step otherwise: the anchor is not slowed)
+            probed = (step // block) % 2 == 1  # the block with the difference
+            use_reader = probed if args.probe_alternate_reader else reader is not None
+            t_thread, t_proc = time.thread_time(), time.process_time()
+        if not use_reader:
+            rows = slice(step * gb + rank * b, step * gb + (rank + 1) * b)
+            d, s, y = dense[rows], sparse[rows], labels[rows]
+        else:
+            r = reader.next_rows()
+            d, s, y = r.dense, r.sparse, r.labels
         kjt = KeyedJaggedTensor.from_lengths_sync(
-            keys=names, values=torch.from_numpy(np.ascontiguousarray(sparse[rows].T)).reshape(-1), lengths=lengths)
-        logits = model(torch.from_numpy(dense[rows]), kjt).squeeze(-1)
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(labels[rows]))
+            keys=names, values=torch.from_numpy(np.ascontiguousarray(s.T)).reshape(-1), lengths=lengths)
+        logits = model(torch.from_numpy(d), kjt).squeeze(-1)
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, torch.from_numpy(y))
         opt.zero_grad()
         loss.backward()
         opt.step()
-    end, cpu_end = time.perf_counter(), time.process_time()
+        if block:
+            if probed and args.probe_alternate_stop and step % 10 == 9:
+                flag = torch.tensor([0], dtype=torch.int32)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                int(flag.item())
+            if step >= args.untimed_steps:
+                a = alternate[kind if probed else "memory"]
+                a[0] += time.thread_time() - t_thread
+                a[1] += time.process_time() - t_proc
+                a[2] += 1
+    end, cpu_end, window_end = time.perf_counter(), time.process_time(), time.time()
     flt_end = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+    # the job's report of its thread pools, switch interval, affinity and env, taken the same way (imported
+    # after the window: nothing of azulite is in the bare loop's process while it is timed)
+    from azulite.workloads.dlrm.loop import runtime_settings
+
+    runtime = runtime_settings()
     timed = steps - args.untimed_steps
     cpu_ranks = [None] * world  # every rank's CPU per step (after the window), as train.py's result has
     dist.all_gather_object(cpu_ranks, round((cpu_end - cpu_start) * 1000 / timed, 3) if start is not None else None)
@@ -115,7 +171,15 @@ def main() -> None:
               f"sharding={json.dumps(counts, separators=(',', ':'))} "
               f"cpu_ms_per_step_ranks={json.dumps(cpu_ranks, separators=(',', ':'))} "
               f"minflt_per_step={(flt_end - flt_start) / timed:.1f}", flush=True)
+        # the window in epoch seconds (for a probe outside the process) and the runtime settings
+        extra = {"window_unix": [window_start, window_end], "runtime": runtime}
+        if args.probe_alternate_reader or args.probe_alternate_stop or args.probe_alternate_none:
+            extra["alternate_ms_per_step"] = {k: {"main_thread": round(v[0] * 1000 / v[2], 4),
+                                                  "process": round(v[1] * 1000 / v[2], 4), "steps": v[2]}
+                                              for k, v in alternate.items() if v[2]}
+        print("bare_extra " + json.dumps(extra), flush=True)
     dist.barrier()
+    del extra_groups
     dist.destroy_process_group()
 
 

@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     # samples/s: rank 0's clock from the end of this run's step --untimed_steps to the end of its last step
     # (and the CPU seconds this process spent in that window, all threads: a figure a busy machine blurs less)
     train_start, train_samples, run_steps = (time.perf_counter() if args.untimed_steps <= 0 else None), 0, 0
-    cpu_start = time.process_time()
+    cpu_start, window_unix = time.process_time(), [time.time()]  # the window in epoch seconds, for probes
     flt_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     # Everything built so far (TorchRec, the planner's objects, MLflow's client and run, torchmetrics) lives
     # as long as the job: out of the collector's way, or the first young-generation collections in the
@@ -224,9 +224,10 @@ def main(argv: list[str] | None = None) -> int:
         if ckpt is not None:
             ckpt.maybe_save(progress.step)
         if run_steps == args.untimed_steps:
-            train_start, cpu_start = time.perf_counter(), time.process_time()
+            train_start, cpu_start, window_unix = time.perf_counter(), time.process_time(), [time.time()]
             flt_start = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     train_s = time.perf_counter() - train_start if train_start is not None else 0.0
+    window_unix.append(time.time())
     timed_steps = train_samples // global_batch
     cpu_ms_per_step = (time.process_time() - cpu_start) * 1000 / timed_steps if timed_steps else None
     # minor page faults per step in the window (all threads): the bench's sign of allocator churn
@@ -242,8 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     result: dict = {"steps": progress.step, "samples": progress.samples,
                     "samples_per_s": train_samples / train_s if train_s > 0 and train_samples else None,
                     "cpu_ms_per_step": cpu_ms_per_step, "cpu_ms_per_step_ranks": cpu_ms_ranks,
-                    "minflt_per_step": minflt_per_step,
-                    "sharding": plan_counts}
+                    "minflt_per_step": minflt_per_step, "window_unix": window_unix,
+                    "runtime": loop.runtime_settings(), "sharding": plan_counts}
     if permille:
         val = criteo_reader.open_reader(args.dataset_path, split="val", shuffle_files=False, **reader_kw)
         result.update({f"val_{k}": v for k, v in

@@ -9,7 +9,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from azulite.data.criteo_reader import Rows
+from azulite.data.criteo_stream import Rows
 from azulite.errors import DataError, ModelConfigError
 from azulite.workloads.dlrm import loop, sharding
 from azulite.workloads.dlrm.model import FACTORY, DLRMConfig, build_model

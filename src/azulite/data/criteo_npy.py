@@ -24,7 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from azulite.data.criteo import CAT_FEATURE_COUNT, INT_FEATURE_COUNT
-from azulite.data.criteo_reader import CriteoTSVReader, list_files
+from azulite.data.criteo_reader import CriteoTSVReader
+from azulite.data.criteo_stream import list_files
 
 log = logging.getLogger(__name__)
 

@@ -87,7 +87,7 @@ def generate(out_dir: str | os.PathLike, *, rows: int, files: int = 1, seed: int
 
 def true_probabilities(dataset_path: str | os.PathLike) -> list[np.ndarray] | None:
     """Per file (in the readers' order), the true click probability of each row; None for other data."""
-    from azulite.data.criteo_reader import list_files
+    from azulite.data.criteo_stream import list_files
 
     root = Path(dataset_path)
     root = root if root.is_dir() else root.parent

@@ -17,7 +17,7 @@ import torch.distributed as dist
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.data.criteo import CAT_FEATURE_COUNT, CAT_FEATURE_NAMES
-from azulite.data.criteo_reader import Rows
+from azulite.data.criteo_stream import Rows
 
 log = logging.getLogger(__name__)
 
@@ -107,6 +107,32 @@ class ReaderState(Stateful):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.reader.load_state_dict(pickle.loads(state_dict["pickle"]))
+
+
+#: environment variables that change how a rank computes: thread pools, allocators, the interpreter
+_RUNTIME_ENV_PREFIXES = ("OMP_", "MKL_", "KMP_", "GOMP_", "OPENBLAS_", "MALLOC_", "GLIBC_", "LD_PRELOAD", "PYTHON",
+                         "TORCH_", "ATEN_", "DNNL_", "ONEDNN_")
+
+
+def runtime_settings() -> dict[str, Any]:
+    """What, besides the code, sets a rank's speed: torch's intra- and inter-op threads, the interpreter's
+    switch interval, the CPU affinity, the threads alive and the thread/allocator environment. The job
+    and bench/dlrm_bare.py both report it, and bench/dlrm.py checks the two match."""
+    import os
+    import sys
+
+    threads = []
+    for tid in sorted(os.listdir("/proc/self/task"), key=int) if os.path.isdir("/proc/self/task") else []:
+        try:
+            with open(f"/proc/self/task/{tid}/comm") as f:
+                threads.append(f.read().strip())
+        except OSError:  # the thread ended meanwhile
+            pass
+    return {"torch_threads": torch.get_num_threads(), "torch_interop_threads": torch.get_num_interop_threads(),
+            "switch_interval_s": sys.getswitchinterval(),
+            "affinity": sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else None,
+            "threads": threads,
+            "env": {k: v for k, v in sorted(os.environ.items()) if k.startswith(_RUNTIME_ENV_PREFIXES)}}
 
 
 def loss_fn(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
