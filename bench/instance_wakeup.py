@@ -1,8 +1,9 @@
 """What waking an instance process for a batch costs the server's event loop, with the instance process
-as a normal task (the scheduler's default) and as SCHED_BATCH (serve/instances.py's ``_batch_policy``).
+as a normal task (the scheduler's default, what azulite runs) and as SCHED_BATCH (tried at stop 23: neutral
+on the idle machine, not kept).
 
 Two instance processes of one model whose execute holds the GIL for 1 ms (as bench/serving_workers.py's
-gil_py), one set back to SCHED_OTHER from here (``os.sched_setscheduler`` on its pid), driven from the
+gil_py), one set to SCHED_BATCH from here (``os.sched_setscheduler`` on its pid), driven from the
 server's own loop (uvloop, ``ProcessInstance.start_batch``) in interleaved blocks. While a batch is out
 the loop does the work a server does meanwhile (other requests' parsing and encoding): 20 µs chunks of
 pure Python, one per loop pass, until the answer comes. Per block:
@@ -112,8 +113,8 @@ def main(argv: list[str] | None = None) -> None:
         for policy in ("normal", "batch"):
             ctx = LoadContext("gil_py", 1, model_dir, model_dir / "1" / "model.py", config, f"gil_py_{policy}", 0)
             made[policy] = instances.ProcessInstance("python", ctx)
-        os.sched_setscheduler(made["normal"]._proc.pid, os.SCHED_OTHER, os.sched_param(0))
-        assert os.sched_getscheduler(made["batch"]._proc.pid) == os.SCHED_BATCH
+        os.sched_setscheduler(made["batch"]._proc.pid, os.SCHED_BATCH, os.sched_param(0))
+        assert os.sched_getscheduler(made["normal"]._proc.pid) == os.SCHED_OTHER
         runs: dict[str, list[dict]] = {"normal": [], "batch": []}
 
         async def measure() -> None:

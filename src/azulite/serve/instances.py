@@ -128,7 +128,7 @@ def wants_process(config: mc.ModelConfig, backend: str, model_file, *, host: boo
     if choice == "true" and why_not:
         raise ModelLoadError(f"model '{config.name}': parameter '{PARAM}' is true but its instances cannot run "
                              f"in processes of their own: {why_not}", where=f"model '{config.name}' config.pbtxt",
-                             fix=f'remove the parameter or set it to "false"')
+                             fix='remove the parameter or set it to "false"')
     return not why_not and (choice == "true" or host)
 
 
@@ -449,7 +449,6 @@ def _serve(sock: socket.socket) -> None:
 
         threadpoolctl.threadpool_limits(limits=ctx.compute_threads, user_api="blas")
     spin_ns = spin_us(ctx.config) * 1000
-    _batch_policy()
     chan = ipc.Channel(sock)
     chan.send(("o",))
     try:
@@ -479,19 +478,6 @@ def _serve(sock: socket.socket) -> None:
                       packed.inline)
     finally:
         instance.close()
-
-
-def _batch_policy() -> None:
-    """SCHED_BATCH for this process: the server's sendmsg that wakes it for a batch then never preempts
-    the server's loop on its own core (a waking batch task does not preempt a running normal one; it
-    runs at once on an idle core, else when the waker sleeps or its slice ends). As a normal task it did:
-    the server's single loop lost the core inside sendmsg while the woken instance ran its batch there
-    (the ~15% of the loop's busy py-spy samples "in sendmsg", which are wall time, not CPU: the sender's
-    CPU per sendmsg measured 6-8 µs whether the peer slept or polled). README: instance processes."""
-    try:
-        os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
-    except (OSError, AttributeError):  # not Linux, or a sandbox that refuses it: the default policy serves
-        log.debug("SCHED_BATCH refused for instance process %d", os.getpid())
 
 
 def main(argv: list[str]) -> None:
