@@ -14,7 +14,7 @@ import pytest
 
 from google.protobuf import text_format
 
-from azulite.errors import Internal, ModelLoadError
+from azulite.errors import Internal
 from azulite.serve import instances
 from azulite.serve.backends.base import LoadContext, WorkItem
 from azulite.serve.proto import model_config_pb2 as mc
@@ -289,42 +289,3 @@ def test_the_socket_stays_watched_between_loop_side_batches(tmp_path):
         loop.close()
     assert loop.removed == 3  # close took it off the loop before closing the socket
     assert not [p for p in _instance_pids() if b"watch_py" in cmdline(p)]
-
-
-def _voluntary_switches(pid: int) -> int:
-    """Times the process's main thread gave up its core of its own accord (slept: e.g. in recv)."""
-    with open(f"/proc/{pid}/status") as f:
-        return next(int(line.split()[1]) for line in f if line.startswith("voluntary_ctxt_switches:"))
-
-
-def test_an_instance_polling_for_its_next_batch_is_not_woken_for_it(tmp_path):
-    """With ``azulite_instance_spin_us`` the instance process polls its socket after each answer instead
-    of sleeping on it, so a batch sent while it polls costs no wake-up: over 100 back-to-back batches
-    (each sent within microseconds of the last answer, far inside a 100 ms poll) its main thread hardly
-    ever sleeps (without the poll it slept in recv before 70 of 100 here). A value that is not a
-    whole number of microseconds in range fails the load, naming the parameter."""
-    spin = 'parameters {{ key: "azulite_instance_spin_us" value: {{ string_value: "{}" }} }}'
-    _pid_model(tmp_path, "spin_py", "true")
-    model_dir = tmp_path / "spin_py"
-    base = (model_dir / "config.pbtxt").read_text()
-
-    def ctx_with(value: str) -> LoadContext:
-        config = text_format.Parse(base + spin.format(value), mc.ModelConfig())
-        return LoadContext("spin_py", 1, model_dir, model_dir / "1" / "model.py", config, "spin_py_0", 0)
-
-    for wrong in ("fast", "-1", str(instances.SPIN_MAX_US + 1)):
-        with pytest.raises(ModelLoadError, match=rf"azulite_instance_spin_us.*{re.escape(repr(wrong))}"):
-            instances.ProcessInstance("python", ctx_with(wrong))
-    assert instances.spin_us(ctx_with("250").config) == 250
-    inst = instances.ProcessInstance("python", ctx_with("100000"))
-    try:
-        pid = inst._proc.pid
-        inst.execute([WorkItem({"X": np.array([[0.0]], np.float32)}, None, 1)])
-        before = _voluntary_switches(pid)
-        for i in range(100):
-            results, _ = inst.execute([WorkItem({"X": np.array([[float(i)]], np.float32)}, None, 1)])
-            assert int(results[0]["PID"][0, 0]) == pid
-        assert _voluntary_switches(pid) - before < 25
-    finally:
-        inst.close()
-    assert not [p for p in _instance_pids() if b"spin_py" in cmdline(p)]

@@ -143,28 +143,3 @@ def test_a_batch_of_requests_crosses_as_one_block_per_input():
             tiny.close()
     finally:
         arena.close()
-
-
-def test_recv_spinning_gets_frames_sent_before_during_and_after_its_poll():
-    """The poll and the sleep after it return the same frames: one already there, whole frames cut into
-    pieces by a writer thread (arriving while it polls or once it sleeps: either way whole and in order),
-    and the peer's end as ConnectionError."""
-    mine, theirs = socket.socketpair()
-    chan = ipc.Channel(theirs, size=256)
-    try:
-        ipc.send_frame(mine, ("a", 1))
-        assert chan.recv_spinning(0) == (("a", 1), memoryview(b""))
-        big = np.arange(5_000, dtype=np.int64)
-        data = b"".join(bytes(p) for i in range(20) for p in ipc.frame(("b", i), [big[i:].tobytes()]))
-        writer = threading.Thread(target=lambda: [mine.sendall(data[i:i + 3001]) for i in range(0, len(data), 3001)])
-        writer.start()
-        for i in range(20):  # polls of 0, 1 µs and 50 ms: frames caught while polling and after it
-            header, payload = chan.recv_spinning((0, 1_000, 50_000_000)[i % 3])
-            assert header == ("b", i) and bytes(payload) == big[i:].tobytes()
-        writer.join()
-        mine.close()
-        with pytest.raises(ConnectionError):
-            chan.recv_spinning(1_000_000)
-    finally:
-        mine.close()
-        theirs.close()

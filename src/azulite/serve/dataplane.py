@@ -25,7 +25,7 @@ from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.checks import bytes_objects, check_inputs, check_outputs, output_array
 from azulite.serve.counted import Counted
-from azulite.serve.decoupled import is_decoupled, stream, stream_with_policies, unary_refused
+from azulite.serve.decoupled import stream, stream_with_policies, unary_refused
 from azulite.serve.ensemble import run_ensemble, step_item, step_outputs
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
 from azulite.serve.sharedstate import SharedDriftStore, drift_key
@@ -273,7 +273,7 @@ class TritonDataPlane:
             if cached is None or cached[1] is None:
                 raise
             return stream_with_policies(self, None, request, cached[1], cached[2])
-        if not is_decoupled(model):
+        if not model.decoupled:
             return self._one(request)
         cached = self._cached_policies(request.model_name)
         if cached is None or (cached[1] is None and cached[2] is None):
@@ -283,7 +283,7 @@ class TritonDataPlane:
     def stream_unguarded(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         """A fallback's responses: its own policies do not apply (as unary fallbacks run _infer)."""
         model = self.manager.get(request.model_name, request.model_version)
-        return stream(self, model, request) if is_decoupled(model) else self._one_unguarded(request)
+        return stream(self, model, request) if model.decoupled else self._one_unguarded(request)
 
     async def _one_unguarded(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         self.shm.resolve_inputs(request)

@@ -39,10 +39,6 @@ EMPTY_FINAL = "triton_enable_empty_final_response"
 FINAL_FLAG = "triton_final_response"
 
 
-def is_decoupled(model: "LoadedModel") -> bool:
-    return model.decoupled
-
-
 def unary_refused(model: "LoadedModel") -> Unsupported:
     """As real Triton answers it (checked in tests/serve/test_decoupled.py): 501 / UNIMPLEMENTED."""
     return Unsupported(

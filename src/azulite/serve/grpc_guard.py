@@ -108,19 +108,16 @@ class GuardedServicer:
         return guard.check_request("grpc", category, model, _authorization(context) if guard.auth else None,
                                    context, _metadata)
 
-    def _audit(self, start: float, principal: Principal | None, request, context, status: str, response,
-               model: str | None = None) -> None:
-        """``model``: the request's model name when the caller already read it (a protobuf field read is
-        not free)."""
+    def _audit(self, start: float, principal: Principal | None, request, context, status: str) -> None:
+        """The audit line of one request of a stream (the unary RPCs': ``unary_parts``)."""
         audit = self.guard.audit
         if audit is None:
             return
         fields = _FIELDS.get(type(request)) or _fields_of(request)
-        n_in, n_out = _sizes(context, request, response)
-        if model is None:
-            model = getattr(request, fields[0]) if fields[0] else ""
+        n_in, n_out = _sizes(context, request, None)
         audit.record((getattr(request, "id") or None) if fields[2] else None,
-                     principal.key_id if principal is not None else None, context.peer(), model,
+                     principal.key_id if principal is not None else None, context.peer(),
+                     getattr(request, fields[0]) if fields[0] else "",
                      getattr(request, fields[1]) if fields[1] else "", "grpc", status, time.perf_counter() - start,
                      n_in, n_out)
 
@@ -214,7 +211,7 @@ class GuardedServicer:
             try:
                 principal = self._check("inference", "", context)  # the key itself, once per stream
             except ServeError as exc:
-                self._audit(start, None, pb.ModelInferRequest(), context, exc.status, None)
+                self._audit(start, None, pb.ModelInferRequest(), context, exc.status)
                 await context.abort(*_status(exc), _trailers(exc))
                 return
 
@@ -227,9 +224,9 @@ class GuardedServicer:
                         self.guard.check_request("grpc", "inference", request.model_name, authorization, context,
                                                  _metadata)
                     except ServeError as exc:
-                        self._audit(t0, principal, request, context, exc.status, None)
+                        self._audit(t0, principal, request, context, exc.status)
                         raise
-                    self._audit(t0, principal, request, context, "OK", None)
+                    self._audit(t0, principal, request, context, "OK")
                     yield request
 
             try:

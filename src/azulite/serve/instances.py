@@ -28,12 +28,6 @@ thread (warm-up at load, a restart) or inline on the loop takes it off first (:m
 it blocking again (uvloop's poller leaves it non-blocking, on which a thread's blocking crossing failed;
 tests/serve/test_instances.py catches both). A process that dies idle is then seen by the loop at once
 (its socket reads EOF) and started again before the next batch.
-
-``azulite_instance_spin_us`` (config.pbtxt, default 0: off) makes an idle instance process poll its
-socket that long after each answer before it sleeps on it: a batch sent while it polls costs the server's
-sendmsg no wake-up of the process (ipc.Channel.recv_spinning), at the price of the instance's core for as
-long as it polls. Off by default: measured at 200 µs on gil_py (README: instance processes), the server's
-own CPU per inference did not fall at any point and the instances' rose by up to the poll per batch.
 """
 
 from __future__ import annotations
@@ -60,11 +54,6 @@ ARENA_BYTES = 64 * 1024 * 1024
 PARAM = "azulite_instance_process"
 _CHOICES = {"true": "true", "yes": "true", "1": "true", "false": "false", "no": "false", "0": "false",
             "auto": "auto", "": "auto"}
-#: config.pbtxt parameter: how long (µs) an idle instance process polls its socket for the next batch
-#: before it sleeps on it (see spin_us)
-SPIN_PARAM = "azulite_instance_spin_us"
-SPIN_US = 0
-SPIN_MAX_US = 100_000
 #: (model, instance) -> times its process was started again after dying
 restarts: dict[tuple[str, str], int] = {}
 _restarts_lock = threading.Lock()
@@ -81,26 +70,6 @@ def placement(config: mc.ModelConfig) -> str:
                              f"{config.parameters[PARAM].string_value!r}", where=f"model '{config.name}' config.pbtxt",
                              fix=f'parameters {{ key: "{PARAM}" value: {{ string_value: "true" }} }}')
     return _CHOICES[text]
-
-
-def spin_us(config: mc.ModelConfig) -> int:
-    """How long an instance process of this model polls for its next batch after answering one before
-    it sleeps (config.pbtxt's ``azulite_instance_spin_us``, default :data:`SPIN_US`). A batch that comes
-    while it polls costs the server no wake-up of the process (ipc.Channel.recv_spinning); every
-    poll costs the instance's core. A wrong value fails the load, naming the parameter."""
-    if SPIN_PARAM not in config.parameters:
-        return SPIN_US
-    text = config.parameters[SPIN_PARAM].string_value.strip()
-    try:
-        value = int(text)
-    except ValueError:
-        value = -1
-    if not 0 <= value <= SPIN_MAX_US:
-        raise ModelLoadError(f"model '{config.name}': parameter '{SPIN_PARAM}' must be a whole number of "
-                             f"microseconds from 0 to {SPIN_MAX_US}, got {text!r}",
-                             where=f"model '{config.name}' config.pbtxt",
-                             fix=f'parameters {{ key: "{SPIN_PARAM}" value: {{ string_value: "50" }} }}')
-    return value
 
 
 def _eligible(config: mc.ModelConfig, backend: str, model_file) -> str:
@@ -152,7 +121,6 @@ class ProcessInstance:
         self._watched = None  # the event loop its socket stays registered with (start_batch), if any
         self._watched_fd = -1
         self._done = None  # the loop-side batch in flight: its callback
-        spin_us(ctx.config)  # a wrong value fails the load here, before a process starts
         self._spawn()
 
     def _spawn(self) -> None:
@@ -448,13 +416,12 @@ def _serve(sock: socket.socket) -> None:
         import threadpoolctl
 
         threadpoolctl.threadpool_limits(limits=ctx.compute_threads, user_api="blas")
-    spin_ns = spin_us(ctx.config) * 1000
     chan = ipc.Channel(sock)
     chan.send(("o",))
     try:
         while True:
             try:
-                header, inline = chan.recv_spinning(spin_ns)
+                header, inline = chan.recv()
             except (ConnectionError, OSError):
                 return
             if header[0] == "q":

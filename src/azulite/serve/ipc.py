@@ -12,7 +12,6 @@ import asyncio
 import pickle
 import socket
 import struct
-import time
 
 from azulite import errors
 from azulite.errors import Internal, ServeError
@@ -165,21 +164,6 @@ class Channel:
             if k == 0:
                 raise ConnectionError("the peer process closed the connection")
             self._end += k
-
-    def recv_spinning(self, spin_ns: int) -> tuple[tuple, memoryview]:
-        """:meth:`recv`, after polling the socket for up to ``spin_ns`` first (MSG_DONTWAIT). While this
-        side polls it is not asleep on the socket's wait queue, so the peer's sendmsg finds no sleeper to
-        wake: no wake-up (scheduler work, an IPI) charged to the sender, and no wake-up latency here. The
-        kernel's own wait queue is the "is it asleep?" flag, with its barriers, so no wake is ever lost
-        (a flag of our own in shared memory would need a store-load fence Python cannot issue). Costs
-        this side's CPU for as long as it polls."""
-        frame = self.try_recv()
-        if frame is None and spin_ns > 0:
-            clock = time.perf_counter_ns
-            end = clock() + spin_ns
-            while frame is None and clock() < end:
-                frame = self.try_recv()
-        return frame if frame is not None else self.recv()
 
     def _room(self, need: int) -> None:
         """Room for ``need`` bytes from _start: what is buffered moved to the front (or a larger buffer)."""

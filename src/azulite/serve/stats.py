@@ -70,9 +70,7 @@ class ModelStats:
 
     def executed(self, batch_size: int, queue_ns: Sequence[int], timing: Timing, ok: bool) -> None:
         n = len(queue_ns)
-        queue = self.queue  # one add for the batch, not one method call per request
-        queue.count += n
-        queue.ns += sum(queue_ns)
+        self.queue.add(sum(queue_ns), n)  # one add for the batch, not one per request
         if not ok:
             return
         # Triton counts compute durations per request: each request of a batch spent the batch's time.
