@@ -523,3 +523,95 @@ def test_an_instance_that_answers_gets_its_next_ready_batch_in_the_same_callback
         await bt.close()
 
     asyncio.run(main())
+
+
+class Polled(Sender):
+    """A Sender whose answers come "through a socket": ``arrive(k)`` makes batch k's answer readable, and
+    it is delivered only when the batcher polls (``poll_answer``) or the loop's reader would run (the test
+    calls ``answer``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.arrived: list[int] = []
+        self.polls = 0
+
+    def arrive(self, k: int) -> None:
+        self.arrived.append(k)
+
+    def poll_answer(self) -> None:
+        self.polls += 1
+        while self.arrived:
+            self.answer(self.arrived.pop(0))
+
+
+def test_a_request_arriving_with_every_instance_busy_reads_an_answer_already_come_first():
+    """Both instance processes busy, a's answer readable but its socket not reached yet by the loop: the
+    next request's submit reads it (once as many wait as the last batch took), and a's next batch (that
+    request in it) is sent before submit returns, the answered requests' futures resolved. Without the
+    poll on submit, a waits for the loop's reader: fails."""
+
+    async def main():
+        a, b = Polled(), Polled()
+        bt = Batcher(model="m", settings=settings(max_batch_size=4), instances=[("a", a), ("b", b)])
+        first = [bt.submit(item(1.0))]
+        await until(lambda: len(a.sent) == 1)
+        first.append(bt.submit(item(2.0)))
+        await until(lambda: len(b.sent) == 1)
+        assert [v for v, _ in a.sent] == [[1.0]] and [v for v, _ in b.sent] == [[2.0]]
+        late = bt.submit(item(3.0))
+        assert len(a.sent) == 1 and bt.queued == 1  # nothing has come: nothing read, nothing sent
+        a.arrive(0)
+        later = bt.submit(item(4.0))  # no await between: all of it inside submit
+        assert [v for v, _ in a.sent] == [[1.0], [3.0, 4.0]] and bt.queued == 0
+        assert first[0].done() and not first[1].done()
+        assert b.polls >= 2 and len(b.sent) == 1  # polled too, nothing had come
+        # fewer waiting than the last batch took (2): an answer come waits for the loop's reader
+        b.arrive(0)
+        polls = (a.polls, b.polls)
+        fifth = bt.submit(item(5.0))
+        assert (a.polls, b.polls) == polls and len(b.sent) == 1 and not first[1].done()
+        sixth = bt.submit(item(6.0))  # as many as the last batch: read, and sent
+        assert [v for v, _ in b.sent] == [[2.0], [5.0, 6.0]] and first[1].done()
+        a.answer(1)
+        b.answer(1)
+        results = await asyncio.wait_for(asyncio.gather(*first, late, later, fifth, sixth), WAIT)
+        assert [float(r["y"][0, 0]) for r in results] == [2.0, 4.0, 6.0, 8.0, 10.0, 12.0]
+        polls = (a.polls, b.polls)
+        last = bt.submit(item(7.0))
+        assert (a.polls, b.polls) == polls  # an instance idle: nobody polled
+        await until(lambda: len(a.sent) + len(b.sent) == 5)
+        (a if len(a.sent) == 3 else b).answer(-1)
+        assert float((await asyncio.wait_for(last, WAIT))["y"][0, 0]) == 14.0
+        await bt.close()
+
+    asyncio.run(main())
+
+
+def test_a_single_instance_process_too_long_to_run_inline_gets_its_next_batch_in_its_answer(monkeypatch):
+    """One instance process (it may run inline, judged by the wall clock) whose crossings take
+    INLINE_MAX_NS or more: its answer sends it the next ready batch inside the callback, as with several
+    instances; before its first answer (no measure yet) the woken scheduler sends it. Chained only for
+    several instances: the second answer sends nothing itself, fails."""
+    monkeypatch.setattr(batcher_module, "INLINE_MAX_NS", 0)  # any crossing is too long to run inline
+
+    class Process(Sender):
+        inline_safe = True
+        inline_by_wall = True
+
+    async def main():
+        p = Process()
+        bt = Batcher(model="m", settings=settings(max_batch_size=1), instances=[("p", p)])
+        futures = [bt.submit(item(1.0))]
+        await until(lambda: len(p.sent) == 1)
+        futures += [bt.submit(item(v)) for v in (2.0, 3.0)]
+        p.answer(0)
+        assert len(p.sent) == 1  # no measure yet: the scheduler, woken, sends it
+        await until(lambda: len(p.sent) == 2)
+        p.answer(1)
+        assert [v for v, _ in p.sent] == [[1.0], [2.0], [3.0]]  # within the callback
+        p.answer(2)
+        results = await asyncio.wait_for(asyncio.gather(*futures), WAIT)
+        assert [float(r["y"][0, 0]) for r in results] == [2.0, 4.0, 6.0]
+        await bt.close()
+
+    asyncio.run(main())
