@@ -40,7 +40,7 @@ start (percentiles over both instances, the crossing both ways and the server's 
 the measure behind ``instance_busy`` that reads the same clock on azulite and Triton.
 
 ``--rounds N`` measures every point N times in turn (each server once per round, so a change in the
-machine's load hits all alike); ``ab_over_base`` then gives each round's ratios and their median (on a
+machine's load hits all alike; every other round in reverse order, so none always follows the same one); ``ab_over_base`` then gives each round's ratios and their median (on a
 loaded machine one pair says little). ``--serve-workers 1`` leaves ``--workers 2`` out.
 
     python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
@@ -329,7 +329,8 @@ def main(argv: list[str] | None = None) -> None:
                 for protocol in args.protocols:
                     for c in args.concurrency:
                         runs = [(name, model) for name in servers] + ([] if args.no_twins else [("azulite_w1", twins[model])])
-                        for name, point_model in [run for _ in range(args.rounds) for run in runs]:
+                        # odd rounds in reverse order: no server always measured right after the same one
+                        for name, point_model in [run for i in range(args.rounds) for run in (runs[::-1] if i % 2 else runs)]:
                             proc, http_port, grpc_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
                             (n0, b0, e0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
