@@ -289,39 +289,3 @@ def test_the_socket_stays_watched_between_loop_side_batches(tmp_path):
         loop.close()
     assert loop.removed == 3  # close took it off the loop before closing the socket
     assert not [p for p in _instance_pids() if b"watch_py" in cmdline(p)]
-
-
-def test_an_answer_already_come_is_read_by_poll_answer_before_the_loop_reaches_its_socket(tmp_path):
-    """poll_answer (the batcher calls it as requests arrive with every instance busy) answers a loop-side
-    batch whose answer has come, right there, though the loop has not run its reader; with none in flight,
-    or none come yet, it does nothing."""
-    import select
-
-    _pid_model(tmp_path, "poll_py", "true")
-    model_dir = tmp_path / "poll_py"
-    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
-    ctx = LoadContext("poll_py", 1, model_dir, model_dir / "1" / "model.py", config, "poll_py_0", 0)
-    inst = instances.ProcessInstance("python", ctx)
-    pid = inst._proc.pid
-
-    async def run() -> None:
-        loop = asyncio.get_running_loop()
-        inst.poll_answer()  # nothing in flight: nothing read
-        for x in (1.0, 2.0):
-            answers: list = []
-            inst.start_batch(loop, [WorkItem({"X": np.array([[x]], np.float32)}, None, 1)],
-                             lambda outcome, error: answers.append((outcome, error)))
-            # the loop blocked here (its reader cannot run) until the answer is readable
-            assert select.select([inst._sock], [], [], 60)[0]
-            assert answers == []
-            inst.poll_answer()
-            (results, _), error = answers[0]
-            assert error is None and int(results[0]["PID"][0, 0]) == pid
-            await asyncio.sleep(0)  # the reader's turn: the answer is taken, it reads nothing more
-            assert len(answers) == 1
-
-    try:
-        _on_server_loop(run())
-    finally:
-        inst.close()
-    assert not [p for p in _instance_pids() if b"poll_py" in cmdline(p)]

@@ -108,8 +108,6 @@ class Batcher:
         self._task: asyncio.Task | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: deque[InstanceThread] = deque(self._instances)
-        # instances whose answer the loop reads (processes): looked at as requests arrive (submit)
-        self._polls = [poll for inst in self._instances if (poll := getattr(inst.model, "poll_answer", None))]
         self._waker: asyncio.Future | None = None
         self._drained: asyncio.Event | None = None
 
@@ -124,14 +122,6 @@ class Batcher:
         s = self.settings
         pending = self._queue.push(item, self._loop.create_future(),  # type: ignore[union-attr]
                                    priority=priority, timeout_us=timeout_us)
-        if not self._idle and self._polls and self._queue.count >= self._last_requests:
-            # every instance busy and as many requests waiting as the last batch took: one whose answer has
-            # come gets its next batch now (this request in it), not when the loop's poller reaches its
-            # socket after the rest of this pass. With fewer waiting the answer waits for the poller, as
-            # before: read at once, it made batches smaller and the CPU per inference higher (README:
-            # instance processes, the next batch first).
-            for poll in self._polls:
-                poll()
         # While the scheduler sleeps out max_queue_delay, a request that cannot complete a batch need
         # not wake it (the timer will): saves a scheduler pass per request under load.
         # With every instance busy the scheduler waits for one, and the one finishing wakes it.
@@ -279,13 +269,6 @@ class Batcher:
             inst.post(self._loop, timed_execute, (inst.model, items),  # type: ignore[arg-type]
                       lambda outcome, error: self._finish(inst, batch, start, outcome, error, chain=True))
 
-    def _chains(self) -> bool:
-        """Whether an instance that answered takes its next batch in the answer's callback: always with
-        several instances; a single one that may run inline only while its batches will not (an instance
-        process whose crossings take INLINE_MAX_NS or more): an inline batch runs from the scheduler,
-        which gathers first, never inside an instance's callback."""
-        return not self._may_inline or (self._by_wall and self._exec_ns is not None and self._exec_ns >= INLINE_MAX_NS)
-
     def _inline(self) -> bool:
         if not self._may_inline or self._exec_ns is None:
             return False
@@ -314,7 +297,7 @@ class Batcher:
         (the scheduler is the caller) nor while closing (the scheduler drains)."""
         self._inflight -= 1
         self._idle.append(inst)
-        if chain and self._queue.count and not self._closing and self._chains():
+        if chain and self._queue.count and not self._may_inline and not self._closing:
             batch_next, _ = self._queue.choose(time.monotonic_ns())
             if batch_next is not None:
                 self._dispatch(self._idle.popleft(), batch_next)

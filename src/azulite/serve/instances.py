@@ -305,15 +305,6 @@ class ProcessInstance:
             outcome, error = None, exc
         done(outcome, error)
 
-    def poll_answer(self) -> None:
-        """On the loop: read the answer of the loop-side batch in flight if it has come (never waits) and
-        answer it as :meth:`_readable` would. The batcher calls this as requests arrive while every instance
-        is busy: the loop's poller reaches this socket only after the callbacks ahead of it (the whole rest
-        of a busy pass: other requests parsed, answers encoded and written), with the instance idle all that
-        time; read here, the answer frees the instance and sends its next batch at once."""
-        if self._done is not None and self._watched is not None:
-            self._readable()
-
     def _unwatch(self) -> None:
         """Off the loop (on the loop's thread, or with the loop stopped), the socket blocking again
         (uvloop's poller made it non-blocking) for the thread crossings."""
