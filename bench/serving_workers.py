@@ -39,8 +39,13 @@ point ``gaps_us`` gives how long its instance processes sat between one batch's 
 start (percentiles over both instances, the crossing both ways and the server's work between included),
 the measure behind ``instance_busy`` that reads the same clock on azulite and Triton.
 
+``--rounds N`` measures every point N times in turn (each server once per round, so a change in the
+machine's load hits all alike; every other round in reverse order, so none always follows the same one); ``ab_over_base`` then gives each round's ratios and their median (on a
+loaded machine one pair says little). ``--serve-workers 1`` leaves ``--workers 2`` out.
+
     python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
                             [--models gil_py] [--ab-src OTHER/src] [--no-twins] [--gaps]
+                            [--rounds N] [--serve-workers 1 2] [--protocols http grpc]
 """
 
 from __future__ import annotations
@@ -269,6 +274,10 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-twins", action="store_true", help="skip the processes/threads twins on --workers 1")
     ap.add_argument("--gaps", action="store_true", help="gil_py stamps each execute: per point, the instances' "
                     "idle gaps between batches (gaps_us), on every server alike")
+    ap.add_argument("--rounds", type=int, default=1, help="measure every point this many times, in turn")
+    ap.add_argument("--serve-workers", type=int, nargs="+", default=[1, 2], choices=[1, 2],
+                    help="which `azulite serve --workers N` to measure")
+    ap.add_argument("--protocols", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
     args = ap.parse_args(argv)
     bin_dir = anchors(args.anchors)
     cores = sorted(os.sched_getaffinity(0))
@@ -290,8 +299,9 @@ def main(argv: list[str] | None = None) -> None:
         pa = bin_dir / "perf_analyzer"
         servers: dict[str, tuple[subprocess.Popen, int, int]] = {}
         figures: dict = {}
+        rounds: dict[tuple[str, str], list[dict]] = {}  # (server, point) -> each round's figures
         try:
-            names = ["triton", "azulite_w1", "base_w1", "azulite_w2", "base_w2"]
+            names = ["triton", *(f"{side}_w{w}" for w in args.serve_workers for side in ("azulite", "base"))]
             for name in names if args.ab_src else [n for n in names if not n.startswith("base_")]:
                 for attempt in (1, 2):
                     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
@@ -316,10 +326,11 @@ def main(argv: list[str] | None = None) -> None:
             # machine's load between points hits all of them alike
             twins = {model: twin for twin, model, _ in TWINS}
             for model in args.models:
-                for protocol in ("http", "grpc"):
+                for protocol in args.protocols:
                     for c in args.concurrency:
                         runs = [(name, model) for name in servers] + ([] if args.no_twins else [("azulite_w1", twins[model])])
-                        for name, point_model in runs:
+                        # odd rounds in reverse order: no server always measured right after the same one
+                        for name, point_model in [run for i in range(args.rounds) for run in (runs[::-1] if i % 2 else runs)]:
                             proc, http_port, grpc_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
                             (n0, b0, e0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
@@ -347,6 +358,7 @@ def main(argv: list[str] | None = None) -> None:
                                                 **{f"server_{k}": round(v / wall, 2) for k, v in sorted(roles.items())}},
                                          cpu_us_per_inference_by_role={k: round(v / n * 1e6, 1) for k, v in sorted(roles.items())})
                             figures[name][f"{point_model}_{protocol}_c{c}"] = r
+                            rounds.setdefault((name, f"{point_model}_{protocol}_c{c}"), []).append(r)
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
                                      f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  batch {r.get('batch_avg')}  busy {r.get('instance_busy')}  cores {r.get('cores')}"
                                      + (f"  gaps {r['gaps_us']}" if "gaps_us" in r else "")
@@ -357,7 +369,7 @@ def main(argv: list[str] | None = None) -> None:
                 stop(proc)
         ratio: dict = {}
         goals = {"throughput_ge_triton": True, "cpu_le_triton": True}
-        for name in ("azulite_w1", "azulite_w2"):
+        for name in (f"azulite_w{w}" for w in args.serve_workers):
             ratio[name] = {}
             for key, t in figures["triton"].items():
                 a = figures[name].get(key, {})
@@ -370,8 +382,8 @@ def main(argv: list[str] | None = None) -> None:
                 goals["throughput_ge_triton"] &= ratio[name][key]["throughput"] >= 1.0
                 goals["cpu_le_triton"] &= ratio[name][key]["cpu_per_inference"] <= 1.0
         scaling = {}
-        for key, w1 in figures["azulite_w1"].items():
-            w2 = figures["azulite_w2"].get(key)
+        for key, w1 in figures.get("azulite_w1", {}).items():
+            w2 = figures.get("azulite_w2", {}).get(key)
             if key.startswith("gil_py") and w2 is not None and "error" not in w1 and "error" not in w2:
                 scaling[key] = round(w2["infer_per_s"] / w1["infer_per_s"], 3)
         # What --workers 2 could reach at most on these cores: all of them busy (server and load generator)
@@ -391,7 +403,7 @@ def main(argv: list[str] | None = None) -> None:
         # processes over threads, same server (--workers 1), same point, measured back to back
         ab = {}
         for twin, model, processes in TWINS:
-            for key, a in figures["azulite_w1"].items():
+            for key, a in figures.get("azulite_w1", {}).items():
                 if not key.startswith(model + "_") or key.startswith(twin):
                     continue
                 b = figures["azulite_w1"].get(twin + key[len(model):], {})
@@ -399,13 +411,21 @@ def main(argv: list[str] | None = None) -> None:
                 if "cpu_s_per_1k" in proc_r and "cpu_s_per_1k" in thread_r:
                     ab[key] = {"throughput": round(proc_r["infer_per_s"] / thread_r["infer_per_s"], 3),
                                "cpu_per_inference": round(proc_r["cpu_s_per_1k"] / thread_r["cpu_s_per_1k"], 3)}
-        base = {}  # this checkout over --ab-src, same point, measured back to back
+        base = {}  # this checkout over --ab-src, same point, measured back to back (each round, and the median)
         for w in ("w1", "w2"):
-            for key, a in figures.get(f"azulite_{w}", {}).items():
-                b = figures.get(f"base_{w}", {}).get(key, {})
-                if "cpu_s_per_1k" in a and "cpu_s_per_1k" in b:
-                    base[f"{w}_{key}"] = {"throughput": round(a["infer_per_s"] / b["infer_per_s"], 3),
-                                          "cpu_per_inference": round(a["cpu_s_per_1k"] / b["cpu_s_per_1k"], 3)}
+            for key in figures.get(f"azulite_{w}", {}):
+                pairs = [(a, b) for a, b in zip(rounds.get((f"azulite_{w}", key), []), rounds.get((f"base_{w}", key), []))
+                         if "cpu_s_per_1k" in a and "cpu_s_per_1k" in b]
+                if not pairs:
+                    continue
+                each = {"throughput": [a["infer_per_s"] / b["infer_per_s"] for a, b in pairs],
+                        "cpu_per_inference": [a["cpu_s_per_1k"] / b["cpu_s_per_1k"] for a, b in pairs]}
+                if all(a.get("gaps_us") and b.get("gaps_us") for a, b in pairs):
+                    each["gap_p50"] = [a["gaps_us"]["p50_us"] / b["gaps_us"]["p50_us"] for a, b in pairs]
+                    each["execute_share"] = [a["gaps_us"]["execute_share"] / b["gaps_us"]["execute_share"] for a, b in pairs]
+                base[f"{w}_{key}"] = {k: round(float(np.median(v)), 3) for k, v in each.items()}
+                if len(pairs) > 1:
+                    base[f"{w}_{key}"]["rounds"] = {k: [round(x, 3) for x in v] for k, v in each.items()}
         if base:
             print("this checkout / --ab-src:", json.dumps(base, indent=1))
         print("\nratios to triton:", json.dumps(ratio, indent=1))

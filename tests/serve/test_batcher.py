@@ -15,7 +15,8 @@ from azulite.serve import batcher as batcher_module
 from azulite.serve import merge
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batch_settings import BatcherSettings, QueuePolicy
-from azulite.serve.batcher import Batcher, shape_key
+from azulite.serve.batch_queue import shape_key
+from azulite.serve.batcher import Batcher
 from azulite.serve.config import parse_config_text
 from azulite.serve.stats import ModelStats
 

@@ -1,23 +1,16 @@
-"""The scheduler of one model version: a priority queue of pending requests that flushes a batch to an
-idle instance on size or deadline, with Triton's dynamic-batching semantics.
+"""The scheduler of one model version: it flushes a batch of pending requests (serve/batch_queue.py: which
+requests go together, priorities, timeouts) to an idle instance on size or deadline, with Triton's
+dynamic-batching semantics.
 
 - A batch is formed only when an instance is idle, so under load requests pile up and batches grow.
-- Requests go together while their non-batch shapes match and their batch sizes sum to at most
-  ``max_batch_size``. A batch leaves at once when full or when a prefix of the queue sums to a
-  ``preferred_batch_size``; otherwise when the oldest request waited ``max_queue_delay_microseconds``.
 - An inline batch (run on the loop itself) that is not full, after a batch that merged several requests,
   first lets the loop run ``GATHER_PASSES`` passes, so requests already read join it.
-- ``priority_levels``: level 1 is served first; each level has its queue policy: ``max_queue_size``
-  (over it: UNAVAILABLE "Exceeds maximum queue size"), ``default_timeout_microseconds`` (a request's own
-  ``timeout`` counts only with ``allow_timeout_override``), ``timeout_action`` REJECT (fail it) or DELAY
-  (serve it after every non-expired request of its level).
 - ``preserve_ordering``: responses are released in the order the requests arrived.
-- A model without ``dynamic_batching`` gets Triton's default scheduler: one request per execution.
 - A batch that fails fails every request in it.
 
 The merge/split of tensors is not here (merge.py, used by the backends), nor the settings read from a
-config (batch_settings.py) or an instance's thread (instance_thread.py); this module only decides which
-requests run together and when. Everything runs on the event loop; only ``execute`` runs in the
+config (batch_settings.py) or an instance's thread (instance_thread.py); this module only decides when
+and where requests run. Everything runs on the event loop; only ``execute`` runs in the
 instance's own thread, except the short executions of a single-instance model whose backend allows it,
 which run on the loop too (``INLINE_MAX_NS``).
 
@@ -34,19 +27,15 @@ import asyncio
 import time
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from typing import Protocol
 
 from azulite.errors import Internal, ServeError, Unavailable
 from azulite.serve.backends.base import ModelInstance, Result, Timing, WorkItem
+from azulite.serve.batch_queue import BatchQueue, Pending, Rejected
 from azulite.serve.batch_settings import BatcherSettings
 from azulite.serve.instance_thread import InstanceThread, timed_execute
 
-
-class Rejected(Unavailable):
-    """The scheduler refused or timed out the request (queue full, timeout REJECT): metrics count it
-    as reason REJECTED."""
-
+__all__ = ["Batcher", "NullObserver", "Observer", "Rejected"]  # Rejected: its old home, where the server imports it
 
 #: A single-instance model whose executions take less than this CPU time (moving average) runs them on the
 #: event loop itself: handing a short batch to the instance's thread and its answer back costs more than
@@ -88,33 +77,6 @@ class NullObserver:
         pass
 
 
-@dataclass(slots=True, eq=False)
-class _Pending:
-    item: WorkItem
-    shape_key: tuple
-    future: asyncio.Future
-    enqueued_ns: int
-    deadline_ns: int
-    level: int
-    seq: int
-
-
-def shape_key(item: WorkItem) -> tuple:
-    """Requests batch together only if every input has the same shape past the batch dimension (in
-    whatever order a client listed its inputs)."""
-    skip = 1 if item.batch_size else 0
-    if len(item.inputs) == 1:  # one input (an ensemble's parse step, most models): nothing to sort
-        for name, array in item.inputs.items():
-            return ((name, array.shape[skip:]),)
-    return tuple(sorted((name, array.shape[skip:]) for name, array in item.inputs.items()))
-
-
-@dataclass(slots=True)
-class _Level:
-    queue: deque = field(default_factory=deque)
-    delayed: deque = field(default_factory=deque)
-
-
 class Batcher:
     def __init__(
         self,
@@ -136,14 +98,10 @@ class Batcher:
         self._probe = False  # the batch running inline now is a probe
         # an instance whose execute waits on something else (its process) is measured by the wall clock alone
         self._by_wall = bool(instances) and bool(getattr(instances[0][1], "inline_by_wall", False))
-        self._levels = [_Level() for _ in range(settings.priority_levels)]
-        self._count = 0  # requests queued (all levels, normal + delayed)
-        self._rows = 0  # their batch sizes summed
+        self._queue = BatchQueue(model=model, settings=settings, queued=self.observer.queued, expired=self._complete)
         self._delaying = False  # the scheduler sleeps out max_queue_delay for a batch to fill
-        self._with_deadline = 0  # queued requests that can time out
-        self._seq = 0
         self._next_release = 0
-        self._finished: dict[int, tuple[_Pending, Result | ServeError]] = {}
+        self._finished: dict[int, tuple[Pending, Result | ServeError]] = {}
         self._inflight = 0
         self._last_requests = 0  # requests in the last batch dispatched (GATHER_PASSES)
         self._closing = False
@@ -162,33 +120,12 @@ class Batcher:
         if self._task is None:
             self._start()
         s = self.settings
-        level = (priority if 0 < priority <= s.priority_levels else s.default_level) - 1
-        policy = s.policies[level]
-        lane = self._levels[level]
-        if policy.max_queue_size and len(lane.queue) + len(lane.delayed) >= policy.max_queue_size:
-            raise Rejected("Exceeds maximum queue size", where=f"model '{self.model}'")
-        timeout = timeout_us if (policy.allow_timeout_override and timeout_us > 0) else policy.default_timeout_us
-        now = time.monotonic_ns()
-        pending = _Pending(
-            item=item,
-            shape_key=shape_key(item) if s.dynamic else (),
-            future=self._loop.create_future(),  # type: ignore[union-attr]
-            enqueued_ns=now,
-            deadline_ns=now + timeout * 1000 if timeout else 0,
-            level=level,
-            seq=self._seq,
-        )
-        self._seq += 1
-        lane.queue.append(pending)
-        self._count += 1
-        if pending.deadline_ns:
-            self._with_deadline += 1
-        self._rows += item.batch_size
-        self.observer.queued(1)
+        pending = self._queue.push(item, self._loop.create_future(),  # type: ignore[union-attr]
+                                   priority=priority, timeout_us=timeout_us)
         # While the scheduler sleeps out max_queue_delay, a request that cannot complete a batch need
         # not wake it (the timer will): saves a scheduler pass per request under load.
         # With every instance busy the scheduler waits for one, and the one finishing wakes it.
-        if self._idle and (not self._delaying or s.preferred or self._rows >= s.max_batch_size
+        if self._idle and (not self._delaying or s.preferred or self._queue.rows >= s.max_batch_size
                            or pending.deadline_ns):
             self._wake()
         return pending.future
@@ -200,7 +137,7 @@ class Batcher:
         if self._task is not None:
             self._wake()
             assert self._drained is not None
-            if self._count or self._inflight:
+            if self._queue.count or self._inflight:
                 try:
                     await asyncio.wait_for(self._drained.wait(), drain_timeout_s)
                 except asyncio.TimeoutError:
@@ -226,7 +163,7 @@ class Batcher:
 
     @property
     def queued(self) -> int:
-        return self._count
+        return self._queue.count
 
     # --- the scheduler ----------------------------------------------------------------------------
 
@@ -270,61 +207,24 @@ class Batcher:
             self._dispatch(self._idle.popleft(), batch)
 
     def _fail_queued(self, error: ServeError) -> None:
-        failed = sorted((p for lane in self._levels for p in (*lane.queue, *lane.delayed)), key=lambda p: p.seq)
-        for lane in self._levels:
-            lane.queue.clear()
-            lane.delayed.clear()
-        for pending in failed:  # through _complete: with preserve_ordering, errors too are answered in order
+        for pending in self._queue.take_all():  # through _complete: with preserve_ordering, errors too are answered in order
             self._complete(pending, error)
-        self.observer.queued(-self._count)
-        self._count = self._rows = self._with_deadline = 0
 
-    def _order(self):
-        """Requests in the order they are served: per level, the queue, then the delayed."""
-        for lane in self._levels:
-            yield from lane.queue
-            yield from lane.delayed
-
-    def _expire(self, now: int) -> int:
-        """Apply timeouts; returns the nearest future deadline (0: none)."""
-        nearest = 0
-        for lane in self._levels:
-            if not any(p.deadline_ns for p in lane.queue):
-                continue
-            keep: deque = deque()
-            for p in lane.queue:
-                if p.deadline_ns and p.deadline_ns <= now:
-                    self._with_deadline -= 1
-                    if self.settings.policies[p.level].delay_on_timeout:
-                        p.deadline_ns = 0
-                        lane.delayed.append(p)
-                    else:
-                        self._count -= 1
-                        self._rows -= p.item.batch_size
-                        self.observer.queued(-1)
-                        self._complete(p, Rejected("Request timeout expired", where=f"model '{self.model}'"))
-                else:
-                    if p.deadline_ns and (not nearest or p.deadline_ns < nearest):
-                        nearest = p.deadline_ns
-                    keep.append(p)
-            lane.queue = keep
-        return nearest
-
-    async def _next_batch(self) -> list[_Pending]:
+    async def _next_batch(self) -> list[Pending]:
         gathered, seen = 0, 0
         while True:
             if not self._idle:  # every instance busy (or a finishing one took the batch): one wakes it
                 await self._sleep_until_woken(0)
                 continue
-            if (gathered < GATHER_PASSES or (gathered < GATHER_MAX_PASSES and self._count > seen)) and self._gathers():
+            if (gathered < GATHER_PASSES or (gathered < GATHER_MAX_PASSES and self._queue.count > seen)) and self._gathers():
                 gathered += 1
-                seen = self._count
+                seen = self._queue.count
                 await asyncio.sleep(0)
                 continue
-            batch, until = self._choose(time.monotonic_ns())
+            batch, until = self._queue.choose(time.monotonic_ns(), closing=self._closing)
             if batch is not None:
                 return batch
-            if self._count == 0:
+            if self._queue.count == 0:
                 if self._closing and self._inflight == 0:
                     self._drained.set()  # type: ignore[union-attr]
                 await self._sleep_until_woken(until)
@@ -337,63 +237,11 @@ class Batcher:
 
     def _gathers(self) -> bool:
         """Whether to let the loop run a pass before choosing the batch (see GATHER_PASSES)."""
-        return (self._last_requests > 1 and 0 < self._rows < self.settings.max_batch_size and self.settings.dynamic
+        return (self._last_requests > 1 and 0 < self._queue.rows < self.settings.max_batch_size and self.settings.dynamic
                 and self._may_inline and self._exec_ns is not None and self._exec_cpu_ns < INLINE_MAX_NS
                 and not self._by_wall and not self._closing)
 
-    def _choose(self, now: int) -> tuple[list[_Pending] | None, int]:
-        """The batch to run now (taken off the queues), or None and when to look again (0: when woken):
-        nothing queued, or a batch still filling within max_queue_delay."""
-        s = self.settings
-        nearest = self._expire(now) if self._with_deadline else 0
-        if self._count == 0:
-            return None, nearest
-        if not s.dynamic:
-            return self._take(1), 0
-        # The longest prefix that fits: same shapes, batch sizes summing to <= max_batch_size.
-        n, total, best_preferred = 0, 0, 0
-        head_key = None
-        for p in self._order():
-            if head_key is None:
-                head_key = p.shape_key
-            elif p.shape_key != head_key:
-                break
-            if total + p.item.batch_size > s.max_batch_size and n:
-                break
-            n += 1
-            total += p.item.batch_size
-            if total in s.preferred:
-                best_preferred = n
-            if total >= s.max_batch_size:
-                break
-        full = total >= s.max_batch_size or n < self._count
-        if full or self._closing:
-            return self._take(n), 0
-        if best_preferred:
-            return self._take(best_preferred), 0
-        head = next(self._order())
-        due = head.enqueued_ns + s.max_delay_ns
-        if now >= due:
-            return self._take(n), 0
-        return None, (min(due, nearest) if nearest else due)
-
-    def _take(self, n: int) -> list[_Pending]:
-        batch: list[_Pending] = []
-        for lane in self._levels:
-            for q in (lane.queue, lane.delayed):
-                while q and len(batch) < n:
-                    p = q.popleft()
-                    if p.deadline_ns:
-                        self._with_deadline -= 1
-                    batch.append(p)
-            if len(batch) == n:
-                break
-        self._count -= len(batch)
-        self._rows -= sum(p.item.batch_size for p in batch)
-        self.observer.queued(-len(batch))
-        return batch
-
-    def _dispatch(self, inst: InstanceThread, batch: list[_Pending]) -> None:
+    def _dispatch(self, inst: InstanceThread, batch: list[Pending]) -> None:
         """Run the batch inline on the loop (short executions of a single instance), send it to its
         instance process from the loop, or post it to the instance's thread; each way :meth:`_finish`
         answers it."""
@@ -440,7 +288,7 @@ class Batcher:
         self._probe = True
         return True
 
-    def _finish(self, inst: InstanceThread, batch: list[_Pending], start: int, outcome, failure: BaseException | None,
+    def _finish(self, inst: InstanceThread, batch: list[Pending], start: int, outcome, failure: BaseException | None,
                 *, chain: bool = False) -> None:
         """Answer a batch. ``chain``: called back by an instance (its process's answer read by the loop,
         or its thread's result posted), which then gets its next batch here at once when one is ready:
@@ -449,8 +297,8 @@ class Batcher:
         (the scheduler is the caller) nor while closing (the scheduler drains)."""
         self._inflight -= 1
         self._idle.append(inst)
-        if chain and self._count and not self._may_inline and not self._closing:
-            batch_next, _ = self._choose(time.monotonic_ns())
+        if chain and self._queue.count and not self._may_inline and not self._closing:
+            batch_next, _ = self._queue.choose(time.monotonic_ns())
             if batch_next is not None:
                 self._dispatch(self._idle.popleft(), batch_next)
         self._wake()
@@ -480,12 +328,12 @@ class Batcher:
         else:
             for p, result in zip(batch, results):
                 self._complete(p, result)
-        if self._closing and self._count == 0 and self._inflight == 0:
+        if self._closing and self._queue.count == 0 and self._inflight == 0:
             self._drained.set()  # type: ignore[union-attr]
 
     # --- answers ----------------------------------------------------------------------------------
 
-    def _complete(self, pending: _Pending, result: Result | ServeError) -> None:
+    def _complete(self, pending: Pending, result: Result | ServeError) -> None:
         if not self.settings.preserve_ordering:
             self._settle(pending, result)
             return
@@ -496,7 +344,7 @@ class Batcher:
             self._next_release += 1
 
     @staticmethod
-    def _settle(pending: _Pending, result: Result | ServeError) -> None:
+    def _settle(pending: Pending, result: Result | ServeError) -> None:
         if pending.future.done():  # the client went away
             return
         if isinstance(result, BaseException):

@@ -1,6 +1,6 @@
 """Pure functions of dynamic batching: merge the inputs of several requests into one batch along the
 batch dimension, and split the batch's outputs back, each request getting exactly its share. No queue,
-no clock, no model: the scheduler (batcher.py) decides *which* requests go together; this decides *how*.
+no clock, no model: the queue (batch_queue.py) decides *which* requests go together; this decides *how*.
 """
 
 from __future__ import annotations
