@@ -244,14 +244,20 @@ def test_past_4096_distinct_callers_ids_are_forgotten_and_every_line_stays_right
 
 def test_a_full_ring_drops_and_counts_then_takes_records_again(tmp_path):
     log = AuditLog(tmp_path / "audit.jsonl", max_pending=8, batch_s=3600.0)  # only a flush reads the ring
-    for i in range(20):
-        _record(log, i)  # one slot is the define of (k1, address, ...): 7 records fit
-    assert log.dropped == 13
+    for i in range(6):
+        _record(log, i)  # 7 slots: the define of (k1, address, ...), then the records
+    log.record("other", "k2", "c", "m", "1", "http", 200, 0.0, 0, 0)  # a define and its record: 1 slot left
+    assert log.dropped == 1
+    _record(log, 6)  # the last slot
+    _record(log, 7)
+    assert log.dropped == 2
     assert log.flush()
-    _record(log, 99)
+    log.record("r99", "k2", "c", "m", "1", "http", 200, 0.0, 0, 0)
     assert log.flush()
-    assert [x["request_id"] for x in _lines(tmp_path / "audit.jsonl")] == [f"r{i}" for i in range(7)] + ["r99"]
-    assert log.written == 8 and log.dropped == 13
+    lines = _lines(tmp_path / "audit.jsonl")
+    assert [x["request_id"] for x in lines] == [f"r{i}" for i in range(7)] + ["r99"]
+    assert [x["key_id"] for x in lines] == ["k1"] * 7 + ["k2"]
+    assert log.written == 8 and log.dropped == 2
     log.close()
     _record(log, 100)  # after close: dropped, counted, never raised
-    assert log.dropped == 14 and log.written == 8
+    assert log.dropped == 3 and log.written == 8
