@@ -261,3 +261,16 @@ def test_a_full_ring_drops_and_counts_then_takes_records_again(tmp_path):
     log.close()
     _record(log, 100)  # after close: dropped, counted, never raised
     assert log.dropped == 3 and log.written == 8
+
+
+def test_records_across_the_rings_end_are_read_in_one_pass(tmp_path):
+    log = AuditLog(tmp_path / "audit.jsonl", max_pending=16, batch_s=3600.0)  # only a flush reads the ring
+    for i in range(10):
+        _record(log, i)  # the define and r0..r9: slots 0-10
+    assert log.flush()
+    for i in range(10, 25):
+        _record(log, i)  # slots 11-15, then 0-9: one read crosses the end
+    assert log.flush()
+    assert [x["request_id"] for x in _lines(tmp_path / "audit.jsonl")] == [f"r{i}" for i in range(25)]
+    assert log.written == 25 and log.dropped == 0
+    log.close()

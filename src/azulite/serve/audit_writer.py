@@ -95,42 +95,47 @@ class Writer:
 
     def drain(self) -> None:
         """Format and write every record packed so far, then publish how far this process read."""
-        buf, mask, r = self._map, self._mask, self._read
-        unpack, seq_of = SLOT.unpack_from, SEQ.unpack_from
+        mask, r = self._mask, self._read
         offset = time.time() - time.perf_counter()  # the server's perf_counter is this clock (monotonic)
         lines = []
         append = lines.append
         middles, own = self._middles, self._own_template
         errors = 0
-        while True:
-            at = HEADER + (r & mask) * 128
-            if seq_of(buf, at + SEQ_AT)[0] != r + 1:
-                break
-            t, latency, n_in, n_out, ident, kind, rid, _ = unpack(buf, at)
-            r += 1
-            middle = middles.get(ident)
-            if kind >= DEFINE_MORE:
-                self._define += rid
-                if kind == DEFINE_END:
-                    self._defined(ident)
-                continue
-            if middle is None:  # a define that could not be read: the line is lost, counted
-                errors += 1
-                continue
-            if kind == NO_RID:
-                n = self._next_id
-                self._next_id = n + 1
-                append(own % (t + offset, n, middle, latency * 1000.0, n_in, n_out))
-            else:
-                text = rid.decode("utf-8", "replace")
-                if kind == RID_CUT:
-                    text += CUT_MARK
-                append(_TEMPLATE % (t + offset, _str(text), middle, latency * 1000.0, n_in, n_out))
+        with memoryview(self._map) as view:
+            while True:
+                # the slots from r to the ring's end, unpacked lazily (one C iterator: no call per slot)
+                start, wrapped = r & mask, True
+                for t, latency, n_in, n_out, ident, kind, rid, seq in SLOT.iter_unpack(
+                        view[HEADER + start * SLOT.size:]):
+                    if seq != r + 1:  # not (fully) written yet: the end of what there is
+                        wrapped = False
+                        break
+                    r += 1
+                    if kind >= DEFINE_MORE:
+                        self._define += rid
+                        if kind == DEFINE_END:
+                            self._defined(ident)
+                        continue
+                    middle = middles.get(ident)
+                    if middle is None:  # a define that could not be read: the line is lost, counted
+                        errors += 1
+                        continue
+                    if kind == NO_RID:
+                        n = self._next_id
+                        self._next_id = n + 1
+                        append(own % (t + offset, n, middle, latency * 1000.0, n_in, n_out))
+                    else:
+                        text = rid.decode("utf-8", "replace")
+                        if kind == RID_CUT:
+                            text += CUT_MARK
+                        append(_TEMPLATE % (t + offset, _str(text), middle, latency * 1000.0, n_in, n_out))
+                if not wrapped or r & mask:  # stopped at an unwritten slot (or an empty ring)
+                    break
         self.write_errors += errors
         if lines:
             self._write(lines)
         self._read = r
-        COUNTS.pack_into(buf, 0, r, self.written, self.write_errors)
+        COUNTS.pack_into(self._map, 0, r, self.written, self.write_errors)
 
     def _defined(self, ident: int) -> None:
         data, self._define = bytes(self._define), bytearray()
