@@ -102,6 +102,7 @@ class AuditLog:
         self._final: tuple[int, int, int] | None = None  # the writer's counts, kept at close
         self._w = 0  # the next record's index (its sequence is w + 1)
         self._limit = 0  # records up to here fit without looking at the writer's progress again
+        self._refused = 0  # records the full ring refused in a row, less or more: when to look at the writer
         self._ids: dict[tuple, int] = {}  # the fields a client repeats -> their defined id
         self._next_id = 1
         self._forget = False  # ids were forgotten: the writer must be told before the next define
@@ -165,17 +166,22 @@ class AuditLog:
         return ident
 
     def _fits(self, need: int) -> bool:
-        """Whether ``need`` more slots are free: the writer's read index looked at (and the writer
-        started again if it died) only when the last look's room is used up."""
+        """Whether ``need`` more slots are free: the writer's read index looked at only when the last
+        look's room is used up, and the writer's life then (at most every 4096 records; while the ring
+        is full, every 1024th refusal): a dead writer holds the ring up, so its successor is started,
+        and goes on from its read index."""
         w = self._w
         if w + need <= self._limit:
             return True
         read = COUNTS.unpack_from(self._buf, 0)[0]
-        if self._proc is None or self._proc.poll() is not None:
-            self._restart()  # a dead writer holds the ring up: its successor goes on from its read index
         if w - read + need > self.max_pending:
             self._limit = 0
+            self._refused += 1
+            if self._refused & 1023 == 1 and (self._proc is None or self._proc.poll() is not None):
+                self._restart()
             return False
+        if self._proc is None or self._proc.poll() is not None:
+            self._restart()
         self._limit = min(read + self.max_pending, w + _CHECK_EVERY)
         return True
 
