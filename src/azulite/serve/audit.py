@@ -46,6 +46,7 @@ import sys
 import tempfile
 import threading
 import time
+from struct import error as StructError
 from pathlib import Path
 
 from azulite.serve.audit_writer import (COUNTS, DEFINE_END, DEFINE_MORE, FRAME, HEADER, NO_RID, RID, RID_CUT,
@@ -125,14 +126,18 @@ class AuditLog:
             if ident is None:
                 return
             w = self._w
-        if request_id is None:
-            _pack(self._buf, HEADER + ((w & self._mask) << 7), _now(), latency_s, bytes_in, bytes_out, ident,
-                  NO_RID, b"", w + 1)
-        else:
-            if type(request_id) is not bytes:
-                request_id = str(request_id).encode("utf-8", "replace")
-            _pack(self._buf, HEADER + ((w & self._mask) << 7), _now(), latency_s, bytes_in, bytes_out, ident,
-                  RID if len(request_id) <= RID_MAX else RID_CUT, request_id, w + 1)
+        try:  # (free in 3.11 when nothing is raised)
+            if request_id is None:
+                _pack(self._buf, HEADER + ((w & self._mask) << 7), _now(), latency_s, bytes_in, bytes_out, ident,
+                      NO_RID, b"", w + 1)
+            else:
+                if type(request_id) is not bytes:
+                    request_id = str(request_id).encode("utf-8", "replace")
+                _pack(self._buf, HEADER + ((w & self._mask) << 7), _now(), latency_s, bytes_in, bytes_out, ident,
+                      RID if len(request_id) <= RID_MAX else RID_CUT, request_id, w + 1)
+        except (StructError, TypeError, ValueError):  # a value the slot cannot hold: that line is lost, counted
+            self._lost += 1
+            return
         self._w = w + 1
 
     def _room(self, who: tuple, ident: int | None) -> int | None:
