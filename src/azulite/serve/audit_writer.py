@@ -101,6 +101,7 @@ class Writer:
         append = lines.append
         middles, own = self._middles, self._own_template
         errors = 0
+        next_id = self._next_id
         with memoryview(self._map) as view:
             while True:
                 # the slots from r to the ring's end, unpacked lazily (one C iterator: no call per slot)
@@ -121,9 +122,8 @@ class Writer:
                         errors += 1
                         continue
                     if kind == NO_RID:
-                        n = self._next_id
-                        self._next_id = n + 1
-                        append(own % (t + offset, n, middle, latency * 1000.0, n_in, n_out))
+                        append(own % (t + offset, next_id, middle, latency * 1000.0, n_in, n_out))
+                        next_id += 1
                     else:
                         text = rid.decode("utf-8", "replace")
                         if kind == RID_CUT:
@@ -131,6 +131,7 @@ class Writer:
                         append(_TEMPLATE % (t + offset, _str(text), middle, latency * 1000.0, n_in, n_out))
                 if not wrapped or r & mask:  # stopped at an unwritten slot (or an empty ring)
                     break
+        self._next_id = next_id
         self.write_errors += errors
         if lines:
             self._write(lines)
