@@ -63,9 +63,10 @@ def test_hostile_strings_stay_one_json_line_and_ids_are_assigned(tmp_path):
     assert first["request_id"] != second["request_id"] and first["latency_ms"] == 500.0
     log.record("r", None, "c", "m", "", "grpc", "OK", 0.5, None, 0)  # a size no slot holds: lost, counted
     log.record("r", None, "c", "m", "", "grpc", "OK", 0.5, 1 << 70, 0)
+    log.record(None, None, "c", ["m"], "", "grpc", "OK", 0.5, 3, 4)
     log.record(None, None, "c", "m", "", "grpc", "OK", 0.5, 3, 4)
     assert log.flush()
-    assert log.write_errors == 2 and log.written == 3
+    assert log.write_errors == 3 and log.written == 3
     log.close()
 
 

@@ -119,7 +119,11 @@ class AuditLog:
         """Pack one line's values into the ring (positional, in FIELDS order, for speed: this runs on every
         request). A request_id of None gets the server's own id, assigned by the writer."""
         who = (key_id, client, model, version, protocol, status)
-        ident = self._ids.get(who)
+        try:
+            ident = self._ids.get(who)
+        except TypeError:  # a caller's unhashable value: that line is lost, counted
+            self._lost += 1
+            return
         w = self._w
         if ident is None or w >= self._limit:
             ident = self._room(who, ident)
