@@ -61,6 +61,12 @@ def test_hostile_strings_stay_one_json_line_and_ids_are_assigned(tmp_path):
     first, second = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
     assert first["model"] == 'model"\n\u2028}{' and first["key_id"] is None and first["status"] == "INVALID_ARGUMENT"
     assert first["request_id"] != second["request_id"] and first["latency_ms"] == 500.0
+    log.record("r", None, "c", "m", "", "grpc", "OK", 0.5, None, 0)  # a size no slot holds: lost, counted
+    log.record("r", None, "c", "m", "", "grpc", "OK", 0.5, 1 << 70, 0)
+    log.record(None, None, "c", ["m"], "", "grpc", "OK", 0.5, 3, 4)
+    log.record(None, None, "c", "m", "", "grpc", "OK", 0.5, 3, 4)
+    assert log.flush()
+    assert log.write_errors == 3 and log.written == 3
     log.close()
 
 
@@ -167,3 +173,110 @@ def test_the_writer_exits_when_the_server_is_killed(tmp_path):
         time.sleep(0.05)  # polling the condition (no event crosses from an orphan); not a timed assertion
     assert _gone(writer), "the audit writer outlived its server"
     assert json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[0])["request_id"] == "r0"
+
+
+def _lines(path) -> list[dict]:
+    return [json.loads(x) for x in path.read_text().splitlines()]
+
+
+def test_a_server_killed_loses_nothing_it_had_recorded(tmp_path):
+    """SIGKILL of the server before the writer's timer ever fired: the writer holds the ring's memory,
+    sees its stdin close, and still writes every record packed into it."""
+    import signal
+
+    script = textwrap.dedent(f"""
+        import sys
+        from azulite.serve.audit import AuditLog
+        log = AuditLog({str(tmp_path / "audit.jsonl")!r}, batch_s=3600.0)  # the timer never fires
+        for i in range(3000):
+            log.record(f"r{{i}}", "k1", f"c{{i % 7}}", "m", "1", "http", 200, 0.001, 10, 20)
+        print(log._proc.pid, flush=True)
+        sys.stdin.read()  # until killed
+    """)
+    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            env={**os.environ})
+    try:
+        writer = int(proc.stdout.readline())
+        proc.send_signal(signal.SIGKILL)
+        proc.wait(60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(60)
+    import time
+    deadline = time.monotonic() + 60  # a safety net only: the writer exits once it has written the ring
+    while not _gone(writer) and time.monotonic() < deadline:
+        time.sleep(0.05)  # polling the condition (no event crosses from an orphan); not a timed assertion
+    assert _gone(writer)
+    lines = _lines(tmp_path / "audit.jsonl")
+    assert [x["request_id"] for x in lines] == [f"r{i}" for i in range(3000)]
+    assert [x["client"] for x in lines[:8]] == [f"c{i % 7}" for i in range(8)]
+
+
+def test_long_request_ids_are_cut_and_marked_and_bytes_ids_taken(tmp_path):
+    from azulite.serve.audit_writer import CUT_MARK, RID_MAX
+
+    log = AuditLog(tmp_path / "audit.jsonl")
+    exact, long = "x" * RID_MAX, "é" * RID_MAX  # two bytes a character: cut inside one is replaced, not raised
+    log.record(exact, None, "c", "m", "", "http", 200, 0.0, 0, 0)
+    log.record(long, None, "c", "m", "", "http", 200, 0.0, 0, 0)
+    log.record(b"raw-header-id", None, "c", "m", "", "http", 200, 0.0, 0, 0)
+    assert log.flush()
+    first, second, third = _lines(tmp_path / "audit.jsonl")
+    assert first["request_id"] == exact
+    assert second["request_id"].endswith(CUT_MARK) and second["request_id"].startswith("é" * (RID_MAX // 2 - 1))
+    assert third["request_id"] == "raw-header-id"
+    log.close()
+
+
+def test_past_4096_distinct_callers_ids_are_forgotten_and_every_line_stays_right(tmp_path):
+    """Each distinct (key, client, model, version, protocol, status) is defined once in the ring; past
+    4096 the server forgets them and tells the writer, and defines them again."""
+    log = AuditLog(tmp_path / "audit.jsonl", max_pending=1 << 16)
+    n = 5000
+    for round_ in range(2):
+        for i in range(n):
+            log.record(f"{round_}-{i}", f"k{i}", f"10.0.0.{i % 250}:{i}", f"model-{i % 3}", "1", "grpc",
+                       "OK" if i % 2 else 200, 0.002, i, 2 * i)
+    assert log.flush()
+    lines = _lines(tmp_path / "audit.jsonl")
+    assert len(lines) == 2 * n and log.written == 2 * n and log.dropped == 0 and log.write_errors == 0
+    for j, x in enumerate(lines):
+        i = j % n
+        assert (x["request_id"], x["key_id"], x["client"], x["model"], x["status"], x["bytes_out"]) == (
+            f"{j // n}-{i}", f"k{i}", f"10.0.0.{i % 250}:{i}", f"model-{i % 3}", "OK" if i % 2 else 200, 2 * i)
+    log.close()
+
+
+def test_a_full_ring_drops_and_counts_then_takes_records_again(tmp_path):
+    log = AuditLog(tmp_path / "audit.jsonl", max_pending=8, batch_s=3600.0)  # only a flush reads the ring
+    for i in range(6):
+        _record(log, i)  # 7 slots: the define of (k1, address, ...), then the records
+    log.record("other", "k2", "c", "m", "1", "http", 200, 0.0, 0, 0)  # a define and its record: 1 slot left
+    assert log.dropped == 1
+    _record(log, 6)  # the last slot
+    _record(log, 7)
+    assert log.dropped == 2
+    assert log.flush()
+    log.record("r99", "k2", "c", "m", "1", "http", 200, 0.0, 0, 0)
+    assert log.flush()
+    lines = _lines(tmp_path / "audit.jsonl")
+    assert [x["request_id"] for x in lines] == [f"r{i}" for i in range(7)] + ["r99"]
+    assert [x["key_id"] for x in lines] == ["k1"] * 7 + ["k2"]
+    assert log.written == 8 and log.dropped == 2
+    log.close()
+    _record(log, 100)  # after close: dropped, counted, never raised
+    assert log.dropped == 3 and log.written == 8
+
+
+def test_records_across_the_rings_end_are_read_in_one_pass(tmp_path):
+    log = AuditLog(tmp_path / "audit.jsonl", max_pending=16, batch_s=3600.0)  # only a flush reads the ring
+    for i in range(10):
+        _record(log, i)  # the define and r0..r9: slots 0-10
+    assert log.flush()
+    for i in range(10, 25):
+        _record(log, i)  # slots 11-15, then 0-9: one read crosses the end
+    assert log.flush()
+    assert [x["request_id"] for x in _lines(tmp_path / "audit.jsonl")] == [f"r{i}" for i in range(25)]
+    assert log.written == 25 and log.dropped == 0
+    log.close()

@@ -393,6 +393,8 @@ def test_audit_log_records_requests_without_secrets(server, stub, keys):
     # the sizes on the wire (on the h2 transport, read from the call instead of asking protobuf)
     assert (grpc_line["bytes_in"], grpc_line["bytes_out"]) == (request.ByteSize(), answer.ByteSize())
     assert grpc_line["bytes_out"] > 0 and grpc_line["status"] == "OK"
+    assert (grpc_line["key_id"], grpc_line["model"], grpc_line["protocol"]) == (onnx_id, "add_sub_onnx", "grpc")
+    assert grpc_line["client"] and grpc_line["latency_ms"] > 0
     assert any(x["status"] == 401 and x["key_id"] is None for x in lines)
     assert any(x["protocol"] == "grpc" and x["status"] == "UNAUTHENTICATED" for x in lines), [x for x in lines if x["protocol"] == "grpc"]
     metrics = raw_metrics(server)

@@ -1,17 +1,31 @@
-"""The audit log's writer process: it turns the server's batches of raw request records into JSON lines,
-rotates the file by size and writes it, so that none of this runs under the server's GIL.
+"""The audit log's writer process: it reads the server's raw request records from a shared-memory ring
+(serve/audit.py packs them), turns them into JSON lines, rotates the file by size and writes it, so that
+none of this runs under the server's GIL or on its cores' request path.
 
 Why a process and not a thread: a thread formatting and writing ~2 µs a line takes that time from the
-event loop (one GIL), the guarded request's largest cost after its checks. The server's side
-(serve/audit.py) hands a batch over as one ``marshal`` blob (C speed, ~0.1-0.2 µs a line) in one pipe
-write and reads back one acknowledgement per batch: ``<QQ`` lines written, lines lost to a failed write.
+event loop (one GIL), and even a thread that only hands batches over wakes beside the loop and contends
+for the GIL (measured at stop 23: half of the guard's cost). The server does no I/O per record and runs no
+thread: it packs one record into the ring (one ``struct.pack_into``); this process reads the ring on its
+own timer (every ``batch_s``), and at once when the server asks (flush, close).
 
-Run as ``python -m azulite.serve.audit_writer PATH MAX_BYTES BACKUPS LOCK BOOT`` with the batches on
-stdin (frames: ``<I`` length, then ``marshal.dumps((wall_offset, records))``) and the acknowledgements on
-stdout. It ignores SIGINT and SIGTERM (a terminal's Ctrl-C or a signal to the whole process group must
-not end it before the server has handed over its last lines) and exits when its stdin closes: the
-server's close(), or the server's death, SIGKILL included. What it has received is then still written;
-what the server had not yet handed over (at most one batch interval) is lost with the server.
+The ring (:data:`HEADER` bytes, then fixed :data:`SLOT` slots, a power of two of them): the header holds
+what this process writes (how far it read, lines written, lines lost to a failed write); slot ``i % n``
+holds record ``i`` with ``i + 1`` in its last 8 bytes, written last (``pack_into`` stores the fields in
+order, and x86-64 keeps stores in order), so a slot whose sequence is not the one expected is not yet
+(fully) written and the reading stops there. The server never writes a slot this process has not read
+(it compares with the header's read index). The fields a client repeats request after request (key,
+address, model, version, protocol, status) travel once, as a "define" of a small id spread over as many
+slots as it needs; a record carries the id. A request id longer than :data:`RID_MAX` bytes is cut, and
+the line says so.
+
+Run as ``python -m azulite.serve.audit_writer PATH MAX_BYTES BACKUPS LOCK BOOT RING_FD BATCH_S`` with the
+ring's file descriptor inherited. Its stdin is the server's: a byte ``F`` asks for a read now, answered
+with one byte ``A`` on stdout once every record written before it is in the file (or counted lost). It
+starts by reading, as ``<I`` length then ``marshal``, the ids (define id -> fields) the server has already
+defined, which a predecessor that died may have read from the ring and taken with it. It
+ignores SIGINT and SIGTERM (a signal to the whole process group must not end it before the server has
+closed) and exits when its stdin closes — the server's close(), or the server's death, SIGKILL included —
+after reading the ring one last time: every record the server had packed is still written.
 """
 
 from __future__ import annotations
@@ -20,17 +34,34 @@ import fcntl
 import json
 import logging.handlers
 import marshal
+import mmap
 import os
+import select
 import signal
 import struct
 import sys
+import time
 from pathlib import Path
 
-#: a line: time, request id, the cached middle (key ... status), latency, sizes
-_TEMPLATE = '{"time":%.6f,"request_id":%s,%s"latency_ms":%.3f,"bytes_in":%d,"bytes_out":%d}'
-_str = json.encoder.encode_basestring_ascii  # C: a JSON string literal, quotes included
+#: time (perf_counter), latency (s), bytes in, bytes out, define id, kind, request id (or a define's
+#: bytes), sequence: 128 bytes
+SLOT = struct.Struct("<ddqqIB83pQ")
+SEQ = struct.Struct("<Q")
+SEQ_AT = SLOT.size - SEQ.size
+#: read index, lines written, lines lost to a failed write (this process writes them)
+COUNTS = struct.Struct("<QQQ")
+HEADER = 128
 FRAME = struct.Struct("<I")
-ACK = struct.Struct("<QQ")
+RID_MAX = 82  # what the "83p" field holds
+#: slot kinds
+NO_RID, RID, RID_CUT, DEFINE_MORE, DEFINE_END = range(5)
+CUT_MARK = "...(truncated)"
+assert SLOT.size == 128 and SEQ_AT % 8 == 0
+
+#: a line: time, request id, the cached middle (key ... status), latency, sizes
+#: bytes, written to the file's binary layer: ~25% cheaper than str formatting, and nothing to encode
+_TEMPLATE = b'{"time":%.6f,"request_id":%s,%s"latency_ms":%.3f,"bytes_in":%d,"bytes_out":%d}'
+_str = json.encoder.encode_basestring_ascii  # C: a JSON string literal, quotes included
 
 
 class Writer:
@@ -50,49 +81,86 @@ class Writer:
         # the standard library's rotation (renames, backup count); lines are written in batches below
         self._handler = logging.handlers.RotatingFileHandler(str(self.path), maxBytes=max_bytes, backupCount=backups,
                                                              delay=True, encoding="utf-8")
-        self._middles: dict[tuple, str] = {}  # (key, client, model, version, protocol, status) -> JSON
+        self._middles: dict[int, bytes] = {}  # define id -> b'"key_id":...,"status":...,'
+        self._define = bytearray()  # a define's bytes read so far (it may span slots)
         self._next_id = 1
         # hex and digits: nothing to escape
-        self._own_template = _TEMPLATE.replace('"request_id":%s', f'"request_id":"{boot}-%d"')
+        self._own_template = _TEMPLATE.replace(b'"request_id":%s', f'"request_id":"{boot}-%d"'.encode("ascii"))
 
-    def batch(self, offset: float, records: list) -> None:
-        """``offset``: wall-clock time minus the server's perf_counter when the batch was handed over
-        (records carry perf_counter times: the request path reads one clock, not two)."""
+    # --- the ring ------------------------------------------------------------------------------------
+
+    def attach(self, fd: int) -> None:
+        self._map = mmap.mmap(fd, os.fstat(fd).st_size)
+        self._mask = (len(self._map) - HEADER) // SLOT.size - 1
+        self._read, self.written, self.write_errors = COUNTS.unpack_from(self._map, 0)  # a predecessor's
+
+    def drain(self) -> None:
+        """Format and write every record packed so far, then publish how far this process read."""
+        mask, r = self._mask, self._read
+        offset = time.time() - time.perf_counter()  # the server's perf_counter is this clock (monotonic)
         lines = []
-        line = self._line
-        for item in records:
-            try:
-                lines.append(line(item, offset))
-            except (TypeError, ValueError, IndexError):
-                self.write_errors += 1
+        append = lines.append
+        middles, own = self._middles, self._own_template
+        errors = 0
+        next_id = self._next_id
+        with memoryview(self._map) as view:
+            while True:
+                # the slots from r to the ring's end, unpacked lazily (one C iterator: no call per slot)
+                start, wrapped = r & mask, True
+                for t, latency, n_in, n_out, ident, kind, rid, seq in SLOT.iter_unpack(
+                        view[HEADER + start * SLOT.size:]):
+                    if seq != r + 1:  # not (fully) written yet: the end of what there is
+                        wrapped = False
+                        break
+                    r += 1
+                    if kind >= DEFINE_MORE:
+                        self._define += rid
+                        if kind == DEFINE_END:
+                            self._defined(ident)
+                        continue
+                    middle = middles.get(ident)
+                    if middle is None:  # a define that could not be read: the line is lost, counted
+                        errors += 1
+                        continue
+                    if kind == NO_RID:
+                        append(own % (t + offset, next_id, middle, latency * 1000.0, n_in, n_out))
+                        next_id += 1
+                    else:
+                        text = rid.decode("utf-8", "replace")
+                        if kind == RID_CUT:
+                            text += CUT_MARK
+                        append(_TEMPLATE % (t + offset, _str(text).encode("ascii"), middle, latency * 1000.0, n_in,
+                                             n_out))
+                if not wrapped or r & mask:  # stopped at an unwritten slot (or an empty ring)
+                    break
+        self._next_id = next_id
+        self.write_errors += errors
         if lines:
             self._write(lines)
+        self._read = r
+        COUNTS.pack_into(self._map, 0, r, self.written, self.write_errors)
 
-    def _line(self, item: tuple, offset: float) -> str:
-        """One JSON object by template: ~3x faster than json.dumps of a dict (strings still go through
-        json's own C escaper, so a hostile model name or request id cannot break the line). The fields
-        a client repeats request after request (key, address, model, version, protocol, status) are
-        escaped once and kept (bounded); a server-assigned request id is a number in the template."""
-        middle = self._middles.get(item[2:8])
-        if middle is None:
-            middle = self._middle(item[2:8])
-        rid = item[1]
-        if rid is None:
-            n = self._next_id
-            self._next_id = n + 1
-            return self._own_template % (item[0] + offset, n, middle, item[8] * 1000.0, item[9], item[10])
-        return _TEMPLATE % (item[0] + offset, _str(rid), middle, item[8] * 1000.0, item[9], item[10])
-
-    def _middle(self, who: tuple) -> str:
-        key, client, model, version, protocol, status = who
-        if len(self._middles) >= 4096:
+    def _defined(self, ident: int) -> None:
+        data, self._define = bytes(self._define), bytearray()
+        try:
+            who = marshal.loads(data)
+        except (ValueError, EOFError, TypeError):
+            return
+        if who is None:  # the server forgot its ids: no record read from here on uses an older one
             self._middles.clear()
-        middle = self._middles[who] = '"key_id":%s,"client":%s,"model":%s,"version":%s,"protocol":%s,"status":%s,' % (
-            "null" if key is None else _str(key), _str(client), _str(model), _str(version), _str(protocol),
-            status if isinstance(status, int) else _str(status))
-        return middle
+            return
+        self.define(ident, who)
 
-    def _write(self, lines: list[str]) -> None:
+    def define(self, ident: int, who: tuple) -> None:
+        key, client, model, version, protocol, status = who
+        middle = '"key_id":%s,"client":%s,"model":%s,"version":%s,"protocol":%s,"status":%s,' % (
+            "null" if key is None else _str(key), _str(client), _str(model), _str(version), _str(protocol),
+            status if type(status) is int else _str(str(status)))
+        self._middles[ident] = middle.encode("ascii")  # escaped: ASCII only
+
+    # --- the file ------------------------------------------------------------------------------------
+
+    def _write(self, lines: list[bytes]) -> None:
         if self._lock_fd is None:
             self._append(lines)
             return
@@ -116,7 +184,7 @@ class Writer:
         except (OSError, ValueError):
             return False
 
-    def _append(self, lines: list[str]) -> None:
+    def _append(self, lines: list[bytes]) -> None:
         """Append the lines, rotating (RotatingFileHandler's naming: audit.log.1, .2 ...) whenever the next
         line would take the file past max_bytes."""
         h = self._handler
@@ -126,8 +194,9 @@ class Writer:
                 h.stream = h._open()
             size = os.fstat(h.stream.fileno()).st_size  # the file's, other workers' lines included
             if h.maxBytes <= 0 or size + sum(map(len, pending)) + len(pending) <= h.maxBytes:
-                h.stream.write("\n".join(pending) + "\n")  # no rotation due: one write, no per-line loop
-                h.stream.flush()
+                out = h.stream.buffer  # the lines are bytes: the text layer is never written to
+                out.write(b"\n".join(pending) + b"\n")  # no rotation due: one write, no per-line loop
+                out.flush()
                 self.written += len(pending)
                 return
             while pending:
@@ -139,17 +208,17 @@ class Writer:
                     chunk.append(line)
                     used += n
                 if chunk:
-                    h.stream.write("\n".join(chunk) + "\n")
+                    h.stream.buffer.write(b"\n".join(chunk) + b"\n")
                     self.written += len(chunk)
                     pending = pending[len(chunk):]
                     size += used
                 if pending:
-                    h.stream.flush()
+                    h.stream.buffer.flush()
                     h.doRollover()
                     if h.stream is None:  # delay=True: doRollover leaves the new file unopened
                         h.stream = h._open()
                     size = 0
-            h.stream.flush()
+            h.stream.buffer.flush()
         except Exception:  # noqa: BLE001 - the writer must outlive any failure; counted
             self.write_errors += len(pending)
             try:
@@ -180,27 +249,32 @@ def read_exactly(fd: int, n: int) -> bytes:
 def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    path, max_bytes, backups, lock, boot = argv
+    path, max_bytes, backups, lock, boot, ring_fd, batch_s = argv
     writer = Writer(path, int(max_bytes), int(backups), lock or None, boot)
-    inp, out = sys.stdin.fileno(), sys.stdout.fileno()
+    writer.attach(int(ring_fd))
+    inp, out, period = sys.stdin.fileno(), sys.stdout.fileno(), float(batch_s)
+    # first, the ids a predecessor had been told of (records still in the ring may use them)
+    head = read_exactly(inp, FRAME.size)
+    known = read_exactly(inp, FRAME.unpack(head)[0]) if head else b""
+    try:
+        for ident, who in (marshal.loads(known) if known else {}).items():
+            writer.define(ident, who)
+    except (ValueError, EOFError, TypeError):
+        pass  # the lines that use them are counted lost
     try:
         while True:
-            head = read_exactly(inp, FRAME.size)
-            if not head:
+            ready = select.select([inp], [], [], period)[0]
+            if not ready:
+                writer.drain()  # the timer
+                continue
+            asked = os.read(inp, 4096)
+            writer.drain()  # asked, or the server closed: either way every record packed so far
+            if not asked:
                 break  # the server closed the log, or died
-            blob = read_exactly(inp, FRAME.unpack(head)[0])
-            if not blob:
-                break
-            written, errors = writer.written, writer.write_errors
             try:
-                offset, records = marshal.loads(blob)
-                writer.batch(offset, records)
-            except (ValueError, EOFError, TypeError):
-                pass  # not ours: nothing to count it in
-            try:
-                os.write(out, ACK.pack(writer.written - written, writer.write_errors - errors))
+                os.write(out, b"A" * asked.count(b"F"))
             except OSError:
-                pass  # the server is gone: keep writing what is still in the pipe
+                pass  # the server is gone: the EOF follows
     finally:
         writer.close()
     return 0

@@ -35,7 +35,7 @@ from urllib.parse import unquote
 
 from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
 from azulite.serve.audit import AuditLog
-from azulite.serve.keystore import CommitWatch, KeyRecord, KeyStore, check_token, split_token
+from azulite.serve.keystore import WAL_HEADER, CommitWatch, KeyRecord, KeyStore, check_token, split_token
 from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, planned_take, refuse
 from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
 
@@ -125,6 +125,7 @@ class Guard:
         #: moment fills the old one, never the new)
         self._verified: dict[str, tuple[KeyRecord, Principal]] = {}
         self._watch: CommitWatch | None = None
+        self._wal = None  # the key store's mapped WAL-index header (keystore.CommitWatch), under --auth
         self._next_reload = 0.0
         #: (authorization as sent, protocol, category, model) -> the plan of
         #: requests that passed the whole check and need no restricted-API header: a repeat costs one
@@ -143,6 +144,9 @@ class Guard:
                                 fix="create a key (azulite keys create NAME) or pass --key-store FILE")
             self.store = KeyStore(settings.key_store, create=False)
             self._watch = self.store.watch()  # before the first load: a commit in between is seen
+            # the hot paths compare the mapped header with the one last seen themselves (CommitWatch.moved
+            # only when they differ); unmapped, a value never equal to ``seen`` sends every request there
+            self._wal = self._watch.mm if self._watch.mapped else b"\0"
             self._reload()
         self.table: SlotTable | None = None
         if shared_state_dir is None:  # one process: plain dicts, the fastest
@@ -171,6 +175,7 @@ class Guard:
         if self.audit is not None:
             self.audit.close()
         if self._watch is not None:
+            self._wal = b"\0"  # its map closes with it
             self._watch.close()
         if self.store is not None:
             self.store.close()
@@ -230,7 +235,8 @@ class Guard:
             return self._check_and_plan(protocol, category, model, authorization, headers, get_header)
         now = self._monotonic()
         watch = self._watch
-        if watch is not None and (watch.moved() or now >= self._next_reload):
+        if watch is not None and (now >= self._next_reload or self._wal[:WAL_HEADER] != watch.seen) and (
+                watch.moved() or now >= self._next_reload):
             self._next_reload = now + self.settings.reload_interval_s
             plans = self._plans
             self._reload()
@@ -250,7 +256,8 @@ class Guard:
         if hit is not None:
             now = self._monotonic()
             watch = self._watch
-            if watch is not None and (watch.moved() or now >= self._next_reload):
+            if watch is not None and (now >= self._next_reload or self._wal[:WAL_HEADER] != watch.seen) and (
+                    watch.moved() or now >= self._next_reload):
                 self._next_reload = now + self.settings.reload_interval_s
                 self._reload()  # a reload that changed the keys replaced _http_plans: checked in full below
                 hit = self._http_plans.get((authorization, path))

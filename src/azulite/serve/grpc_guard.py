@@ -177,9 +177,13 @@ class GuardedServicer:
             return start, principal, model
 
         def leave(state: tuple, request, context, response, exc: BaseException | None) -> None:
-            if record is not None:
-                audit(state[0], state[1], state[2], request, context, response,
-                      "OK" if exc is None else _code_of(exc))
+            if record is not None:  # audit()'s body, inlined: one frame less on every call
+                principal = state[1]
+                n_in, n_out = _sizes(context, request, response)
+                record((request.id or None) if has_id else None, principal.key_id if principal is not None else None,
+                       context.peer(), getattr(request, audit_model_field) if audit_model_field else state[2],
+                       getattr(request, version_field) if version_field else "", "grpc",
+                       "OK" if exc is None else _code_of(exc), _perf() - state[0], n_in, n_out)
 
         def audit(start: float, principal: Principal | None, model: str, request, context, response,
                   status: str) -> None:

@@ -156,7 +156,7 @@ class HttpApp:
                        client: str) -> Reply:
         """Keys, restricted APIs and limits before the route; the audit line after it. A request like
         one that passed before costs one lookup (route and plan together, Guard.check_http), the limits'
-        closure and one list append (AuditLog.record)."""
+        closure and one record packed into the audit ring (AuditLog.record)."""
         guard = self.guard
         start = _perf()
         principal = None
@@ -189,7 +189,7 @@ class HttpApp:
         if audit is not None:
             rid = headers.get(b"x-request-id")
             out = reply[2]
-            audit.record(rid.decode("latin-1") if rid else None, principal.key_id if principal is not None else None,
+            audit.record(rid or None, principal.key_id if principal is not None else None,
                          client, model, version, "http", reply[0], _perf() - start, len(body),
                          len(out) if type(out) is bytes else 0 if is_stream(out) else len(out))
         return reply

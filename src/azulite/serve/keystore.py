@@ -225,7 +225,7 @@ def check_token(record: KeyRecord, secret: str) -> bool:
     return hmac.compare_digest(record.digest, digest(record.salt, secret))
 
 
-_WAL_HEADER = 48  # the first copy of the WAL-index header (sqlite.org/walformat.html, "the WAL-index header")
+WAL_HEADER = 48  # the first copy of the WAL-index header (sqlite.org/walformat.html, "the WAL-index header")
 
 
 class CommitWatch:
@@ -241,36 +241,38 @@ class CommitWatch:
     store is not in WAL mode or the file cannot be mapped, :meth:`moved` always answers True (ask SQLite
     every request: correct, slower)."""
 
-    __slots__ = ("_mm", "_seen")
+    #: ``mm``: the mapped header (None when unmapped); ``seen``: the header as :meth:`moved` last read it. A
+    #: hot path may compare ``mm[:48] != seen`` itself (one frame less) and call :meth:`moved` when they differ
+    __slots__ = ("mm", "seen")
 
     def __init__(self, store_path: Path | None) -> None:
-        self._mm: mmap.mmap | None = None
+        self.mm: mmap.mmap | None = None
         if store_path is not None:
             try:
                 fd = os.open(f"{store_path}-shm", os.O_RDONLY | os.O_CLOEXEC)
                 try:
-                    self._mm = mmap.mmap(fd, _WAL_HEADER, access=mmap.ACCESS_READ)
+                    self.mm = mmap.mmap(fd, WAL_HEADER, access=mmap.ACCESS_READ)
                 finally:
                     os.close(fd)
             except (OSError, ValueError):  # gone, or shorter than the header: SQLite answers instead
-                self._mm = None
-        self._seen = self._mm[:_WAL_HEADER] if self._mm is not None else b""
+                self.mm = None
+        self.seen = self.mm[:WAL_HEADER] if self.mm is not None else b""
 
     @property
     def mapped(self) -> bool:
-        return self._mm is not None
+        return self.mm is not None
 
     def moved(self) -> bool:
-        mm = self._mm
+        mm = self.mm
         if mm is None:
             return True
-        head = mm[:_WAL_HEADER]
-        if head == self._seen:
+        head = mm[:WAL_HEADER]
+        if head == self.seen:
             return False
-        self._seen = head  # before the caller reloads: a commit after this read moves it again
+        self.seen = head  # before the caller reloads: a commit after this read moves it again
         return True
 
     def close(self) -> None:
-        if self._mm is not None:
-            self._mm.close()
-            self._mm = None
+        if self.mm is not None:
+            self.mm.close()
+            self.mm = None
