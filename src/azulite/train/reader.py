@@ -13,7 +13,7 @@ copy and no allocation per tensor.
 
 Ranks on one host that read the very same file (same boot, same inode: a DDP restore, where every rank
 loads the whole checkpoint) share its hashing: each such file is hashed by one of them, chosen so the
-bytes hashed split evenly, and the others only copy it; they agree on every file's verdict (a collective)
+bytes hashed split evenly (:mod:`azulite.train.hash_split`), and the others only copy it; they agree on every file's verdict (a collective)
 before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
 
 Verification: a file's digest is checked when its last byte is read, and only once every file this
