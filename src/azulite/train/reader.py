@@ -13,8 +13,8 @@ copy and no allocation per tensor.
 
 Ranks on one host that read the very same file (same boot, same inode: a DDP restore, where every rank
 loads the whole checkpoint) share its hashing: each such file is hashed by one of them, chosen so the
-bytes hashed split evenly (:mod:`azulite.train.hash_split`), and the others only copy it; they agree on every file's verdict (a collective)
-before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
+bytes hashed split evenly (:mod:`azulite.train.hash_split`), and the others only copy it; they agree on
+every file's verdict (a collective) before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
 
 Verification: a file's digest is checked when its last byte is read, and only once every file this
 rank read matched (here or where it was hashed) are the objects built from the kept bytes (optimizer step counts, RNG states, any tensor
@@ -347,16 +347,6 @@ class VerifyingReader(FileSystemReader):
         runs while the disk brings the next."""
         algorithm = digest.algorithm_of(fp.want)
         h = digest.new(algorithm) if verify else None
-        self._copy_all(f, heads, fp, reqs, targets, size, h)
-        if h is None:
-            return
-        got = h.hexdigest()
-        self.hashed_bytes += size
-        if got != fp.want[algorithm]:
-            raise mismatch(fp.name, got, size, fp.want, self._where)
-
-    def _copy_all(self, f: Any, heads: Any, fp: _FilePlan, reqs: list[Any], targets: Mapping[int, torch.Tensor],
-                  size: int, h: Any) -> None:
         prefetch = self._prefetch
         # a record that several requests read (parts of one saved chunk into different targets) is kept
         # whole and loaded after verification; any other tensor record is read in place
@@ -403,6 +393,12 @@ class VerifyingReader(FileSystemReader):
             gap = bytearray(size - pos)
             fill(memoryview(gap), pos)
             fp.kept.append((pos, gap))
+        if h is None:
+            return
+        self.hashed_bytes += size
+        got = h.hexdigest()
+        if got != fp.want[algorithm]:
+            raise mismatch(fp.name, got, size, fp.want, self._where)
 
     # -- after verification, on the caller's thread --------------------------------------------------------
     def _load_kept(self, fp: _FilePlan, req: Any, planner: Any) -> None:
