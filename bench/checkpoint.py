@@ -162,13 +162,18 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
             reads[name].append(r1 - r0)
 
     first_read: list[float] = []  # ms from load_latest's start to the disk's first request (rank 0)
-    for _ in range(args.repeat):
+    def restore_cold() -> None:
         measure("restore_cold", ckpt_bytes, ck.load_latest, before=evict(list(step_path.iterdir())))
         if "first_read_s" in ck.last_restore:
             first_read.append(ck.last_restore["first_read_s"] * 1e3)
-        measure("torch_load_cold", plain_bytes, tload, before=evict([plain]))
-        measure("restore", ckpt_bytes, ck.load_latest)
-        measure("torch_load", plain_bytes, tload)
+
+    for i in range(args.repeat):
+        # each pair in turn goes first: what ran just before (the other side's reads, its writeback, the
+        # memory it freed) falls on both sides alike; each side's files are evicted the same way, untimed
+        cold = [restore_cold, lambda: measure("torch_load_cold", plain_bytes, tload, before=evict([plain]))]
+        warm = [lambda: measure("restore", ckpt_bytes, ck.load_latest), lambda: measure("torch_load", plain_bytes, tload)]
+        for fn in (*cold[:: 1 if i % 2 == 0 else -1], *warm[:: 1 if i % 2 == 0 else -1]):
+            fn()
         measure("torch_load_every_rank_cold", plain_bytes, tload_every_rank, before=evict([plain]))
         measure("torch_load_every_rank", plain_bytes, tload_every_rank)
     ck.close()
@@ -369,6 +374,11 @@ def main() -> int:
                    restore_cold_vs_torch_load_every_rank_cold=(res["restore_cold_MBps"]
                                                                / res["torch_load_every_rank_cold_MBps"]),
                    ranks=2, reader_threads=args.threads, load_avg_1m_start=load_start,
+                   # each round's pair, measured back to back: a burst of other load hits both of it
+                   restore_cold_vs_torch_load_cold_each=[round(a / b, 3) for a, b in zip(
+                       res["restore_cold_each_MBps"], res["torch_load_cold_each_MBps"])],
+                   restore_cold_vs_torch_load_cold_paired_median=statistics.median(
+                       a / b for a, b in zip(res["restore_cold_each_MBps"], res["torch_load_cold_each_MBps"])),
                    load_avg_1m_end=os.getloadavg()[0], cpus=os.cpu_count())
         res = {k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}
         print(f"restore {res['restore_MBps']:.0f} MB/s (torch.load {res['torch_load_MBps']:.0f} MB/s); page cache "

@@ -13,8 +13,8 @@ copy and no allocation per tensor.
 
 Ranks on one host that read the very same file (same boot, same inode: a DDP restore, where every rank
 loads the whole checkpoint) share its hashing: each such file is hashed by one of them, chosen so the
-bytes hashed split evenly, and the others only copy it; they agree on every file's verdict (a collective)
-before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
+bytes hashed split evenly (:mod:`azulite.train.hash_split`), and the others only copy it; they agree on
+every file's verdict (a collective) before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
 
 Verification: a file's digest is checked when its last byte is read, and only once every file this
 rank read matched (here or where it was hashed) are the objects built from the kept bytes (optimizer step counts, RNG states, any tensor
@@ -32,10 +32,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import dataclasses
-import functools
 import io
 import os
-import socket
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -55,6 +53,7 @@ from torch.futures import Future as TorchFuture
 from azulite.errors import CheckpointError
 from azulite.train import digest, record
 from azulite.train import prefetch as pf
+from azulite.train.hash_split import HashHere, Identities, assign_hashing, identity
 from azulite.train.restore import IntegrityError, mismatch
 
 #: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
@@ -80,63 +79,6 @@ class _FilePlan:
     direct: list[_Direct] = field(default_factory=list)
     later: list[Any] = field(default_factory=list)  # ReadItems built from kept bytes after verification
     kept: list[tuple[int, bytearray]] = field(default_factory=list)  # (file offset, bytes) between tensors
-
-
-@dataclass(frozen=True)
-class _Identities:
-    """What a rank's local plan carries to DCP's coordinator (``LoadPlan.storage_data``): the identity of
-    each file it reads (:func:`_identity`; None where its bytes are its own, a Blob download)."""
-
-    files: dict[str, Any]
-
-
-@dataclass(frozen=True)
-class _HashHere:
-    """What the coordinator's global plan hands back to each rank: the files it hashes, of those the
-    coordinator saw it read (``known``); a file the rank reads beyond those it hashes itself."""
-
-    files: frozenset[str]
-    known: frozenset[str]
-
-
-@functools.cache
-def _host() -> tuple[str, str]:
-    try:
-        boot = Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        boot = ""
-    return socket.gethostname(), boot
-
-
-def _identity(path: Path) -> tuple[Any, ...] | None:
-    """What makes two ranks' reads of a path the same bytes: one host (and boot), one inode, unchanged."""
-    try:
-        st = path.stat()
-    except OSError:
-        return None
-    return (*_host(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def assign_hashing(readers_files: list[Mapping[str, Any]], sizes: Mapping[str, int]) -> list[set[str]]:
-    """Which files each rank hashes, given each rank's ``{file: identity}`` (index: the rank in the
-    load's group): every file a rank reads, except those another rank reads from the very same bytes
-    (an equal, non-None identity) and hashes instead. A file's readers share it by size, greedily, so the
-    hashing splits evenly: for DDP, where every rank reads the whole checkpoint, each hashes 1/N of it.
-    A file with no identity (a Blob download, or not there: it fails when read) is hashed by its reader."""
-    readers: dict[tuple[str, Any], list[int]] = {}
-    here: list[set[str]] = [set() for _ in readers_files]
-    for rank, files in enumerate(readers_files):
-        for name, ident in files.items():
-            if ident is None:
-                here[rank].add(name)
-            else:
-                readers.setdefault((name, ident), []).append(rank)
-    load = [0] * len(readers_files)
-    for name, ident in sorted(readers, key=lambda k: (-sizes.get(k[0], 0), k[0], repr(k[1]))):
-        rank = min(readers[(name, ident)], key=lambda r: (load[r], r))
-        load[rank] += sizes.get(name, 0)
-        here[rank].add(name)
-    return here
 
 
 def tensor_memory(t: torch.Tensor) -> memoryview:
@@ -245,19 +187,19 @@ class VerifyingReader(FileSystemReader):
         # the coordinator learns which ranks read the very same files from the plans DCP gathers anyway,
         # and hands each rank the files it hashes with the plan it scatters: no collective of our own
         # before the reads
-        ids = {p.name: (_identity(p) if self._group is not None else None) for p in paths}
-        return dataclasses.replace(super().prepare_local_plan(plan), storage_data=_Identities(ids))
+        ids = {p.name: (identity(p) if self._group is not None else None) for p in paths}
+        return dataclasses.replace(super().prepare_local_plan(plan), storage_data=Identities(ids))
 
     def prepare_global_plan(self, plans: list[Any]) -> list[Any]:
         plans = super().prepare_global_plan(plans)
-        if not all(isinstance(p.storage_data, _Identities) for p in plans):
+        if not all(isinstance(p.storage_data, Identities) for p in plans):
             return plans  # not our local plans (another planner's): every rank hashes what it reads
         sizes = {n: int(e.get("bytes", 0)) for n, e in self._files.items()}
         # the files each global plan reads (a planner may have changed the local plans): one the rank
         # did not name in its local plan has no identity, so that rank hashes it itself
         reads = [{self.storage_data[i.storage_index].relative_path for i in p.items} for p in plans]
         hashers = assign_hashing([{n: p.storage_data.files.get(n) for n in r} for p, r in zip(plans, reads)], sizes)
-        return [dataclasses.replace(p, storage_data=_HashHere(frozenset(h), frozenset(r)))
+        return [dataclasses.replace(p, storage_data=HashHere(frozenset(h), frozenset(r)))
                 for p, h, r in zip(plans, hashers, reads)]
 
     def stop_prefetch(self) -> None:
@@ -278,7 +220,7 @@ class VerifyingReader(FileSystemReader):
         self._stream([fp.path for fp in plans])
         # the files this rank hashes (the coordinator's answer, prepare_global_plan); all it reads when the
         # plan carries none
-        given = plan.storage_data if isinstance(plan.storage_data, _HashHere) else None
+        given = plan.storage_data if isinstance(plan.storage_data, HashHere) else None
         hash_here = {fp.name for fp in plans if given is None or fp.name in given.files or fp.name not in given.known}
         # every rank reaches the collective below whatever happens here: a rank that raised early would
         # leave the others waiting in it
