@@ -68,6 +68,9 @@ def test_cost_serving_from_a_request_rate_curve(capsys, tmp_path):
     (("cost", "--sku", "NC24rs_v3", "--nodes", "2", "--hours", "0"), "--hours"),
     (("cost", "--sku", "NC24rs_v3", "--nodes", "2"), "give --hours"),
     (("cost", "--sku", "ND96isr_H100_v5", "--hours", "1"), "no on_demand price"),
+    # 0 nodes / replicas were priced as 1 without a word
+    (("cost", "--sku", "NC24rs_v3", "--nodes", "0", "--hours", "5"), "nodes must be >= 1, got 0"),
+    (("cost", "--serve", "--sku", "NC4as_T4_v3", "--nodes", "0"), "replicas must be >= 1, got 0"),
 ])
 def test_cost_errors_exit_2(capsys, args, words):
     assert run(*args) == 2
@@ -134,3 +137,26 @@ def test_plan_without_instance_type_is_an_error(capsys, tmp_path):
     spec.write_text("command: python train.py\n")
     assert run("plan", spec, "--hours", "5") == 2
     assert "resources.instance_type" in err_of(capsys)
+
+
+def test_cost_curve_that_is_a_directory_is_an_error(capsys, tmp_path):
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", tmp_path, "--capacity", "50") == 2
+    err = err_of(capsys)
+    assert "--curve is a directory" in err and "fix:" in err and "Traceback" not in err
+
+
+def test_simulate_refuses_an_unwritable_plot_before_running(capsys, tmp_path):
+    # found after the whole run as a matplotlib traceback before; now an error up front, nothing printed
+    assert run("simulate", CLUSTER, TRACE, "--plot", tmp_path / "nodir" / "sim.png", "--no-progress") == 2
+    captured = capsys.readouterr()
+    assert "does not exist" in captured.err and "mkdir -p" in captured.err and captured.out == ""
+    assert run("simulate", CLUSTER, TRACE, "--plot", tmp_path, "--no-progress") == 2
+    assert "--plot is a directory" in err_of(capsys)
+
+
+def test_plan_checkpoints_path_that_does_not_exist_is_an_error(capsys, tmp_path):
+    # it read as "no save_seconds there" and planned on the 60 s default
+    spec = ROOT / "examples" / "dlrm" / "job.yaml"
+    assert run("plan", spec, "--hours", "50", "--checkpoints", tmp_path / "typo") == 2
+    err = err_of(capsys)
+    assert "checkpoint location not found" in err and "--save-seconds" in err

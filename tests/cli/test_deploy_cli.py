@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,24 @@ def test_bad_input_exits_2_with_field_and_fix_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
     r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "gke", "--out", str(tmp_path))
     assert r.returncode == 2 and "--target" in r.stderr
+
+
+def test_help_examples_name_files_that_exist(capsys, monkeypatch):
+    from azulite.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # one example per line, whatever the terminal
+
+    for group in ("deploy", "cluster"):
+        try:
+            main([group, "--help"])
+        except SystemExit:
+            pass
+        paths = re.findall(r"render (\S+\.yaml)", capsys.readouterr().out)
+        assert paths and all((ROOT / p).is_file() for p in paths), paths
+
+
+def test_render_out_that_is_a_file_is_an_error(tmp_path):
+    f = tmp_path / "build"
+    f.write_text("")
+    r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "aks", "--out", str(f))
+    assert r.returncode == 2 and "--out is a file, not a folder" in r.stderr and "Traceback" not in r.stderr

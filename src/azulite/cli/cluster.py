@@ -116,7 +116,8 @@ def cost(
     out = _console()
     if serve:
         rates = _read_curve(curve) if curve else None
-        result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=nodes or 1, hours_per_month=hours_per_month,
+        # `nodes or 1` would price `--nodes 0` as one replica without a word; 0 is the user's typo to report
+        result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=1 if nodes is None else nodes, hours_per_month=hours_per_month,
                               utilization=utilization, curve=rates, capacity_rps=capacity)
         if as_json:
             print(json.dumps(result.to_json(), indent=2))
@@ -131,7 +132,7 @@ def cost(
             out.print("  hours-per-month conventions: " + "; ".join(
                 f"{h:g} h -> ${per * h:,.2f}" for h in (720.0, 730.0)) + " (pick with --hours-per-month)")
         return
-    n = nodes or spec_nodes
+    n = spec_nodes if nodes is None else nodes
     h = _work_hours(hours, samples_per_second, samples, epochs)
     est = training_cost(the_sku, n, h, pricing=kind, eviction_rate=eviction_rate,
                         checkpoint_interval_s=_seconds(checkpoint_interval, "--checkpoint-interval"), save_seconds=save_seconds)
@@ -172,7 +173,12 @@ def _read_curve(path: Path) -> list[float]:
                     raise TraceError(f"request rate must be a number, got {row[-1]!r}", where=f"{path}: row {row_no}",
                                      fix="rows of hour,rps") from None
     except FileNotFoundError:
-        raise TraceError("request-rate curve not found", where=str(path)) from None
+        raise TraceError("request-rate curve not found", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
+    except IsADirectoryError:
+        raise TraceError("--curve is a directory, not a file", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"cannot read the request-rate curve ({type(exc).__name__})", where=str(path),
+                         fix="pass a readable CSV of hour,rps rows to --curve") from None
     return rates
 
 
@@ -207,6 +213,8 @@ def simulate_cmd(
 
     if fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}", fix=f"use one of: {', '.join(FORMATS)}")
+    if plot_path is not None:
+        _check_plot_path(plot_path)
     spec = load_cluster(cluster)
     pools = resolve_pools(spec, catalog=load_catalog(str(catalog_file) if catalog_file else None), spec_file=cluster)
     jobs = read_trace(trace, fmt, job_table=job_table)
@@ -237,6 +245,15 @@ def simulate_cmd(
         out.print(f"  {p.name}: {p.price_label}" + (f"; spot evictions {p.evictions_per_hour:g}/node-hour" if p.spot else ""))
     if plot_path is not None:
         out.print(f"plot: {plot_path}")
+
+
+def _check_plot_path(path: Path) -> None:
+    """Refuse a --plot the PNG cannot be written to before simulating, not after (a long run lost to a typo)."""
+    if path.is_dir():
+        raise SpecError("--plot is a directory", file=str(path), field="--plot", fix=f"name a file, e.g. --plot {path / 'sim.png'}")
+    if not path.parent.is_dir():
+        raise SpecError(f"the folder {str(path.parent)!r} does not exist", file=str(path), field="--plot",
+                        fix=f"create it first (mkdir -p {path.parent}) or write the plot elsewhere")
 
 
 def measured_save_seconds(uri: str) -> tuple[Optional[float], str]:
@@ -295,6 +312,10 @@ def plan_cmd(
     h = _work_hours(hours, samples_per_second, samples, epochs)
     delta, source = None, "default (no measured save duration)"
     if checkpoints:
+        if "://" not in checkpoints and not Path(checkpoints).exists():
+            # a typo'd local path would otherwise read as "no save_seconds" and quietly plan on the 60 s default
+            raise SpecError("checkpoint location not found", file=checkpoints, field="--checkpoints",
+                            fix="pass the job's outputs.checkpoints folder (or az://container/dir), or --save-seconds S")
         delta, source = measured_save_seconds(checkpoints)
     if delta is None and save_seconds is not None:
         delta, source = save_seconds, "--save-seconds"

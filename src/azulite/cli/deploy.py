@@ -13,8 +13,8 @@ from azulite.errors import AzuliteError
 app = typer.Typer(no_args_is_help=True, help=(
     "Render a job or serving spec for AKS or Azure ML.\n\n"
     "Examples:\n\n"
-    "  azulite deploy render examples/aks/torchrec-job.yaml --target aks --out build/\n\n"
-    "  azulite deploy render examples/aks/torchrec-job.yaml --target aks --flavor pytorchjob --out build/\n\n"
+    "  azulite deploy render examples/aks/torchrec/job.yaml --target aks --out build/\n\n"
+    "  azulite deploy render examples/aks/torchrec/job.yaml --target aks --flavor pytorchjob --out build/\n\n"
     "  azulite deploy render examples/aks/arr-coc-triton.yaml --target azureml --out build/"))
 cluster_app = typer.Typer(no_args_is_help=True, help=(
     "Render what sets up an AKS cluster for GPU work, from the cluster spec `azulite simulate` reads.\n\n"

@@ -175,7 +175,7 @@ def serving_cost(
     if hours_per_month <= 0:
         raise CostError(f"hours per month must be > 0, got {hours_per_month:g}", fix="730 (8,760/12) or 720 (30 days)")
     if replicas < 1:
-        raise CostError(f"replicas must be >= 1, got {replicas}")
+        raise CostError(f"replicas must be >= 1, got {replicas}", fix="e.g. --nodes 1 (replicas)")
     rate = price_of(sku, pricing)
     source = sku.price(pricing).label()
     notes = [f"{hours_per_month:g} hours per month"]
