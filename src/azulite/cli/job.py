@@ -311,7 +311,7 @@ def wait_(
 
 @app.command("list")
 def list_(
-    limit: int = typer.Option(20, "--limit", "-n", help="How many recent jobs."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many recent jobs (at least 1)."),
     json_: bool = typer.Option(False, "--json", help="JSON lines, one job per line."),
 ) -> None:
     """List recent jobs, newest first.  Example: azulite job list -n 5"""
