@@ -160,3 +160,21 @@ def test_plan_checkpoints_path_that_does_not_exist_is_an_error(capsys, tmp_path)
     assert run("plan", spec, "--hours", "50", "--checkpoints", tmp_path / "typo") == 2
     err = err_of(capsys)
     assert "checkpoint location not found" in err and "--save-seconds" in err
+
+
+def _options_without_help(*path: str) -> list[str]:
+    import typer.main
+
+    from azulite.cli import app
+
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return [p.opts[0] for p in cmd.params if getattr(p, "help", None) is None and p.opts[0] != "--help"
+            and p.param_type_name == "option"]
+
+
+@pytest.mark.parametrize("command", [("catalog",), ("cost",), ("simulate",), ("plan",), ("deploy", "render"),
+                                     ("cluster", "render"), ("job", "cancel"), ("job", "preempt")])
+def test_every_option_has_a_help_line(command):
+    assert _options_without_help(*command) == []

@@ -77,7 +77,7 @@ def cost(
     hours: Optional[str] = typer.Option(None, "--hours", help="Wall time: 50, 2.5, 90m, 2d."),
     samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured training throughput."),
     samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
-    epochs: float = typer.Option(1.0, "--epochs"),
+    epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
     spot: bool = typer.Option(False, "--spot", help="Spot (low-priority) VMs, with the expected eviction overhead."),
     pricing: str = typer.Option("on_demand", "--pricing", help="on_demand, reserved_1y, reserved_3y, savings_1y, savings_3y."),
     eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour (0: none)."),
@@ -190,9 +190,9 @@ def simulate_cmd(
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of utilization, queue and nodes here."),
     checkpoint_cost: float = typer.Option(0.0, "--checkpoint-cost", help="Seconds each checkpoint save takes."),
     seed: int = typer.Option(0, "--seed", help="Random seed (spot evictions)."),
-    catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
+    catalog_file: Optional[Path] = typer.Option(None, "--catalog", help="A TOML catalog file (your SKUs / prices)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
-    no_progress: bool = typer.Option(False, "--no-progress"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (it shows only on a terminal)."),
 ) -> None:
     """Simulate a job trace on a cluster's node pools: cost, utilization, queueing delay, lost work.
 
@@ -276,9 +276,9 @@ def measured_save_seconds(uri: str) -> tuple[Optional[float], str]:
 def plan_cmd(
     spec: Path = typer.Argument(..., help="The job spec (resources.instance_type and instance_count: where --hours was measured)."),
     hours: Optional[str] = typer.Option(None, "--hours", help="Wall time measured on the spec's SKU and nodes."),
-    samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second"),
-    samples: Optional[float] = typer.Option(None, "--samples"),
-    epochs: float = typer.Option(1.0, "--epochs"),
+    samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured throughput on the spec's SKU and nodes (instead of --hours)."),
+    samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
+    epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within (p90): 48, 48h, 2d."),
     budget: Optional[float] = typer.Option(None, "--budget", help="Expected cost at most (USD)."),
     checkpoints: Optional[str] = typer.Option(None, "--checkpoints", help="A checkpoint location: read measured save_seconds from its manifests."),
@@ -287,8 +287,8 @@ def plan_cmd(
     speedup: Optional[List[str]] = typer.Option(None, "--speedup", help="Weigh another GPU type: A100=2.5 (per GPU vs the spec's)."),
     scaling_efficiency: float = typer.Option(0.9, "--scaling-efficiency", help="Throughput kept per doubling of GPUs (assumption)."),
     runs: int = typer.Option(16, "--runs", help="Simulated runs per spot candidate."),
-    catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
-    as_json: bool = typer.Option(False, "--json"),
+    catalog_file: Optional[Path] = typer.Option(None, "--catalog", help="A TOML catalog file (your SKUs / prices)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: objective, pick, alternatives."),
 ) -> None:
     """Recommend SKU, node count, spot or on-demand and the checkpoint interval for a job.
 

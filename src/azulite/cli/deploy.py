@@ -27,7 +27,7 @@ def render(
     target: str = typer.Option("aks", "--target", help="aks or azureml."),
     out: Path = typer.Option(..., "--out", help="Folder to write into (created)."),
     flavor: str = typer.Option("indexed-job", "--flavor", help="AKS jobs: indexed-job or pytorchjob."),
-    namespace: str = typer.Option("default", "--namespace", "-n"),
+    namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace of the rendered objects."),
     image: Optional[str] = typer.Option(None, "--image", help="Image to run (default: the spec's environment.image)."),
     code_uri: Optional[str] = typer.Option(None, "--code-uri", help="az://container/prefix the code snapshot is fetched from (default: baked into the image)."),
     storage_account: Optional[str] = typer.Option(None, "--storage-account", help="Storage account of az:// locations."),

@@ -458,7 +458,7 @@ def logs(
 @app.command()
 def cancel(
     job_id: str = typer.Argument(..., help="Job id."),
-    json_: bool = typer.Option(False, "--json"),
+    json_: bool = typer.Option(False, "--json", help="Print {id, state, already_ended} as JSON."),
 ) -> None:
     """End every process of the job (SIGTERM, then SIGKILL after a grace period) and mark it canceled.
 
@@ -478,7 +478,7 @@ def cancel(
 @app.command()
 def preempt(
     job_id: str = typer.Argument(..., help="Job id of a running job."),
-    json_: bool = typer.Option(False, "--json"),
+    json_: bool = typer.Option(False, "--json", help="Print {id, state, preempt_requested} as JSON."),
 ) -> None:
     """Simulate a spot eviction: SIGTERM every rank; ranks that commit a checkpoint and exit 75 get the job
     requeued as a new attempt (AZULITE_ATTEMPT=n+1).  Example: azulite job preempt ddp-1"""
