@@ -59,3 +59,28 @@ def test_render_out_that_is_a_file_is_an_error(tmp_path):
     f.write_text("")
     r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "aks", "--out", str(f))
     assert r.returncode == 2 and "--out is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def _exit_code(*args: str) -> int:
+    from azulite.cli import main
+
+    try:
+        main(list(args))
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
+def test_bad_namespace_and_negative_numbers_are_refused_before_writing(tmp_path, capsys):
+    # the offline schemas do not check names: `Bad_NS` rendered fine and would only fail at kubectl apply
+    job = str(ROOT / "examples/aks/torchrec/job.yaml")
+    cluster = str(ROOT / "examples/aks/cluster.yaml")
+    out = tmp_path / "out"
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--namespace", "Bad_NS", "--out", str(out)) == 2
+    assert "--namespace: 'Bad_NS' is not a Kubernetes namespace name" in capsys.readouterr().err
+    assert _exit_code("cluster", "render", cluster, "-g", "rg", "--monitoring-namespace", "gpu mon", "--out", str(out)) == 2
+    assert "--monitoring-namespace: 'gpu mon'" in capsys.readouterr().err
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--termination-grace", "-1", "--out", str(out)) == 2
+    assert _exit_code("cluster", "render", cluster, "-g", "rg", "--gpu-memory-free-mb", "-5", "--out", str(out)) == 2
+    assert not out.exists()
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--namespace", "ml-training", "--out", str(out)) == 0
