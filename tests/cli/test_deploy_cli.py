@@ -84,3 +84,8 @@ def test_bad_namespace_and_negative_numbers_are_refused_before_writing(tmp_path,
     assert _exit_code("cluster", "render", cluster, "-g", "rg", "--gpu-memory-free-mb", "-5", "--out", str(out)) == 2
     assert not out.exists()
     assert _exit_code("deploy", "render", job, "--target", "aks", "--namespace", "ml-training", "--out", str(out)) == 0
+
+
+def test_render_a_directory_says_so(tmp_path, capsys):
+    assert _exit_code("deploy", "render", str(tmp_path), "--target", "aks", "--out", str(tmp_path / "out")) == 2
+    assert "is a directory, not a spec file" in capsys.readouterr().err  # was "cannot read the spec (IsADirectoryError)"

@@ -60,3 +60,14 @@ def test_unknown_sku_names_the_line_and_nearest(tmp_path):
     with pytest.raises(SpecError) as e:
         resolve_pools(load_cluster(f), spec_file=f)
     assert "cluster.yaml:11 (pools[1].sku)" in str(e.value) and "did you mean Standard_NC24rs_v3" in str(e.value)
+
+
+def test_directory_and_binary_file_are_errors_that_say_so(tmp_path):
+    with pytest.raises(SpecError) as e:
+        load_cluster(tmp_path)
+    assert "is a directory" in str(e.value)  # was "cluster spec not found", for a path that exists
+    binary = tmp_path / "c.yaml"
+    binary.write_bytes(b"\xff\xfe\x00pools")
+    with pytest.raises(SpecError) as e:  # was a UnicodeDecodeError traceback
+        load_cluster(binary)
+    assert "cannot read the cluster spec" in str(e.value)

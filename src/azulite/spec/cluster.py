@@ -171,8 +171,14 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     shown = str(path)
     try:
         text = Path(path).read_text()
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         raise SpecError("cluster spec not found", file=shown, fix="pass a YAML file with `pools:`, e.g. examples/cluster/cluster.yaml") from None
+    except IsADirectoryError:
+        raise SpecError("is a directory, not a cluster spec file", file=shown,
+                        fix="pass a YAML file with `pools:`, e.g. examples/cluster/cluster.yaml") from None
+    except (PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the cluster spec ({exc.__class__.__name__})", file=shown,
+                        fix="pass a readable YAML file with `pools:`") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
