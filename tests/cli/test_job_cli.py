@@ -226,3 +226,12 @@ def test_list_limit_below_one_is_a_usage_error(home):
         p = az("job", "list", "-n", n, check=2)
         assert "--limit" in p.stderr and "greater than or equal to 1" in " ".join(p.stderr.split()).replace("│", "")
     az("job", "list", "-n", "1", check=0)
+
+
+def test_azulite_home_that_is_a_file_is_an_error(tmp_path, monkeypatch):
+    f = tmp_path / "home"
+    f.write_text("")
+    monkeypatch.setenv("AZULITE_HOME", str(f))
+    for args in (("list",), ("show", "x-1")):
+        p = az("job", *args, check=2)  # was a FileExistsError traceback, exit 1
+        assert "the azulite home is a file, not a folder" in p.stderr and "Traceback" not in p.stderr

@@ -53,8 +53,16 @@ LOG_TAIL_LINES = 20
 _out = console.out
 
 
-def _backend(name: Optional[str] = None, environ: Optional[dict] = None) -> Backend:
+def _settings() -> Settings:
     settings = Settings.from_environ()
+    if settings.home.exists() and not settings.home.is_dir():  # else a FileExistsError traceback from mkdir
+        raise AzuliteError("the azulite home is a file, not a folder", where=str(settings.home),
+                           fix="point AZULITE_HOME at a folder (or unset it for ~/.azulite)")
+    return settings
+
+
+def _backend(name: Optional[str] = None, environ: Optional[dict] = None) -> Backend:
+    settings = _settings()
     if name is None:
         return get_backend(settings.backend, settings, environ)
     try:
@@ -67,7 +75,7 @@ def _backend_for(job_id: str) -> Backend:
     """The backend the job store says the job runs on (a kubernetes job is read from its cluster)."""
     from azulite.launch.local.store import JobStore
 
-    settings = Settings.from_environ()
+    settings = _settings()
     try:
         name = JobStore(settings.db_path).get(job_id).backend
     except AzuliteError:
