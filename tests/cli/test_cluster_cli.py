@@ -71,6 +71,10 @@ def test_cost_serving_from_a_request_rate_curve(capsys, tmp_path):
     # 0 nodes / replicas were priced as 1 without a word
     (("cost", "--sku", "NC24rs_v3", "--nodes", "0", "--hours", "5"), "nodes must be >= 1, got 0"),
     (("cost", "--serve", "--sku", "NC4as_T4_v3", "--nodes", "0"), "replicas must be >= 1, got 0"),
+    # no spec at all read as "the spec has no resources.instance_type"
+    (("cost", "--hours", "5"), "which VM size? no --sku and no job spec"),
+    # --hours won and the samples flags were silently ignored
+    (("cost", "--sku", "NC24rs_v3", "--hours", "5", "--samples-per-second", "10", "--samples", "100"), "not both"),
 ])
 def test_cost_errors_exit_2(capsys, args, words):
     assert run(*args) == 2
@@ -178,3 +182,17 @@ def _options_without_help(*path: str) -> list[str]:
                                      ("cluster", "render"), ("job", "cancel"), ("job", "preempt")])
 def test_every_option_has_a_help_line(command):
     assert _options_without_help(*command) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "5", "--runs", "0"), "--runs: must be >= 1, got 0"),
+    (("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "5", "--scaling-efficiency", "1.5"),
+     "--scaling-efficiency: must be in (0, 1], got 1.5"),
+    # negative values were accepted and planned / simulated with
+    (("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "5", "--eviction-rate", "-1"), "--eviction-rate"),
+    (("simulate", CLUSTER, TRACE, "--checkpoint-cost", "-5", "--json"), "--checkpoint-cost"),
+])
+def test_plan_and_simulate_bad_numbers_exit_2_naming_the_flag(capsys, args, words):
+    assert run(*args) == 2
+    captured = capsys.readouterr()
+    assert words in " ".join(captured.err.split()) and captured.out == ""

@@ -61,6 +61,9 @@ def _job_facts(spec_path: Path) -> tuple[Optional[str], int, bool]:
 
 def _work_hours(hours: Optional[str], sps: Optional[float], samples: Optional[float], epochs: float) -> float:
     if hours is not None:
+        if sps is not None or samples is not None:  # else one of them is silently ignored
+            raise CostError("give --hours or --samples-per-second/--samples, not both",
+                            fix="drop one: --hours is the wall time; the samples flags compute it")
         return _hours(hours, "--hours")
     if sps is not None and samples is not None:
         if sps <= 0 or samples <= 0 or epochs <= 0:
@@ -110,7 +113,8 @@ def cost(
         spec_sku, spec_nodes, spec_spot = _job_facts(spec)
     name = sku or spec_sku
     if not name:
-        raise CostError("which VM size? the spec has no resources.instance_type", fix="pass --sku, e.g. --sku Standard_NC24rs_v3")
+        raise CostError("which VM size? " + ("the spec has no resources.instance_type" if spec is not None else "no --sku and no job spec"),
+                        fix="pass --sku, e.g. --sku Standard_NC24rs_v3, or a job spec: azulite cost examples/ddp/job.yaml --hours 10")
     the_sku = cat.get(name)
     kind = "spot" if (spot or (spec_spot and pricing == "on_demand")) else pricing
     out = _console()
@@ -188,7 +192,7 @@ def simulate_cmd(
     fmt: str = typer.Option("csv", "--format", help="csv, philly (cluster_job_log), pai2020 (task table), pai2023 (pod list)."),
     job_table: Optional[Path] = typer.Option(None, "--job-table", help="pai2020: pai_job_table.csv for submit times."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of utilization, queue and nodes here."),
-    checkpoint_cost: float = typer.Option(0.0, "--checkpoint-cost", help="Seconds each checkpoint save takes."),
+    checkpoint_cost: float = typer.Option(0.0, "--checkpoint-cost", min=0.0, help="Seconds each checkpoint save takes."),
     seed: int = typer.Option(0, "--seed", help="Random seed (spot evictions)."),
     catalog_file: Optional[Path] = typer.Option(None, "--catalog", help="A TOML catalog file (your SKUs / prices)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
@@ -283,7 +287,7 @@ def plan_cmd(
     budget: Optional[float] = typer.Option(None, "--budget", help="Expected cost at most (USD)."),
     checkpoints: Optional[str] = typer.Option(None, "--checkpoints", help="A checkpoint location: read measured save_seconds from its manifests."),
     save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration when no manifest has one (default 60)."),
-    eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour."),
+    eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", min=0.0, help="Spot evictions per node-hour."),
     speedup: Optional[List[str]] = typer.Option(None, "--speedup", help="Weigh another GPU type: A100=2.5 (per GPU vs the spec's)."),
     scaling_efficiency: float = typer.Option(0.9, "--scaling-efficiency", help="Throughput kept per doubling of GPUs (assumption)."),
     runs: int = typer.Option(16, "--runs", help="Simulated runs per spot candidate."),
@@ -331,9 +335,10 @@ def plan_cmd(
             raise SpecError(f"--speedup takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5") from None
         if not ups[k.strip()] > 0:
             raise SpecError(f"--speedup factor must be > 0, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
-    if not 0 < scaling_efficiency <= 1 or runs < 1:
-        raise SpecError("--scaling-efficiency must be in (0, 1] and --runs >= 1", field="--scaling-efficiency",
-                        fix="e.g. --scaling-efficiency 0.9 --runs 16")
+    if not 0 < scaling_efficiency <= 1:
+        raise SpecError(f"must be in (0, 1], got {scaling_efficiency:g}", field="--scaling-efficiency", fix="e.g. --scaling-efficiency 0.9")
+    if runs < 1:
+        raise SpecError(f"must be >= 1, got {runs}", field="--runs", fix="e.g. --runs 16")
     job = Job(hours=h, ref_sku=ref, ref_nodes=n, save_seconds=delta, save_source=source)
     rate = DEFAULT_EVICTION_RATE_PER_HOUR if eviction_rate is None else eviction_rate
     result = plan(job, deadline_h=_hours(deadline, "--deadline"), budget_usd=budget, catalog=cat, eviction_rate=rate,
