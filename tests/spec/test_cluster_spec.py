@@ -48,6 +48,8 @@ def test_good_spec_and_resolved_pools(tmp_path):
     (GOOD.replace("scale_up_delay: 5m", "scale_up_delay: soon"), "autoscaler.scale_up_delay", "not a duration"),
     (GOOD.replace("name: gpuspot", "name: gpunp"), "cluster.yaml", "pool name 'gpunp' appears twice"),
     ("pools: []\n", "pools", "at least 1"),
+    # was "not a valid job name ... e.g. my-job"
+    (GOOD.replace("name: gpuspot", "name: GPU_spot"), "pools[1].name", "'GPU_spot' is not a valid pool name"),
 ])
 def test_bad_specs_name_line_and_field(tmp_path, text, where, words):
     with pytest.raises(SpecError) as e:
