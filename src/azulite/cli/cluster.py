@@ -116,6 +116,8 @@ def cost(
         raise CostError("which VM size? " + ("the spec has no resources.instance_type" if spec is not None else "no --sku and no job spec"),
                         fix="pass --sku, e.g. --sku Standard_NC24rs_v3, or a job spec: azulite cost examples/ddp/job.yaml --hours 10")
     the_sku = cat.get(name)
+    if spot and pricing not in ("on_demand", "spot"):  # --spot won and --pricing was dropped without a word
+        raise CostError(f"--spot and --pricing {pricing} ask for two prices", fix=f"pick one: --spot, or --pricing {pricing}")
     kind = "spot" if (spot or (spec_spot and pricing == "on_demand")) else pricing
     out = _console()
     if serve:
