@@ -89,6 +89,8 @@ def test_override_file_adds_a_sku_and_replaces_a_price(tmp_path):
         ('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 1\n', "price[0]", "'source' is missing"),
         ('[[price]]\nsku = "NC24zz_v3"\nkind = "spot"\nusd_per_hour = 1\nsource = "x"\n', "price[0]", "did you mean"),
         ('[[sku]]\nname = "Brand_New"\ngpus = 2\n', "sku[0]", "lacks cloud"),
+        ('[[sku]]\nname = "Brand_New"\ncloud = "azure"\ngpus = 2\ngpu_memory_gb = 16\nvcpus = 8\nram_gb = 64\n', "sku[0]",
+         "has 2 GPU(s) but no gpu_type"),  # it listed as "2x None"
         ('[[skus]]\nname = "x"\n', "mine.toml", "unknown table 'skus'"),
         ('[[price]\n', "mine.toml", "not valid TOML"),
         ('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 1\nsource = "x"\ndate = "last week"\n', "price[0]",

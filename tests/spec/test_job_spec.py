@@ -100,6 +100,10 @@ def test_set_overrides_and_their_errors(tmp_path):
     with pytest.raises(SpecError) as bad:
         parse_overrides(["no-equals-sign"])
     assert "--set path=value" in bad.value.fix
+    for item in ("resources..instance_count=1", "inputs.=3"):  # were "unknown field ''" at a line of the file
+        with pytest.raises(SpecError) as bad:
+            parse_overrides([item])
+        assert bad.value.file == "--set" and item in bad.value.message
 
 
 # ---- the bad-input list -------------------------------------------------------------------------

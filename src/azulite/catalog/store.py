@@ -228,6 +228,9 @@ class Catalog:
                     f"new SKU {entry.name!r} lacks {', '.join(missing)}", where=where,
                     fix="give every hardware field of a new SKU (cloud, gpus, gpu_memory_gb, vcpus, ram_gb)",
                 )
+            if given["gpus"] > 0 and "gpu_type" not in given:  # else "2x None" in the table and no --gpu match
+                raise CatalogError(f"new SKU {entry.name!r} has {given['gpus']} GPU(s) but no gpu_type", where=where,
+                                   fix='add gpu_type, e.g. gpu_type = "A100"')
             skus[k] = Sku(name=entry.name, gpu_type=given.pop("gpu_type", None), infiniband_gbps=given.pop("infiniband_gbps", 0.0),
                           spec_source=given.pop("spec_source", shown), **given)
             prices[k] = {}

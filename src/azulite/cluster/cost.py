@@ -42,7 +42,7 @@ def price_of(sku: Sku, kind: str) -> float:
         known = [k for k in PRICE_KINDS if sku.price(k)]
         raise PriceUnknown(
             f"no {kind} price for {sku.name}: no source gives one",
-            fix=(f"known for this SKU: {', '.join(known)}; " if known else "") + "or add a [[price]] with its source in a --catalog file",
+            fix=(f"known for this SKU: {', '.join(known)}; or add" if known else "add") + " a [[price]] with its source in a --catalog file",
         )
     return p.usd_per_hour
 

@@ -79,7 +79,8 @@ def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
     out = []
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
+        # an empty segment (`resources..x`, `a.`) would surface as "unknown field ''" at a line of the file
+        if not sep or not key.strip() or any(not part.strip() for part in key.strip().split(".")):
             raise SpecError(
                 f"cannot read override {item!r}",
                 file="--set",
