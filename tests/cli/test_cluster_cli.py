@@ -76,6 +76,7 @@ def test_cost_serving_from_a_request_rate_curve(capsys, tmp_path):
     # --hours won and the samples flags were silently ignored
     (("cost", "--sku", "NC24rs_v3", "--hours", "5", "--samples-per-second", "10", "--samples", "100"), "not both"),
     (("cost", "--sku", "NC24rs_v3", "--hours", "5", "--spot", "--pricing", "savings_1y"), "--spot and --pricing savings_1y"),
+    (("cost", "--serve", "--sku", "NC4as_T4_v3", "--hours", "5"), "price a training run, not an endpoint"),
 ])
 def test_cost_errors_exit_2(capsys, args, words):
     assert run(*args) == 2

@@ -121,6 +121,9 @@ def cost(
     kind = "spot" if (spot or (spec_spot and pricing == "on_demand")) else pricing
     out = _console()
     if serve:
+        if hours is not None or samples_per_second is not None or samples is not None:  # they were ignored
+            raise CostError("--hours and the samples flags price a training run, not an endpoint",
+                            fix="for --serve give --hours-per-month (730 or 720), or drop --serve to price training")
         rates = _read_curve(curve) if curve else None
         # `nodes or 1` would price `--nodes 0` as one replica without a word; 0 is the user's typo to report
         result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=1 if nodes is None else nodes, hours_per_month=hours_per_month,
