@@ -123,3 +123,9 @@ def test_pai2020_job_table_that_is_a_directory(tmp_path):
     with pytest.raises(TraceError) as e:
         read_trace(DATA / "pai_task_table.readme_example.csv", "pai2020", job_table=tmp_path)
     assert "--job-table is a directory" in str(e.value)
+
+
+def test_job_table_with_another_format_is_an_error(tmp_path):
+    with pytest.raises(TraceError) as e:  # it was silently ignored
+        read_trace(_csv(tmp_path, "job_id,submit_time,gpus,duration\na,0,1,10\n"), "csv", job_table=tmp_path / "typo.csv")
+    assert "only read with --format pai2020" in str(e.value)

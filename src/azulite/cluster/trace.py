@@ -425,6 +425,9 @@ def read_trace(path: str | Path, fmt: str = "csv", *, job_table: str | Path | No
     """Read a trace in one of FORMATS (``pai2020`` takes the task table as ``path``)."""
     if fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}", fix=f"use one of: {', '.join(FORMATS)}")
+    if job_table is not None and fmt != "pai2020":  # it was ignored, a typo'd path and all
+        raise TraceError(f"--job-table is only read with --format pai2020 (the format is {fmt})",
+                         fix="drop --job-table, or pass --format pai2020 with PAI's task table as the trace")
     # checked here once for every importer: each opens its file(s) its own way
     for p, what in ((path, "the trace"), (job_table, "--job-table")):
         if p is not None and Path(p).is_dir():
