@@ -198,3 +198,10 @@ def test_plan_and_simulate_bad_numbers_exit_2_naming_the_flag(capsys, args, word
     assert run(*args) == 2
     captured = capsys.readouterr()
     assert words in " ".join(captured.err.split()) and captured.out == ""
+
+
+def test_cost_curve_row_with_a_non_number_hour_is_named(capsys, tmp_path):
+    day = tmp_path / "day.csv"
+    day.write_text("hour,rps\n0,10\nnoon,5\n")  # was read as a 2-hour curve
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", day, "--capacity", "50") == 2
+    assert "row 3" in err_of(capsys)

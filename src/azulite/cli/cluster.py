@@ -181,6 +181,12 @@ def _read_curve(path: Path) -> list[float]:
                 except ValueError:
                     raise TraceError(f"request rate must be a number, got {row[-1]!r}", where=f"{path}: row {row_no}",
                                      fix="rows of hour,rps") from None
+                try:  # the rate is what counts; a non-number hour means a shifted or foreign column, not a curve
+                    if len(row) > 1:
+                        float(row[0])
+                except ValueError:
+                    raise TraceError(f"hour must be a number, got {row[0]!r}", where=f"{path}: row {row_no}",
+                                     fix="rows of hour,rps, e.g. 13,42.5") from None
     except FileNotFoundError:
         raise TraceError("request-rate curve not found", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
     except IsADirectoryError:
