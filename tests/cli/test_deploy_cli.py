@@ -82,8 +82,11 @@ def test_bad_namespace_and_negative_numbers_are_refused_before_writing(tmp_path,
     assert "--monitoring-namespace: 'gpu mon'" in capsys.readouterr().err
     assert _exit_code("deploy", "render", job, "--target", "aks", "--termination-grace", "-1", "--out", str(out)) == 2
     assert _exit_code("cluster", "render", cluster, "-g", "rg", "--gpu-memory-free-mb", "-5", "--out", str(out)) == 2
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--image", "my image!", "--out", str(out)) == 2
+    assert "--image: 'my image!' is not an image reference" in capsys.readouterr().err
     assert not out.exists()
     assert _exit_code("deploy", "render", job, "--target", "aks", "--namespace", "ml-training", "--out", str(out)) == 0
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--image", "myacr.azurecr.io/train:1.0", "--out", str(out)) == 0
 
 
 def test_render_a_directory_says_so(tmp_path, capsys):

@@ -27,6 +27,11 @@ cluster_app = typer.Typer(no_args_is_help=True, help=(
 _NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
 
 
+# the characters an image reference can hold (the full grammar is the registry's to enforce): a space or a
+# '!' would otherwise land in the pod spec and the Dockerfile's tag and fail only at the cluster
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
+
+
 def _check_namespace(value: str, flag: str) -> str:
     if not _NAMESPACE.fullmatch(value):
         raise AzuliteError(f"{value!r} is not a Kubernetes namespace name", where=flag,
@@ -62,6 +67,9 @@ def render(
     if flavor not in ("indexed-job", "pytorchjob"):
         raise AzuliteError(f"unknown flavor {flavor!r}", where="--flavor", fix="use --flavor indexed-job or --flavor pytorchjob")
     _check_namespace(namespace, "--namespace")
+    if image is not None and not _IMAGE.fullmatch(image):
+        raise AzuliteError(f"{image!r} is not an image reference", where="--image",
+                           fix="write REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST], e.g. myacr.azurecr.io/train:1.0")
     aks = AksOptions(namespace=namespace, flavor=flavor, image=image, code_uri=code_uri, storage_account=storage_account,
                      pvc=pvc, service_account=service_account, termination_grace_s=grace)
     aml = AzureMLOptions(compute=compute, datastore=datastore, storage_account=storage_account)
