@@ -89,8 +89,12 @@ def test_override_file_adds_a_sku_and_replaces_a_price(tmp_path):
         ('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 1\n', "price[0]", "'source' is missing"),
         ('[[price]]\nsku = "NC24zz_v3"\nkind = "spot"\nusd_per_hour = 1\nsource = "x"\n', "price[0]", "did you mean"),
         ('[[sku]]\nname = "Brand_New"\ngpus = 2\n', "sku[0]", "lacks cloud"),
+        ('[[sku]]\nname = "Brand_New"\ncloud = "azure"\ngpus = 2\ngpu_memory_gb = 16\nvcpus = 8\nram_gb = 64\n', "sku[0]",
+         "has 2 GPU(s) but no gpu_type"),  # it listed as "2x None"
         ('[[skus]]\nname = "x"\n', "mine.toml", "unknown table 'skus'"),
         ('[[price]\n', "mine.toml", "not valid TOML"),
+        ('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 1\nsource = "x"\ndate = "last week"\n', "price[0]",
+         "field 'date': must be a date as YYYY-MM-DD"),
     ],
 )
 def test_bad_override_file_names_the_entry_and_field(tmp_path, text, where, words):
@@ -99,3 +103,20 @@ def test_bad_override_file_names_the_entry_and_field(tmp_path, text, where, word
     with pytest.raises(CatalogError) as e:
         Catalog.load(f)
     assert where in str(e.value) and words in str(e.value)
+
+
+def test_override_price_date_may_be_a_toml_date(tmp_path):
+    # TOML's unquoted date is a datetime.date: accepted and shown as YYYY-MM-DD, like the quoted form
+    f = tmp_path / "mine.toml"
+    f.write_text('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 0.5\nsource = "EA"\ndate = 2026-01-05\n')
+    assert Catalog.load(f).get("NC24rs_v3").price("spot").date == "2026-01-05"
+
+
+def test_override_path_that_is_a_directory_is_an_error(tmp_path):
+    with pytest.raises(CatalogError) as e:
+        Catalog.load(tmp_path)
+    assert "is a directory" in str(e.value) and str(tmp_path) in str(e.value)
+
+
+def test_cloud_filter_ignores_case():
+    assert [s.name for s in skus(cloud="AWS")] == [s.name for s in skus(cloud="aws")] != []

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from azulite.cli import main
 
 
@@ -36,3 +38,16 @@ def test_catalog_table_marks_unknown_and_derived(capsys):
 def test_catalog_missing_file_is_an_error_not_a_traceback(capsys, tmp_path):
     assert run("catalog", "--catalog", str(tmp_path / "nope.toml")) == 2
     assert "catalog file not found" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flag, value, known", [("--gpu", "B200", "A100, H100, T4, V100"), ("--cloud", "oracle", "aws, azure, gcp")])
+def test_catalog_unknown_filter_value_is_an_error_listing_the_known_ones(capsys, flag, value, known):
+    # not an empty table with exit 0, which reads as "the catalog has none"
+    assert run("catalog", flag, value) == 2
+    err = " ".join(capsys.readouterr().err.split())
+    assert f"{flag}: no SKU in the catalog has {value!r}" in err and known in err
+
+
+def test_catalog_directory_as_file_is_an_error_not_a_traceback(capsys, tmp_path):
+    assert run("catalog", "--catalog", str(tmp_path)) == 2
+    assert "is a directory" in capsys.readouterr().err

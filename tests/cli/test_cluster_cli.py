@@ -68,6 +68,15 @@ def test_cost_serving_from_a_request_rate_curve(capsys, tmp_path):
     (("cost", "--sku", "NC24rs_v3", "--nodes", "2", "--hours", "0"), "--hours"),
     (("cost", "--sku", "NC24rs_v3", "--nodes", "2"), "give --hours"),
     (("cost", "--sku", "ND96isr_H100_v5", "--hours", "1"), "no on_demand price"),
+    # 0 nodes / replicas were priced as 1 without a word
+    (("cost", "--sku", "NC24rs_v3", "--nodes", "0", "--hours", "5"), "nodes must be >= 1, got 0"),
+    (("cost", "--serve", "--sku", "NC4as_T4_v3", "--nodes", "0"), "replicas must be >= 1, got 0"),
+    # no spec at all read as "the spec has no resources.instance_type"
+    (("cost", "--hours", "5"), "which VM size? no --sku and no job spec"),
+    # --hours won and the samples flags were silently ignored
+    (("cost", "--sku", "NC24rs_v3", "--hours", "5", "--samples-per-second", "10", "--samples", "100"), "not both"),
+    (("cost", "--sku", "NC24rs_v3", "--hours", "5", "--spot", "--pricing", "savings_1y"), "--spot and --pricing savings_1y"),
+    (("cost", "--serve", "--sku", "NC4as_T4_v3", "--hours", "5"), "price a training run, not an endpoint"),
 ])
 def test_cost_errors_exit_2(capsys, args, words):
     assert run(*args) == 2
@@ -134,3 +143,65 @@ def test_plan_without_instance_type_is_an_error(capsys, tmp_path):
     spec.write_text("command: python train.py\n")
     assert run("plan", spec, "--hours", "5") == 2
     assert "resources.instance_type" in err_of(capsys)
+
+
+def test_cost_curve_that_is_a_directory_is_an_error(capsys, tmp_path):
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", tmp_path, "--capacity", "50") == 2
+    err = err_of(capsys)
+    assert "--curve is a directory" in err and "fix:" in err and "Traceback" not in err
+
+
+def test_simulate_refuses_an_unwritable_plot_before_running(capsys, tmp_path):
+    # found after the whole run as a matplotlib traceback before; now an error up front, nothing printed
+    assert run("simulate", CLUSTER, TRACE, "--plot", tmp_path / "nodir" / "sim.png", "--no-progress") == 2
+    captured = capsys.readouterr()
+    assert "does not exist" in captured.err and "mkdir -p" in captured.err and captured.out == ""
+    assert run("simulate", CLUSTER, TRACE, "--plot", tmp_path, "--no-progress") == 2
+    assert "--plot is a directory" in err_of(capsys)
+
+
+def test_plan_checkpoints_path_that_does_not_exist_is_an_error(capsys, tmp_path):
+    # it read as "no save_seconds there" and planned on the 60 s default
+    spec = ROOT / "examples" / "dlrm" / "job.yaml"
+    assert run("plan", spec, "--hours", "50", "--checkpoints", tmp_path / "typo") == 2
+    err = err_of(capsys)
+    assert "checkpoint location not found" in err and "--save-seconds" in err
+
+
+def _options_without_help(*path: str) -> list[str]:
+    import typer.main
+
+    from azulite.cli import app
+
+    cmd = typer.main.get_command(app)
+    for name in path:
+        cmd = cmd.commands[name]
+    return [p.opts[0] for p in cmd.params if getattr(p, "help", None) is None and p.opts[0] != "--help"
+            and p.param_type_name == "option"]
+
+
+@pytest.mark.parametrize("command", [("catalog",), ("cost",), ("simulate",), ("plan",), ("deploy", "render"),
+                                     ("cluster", "render"), ("job", "cancel"), ("job", "preempt")])
+def test_every_option_has_a_help_line(command):
+    assert _options_without_help(*command) == []
+
+
+@pytest.mark.parametrize("args, words", [
+    (("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "5", "--runs", "0"), "--runs: must be >= 1, got 0"),
+    (("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "5", "--scaling-efficiency", "1.5"),
+     "--scaling-efficiency: must be in (0, 1], got 1.5"),
+    # negative values were accepted and planned / simulated with
+    (("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "5", "--eviction-rate", "-1"), "--eviction-rate"),
+    (("simulate", CLUSTER, TRACE, "--checkpoint-cost", "-5", "--json"), "--checkpoint-cost"),
+])
+def test_plan_and_simulate_bad_numbers_exit_2_naming_the_flag(capsys, args, words):
+    assert run(*args) == 2
+    captured = capsys.readouterr()
+    assert words in " ".join(captured.err.split()) and captured.out == ""
+
+
+def test_cost_curve_row_with_a_non_number_hour_is_named(capsys, tmp_path):
+    day = tmp_path / "day.csv"
+    day.write_text("hour,rps\n0,10\nnoon,5\n")  # was read as a 2-hour curve
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", day, "--capacity", "50") == 2
+    assert "row 3" in err_of(capsys)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -37,3 +38,57 @@ def test_bad_input_exits_2_with_field_and_fix_and_writes_nothing(tmp_path):
     assert not (tmp_path / "out").exists()
     r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "gke", "--out", str(tmp_path))
     assert r.returncode == 2 and "--target" in r.stderr
+
+
+def test_help_examples_name_files_that_exist(capsys, monkeypatch):
+    from azulite.cli import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # one example per line, whatever the terminal
+
+    for group in ("deploy", "cluster"):
+        try:
+            main([group, "--help"])
+        except SystemExit:
+            pass
+        paths = re.findall(r"render (\S+\.yaml)", capsys.readouterr().out)
+        assert paths and all((ROOT / p).is_file() for p in paths), paths
+
+
+def test_render_out_that_is_a_file_is_an_error(tmp_path):
+    f = tmp_path / "build"
+    f.write_text("")
+    r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "aks", "--out", str(f))
+    assert r.returncode == 2 and "--out is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
+
+
+def _exit_code(*args: str) -> int:
+    from azulite.cli import main
+
+    try:
+        main(list(args))
+    except SystemExit as e:
+        return e.code or 0
+    return 0
+
+
+def test_bad_namespace_and_negative_numbers_are_refused_before_writing(tmp_path, capsys):
+    # the offline schemas do not check names: `Bad_NS` rendered fine and would only fail at kubectl apply
+    job = str(ROOT / "examples/aks/torchrec/job.yaml")
+    cluster = str(ROOT / "examples/aks/cluster.yaml")
+    out = tmp_path / "out"
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--namespace", "Bad_NS", "--out", str(out)) == 2
+    assert "--namespace: 'Bad_NS' is not a Kubernetes namespace name" in capsys.readouterr().err
+    assert _exit_code("cluster", "render", cluster, "-g", "rg", "--monitoring-namespace", "gpu mon", "--out", str(out)) == 2
+    assert "--monitoring-namespace: 'gpu mon'" in capsys.readouterr().err
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--termination-grace", "-1", "--out", str(out)) == 2
+    assert _exit_code("cluster", "render", cluster, "-g", "rg", "--gpu-memory-free-mb", "-5", "--out", str(out)) == 2
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--image", "my image!", "--out", str(out)) == 2
+    assert "--image: 'my image!' is not an image reference" in capsys.readouterr().err
+    assert not out.exists()
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--namespace", "ml-training", "--out", str(out)) == 0
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--image", "myacr.azurecr.io/train:1.0", "--out", str(out)) == 0
+
+
+def test_render_a_directory_says_so(tmp_path, capsys):
+    assert _exit_code("deploy", "render", str(tmp_path), "--target", "aks", "--out", str(tmp_path / "out")) == 2
+    assert "is a directory, not a spec file" in capsys.readouterr().err  # was "cannot read the spec (IsADirectoryError)"

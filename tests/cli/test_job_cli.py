@@ -218,3 +218,20 @@ def test_errors_are_never_wrapped_and_tables_not_cut_outside_a_terminal(home, tm
     assert wait_done(job_id).state.value == "succeeded"
     listed = az_piped("job", "list").stdout
     assert job_id in listed and "…" not in listed, listed
+
+
+def test_list_limit_below_one_is_a_usage_error(home):
+    # `-n 0` printed an empty table with exit 0 (and -1 every job): it reads as "no jobs"
+    for n in ("0", "-1"):
+        p = az("job", "list", "-n", n, check=2)
+        assert "--limit" in p.stderr and "greater than or equal to 1" in " ".join(p.stderr.split()).replace("│", "")
+    az("job", "list", "-n", "1", check=0)
+
+
+def test_azulite_home_that_is_a_file_is_an_error(tmp_path, monkeypatch):
+    f = tmp_path / "home"
+    f.write_text("")
+    monkeypatch.setenv("AZULITE_HOME", str(f))
+    for args in (("list",), ("show", "x-1")):
+        p = az("job", *args, check=2)  # was a FileExistsError traceback, exit 1
+        assert "the azulite home is a file, not a folder" in p.stderr and "Traceback" not in p.stderr

@@ -44,3 +44,23 @@ def test_prometheusrule_holds_the_same_groups():
 def test_bad_flags_are_named(args, where):
     p = az("rules", "render", *args)
     assert p.returncode == 2 and where in p.stderr and "Traceback" not in p.stderr
+
+
+def test_out_that_is_a_directory_or_in_a_missing_folder_is_named_and_leaves_nothing(tmp_path, capsys):
+    from azulite.cli import main
+
+    def code(*args: str) -> int:
+        try:
+            main(["rules", "render", *args])
+        except SystemExit as e:
+            return e.code or 0
+        return 0
+
+    # both were tracebacks; the directory case also left a .NAME.xxxx temp file beside it
+    assert code("-o", str(tmp_path)) == 2
+    assert "is a directory" in capsys.readouterr().err
+    assert code("-o", str(tmp_path / "nodir" / "rules.yml")) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+    assert code("-o", str(tmp_path / "rules.yml")) == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["rules.yml"]

@@ -78,5 +78,6 @@ def test_unknown_price_is_an_error_not_a_guess():
     with pytest.raises(PriceUnknown) as e:
         training_cost(get_sku("ND96isr_H100_v5"), 1, 1)
     assert "no on_demand price" in str(e.value) and "--catalog" in str(e.value)
+    assert e.value.fix.startswith("add a [[price]]")  # with no known price it read "or add ..."
     with pytest.raises(PriceUnknown, match="known for this SKU: on_demand, spot, savings_1y, savings_3y"):
         training_cost(get_sku("NC24rs_v3"), 1, 1, pricing="reserved_1y")

@@ -104,3 +104,28 @@ def test_pai2023_missing_column(tmp_path):
     f.write_text("name,num_gpu,creation_time\np,1,0\n")
     with pytest.raises(TraceError, match="missing column"):
         read_pai2023(f)
+
+
+@pytest.mark.parametrize("fmt", ["csv", "philly", "pai2020", "pai2023"])
+def test_every_format_refuses_a_directory_and_a_binary_file(tmp_path, fmt):
+    # philly, pai2020 and pai2023 let IsADirectoryError / UnicodeDecodeError out as tracebacks
+    with pytest.raises(TraceError) as e:
+        read_trace(tmp_path, fmt)
+    assert "the trace is a directory" in str(e.value)
+    binary = tmp_path / "trace.gz"
+    binary.write_bytes(b"\x1f\x8b\x08\x00\xff\xfe" * 8)
+    with pytest.raises(TraceError) as e:
+        read_trace(binary, fmt, job_table=DATA / "pai_job_table.readme_example.csv" if fmt == "pai2020" else None)
+    assert "not a UTF-8 text file" in str(e.value) and fmt in str(e.value)
+
+
+def test_pai2020_job_table_that_is_a_directory(tmp_path):
+    with pytest.raises(TraceError) as e:
+        read_trace(DATA / "pai_task_table.readme_example.csv", "pai2020", job_table=tmp_path)
+    assert "--job-table is a directory" in str(e.value)
+
+
+def test_job_table_with_another_format_is_an_error(tmp_path):
+    with pytest.raises(TraceError) as e:  # it was silently ignored
+        read_trace(_csv(tmp_path, "job_id,submit_time,gpus,duration\na,0,1,10\n"), "csv", job_table=tmp_path / "typo.csv")
+    assert "only read with --format pai2020" in str(e.value)

@@ -150,3 +150,17 @@ def test_bad_cluster_specs(tmp_path, change, where):
         render_cluster(p, AKS)
     assert where in str(e.value.where), str(e.value)
     assert e.value.fix
+
+
+@pytest.mark.parametrize("spec_name, flag, where", [("bad name!", None, "name"), ("torchrec-aks", "x y", "--cluster-name"),
+                                                    ("-lead", None, "name")])
+def test_an_aks_cluster_name_az_would_refuse_is_an_error(tmp_path, spec_name, flag, where):
+    # it was rendered (quoted) into nodepools.sh, to fail only when `az` ran it
+    data = yaml.safe_load(CLUSTER.read_text())
+    data["name"] = spec_name
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump(data))
+    with pytest.raises(AzuliteError) as e:
+        render_cluster(p, AksCluster(resource_group="rg", cluster_name=flag))
+    assert e.value.where == where and "is not an AKS cluster name" in e.value.message
+    assert "--cluster-name gpu_aks-2 " in render_cluster(p, AksCluster(resource_group="rg", cluster_name="gpu_aks-2"))["nodepools.sh"]

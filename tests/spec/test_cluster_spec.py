@@ -48,6 +48,8 @@ def test_good_spec_and_resolved_pools(tmp_path):
     (GOOD.replace("scale_up_delay: 5m", "scale_up_delay: soon"), "autoscaler.scale_up_delay", "not a duration"),
     (GOOD.replace("name: gpuspot", "name: gpunp"), "cluster.yaml", "pool name 'gpunp' appears twice"),
     ("pools: []\n", "pools", "at least 1"),
+    # was "not a valid job name ... e.g. my-job"
+    (GOOD.replace("name: gpuspot", "name: GPU_spot"), "pools[1].name", "'GPU_spot' is not a valid pool name"),
 ])
 def test_bad_specs_name_line_and_field(tmp_path, text, where, words):
     with pytest.raises(SpecError) as e:
@@ -60,3 +62,14 @@ def test_unknown_sku_names_the_line_and_nearest(tmp_path):
     with pytest.raises(SpecError) as e:
         resolve_pools(load_cluster(f), spec_file=f)
     assert "cluster.yaml:11 (pools[1].sku)" in str(e.value) and "did you mean Standard_NC24rs_v3" in str(e.value)
+
+
+def test_directory_and_binary_file_are_errors_that_say_so(tmp_path):
+    with pytest.raises(SpecError) as e:
+        load_cluster(tmp_path)
+    assert "is a directory" in str(e.value)  # was "cluster spec not found", for a path that exists
+    binary = tmp_path / "c.yaml"
+    binary.write_bytes(b"\xff\xfe\x00pools")
+    with pytest.raises(SpecError) as e:  # was a UnicodeDecodeError traceback
+        load_cluster(binary)
+    assert "cannot read the cluster spec" in str(e.value)

@@ -100,6 +100,10 @@ def test_set_overrides_and_their_errors(tmp_path):
     with pytest.raises(SpecError) as bad:
         parse_overrides(["no-equals-sign"])
     assert "--set path=value" in bad.value.fix
+    for item in ("resources..instance_count=1", "inputs.=3"):  # were "unknown field ''" at a line of the file
+        with pytest.raises(SpecError) as bad:
+            parse_overrides([item])
+        assert bad.value.file == "--set" and item in bad.value.message
 
 
 # ---- the bad-input list -------------------------------------------------------------------------
@@ -198,3 +202,17 @@ def test_instance_count_disagreement_fix_names_the_field(tmp_path):
         load_job(p, ["instance_count=1"])
     assert "disagree" in e.value.message and "--set resources.instance_count=1" in e.value.fix
     assert load_job(p, ["resources.instance_count=1"]).nodes == 1  # the --help example works
+
+
+def test_directory_and_empty_file_say_so(tmp_path):
+    # they read as "cannot read the job spec (IsADirectoryError)" and "required field 'command' is missing"
+    (tmp_path / "job.yaml").write_text(GOOD)
+    with pytest.raises(SpecError) as e:
+        load_job(tmp_path)
+    assert e.value.message == "is a directory, not a job spec file" and str(tmp_path / "job.yaml") in e.value.fix
+    empty = tmp_path / "empty.yaml"
+    empty.write_text("\n# nothing yet\n")
+    with pytest.raises(SpecError) as e:
+        load_job(empty)
+    assert e.value.message == "the job spec is empty" and "command:" in e.value.fix
+    assert load_job(empty, ["command=echo hi"]).command == "echo hi"  # all from --set is still a spec

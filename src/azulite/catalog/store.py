@@ -27,6 +27,7 @@ field. Lookups accept ``NC24rs_v3`` for ``Standard_NC24rs_v3`` and ignore case; 
 from __future__ import annotations
 
 import csv
+import datetime as dt
 import difflib
 import io
 import tomllib
@@ -36,7 +37,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Iterable, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from azulite.catalog.model import CLOUDS, PRICE_KINDS, Price, Sku
 from azulite.errors import CatalogError, UnknownSku
@@ -74,6 +75,20 @@ class PriceEntry(_Entry):
     date: str | None = None
     region: str | None = None
     note: str | None = None
+
+    @field_validator("date", mode="before")
+    @classmethod
+    def _iso_date(cls, v: Any) -> Any:
+        # TOML's own date (date = 2026-01-05, unquoted) arrives as a datetime.date; a free-text date
+        # ("last week", "05/01/26") would be printed beside the price as if it were one
+        if isinstance(v, dt.date):
+            return v.isoformat()
+        if isinstance(v, str):
+            try:
+                dt.date.fromisoformat(v)
+            except ValueError:
+                raise ValueError("must be a date as YYYY-MM-DD, e.g. \"2026-01-05\"") from None
+        return v
 
 
 class _Rule(_Entry):
@@ -186,6 +201,11 @@ class Catalog:
             doc = tomllib.loads(path.read_text())
         except FileNotFoundError:
             raise CatalogError("catalog file not found", where=shown, fix="check the path given to --catalog") from None
+        except IsADirectoryError:
+            raise CatalogError("--catalog is a directory, not a file", where=shown, fix="pass the TOML file itself, e.g. --catalog mine.toml") from None
+        except (OSError, UnicodeDecodeError) as exc:
+            raise CatalogError(f"cannot read the catalog file ({type(exc).__name__})", where=shown,
+                               fix="pass a readable UTF-8 TOML file to --catalog") from None
         except tomllib.TOMLDecodeError as exc:
             raise CatalogError(f"not valid TOML: {exc}", where=shown, fix="check quoting and [[sku]] / [[price]] headers") from None
         unknown = sorted(set(doc) - {"sku", "price"})
@@ -208,6 +228,9 @@ class Catalog:
                     f"new SKU {entry.name!r} lacks {', '.join(missing)}", where=where,
                     fix="give every hardware field of a new SKU (cloud, gpus, gpu_memory_gb, vcpus, ram_gb)",
                 )
+            if given["gpus"] > 0 and "gpu_type" not in given:  # else "2x None" in the table and no --gpu match
+                raise CatalogError(f"new SKU {entry.name!r} has {given['gpus']} GPU(s) but no gpu_type", where=where,
+                                   fix='add gpu_type, e.g. gpu_type = "A100"')
             skus[k] = Sku(name=entry.name, gpu_type=given.pop("gpu_type", None), infiniband_gbps=given.pop("infiniband_gbps", 0.0),
                           spec_source=given.pop("spec_source", shown), **given)
             prices[k] = {}
@@ -231,12 +254,12 @@ class Catalog:
         return sku
 
     def skus(self, gpu: str | None = None, cloud: str | None = None) -> list[Sku]:
-        """Every SKU, or those with GPU type ``gpu`` (case-insensitive) / on ``cloud``, in file order."""
+        """Every SKU, or those with GPU type ``gpu`` / on ``cloud`` (both case-insensitive), in file order."""
         out = list(self._skus.values())
         if gpu is not None:
             out = [s for s in out if (s.gpu_type or "").lower() == gpu.lower()]
         if cloud is not None:
-            out = [s for s in out if s.cloud == cloud]
+            out = [s for s in out if s.cloud == cloud.lower()]
         return out
 
     def __contains__(self, name: str) -> bool:

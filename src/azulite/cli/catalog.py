@@ -13,6 +13,7 @@ from rich.console import Console
 from rich.table import Table
 
 from azulite.catalog import PRICE_KINDS, Sku, load_catalog
+from azulite.errors import CatalogError
 
 _HEAD = {"on_demand": "on-demand", "spot": "spot", "reserved_1y": "RI 1y", "reserved_3y": "RI 3y",
          "savings_1y": "SP 1y", "savings_3y": "SP 3y"}
@@ -40,7 +41,15 @@ def catalog(
 
       azulite catalog --json | jq '.[] | select(.gpus >= 8) | .name'
     """
-    rows = load_catalog(str(catalog_file) if catalog_file else None).skus(gpu, cloud)
+    cat = load_catalog(str(catalog_file) if catalog_file else None)
+    everything = cat.skus()
+    # an unknown --gpu/--cloud would print an empty table and exit 0, as if the catalog had no such SKUs
+    for flag, value, known in (("--gpu", gpu, {s.gpu_type for s in everything if s.gpu_type}),
+                               ("--cloud", cloud, {s.cloud for s in everything})):
+        if value is not None and value.lower() not in {k.lower() for k in known}:
+            raise CatalogError(f"{flag}: no SKU in the catalog has {value!r}",
+                               fix=f"use one of: {', '.join(sorted(known))}; or add SKUs with --catalog FILE")
+    rows = cat.skus(gpu, cloud)
     if as_json:
         print(json.dumps([sku_json(s) for s in rows], indent=2))
         return

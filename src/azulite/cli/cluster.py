@@ -61,6 +61,9 @@ def _job_facts(spec_path: Path) -> tuple[Optional[str], int, bool]:
 
 def _work_hours(hours: Optional[str], sps: Optional[float], samples: Optional[float], epochs: float) -> float:
     if hours is not None:
+        if sps is not None or samples is not None:  # else one of them is silently ignored
+            raise CostError("give --hours or --samples-per-second/--samples, not both",
+                            fix="drop one: --hours is the wall time; the samples flags compute it")
         return _hours(hours, "--hours")
     if sps is not None and samples is not None:
         if sps <= 0 or samples <= 0 or epochs <= 0:
@@ -77,7 +80,7 @@ def cost(
     hours: Optional[str] = typer.Option(None, "--hours", help="Wall time: 50, 2.5, 90m, 2d."),
     samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured training throughput."),
     samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
-    epochs: float = typer.Option(1.0, "--epochs"),
+    epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
     spot: bool = typer.Option(False, "--spot", help="Spot (low-priority) VMs, with the expected eviction overhead."),
     pricing: str = typer.Option("on_demand", "--pricing", help="on_demand, reserved_1y, reserved_3y, savings_1y, savings_3y."),
     eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour (0: none)."),
@@ -110,13 +113,20 @@ def cost(
         spec_sku, spec_nodes, spec_spot = _job_facts(spec)
     name = sku or spec_sku
     if not name:
-        raise CostError("which VM size? the spec has no resources.instance_type", fix="pass --sku, e.g. --sku Standard_NC24rs_v3")
+        raise CostError("which VM size? " + ("the spec has no resources.instance_type" if spec is not None else "no --sku and no job spec"),
+                        fix="pass --sku, e.g. --sku Standard_NC24rs_v3, or a job spec: azulite cost examples/ddp/job.yaml --hours 10")
     the_sku = cat.get(name)
+    if spot and pricing not in ("on_demand", "spot"):  # --spot won and --pricing was dropped without a word
+        raise CostError(f"--spot and --pricing {pricing} ask for two prices", fix=f"pick one: --spot, or --pricing {pricing}")
     kind = "spot" if (spot or (spec_spot and pricing == "on_demand")) else pricing
     out = _console()
     if serve:
+        if hours is not None or samples_per_second is not None or samples is not None:  # they were ignored
+            raise CostError("--hours and the samples flags price a training run, not an endpoint",
+                            fix="for --serve give --hours-per-month (730 or 720), or drop --serve to price training")
         rates = _read_curve(curve) if curve else None
-        result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=nodes or 1, hours_per_month=hours_per_month,
+        # `nodes or 1` would price `--nodes 0` as one replica without a word; 0 is the user's typo to report
+        result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=1 if nodes is None else nodes, hours_per_month=hours_per_month,
                               utilization=utilization, curve=rates, capacity_rps=capacity)
         if as_json:
             print(json.dumps(result.to_json(), indent=2))
@@ -131,7 +141,7 @@ def cost(
             out.print("  hours-per-month conventions: " + "; ".join(
                 f"{h:g} h -> ${per * h:,.2f}" for h in (720.0, 730.0)) + " (pick with --hours-per-month)")
         return
-    n = nodes or spec_nodes
+    n = spec_nodes if nodes is None else nodes
     h = _work_hours(hours, samples_per_second, samples, epochs)
     est = training_cost(the_sku, n, h, pricing=kind, eviction_rate=eviction_rate,
                         checkpoint_interval_s=_seconds(checkpoint_interval, "--checkpoint-interval"), save_seconds=save_seconds)
@@ -171,8 +181,19 @@ def _read_curve(path: Path) -> list[float]:
                 except ValueError:
                     raise TraceError(f"request rate must be a number, got {row[-1]!r}", where=f"{path}: row {row_no}",
                                      fix="rows of hour,rps") from None
+                try:  # the rate is what counts; a non-number hour means a shifted or foreign column, not a curve
+                    if len(row) > 1:
+                        float(row[0])
+                except ValueError:
+                    raise TraceError(f"hour must be a number, got {row[0]!r}", where=f"{path}: row {row_no}",
+                                     fix="rows of hour,rps, e.g. 13,42.5") from None
     except FileNotFoundError:
-        raise TraceError("request-rate curve not found", where=str(path)) from None
+        raise TraceError("request-rate curve not found", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
+    except IsADirectoryError:
+        raise TraceError("--curve is a directory, not a file", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TraceError(f"cannot read the request-rate curve ({type(exc).__name__})", where=str(path),
+                         fix="pass a readable CSV of hour,rps rows to --curve") from None
     return rates
 
 
@@ -182,11 +203,11 @@ def simulate_cmd(
     fmt: str = typer.Option("csv", "--format", help="csv, philly (cluster_job_log), pai2020 (task table), pai2023 (pod list)."),
     job_table: Optional[Path] = typer.Option(None, "--job-table", help="pai2020: pai_job_table.csv for submit times."),
     plot_path: Optional[Path] = typer.Option(None, "--plot", help="Write a PNG of utilization, queue and nodes here."),
-    checkpoint_cost: float = typer.Option(0.0, "--checkpoint-cost", help="Seconds each checkpoint save takes."),
+    checkpoint_cost: float = typer.Option(0.0, "--checkpoint-cost", min=0.0, help="Seconds each checkpoint save takes."),
     seed: int = typer.Option(0, "--seed", help="Random seed (spot evictions)."),
-    catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
+    catalog_file: Optional[Path] = typer.Option(None, "--catalog", help="A TOML catalog file (your SKUs / prices)."),
     as_json: bool = typer.Option(False, "--json", help="Print the figures as one JSON object."),
-    no_progress: bool = typer.Option(False, "--no-progress"),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar (it shows only on a terminal)."),
 ) -> None:
     """Simulate a job trace on a cluster's node pools: cost, utilization, queueing delay, lost work.
 
@@ -207,6 +228,8 @@ def simulate_cmd(
 
     if fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}", fix=f"use one of: {', '.join(FORMATS)}")
+    if plot_path is not None:
+        _check_plot_path(plot_path)
     spec = load_cluster(cluster)
     pools = resolve_pools(spec, catalog=load_catalog(str(catalog_file) if catalog_file else None), spec_file=cluster)
     jobs = read_trace(trace, fmt, job_table=job_table)
@@ -239,6 +262,15 @@ def simulate_cmd(
         out.print(f"plot: {plot_path}")
 
 
+def _check_plot_path(path: Path) -> None:
+    """Refuse a --plot the PNG cannot be written to before simulating, not after (a long run lost to a typo)."""
+    if path.is_dir():
+        raise SpecError("--plot is a directory", file=str(path), field="--plot", fix=f"name a file, e.g. --plot {path / 'sim.png'}")
+    if not path.parent.is_dir():
+        raise SpecError(f"the folder {str(path.parent)!r} does not exist", file=str(path), field="--plot",
+                        fix=f"create it first (mkdir -p {path.parent}) or write the plot elsewhere")
+
+
 def measured_save_seconds(uri: str) -> tuple[Optional[float], str]:
     """The median ``save_seconds`` of the committed checkpoints under ``uri`` (written by azulite.train
     when it records it), and where it came from."""
@@ -259,19 +291,19 @@ def measured_save_seconds(uri: str) -> tuple[Optional[float], str]:
 def plan_cmd(
     spec: Path = typer.Argument(..., help="The job spec (resources.instance_type and instance_count: where --hours was measured)."),
     hours: Optional[str] = typer.Option(None, "--hours", help="Wall time measured on the spec's SKU and nodes."),
-    samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second"),
-    samples: Optional[float] = typer.Option(None, "--samples"),
-    epochs: float = typer.Option(1.0, "--epochs"),
+    samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured throughput on the spec's SKU and nodes (instead of --hours)."),
+    samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
+    epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
     deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within (p90): 48, 48h, 2d."),
     budget: Optional[float] = typer.Option(None, "--budget", help="Expected cost at most (USD)."),
     checkpoints: Optional[str] = typer.Option(None, "--checkpoints", help="A checkpoint location: read measured save_seconds from its manifests."),
     save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration when no manifest has one (default 60)."),
-    eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour."),
+    eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", min=0.0, help="Spot evictions per node-hour."),
     speedup: Optional[List[str]] = typer.Option(None, "--speedup", help="Weigh another GPU type: A100=2.5 (per GPU vs the spec's)."),
     scaling_efficiency: float = typer.Option(0.9, "--scaling-efficiency", help="Throughput kept per doubling of GPUs (assumption)."),
     runs: int = typer.Option(16, "--runs", help="Simulated runs per spot candidate."),
-    catalog_file: Optional[Path] = typer.Option(None, "--catalog"),
-    as_json: bool = typer.Option(False, "--json"),
+    catalog_file: Optional[Path] = typer.Option(None, "--catalog", help="A TOML catalog file (your SKUs / prices)."),
+    as_json: bool = typer.Option(False, "--json", help="One JSON object: objective, pick, alternatives."),
 ) -> None:
     """Recommend SKU, node count, spot or on-demand and the checkpoint interval for a job.
 
@@ -295,6 +327,10 @@ def plan_cmd(
     h = _work_hours(hours, samples_per_second, samples, epochs)
     delta, source = None, "default (no measured save duration)"
     if checkpoints:
+        if "://" not in checkpoints and not Path(checkpoints).exists():
+            # a typo'd local path would otherwise read as "no save_seconds" and quietly plan on the 60 s default
+            raise SpecError("checkpoint location not found", file=checkpoints, field="--checkpoints",
+                            fix="pass the job's outputs.checkpoints folder (or az://container/dir), or --save-seconds S")
         delta, source = measured_save_seconds(checkpoints)
     if delta is None and save_seconds is not None:
         delta, source = save_seconds, "--save-seconds"
@@ -310,9 +346,10 @@ def plan_cmd(
             raise SpecError(f"--speedup takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5") from None
         if not ups[k.strip()] > 0:
             raise SpecError(f"--speedup factor must be > 0, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
-    if not 0 < scaling_efficiency <= 1 or runs < 1:
-        raise SpecError("--scaling-efficiency must be in (0, 1] and --runs >= 1", field="--scaling-efficiency",
-                        fix="e.g. --scaling-efficiency 0.9 --runs 16")
+    if not 0 < scaling_efficiency <= 1:
+        raise SpecError(f"must be in (0, 1], got {scaling_efficiency:g}", field="--scaling-efficiency", fix="e.g. --scaling-efficiency 0.9")
+    if runs < 1:
+        raise SpecError(f"must be >= 1, got {runs}", field="--runs", fix="e.g. --runs 16")
     job = Job(hours=h, ref_sku=ref, ref_nodes=n, save_seconds=delta, save_source=source)
     rate = DEFAULT_EVICTION_RATE_PER_HOUR if eviction_rate is None else eviction_rate
     result = plan(job, deadline_h=_hours(deadline, "--deadline"), budget_usd=budget, catalog=cat, eviction_rate=rate,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import List, Optional
 
@@ -13,12 +14,30 @@ from azulite.errors import AzuliteError
 app = typer.Typer(no_args_is_help=True, help=(
     "Render a job or serving spec for AKS or Azure ML.\n\n"
     "Examples:\n\n"
-    "  azulite deploy render examples/aks/torchrec-job.yaml --target aks --out build/\n\n"
-    "  azulite deploy render examples/aks/torchrec-job.yaml --target aks --flavor pytorchjob --out build/\n\n"
+    "  azulite deploy render examples/aks/torchrec/job.yaml --target aks --out build/\n\n"
+    "  azulite deploy render examples/aks/torchrec/job.yaml --target aks --flavor pytorchjob --out build/\n\n"
     "  azulite deploy render examples/aks/arr-coc-triton.yaml --target azureml --out build/"))
 cluster_app = typer.Typer(no_args_is_help=True, help=(
     "Render what sets up an AKS cluster for GPU work, from the cluster spec `azulite simulate` reads.\n\n"
     "Example:\n\n  azulite cluster render examples/aks/cluster.yaml --resource-group torchrec-rg --out build/cluster"))
+
+
+# RFC 1123 label, what the API server requires of a namespace; the offline schemas do not check names, so
+# a bad one would only be refused at `kubectl apply`
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+# the characters an image reference can hold (the full grammar is the registry's to enforce): a space or a
+# '!' would otherwise land in the pod spec and the Dockerfile's tag and fail only at the cluster
+_IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
+
+
+def _check_namespace(value: str, flag: str) -> str:
+    if not _NAMESPACE.fullmatch(value):
+        raise AzuliteError(f"{value!r} is not a Kubernetes namespace name", where=flag,
+                           fix="use lowercase letters, digits and '-', starting and ending with a letter or digit, "
+                               "at most 63 characters, e.g. ml-training")
+    return value
 
 
 @app.command("render")
@@ -27,13 +46,13 @@ def render(
     target: str = typer.Option("aks", "--target", help="aks or azureml."),
     out: Path = typer.Option(..., "--out", help="Folder to write into (created)."),
     flavor: str = typer.Option("indexed-job", "--flavor", help="AKS jobs: indexed-job or pytorchjob."),
-    namespace: str = typer.Option("default", "--namespace", "-n"),
+    namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace of the rendered objects."),
     image: Optional[str] = typer.Option(None, "--image", help="Image to run (default: the spec's environment.image)."),
     code_uri: Optional[str] = typer.Option(None, "--code-uri", help="az://container/prefix the code snapshot is fetched from (default: baked into the image)."),
     storage_account: Optional[str] = typer.Option(None, "--storage-account", help="Storage account of az:// locations."),
     pvc: Optional[str] = typer.Option(None, "--pvc", help="PersistentVolumeClaim for outputs that are not az:// URIs."),
     service_account: str = typer.Option("azulite", "--service-account", help="Service account with a workload identity (Blob)."),
-    grace: int = typer.Option(120, "--termination-grace", help="Seconds for the preemption checkpoint after SIGTERM."),
+    grace: int = typer.Option(120, "--termination-grace", min=0, help="Seconds for the preemption checkpoint after SIGTERM."),
     compute: Optional[str] = typer.Option(None, "--compute", help="Azure ML compute cluster (default: the spec's compute)."),
     datastore: Optional[str] = typer.Option(None, "--datastore", help="Azure ML datastore of az:// outputs."),
     set_: List[str] = typer.Option([], "--set", help="Override a spec field: --set path=value."),
@@ -47,6 +66,10 @@ def render(
         raise AzuliteError(f"unknown target {target!r}", where="--target", fix="use --target aks or --target azureml")
     if flavor not in ("indexed-job", "pytorchjob"):
         raise AzuliteError(f"unknown flavor {flavor!r}", where="--flavor", fix="use --flavor indexed-job or --flavor pytorchjob")
+    _check_namespace(namespace, "--namespace")
+    if image is not None and not _IMAGE.fullmatch(image):
+        raise AzuliteError(f"{image!r} is not an image reference", where="--image",
+                           fix="write REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST], e.g. myacr.azurecr.io/train:1.0")
     aks = AksOptions(namespace=namespace, flavor=flavor, image=image, code_uri=code_uri, storage_account=storage_account,
                      pvc=pvc, service_account=service_account, termination_grace_s=grace)
     aml = AzureMLOptions(compute=compute, datastore=datastore, storage_account=storage_account)
@@ -62,7 +85,7 @@ def cluster_render(
     out: Path = typer.Option(..., "--out", help="Folder to write into (created)."),
     cluster_name: Optional[str] = typer.Option(None, "--cluster-name", help="The AKS cluster (default: the spec's name)."),
     namespace: str = typer.Option("monitoring", "--monitoring-namespace", help="Namespace of the DCGM exporter and alerts."),
-    gpu_memory_free_mb: int = typer.Option(1024, "--gpu-memory-free-mb", help="GPUMemoryExhausted below this many MB free."),
+    gpu_memory_free_mb: int = typer.Option(1024, "--gpu-memory-free-mb", min=0, help="GPUMemoryExhausted below this many MB free."),
     gpu_temperature_c: int = typer.Option(85, "--gpu-temperature-c", help="GPUTemperatureHigh above this."),
     alert_for: str = typer.Option("2m", "--alert-for", help="How long a condition holds before it alerts."),
 ) -> None:
@@ -70,6 +93,7 @@ def cluster_render(
     from azulite.deploy.cluster import AksCluster
     from azulite.deploy.render import render_cluster, write_files
 
+    _check_namespace(namespace, "--monitoring-namespace")
     aks = AksCluster(resource_group=resource_group, cluster_name=cluster_name, monitoring_namespace=namespace,
                      gpu_memory_free_mb=gpu_memory_free_mb, gpu_temperature_c=gpu_temperature_c, alert_for=alert_for)
     for p in write_files(out, render_cluster(spec, aks)):

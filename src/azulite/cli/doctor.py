@@ -12,18 +12,19 @@ from rich.console import Console
 from rich.table import Table
 
 from azulite.bench.doctor import Expectations, failed, run_checks, to_json
+from azulite.errors import AzuliteError
 
 _STYLE = {"pass": "bold green", "warn": "yellow", "fail": "bold red", "skipped": "dim"}
 
 
 def doctor(
     sku: Optional[str] = typer.Option(None, "--sku", help="This node's VM size in the catalog (e.g. ND96asr_v4): its GPU count and InfiniBand are expected; --gpus / --infiniband override."),
-    gpus: Optional[int] = typer.Option(None, "--gpus", help="GPUs this node's SKU has (e.g. 8 for ND96asr_v4)."),
+    gpus: Optional[int] = typer.Option(None, "--gpus", min=0, help="GPUs this node's SKU has (e.g. 8 for ND96asr_v4)."),
     infiniband: Optional[bool] = typer.Option(None, "--infiniband/--no-infiniband", help="Whether the SKU has InfiniBand."),
     matmul_tflops: Optional[float] = typer.Option(None, "--matmul-tflops", help="SKU's dense bf16 TFLOP/s per GPU."),
     gpu_mem_gbps: Optional[float] = typer.Option(None, "--gpu-mem-gbps", help="SKU's GPU memory bandwidth, GB/s."),
     checkpoint: Optional[str] = typer.Option(None, "--checkpoint", help="Checkpoint location to test writing to (DIR or az://container/dir)."),
-    min_write_gbps: float = typer.Option(0.1, "--min-write-gbps", help="Warn below this checkpoint write bandwidth."),
+    min_write_gbps: float = typer.Option(0.1, "--min-write-gbps", min=0.0, help="Warn below this checkpoint write bandwidth."),
     json_: bool = typer.Option(False, "--json", help="Print the checks as JSON."),
 ) -> None:
     """Check this node before training: GPUs visible vs the SKU, ECC errors, driver/CUDA, NCCL/InfiniBand,
@@ -36,6 +37,9 @@ def doctor(
 
       azulite doctor --json | jq .ok
     """
+    for flag, value, example in (("--matmul-tflops", matmul_tflops, 312), ("--gpu-mem-gbps", gpu_mem_gbps, 2039)):
+        if value is not None and not value > 0:  # a probe against 0 would always pass
+            raise AzuliteError(f"must be > 0, got {value:g}", where=flag, fix=f"give the SKU's figure, e.g. {flag} {example} (A100 80GB)")
     if sku is not None:
         from azulite.catalog import get_sku
 

@@ -53,8 +53,16 @@ LOG_TAIL_LINES = 20
 _out = console.out
 
 
-def _backend(name: Optional[str] = None, environ: Optional[dict] = None) -> Backend:
+def _settings() -> Settings:
     settings = Settings.from_environ()
+    if settings.home.exists() and not settings.home.is_dir():  # else a FileExistsError traceback from mkdir
+        raise AzuliteError("the azulite home is a file, not a folder", where=str(settings.home),
+                           fix="point AZULITE_HOME at a folder (or unset it for ~/.azulite)")
+    return settings
+
+
+def _backend(name: Optional[str] = None, environ: Optional[dict] = None) -> Backend:
+    settings = _settings()
     if name is None:
         return get_backend(settings.backend, settings, environ)
     try:
@@ -67,7 +75,7 @@ def _backend_for(job_id: str) -> Backend:
     """The backend the job store says the job runs on (a kubernetes job is read from its cluster)."""
     from azulite.launch.local.store import JobStore
 
-    settings = Settings.from_environ()
+    settings = _settings()
     try:
         name = JobStore(settings.db_path).get(job_id).backend
     except AzuliteError:
@@ -311,7 +319,7 @@ def wait_(
 
 @app.command("list")
 def list_(
-    limit: int = typer.Option(20, "--limit", "-n", help="How many recent jobs."),
+    limit: int = typer.Option(20, "--limit", "-n", min=1, help="How many recent jobs (at least 1)."),
     json_: bool = typer.Option(False, "--json", help="JSON lines, one job per line."),
 ) -> None:
     """List recent jobs, newest first.  Example: azulite job list -n 5"""
@@ -458,7 +466,7 @@ def logs(
 @app.command()
 def cancel(
     job_id: str = typer.Argument(..., help="Job id."),
-    json_: bool = typer.Option(False, "--json"),
+    json_: bool = typer.Option(False, "--json", help="Print {id, state, already_ended} as JSON."),
 ) -> None:
     """End every process of the job (SIGTERM, then SIGKILL after a grace period) and mark it canceled.
 
@@ -478,7 +486,7 @@ def cancel(
 @app.command()
 def preempt(
     job_id: str = typer.Argument(..., help="Job id of a running job."),
-    json_: bool = typer.Option(False, "--json"),
+    json_: bool = typer.Option(False, "--json", help="Print {id, state, preempt_requested} as JSON."),
 ) -> None:
     """Simulate a spot eviction: SIGTERM every rank; ranks that commit a checkpoint and exit 75 get the job
     requeued as a new attempt (AZULITE_ATTEMPT=n+1).  Example: azulite job preempt ddp-1"""

@@ -68,8 +68,17 @@ def render(
     if out is None:
         typer.echo(text, nl=False)
         return
+    if out.is_dir():
+        raise SpecError("is a directory", file=str(out), field="--out", fix=f"name a file, e.g. -o {out / 'rules.yml'}")
+    if not out.parent.is_dir():
+        raise SpecError(f"the folder {str(out.parent)!r} does not exist", file=str(out), field="--out",
+                        fix=f"create it first (mkdir -p {out.parent}) or write the rules elsewhere")
     # never a half-written rule file where Prometheus reloads it
-    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=f".{out.name}.")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, out)
+    fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, out)
+    except BaseException:
+        os.unlink(tmp)  # no stray temp file beside the rules on a failed write
+        raise

@@ -42,7 +42,7 @@ def price_of(sku: Sku, kind: str) -> float:
         known = [k for k in PRICE_KINDS if sku.price(k)]
         raise PriceUnknown(
             f"no {kind} price for {sku.name}: no source gives one",
-            fix=(f"known for this SKU: {', '.join(known)}; " if known else "") + "or add a [[price]] with its source in a --catalog file",
+            fix=(f"known for this SKU: {', '.join(known)}; or add" if known else "add") + " a [[price]] with its source in a --catalog file",
         )
     return p.usd_per_hour
 
@@ -175,7 +175,7 @@ def serving_cost(
     if hours_per_month <= 0:
         raise CostError(f"hours per month must be > 0, got {hours_per_month:g}", fix="730 (8,760/12) or 720 (30 days)")
     if replicas < 1:
-        raise CostError(f"replicas must be >= 1, got {replicas}")
+        raise CostError(f"replicas must be >= 1, got {replicas}", fix="e.g. --nodes 1 (replicas)")
     rate = price_of(sku, pricing)
     source = sku.price(pricing).label()
     notes = [f"{hours_per_month:g} hours per month"]

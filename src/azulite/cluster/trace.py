@@ -423,12 +423,24 @@ FORMATS = ("csv", "philly", "pai2020", "pai2023")
 
 def read_trace(path: str | Path, fmt: str = "csv", *, job_table: str | Path | None = None) -> Trace:
     """Read a trace in one of FORMATS (``pai2020`` takes the task table as ``path``)."""
-    if fmt == "csv":
-        return read_csv(path)
-    if fmt == "philly":
-        return read_philly(path)
-    if fmt == "pai2020":
-        return read_pai2020(path, job_table)
-    if fmt == "pai2023":
+    if fmt not in FORMATS:
+        raise TraceError(f"unknown trace format {fmt!r}", fix=f"use one of: {', '.join(FORMATS)}")
+    if job_table is not None and fmt != "pai2020":  # it was ignored, a typo'd path and all
+        raise TraceError(f"--job-table is only read with --format pai2020 (the format is {fmt})",
+                         fix="drop --job-table, or pass --format pai2020 with PAI's task table as the trace")
+    # checked here once for every importer: each opens its file(s) its own way
+    for p, what in ((path, "the trace"), (job_table, "--job-table")):
+        if p is not None and Path(p).is_dir():
+            raise TraceError(f"{what} is a directory, not a file", where=str(p), fix="pass the file itself")
+    try:
+        if fmt == "csv":
+            return read_csv(path)
+        if fmt == "philly":
+            return read_philly(path)
+        if fmt == "pai2020":
+            return read_pai2020(path, job_table)
         return read_pai2023(path)
-    raise TraceError(f"unknown trace format {fmt!r}", fix=f"use one of: {', '.join(FORMATS)}")
+    except UnicodeDecodeError:
+        files = f"{path} or {job_table}" if job_table is not None else str(path)
+        raise TraceError("not a UTF-8 text file (a compressed or binary file?)", where=files,
+                         fix=f"decompress it first, or check --format (now {fmt})") from None

@@ -22,6 +22,9 @@ from azulite.spec.cluster import ClusterSpec, NodePool
 DEVICE_PLUGIN_NS = "gpu-resources"
 DCGM_PORT = 9400
 _AKS_POOL_NAME = re.compile(r"^[a-z][a-z0-9]{0,11}$")  # AKS: Linux node pool names
+# AKS cluster names: 1-63 letters, digits, '_' and '-', starting and ending with a letter or digit; `az`
+# would refuse anything else only when the script runs, after the first pools were added
+_AKS_CLUSTER_NAME = re.compile(r"^[A-Za-z0-9]([A-Za-z0-9_-]{0,61}[A-Za-z0-9])?$")
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,11 @@ def pool_commands(spec: ClusterSpec, aks: AksCluster) -> list[list[str]]:
 
 def nodepool_script(spec: ClusterSpec, aks: AksCluster) -> str:
     """A bash script: one ``az aks nodepool add`` per pool, then the autoscaler profile."""
+    name = aks.cluster_name or spec.name
+    if not _AKS_CLUSTER_NAME.match(name):
+        raise DeployError(f"{name!r} is not an AKS cluster name", where="--cluster-name" if aks.cluster_name else "name",
+                          fix="use 1-63 letters, digits, '_' and '-', starting and ending with a letter or digit, "
+                              "e.g. --cluster-name gpu-aks")
     lines = ["#!/usr/bin/env bash", "# Rendered by `azulite cluster render`: GPU/spot node pools and the autoscaler profile.",
              "set -euo pipefail"]
     for argv in pool_commands(spec, aks):

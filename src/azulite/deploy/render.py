@@ -72,7 +72,14 @@ def write_files(out: str | Path, files: dict[str, str]) -> list[Path]:
     """Write every file or none: into a temporary folder beside ``out``, then moved in one by one with
     ``os.replace`` (an interrupted render leaves earlier versions whole, never half a file)."""
     out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise DeployError("--out is a file, not a folder", where=str(out),
+                          fix=f"name a folder to write the manifests into, e.g. --out {out.parent / 'build'}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:  # a file in the way further up, or no permission
+        raise DeployError(f"cannot create the --out folder ({exc.strerror})", where=str(out),
+                          fix="name a folder you can write to") from None
     tmp = Path(tempfile.mkdtemp(prefix=".render-", dir=out))
     try:
         for name, content in files.items():

@@ -160,6 +160,10 @@ def _cluster_error(exc: ValidationError, data: Any, src: _Source) -> SpecError:
         close = difflib.get_close_matches(str(path[-1]), known, n=1)
         hint = f"did you mean '{close[0]}'? " if close else ""
         return src.error(f"unknown field '{path[-1]}'", path, None, fix=f"{hint}use one of: {', '.join(known)}")
+    if err["type"] == "string_pattern_mismatch" and path and path[0] == "pools" and path[-1] == "name":
+        # the job spec's wording ("not a valid job name", '_' allowed) is wrong for a pool
+        return src.error(f"{value!r} is not a valid pool name", path, value if found else None,
+                         fix="use lowercase letters, digits and '-' (starting with a letter or digit, at most 40), e.g. gpupool")
     message, fix = _describe(err, path, value if found else None, data)
     if fix.startswith("correct ") and "README" in fix:
         fix = f"correct {_dotted(path) or 'the cluster spec'} (see the cluster spec format in README.md)"
@@ -171,8 +175,14 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     shown = str(path)
     try:
         text = Path(path).read_text()
-    except (FileNotFoundError, IsADirectoryError):
+    except FileNotFoundError:
         raise SpecError("cluster spec not found", file=shown, fix="pass a YAML file with `pools:`, e.g. examples/cluster/cluster.yaml") from None
+    except IsADirectoryError:
+        raise SpecError("is a directory, not a cluster spec file", file=shown,
+                        fix="pass a YAML file with `pools:`, e.g. examples/cluster/cluster.yaml") from None
+    except (PermissionError, UnicodeDecodeError) as exc:
+        raise SpecError(f"cannot read the cluster spec ({exc.__class__.__name__})", file=shown,
+                        fix="pass a readable YAML file with `pools:`") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)

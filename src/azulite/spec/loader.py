@@ -79,7 +79,8 @@ def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
     out = []
     for item in items:
         key, sep, raw = item.partition("=")
-        if not sep or not key.strip():
+        # an empty segment (`resources..x`, `a.`) would surface as "unknown field ''" at a line of the file
+        if not sep or not key.strip() or any(not part.strip() for part in key.strip().split(".")):
             raise SpecError(
                 f"cannot read override {item!r}",
                 file="--set",
@@ -273,7 +274,11 @@ def read_spec(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict, "_
         text = file.read_text()
     except FileNotFoundError:
         raise SpecError("job spec not found", file=shown, fix="check the path, e.g. azulite job submit examples/ddp/job.yaml") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        inside = file / "job.yaml"
+        raise SpecError("is a directory, not a job spec file", file=shown,
+                        fix=f"pass the YAML file itself, e.g. {inside}" if inside.is_file() else "pass the job's YAML file") from None
+    except (PermissionError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read the job spec ({exc.__class__.__name__})", file=shown, fix="pass a readable YAML file") from None
     try:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
@@ -285,6 +290,9 @@ def read_spec(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict, "_
             fix="check indentation and quoting around this line",
         ) from None
     if data is None:
+        if not overrides:  # else it reads as "required field 'command' is missing", as if one line were lost
+            raise SpecError("the job spec is empty", file=shown,
+                            fix="start with `command: ...`; see examples/ddp/job.yaml for a whole one")
         data = {}
     if not isinstance(data, dict):
         raise SpecError("a job spec must be a YAML mapping", file=shown, line=1, value=data, fix="start with `command: ...`")

@@ -102,7 +102,9 @@ def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
         text = Path(path).read_text()
     except FileNotFoundError:
         raise SpecError("spec not found", file=shown, fix="check the path") from None
-    except (IsADirectoryError, PermissionError, UnicodeDecodeError) as exc:
+    except IsADirectoryError:
+        raise SpecError("is a directory, not a spec file", file=shown, fix="pass the YAML file itself") from None
+    except (PermissionError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read the spec ({exc.__class__.__name__})", file=shown, fix="pass a readable YAML file") from None
     try:
         return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
