@@ -15,6 +15,11 @@ at concurrency 1, 8 and 32 (one row per request; dynamic batching merges them).
   CPU per row over it (``vs_bare_cpu_per_row``: what is above 1 is the server's own work per row) and
   the rows per execution each model's batcher really formed (``batch_rows``, from the servers'
   statistics), so a gap to the limit reads as either work per row or smaller batches.
+- The ceiling: the bare loop has a core to itself and no client, while a served point shares the
+  machine's cores with perf_analyzer. Per point, perf_analyzer's own CPU per row (``client_cpu_us_per_row``,
+  its reaped process's user + system time, over the rows the server answered) and from it
+  ``ceiling_vs_bare`` beside ``vs_bare_throughput``: cores / (client CPU per row + the bare loop's CPU per
+  row), over the bare rows/s -- what a server doing nothing but the model's own work could reach here.
 
 - ARR-COC: the ``arrcoc`` ensemble of examples/arrcoc (ten steps: Pillow decode, five ONNX models,
   tokenizer, opponent processor, decoder, detokenizer), trained and built here by its build_repository.py
@@ -39,6 +44,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -54,6 +60,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import serving as base  # noqa: E402 - bench/serving.py: ports, server start/stop, perf_analyzer runs
 from serving_workers import inference_count, tree_cpu_s  # noqa: E402 - a server's CPU per inference
+
+
+#: the cores a served point's server and client share (the bare loop uses one)
+CORES = len(os.sched_getaffinity(0))
 
 
 @dataclass
@@ -190,6 +200,9 @@ def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms:
     import subprocess
 
     stable = True
+    # perf_analyzer's own CPU (its threads, once it is reaped): the client's share of the 2 cores, over every
+    # row it sent, as the server's is taken over every row it answered (a retry's too, on both sides)
+    cpu0 = _children_cpu_s()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if p.returncode != 0 or not out.exists():
         cmd[cmd.index("--stability-percentage") + 1] = "1000"  # a loaded machine: accept any spread, say so
@@ -199,7 +212,28 @@ def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms:
             return {"error": (p.stdout + p.stderr)[-400:]}
     row = next(csv.DictReader(out.open()))
     return {"infer_per_s": round(float(row["Inferences/Second"]), 1), "p50_ms": round(float(row["p50 latency"]) / 1000, 3),
-            "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable}
+            "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable,
+            "client_cpu_s": _children_cpu_s() - cpu0}
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU of every child this process has reaped: the perf_analyzer runs (the servers, still
+    running, are not reaped until the end)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def ceiling_vs_bare(bare_cpu_us_per_row: float, client_cpu_us_per_row: float, cores: int) -> float:
+    """The best throughput any server could reach here over the bare loop's, as a ratio: the bare loop runs
+    the model on one core with no client (its rows/s is 1e6 / its CPU per row); a served point shares
+    ``cores`` with its client, so even a server whose only work were the model's (the bare loop's CPU per
+    row) tops out at cores / (client CPU per row + bare CPU per row)."""
+    if bare_cpu_us_per_row <= 0 or client_cpu_us_per_row < 0 or cores < 1:
+        raise ValueError(f"CPU per row must be positive (bare {bare_cpu_us_per_row}, client "
+                         f"{client_cpu_us_per_row}) and cores >= 1 ({cores})")
+    return cores * bare_cpu_us_per_row / (client_cpu_us_per_row + bare_cpu_us_per_row)
 
 
 def executions(http_port: int) -> dict[str, tuple[int, int]]:
@@ -252,12 +286,16 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
                     r = perf(bin_dir / "perf_analyzer", bm, protocol, http_port if protocol == "http" else grpc_port,
                              c, measure_ms, work, rows)
                     served = inference_count(http_port, bm.model) - rows0
+                    client_cpu_s = r.pop("client_cpu_s", None)
                     if "error" not in r and served > 0:
                         r["server_cpu_us_per_row"] = round((tree_cpu_s(proc.pid) - cpu0) / served * 1e6, 2)
+                        r["client_cpu_us_per_row"] = round(client_cpu_s / served * 1e6, 2)
                         r["batch_rows"] = batch_rows(runs0, executions(http_port))
                     figures[server][f"{protocol}_c{c}"] = r
                     shown = (f"{r['infer_per_s']:>9.1f} rows/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
                              + (f"  server CPU {r['server_cpu_us_per_row']:6.2f} us/row" if "server_cpu_us_per_row" in r
+                                else "")
+                             + (f"  client CPU {r['client_cpu_us_per_row']:6.2f} us/row" if "client_cpu_us_per_row" in r
                                 else "")
                              + (f"  rows/execution {r['batch_rows']}" if r.get("batch_rows") else "")
                              + ("" if r["stable"] else "  (unstable: machine load)") if "error" not in r
@@ -284,6 +322,10 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
         ratios[key] = {"vs_triton_throughput": round(a["infer_per_s"] / t["infer_per_s"], 3),
                        "vs_triton_p99": round(a["p99_ms"] / t["p99_ms"], 3),
                        "vs_bare_throughput": round(a["infer_per_s"] / figures["bare"][f"b{c}"], 3)}
+        if "client_cpu_us_per_row" in a:
+            # beside vs_bare_throughput: the most any server could reach at this point on this machine
+            ratios[key]["ceiling_vs_bare"] = round(ceiling_vs_bare(
+                figures["bare_cpu_us_per_row"][f"b{c}"], a["client_cpu_us_per_row"], CORES), 3)
         if "server_cpu_us_per_row" in a and "server_cpu_us_per_row" in t:  # below 1: less CPU per row than Triton
             ratios[key]["vs_triton_cpu_per_row"] = round(a["server_cpu_us_per_row"] / t["server_cpu_us_per_row"], 3)
         if "server_cpu_us_per_row" in a:
