@@ -4,11 +4,13 @@ at concurrency 1, 8 and 32 (one row per request; dynamic batching merges them).
 
 - DLRM: a checkpoint of the example job's model shape (26 tables x 1000 rows x 8, dense 32-8, over 32-1;
   untrained: speed does not depend on the weights) exported by ``azulite export`` exactly as a trained
-  one is: the ensemble ``dlrm`` = ``dlrm_preprocess`` (Python: raw Criteo TSV row -> int64) ->
-  ``dlrm_model`` (ONNX). Clients send raw rows.
-- Real Triton here has only its Python backend: it serves the same repository with the ONNX model
-  wrapped in a model.py running the same model.onnx with onnxruntime (azulite.export.wrappers), one
-  intra-op thread, as azulite's sessions.
+  one is, by default as the one-step pipeline (``--pipeline fused``): ``dlrm``, a Python-backend model
+  parsing the raw Criteo TSV rows and running its model.onnx with onnxruntime (one thread) in one execute.
+  ``--dlrm-pipeline ensemble``: the ensemble ``dlrm`` = ``dlrm_preprocess`` (Python: raw row -> int64) ->
+  ``dlrm_model`` (ONNX). Clients send raw rows either way.
+- Real Triton here has only its Python backend: it serves the same repository (the one-step model.py runs
+  unchanged there; an ensemble's ONNX model is wrapped in a model.py running the same model.onnx with
+  onnxruntime, azulite.export.wrappers), one intra-op thread, as azulite's sessions.
 - The bare session: the same preprocessing function and an onnxruntime session (1 thread) in this
   process, on batches of c rows for concurrency c: what dynamic batching could at best merge, with no
   server at all. Beside its rows/s: its CPU per row (``bare_cpu_us_per_row``), and per point the server's
@@ -32,7 +34,7 @@ Both servers stay up; each point is measured on one, then the other, so a change
 hits both alike. The last line printed is one JSON object.
 
     python bench/serve_models.py [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 3000] [--models dlrm]
-                                 [--rows-per-request N]
+                                 [--rows-per-request N] [--dlrm-pipeline fused|ensemble]
 
 Rows per request: 1 by default (every request one row or image, the hardest case for a server: its
 per-request protocol work is all there is to amortise). A DLRM ranking request scores a user's candidate
@@ -83,7 +85,11 @@ class BenchModel:
     max_batch: int = 64
 
 
-def build_dlrm(work: Path) -> BenchModel:
+#: how the DLRM pipeline is exported (azulite export --pipeline): both servers serve the same repository
+DLRM_PIPELINE = "fused"
+
+
+def build_dlrm(work: Path, pipeline: str | None = None) -> BenchModel:
     from azulite import train
     from azulite.export import ExportOptions, export_checkpoint
     from azulite.export.dlrm import PREPROCESS_MODEL_PY, sample_rows
@@ -100,7 +106,8 @@ def build_dlrm(work: Path) -> BenchModel:
         ckpt.save(1, sync=True, raise_on_error=True)
     ckpt.close()
     repo = work / "repo"
-    export_checkpoint(str(work / "ckpt"), ExportOptions(repo=repo, name="dlrm", max_batch_size=64))
+    pipeline = pipeline or DLRM_PIPELINE
+    export_checkpoint(str(work / "ckpt"), ExportOptions(repo=repo, name="dlrm", max_batch_size=64, pipeline=pipeline))
     rows = sample_rows(256, seed=1).reshape(-1)
     data = work / "dlrm-input.json"
     data.write_text(json.dumps({"data": [{"ROW": {"content": [r.decode()], "shape": [1]}} for r in rows]}))
@@ -113,7 +120,8 @@ def build_dlrm(work: Path) -> BenchModel:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(repo / "dlrm_model" / "1" / "model.onnx"), sess_options=options,
+    model_dir = "dlrm" if pipeline == "fused" else "dlrm_model"
+    session = ort.InferenceSession(str(repo / model_dir / "1" / "model.onnx"), sess_options=options,
                                    providers=["CPUExecutionProvider"])
 
     def bare(batch: int, seconds: float) -> tuple[float, float]:
@@ -351,7 +359,10 @@ def main() -> None:
     ap.add_argument("--rows-per-request", type=int, default=1,
                     help="rows (images) in each request (perf_analyzer -b): a DLRM ranking request scores many "
                          "candidates at once")
+    ap.add_argument("--dlrm-pipeline", choices=("fused", "ensemble"), default=DLRM_PIPELINE,
+                    help="how the DLRM pipeline is exported (azulite export --pipeline)")
     args = ap.parse_args()
+    sys.modules[__name__].DLRM_PIPELINE = args.dlrm_pipeline  # build_dlrm's default
     bin_dir = base.anchors(args.anchors)
     work = Path(tempfile.mkdtemp(prefix="azulite-bench-serve-models-"))
     results: dict = {}
@@ -363,7 +374,7 @@ def main() -> None:
             bm = builder(work / name)
             results[name] = measure(name, bm, bin_dir, args.concurrency, args.measure_ms, work, args.rows_per_request)
         print(json.dumps({"bench": "serve_models", "concurrency": args.concurrency, "rows_per_request": args.rows_per_request,
-                          "models": results}))
+                          "dlrm_pipeline": args.dlrm_pipeline, "models": results}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

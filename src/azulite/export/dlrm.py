@@ -38,6 +38,8 @@ SCORE = TensorSpec(name="SCORE", dtype="FP32", dims=(1,))
 # azulite) and is written as the step's model.py. Its ``parse_rows`` is also what the export runs in-process
 # to verify the pipeline, and what the bench's bare limit runs.
 PREPROCESS_MODEL_PY = (Path(__file__).parent / "dlrm_preprocess.py").read_text()
+# The one-step pipeline's model.py: the same module, serving its ScoringModel (parse + the ONNX graph).
+SCORING_MODEL_PY = PREPROCESS_MODEL_PY + "\nTritonPythonModel = ScoringModel  # written by azulite export --pipeline fused\n"
 
 
 def _served_module(dlrm: Any, num_embeddings: list[int]) -> Any:
@@ -127,7 +129,7 @@ def plan(model: Any, model_config: Mapping[str, Any]) -> ServingPlan:
         dense, cats = dlrm_preprocess.parse_rows(feed[ROW.name])
         return {DENSE.name: dense, CATEGORIES.name: cats}
 
-    step = PreprocessStep(inputs=(ROW,), run=preprocess, model_py=PREPROCESS_MODEL_PY)
+    step = PreprocessStep(inputs=(ROW,), run=preprocess, model_py=PREPROCESS_MODEL_PY, fused_model_py=SCORING_MODEL_PY)
     return ServingPlan(
         module=_served_module(model, num_embeddings), inputs=(DENSE, CATEGORIES), outputs=(SCORE,),
         sample=lambda n, seed: {ROW.name: sample_rows(n, seed)},
