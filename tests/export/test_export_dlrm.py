@@ -138,6 +138,9 @@ def test_the_pipeline_options_that_cannot_be_are_refused_before_anything_is_writ
                                           "version cannot join it") as err:
         export_checkpoint(step, ExportOptions(repo=repo, name="dlrm_ens"))
     assert "--pipeline ensemble" in err.value.fix
+    with pytest.raises(ExportError, match=r"model 'dlrm' .* is python .*: an ensemble cannot add a version to it") as err:
+        export_checkpoint(step, ExportOptions(repo=repo, name="dlrm", pipeline="ensemble"))
+    assert "--pipeline fused" in err.value.fix
     with pytest.raises(ExportError, match="unknown pipeline 'two-step'"):
         ExportOptions(repo=repo, pipeline="two-step")
     assert sorted(str(p.relative_to(repo)) for p in repo.rglob("*")) == before

@@ -1,14 +1,19 @@
 """Serving TorchRec's DLRM (``azulite.workloads.dlrm``) from raw Criteo rows.
 
 TorchRec's DLRM takes a KeyedJaggedTensor, which neither ONNX nor Triton's wire format carries, and
-training hashes and transforms the raw features first (``azulite.data.criteo``). Served, the pipeline is
-a Triton ensemble a client sends one raw TSV line per row to, so it never re-implements preprocessing:
+training hashes and transforms the raw features first (``azulite.data.criteo``). Served, the model takes
+one raw TSV line per row, so a client never re-implements preprocessing:
 
     ROW (BYTES [1], "label? \\t I1..I13 \\t C1..C26")
-      -> dlrm_preprocess (Python backend): split the line, decimal counts and hex categories -> int64
-      -> dlrm_model (ONNX): log(1 + max(x, 0)) on the counts, id % num_embeddings per table, the
+      -> the parse (Python): split the line, decimal counts and hex categories -> int64
+      -> the graph (ONNX): log(1 + max(x, 0)) on the counts, id % num_embeddings per table, the
          embedding rows (one id per bag: the sum pooling is the row itself), DLRM's dense, interaction and
          over arches -> SCORE = sigmoid(logit) (FP32 [1])
+
+By default (``--pipeline auto``: fused) both run in one Python-backend model ``dlrm`` (``ScoringModel``: the
+parse, then onnxruntime on the model.onnx beside its model.py): one batcher, one hand-off, no
+intermediate tensors. ``--pipeline ensemble`` serves them as the ensemble ``dlrm`` = ``dlrm_preprocess``
+(Python) -> ``dlrm_model`` (ONNX). Same scores either way.
 
 The arithmetic of the preprocessing (the transform and the hash, whose constants the checkpoint
 records) lives in the exported graph; only the text parsing, which ONNX has no operator for (hex), runs in

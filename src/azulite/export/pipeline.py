@@ -26,7 +26,7 @@ from azulite.export.weights import load_module_state
 
 
 #: how a preprocessing step and the exported model are served (ExportOptions.pipeline)
-PIPELINES = ("fused", "ensemble")
+PIPELINES = ("auto", "fused", "ensemble")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -54,8 +54,9 @@ class ExportOptions:
     sign_key: Path | None = None
     #: for a model served from raw records (a preprocessing step): "fused", one Python-backend model that
     #: preprocesses and runs the exported ONNX file (when the plan has that form), or "ensemble", the
-    #: preprocessing step and the exported model chained by an ensemble. Ignored for other models.
-    pipeline: str = "fused"
+    #: preprocessing step and the exported model chained by an ensemble; "auto": fused when the plan has
+    #: that form, else ensemble. Ignored for other models.
+    pipeline: str = "auto"
 
     def __post_init__(self) -> None:
         if self.format != "auto" and self.format not in FORMATS:
@@ -111,7 +112,8 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
     reference = plan.reference(client_sample)
     sample = plan.preprocess.run(client_sample) if plan.preprocess else client_sample
     name = options.name or default_name(ref, recipe)
-    fused = plan.preprocess is not None and options.pipeline == "fused"
+    fused = plan.preprocess is not None and (options.pipeline == "fused" or (
+        options.pipeline == "auto" and plan.preprocess.fused_model_py is not None))
     # with a preprocessing step, clients call <name>: the one-step model holding the exported file, or the
     # ensemble in front of <name>_model
     core_name = f"{name}_model" if plan.preprocess and not fused else name
@@ -119,6 +121,8 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
     batching = _batching(options, existing, name)
     candidates = _fused_formats(plan, existing, options.format, name) if fused \
         else formats_for(existing, options.format, FORMATS, name)
+    if plan.preprocess and not fused:
+        _check_not_fused(options.repo, name)
     if existing is not None and options.format == "auto":
         progress(f"{existing.describe()}: the new version is {existing.format} too")
     skipped: list[tuple[str, str]] = []
@@ -180,7 +184,8 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
                         verification=verification,
                         inputs=tuple(t.name for t in plan.client_inputs) if plan.preprocess else exported.input_names,
                         outputs=tuple(t.name for t in plan.outputs) if plan.preprocess else exported.output_names,
-                        integrity=integrity, pipeline=options.pipeline if plan.preprocess else None)
+                        integrity=integrity,
+                        pipeline=None if not plan.preprocess else "fused" if fused else "ensemble")
 
 
 def _fused_formats(plan: ServingPlan, existing: ExistingModel | None, requested: str, name: str) -> tuple[str, ...]:
@@ -200,6 +205,16 @@ def _fused_formats(plan: ServingPlan, existing: ExistingModel | None, requested:
                           fix=f"export with --pipeline ensemble (the model's own form), or under another name "
                               f"(--name {name}_fused)")
     return ("onnx",)
+
+
+def _check_not_fused(repo: Path, name: str) -> None:
+    """An ensemble export whose name is taken by a one-step (Python backend) model: refused, naming the form."""
+    existing = existing_model(repo, name)
+    if existing is not None and existing.format == "python":
+        raise ExportError(f"{existing.describe()}: an ensemble cannot add a version to it",
+                          where=str(existing.config_path),
+                          fix=f"export with --pipeline fused (the model's own form), or under another name "
+                              f"(--name {name}_ensemble)")
 
 
 def _run_fused(model_dir: Path, version: int) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
