@@ -4,10 +4,10 @@ at concurrency 1, 8 and 32 (one row per request; dynamic batching merges them).
 
 - DLRM: a checkpoint of the example job's model shape (26 tables x 1000 rows x 8, dense 32-8, over 32-1;
   untrained: speed does not depend on the weights) exported by ``azulite export`` exactly as a trained
-  one is: the ensemble ``dlrm`` = ``dlrm_preprocess`` (Python: raw Criteo TSV row -> int64) ->
-  ``dlrm_model`` (ONNX). ``--dlrm-pipeline fused``: the one-step model (``azulite export --pipeline
-  fused``), ``dlrm`` parsing the rows and running its model.onnx with onnxruntime (one thread) in one
-  execute. Clients send raw rows either way.
+  one is, by default as the one-step pipeline (``--pipeline fused``): ``dlrm``, a Python-backend model
+  parsing the raw Criteo TSV rows and running its model.onnx with onnxruntime (one thread) in one execute.
+  ``--dlrm-pipeline ensemble``: the ensemble ``dlrm`` = ``dlrm_preprocess`` (Python: raw row -> int64) ->
+  ``dlrm_model`` (ONNX). Clients send raw rows either way.
 - Real Triton here has only its Python backend: it serves the same repository (the one-step model.py runs
   unchanged there; an ensemble's ONNX model is wrapped in a model.py running the same model.onnx with
   onnxruntime, azulite.export.wrappers), one intra-op thread, as azulite's sessions.
@@ -86,7 +86,7 @@ class BenchModel:
 
 
 #: how the DLRM pipeline is exported (azulite export --pipeline): both servers serve the same repository
-DLRM_PIPELINE = "ensemble"
+DLRM_PIPELINE = "fused"
 
 
 def build_dlrm(work: Path, pipeline: str | None = None) -> BenchModel:

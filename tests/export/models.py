@@ -66,7 +66,7 @@ class TritonPythonModel:
 
 def serve_from_text(model: nn.Module, model_config: dict):
     """A serving plan whose clients send comma-separated text, parsed by a preprocessing step that has no
-    one-step (fused) form: ``--pipeline fused`` must be refused for it."""
+    one-step (fused) form: ``--pipeline auto`` must serve it as an ensemble."""
     import numpy as np
 
     from azulite.export.plan import PreprocessStep, ServingPlan

@@ -167,9 +167,9 @@ def test_missing_rebuild_metadata_says_what_the_training_script_must_record(tmp_
 
 
 def test_a_preprocessing_step_without_a_one_step_form_is_served_as_an_ensemble(tmp_path):
-    """A plan's preprocessing runs in one step (``--pipeline fused``) only where the plan has that form
-    (DLRM: tests/export/test_export_dlrm.py): asking for it is refused with nothing written, and the default
-    serves it as an ensemble."""
+    """``--pipeline auto`` (the default) serves a plan's preprocessing in one step only where the plan has
+    that form (DLRM: tests/export/test_export_dlrm.py); otherwise as an ensemble, and asking for fused is
+    refused, with nothing written."""
     root = tmp_path / "ckpt"
     torch.manual_seed(5)
     model = mlp.build_mlp(4, 8)

@@ -75,9 +75,10 @@ def export(
     sign_key: Optional[Path] = typer.Option(None, "--sign-key",
                                             help="Private key (PEM) re-signing the repository's integrity manifest."),
     pipeline: str = typer.Option(
-        "ensemble", "--pipeline",
-        help="A model served from raw records (DLRM): ensemble = the preprocessing step and the model chained by "
-             "an ensemble; fused = one Python step preprocessing them and running the ONNX model."),
+        "auto", "--pipeline",
+        help="A model served from raw records (DLRM): fused = one Python step preprocessing them and running the "
+             "ONNX model; ensemble = the preprocessing step and the model chained by an ensemble; auto = fused "
+             "where the model has that form."),
     json_: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Export a trained checkpoint into a Triton model repository: rebuild the model from the checkpoint's

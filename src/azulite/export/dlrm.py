@@ -10,10 +10,10 @@ one raw TSV line per row, so a client never re-implements preprocessing:
          embedding rows (one id per bag: the sum pooling is the row itself), DLRM's dense, interaction and
          over arches -> SCORE = sigmoid(logit) (FP32 [1])
 
-By default (``--pipeline ensemble``) they are the ensemble ``dlrm`` = ``dlrm_preprocess`` (Python) ->
-``dlrm_model`` (ONNX). ``--pipeline fused`` runs both in one Python-backend model ``dlrm``
-(``ScoringModel``: the parse, then onnxruntime on the model.onnx beside its model.py): one batcher, one
-hand-off, no intermediate tensors. Same scores either way.
+By default (``--pipeline auto``: fused) both run in one Python-backend model ``dlrm`` (``ScoringModel``: the
+parse, then onnxruntime on the model.onnx beside its model.py): one batcher, one hand-off, no
+intermediate tensors. ``--pipeline ensemble`` serves them as the ensemble ``dlrm`` = ``dlrm_preprocess``
+(Python) -> ``dlrm_model`` (ONNX). Same scores either way.
 
 The arithmetic of the preprocessing (the transform and the hash, whose constants the checkpoint
 records) lives in the exported graph; only the text parsing, which ONNX has no operator for (hex), runs in

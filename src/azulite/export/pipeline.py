@@ -26,7 +26,7 @@ from azulite.export.weights import load_module_state
 
 
 #: how a preprocessing step and the exported model are served (ExportOptions.pipeline)
-PIPELINES = ("ensemble", "fused")
+PIPELINES = ("auto", "fused", "ensemble")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -52,11 +52,11 @@ class ExportOptions:
     seed: int = 0
     #: Ed25519 private key (PEM) re-signing the repository's integrity manifest (azulite.integrity)
     sign_key: Path | None = None
-    #: for a model served from raw records (a preprocessing step): "ensemble", the preprocessing step and
-    #: the exported model chained by an ensemble, or "fused", one Python-backend model that preprocesses and
-    #: runs the exported ONNX file (when the plan has that form; README, DLRM stop 24: why not the default).
-    #: Ignored for other models.
-    pipeline: str = "ensemble"
+    #: for a model served from raw records (a preprocessing step): "fused", one Python-backend model that
+    #: preprocesses and runs the exported ONNX file (when the plan has that form), or "ensemble", the
+    #: preprocessing step and the exported model chained by an ensemble; "auto": fused when the plan has
+    #: that form, else ensemble. Ignored for other models.
+    pipeline: str = "auto"
 
     def __post_init__(self) -> None:
         if self.format != "auto" and self.format not in FORMATS:
@@ -112,7 +112,8 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
     reference = plan.reference(client_sample)
     sample = plan.preprocess.run(client_sample) if plan.preprocess else client_sample
     name = options.name or default_name(ref, recipe)
-    fused = plan.preprocess is not None and options.pipeline == "fused"
+    fused = plan.preprocess is not None and (options.pipeline == "fused" or (
+        options.pipeline == "auto" and plan.preprocess.fused_model_py is not None))
     # with a preprocessing step, clients call <name>: the one-step model holding the exported file, or the
     # ensemble in front of <name>_model
     core_name = f"{name}_model" if plan.preprocess and not fused else name
