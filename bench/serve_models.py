@@ -4,17 +4,24 @@ at concurrency 1, 8 and 32 (one row per request; dynamic batching merges them).
 
 - DLRM: a checkpoint of the example job's model shape (26 tables x 1000 rows x 8, dense 32-8, over 32-1;
   untrained: speed does not depend on the weights) exported by ``azulite export`` exactly as a trained
-  one is: the ensemble ``dlrm`` = ``dlrm_preprocess`` (Python: raw Criteo TSV row -> int64) ->
-  ``dlrm_model`` (ONNX). Clients send raw rows.
-- Real Triton here has only its Python backend: it serves the same repository with the ONNX model
-  wrapped in a model.py running the same model.onnx with onnxruntime (azulite.export.wrappers), one
-  intra-op thread, as azulite's sessions.
+  one is, by default as the one-step pipeline (``--pipeline fused``): ``dlrm``, a Python-backend model
+  parsing the raw Criteo TSV rows and running its model.onnx with onnxruntime (one thread) in one execute.
+  ``--dlrm-pipeline ensemble``: the ensemble ``dlrm`` = ``dlrm_preprocess`` (Python: raw row -> int64) ->
+  ``dlrm_model`` (ONNX). Clients send raw rows either way.
+- Real Triton here has only its Python backend: it serves the same repository (the one-step model.py runs
+  unchanged there; an ensemble's ONNX model is wrapped in a model.py running the same model.onnx with
+  onnxruntime, azulite.export.wrappers), one intra-op thread, as azulite's sessions.
 - The bare session: the same preprocessing function and an onnxruntime session (1 thread) in this
   process, on batches of c rows for concurrency c: what dynamic batching could at best merge, with no
   server at all. Beside its rows/s: its CPU per row (``bare_cpu_us_per_row``), and per point the server's
   CPU per row over it (``vs_bare_cpu_per_row``: what is above 1 is the server's own work per row) and
   the rows per execution each model's batcher really formed (``batch_rows``, from the servers'
   statistics), so a gap to the limit reads as either work per row or smaller batches.
+- The ceiling: the bare loop has a core to itself and no client, while a served point shares the
+  machine's cores with perf_analyzer. Per point, perf_analyzer's own CPU per row (``client_cpu_us_per_row``,
+  its reaped process's user + system time, over the rows the server answered) and from it
+  ``ceiling_vs_bare`` beside ``vs_bare_throughput``: cores / (client CPU per row + the bare loop's CPU per
+  row), over the bare rows/s -- what a server doing nothing but the model's own work could reach here.
 
 - ARR-COC: the ``arrcoc`` ensemble of examples/arrcoc (ten steps: Pillow decode, five ONNX models,
   tokenizer, opponent processor, decoder, detokenizer), trained and built here by its build_repository.py
@@ -27,7 +34,7 @@ Both servers stay up; each point is measured on one, then the other, so a change
 hits both alike. The last line printed is one JSON object.
 
     python bench/serve_models.py [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 3000] [--models dlrm]
-                                 [--rows-per-request N]
+                                 [--rows-per-request N] [--dlrm-pipeline fused|ensemble]
 
 Rows per request: 1 by default (every request one row or image, the hardest case for a server: its
 per-request protocol work is all there is to amortise). A DLRM ranking request scores a user's candidate
@@ -39,6 +46,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shutil
 import sys
 import tempfile
@@ -54,6 +62,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import serving as base  # noqa: E402 - bench/serving.py: ports, server start/stop, perf_analyzer runs
 from serving_workers import inference_count, tree_cpu_s  # noqa: E402 - a server's CPU per inference
+
+
+#: the cores a served point's server and client share (the bare loop uses one)
+CORES = len(os.sched_getaffinity(0))
 
 
 @dataclass
@@ -73,7 +85,11 @@ class BenchModel:
     max_batch: int = 64
 
 
-def build_dlrm(work: Path) -> BenchModel:
+#: how the DLRM pipeline is exported (azulite export --pipeline): both servers serve the same repository
+DLRM_PIPELINE = "fused"
+
+
+def build_dlrm(work: Path, pipeline: str | None = None) -> BenchModel:
     from azulite import train
     from azulite.export import ExportOptions, export_checkpoint
     from azulite.export.dlrm import PREPROCESS_MODEL_PY, sample_rows
@@ -90,7 +106,8 @@ def build_dlrm(work: Path) -> BenchModel:
         ckpt.save(1, sync=True, raise_on_error=True)
     ckpt.close()
     repo = work / "repo"
-    export_checkpoint(str(work / "ckpt"), ExportOptions(repo=repo, name="dlrm", max_batch_size=64))
+    pipeline = pipeline or DLRM_PIPELINE
+    export_checkpoint(str(work / "ckpt"), ExportOptions(repo=repo, name="dlrm", max_batch_size=64, pipeline=pipeline))
     rows = sample_rows(256, seed=1).reshape(-1)
     data = work / "dlrm-input.json"
     data.write_text(json.dumps({"data": [{"ROW": {"content": [r.decode()], "shape": [1]}} for r in rows]}))
@@ -103,7 +120,8 @@ def build_dlrm(work: Path) -> BenchModel:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     options.inter_op_num_threads = 1
-    session = ort.InferenceSession(str(repo / "dlrm_model" / "1" / "model.onnx"), sess_options=options,
+    model_dir = "dlrm" if pipeline == "fused" else "dlrm_model"
+    session = ort.InferenceSession(str(repo / model_dir / "1" / "model.onnx"), sess_options=options,
                                    providers=["CPUExecutionProvider"])
 
     def bare(batch: int, seconds: float) -> tuple[float, float]:
@@ -190,6 +208,9 @@ def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms:
     import subprocess
 
     stable = True
+    # perf_analyzer's own CPU (its threads, once it is reaped): the client's share of the 2 cores, over every
+    # row it sent, as the server's is taken over every row it answered (a retry's too, on both sides)
+    cpu0 = _children_cpu_s()
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     if p.returncode != 0 or not out.exists():
         cmd[cmd.index("--stability-percentage") + 1] = "1000"  # a loaded machine: accept any spread, say so
@@ -199,7 +220,28 @@ def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms:
             return {"error": (p.stdout + p.stderr)[-400:]}
     row = next(csv.DictReader(out.open()))
     return {"infer_per_s": round(float(row["Inferences/Second"]), 1), "p50_ms": round(float(row["p50 latency"]) / 1000, 3),
-            "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable}
+            "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable,
+            "client_cpu_s": _children_cpu_s() - cpu0}
+
+
+def _children_cpu_s() -> float:
+    """User + system CPU of every child this process has reaped: the perf_analyzer runs (the servers, still
+    running, are not reaped until the end)."""
+    import resource
+
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def ceiling_vs_bare(bare_cpu_us_per_row: float, client_cpu_us_per_row: float, cores: int) -> float:
+    """The best throughput any server could reach here over the bare loop's, as a ratio: the bare loop runs
+    the model on one core with no client (its rows/s is 1e6 / its CPU per row); a served point shares
+    ``cores`` with its client, so even a server whose only work were the model's (the bare loop's CPU per
+    row) tops out at cores / (client CPU per row + bare CPU per row)."""
+    if bare_cpu_us_per_row <= 0 or client_cpu_us_per_row < 0 or cores < 1:
+        raise ValueError(f"CPU per row must be positive (bare {bare_cpu_us_per_row}, client "
+                         f"{client_cpu_us_per_row}) and cores >= 1 ({cores})")
+    return cores * bare_cpu_us_per_row / (client_cpu_us_per_row + bare_cpu_us_per_row)
 
 
 def executions(http_port: int) -> dict[str, tuple[int, int]]:
@@ -252,12 +294,16 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
                     r = perf(bin_dir / "perf_analyzer", bm, protocol, http_port if protocol == "http" else grpc_port,
                              c, measure_ms, work, rows)
                     served = inference_count(http_port, bm.model) - rows0
+                    client_cpu_s = r.pop("client_cpu_s", None)
                     if "error" not in r and served > 0:
                         r["server_cpu_us_per_row"] = round((tree_cpu_s(proc.pid) - cpu0) / served * 1e6, 2)
+                        r["client_cpu_us_per_row"] = round(client_cpu_s / served * 1e6, 2)
                         r["batch_rows"] = batch_rows(runs0, executions(http_port))
                     figures[server][f"{protocol}_c{c}"] = r
                     shown = (f"{r['infer_per_s']:>9.1f} rows/s  p50 {r['p50_ms']:7.3f} ms  p99 {r['p99_ms']:7.3f} ms"
                              + (f"  server CPU {r['server_cpu_us_per_row']:6.2f} us/row" if "server_cpu_us_per_row" in r
+                                else "")
+                             + (f"  client CPU {r['client_cpu_us_per_row']:6.2f} us/row" if "client_cpu_us_per_row" in r
                                 else "")
                              + (f"  rows/execution {r['batch_rows']}" if r.get("batch_rows") else "")
                              + ("" if r["stable"] else "  (unstable: machine load)") if "error" not in r
@@ -284,6 +330,10 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
         ratios[key] = {"vs_triton_throughput": round(a["infer_per_s"] / t["infer_per_s"], 3),
                        "vs_triton_p99": round(a["p99_ms"] / t["p99_ms"], 3),
                        "vs_bare_throughput": round(a["infer_per_s"] / figures["bare"][f"b{c}"], 3)}
+        if "client_cpu_us_per_row" in a:
+            # beside vs_bare_throughput: the most any server could reach at this point on this machine
+            ratios[key]["ceiling_vs_bare"] = round(ceiling_vs_bare(
+                figures["bare_cpu_us_per_row"][f"b{c}"], a["client_cpu_us_per_row"], CORES), 3)
         if "server_cpu_us_per_row" in a and "server_cpu_us_per_row" in t:  # below 1: less CPU per row than Triton
             ratios[key]["vs_triton_cpu_per_row"] = round(a["server_cpu_us_per_row"] / t["server_cpu_us_per_row"], 3)
         if "server_cpu_us_per_row" in a:
@@ -309,7 +359,10 @@ def main() -> None:
     ap.add_argument("--rows-per-request", type=int, default=1,
                     help="rows (images) in each request (perf_analyzer -b): a DLRM ranking request scores many "
                          "candidates at once")
+    ap.add_argument("--dlrm-pipeline", choices=("fused", "ensemble"), default=DLRM_PIPELINE,
+                    help="how the DLRM pipeline is exported (azulite export --pipeline)")
     args = ap.parse_args()
+    sys.modules[__name__].DLRM_PIPELINE = args.dlrm_pipeline  # build_dlrm's default
     bin_dir = base.anchors(args.anchors)
     work = Path(tempfile.mkdtemp(prefix="azulite-bench-serve-models-"))
     results: dict = {}
@@ -321,7 +374,7 @@ def main() -> None:
             bm = builder(work / name)
             results[name] = measure(name, bm, bin_dir, args.concurrency, args.measure_ms, work, args.rows_per_request)
         print(json.dumps({"bench": "serve_models", "concurrency": args.concurrency, "rows_per_request": args.rows_per_request,
-                          "models": results}))
+                          "dlrm_pipeline": args.dlrm_pipeline, "models": results}))
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -65,7 +65,7 @@ def main() -> int:
             out.append(client.infer("dlrm", [inp]).as_numpy("SCORE").reshape(-1))
         served[proto] = np.concatenate(out)
         client.close()
-    print(f"{len(rows)} held-out rows (raw Criteo TSV lines) scored by the ensemble 'dlrm' over HTTP and gRPC:")
+    print(f"{len(rows)} held-out rows (raw Criteo TSV lines) scored by the served model 'dlrm' over HTTP and gRPC:")
     print(f"{'row':>4} {'label':>5} {'served HTTP':>12} {'served gRPC':>12} {'PyTorch':>12}")
     for i in range(8):
         print(f"{i:>4} {labels[i]:>5} {served['http'][i]:>12.6f} {served['grpc'][i]:>12.6f} {torch_scores[i]:>12.6f}")

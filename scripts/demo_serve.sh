@@ -22,7 +22,9 @@ python - "$work/export.json" <<'PY'
 import json, sys
 r = json.load(open(sys.argv[1]))
 v = r["verification"]
-print(f"exported {r['checkpoint']} as {r['format']}: ensemble dlrm = dlrm_preprocess -> dlrm_model (version {r['version']})")
+served = ("ensemble dlrm = dlrm_preprocess -> dlrm_model" if r["pipeline"] == "ensemble"
+          else "dlrm = one Python step parsing the raw rows and running the model with onnxruntime")
+print(f"exported {r['checkpoint']} as {r['format']}: {served} (version {r['version']})")
 print(f"verified against PyTorch: max abs error {v['max_abs_error']:.3g}, max rel error {v['max_rel_error']:.3g} "
       f"on {v['rows']} rows")
 PY

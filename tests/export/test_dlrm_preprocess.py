@@ -1,7 +1,9 @@
 """The DLRM pipeline's parse step (the served model.py): the vectorised path reads exactly what the field-by-
 field reference reads, takes the batch itself for well-formed rows (a path that always fell back would pass
 the equality trivially), leaves every doubt to the reference (whose error names the row and field), and
-the Triton model parses a dynamic batch as one while failing only the request that sent a bad row."""
+the Triton model parses a dynamic batch as one while failing only the request that sent a bad row. The
+one-step model (parse + the ONNX graph in one execute) scores a dynamic batch in one session run, each
+request's scores its own, and fails only the request that sent a bad row."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import numpy as np
 import pytest
 
 from azulite.export import dlrm_preprocess as pre
-from azulite.export.dlrm import PREPROCESS_MODEL_PY, sample_rows
+from azulite.export.dlrm import PREPROCESS_MODEL_PY, SCORING_MODEL_PY, sample_rows
 from azulite.serve.backends import pb_utils
 
 ANCHOR_PYTHON = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "venv" / "bin" / "python"
@@ -200,3 +202,79 @@ def test_the_fast_path_runs_in_triton_python_environment(tmp_path):
     p = subprocess.run([str(ANCHOR_PYTHON), "-c", script], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert_same((np.load(tmp_path / "dense.npy"), np.load(tmp_path / "cats.npy")), pre.parse_rows_checked(rows))
+
+
+def toy_graph(path: Path) -> None:
+    """An ONNX graph with the DLRM model's signature: SCORE = sum(DENSE_RAW) + 3 * sum(CATEGORY_IDS % 1000),
+    per row (FP32 [B, 1]): every input field moves the score, so a row scored against another's parse shows."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    nodes = [
+        helper.make_node("Constant", [], ["m"], value=helper.make_tensor("m", TensorProto.INT64, [], [1000])),
+        helper.make_node("Mod", ["CATEGORY_IDS", "m"], ["cm"]),
+        helper.make_node("Cast", ["DENSE_RAW"], ["d"], to=TensorProto.FLOAT),
+        helper.make_node("Cast", ["cm"], ["c"], to=TensorProto.FLOAT),
+        helper.make_node("Constant", [], ["axes"], value=helper.make_tensor("axes", TensorProto.INT64, [1], [1])),
+        helper.make_node("ReduceSum", ["d", "axes"], ["ds"], keepdims=1),
+        helper.make_node("ReduceSum", ["c", "axes"], ["cs"], keepdims=1),
+        helper.make_node("Constant", [], ["three"], value=helper.make_tensor("three", TensorProto.FLOAT, [], [3.0])),
+        helper.make_node("Mul", ["cs", "three"], ["cs3"]),
+        helper.make_node("Add", ["ds", "cs3"], ["SCORE"]),
+    ]
+    graph = helper.make_graph(
+        nodes, "toy_dlrm",
+        [helper.make_tensor_value_info("DENSE_RAW", TensorProto.INT64, ["batch", 13]),
+         helper.make_tensor_value_info("CATEGORY_IDS", TensorProto.INT64, ["batch", 26])],
+        [helper.make_tensor_value_info("SCORE", TensorProto.FLOAT, ["batch", 1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+
+
+def toy_score(rows: np.ndarray) -> np.ndarray:
+    dense, cats = pre.parse_rows_checked(rows)
+    return (dense.sum(axis=1, keepdims=True) + 3 * (cats % 1000).sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+@pytest.fixture
+def scoring_model(tmp_path):
+    """The one-step model.py as written by the export, in a version folder beside a model.onnx."""
+    (tmp_path / "dlrm" / "1").mkdir(parents=True)
+    toy_graph(tmp_path / "dlrm" / "1" / "model.onnx")
+    namespace: dict = {"__name__": "scoring_model_under_test"}
+    exec(compile(SCORING_MODEL_PY, "model.py", "exec"), namespace)  # noqa: S102 - the served text
+    model = namespace["TritonPythonModel"]()
+    model.initialize({"model_config": "{}", "model_repository": str(tmp_path / "dlrm"), "model_version": "1"})
+    return model
+
+
+def test_scoring_model_scores_a_dynamic_batch_in_one_run_and_fails_only_the_bad_request(scoring_model):
+    assert type(scoring_model).__name__ == "ScoringModel"
+    runs = []
+    run = scoring_model.session.run
+    scoring_model.session = type("Counted", (), {"run": lambda self, *a: runs.append(a) or run(*a)})()
+    parts = [sample_rows(n, seed=10 + n).reshape(-1) for n in (1, 3, 32)]
+    responses = scoring_model.execute([request(p) for p in parts])
+    assert len(runs) == 1 and len(runs[0][1]["DENSE_RAW"]) == 36  # one session run for the whole batch
+    for rows, response in zip(parts, responses):
+        assert not response.has_error()
+        np.testing.assert_array_equal(response.output_tensors()[0].as_numpy(), toy_score(rows))
+    bad = parts[1].copy()
+    bad[1] = b"1\t2\tnot-a-row"
+    runs.clear()
+    responses = scoring_model.execute([request(parts[0]), request(bad), request(parts[2])])
+    assert [r.has_error() for r in responses] == [False, True, False]
+    assert responses[1].error().message().startswith("row 1: 3 tab-separated fields")
+    assert responses[1].error().code() == pb_utils.TritonError.INVALID_ARG  # the client's mistake
+    assert len(runs) == 1 and len(runs[0][1]["DENSE_RAW"]) == 33  # the good requests still in one run
+    np.testing.assert_array_equal(responses[0].output_tensors()[0].as_numpy(), toy_score(parts[0]))
+    np.testing.assert_array_equal(responses[2].output_tensors()[0].as_numpy(), toy_score(parts[2]))
+    only_bad = scoring_model.execute([request(bad)])
+    assert only_bad[0].has_error()
+    np.testing.assert_array_equal(scoring_model.run_batch({"ROW": parts[2]})["SCORE"], toy_score(parts[2]))
+
+
+def test_the_one_step_text_is_this_module_serving_its_scoring_model():
+    assert SCORING_MODEL_PY.startswith(PREPROCESS_MODEL_PY)
+    assert SCORING_MODEL_PY[len(PREPROCESS_MODEL_PY):].strip().startswith("TritonPythonModel = ScoringModel")
+    # azulite runs a Python model inline only when its text cannot make a BLS call
+    assert "InferenceRequest" not in SCORING_MODEL_PY

@@ -164,3 +164,22 @@ def test_missing_rebuild_metadata_says_what_the_training_script_must_record(tmp_
     with pytest.raises(ExportError, match="cannot import module 'no_such_pkg.models'"):
         export_checkpoint(str(root3), ExportOptions(repo=tmp_path / "repo"))
     assert repo_entries(tmp_path / "repo") == []
+
+
+def test_a_preprocessing_step_without_a_one_step_form_is_served_as_an_ensemble(tmp_path):
+    """``--pipeline auto`` (the default) serves a plan's preprocessing in one step only where the plan has
+    that form (DLRM: tests/export/test_export_dlrm.py); otherwise as an ensemble, and asking for fused is
+    refused, with nothing written."""
+    root = tmp_path / "ckpt"
+    torch.manual_seed(5)
+    model = mlp.build_mlp(4, 8)
+    save_checkpoint(root, model, {**mlp.model_config(4, 8), "serving": "tests.export.models:serve_from_text"})
+    repo = tmp_path / "repo"
+    with pytest.raises(ExportError, match="has no one-step form") as err:
+        export_checkpoint(str(root), ExportOptions(repo=repo, name="t", pipeline="fused"))
+    assert "--pipeline ensemble" in err.value.fix
+    assert repo_entries(repo) == []
+    result = export_checkpoint(str(root), ExportOptions(repo=repo, name="t"))
+    assert (result.pipeline, result.format, result.inputs, result.outputs) == ("ensemble", "onnx", ("TEXT",), ("y",))
+    assert result.verification.ok
+    assert sorted(p.name for p in repo.iterdir()) == ["t", "t_model", "t_preprocess"]

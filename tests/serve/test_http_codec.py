@@ -62,3 +62,47 @@ def test_malformed_tensors_are_refused_with_what_is_wrong(blob, count, message):
     with pytest.raises(InvalidArgument, match=message) as info:
         deserialize_bytes(memoryview(blob), count, "ROW")
     assert "input 'ROW'" in str(info.value)
+
+
+@pytest.mark.parametrize("count", [0, 1, 2, 3, len(ELEMENTS)])
+@pytest.mark.parametrize("wrap", [bytes, memoryview], ids=["bytes", "memoryview"])
+def test_a_tensor_inside_a_body_is_read_by_offset(count, wrap):
+    """An HTTP body's tensor is read in place (start, end): the bytes around it are never part of it."""
+    blob = serialize_bytes(np.array(ELEMENTS + [b""], dtype=object)[:count])
+    body = b'{"json": "header"}' + blob + serialize_bytes(np.array([b"next", b"tensor"], dtype=object))
+    start = len(b'{"json": "header"}')
+    out = deserialize_bytes(wrap(body), count, "ROW", start, start + len(blob))
+    assert list(out) == ELEMENTS[:count] and all(type(v) is bytes for v in out)
+
+
+@pytest.mark.parametrize(("blob", "count", "message"), [
+    (_tensor((1, b"a"), (1, b"b"), (9, b"cd")), 3, "BYTES element 2 claims 9 bytes past the end"),
+    (_tensor((1, b"a"), (200, b"bcdefgh"), (0, b"")), 3, "BYTES element 1 claims 200 bytes past the end"),
+    (_tensor((1, b"a"), (1, b"b"), (1, b"c")) + b"\x01\x00", 4, "holds fewer than the 4 elements"),
+    (_tensor((5, b"ab")), 1, "BYTES element 0 claims 5 bytes past the end"),
+    (_tensor((1, b"a")) + b"z", 1, "1 bytes left over after 1 elements"),
+])
+def test_a_malformed_tensor_inside_a_body_never_reads_the_next_ones_bytes(blob, count, message):
+    # followed by bytes that would complete the short element: its end is the tensor's, not the body's
+    body = b"HEAD" + blob + b"\x00" * 300
+    with pytest.raises(InvalidArgument, match=message):
+        deserialize_bytes(body, count, "ROW", 4, 4 + len(blob))
+
+
+def test_an_infer_body_with_two_bytes_tensors_keeps_each_to_its_own_bytes():
+    import json
+
+    first, second = serialize_bytes(np.array([b"abc"], dtype=object)), serialize_bytes(np.array([b"x", b"yz"], dtype=object))
+
+    def body(first_blob: bytes, first_size: int) -> tuple[bytes, int]:
+        header = json.dumps({"inputs": [
+            {"name": "A", "datatype": "BYTES", "shape": [1], "parameters": {"binary_data_size": first_size}},
+            {"name": "B", "datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": len(second)}}]}).encode()
+        return header + first_blob + second, len(header)
+
+    request = http_codec.decode_infer_request("m", "", *body(first, len(first)))
+    assert [list(t.data) for t in request.inputs] == [[b"abc"], [b"x", b"yz"]]
+    # A's element claims its 3 bytes plus B's first 5: refused, not read across into B
+    bad = struct.pack("<I", 8) + b"abc"
+    with pytest.raises(InvalidArgument, match="input 'A': BYTES element 0 claims 8 bytes past the end"):
+        http_codec.decode_infer_request("m", "", *body(bad, len(bad)))

@@ -74,6 +74,11 @@ def export(
     rows: int = typer.Option(64, "--rows", help="Verification: sample rows."),
     sign_key: Optional[Path] = typer.Option(None, "--sign-key",
                                             help="Private key (PEM) re-signing the repository's integrity manifest."),
+    pipeline: str = typer.Option(
+        "auto", "--pipeline",
+        help="A model served from raw records (DLRM): fused = one Python step preprocessing them and running the "
+             "ONNX model; ensemble = the preprocessing step and the model chained by an ensemble; auto = fused "
+             "where the model has that form."),
     json_: bool = typer.Option(False, "--json", help="Print the result as one JSON object."),
 ) -> None:
     """Export a trained checkpoint into a Triton model repository: rebuild the model from the checkpoint's
@@ -96,7 +101,7 @@ def export(
     options = ExportOptions(repo=to, name=name, version=version, format=format_, step=step,
                             max_batch_size=max_batch_size, dynamic_batching=dynamic_batching,
                             max_queue_delay_us=max_queue_delay_us, tolerance=Tolerance(atol=atol, rtol=rtol), rows=rows,
-                            sign_key=sign_key)
+                            sign_key=sign_key, pipeline=pipeline)
     result = export_checkpoint(uri, options, environ=environ, progress=lambda m: err.print(m, markup=False))
     if json_:
         print(json.dumps(result.as_dict()))

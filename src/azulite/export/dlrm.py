@@ -1,14 +1,19 @@
 """Serving TorchRec's DLRM (``azulite.workloads.dlrm``) from raw Criteo rows.
 
 TorchRec's DLRM takes a KeyedJaggedTensor, which neither ONNX nor Triton's wire format carries, and
-training hashes and transforms the raw features first (``azulite.data.criteo``). Served, the pipeline is
-a Triton ensemble a client sends one raw TSV line per row to, so it never re-implements preprocessing:
+training hashes and transforms the raw features first (``azulite.data.criteo``). Served, the model takes
+one raw TSV line per row, so a client never re-implements preprocessing:
 
     ROW (BYTES [1], "label? \\t I1..I13 \\t C1..C26")
-      -> dlrm_preprocess (Python backend): split the line, decimal counts and hex categories -> int64
-      -> dlrm_model (ONNX): log(1 + max(x, 0)) on the counts, id % num_embeddings per table, the
+      -> the parse (Python): split the line, decimal counts and hex categories -> int64
+      -> the graph (ONNX): log(1 + max(x, 0)) on the counts, id % num_embeddings per table, the
          embedding rows (one id per bag: the sum pooling is the row itself), DLRM's dense, interaction and
          over arches -> SCORE = sigmoid(logit) (FP32 [1])
+
+By default (``--pipeline auto``: fused) both run in one Python-backend model ``dlrm`` (``ScoringModel``: the
+parse, then onnxruntime on the model.onnx beside its model.py): one batcher, one hand-off, no
+intermediate tensors. ``--pipeline ensemble`` serves them as the ensemble ``dlrm`` = ``dlrm_preprocess``
+(Python) -> ``dlrm_model`` (ONNX). Same scores either way.
 
 The arithmetic of the preprocessing (the transform and the hash, whose constants the checkpoint
 records) lives in the exported graph; only the text parsing, which ONNX has no operator for (hex), runs in
@@ -38,6 +43,8 @@ SCORE = TensorSpec(name="SCORE", dtype="FP32", dims=(1,))
 # azulite) and is written as the step's model.py. Its ``parse_rows`` is also what the export runs in-process
 # to verify the pipeline, and what the bench's bare limit runs.
 PREPROCESS_MODEL_PY = (Path(__file__).parent / "dlrm_preprocess.py").read_text()
+# The one-step pipeline's model.py: the same module, serving its ScoringModel (parse + the ONNX graph).
+SCORING_MODEL_PY = PREPROCESS_MODEL_PY + "\nTritonPythonModel = ScoringModel  # written by azulite export --pipeline fused\n"
 
 
 def _served_module(dlrm: Any, num_embeddings: list[int]) -> Any:
@@ -127,7 +134,7 @@ def plan(model: Any, model_config: Mapping[str, Any]) -> ServingPlan:
         dense, cats = dlrm_preprocess.parse_rows(feed[ROW.name])
         return {DENSE.name: dense, CATEGORIES.name: cats}
 
-    step = PreprocessStep(inputs=(ROW,), run=preprocess, model_py=PREPROCESS_MODEL_PY)
+    step = PreprocessStep(inputs=(ROW,), run=preprocess, model_py=PREPROCESS_MODEL_PY, fused_model_py=SCORING_MODEL_PY)
     return ServingPlan(
         module=_served_module(model, num_embeddings), inputs=(DENSE, CATEGORIES), outputs=(SCORE,),
         sample=lambda n, seed: {ROW.name: sample_rows(n, seed)},

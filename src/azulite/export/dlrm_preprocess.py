@@ -3,6 +3,11 @@ int64 inputs. A row is "I1..I13 <tab> C1..C26" (39 fields) or the same after a l
 counts (empty: 0) and hex category ids (empty: 0). The transform and the hashing run in the next model of
 the ensemble. This file must run in any Triton Python backend: numpy (1.26 or later) only, no azulite.
 
+It is also, with one line more (``TritonPythonModel = ScoringModel``), the model.py of the one-step served
+pipeline (``azulite export --pipeline fused``): ``ScoringModel`` parses the rows of every request handed
+over and runs the DLRM graph (the model.onnx beside it, onnxruntime) on them in one call -- one batcher,
+one hand-off, no intermediate tensors between two models.
+
 Why vectorised: with many rows per request, parsing is the server's per-row work. The whole batch is one
 byte buffer, its tabs found at once, every field's bytes gathered right-aligned into a [digits, fields]
 array, turned into digit values by byte arithmetic and summed by place value: no Python object per row or
@@ -166,7 +171,9 @@ def parse_rows_checked(rows):
     return dense, cats
 
 
-class TritonPythonModel:
+class PreprocessModel:
+    """The ensemble's first step: raw rows -> DENSE_RAW and CATEGORY_IDS."""
+
     def execute(self, requests):
         import triton_python_backend_utils as pb_utils
 
@@ -199,3 +206,64 @@ def _or_error(rows):
         return parse_rows(rows)
     except ValueError as e:
         return e
+
+
+class ScoringModel:
+    """The one-step pipeline: raw rows -> SCORE, parsing and the DLRM graph (``model.onnx`` in this version's
+    folder, run by onnxruntime; onnxruntime must be installed in the Python backend's environment)."""
+
+    def initialize(self, args):
+        import json
+        import os
+
+        import onnxruntime as ort
+
+        # as azulite's and Triton's ONNX Runtime backends: the config's intra_op_thread_count, else 1 thread
+        # (the cores are shared with the server's own threads), and no spinning
+        params = json.loads(args["model_config"]).get("parameters") or {}
+        threads = int((params.get("intra_op_thread_count") or {}).get("string_value") or 1)
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        path = os.path.join(args["model_repository"], args["model_version"], "model.onnx")
+        self.session = ort.InferenceSession(path, sess_options=options, providers=["CPUExecutionProvider"])
+        self.output = self.session.get_outputs()[0].name
+
+    def score(self, dense, cats):
+        return self.session.run([self.output], {DENSE_OUTPUT: dense, CATEGORY_OUTPUT: cats})[0]
+
+    def run_batch(self, feed):
+        """{ROW: rows} -> {SCORE: scores}, in-process: what the export verifies this model.py by."""
+        dense, cats = parse_rows(feed["ROW"])
+        return {self.output: self.score(dense, cats)}
+
+    def execute(self, requests):
+        import triton_python_backend_utils as pb_utils
+
+        rows = [pb_utils.get_input_tensor_by_name(r, "ROW").as_numpy().reshape(-1) for r in requests]
+        sizes = [len(r) for r in rows]
+        # every request's rows parsed as one batch and scored in one session run; a batch holding a bad row
+        # is parsed again request by request, and only the request that sent it fails
+        parsed = parse_rows_fast(np.concatenate(rows)) if len(rows) > 1 and sum(sizes) >= FAST_FROM_ROWS else None
+        parts = [None] * len(rows)
+        if parsed is None:
+            parts = [_or_error(r) for r in rows]
+            good = [p for p in parts if not isinstance(p, ValueError)]
+            if good:
+                parsed = good[0] if len(good) == 1 else tuple(np.concatenate(x) for x in zip(*good))
+        scores = None if parsed is None else self.score(*parsed)
+        responses, start = [], 0
+        for size, part in zip(sizes, parts):
+            if isinstance(part, ValueError):
+                responses.append(pb_utils.InferenceResponse(
+                    output_tensors=[], error=pb_utils.TritonError(str(part), pb_utils.TritonError.INVALID_ARG)))
+                continue
+            responses.append(pb_utils.InferenceResponse(output_tensors=[
+                pb_utils.Tensor(self.output, scores[start:start + size])]))
+            start += size
+        return responses
+
+
+# the ensemble's step by default; the one-step pipeline's model.py ends with TritonPythonModel = ScoringModel
+TritonPythonModel = PreprocessModel

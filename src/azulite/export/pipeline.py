@@ -25,6 +25,10 @@ from azulite.export.verify import Tolerance, Verification, compare
 from azulite.export.weights import load_module_state
 
 
+#: how a preprocessing step and the exported model are served (ExportOptions.pipeline)
+PIPELINES = ("auto", "fused", "ensemble")
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExportOptions:
     #: repository root the model folder goes into
@@ -48,10 +52,17 @@ class ExportOptions:
     seed: int = 0
     #: Ed25519 private key (PEM) re-signing the repository's integrity manifest (azulite.integrity)
     sign_key: Path | None = None
+    #: for a model served from raw records (a preprocessing step): "fused", one Python-backend model that
+    #: preprocesses and runs the exported ONNX file (when the plan has that form), or "ensemble", the
+    #: preprocessing step and the exported model chained by an ensemble; "auto": fused when the plan has
+    #: that form, else ensemble. Ignored for other models.
+    pipeline: str = "auto"
 
     def __post_init__(self) -> None:
         if self.format != "auto" and self.format not in FORMATS:
             raise ExportError(f"unknown format {self.format!r}", fix=f"use one of auto, {', '.join(FORMATS)}")
+        if self.pipeline not in PIPELINES:
+            raise ExportError(f"unknown pipeline {self.pipeline!r}", fix=f"use one of {', '.join(PIPELINES)}")
         if self.rows < 2:
             raise ExportError(f"verification rows {self.rows} must be >= 2 (a batch)")
 
@@ -70,6 +81,8 @@ class ExportResult:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     integrity: str | None
+    #: how the preprocessing step is served ("fused" or "ensemble"); None: the model has none
+    pipeline: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         v = self.verification
@@ -80,6 +93,7 @@ class ExportResult:
             "verification": {"rows": v.rows, "max_abs_error": v.max_abs, "max_rel_error": v.max_rel,
                              "atol": v.tolerance.atol, "rtol": v.tolerance.rtol, "ok": v.ok},
             "inputs": list(self.inputs), "outputs": list(self.outputs), "integrity": self.integrity,
+            "pipeline": self.pipeline,
         }
 
 
@@ -98,11 +112,17 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
     reference = plan.reference(client_sample)
     sample = plan.preprocess.run(client_sample) if plan.preprocess else client_sample
     name = options.name or default_name(ref, recipe)
-    # with a preprocessing step, clients call the ensemble <name>; the exported model is <name>_model
-    core_name = f"{name}_model" if plan.preprocess else name
+    fused = plan.preprocess is not None and (options.pipeline == "fused" or (
+        options.pipeline == "auto" and plan.preprocess.fused_model_py is not None))
+    # with a preprocessing step, clients call <name>: the one-step model holding the exported file, or the
+    # ensemble in front of <name>_model
+    core_name = f"{name}_model" if plan.preprocess and not fused else name
     existing = existing_model(options.repo, core_name)
     batching = _batching(options, existing, name)
-    candidates = formats_for(existing, options.format, FORMATS, name)
+    candidates = _fused_formats(plan, existing, options.format, name) if fused \
+        else formats_for(existing, options.format, FORMATS, name)
+    if plan.preprocess and not fused:
+        _check_not_fused(options.repo, name)
     if existing is not None and options.format == "auto":
         progress(f"{existing.describe()}: the new version is {existing.format} too")
     skipped: list[tuple[str, str]] = []
@@ -122,7 +142,12 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
             raise ExportError("no format could export the model: " + "; ".join(f"{f}: {r}" for f, r in skipped),
                               fix="make the model traceable (torch.export / torch.jit.trace), or keep its factory "
                                   "importable and use --format python")
-        verification = compare(reference, _outputs(exported.run(sample), reference), options.tolerance, options.rows)
+        if fused:  # verified as served: the written model.py, parsing the client's records and running model.onnx
+            (staged.version_dir / "model.py").write_text(plan.preprocess.fused_model_py)
+            got = _run_fused(staged.root, staged.version)(client_sample)
+        else:
+            got = exported.run(sample)
+        verification = compare(reference, _outputs(got, reference), options.tolerance, options.rows)
         if not verification.ok:
             bad = [o for o in verification.outputs if not o.ok]
             raise ExportVerificationError(
@@ -130,11 +155,13 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
                 + ", ".join(f"{o.name} (max abs {o.max_abs:.3g})" for o in bad),
                 where=f"model '{name}'", fix="nothing was written; loosen --atol/--rtol only if this error is acceptable")
         platform, backend = {"onnx": (pbtxt.ONNX_PLATFORM, ""), "torchscript": (pbtxt.TORCH_PLATFORM, ""),
-                             "python": ("", "python")}[exported.format]
-        config = pbtxt.build(core_name, inputs=_renamed(plan.inputs, exported.input_names),
-                             outputs=_renamed(plan.outputs, exported.output_names), batching=batching,
-                             platform=platform, backend=backend)
-        notes = [f"{origin} as {exported.format}", f"verified against PyTorch: {verification.summary()}"]
+                             "python": ("", "python")}["python" if fused else exported.format]
+        inputs = list(plan.preprocess.inputs) if fused else _renamed(plan.inputs, exported.input_names)
+        config = pbtxt.build(core_name, inputs=inputs, outputs=_renamed(plan.outputs, exported.output_names),
+                             batching=batching, platform=platform, backend=backend)
+        notes = [f"{origin} as {exported.format}" + (": one Python step preprocessing the records and running "
+                                                     "model.onnx (onnxruntime)" if fused else ""),
+                 f"verified against PyTorch: {verification.summary()}"]
         text = pbtxt.render(config, notes)
         if existing is None:
             (staged.root / "config.pbtxt").write_text(text)
@@ -142,10 +169,13 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
             check_fits(existing, config, name)
         # the pipeline's models are checked too before this version lands: all of the export, or none of it
         pipeline = _pipeline_configs(options.repo, name, core_name, plan, exported, batching, origin) \
-            if plan.preprocess else []
+            if plan.preprocess and not fused else []
         version = staged.version
     written = [options.repo / core_name]
-    if plan.preprocess:
+    if fused:
+        progress(f"raw records in: model '{name}' = one Python step preprocessing them and running its "
+                 f"model.{exported.format} (onnxruntime)")
+    elif plan.preprocess:
         written += _write_pipeline(options.repo, plan, pipeline)
         progress(f"raw records in: ensemble '{name}' = {name}_preprocess (python) -> {core_name} ({exported.format})")
     integrity = update_integrity(options.repo, written, options.sign_key)
@@ -154,7 +184,49 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
                         verification=verification,
                         inputs=tuple(t.name for t in plan.client_inputs) if plan.preprocess else exported.input_names,
                         outputs=tuple(t.name for t in plan.outputs) if plan.preprocess else exported.output_names,
-                        integrity=integrity)
+                        integrity=integrity,
+                        pipeline=None if not plan.preprocess else "fused" if fused else "ensemble")
+
+
+def _fused_formats(plan: ServingPlan, existing: ExistingModel | None, requested: str, name: str) -> tuple[str, ...]:
+    """The one-step pipeline's model is a Python-backend model running an ONNX file: only onnx, and a new
+    version only of a model served that way."""
+    assert plan.preprocess is not None
+    if plan.preprocess.fused_model_py is None:
+        raise ExportError("this model's serving plan has no one-step form (preprocessing and the model in one "
+                          "Python step)", where=f"model '{name}'", fix="export with --pipeline ensemble")
+    if requested not in ("auto", "onnx"):
+        raise ExportError(f"the one-step pipeline runs the model with onnxruntime inside its Python step: "
+                          f"--format {requested} cannot be served that way",
+                          fix="omit --format (onnx), or export with --pipeline ensemble")
+    if existing is not None and existing.format != "python":
+        raise ExportError(f"{existing.describe()}: a one-step (Python backend) version cannot join it",
+                          where=str(existing.config_path),
+                          fix=f"export with --pipeline ensemble (the model's own form), or under another name "
+                              f"(--name {name}_fused)")
+    return ("onnx",)
+
+
+def _check_not_fused(repo: Path, name: str) -> None:
+    """An ensemble export whose name is taken by a one-step (Python backend) model: refused, naming the form."""
+    existing = existing_model(repo, name)
+    if existing is not None and existing.format == "python":
+        raise ExportError(f"{existing.describe()}: an ensemble cannot add a version to it",
+                          where=str(existing.config_path),
+                          fix=f"export with --pipeline fused (the model's own form), or under another name "
+                              f"(--name {name}_ensemble)")
+
+
+def _run_fused(model_dir: Path, version: int) -> Callable[[Mapping[str, Any]], dict[str, Any]]:
+    """The one-step model.py written in ``model_dir/version``, loaded as a Python backend would (its own
+    namespace, initialize with the model's folder), -> its run_batch."""
+    path = model_dir / str(version) / "model.py"
+    namespace: dict[str, Any] = {"__name__": f"azulite_export_{model_dir.name}", "__file__": str(path)}
+    exec(compile(path.read_text(), str(path), "exec"), namespace)  # noqa: S102 - the file just written
+    model = namespace["TritonPythonModel"]()
+    model.initialize({"model_config": "{}", "model_repository": str(model_dir), "model_version": str(version),
+                      "model_name": model_dir.name, "model_instance_kind": "CPU"})
+    return model.run_batch
 
 
 def _outputs(got: dict[str, Any], reference: Mapping[str, Any]) -> dict[str, Any]:

@@ -1,7 +1,7 @@
 """What gets served, decided before any file is written: the module to export (tensors in, tensors out),
 its signature, the inputs a client sends, PyTorch's answer to them (the reference the export is verified
-against) and, when clients send raw records, a preprocessing step that runs in front of the model as a
-Triton ensemble.
+against) and, when clients send raw records, a preprocessing step that runs in front of the model: as a
+Triton ensemble, or (when the plan has that form) in one Python-backend step that also runs the model.
 
 A model whose ``model_config`` names a ``serving`` callable (``"pkg.module:callable"``, called with the
 rebuilt model and the model_config) gets that callable's plan: this is how a model that takes, e.g., a
@@ -32,6 +32,11 @@ class PreprocessStep:
     model_py: str
     run: Callable[[Arrays], dict[str, np.ndarray]]
     files: Mapping[str, bytes] = field(default_factory=dict)
+    #: the one-step form (``--pipeline fused``), when the plan has one: a self-contained Python-backend
+    #: model.py that does this step AND runs the exported model (the ``model.onnx`` in its own version folder,
+    #: with onnxruntime) on every request handed over, in one execute. Its TritonPythonModel also has
+    #: ``run_batch(feed) -> outputs`` (what clients send -> what they get), which the export verifies it by.
+    fused_model_py: str | None = None
 
 
 @dataclass(frozen=True)
