@@ -7,16 +7,7 @@ import json
 
 import pytest
 
-from azulite.cli import main
-
-
-def run(*args: str) -> int:
-    """The exit code of ``azulite ARGS`` run in this process (typer exits even on success)."""
-    try:
-        main(list(args))
-    except SystemExit as e:
-        return e.code or 0
-    return 0
+from tests.cli.inprocess import exit_code as run
 
 
 def test_catalog_json_filters_and_carries_sources(capsys):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from azulite.cli import main
 from azulite.cli.cluster import measured_save_seconds
+from tests.cli.inprocess import exit_code as run
 
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "examples" / "cluster" / "cluster.yaml"
@@ -20,14 +20,6 @@ DATA = ROOT / "tests" / "cluster" / "data"
 def err_of(capsys) -> str:
     """stderr with rich's line wrapping undone."""
     return " ".join(capsys.readouterr().err.split())
-
-
-def run(*args: str) -> int:
-    try:
-        main([str(a) for a in args])
-    except SystemExit as e:
-        return e.code or 0
-    return 0
 
 
 def test_cost_json_reproduces_the_seed(capsys):

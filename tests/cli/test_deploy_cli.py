@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 import yaml
+from tests.cli.inprocess import exit_code as _exit_code
 
 ROOT = Path(__file__).resolve().parents[2]
 AZULITE = str(Path(sys.executable).parent / "azulite")
@@ -59,16 +60,6 @@ def test_render_out_that_is_a_file_is_an_error(tmp_path):
     f.write_text("")
     r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "aks", "--out", str(f))
     assert r.returncode == 2 and "--out is a file, not a folder" in r.stderr and "Traceback" not in r.stderr
-
-
-def _exit_code(*args: str) -> int:
-    from azulite.cli import main
-
-    try:
-        main(list(args))
-    except SystemExit as e:
-        return e.code or 0
-    return 0
 
 
 def test_bad_namespace_and_negative_numbers_are_refused_before_writing(tmp_path, capsys):

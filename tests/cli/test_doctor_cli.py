@@ -5,15 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from azulite.cli import main
-
-
-def run(*args: str) -> int:
-    try:
-        main(list(args))
-    except SystemExit as e:
-        return e.code or 0
-    return 0
+from tests.cli.inprocess import exit_code as run
 
 
 @pytest.mark.parametrize("args", [("--gpus", "-1"), ("--matmul-tflops", "0"), ("--gpu-mem-gbps", "-3"),

@@ -143,21 +143,12 @@ def _gone(pid: int) -> bool:
         return True
 
 
-def test_the_writer_exits_when_the_server_is_killed(tmp_path):
-    """SIGKILL of the server: its writer sees the pipe close, writes what it had received, and exits —
-    no process is left behind."""
+def _kill_server_and_wait_for_its_writer(script: str) -> None:
+    """Run ``script`` (a server that prints its audit writer's pid, then blocks), SIGKILL it, and wait until
+    the orphaned writer has exited (it exits once it has read the closed stdin and written the ring)."""
     import signal
     import time
 
-    script = textwrap.dedent(f"""
-        import sys
-        from azulite.serve.audit import AuditLog
-        log = AuditLog({str(tmp_path / "audit.jsonl")!r})
-        log.record("r0", "k1", "c", "m", "1", "http", 200, 0.001, 10, 20)
-        log.flush()
-        print(log._proc.pid, flush=True)
-        sys.stdin.read()  # until killed
-    """)
     proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                             env={**os.environ})
     try:
@@ -168,10 +159,25 @@ def test_the_writer_exits_when_the_server_is_killed(tmp_path):
         if proc.poll() is None:
             proc.kill()
             proc.wait(60)
-    deadline = time.monotonic() + 60  # a safety net only: the writer exits as soon as it reads the EOF
+    deadline = time.monotonic() + 60  # a safety net only
     while not _gone(writer) and time.monotonic() < deadline:
         time.sleep(0.05)  # polling the condition (no event crosses from an orphan); not a timed assertion
     assert _gone(writer), "the audit writer outlived its server"
+
+
+def test_the_writer_exits_when_the_server_is_killed(tmp_path):
+    """SIGKILL of the server: its writer sees the pipe close, writes what it had received, and exits —
+    no process is left behind."""
+    script = textwrap.dedent(f"""
+        import sys
+        from azulite.serve.audit import AuditLog
+        log = AuditLog({str(tmp_path / "audit.jsonl")!r})
+        log.record("r0", "k1", "c", "m", "1", "http", 200, 0.001, 10, 20)
+        log.flush()
+        print(log._proc.pid, flush=True)
+        sys.stdin.read()  # until killed
+    """)
+    _kill_server_and_wait_for_its_writer(script)
     assert json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[0])["request_id"] == "r0"
 
 
@@ -182,8 +188,6 @@ def _lines(path) -> list[dict]:
 def test_a_server_killed_loses_nothing_it_had_recorded(tmp_path):
     """SIGKILL of the server before the writer's timer ever fired: the writer holds the ring's memory,
     sees its stdin close, and still writes every record packed into it."""
-    import signal
-
     script = textwrap.dedent(f"""
         import sys
         from azulite.serve.audit import AuditLog
@@ -193,21 +197,7 @@ def test_a_server_killed_loses_nothing_it_had_recorded(tmp_path):
         print(log._proc.pid, flush=True)
         sys.stdin.read()  # until killed
     """)
-    proc = subprocess.Popen([sys.executable, "-c", script], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                            env={**os.environ})
-    try:
-        writer = int(proc.stdout.readline())
-        proc.send_signal(signal.SIGKILL)
-        proc.wait(60)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait(60)
-    import time
-    deadline = time.monotonic() + 60  # a safety net only: the writer exits once it has written the ring
-    while not _gone(writer) and time.monotonic() < deadline:
-        time.sleep(0.05)  # polling the condition (no event crosses from an orphan); not a timed assertion
-    assert _gone(writer)
+    _kill_server_and_wait_for_its_writer(script)
     lines = _lines(tmp_path / "audit.jsonl")
     assert [x["request_id"] for x in lines] == [f"r{i}" for i in range(3000)]
     assert [x["client"] for x in lines[:8]] == [f"c{i % 7}" for i in range(8)]
