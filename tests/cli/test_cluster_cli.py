@@ -154,7 +154,7 @@ def test_simulate_refuses_an_unwritable_plot_before_running(capsys, tmp_path):
 
 def test_plan_checkpoints_path_that_does_not_exist_is_an_error(capsys, tmp_path):
     # it read as "no save_seconds there" and planned on the 60 s default
-    spec = ROOT / "examples" / "dlrm" / "job.yaml"
+    spec = ROOT / "examples" / "ddp" / "job.yaml"  # its inputs are in the repository (dlrm's are made by the demo)
     assert run("plan", spec, "--hours", "50", "--checkpoints", tmp_path / "typo") == 2
     err = err_of(capsys)
     assert "checkpoint location not found" in err and "--save-seconds" in err

@@ -225,3 +225,26 @@ def test_sigterm_bursts_soak(tmp_path):
     import os
 
     _sigterm_bursts(tmp_path, 5000 if os.environ.get("AZULITE_SOAK") == "1" else 30)
+
+
+def test_a_notice_after_the_commit_does_not_turn_exit_75_into_143():
+    """The supervisor, the rank runner and torchrun each send a SIGTERM: one arriving after the checkpoint
+    is committed, while the rank winds down, must leave its exit code 75 (the preempted contract), not
+    kill it by signal (143, seen once in CI when exit() restored the default handler)."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent("""
+        import os, signal, sys
+        from azulite.train.preempt import Preemption
+        p = Preemption(None).install()
+        try:
+            p.exit()
+        except SystemExit as e:
+            code = e.code
+        os.kill(os.getpid(), signal.SIGTERM)  # the late notice, delivered before the next bytecode
+        sys.exit(code)
+    """)
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 75, done.stderr[-2000:]

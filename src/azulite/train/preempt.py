@@ -191,6 +191,11 @@ class Preemption:
         """Leave with the 'preempted' exit code (after the checkpoint is committed)."""
         log.warning("preempted (%s): checkpoint committed, exiting %d", self.reason, EXIT_PREEMPTED)
         self.uninstall()
+        # committed: a repeated notice (the supervisor, the rank runner and torchrun each send one) must not
+        # turn this exit 75 into a death by signal (143) while the process winds down -- and the handler
+        # uninstall restored, or the interpreter's own at its finalization, would be SIG_DFL
+        for sig in self.signals:
+            signal.signal(sig, signal.SIG_IGN)
         if dist.is_initialized():
             dist.destroy_process_group()
         logging.shutdown()
