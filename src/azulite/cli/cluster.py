@@ -18,6 +18,7 @@ from rich.table import Table
 
 from azulite.catalog import Sku, load_catalog
 from azulite.cluster.cost import CostError, serving_cost, training_cost
+from azulite.cli.console import check_output_file
 from azulite.errors import AzuliteError, SpecError, TraceError
 from azulite.spec.job import parse_duration
 
@@ -229,7 +230,7 @@ def simulate_cmd(
     if fmt not in FORMATS:
         raise TraceError(f"unknown trace format {fmt!r}", fix=f"use one of: {', '.join(FORMATS)}")
     if plot_path is not None:
-        _check_plot_path(plot_path)
+        check_output_file(plot_path, "--plot", "sim.png")  # before the run, not after it
     spec = load_cluster(cluster)
     pools = resolve_pools(spec, catalog=load_catalog(str(catalog_file) if catalog_file else None), spec_file=cluster)
     jobs = read_trace(trace, fmt, job_table=job_table)
@@ -260,15 +261,6 @@ def simulate_cmd(
         out.print(f"  {p.name}: {p.price_label}" + (f"; spot evictions {p.evictions_per_hour:g}/node-hour" if p.spot else ""))
     if plot_path is not None:
         out.print(f"plot: {plot_path}")
-
-
-def _check_plot_path(path: Path) -> None:
-    """Refuse a --plot the PNG cannot be written to before simulating, not after (a long run lost to a typo)."""
-    if path.is_dir():
-        raise SpecError("--plot is a directory", file=str(path), field="--plot", fix=f"name a file, e.g. --plot {path / 'sim.png'}")
-    if not path.parent.is_dir():
-        raise SpecError(f"the folder {str(path.parent)!r} does not exist", file=str(path), field="--plot",
-                        fix=f"create it first (mkdir -p {path.parent}) or write the plot elsewhere")
 
 
 def measured_save_seconds(uri: str) -> tuple[Optional[float], str]:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+from pathlib import Path
 
 from rich.console import Console
 
@@ -29,3 +30,15 @@ def out() -> Console:
 def err() -> Console:
     """Standard error: errors and progress; never wrapped."""
     return Console(stderr=True, highlight=False, soft_wrap=True, width=_width(sys.stderr))
+
+
+def check_output_file(path: Path, flag: str, example: str) -> None:
+    """Refuse an output FILE path that cannot be written before any work is done (a directory, or a folder
+    that does not exist), naming the flag; ``example``: a file name for the fix."""
+    from azulite.errors import SpecError
+
+    if path.is_dir():
+        raise SpecError("is a directory", file=str(path), field=flag, fix=f"name a file, e.g. {flag} {path / example}")
+    if not path.parent.is_dir():
+        raise SpecError(f"the folder {str(path.parent)!r} does not exist", file=str(path), field=flag,
+                        fix=f"create it first (mkdir -p {path.parent}) or write it elsewhere")

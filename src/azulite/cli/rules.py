@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 
+from azulite.cli.console import check_output_file
 from azulite.errors import SpecError
 from azulite.observe.alerts import gpu_rule_groups, training_rule_groups
 from azulite.observe.rules import RuleGroup, prometheus_rule_yaml, rule_file
@@ -68,11 +69,7 @@ def render(
     if out is None:
         typer.echo(text, nl=False)
         return
-    if out.is_dir():
-        raise SpecError("is a directory", file=str(out), field="--out", fix=f"name a file, e.g. -o {out / 'rules.yml'}")
-    if not out.parent.is_dir():
-        raise SpecError(f"the folder {str(out.parent)!r} does not exist", file=str(out), field="--out",
-                        fix=f"create it first (mkdir -p {out.parent}) or write the rules elsewhere")
+    check_output_file(out, "--out", "rules.yml")
     # never a half-written rule file where Prometheus reloads it
     fd, tmp = tempfile.mkstemp(dir=out.parent, prefix=f".{out.name}.")
     try:
