@@ -4,6 +4,7 @@ naming what is wrong, never a short or shifted element."""
 
 from __future__ import annotations
 
+import json
 import struct
 
 import numpy as np
@@ -106,3 +107,95 @@ def test_an_infer_body_with_two_bytes_tensors_keeps_each_to_its_own_bytes():
     bad = struct.pack("<I", 8) + b"abc"
     with pytest.raises(InvalidArgument, match="input 'A': BYTES element 0 claims 8 bytes past the end"):
         http_codec.decode_infer_request("m", "", *body(bad, len(bad)))
+
+
+# --- a header seen before: its plan, not its JSON (http_codec._PLANS / _HEADS) ---------------------------
+
+
+def _infer_body(header: dict, *blobs: bytes) -> tuple[bytes, int]:
+    head = json.dumps(header, separators=(",", ":")).encode()
+    return head + b"".join(blobs), len(head)
+
+
+_FP32_AND_BYTES = {"id": "r1", "parameters": {"priority": 1},
+                   "inputs": [{"name": "x", "datatype": "FP32", "shape": [1, 4], "parameters": {"binary_data_size": 16}},
+                              {"name": "s", "datatype": "BYTES", "shape": [2], "parameters": {"binary_data_size": 12}}],
+                   "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}
+
+
+def test_a_header_seen_before_decodes_its_own_body_and_fresh_objects():
+    http_codec._PLANS.clear()
+    requests = []
+    for i in range(3):  # the first parses the JSON, the next ones reuse its plan
+        x = np.arange(4, dtype=np.float32) + 10 * i
+        strings = serialize_bytes(np.array([b"a%d" % i, b"b%d" % i], dtype=object))
+        request = http_codec.decode_infer_request("m", "2", *_infer_body(_FP32_AND_BYTES, x.tobytes(), strings))
+        assert request.model_name == "m" and request.model_version == "2" and request.id == "r1"
+        assert request.inputs[0].data.tolist() == [x.tolist()] and request.inputs[0].shape == (1, 4)
+        assert list(request.inputs[1].data) == [b"a%d" % i, b"b%d" % i]
+        assert request.inputs[0].parameters == {} and request.parameters == {"priority": 1}
+        assert [(o.name, o.parameters) for o in request.outputs] == [("y", {"binary_data": True})]
+        requests.append(request)
+    assert len(http_codec._PLANS) == 1  # the header was parsed once
+    # nothing is shared between requests: what one request's path changes, the next never sees
+    requests[1].parameters["sequence_id"] = 7
+    requests[1].outputs[0].parameters["classification"] = 2
+    again = http_codec.decode_infer_request("m", "", *_infer_body(
+        _FP32_AND_BYTES, np.zeros(4, np.float32).tobytes(), serialize_bytes(np.array([b"aa", b"bb"], dtype=object))))
+    assert again.parameters == {"priority": 1} and again.outputs[0].parameters == {"binary_data": True}
+
+
+_TWO_STRINGS = serialize_bytes(np.array([b"abc", b"d"], dtype=object))  # 12 bytes
+
+
+@pytest.mark.parametrize(("blobs", "message"), [
+    ((b"\x00" * 16, _TWO_STRINGS + b"zz"), "body has 2 bytes after the inputs' binary data"),
+    ((b"\x00" * 16, b"\x00" * 8), "runs past the end of the body"),
+    ((b"\x00" * 16, struct.pack("<I", 9) + b"abcd" + struct.pack("<I", 0)), "BYTES element 0 claims 9 bytes"),
+])
+def test_a_header_seen_before_still_refuses_a_body_that_does_not_fit_it(blobs, message):
+    http_codec._PLANS.clear()
+    http_codec.decode_infer_request("m", "", *_infer_body(_FP32_AND_BYTES, b"\x00" * 16, _TWO_STRINGS))
+    with pytest.raises(InvalidArgument, match=message):
+        http_codec.decode_infer_request("m", "", *_infer_body(_FP32_AND_BYTES, *blobs))
+
+
+def test_the_plans_stay_bounded():
+    http_codec._PLANS.clear()
+    header = {"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}}]}
+    for i in range(http_codec._PLANS_MAX + 5):  # an id per request: a header never seen again
+        request = http_codec.decode_infer_request("m", "", *_infer_body({**header, "id": str(i)}, bytes([i % 256])))
+        assert request.id == str(i) and request.inputs[0].data.tolist() == [i % 256 - 256 * (i % 256 > 127)]
+    assert len(http_codec._PLANS) <= http_codec._PLANS_MAX
+
+
+def _response(shape, data, rid="") -> tuple:
+    from azulite.serve.types import InferResponse, InferTensor
+
+    return InferResponse(model_name="m", model_version="1", id=rid,
+                         outputs=[InferTensor("y", "FP32", shape, data)])
+
+
+def test_an_answer_header_seen_before_is_the_one_its_json_gives():
+    http_codec._HEADS.clear()
+    request = http_codec.decode_infer_request("m", "", *_infer_body(
+        {"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}}],
+         "outputs": [{"name": "y", "parameters": {"binary_data": True}}]}, b"\x01"))
+    for shape, rid in (((1, 3), ""), ((1, 3), ""), ((2, 3), ""), ((1, 3), "r9"), ((2, 3), "")):
+        data = np.random.default_rng(len(shape) + shape[0]).random(shape).astype(np.float32)
+        body, hlen = http_codec.encode_infer_response(_response(shape, data, rid), request)
+        doc = json.loads(body[:hlen])
+        assert doc == {"model_name": "m", "model_version": "1", **({"id": rid} if rid else {}),
+                       "outputs": [{"name": "y", "datatype": "FP32", "shape": list(shape),
+                                    "parameters": {"binary_data_size": data.nbytes}}]}
+        assert body[hlen:] == data.tobytes()
+    assert len(http_codec._HEADS) == 3
+    # a transposed (not C-contiguous) output is answered row-major
+    data = np.arange(6, dtype=np.float32).reshape(3, 2).T
+    body, hlen = http_codec.encode_infer_response(_response((2, 3), data), request)
+    assert np.frombuffer(body[hlen:], np.float32).tolist() == data.reshape(-1).tolist()
+    # JSON output asked for: no plan, the data in the JSON
+    json_request = http_codec.decode_infer_request("m", "", *_infer_body(
+        {"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}}]}, b"\x01"))
+    body, hlen = http_codec.encode_infer_response(_response((1, 2), np.ones((1, 2), np.float32)), json_request)
+    assert hlen is None and json.loads(body)["outputs"][0]["data"] == [1.0, 1.0]
