@@ -225,6 +225,40 @@ def test_raw_size_mismatch_is_invalid_argument(stub):
     assert info.value.code() == grpc.StatusCode.INVALID_ARGUMENT and "raw_input_contents" in info.value.details()
 
 
+@pytest.mark.parametrize(("raw_count", "in_shm", "message"), [
+    (2, 1, "raw_input_contents has 2 entries for 1 inputs not in shared memory"),
+    (1, 0, "raw_input_contents has 1 entries for 2 inputs"),
+    (3, 0, "raw_input_contents has 3 entries for 2 inputs"),
+    (0, 2, None),  # both in shared memory: nothing raw, nothing refused
+    (1, 1, None),
+])
+def test_raw_contents_must_match_the_inputs_not_in_shared_memory(raw_count, in_shm, message):
+    """The codec alone (serve/grpc.py decode_infer_request), every mix of raw and shared-memory inputs."""
+    from azulite.errors import InvalidArgument
+    from azulite.serve.grpc import decode_infer_request
+
+    request = service_pb2.ModelInferRequest(model_name="m", id="r")
+    for i, name in enumerate(("INPUT0", "INPUT1")):
+        t = request.inputs.add(name=name, datatype="FP32", shape=[1, 2])
+        if i < in_shm:
+            t.parameters["shared_memory_region"].string_param = "region"
+            t.parameters["shared_memory_byte_size"].int64_param = 8
+    for i in range(raw_count):
+        request.raw_input_contents.append(np.array([[i, i + 0.5]], np.float32).tobytes())
+    request.outputs.add(name="OUTPUT0").parameters["classification"].int64_param = 1
+    if message is not None:
+        with pytest.raises(InvalidArgument, match=message):
+            decode_infer_request(request)
+        return
+    decoded = decode_infer_request(request)
+    assert [t.name for t in decoded.inputs] == ["INPUT0", "INPUT1"] and decoded.id == "r"
+    assert [t.data is None for t in decoded.inputs] == [True] * in_shm + [False] * (2 - in_shm)
+    assert decoded.inputs[0].parameters.get("shared_memory_region") == ("region" if in_shm else None)
+    if in_shm < 2:
+        assert decoded.inputs[1].data.tolist() == [[0.0, 0.5]] and decoded.inputs[1].shape == (1, 2)
+    assert [(o.name, o.parameters) for o in decoded.outputs] == [("OUTPUT0", {"classification": 1})]
+
+
 def test_a_broken_request_stream_ends_with_its_error_status_after_the_answers_due(server):
     """A stream whose second message cannot be parsed: the first still gets its answer, then the call
     ends INVALID_ARGUMENT (not OK, which would tell the client everything went through)."""

@@ -121,32 +121,44 @@ def _count(shape: tuple[int, ...]) -> int:
     return n
 
 
-def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
+def _check_raw_count(req: pb.ModelInferRequest) -> None:
+    """Raw contents for every input not in shared memory (asked only when their counts differ)."""
     raw = req.raw_input_contents
     in_shm = sum(1 for t in req.inputs if "shared_memory_region" in t.parameters)  # no raw content
-    if raw and len(raw) != len(req.inputs) - in_shm:
+    if len(raw) != len(req.inputs) - in_shm:
         raise InvalidArgument(
             f"raw_input_contents has {len(raw)} entries for {len(req.inputs) - in_shm} inputs"
             + (" not in shared memory" if in_shm else ""),
             fix="send raw contents for every input, or typed contents for every input")
+
+
+def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
+    """One pass over the inputs, each protobuf field read once (a field read costs ~0.1-0.2 us on upb)."""
+    raw = req.raw_input_contents
+    n_raw = len(raw)
     raw_index = 0
-    if not req.inputs:
+    req_inputs = req.inputs
+    if n_raw and n_raw != len(req_inputs):
+        _check_raw_count(req)
+    if not req_inputs:
         raise InvalidArgument("the infer request needs at least one input")
     inputs: list[InferTensor] = []
-    for t in req.inputs:
+    for t in req_inputs:
         name, datatype = t.name, t.datatype
         dtype = WIRE_TO_NUMPY.get(datatype)
         if dtype is None:
             raise InvalidArgument(f"input '{name}': unsupported datatype {datatype!r}",
                                   fix=f"use one of {', '.join(WIRE_TO_NUMPY)}")
-        if any(d < 0 for d in t.shape):
-            raise InvalidArgument(f"input '{name}': shape {list(t.shape)} has a negative dimension")
         shape = tuple(t.shape)
+        if shape and min(shape) < 0:
+            raise InvalidArgument(f"input '{name}': shape {list(shape)} has a negative dimension")
         count = _count(shape)
-        if in_shm and "shared_memory_region" in t.parameters:  # the data plane reads it (serve/shm.py)
-            inputs.append(InferTensor(name, datatype, shape, None, _params_in(t.parameters)))  # type: ignore[arg-type]
+        tparams = t.parameters
+        params = _params_in(tparams) if tparams else {}
+        if params and "shared_memory_region" in params:  # the data plane reads it (serve/shm.py)
+            inputs.append(InferTensor(name, datatype, shape, None, params))  # type: ignore[arg-type]
             continue
-        if raw:
+        if n_raw:
             buf = raw[raw_index]
             raw_index += 1
             if datatype == "BYTES":
@@ -176,12 +188,19 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
                     array = np.array(values, dtype=dtype).reshape(shape)
                 except (OverflowError, ValueError) as exc:
                     raise InvalidArgument(f"input '{name}': contents do not fit {datatype}: {exc}") from None
-        inputs.append(InferTensor(name, datatype, shape, array, _params_in(t.parameters)))
+        inputs.append(InferTensor(name, datatype, shape, array, params))
+    if raw_index != n_raw:  # as many raw contents as inputs, one of them in shared memory
+        _check_raw_count(req)
     outputs = None
-    if req.outputs:
-        outputs = [RequestedOutput(o.name, _params_in(o.parameters)) for o in req.outputs]
+    req_outputs = req.outputs
+    if req_outputs:
+        outputs = []
+        for o in req_outputs:
+            oparams = o.parameters
+            outputs.append(RequestedOutput(o.name, _params_in(oparams) if oparams else {}))
+    rparams = req.parameters
     return InferRequest(model_name=req.model_name, inputs=inputs, model_version=req.model_version, id=req.id,
-                        outputs=outputs, parameters=_params_in(req.parameters))
+                        outputs=outputs, parameters=_params_in(rparams) if rparams else {})
 
 
 def encode_infer_response(resp: InferResponse) -> pb.ModelInferResponse:
