@@ -223,23 +223,18 @@ class TritonDataPlane:
             raise Unavailable("the server is shutting down and accepts no new requests")
         self.shm.resolve_inputs(request)
         places = self.shm.output_places(request)
-        response = await self._infer_with_policies(request)
-        if places:
-            self.shm.place_outputs(response, places)
-        return response
-
-    async def _infer_with_policies(self, request: InferRequest) -> InferResponse:
-        """The model's fallback (serve/fallback.py) and output monitor (serve/drift.py) around _infer."""
+        # the model's fallback (serve/fallback.py) and output monitor (serve/drift.py) around _infer, inline:
+        # one coroutine less on every request's await chain
         cached = self._cached_policies(request.model_name)
-        if cached is None:
-            return await self._infer(request)
-        if cached[1] is not None:
+        if cached is None or cached[1] is None:
+            response = await self._infer(request)
+        else:
             response = await answer_with_fallback(request, cached[1], get_model=self.manager.get,
                                                   infer=self._infer, counts=self.fallbacks)
-        else:
-            response = await self._infer(request)
-        if cached[2] is not None and response.model_name == request.model_name:  # not the fallback's answers
-            cached[2].observe([(t.name, t.data) for t in response.outputs])
+        if cached is not None and cached[2] is not None and response.model_name == request.model_name:
+            cached[2].observe([(t.name, t.data) for t in response.outputs])  # not the fallback's answers
+        if places:
+            self.shm.place_outputs(response, places)
         return response
 
     def _cached_policies(self, name: str):

@@ -141,6 +141,9 @@ class HttpApp:
         ``async def`` here would put one more coroutine on every guarded request's await chain."""
         if self.guard is not None:
             return self._guarded(method, path, headers, body, client)
+        route = self._infer_routes.get(path)
+        if route is not None and method == b"POST":  # an infer path seen before: straight to its coroutine
+            return self._infer(route[0], route[1], headers, body)
         return self._unguarded(method, path, headers, body)
 
     async def _unguarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
@@ -272,20 +275,27 @@ class HttpApp:
         return 200, JSON, await generate.generate(self.dp, name, version, body), ()
 
     async def _infer(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
-        body = _decompress(body, headers.get(b"content-encoding"))
-        raw_len = headers.get(b"inference-header-content-length")
-        header_length = None
-        if raw_len is not None:
-            try:
-                header_length = int(raw_len)
-            except ValueError:
-                raise InvalidArgument(f"Inference-Header-Content-Length is not an integer: {raw_len!r}") from None
-        request = codec.decode_infer_request(name, version, body, header_length)
-        response = await self.dp.infer(request)
-        out, hlen = codec.encode_infer_response(response, request)
+        """An infer request's answer, its failure answered here too (error_reply, as every route's): handle
+        hands this coroutine straight to the transport."""
+        try:
+            encoding = headers.get(b"content-encoding")
+            if encoding is not None:
+                body = _decompress(body, encoding)
+            raw_len = headers.get(b"inference-header-content-length")
+            header_length = None
+            if raw_len is not None:
+                try:
+                    header_length = int(raw_len)
+                except ValueError:
+                    raise InvalidArgument(f"Inference-Header-Content-Length is not an integer: {raw_len!r}") from None
+            request = codec.decode_infer_request(name, version, body, header_length)
+            response = await self.dp.infer(request)
+            out, hlen = codec.encode_infer_response(response, request)
+        except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
+            return error_reply(exc)
         if hlen is None:
             return 200, JSON, out, ()
-        return 200, b"application/octet-stream", out, ((b"Inference-Header-Content-Length", str(hlen).encode()),)
+        return 200, b"application/octet-stream", out, ((b"Inference-Header-Content-Length", b"%d" % hlen),)
 
     def _repository(self, post: bool, method: bytes, path: str, rest: list[str], body: bytes):
         self._method(post, method, path)
