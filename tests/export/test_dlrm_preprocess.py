@@ -76,6 +76,43 @@ def test_extreme_values_and_empty_fields():
     assert fast[1][0, :6].tolist() == [0, 0, 10, 15, 0xDEADBEEF, (1 << 63) - 1]
 
 
+def test_values_at_the_exact_float_limit_and_past_it():
+    # fields up to 15 decimal / 13 hex digits are summed in float64 (exact below 2**53), longer ones in int64
+    dense = ["999999999999999", "-999999999999999", "9999999999999999", "100000000000001", "1000000000000001",
+             "9007199254740993", *[""] * 7]
+    cats = ["fffffffffffff", "1fffffffffffff", "ffffffffffffff", "10000000000001", "20000000000001", *[""] * 21]
+    row = "\t".join(dense + cats).encode()
+    rows = np.array([row] * 4, dtype=object)
+    fast = pre.parse_rows_fast(rows)
+    assert fast is not None
+    assert_same(fast, pre.parse_rows_checked(rows))
+    assert fast[0][0, :6].tolist() == [int(v) for v in dense[:6]]
+    assert fast[1][0, :5].tolist() == [int(v, 16) for v in cats[:5]]
+
+
+def test_rows_whose_fields_add_up_but_differ_are_found():
+    # 39 tabs a row on average, but one row short and one long (or a labelled row beside a short one): the
+    # rows' count of fields is checked row by row, not only in total
+    rows = unlabelled(sample_rows(4, seed=5).reshape(-1))
+    short, long_ = rows.copy(), rows.copy()
+    short[1] = short[1].rsplit(b"\t", 1)[0]  # 38 fields
+    long_[1] = short[1]
+    long_[2] = b"1\t" + rows[2]  # 40 fields
+    labelled = rows.copy()
+    labelled[0] = b"0\t" + rows[0]  # 40 fields beside a 38-field row: 39 a row on average
+    labelled[3] = short[1]
+    over = np.array([b"0\t" + r for r in rows], dtype=object)  # 40 a row on average: 41, 39, 40, 40
+    over[0] = b"1\t" + over[0]
+    over[1] = rows[1]
+    for batch, message, per_row in [(long_, "row 1: 38 tab-separated fields", pre.FEATURES),
+                                    (labelled, "row 3: 38 tab-separated fields", pre.FEATURES),
+                                    (over, "row 0: 41 tab-separated fields", pre.FEATURES + 1)]:
+        assert sum(r.count(b"\t") + 1 for r in batch) == per_row * len(batch)
+        assert pre.parse_rows_fast(batch) is None
+        with pytest.raises(ValueError, match=message):
+            pre.parse_rows(batch)
+
+
 def test_every_doubt_goes_to_the_reference_and_its_error():
     good = sample_rows(6, seed=3).reshape(-1)
     fields = good[2].split(b"\t")
