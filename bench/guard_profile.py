@@ -96,6 +96,21 @@ def per_function(stats: pstats.Stats, n: int) -> dict[str, tuple[float, float]]:
     return out
 
 
+def diff(off: dict[str, tuple[float, float]], on: dict[str, tuple[float, float]], min_calls: float = 0.05,
+         min_us: float = 0.3) -> list[tuple[float, float, float, float, str]]:
+    """(extra µs, extra calls, calls off, calls guarded, function) per request for every function whose
+    calls or own time differ by at least ``min_calls`` / ``min_us`` between the sides, most extra time
+    first (a function on one side only counts as 0 calls and 0 µs on the other)."""
+    rows = []
+    for fn in set(off) | set(on):
+        c0, t0 = off.get(fn, (0.0, 0.0))
+        c1, t1 = on.get(fn, (0.0, 0.0))
+        if abs(c1 - c0) >= min_calls or abs(t1 - t0) >= min_us:
+            rows.append((t1 - t0, c1 - c0, c0, c1, fn))
+    rows.sort(reverse=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--requests", type=int, default=4000)
@@ -125,23 +140,16 @@ def main() -> None:
                  for side, g in (("off", None), ("guarded", guard))}
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    off, on = sides["off"], sides["guarded"]
-    rows = []
-    for fn in set(off) | set(on):
-        c0, t0 = off.get(fn, (0.0, 0.0))
-        c1, t1 = on.get(fn, (0.0, 0.0))
-        if abs(c1 - c0) >= 0.05 or abs(t1 - t0) >= 0.3:
-            rows.append((t1 - t0, c1 - c0, c0, c1, t0, t1, fn))
-    rows.sort(reverse=True)
+    rows = diff(sides["off"], sides["guarded"])
     print(f"{'extra µs/req':>12} {'extra calls':>11} {'calls off':>9} {'calls on':>8}  function")
-    for dt, dc, c0, c1, _t0, _t1, fn in rows[:args.top]:
+    for dt, dc, c0, c1, fn in rows[:args.top]:
         print(f"{dt:12.2f} {dc:11.2f} {c0:9.2f} {c1:8.2f}  {fn}")
     totals = {side: {"calls_per_request": round(sum(c for c, _ in f.values()), 1),
                      "us_per_request": round(sum(t for _, t in f.values()), 1)} for side, f in sides.items()}
     print(json.dumps({"bench": "guard_profile", "requests": n, "clients": args.clients,
                       "load_avg_1m_end": round(os.getloadavg()[0], 2), **totals,
                       "extra": [{"function": fn, "calls": round(dc, 2), "us": round(dt, 2)}
-                                for dt, dc, *_, fn in rows[:args.top] if dc > 0 or dt > 0]}))
+                                for dt, dc, _, _, fn in rows[:args.top] if dc > 0 or dt > 0]}))
 
 
 if __name__ == "__main__":
