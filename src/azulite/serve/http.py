@@ -211,9 +211,10 @@ class HttpApp:
         audit = guard.audit
         if audit is not None:
             out = reply[2]
+            end = _perf()  # one read: the latency's end and the line's time
             audit.record(headers.get(b"x-request-id") or None, principal.key_id if principal is not None else None,
-                         client, model, version, "http", reply[0], _perf() - start, len(body),
-                         len(out) if type(out) is bytes else 0 if is_stream(out) else len(out))
+                         client, model, version, "http", reply[0], end - start, len(body),
+                         len(out) if type(out) is bytes else 0 if is_stream(out) else len(out), end)
         return reply
 
     def dispatch(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes):
