@@ -69,3 +69,14 @@ def test_the_summary_is_the_median_of_the_rounds_used_and_keeps_every_round() ->
 def test_no_round_used_gives_no_medians() -> None:
     summary = gr.summarize([{"round": 0, "error": "TimeoutError: server not ready", "left_out": "x"}])
     assert summary["rounds_used"] == 0 and "median_ratio" not in summary and "goal_met" not in summary
+
+
+def test_the_profile_diff_lists_what_the_guard_adds_most_time_first() -> None:
+    import guard_profile as gp
+
+    off = {"route": (1.0, 2.0), "same": (3.0, 5.0), "gone": (1.0, 0.4)}
+    on = {"route": (1.0, 2.1), "same": (3.0, 5.0), "check": (1.0, 2.5), "record": (1.0, 1.5)}
+    rows = gp.diff(off, on)
+    assert [r[4] for r in rows] == ["check", "record", "gone"]  # "same" and "route" (0.1 µs) differ too little
+    assert rows[0] == (2.5, 1.0, 0.0, 1.0, "check")
+    assert rows[2][:4] == (-0.4, -1.0, 1.0, 0.0)

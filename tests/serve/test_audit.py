@@ -28,6 +28,21 @@ def test_lines_hold_every_field_and_never_a_secret(tmp_path):
     log.close()
 
 
+def test_a_line_takes_the_time_its_caller_read(tmp_path):
+    """``at`` (the HTTP route's own end-of-request perf_counter read) is the line's time, not a new read."""
+    import time
+
+    log = AuditLog(tmp_path / "audit.jsonl")
+    log.record("then", "k1", "c", "m", "1", "http", 200, 0.001, 10, 20, time.perf_counter() - 3600.0)
+    log.record(None, "k1", "c", "m", "1", "http", 200, 0.001, 10, 20, time.perf_counter() - 7200.0)
+    log.record("now", "k1", "c", "m", "1", "http", 200, 0.001, 10, 20)
+    assert log.flush()
+    then, earlier, now = [json.loads(x) for x in (tmp_path / "audit.jsonl").read_text().splitlines()]
+    assert abs(now["time"] - time.time()) < 600  # a generous net: the lines are written within seconds
+    assert abs(now["time"] - then["time"] - 3600.0) < 600 and abs(now["time"] - earlier["time"] - 7200.0) < 600
+    log.close()
+
+
 def test_rotates_by_size(tmp_path):
     log = AuditLog(tmp_path / "audit.jsonl", max_bytes=2000, backups=2)
     for i in range(200):

@@ -253,6 +253,33 @@ def test_revocation_takes_effect_on_the_very_next_request(server, keys):
     assert grpc_call_key(server, token) == grpc.StatusCode.UNAUTHENTICATED
 
 
+def test_a_planned_http_request_still_sees_its_key_expire_and_its_models(server, keys):
+    """The guarded HTTP route answers a repeated request from its plan in its own frame (HttpApp._guarded):
+    the plan must still refuse once the key's expiry passes (no commit in between to send it through the
+    full check), and an infer path already routed for one key is still refused to a key outside it."""
+    store = keys["store"]
+    record, token = store.create("brief", expires=time.time() + 2.0)
+    live, expired = 0, 0
+    deadline = time.monotonic() + 120  # a safety net only: the loop ends once a request starts past expiry
+    while not expired and time.monotonic() < deadline:
+        before = time.time()
+        status = raw(server, "GET", "/v2", headers=bearer(token))[0]
+        after = time.time()
+        if after < record.expires:  # answered before the expiry: granted, from the plan after the first
+            assert status == 200
+            live += 1
+        elif before >= record.expires:  # asked after it: refused
+            assert status == 401
+            expired += 1
+        time.sleep(0.05)  # pacing, not synchronisation: each answer is checked against the clock
+    assert live >= 2 and expired == 1
+    _, other = store.create("py-only", models=["add_sub_py"])
+    assert raw(server, "POST", "/v2/models/add_sub_onnx/infer", INFER_JSON, bearer(keys["onnx"]))[0] == 200
+    for _ in range(2):  # the route is cached by now; the key check still comes first
+        status, _, payload = raw(server, "POST", "/v2/models/add_sub_onnx/infer", INFER_JSON, bearer(other))
+        assert status == 403 and b"does not reach model 'add_sub_onnx'" in payload
+
+
 def grpc_call_key(server, token):
     channel = grpc.insecure_channel(server.grpc_url)
     try:

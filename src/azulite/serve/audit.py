@@ -115,9 +115,11 @@ class AuditLog:
     # --- the request path ----------------------------------------------------------------------------
 
     def record(self, request_id: str | bytes | None, key_id: str | None, client: str, model: str, version: str,
-               protocol: str, status: int | str, latency_s: float, bytes_in: int, bytes_out: int) -> None:
+               protocol: str, status: int | str, latency_s: float, bytes_in: int, bytes_out: int,
+               at: float | None = None) -> None:
         """Pack one line's values into the ring (positional, in FIELDS order, for speed: this runs on every
-        request). A request_id of None gets the server's own id, assigned by the writer."""
+        request). A request_id of None gets the server's own id, assigned by the writer. ``at``: the
+        line's time as ``time.perf_counter()`` read it (the caller's own end-of-request read; None: now)."""
         who = (key_id, client, model, version, protocol, status)
         try:
             ident = self._ids.get(who)
@@ -132,13 +134,13 @@ class AuditLog:
             w = self._w
         try:  # (free in 3.11 when nothing is raised)
             if request_id is None:
-                _pack(self._buf, HEADER + ((w & self._mask) << 7), _now(), latency_s, bytes_in, bytes_out, ident,
-                      NO_RID, b"", w + 1)
+                _pack(self._buf, HEADER + ((w & self._mask) << 7), _now() if at is None else at, latency_s, bytes_in,
+                      bytes_out, ident, NO_RID, b"", w + 1)
             else:
                 if type(request_id) is not bytes:
                     request_id = str(request_id).encode("utf-8", "replace")
-                _pack(self._buf, HEADER + ((w & self._mask) << 7), _now(), latency_s, bytes_in, bytes_out, ident,
-                      RID if len(request_id) <= RID_MAX else RID_CUT, request_id, w + 1)
+                _pack(self._buf, HEADER + ((w & self._mask) << 7), _now() if at is None else at, latency_s, bytes_in,
+                      bytes_out, ident, RID if len(request_id) <= RID_MAX else RID_CUT, request_id, w + 1)
         except (StructError, TypeError, ValueError):  # a value the slot cannot hold: that line is lost, counted
             self._lost += 1
             return
