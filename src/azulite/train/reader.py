@@ -135,6 +135,8 @@ class VerifyingReader(FileSystemReader):
         self.fs = _VerifiedFiles(self._files, where)
         self.direct_bytes = 0
         self.hashed_bytes = 0
+        #: bytes of each file this rank hashed (its share: :mod:`azulite.train.hash_split`)
+        self.hashed_files: dict[str, int] = {}
         self._prefetch: pf.Prefetch | None = None
         self._prefetch_for: list[Path] = []  # the data files the prefetch streams, in order
         #: when the disk was first asked for this restore's bytes (``time.perf_counter()``; None: all
@@ -396,6 +398,7 @@ class VerifyingReader(FileSystemReader):
             fp.kept.append((pos, gap))
         check.finish()
         self.hashed_bytes += check.hashed
+        self.hashed_files[fp.name] = check.hashed
 
     # -- after verification, on the caller's thread --------------------------------------------------------
     def _load_kept(self, fp: _FilePlan, req: Any, planner: Any) -> None:
