@@ -1,9 +1,10 @@
-"""Which rank hashes which checkpoint file on a restore: ranks on one host that read the very same file
-(same boot, same inode: a DDP restore, where every rank loads the whole checkpoint) hash it once between
-them, the bytes split evenly, and the others only copy it (:mod:`azulite.train.reader`). The split travels
-in DCP's own plans: each rank's local plan names the identity of every file it reads (:class:`Identities`),
-and the coordinator's global plan tells each rank what it hashes (:class:`HashHere`, from
-:func:`assign_hashing`); no collective of our own before the reads.
+"""Which rank hashes which share of a checkpoint file on a restore: ranks on one host that read the very
+same file (same boot, same inode: a DDP restore, where every rank loads the whole checkpoint) hash it once
+between them, taking turns digest segment by digest segment (:mod:`azulite.train.digest`; a file with one
+digest is hashed whole by one of them), each only copying the others' segments (:mod:`azulite.train.reader`).
+The split travels in DCP's own plans: each rank's local plan names the identity of every file it reads
+(:class:`Identities`), and the coordinator's global plan tells each rank what it hashes (:class:`HashHere`,
+from :func:`assign_hashing`); no collective of our own before the reads.
 """
 
 from __future__ import annotations
