@@ -34,6 +34,8 @@ def _to_whole(step_dir, algorithm):
     (sha256 before BLAKE3)."""
     path = step_dir / "manifest.json"
     manifest = json.loads(path.read_text())
+    assert manifest["format"] == "azulite.checkpoint/2"
+    manifest["format"] = "azulite.checkpoint/1"
     for name, entry in manifest["files"].items():
         data = (step_dir / name).read_bytes()
         assert entry == segmented(data)
@@ -133,3 +135,18 @@ def test_a_corrupt_segment_falls_back_to_the_previous_checkpoint(tmp_path, caplo
         assert ck.load_latest() == 1
     assert f"file {shard.name} does not match the manifest (blake3 of bytes [1024, 2048) " in caplog.text
     assert torch.equal(model.weight, first) and progress.step == 1
+
+
+def test_a_manifest_of_an_unknown_format_is_passed_over_not_quarantined(tmp_path, caplog):
+    for step in (1, 2):
+        _, progress, ck = _checkpointer(tmp_path, seed=step)
+        progress.step = step
+        ck.save(step)
+        ck.close()
+    path = tmp_path / "step-00000002" / "manifest.json"
+    manifest = json.loads(path.read_text())
+    path.write_text(json.dumps({**manifest, "format": "azulite.checkpoint/3"}))  # a newer azulite's
+    _, progress, ck = _checkpointer(tmp_path, seed=99)
+    with caplog.at_level(logging.INFO, logger="azulite.train"):
+        assert ck.load_latest() == 1
+    assert path.exists() and "no valid manifest.json" in caplog.text
