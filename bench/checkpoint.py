@@ -42,7 +42,6 @@ import torch.multiprocessing as mp
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from azulite import train
-from azulite.train import digest
 
 WIDTH = 2048
 
@@ -126,13 +125,6 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
                             ctx, state)
     ck.save(1, sync=True)
     step_path = root / "ckpt" / "step-00000001"
-    whole = None
-    if args.ab_whole_file_digests:  # the same state with one digest per file (manifests before segments)
-        segment, digest.SEGMENT = digest.SEGMENT, 1 << 50
-        whole = train.Checkpointer(train.CheckpointConfig(uri=str(root / "ckpt-whole"), keep_last=1,
-                                                          thread_count=args.threads), ctx, state)
-        whole.save(1, sync=True)
-        digest.SEGMENT = segment
     manifest = json.loads((step_path / "manifest.json").read_text())
     ckpt_bytes = sum(f["bytes"] for f in manifest["files"].values())
     plain = root / "plain.pt"
@@ -154,7 +146,6 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
     # the anchor is one torch.load (rank 0); a DDP job that resumes with torch.load has every rank load
     # the file (each needs its own copy of the state, as each restore rank does): that is measured too
     rounds: dict[str, list[float]] = {"restore_cold": [], "torch_load_cold": [], "restore": [], "torch_load": [],
-                                      **({"restore_cold_whole_file_digests": []} if whole else {}),
                                       "torch_load_every_rank_cold": [], "torch_load_every_rank": []}
     cpu: dict[str, list[float]] = {k: [] for k in rounds}
     reads: dict[str, list[int]] = {k: [] for k in rounds}
@@ -186,18 +177,12 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         # each pair in turn goes first: what ran just before (the other side's reads, its writeback, the
         # memory it freed) falls on both sides alike; each side's files are evicted the same way, untimed
         cold = [restore_cold, lambda: measure("torch_load_cold", plain_bytes, tload, before=evict([plain]))]
-        if whole is not None:
-            wpath = root / "ckpt-whole" / "step-00000001"
-            cold.insert(1, lambda: measure("restore_cold_whole_file_digests", ckpt_bytes, whole.load_latest,
-                                           before=evict(list(wpath.iterdir()))))
         warm = [lambda: measure("restore", ckpt_bytes, ck.load_latest), lambda: measure("torch_load", plain_bytes, tload)]
         for fn in (*cold[:: 1 if i % 2 == 0 else -1], *warm[:: 1 if i % 2 == 0 else -1]):
             fn()
         measure("torch_load_every_rank_cold", plain_bytes, tload_every_rank, before=evict([plain]))
         measure("torch_load_every_rank", plain_bytes, tload_every_rank)
     ck.close()
-    if whole is not None:
-        whole.close()
     if rank == 0:
         res = {f"{k}_MBps": statistics.median(v) for k, v in rounds.items()}
         res.update({f"{k}_each_MBps": [round(x) for x in v] for k, v in rounds.items()})
@@ -361,9 +346,6 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=4)
     ap.add_argument("--threads", type=int, default=2, help="DCP writer threads per rank")
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of each save/load measurement (median)")
-    ap.add_argument("--ab-whole-file-digests", action="store_true",
-                    help="with --restore-only: also restore, interleaved, the same state saved with one digest "
-                         "per file (as manifests were before digest segments)")
     ap.add_argument("--restore-only", action="store_true",
                     help="only restore vs torch.load, cold and warm, interleaved --repeat times (~1 min)")
     ap.add_argument("--dir", help="where to write (default: a temporary directory, removed after)")
@@ -407,12 +389,6 @@ def main() -> int:
                    restore_cold_vs_torch_load_cold_paired_median=statistics.median(
                        a / b for a, b in zip(res["restore_cold_each_MBps"], res["torch_load_cold_each_MBps"])),
                    load_avg_1m_end=os.getloadavg()[0], cpus=os.cpu_count())
-        if "restore_cold_whole_file_digests_MBps" in res:  # --ab-whole-file-digests: segments against before
-            res.update(restore_cold_vs_whole_file_digests=(res["restore_cold_MBps"]
-                                                           / res["restore_cold_whole_file_digests_MBps"]),
-                       restore_cold_vs_whole_file_digests_paired_median=statistics.median(
-                           a / b for a, b in zip(res["restore_cold_each_MBps"],
-                                                 res["restore_cold_whole_file_digests_each_MBps"])))
         res = {k: round(v, 4) if isinstance(v, float) else v for k, v in res.items()}
         print(f"restore {res['restore_MBps']:.0f} MB/s (torch.load {res['torch_load_MBps']:.0f} MB/s); page cache "
               f"cold: restore {res['restore_cold_MBps']:.0f} MB/s (torch.load {res['torch_load_cold_MBps']:.0f} MB/s); "

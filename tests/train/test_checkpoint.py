@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from azulite.errors import CheckpointError, StorageError
-from azulite.train import digest
 from azulite.train import (
     CheckpointConfig,
     Checkpointer,
@@ -63,9 +62,7 @@ def test_manifest_lists_every_file_with_its_hash(tmp_path):
     assert set(manifest["files"]) == on_disk and ".metadata" in on_disk
     for name, entry in manifest["files"].items():
         data = (step / name).read_bytes()
-        assert entry == {"blake3_segments": [blake3.blake3(data[i : i + digest.SEGMENT]).hexdigest()
-                                             for i in range(0, max(len(data), 1), digest.SEGMENT)],
-                         "segment_bytes": digest.SEGMENT, "bytes": len(data)}
+        assert entry == {"blake3": blake3.blake3(data).hexdigest(), "bytes": len(data)}
     assert torch.serialization.get_crc32_options()  # shards skip torch.save's CRC32 in the writer only
 
 

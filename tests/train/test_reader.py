@@ -16,7 +16,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, digest, init, list_checkpoints
+from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
 from azulite.train import prefetch as prefetch_module
 from azulite.train import reader as reader_module
 from azulite.train.reader import VerifyingReader
@@ -168,62 +168,6 @@ def test_ranks_reading_the_same_files_split_the_hashing(tmp_path):
     assert got[0]["direct_bytes"] == got[1]["direct_bytes"] > 0
     assert 0 < got[0]["hashed_bytes"] < shards and 0 < got[1]["hashed_bytes"] < shards
     assert got[0]["hashed_bytes"] + got[1]["hashed_bytes"] == shards
-
-
-def _two_ranks_segmented(rank, port, root, out):
-    digest.SEGMENT = 4096  # this process's saves: shards of many segments
-    ctx = init({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
-                "MASTER_PORT": str(port)})
-    model, opt = _model(seed=1)
-    progress = Progress()
-    ck = Checkpointer(CheckpointConfig(uri=str(root)), ctx, {"model": ModelState(model, opt), "progress": progress})
-    progress.step = 1
-    ck.save(1)
-    first = [p.detach().clone() for p in model.parameters()]
-    with torch.no_grad():
-        for p in model.parameters():
-            p.add_(1.0)
-    progress.step = 2
-    ck.save(2)
-    got = {}
-    for case in ("whole", "corrupt"):
-        if case == "corrupt" and rank == 0:  # one flipped byte in the second segment: one rank hashes it
-            shard = max((root / "step-00000002").glob("*.distcp"), key=lambda p: p.stat().st_size)
-            data = bytearray(shard.read_bytes())
-            data[4096 + 100] ^= 0x01
-            shard.write_bytes(bytes(data))
-        torch.distributed.barrier()
-        with torch.no_grad():
-            for p in model.parameters():
-                p.zero_()
-        step = ck.load_latest()
-        got[case] = {**ck.last_restore, "step": step,
-                     "first": all(torch.equal(a, b) for a, b in zip(first, model.parameters()))}
-    ck.close()
-    (out / f"rank{rank}.json").write_text(json.dumps(got))
-
-
-def test_ranks_reading_the_same_files_take_turns_by_segment_and_agree_on_a_corrupt_one(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_two_ranks_segmented, args=(port, tmp_path / "ckpt", tmp_path), nprocs=2, start_method="spawn")
-    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
-    manifest = json.loads((tmp_path / "ckpt" / "step-00000001" / "manifest.json").read_text())
-    data = {n: e for n, e in manifest["files"].items() if n.endswith(".distcp")}
-    shards = sum(e["bytes"] for e in data.values())
-    assert all(e["segment_bytes"] == 4096 and len(e["blake3_segments"]) > 2 for e in data.values())
-    # both ranks restored step 2; each hashed about half of every file, together every byte once (a
-    # whole-file split hashes one rank a file more: the difference would be a file's size)
-    whole = [g["whole"] for g in got]
-    assert [w["step"] for w in whole] == [2, 2]
-    assert whole[0]["hashed_bytes"] + whole[1]["hashed_bytes"] == shards
-    for name, e in data.items():  # each hashed its turns of every file: none left a whole file to the other
-        mine = [w["hashed_files"][name] for w in whole]
-        assert mine[0] + mine[1] == e["bytes"] and min(mine) >= 4096, (name, mine)
-    # the corrupt segment was hashed by one rank; both fell back to step 1, every tensor step 1's
-    corrupt = [g["corrupt"] for g in got]
-    assert [c["step"] for c in corrupt] == [1, 1] and all(c["first"] for c in corrupt)
 
 
 def test_each_record_layout_is_read_just_before_its_bytes(tmp_path):

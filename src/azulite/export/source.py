@@ -102,9 +102,11 @@ def fetch_verified(ref: CheckpointRef, staging: Path) -> Path:
         if not path.is_file():
             raise CheckpointError(f"file {name} listed in the manifest is missing", where=ref.display,
                                   fix="the checkpoint is damaged: export another step (--step)")
-        try:
-            digest.check_file(path, want, name, "")
-        except digest.IntegrityError as e:
-            raise CheckpointError(e.message, where=ref.display,
-                                  fix="the checkpoint is damaged: export another step (--step)") from None
+        algorithm = digest.algorithm_of(want)
+        got = digest.file_entry(path, algorithm)
+        if got != {algorithm: want[algorithm], "bytes": want.get("bytes")}:
+            raise CheckpointError(
+                f"file {name} does not match the manifest ({algorithm} {got[algorithm][:12]}.. {got['bytes']} B, "
+                f"expected {str(want[algorithm])[:12]}.. {want.get('bytes')} B)",
+                where=ref.display, fix="the checkpoint is damaged: export another step (--step)")
     return local

@@ -19,11 +19,7 @@ from azulite.errors import StorageError
 from azulite.train.storage import CheckpointStorage, StorageSettings, first_line
 
 MANIFEST = "manifest.json"
-#: the format new manifests are written in: /2 records digest segments (azulite.train.digest); /1 (one
-#: digest per file) is still read. An azulite that knows only /1 takes a /2 checkpoint for an interrupted
-#: save and passes over it, rather than finding no digest it knows and un-committing it as corrupt
-MANIFEST_FORMAT = "azulite.checkpoint/2"
-READ_FORMATS = ("azulite.checkpoint/1", MANIFEST_FORMAT)
+MANIFEST_FORMAT = "azulite.checkpoint/1"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 
 
@@ -52,7 +48,7 @@ def read_manifest(storage: CheckpointStorage, rel: str, step: int) -> dict[str, 
         return None
     if (
         not isinstance(manifest, dict)
-        or manifest.get("format") not in READ_FORMATS
+        or manifest.get("format") != MANIFEST_FORMAT
         or manifest.get("step") != step
         or not isinstance(manifest.get("files"), dict)
     ):

@@ -141,7 +141,7 @@ class Checkpointer:
         #: what this rank's last restore hashed (files it read that no other rank on its host hashed) and
         #: read straight into tensors, in bytes; with the page cache cold, ``first_read_s``: seconds from
         #: load_latest's start to the disk's first request for the checkpoint's files
-        self.last_restore: dict[str, Any] = {}
+        self.last_restore: dict[str, float] = {}
         self._restore_started = 0.0
         #: seconds the training loop was blocked by the last save: all of it for a sync save; for an async
         #: save the copy made before save() returns plus any wait for the background copy at the next
@@ -422,8 +422,7 @@ class Checkpointer:
         finally:
             reader.stop_prefetch()  # a load that failed between its plan and its reads
             self._restorer.discard(step)  # this rank's downloaded copy only
-        self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes,
-                             "hashed_files": dict(reader.hashed_files)}
+        self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes}
         if reader.first_read_at is not None:  # a cold read: how long the disk waited for its first request
             self.last_restore["first_read_s"] = reader.first_read_at - self._restore_started
         if reader.stream_ended_at is not None and reader.reads_done_at is not None:

@@ -116,9 +116,9 @@ class SaveJob:
             except FileNotFoundError:
                 raise CheckpointError(f"rank {r} wrote no {sidecar}", where=self.storage.display(self.rel)) from None
             files.update(json.loads(raw))
-            h = digest.Segmenter()
+            h = digest.new()
             h.update(raw)
-            files[sidecar] = h.entry()
+            files[sidecar] = digest.entry(h.hexdigest(), len(raw))
         manifest = {
             "format": MANIFEST_FORMAT,
             "step": self.step,
@@ -186,7 +186,7 @@ class HashingFile:
     anything else is refused rather than allowed to make the hash wrong."""
 
     def __init__(self, f: Any) -> None:
-        self._f, self._h, self.nbytes = f, digest.Segmenter(), 0
+        self._f, self._h, self.nbytes = f, digest.new(), 0
 
     def write(self, b: Any) -> int:
         view = memoryview(b).cast("B")
@@ -196,7 +196,7 @@ class HashingFile:
         return view.nbytes
 
     def entry(self) -> dict[str, Any]:
-        return self._h.entry()
+        return digest.entry(self._h.hexdigest(), self.nbytes)
 
     def tell(self) -> int:
         return self._f.tell()

@@ -12,12 +12,11 @@ arrived (cache-hot; the hash and file reads release the GIL, so files read in pa
 copy and no allocation per tensor.
 
 Ranks on one host that read the very same file (same boot, same inode: a DDP restore, where every rank
-loads the whole checkpoint) share its hashing: they take turns, digest segment by digest segment
-(:mod:`azulite.train.digest`, :mod:`azulite.train.hash_split`; a whole-file digest of an older manifest:
-each such file is hashed by one of them), each only copying the others' segments; they agree on every
-file's verdict (a collective) before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
+loads the whole checkpoint) share its hashing: each such file is hashed by one of them, chosen so the
+bytes hashed split evenly (:mod:`azulite.train.hash_split`), and the others only copy it; they agree on
+every file's verdict (a collective) before anything is built. Blob downloads are each rank's own files, so each rank hashes what it fetched.
 
-Verification: each digest is checked when the last byte it covers is read, and only once every file this
+Verification: a file's digest is checked when its last byte is read, and only once every file this
 rank read matched (here or where it was hashed) are the objects built from the kept bytes (optimizer step counts, RNG states, any tensor
 that could not be read in place) and DCP's ``load_state_dict`` run; so nothing read reaches training
 before it was verified. A mismatch fails the load on every rank; the
@@ -56,7 +55,7 @@ from azulite.errors import CheckpointError
 from azulite.train import digest, record
 from azulite.train import prefetch as pf
 from azulite.train.hash_split import HashHere, Identities, assign_hashing, identity
-from azulite.train.restore import IntegrityError
+from azulite.train.restore import IntegrityError, mismatch
 
 #: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
 #: hash pass right after finds the bytes still in cache
@@ -107,7 +106,11 @@ class _VerifiedFiles(FileSystem):
             data = p.read_bytes()
         except FileNotFoundError:
             raise IntegrityError(f"file {p.name} is missing [{self._where}]") from None
-        digest.check_bytes(data, want, p.name, self._where)
+        algorithm = digest.algorithm_of(want)
+        h = digest.new(algorithm)
+        h.update(data)
+        if h.hexdigest() != want[algorithm] or len(data) != want["bytes"]:
+            raise mismatch(p.name, h.hexdigest(), len(data), want, self._where)
         yield io.BytesIO(data)
 
 
@@ -136,8 +139,6 @@ class VerifyingReader(FileSystemReader):
         self.fs = _VerifiedFiles(self._files, where)
         self.direct_bytes = 0
         self.hashed_bytes = 0
-        #: bytes of each file this rank hashed (its share: :mod:`azulite.train.hash_split`)
-        self.hashed_files: dict[str, int] = {}
         self._prefetch: pf.Prefetch | None = None
         self._prefetch_for: list[Path] = []  # the data files the prefetch streams, in order
         #: when the disk was first asked for this restore's bytes (``time.perf_counter()``; None: all
@@ -199,13 +200,11 @@ class VerifyingReader(FileSystemReader):
         if not all(isinstance(p.storage_data, Identities) for p in plans):
             return plans  # not our local plans (another planner's): every rank hashes what it reads
         sizes = {n: int(e.get("bytes", 0)) for n, e in self._files.items()}
-        segments = {n: _segment_count(e) for n, e in self._files.items()}
         # the files each global plan reads (a planner may have changed the local plans): one the rank
         # did not name in its local plan has no identity, so that rank hashes it itself
         reads = [{self.storage_data[i.storage_index].relative_path for i in p.items} for p in plans]
-        hashers = assign_hashing([{n: p.storage_data.files.get(n) for n in r} for p, r in zip(plans, reads)], sizes,
-                                 segments)
-        return [dataclasses.replace(p, storage_data=HashHere(h, frozenset(r)))
+        hashers = assign_hashing([{n: p.storage_data.files.get(n) for n in r} for p, r in zip(plans, reads)], sizes)
+        return [dataclasses.replace(p, storage_data=HashHere(frozenset(h), frozenset(r)))
                 for p, h, r in zip(plans, hashers, reads)]
 
     def stop_prefetch(self) -> None:
@@ -225,11 +224,10 @@ class VerifyingReader(FileSystemReader):
         plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
         # the global plan may have changed this rank's files: then stream those instead
         self._stream([fp.path for fp in plans])
-        # the share of each file this rank hashes (the coordinator's answer, prepare_global_plan): all of
-        # every file it reads when the plan carries none
+        # the files this rank hashes (the coordinator's answer, prepare_global_plan); all it reads when the
+        # plan carries none
         given = plan.storage_data if isinstance(plan.storage_data, HashHere) else None
-        shares = {fp.name: (0, 1) if given is None or fp.name not in given.known else given.files.get(fp.name)
-                  for fp in plans}
+        hash_here = {fp.name for fp in plans if given is None or fp.name in given.files or fp.name not in given.known}
         # every rank reaches the collective below whatever happens here: a rank that raised early would
         # leave the others waiting in it
         failure: BaseException | None = None
@@ -239,7 +237,7 @@ class VerifyingReader(FileSystemReader):
             # the targets are looked up on the caller's thread; the threads only read and hash
             targets = {id(r): planner.resolve_tensor(r).detach() for rs in per_file.values() for r in rs
                        if r.type != LoadItemType.BYTE_IO}
-            work = [(fp, per_file[fp.name], shares[fp.name]) for fp in plans]
+            work = [(fp, per_file[fp.name], fp.name in hash_here) for fp in plans]
             if len(work) > 1 and self._threads > 1:
                 with ThreadPoolExecutor(max_workers=min(self._threads, len(work)),
                                         thread_name_prefix="azulite-read") as pool:
@@ -288,8 +286,7 @@ class VerifyingReader(FileSystemReader):
                 raise IntegrityError(text) if integrity else CheckpointError(f"rank {rank} could not read: {text}")
 
     # -- one file, on a reader thread ----------------------------------------------------------------------
-    def _read_file(self, fp: _FilePlan, reqs: list[Any], targets: Mapping[int, torch.Tensor],
-                   share: tuple[int, int] | None) -> None:
+    def _read_file(self, fp: _FilePlan, reqs: list[Any], targets: Mapping[int, torch.Tensor], verify: bool) -> None:
         if self._fetch is not None:
             self._fetch(fp.name, fp.path)
         try:
@@ -307,7 +304,7 @@ class VerifyingReader(FileSystemReader):
             if size != fp.want["bytes"]:
                 raise IntegrityError(f"file {fp.name} is {size} B, the manifest says {fp.want['bytes']} B "
                                      f"[{self._where}]")
-            self._read_and_hash(f, heads, fp, reqs, targets, size, share)
+            self._read_and_hash(f, heads, fp, reqs, targets, size, verify)
 
     def _in_place(self, heads: Any, req: Any, target: torch.Tensor | None,
                   wait: Callable[[int], None] = lambda end: None) -> _Direct | None:
@@ -348,16 +345,15 @@ class VerifyingReader(FileSystemReader):
         return _Direct(start, nbytes, target, req)
 
     def _read_and_hash(self, f: Any, heads: Any, fp: _FilePlan, reqs: list[Any],
-                       targets: Mapping[int, torch.Tensor], size: int, share: tuple[int, int] | None) -> None:
-        """The whole file front to back, once: tensor data into its target, the rest kept; hashed as
-        ``share`` says (``(slot, of)``: the digest segments ``k % of == slot``; None: none, other ranks
-        hash this very file). Records are taken in file order
+                       targets: Mapping[int, torch.Tensor], size: int, verify: bool) -> None:
+        """The whole file front to back, once: tensor data into its target, the rest kept; all hashed
+        (unless another rank hashes this very file: ``verify`` False). Records are taken in file order
         and each one's layout is read just before its bytes: with the page cache cold, the layout reads
         of a whole file up front waited for all of it to arrive, and only then did copying and hashing
         start (a cold restore cost the disk's time plus the copy's); this way the copy of one record
         runs while the disk brings the next."""
-        mine = (lambda k: False) if share is None else (lambda k: k % share[1] == share[0])
-        check = digest.Checker(fp.want, fp.name, self._where, mine)
+        algorithm = digest.algorithm_of(fp.want)
+        h = digest.new(algorithm) if verify else None
         prefetch = self._prefetch
         # a record that several requests read (parts of one saved chunk into different targets) is kept
         # whole and loaded after verification; any other tensor record is read in place
@@ -377,7 +373,8 @@ class VerifyingReader(FileSystemReader):
                 if not n:
                     raise IntegrityError(f"file {fp.name} ended at {at + done} B, the manifest says {size} B "
                                          f"[{self._where}]")
-                check.update(view[done : done + n])  # hashes this rank's segments; releases the GIL
+                if h is not None:
+                    h.update(view[done : done + n])  # releases the GIL on large buffers
                 done += n
                 if prefetch is not None:
                     prefetch.consumed(n)
@@ -403,9 +400,12 @@ class VerifyingReader(FileSystemReader):
             gap = bytearray(size - pos)
             fill(memoryview(gap), pos)
             fp.kept.append((pos, gap))
-        check.finish()
-        self.hashed_bytes += check.hashed
-        self.hashed_files[fp.name] = check.hashed
+        if h is None:
+            return
+        self.hashed_bytes += size
+        got = h.hexdigest()
+        if got != fp.want[algorithm]:
+            raise mismatch(fp.name, got, size, fp.want, self._where)
 
     # -- after verification, on the caller's thread --------------------------------------------------------
     def _load_kept(self, fp: _FilePlan, req: Any, planner: Any) -> None:
@@ -426,14 +426,6 @@ class VerifyingReader(FileSystemReader):
                                  f"{tuple(tensor.size())}, the checkpoint's metadata says {tuple(target.size())}")
         target.copy_(tensor)
         planner.commit_tensor(req, target)
-
-
-def _segment_count(want: Mapping[str, Any]) -> int:
-    """How many digests a manifest entry has (1 for one it cannot tell: reading the file will say why)."""
-    try:
-        return len(digest.segments_of(want)[2])
-    except CheckpointError:
-        return 1
 
 
 def _kept_bytes(fp: _FilePlan, offset: int, length: int) -> bytes:

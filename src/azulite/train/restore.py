@@ -11,16 +11,23 @@ from __future__ import annotations
 
 import logging
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
 from azulite.errors import CheckpointError
+from azulite.train import digest
 from azulite.train.digest import IntegrityError
 from azulite.train.catalog import MANIFEST, read_manifest, scan_steps, step_dir
 from azulite.train.storage import CheckpointStorage
 
 log = logging.getLogger("azulite.train.checkpoint")
+
+
+def mismatch(name: str, got: str, got_bytes: int, want: Mapping[str, Any], where: str) -> IntegrityError:
+    algorithm = digest.algorithm_of(want)
+    return IntegrityError(f"file {name} does not match the manifest ({algorithm} {got[:12]}.. {got_bytes} B, "
+                          f"expected {want[algorithm][:12]}.. {want['bytes']} B) [{where}]")
 
 
 class Restorer:
