@@ -11,7 +11,8 @@ Restores are measured warm (files just written: the page cache) and cold (the ch
 with posix_fadvise(DONTNEED) before each load, untimed; torch.load's file likewise), and from a copy in host
 memory (/dev/shm: what a tiered in-memory snapshot would be read from). Cold restores also report how long
 the disk waited for the restore's first request (``restore_cold_first_read_ms``, rank 0, from load_latest's
-start). With --blob, also a restore from
+start) and how long the readers ran on after the disk's last byte (``restore_cold_readers_behind_stream_ms``,
+the later rank: copying and hashing what came last). With --blob, also a restore from
 Azure Blob (a local Azurite) against downloading the same files the same way without hashing or loading.
 
     .venv/bin/python bench/checkpoint.py                         # ~300 MB, 5 x (50 + 50) steps, ~3 min
@@ -162,10 +163,15 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
             reads[name].append(r1 - r0)
 
     first_read: list[float] = []  # ms from load_latest's start to the disk's first request (rank 0)
+    behind: list[float] = []  # ms from the disk's last byte to the last rank's readers done (the tail)
     def restore_cold() -> None:
         measure("restore_cold", ckpt_bytes, ck.load_latest, before=evict(list(step_path.iterdir())))
         if "first_read_s" in ck.last_restore:
             first_read.append(ck.last_restore["first_read_s"] * 1e3)
+        each: list = [None] * world
+        dist.all_gather_object(each, ck.last_restore.get("readers_behind_stream_s"))
+        if None not in each:
+            behind.append(max(each) * 1e3)
 
     for i in range(args.repeat):
         # each pair in turn goes first: what ran just before (the other side's reads, its writeback, the
@@ -186,6 +192,9 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         if first_read:
             res.update(restore_cold_first_read_ms=statistics.median(first_read),
                        restore_cold_first_read_each_ms=[round(x, 1) for x in first_read])
+        if behind:
+            res.update(restore_cold_readers_behind_stream_ms=statistics.median(behind),
+                       restore_cold_readers_behind_stream_each_ms=[round(x, 1) for x in behind])
         Path(out).write_text(json.dumps(res))
     train.shutdown(ctx)
 

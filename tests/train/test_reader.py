@@ -355,10 +355,12 @@ def test_a_cold_restore_reports_when_the_disk_was_first_asked(tmp_path, monkeypa
     ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), init({}), state)
     assert ck.load_latest() == 7  # warm (just written): nothing streamed, no figure
     if prefetch_module._CACHESTAT is not None:  # the kernel tells what is cached (cachestat, Linux >= 6.5)
-        assert "first_read_s" not in ck.last_restore
+        assert "first_read_s" not in ck.last_restore and "readers_behind_stream_s" not in ck.last_restore
     monkeypatch.setattr(prefetch_module, "in_cache", lambda fd, at, n: False)  # as if cold
     started = time.perf_counter()
     assert ck.load_latest() == 7
     took = time.perf_counter() - started
     ck.close()
     assert 0 < ck.last_restore["first_read_s"] < took
+    # and how long the readers ran on after the stream's last byte: within the restore, after its first read
+    assert -took < ck.last_restore["readers_behind_stream_s"] < took - ck.last_restore["first_read_s"]

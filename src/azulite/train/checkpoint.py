@@ -425,6 +425,9 @@ class Checkpointer:
         self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes}
         if reader.first_read_at is not None:  # a cold read: how long the disk waited for its first request
             self.last_restore["first_read_s"] = reader.first_read_at - self._restore_started
+        if reader.stream_ended_at is not None and reader.reads_done_at is not None:
+            # a cold read's tail: the readers' copy and hash of what the disk brought last
+            self.last_restore["readers_behind_stream_s"] = reader.reads_done_at - reader.stream_ended_at
         self.loaded_manifest = manifest
         self.last_committed = step
         if saved_ws != self.ctx.world_size:

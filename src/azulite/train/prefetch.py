@@ -66,6 +66,9 @@ class Prefetch:
         self.issued = threading.Event()
         #: when the disk was asked for the first bytes (``time.perf_counter()``); None while it was not
         self.issued_at: float | None = None
+        #: when the last stream ended, having asked the disk for something (the disk's last byte of a cold
+        #: read that ran to its end); None while one runs
+        self.ended_at: float | None = None
         usable = self._sendfile or hasattr(os, "posix_fadvise")
         self._threads = [threading.Thread(target=self._run, name="azulite-prefetch", daemon=True)
                          for _ in range(min(max(1, streams), len(paths)) if usable else 0)]
@@ -124,6 +127,8 @@ class Prefetch:
             self.issued.set()
             with self._cond:
                 self._live -= 1
+                if not self._live and self.issued_at is not None:
+                    self.ended_at = time.perf_counter()
                 self._cond.notify_all()
 
     def _stream(self, path: Path, sink: int) -> None:

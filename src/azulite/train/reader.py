@@ -34,6 +34,7 @@ import ctypes
 import dataclasses
 import io
 import os
+import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping
 from concurrent.futures import ThreadPoolExecutor
@@ -143,6 +144,10 @@ class VerifyingReader(FileSystemReader):
         #: when the disk was first asked for this restore's bytes (``time.perf_counter()``; None: all
         #: were in the page cache, or none was streamed)
         self.first_read_at: float | None = None
+        #: when the stream brought its last byte, and when this rank's readers were done (copied and
+        #: hashed their last byte): how far the readers ran behind the disk (None: nothing was streamed)
+        self.stream_ended_at: float | None = None
+        self.reads_done_at: float | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if self._fetch is not None:
@@ -208,6 +213,7 @@ class VerifyingReader(FileSystemReader):
             self._prefetch.stop()
             if self.first_read_at is None:
                 self.first_read_at = self._prefetch.issued_at
+            self.stream_ended_at = self._prefetch.ended_at
             self._prefetch = None
             self._prefetch_for = []
 
@@ -243,6 +249,7 @@ class VerifyingReader(FileSystemReader):
             failure = e
         finally:
             self.stop_prefetch()
+        self.reads_done_at = time.perf_counter()
         self._agree(failure)
         # every file of this rank matched its manifest: only now is anything built from the bytes
         for fp in plans:
