@@ -175,6 +175,8 @@ def test_bad_flags_exit_2_without_traceback(repo, args, message):
     (["--load-model", "add_sub_onnx"], "error: --load-model: needs --model-control-mode explicit\n  fix:"),
     (["--repository-poll-secs", "0"], "error: --repository-poll-secs: must be positive, got 0\n  fix:"),
     (["--model-repository", "/elsewhere"], "error: REPOSITORY: two repositories given"),
+    (["--key-store", "/tmp/keys.db"], "error: --key-store: is only read with --auth\n  fix: add --auth"),
+    (["--auth", "--key-store", "/"], "error: --key-store: key store '/' is a directory"),
 ])
 def test_flags_refused_before_serving_say_the_flag_once_and_the_fix(capsys, monkeypatch, repo, args, says):
     # in-process: these are refused before a model loads or a port opens; a flag let through fails the test

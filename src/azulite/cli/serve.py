@@ -223,6 +223,13 @@ def serve(
         "stall_timeout_s": stall_timeout_secs, "max_write_buffer": max_write_buffer_bytes,
         "max_message_bytes": grpc_max_message_bytes, "max_buffered_bytes": grpc_max_buffered_bytes,
     }, grpc_impl=grpc_impl)
+    if key_store is not None and not auth:  # the server would run open while the user thinks it is guarded
+        raise SpecError("is only read with --auth", field="--key-store",
+                        fix=f"add --auth (every endpoint but health then needs a key from {key_store})")
+    if auth:
+        from azulite.cli.keys import check_store_path
+
+        check_store_path(key_store)
     exit_on_error_ = _bool(exit_on_error, "--exit-on-error")
     logging.basicConfig(level=logging.INFO if log_verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
