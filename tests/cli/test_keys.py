@@ -78,3 +78,22 @@ def test_keys_store_mistakes_and_wording_in_process(capsys, tmp_path, monkeypatc
     assert exit_code("keys", "list") == 0
     out = capsys.readouterr().out
     assert "densenet_onnx" in out and "…" not in out  # not cut at 80 columns when piped
+
+
+def test_repo_path_mistakes_in_process(capsys, tmp_path):
+    from tests.cli.inprocess import exit_code
+
+    # a missing folder: a traceback (FileNotFoundError)
+    assert exit_code("repo", "keygen", tmp_path / "no" / "k.pem", tmp_path / "no" / "k.pub") == 2
+    assert "does not exist" in capsys.readouterr().err
+    # one path for both: the public key was written over the private one, exit 0
+    assert exit_code("repo", "keygen", tmp_path / "k.pem", tmp_path / "k.pem") == 2
+    assert "same file" in capsys.readouterr().err and not (tmp_path / "k.pem").exists()
+    # a repository that does not exist is not "not a directory"; both say how to fix it
+    assert exit_code("repo", "sign", tmp_path / "nope") == 2
+    err = capsys.readouterr().err
+    assert "'" + str(tmp_path / "nope") + "' does not exist" in err and "fix:" in err
+    (tmp_path / "f").write_text("x")
+    assert exit_code("repo", "verify", tmp_path / "f") == 2
+    err = capsys.readouterr().err
+    assert "is not a directory" in err and "fix:" in err
