@@ -99,7 +99,9 @@ def export(
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     _check_folder_arg(to, "--to", "give a folder (created if missing), e.g. --to model_repository/")  # else a traceback after the model was rebuilt
     uri, environ = _checkpoint_uri(source)
-    if "://" not in uri or uri.startswith("file://"):
+    # a path the user typed (a job's own location may not exist before its first checkpoint: the export
+    # says so with its fix)
+    if uri == source and ("://" not in uri or uri.startswith("file://")):
         local = Path(uri[len("file://"):] if uri.startswith("file://") else uri).expanduser()
         if not local.exists():  # was "no committed checkpoint under ... (no step directories)", exit 1
             raise SpecError(f"checkpoint location {uri!r} does not exist", field="SOURCE",
