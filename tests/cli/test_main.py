@@ -39,3 +39,20 @@ def test_a_commands_own_exit_code_comes_through(capsys, tmp_path):
     # no candidate fits a $1 budget: plan raises typer.Exit(1)
     assert run("plan", spec, "--hours", "50", "--budget", "1", "--runs", "2", "--json") == 1
     assert '"pick": null' in capsys.readouterr().out
+
+
+def test_every_option_of_every_command_has_a_help_line():
+    import typer.main
+
+    from azulite.cli import app
+
+    missing = []
+
+    def walk(cmd, path):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, (*path, name))
+        missing.extend(f"{' '.join(path)} {p.opts[0]}" for p in getattr(cmd, "params", ())
+                       if p.param_type_name == "option" and p.opts[0] != "--help" and not getattr(p, "help", None))
+
+    walk(typer.main.get_command(app), ("azulite",))
+    assert missing == []  # serve's --*-address and keys' --json had none
