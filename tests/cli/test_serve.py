@@ -177,6 +177,7 @@ def test_bad_flags_exit_2_without_traceback(repo, args, message):
     (["--model-repository", "/elsewhere"], "error: REPOSITORY: two repositories given"),
     (["--key-store", "/tmp/keys.db"], "error: --key-store: is only read with --auth\n  fix: add --auth"),
     (["--auth", "--key-store", "/"], "error: --key-store: key store '/' is a directory"),
+    (["--audit-log", "/"], "error: / (--audit-log): is a directory"),  # served, every audit line lost
 ])
 def test_flags_refused_before_serving_say_the_flag_once_and_the_fix(capsys, monkeypatch, repo, args, says):
     # in-process: these are refused before a model loads or a port opens; a flag let through fails the test

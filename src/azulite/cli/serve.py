@@ -223,6 +223,11 @@ def serve(
         "stall_timeout_s": stall_timeout_secs, "max_write_buffer": max_write_buffer_bytes,
         "max_message_bytes": grpc_max_message_bytes, "max_buffered_bytes": grpc_max_buffered_bytes,
     }, grpc_impl=grpc_impl)
+    if audit_log is not None and (audit_log.is_dir() or any(p.exists() and not p.is_dir() for p in audit_log.parents)):
+        # the server would start and count every line as a write error (a failed write never fails a request)
+        raise SpecError("is a directory" if audit_log.is_dir() else "lies under a file, not a folder",
+                        file=str(audit_log), field="--audit-log", fix="name a file in a folder, e.g. --audit-log "
+                        f"{audit_log / 'audit.jsonl' if audit_log.is_dir() else 'audit.jsonl'}")
     if key_store is not None and not auth:  # the server would run open while the user thinks it is guarded
         raise SpecError("is only read with --auth", field="--key-store",
                         fix=f"add --auth (every endpoint but health then needs a key from {key_store})")
