@@ -97,7 +97,8 @@ def export(
     from azulite.export import ExportOptions, Tolerance, export_checkpoint
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
-    _check_folder_arg(to, "--to", "give a folder (created if missing), e.g. --to model_repository/")  # else a traceback after the model was rebuilt
+    # else a traceback after the model was rebuilt
+    _check_folder_arg(to, "--to", "give a folder (created if missing), e.g. --to model_repository/")
     uri, environ = _checkpoint_uri(source)
     # a path the user typed (a job's own location may not exist before its first checkpoint: the export
     # says so with its fix)

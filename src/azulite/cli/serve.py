@@ -197,7 +197,8 @@ def serve(
     for flag, port in ports.items():
         if not 0 <= port <= 65535:
             raise SpecError(f"{port} is not a port (0-65535)", field=flag, fix=f"e.g. {flag} 0 (any free port)")
-    for flag, other in (("--http-port", "--grpc-port"), ("--http-port", "--metrics-port"), ("--grpc-port", "--metrics-port")):
+    for flag, other in (("--http-port", "--grpc-port"), ("--http-port", "--metrics-port"),
+                        ("--grpc-port", "--metrics-port")):
         if ports[flag] and ports[flag] == ports[other]:  # the second listener would fail with "address in use"
             raise SpecError(f"{flag} and {other} are both {ports[flag]}", field=other,
                             fix="give each endpoint its own port (0: any free port)")

@@ -41,7 +41,8 @@ def aks_options(environ: dict[str, str]) -> AksOptions:
         raise LaunchError(f"AZULITE_K8S_FLAVOR={flavor!r} is not a flavor", where="AZULITE_K8S_FLAVOR",
                           fix="use indexed-job or pytorchjob (or --flavor)")
     return AksOptions(
-        namespace=check_namespace(environ.get("AZULITE_K8S_NAMESPACE", "default"), "AZULITE_K8S_NAMESPACE"), flavor=flavor,  # type: ignore[arg-type]
+        namespace=check_namespace(environ.get("AZULITE_K8S_NAMESPACE", "default"), "AZULITE_K8S_NAMESPACE"),
+        flavor=flavor,  # type: ignore[arg-type]
         image=environ.get("AZULITE_K8S_IMAGE") or None, code_uri=environ.get("AZULITE_K8S_CODE_URI") or None,
         storage_account=environ.get("AZULITE_K8S_STORAGE_ACCOUNT") or None, pvc=environ.get("AZULITE_K8S_PVC") or None,
         service_account=environ.get("AZULITE_K8S_SERVICE_ACCOUNT", "azulite"),
