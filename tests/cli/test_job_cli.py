@@ -71,6 +71,7 @@ def test_failed_rank_shows_exit_code_and_log_tail(home, tmp_path):
         (["job", "submit", "examples/ddp/job.yaml", "--set", "instance_count=0"], "instance_count"),
         (["job", "show", "nope-1"], "no job 'nope-1'"),
         (["job", "logs", "nope-1"], "no job 'nope-1'"),
+        (["job", "wait", "nope-1", "--timeout", "-5"], "'--timeout'"),  # was read as 0: wait forever
     ],
 )
 def test_user_errors_exit_2_without_traceback(home, args, expect):

@@ -51,3 +51,49 @@ def test_repo_sign_and_verify(tmp_path):
     (repo / "m" / "1" / "model.onnx").write_bytes(b"evil")
     bad = run("repo", "verify", str(repo), "--public-key", str(tmp_path / "k.pub"), home=tmp_path)
     assert bad.returncode == 2 and "changed: m/1/model.onnx" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_keys_store_mistakes_and_wording_in_process(capsys, tmp_path, monkeypatch):
+    from tests.cli.inprocess import exit_code
+
+    monkeypatch.setenv("AZULITE_HOME", str(tmp_path / "home"))
+    # a directory: was "does not exist" (list) and "unable to open database file" (create)
+    for cmd in (("list",), ("create", "a")):
+        assert exit_code("keys", *cmd, "--key-store", tmp_path) == 2
+        assert "is a directory" in capsys.readouterr().err
+    # a small file that is not SQLite's: SQLite took it over as a new store
+    notes = tmp_path / "notes.txt"
+    notes.write_text("\n")
+    assert exit_code("keys", "create", "a", "--key-store", notes) == 2
+    assert "not a key store" in capsys.readouterr().err and notes.read_text() == "\n"
+    # an explicit store that does not exist (a typo) is an error, not an empty table
+    assert exit_code("keys", "list", "--key-store", tmp_path / "typo.db") == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert exit_code("keys", "list") == 0  # no default store yet: an empty list
+    assert exit_code("keys", "create", "team-a", "--models", "densenet_onnx") == 0
+    capsys.readouterr()
+    assert exit_code("keys", "rotate", "team-a") == 0
+    err = capsys.readouterr().err
+    assert "rotated" in err and "created" not in err
+    assert exit_code("keys", "list") == 0
+    out = capsys.readouterr().out
+    assert "densenet_onnx" in out and "…" not in out  # not cut at 80 columns when piped
+
+
+def test_repo_path_mistakes_in_process(capsys, tmp_path):
+    from tests.cli.inprocess import exit_code
+
+    # a missing folder: a traceback (FileNotFoundError)
+    assert exit_code("repo", "keygen", tmp_path / "no" / "k.pem", tmp_path / "no" / "k.pub") == 2
+    assert "does not exist" in capsys.readouterr().err
+    # one path for both: the public key was written over the private one, exit 0
+    assert exit_code("repo", "keygen", tmp_path / "k.pem", tmp_path / "k.pem") == 2
+    assert "same file" in capsys.readouterr().err and not (tmp_path / "k.pem").exists()
+    # a repository that does not exist is not "not a directory"; both say how to fix it
+    assert exit_code("repo", "sign", tmp_path / "nope") == 2
+    err = capsys.readouterr().err
+    assert "'" + str(tmp_path / "nope") + "' does not exist" in err and "fix:" in err
+    (tmp_path / "f").write_text("x")
+    assert exit_code("repo", "verify", tmp_path / "f") == 2
+    err = capsys.readouterr().err
+    assert "is not a directory" in err and "fix:" in err

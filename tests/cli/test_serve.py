@@ -150,7 +150,7 @@ def test_sigterm_drains_in_flight_requests(repo, tmp_path):
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["/no/such/repository"], "not a directory"),
+    (["/no/such/repository"], "does not exist"),
     (["{repo}", "--model-control-mode", "sometimes"], "--model-control-mode"),
     (["{repo}", "--load-model", "add_sub_onnx"], "explicit"),
     (["{repo}", "--http-port", "70000"], "not a port"),
@@ -164,6 +164,35 @@ def test_bad_flags_exit_2_without_traceback(repo, args, message):
                        timeout=120)
     assert p.returncode == 2, p.stdout + p.stderr
     assert message in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(("args", "says"), [
+    (["--http-port", "70000"], "error: --http-port: 70000 is not a port (0-65535)\n  fix: e.g. --http-port 0"),
+    (["--http-port", "47001", "--grpc-port", "47001"], "error: --grpc-port: --http-port and --grpc-port are both 47001"),
+    (["--grpc-address", "no such host"], "error: --grpc-address: cannot listen on 'no such host'"),
+    (["--exit-timeout-secs", "-1"], "error: --exit-timeout-secs: must be >= 0 seconds, got -1\n  fix:"),
+    (["--allow-http", "maybe"], "error: --allow-http: takes true or false, got 'maybe'\n  fix: e.g. --allow-http false"),
+    (["--load-model", "add_sub_onnx"], "error: --load-model: needs --model-control-mode explicit\n  fix:"),
+    (["--repository-poll-secs", "0"], "error: --repository-poll-secs: must be positive, got 0\n  fix:"),
+    (["--model-repository", "/elsewhere"], "error: REPOSITORY: two repositories given"),
+    (["--key-store", "/tmp/keys.db"], "error: --key-store: is only read with --auth\n  fix: add --auth"),
+    (["--auth", "--key-store", "/"], "error: --key-store: key store '/' is a directory"),
+    (["--audit-log", "/"], "error: / (--audit-log): is a directory"),  # served, every audit line lost
+])
+def test_flags_refused_before_serving_say_the_flag_once_and_the_fix(capsys, monkeypatch, repo, args, says):
+    # in-process: these are refused before a model loads or a port opens; a flag let through fails the test
+    # here instead of serving forever
+    import azulite.serve.server
+    from tests.cli.inprocess import exit_code
+
+    def served(*a, **k):
+        raise AssertionError(f"served with {args}: the flag was not refused")
+
+    monkeypatch.setattr(azulite.serve.server, "serve", served)
+    assert exit_code("serve", repo, *args) == 2
+    err = capsys.readouterr().err
+    assert says in err, err
+    assert "fix:" in err and "Traceback" not in err
 
 
 def test_help_documents_every_connection_limit():
@@ -230,7 +259,7 @@ def test_a_port_in_use_is_a_clear_error(repo):
                             "--grpc-port", "0", "--metrics-port", "0", "--grpc-address", "127.0.0.1",
                             "--metrics-address", "127.0.0.1"], capture_output=True, text=True, timeout=300)
     assert p.returncode == 2, p.stdout + p.stderr
-    assert "error: cannot listen" in p.stderr and str(port) in p.stderr and "fix: choose free ports" in p.stderr
+    assert f"error: --http-port {port}: cannot listen" in p.stderr and "fix: choose free ports" in p.stderr
     assert "Traceback" not in p.stderr
 
 

@@ -217,3 +217,12 @@ def test_job_commands_follow_the_store_to_the_cluster(tmp_path, api, spec_file):
     assert shown["backend"] == "kubernetes" and shown["state"] == "running"
     run("cancel", rec["id"])
     assert api.objects["pytorchjobs"] == {}
+
+
+@pytest.mark.parametrize("namespace", ["ML_Training", "-train", "a" * 64, ""])
+def test_a_bad_namespace_setting_is_refused_before_any_request(tmp_path, api, namespace):
+    # same RFC 1123 check as deploy render --namespace: it was only refused by the API server at submit
+    with pytest.raises(DeployError) as e:
+        backend(tmp_path, api, AZULITE_K8S_NAMESPACE=namespace)
+    assert e.value.where == "AZULITE_K8S_NAMESPACE" and "ml-training" in e.value.fix
+    assert api.requests == []

@@ -106,6 +106,15 @@ def test_set_overrides_and_their_errors(tmp_path):
         assert bad.value.file == "--set" and item in bad.value.message
 
 
+def test_set_with_no_value_is_an_error_and_a_quoted_empty_string_is_not(tmp_path):
+    p = write(tmp_path, GOOD)
+    for item in ("inputs.epochs=", "inputs.epochs=  "):  # an empty shell variable: was inputs.epochs == ""
+        with pytest.raises(SpecError) as bad:
+            load_job(p, [item])
+        assert bad.value.field == "inputs.epochs" and "no value" in bad.value.message and "--set" in bad.value.fix
+    assert load_job(p, ['environment_variables.X=""']).environment_variables["X"] == ""
+
+
 # ---- the bad-input list -------------------------------------------------------------------------
 def test_missing_code_folder(tmp_path):
     e = error(tmp_path, GOOD.replace("code: src", "code: nowhere"))

@@ -57,12 +57,47 @@ _agent.register(app)
 _job_nodes.register(_job.app)
 
 
+# click's UsageError and ClickException, found through typer's public BadParameter: typer vendors click as
+# the private typer._click in recent releases and uses click itself in older ones
+_UsageError = typer.BadParameter.__mro__[1]
+_ClickException = _UsageError.__mro__[1]
+
+
+def _usage_error(exc: Exception) -> None:
+    """Click's own parse errors (unknown option, missing argument, a value of the wrong type) in the house's
+    shape: the usage line, then ``error:`` and a ``fix:`` line naming the --help that lists what is accepted."""
+    if type(exc).__name__ == "NoArgsIsHelpError":  # `azulite job` alone: typer prints the help itself
+        from typer import rich_utils
+
+        rich_utils.rich_format_error(exc)
+        return
+    ctx = getattr(exc, "ctx", None)
+    where = ctx.command_path if ctx is not None else "azulite"
+    out = console.err()
+    if ctx is not None:
+        out.print(escape(ctx.get_usage()), markup=True)
+    out.print(f"[bold red]error:[/] {escape(where)}: {escape(exc.format_message())}\n"
+              f"  fix: run `{escape(where)} --help` for what it accepts", markup=True)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point."""
+    # not standalone: click's usage errors come back here to get a fix line (standalone, typer prints them
+    # in its own panel and exits); no command returns a value, so what comes back is None or Exit's code
     try:
-        app(args=argv, prog_name="azulite")
+        rv = typer.main.get_command(app).main(args=argv, prog_name="azulite", standalone_mode=False)
+    except _UsageError as exc:
+        _usage_error(exc)
+        sys.exit(exc.exit_code)
+    except _ClickException as exc:
+        exc.show()
+        sys.exit(exc.exit_code)
+    except typer.Abort:
+        console.err().print("Aborted.")
+        sys.exit(1)
     except AzuliteError as exc:
         console.err().print(f"[bold red]error:[/] {escape(str(exc))}", markup=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)
+    sys.exit(rv if isinstance(rv, int) else 0)

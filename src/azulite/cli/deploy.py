@@ -9,6 +9,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
+from azulite.deploy.options import check_namespace
 from azulite.errors import AzuliteError
 
 app = typer.Typer(no_args_is_help=True, help=(
@@ -22,22 +23,9 @@ cluster_app = typer.Typer(no_args_is_help=True, help=(
     "Example:\n\n  azulite cluster render examples/aks/cluster.yaml --resource-group torchrec-rg --out build/cluster"))
 
 
-# RFC 1123 label, what the API server requires of a namespace; the offline schemas do not check names, so
-# a bad one would only be refused at `kubectl apply`
-_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
-
-
 # the characters an image reference can hold (the full grammar is the registry's to enforce): a space or a
 # '!' would otherwise land in the pod spec and the Dockerfile's tag and fail only at the cluster
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
-
-
-def _check_namespace(value: str, flag: str) -> str:
-    if not _NAMESPACE.fullmatch(value):
-        raise AzuliteError(f"{value!r} is not a Kubernetes namespace name", where=flag,
-                           fix="use lowercase letters, digits and '-', starting and ending with a letter or digit, "
-                               "at most 63 characters, e.g. ml-training")
-    return value
 
 
 @app.command("render")
@@ -66,7 +54,7 @@ def render(
         raise AzuliteError(f"unknown target {target!r}", where="--target", fix="use --target aks or --target azureml")
     if flavor not in ("indexed-job", "pytorchjob"):
         raise AzuliteError(f"unknown flavor {flavor!r}", where="--flavor", fix="use --flavor indexed-job or --flavor pytorchjob")
-    _check_namespace(namespace, "--namespace")
+    check_namespace(namespace, "--namespace")
     if image is not None and not _IMAGE.fullmatch(image):
         raise AzuliteError(f"{image!r} is not an image reference", where="--image",
                            fix="write REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST], e.g. myacr.azurecr.io/train:1.0")
@@ -93,7 +81,7 @@ def cluster_render(
     from azulite.deploy.cluster import AksCluster
     from azulite.deploy.render import render_cluster, write_files
 
-    _check_namespace(namespace, "--monitoring-namespace")
+    check_namespace(namespace, "--monitoring-namespace")
     aks = AksCluster(resource_group=resource_group, cluster_name=cluster_name, monitoring_namespace=namespace,
                      gpu_memory_free_mb=gpu_memory_free_mb, gpu_temperature_c=gpu_temperature_c, alert_for=alert_for)
     for p in write_files(out, render_cluster(spec, aks)):

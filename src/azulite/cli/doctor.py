@@ -40,6 +40,8 @@ def doctor(
     for flag, value, example in (("--matmul-tflops", matmul_tflops, 312), ("--gpu-mem-gbps", gpu_mem_gbps, 2039)):
         if value is not None and not value > 0:  # a probe against 0 would always pass
             raise AzuliteError(f"must be > 0, got {value:g}", where=flag, fix=f"give the SKU's figure, e.g. {flag} {example} (A100 80GB)")
+    if checkpoint is not None:
+        _check_checkpoint_folder(checkpoint)
     if sku is not None:
         from azulite.catalog import get_sku
 
@@ -63,6 +65,26 @@ def doctor(
         console.print(", ".join(f"{n} {s}" for s, n in counts.items()))
     if failed(checks):
         raise typer.Exit(1)
+
+
+def _check_checkpoint_folder(location: str) -> None:
+    """A local --checkpoint that is (or lies under) a file: the probe would fail with the OS's "File exists";
+    said here as what it is, a usage error, before the probes run."""
+    from pathlib import Path
+
+    from azulite.train.storage import parse_uri
+
+    scheme, root = parse_uri(location)
+    if scheme != "file":
+        return
+    for p in (Path(root), *Path(root).parents):
+        if p.exists() and not p.is_dir():
+            what = "is a file, not a folder" if p == Path(root) else f"cannot be a folder: {str(p)!r} is a file"
+            raise AzuliteError(f"{location!r} {what}", where="--checkpoint",
+                               fix="give the folder checkpoints are written into (it is created if missing), "
+                                   "e.g. --checkpoint /mnt/checkpoints/run1, or az://container/dir")
+        if p.exists():
+            return
 
 
 def register(app: typer.Typer) -> None:

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 
 from azulite.contract import CHECKPOINT_OUTPUT
-from azulite.errors import CheckpointError, JobNotFound
+from azulite.errors import CheckpointError, JobNotFound, SpecError
 
 config_app = typer.Typer(
     no_args_is_help=True,
@@ -97,7 +97,19 @@ def export(
     from azulite.export import ExportOptions, Tolerance, export_checkpoint
 
     err = Console(stderr=True, highlight=False, soft_wrap=True)
+    # else a traceback after the model was rebuilt
+    _check_folder_arg(to, "--to", "give a folder (created if missing), e.g. --to model_repository/")
     uri, environ = _checkpoint_uri(source)
+    # a path the user typed (a job's own location may not exist before its first checkpoint: the export
+    # says so with its fix)
+    if uri == source and ("://" not in uri or uri.startswith("file://")):
+        local = Path(uri[len("file://"):] if uri.startswith("file://") else uri).expanduser()
+        if not local.exists():  # was "no committed checkpoint under ... (no step directories)", exit 1
+            raise SpecError(f"checkpoint location {uri!r} does not exist", field="SOURCE",
+                            fix="pass a job id from `azulite job list`, a checkpoint directory or an az:// URI")
+        if not local.is_dir():
+            raise SpecError(f"checkpoint location {uri!r} is a file, not a checkpoint directory", field="SOURCE",
+                            fix="pass the checkpoint directory (it holds step-NNNNNNNN/ folders) or one step folder")
     options = ExportOptions(repo=to, name=name, version=version, format=format_, step=step,
                             max_batch_size=max_batch_size, dynamic_batching=dynamic_batching,
                             max_queue_delay_us=max_queue_delay_us, tolerance=Tolerance(atol=atol, rtol=rtol), rows=rows,
@@ -136,6 +148,14 @@ def generate(
     """
     from azulite.export import generate as gen
 
+    if model_file.is_dir():  # was "model file DIR does not exist"
+        raise SpecError(f"{str(model_file)!r} is a directory", field="MODEL_FILE",
+                        fix=f"name the model file in it, e.g. {model_file / 'model.onnx'}")
+    if output is not None:
+        if output.is_dir():  # was a traceback, leaving a .tmp file beside the folder
+            raise SpecError("is a directory", file=str(output), field="--output",
+                            fix=f"name the file, e.g. -o {output / 'config.pbtxt'}")
+        _check_folder_arg(output.parent, "--output", f"write it elsewhere, e.g. -o model_repository/m/{output.name}")
     result = gen(model_file, name=name, max_batch_size=max_batch_size, dynamic_batching=dynamic_batching)
     text = result.text()
     if output is None:
@@ -151,6 +171,16 @@ def generate(
         err.print("check these fields (the model file cannot tell them):", markup=False)
         for note in result.needs_user:
             err.print(f"  - {note}", markup=False)
+
+
+def _check_folder_arg(folder: Path, flag: str, fix: str) -> None:
+    """A folder the command creates if missing: refused when it, or a folder above it, is a file."""
+    for p in (folder, *folder.parents):
+        if p.exists():
+            if not p.is_dir():
+                what = "is a file, not a folder" if p == folder else f"cannot be created: {str(p)!r} is a file"
+                raise SpecError(f"{str(folder)!r} {what}", field=flag, fix=fix)
+            return
 
 
 def register(app: typer.Typer) -> None:

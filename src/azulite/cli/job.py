@@ -277,7 +277,7 @@ def _wait(b: Backend, rec: JobRecord, *, quiet: bool) -> JobRecord:
 def wait_(
     job_id: str = typer.Argument(..., help="Job id."),
     checkpoint: bool = typer.Option(False, "--checkpoint", help="Return once the job has a committed checkpoint."),
-    timeout: float = typer.Option(0, "--timeout", help="Give up after this many seconds (exit 124); 0: never."),
+    timeout: float = typer.Option(0, "--timeout", min=0, help="Give up after this many seconds (exit 124); 0: never."),
     json_: bool = typer.Option(False, "--json", help="Print the job record as JSON."),
 ) -> None:
     """Block until the job ends (exit code as `submit --wait`), or with --checkpoint until it has committed

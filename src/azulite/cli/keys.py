@@ -14,6 +14,8 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+
+from azulite.cli import console as consoles
 from rich.table import Table
 
 app = typer.Typer(no_args_is_help=True, help="Endpoint keys for azulite serve --auth.\n\n"
@@ -32,14 +34,32 @@ def default_store(environ: dict[str, str] | None = None) -> Path:
 def _store(path: Optional[Path], *, create: bool = False):
     from azulite.serve.keystore import KeyStore
 
+    check_store_path(path)
     return KeyStore(path or default_store(), create=create)
 
 
-def _print_secret(console: Console, record, token: str, as_json: bool) -> None:
+def check_store_path(path: Optional[Path]) -> None:
+    """What the store would misreport: a directory ("does not exist" / "unable to open database file"), and a
+    small file that is not SQLite's, which SQLite would silently take over as a new database."""
+    from azulite.errors import KeyStoreError
+
+    p = path or default_store()
+    where = "--key-store" if path else "AZULITE_HOME"
+    if p.is_dir():
+        raise KeyStoreError(f"key store {str(p)!r} is a directory", where=where,
+                            fix=f"name the store's file, e.g. --key-store {p / 'keys.db'}")
+    if p.is_file() and p.stat().st_size:
+        with open(p, "rb") as f:
+            if f.read(16) != b"SQLite format 3\x00":
+                raise KeyStoreError(f"{str(p)!r} is not a key store (not an SQLite file)", where=where,
+                                    fix="point --key-store at the file `azulite keys create` wrote, or at a new path")
+
+
+def _print_secret(console: Console, record, token: str, as_json: bool, done: str = "created") -> None:
     if as_json:
         print(json.dumps({**record.public(), "key": token}))
         return
-    console.print(f"key [bold]{record.name}[/] (id {record.id}) created. Its secret, shown only now:")
+    console.print(f"key [bold]{record.name}[/] (id {record.id}) {done}. Its secret, shown only now:")
     print(token)
     console.print("send it as 'Authorization: Bearer <key>' (gRPC: 'authorization' metadata)")
 
@@ -53,7 +73,7 @@ def create(
     expires: Optional[str] = typer.Option(None, "--expires", help="Expiry date, e.g. 2027-01-31."),
     admin: bool = typer.Option(False, "--admin", help="Also reaches the restricted APIs (model repository...)."),
     key_store: Optional[Path] = typer.Option(None, "--key-store", help=STORE_HELP),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the key's record and secret as JSON."),
 ) -> None:
     """Create a key and print its secret once (only a salted hash is stored)."""
     from azulite.serve.keystore import parse_expiry, parse_quota
@@ -63,17 +83,18 @@ def create(
     record, token = store.create(name, models=names or None, rps=rps,
                                  quota_per_day=parse_quota(quota) if quota else None, admin=admin,
                                  expires=parse_expiry(expires) if expires else None)
-    _print_secret(Console(highlight=False, stderr=True), record, token, as_json)
+    _print_secret(consoles.err(), record, token, as_json)
 
 
 @app.command("list")
 def list_(
     key_store: Optional[Path] = typer.Option(None, "--key-store", help=STORE_HELP),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the keys as JSON."),
 ) -> None:
     """Every key: id, name, models, limits, state (never a secret)."""
     path = key_store or default_store()
-    records = _store(key_store, create=False).records() if Path(path).exists() else []
+    # no store yet is an empty list; a --key-store that does not exist (a typo) is an error
+    records = _store(key_store, create=False).records() if Path(path).exists() or key_store else []
     if as_json:
         print(json.dumps([r.public() for r in records]))
         return
@@ -85,7 +106,7 @@ def list_(
         state = "revoked" if r.revoked is not None else ("expired" if not r.live(time.time()) else "live")
         table.add_row(r.id, r.name, ",".join(p["models"]) if p["models"] else "*", f"{r.rps:g}" if r.rps else "-",
                       str(r.quota_per_day or "-"), "yes" if r.admin else "", (p["expires"] or "-")[:19], state)
-    Console(highlight=False).print(table)
+    consoles.out().print(table)
 
 
 @app.command("revoke")
@@ -102,8 +123,9 @@ def revoke(
 def rotate(
     name: str = typer.Argument(..., help="Key name or id."),
     key_store: Optional[Path] = typer.Option(None, "--key-store", help=STORE_HELP),
-    as_json: bool = typer.Option(False, "--json"),
+    as_json: bool = typer.Option(False, "--json", help="Print the new record and secret as JSON."),
 ) -> None:
     """Replace a key's secret (same name, models and limits); the old secret stops working."""
     record, token = _store(key_store).rotate(name)
-    _print_secret(Console(highlight=False, stderr=True), record, token, as_json)
+    _print_secret(consoles.err(), record, token, as_json,
+                  "rotated: a new id and secret; the old secret no longer works")

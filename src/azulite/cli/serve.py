@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import sys
 from functools import partial
 from pathlib import Path
@@ -31,7 +32,7 @@ def _bool(value: str, flag: str) -> bool:
         return True
     if v in ("false", "0", "no", "off"):
         return False
-    raise SpecError(f"{flag} takes true or false, got {value!r}", field=flag)
+    raise SpecError(f"takes true or false, got {value!r}", field=flag, fix=f"e.g. {flag} false")
 
 
 def _table(rows: list[tuple[str, str, str]]) -> Table:
@@ -53,9 +54,10 @@ def serve(
     http_port: int = typer.Option(8000, "--http-port", help="HTTP port (0: any free port)."),
     grpc_port: int = typer.Option(8001, "--grpc-port", help="gRPC port (0: any free port)."),
     metrics_port: int = typer.Option(8002, "--metrics-port", help="Prometheus metrics port."),
-    http_address: str = typer.Option("0.0.0.0", "--http-address"),
-    grpc_address: str = typer.Option("0.0.0.0", "--grpc-address"),
-    metrics_address: str = typer.Option("0.0.0.0", "--metrics-address"),
+    http_address: str = typer.Option("0.0.0.0", "--http-address", help="Address the HTTP endpoint listens on "
+                                     "(127.0.0.1: this machine only)."),
+    grpc_address: str = typer.Option("0.0.0.0", "--grpc-address", help="Address the gRPC endpoint listens on."),
+    metrics_address: str = typer.Option("0.0.0.0", "--metrics-address", help="Address the metrics endpoint listens on."),
     allow_http: str = typer.Option("true", "--allow-http", help="false: no HTTP endpoint."),
     allow_grpc: str = typer.Option("true", "--allow-grpc", help="false: no gRPC endpoint."),
     allow_metrics: str = typer.Option("true", "--allow-metrics", help="false: no metrics endpoint."),
@@ -165,7 +167,8 @@ def serve(
 
     repo = model_repository or repository
     if repository is not None and model_repository is not None and repository != model_repository:
-        raise SpecError("give the repository once: as REPOSITORY or as --model-repository", field="REPOSITORY")
+        raise SpecError(f"two repositories given: {repository!r} and --model-repository {model_repository!r}",
+                        field="REPOSITORY", fix="give the repository once: as REPOSITORY or as --model-repository")
     if repo is None:
         raise SpecError("no model repository given", field="REPOSITORY",
                         fix="azulite serve path/to/model_repository")
@@ -180,22 +183,39 @@ def serve(
         repo = remote.path
     repo = Path(repo)
     if not repo.is_dir():
-        raise SpecError(f"model repository {str(repo)!r} is not a directory", field="REPOSITORY",
+        what = "is not a directory" if repo.exists() else "does not exist"
+        raise SpecError(f"model repository {str(repo)!r} {what}", field="REPOSITORY",
                         fix="point at a directory holding <model>/config.pbtxt and <model>/<version>/")
     if model_control_mode not in ("none", "explicit", "poll"):
         raise SpecError(f"unknown --model-control-mode {model_control_mode!r}", field="--model-control-mode",
                         fix="use none, explicit or poll")
     if load_model and model_control_mode != "explicit":
-        raise SpecError("--load-model needs --model-control-mode=explicit", field="--load-model")
-    for flag, port in (("--http-port", http_port), ("--grpc-port", grpc_port), ("--metrics-port", metrics_port)):
+        raise SpecError("needs --model-control-mode explicit", field="--load-model",
+                        fix=f"add --model-control-mode explicit (or drop --load-model: mode {model_control_mode} loads "
+                            "every model)")
+    ports = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port}
+    for flag, port in ports.items():
         if not 0 <= port <= 65535:
-            raise SpecError(f"{flag} {port} is not a port (0-65535)", field=flag)
+            raise SpecError(f"{port} is not a port (0-65535)", field=flag, fix=f"e.g. {flag} 0 (any free port)")
+    for flag, other in (("--http-port", "--grpc-port"), ("--http-port", "--metrics-port"),
+                        ("--grpc-port", "--metrics-port")):
+        if ports[flag] and ports[flag] == ports[other]:  # the second listener would fail with "address in use"
+            raise SpecError(f"{flag} and {other} are both {ports[flag]}", field=other,
+                            fix="give each endpoint its own port (0: any free port)")
+    for flag, address in (("--http-address", http_address), ("--grpc-address", grpc_address),
+                          ("--metrics-address", metrics_address)):
+        _check_address(address, flag)
     if grpc_impl not in ("h2", "grpcio"):
         raise SpecError(f"unknown --grpc-impl {grpc_impl!r}", field="--grpc-impl", fix="use h2 or grpcio")
     if repository_poll_secs <= 0:
-        raise SpecError("--repository-poll-secs must be positive", field="--repository-poll-secs")
+        raise SpecError(f"must be positive, got {repository_poll_secs:g}", field="--repository-poll-secs",
+                        fix="e.g. --repository-poll-secs 15")
     if http_max_input_size < 1:
-        raise SpecError(f"must be a positive number of bytes, got {http_max_input_size}", field="--http-max-input-size")
+        raise SpecError(f"must be a positive number of bytes, got {http_max_input_size}", field="--http-max-input-size",
+                        fix="e.g. --http-max-input-size 67108864 (64 MiB)")
+    if not exit_timeout_secs >= 0:  # a negative drain would read "up to -1 s" and end at once
+        raise SpecError(f"must be >= 0 seconds, got {exit_timeout_secs:g}", field="--exit-timeout-secs",
+                        fix="e.g. --exit-timeout-secs 30 (0: stop without draining)")
     limits = limits_from_flags({
         "max_connections": max_connections, "header_timeout_s": header_timeout_secs,
         "max_header_bytes": max_header_bytes, "max_continuations": max_continuation_frames,
@@ -204,6 +224,18 @@ def serve(
         "stall_timeout_s": stall_timeout_secs, "max_write_buffer": max_write_buffer_bytes,
         "max_message_bytes": grpc_max_message_bytes, "max_buffered_bytes": grpc_max_buffered_bytes,
     }, grpc_impl=grpc_impl)
+    if audit_log is not None and (audit_log.is_dir() or any(p.exists() and not p.is_dir() for p in audit_log.parents)):
+        # the server would start and count every line as a write error (a failed write never fails a request)
+        raise SpecError("is a directory" if audit_log.is_dir() else "lies under a file, not a folder",
+                        file=str(audit_log), field="--audit-log", fix="name a file in a folder, e.g. --audit-log "
+                        f"{audit_log / 'audit.jsonl' if audit_log.is_dir() else 'audit.jsonl'}")
+    if key_store is not None and not auth:  # the server would run open while the user thinks it is guarded
+        raise SpecError("is only read with --auth", field="--key-store",
+                        fix=f"add --auth (every endpoint but health then needs a key from {key_store})")
+    if auth:
+        from azulite.cli.keys import check_store_path
+
+        check_store_path(key_store)
     exit_on_error_ = _bool(exit_on_error, "--exit-on-error")
     logging.basicConfig(level=logging.INFO if log_verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
@@ -285,8 +317,12 @@ def serve(
     try:
         run(settings, on_started=started, on_stopping=stopping)
     except OSError as exc:
-        raise AzuliteError(f"cannot listen: {exc}", fix="choose free ports with --http-port/--grpc-port/"
-                           "--metrics-port (0 picks any free port)") from None
+        # name the flag whose port is taken where the message says which port (asyncio's does; --workers' does not)
+        asked = [f"{flag} {port}" for flag, port in ports.items() if port]
+        named = [f for f in asked if re.search(rf"\b{f.split()[1]}\b", str(exc))] or asked
+        raise AzuliteError(f"cannot listen: {exc}", where=" or ".join(named) or None,
+                           fix="choose free ports with --http-port/--grpc-port/--metrics-port (0 picks any free "
+                               "port)") from None
     finally:
         if remote is not None:
             remote.stop()
@@ -300,6 +336,21 @@ def serve(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _check_address(address: str, flag: str) -> None:
+    """An address that does not resolve would fail at bind with "Name or service not known" and a fix about
+    ports; said here, naming its flag."""
+    import socket
+
+    if not address:  # asyncio's "every interface"
+        return
+    try:
+        socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
+    except (socket.gaierror, UnicodeError) as exc:
+        raise SpecError(f"cannot listen on {address!r}: {exc}", field=flag,
+                        fix=f"give an address of this machine, e.g. {flag} 127.0.0.1 (this machine only) or "
+                            "0.0.0.0 (every interface)") from None
 
 
 def _rate(item: str) -> tuple[str, float]:

@@ -3,8 +3,11 @@
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Literal
+
+from azulite.errors import DeployError
 
 #: where the code snapshot lives in the pod (the working directory)
 CODE_DIR = "/code"
@@ -12,6 +15,20 @@ CODE_DIR = "/code"
 PVC_DIR = "/mnt/azulite"
 #: nfs:// inputs are mounted at /mnt/<input name> (seed 002 mounts its NetApp volume at /mnt/netapp)
 NFS_DIR = "/mnt"
+
+
+# RFC 1123 label, what the API server requires of a namespace; the offline schemas do not check names, so
+# a bad one would only be refused at `kubectl apply` (or by the API server at submit)
+_NAMESPACE = re.compile(r"[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?")
+
+
+def check_namespace(value: str, where: str) -> str:
+    """``value`` if it can name a Kubernetes namespace; ``where``: the flag or setting it came from."""
+    if not _NAMESPACE.fullmatch(value):
+        raise DeployError(f"{value!r} is not a Kubernetes namespace name", where=where,
+                          fix="use lowercase letters, digits and '-', starting and ending with a letter or digit, "
+                              "at most 63 characters, e.g. ml-training")
+    return value
 
 
 @dataclass(frozen=True)

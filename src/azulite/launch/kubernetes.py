@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from azulite.deploy.image import code_archive_uri
-from azulite.deploy.options import AksOptions
+from azulite.deploy.options import AksOptions, check_namespace
 from azulite.deploy.training import indexed_job, k8s_name, pytorch_job
 from azulite.errors import DeployError, LaunchError, RemoteError
 from azulite.launch.backend import Backend, Feature, register_backend
@@ -41,7 +41,8 @@ def aks_options(environ: dict[str, str]) -> AksOptions:
         raise LaunchError(f"AZULITE_K8S_FLAVOR={flavor!r} is not a flavor", where="AZULITE_K8S_FLAVOR",
                           fix="use indexed-job or pytorchjob (or --flavor)")
     return AksOptions(
-        namespace=environ.get("AZULITE_K8S_NAMESPACE", "default"), flavor=flavor,  # type: ignore[arg-type]
+        namespace=check_namespace(environ.get("AZULITE_K8S_NAMESPACE", "default"), "AZULITE_K8S_NAMESPACE"),
+        flavor=flavor,  # type: ignore[arg-type]
         image=environ.get("AZULITE_K8S_IMAGE") or None, code_uri=environ.get("AZULITE_K8S_CODE_URI") or None,
         storage_account=environ.get("AZULITE_K8S_STORAGE_ACCOUNT") or None, pvc=environ.get("AZULITE_K8S_PVC") or None,
         service_account=environ.get("AZULITE_K8S_SERVICE_ACCOUNT", "azulite"),

@@ -87,8 +87,16 @@ def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
                 value=item,
                 fix="write --set path=value, e.g. --set distribution.process_count_per_instance=2",
             )
+        if not raw.strip():  # `--set inputs.steps=` (a shell variable that was empty) must not pass as ""
+            raise SpecError(
+                "no value after '='",
+                file=f"--set {item}",
+                field=key.strip(),
+                value=item,
+                fix=f"give a value, e.g. --set {key.strip()}=3; for an empty string write --set '{key.strip()}=\"\"'",
+            )
         try:
-            value = yaml.safe_load(raw) if raw.strip() else ""
+            value = yaml.safe_load(raw)
         except yaml.YAMLError:
             value = raw
         path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))

@@ -1,0 +1,58 @@
+"""``azulite``'s entry point: click's own usage errors (unknown option, missing argument, a value of the wrong
+type, an unknown command) come out in the house's shape, ``error:`` then a ``fix:`` line, exit 2; help and
+success still exit 0, and a command's own exit code still comes through."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.cli.inprocess import exit_code as run
+
+
+@pytest.mark.parametrize("args, command, says", [
+    (("job", "submit", "--bogus"), "azulite job submit", "No such option: --bogus"),
+    (("job", "submit"), "azulite job submit", "Missing argument"),
+    (("job", "list", "-n", "x"), "azulite job list", "'--limit'"),
+    (("doctor", "--gpus", "-1"), "azulite doctor", "'--gpus'"),
+    (("nonsense",), "azulite", "No such command 'nonsense'"),
+])
+def test_usage_error_has_a_fix_line_naming_the_help(capsys, args, command, says):
+    assert run(*args) == 2
+    err = capsys.readouterr().err
+    assert f"error: {command}: " in err and says in err
+    assert f"fix: run `{command} --help`" in err
+    assert "Traceback" not in err and "╭" not in err  # not typer's panel
+
+
+def test_help_and_success_exit_0_and_an_azulite_error_keeps_its_code(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("AZULITE_HOME", str(tmp_path / "home"))
+    assert run("job", "submit", "--help") == 0
+    assert "--wait" in capsys.readouterr().out
+    assert run("job", "list") == 0
+    assert run("job", "show", "nope-1") == 2
+    assert "error:" in capsys.readouterr().err
+
+
+def test_a_commands_own_exit_code_comes_through(capsys, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python train.py\nresources: {instance_type: Standard_NC24rs_v3, instance_count: 2}\n")
+    # no candidate fits a $1 budget: plan raises typer.Exit(1)
+    assert run("plan", spec, "--hours", "50", "--budget", "1", "--runs", "2", "--json") == 1
+    assert '"pick": null' in capsys.readouterr().out
+
+
+def test_every_option_of_every_command_has_a_help_line():
+    import typer.main
+
+    from azulite.cli import app
+
+    missing = []
+
+    def walk(cmd, path):
+        for name, sub in getattr(cmd, "commands", {}).items():
+            walk(sub, (*path, name))
+        missing.extend(f"{' '.join(path)} {p.opts[0]}" for p in getattr(cmd, "params", ())
+                       if p.param_type_name == "option" and p.opts[0] != "--help" and not getattr(p, "help", None))
+
+    walk(typer.main.get_command(app), ("azulite",))
+    assert missing == []  # serve's --*-address and keys' --json had none
