@@ -150,7 +150,9 @@ class H2Calls:
             return
         request_type, handler, _, guard = self.server.methods[stream.path]
         self.server.in_flight += 1
-        stream.task = asyncio.ensure_future(self._run_unary(stream, handler, request_type, messages[0], guard))
+        # the loop's create_task, not ensure_future: two Python frames and type checks less per call
+        stream.task = asyncio.get_running_loop().create_task(
+            self._run_unary(stream, handler, request_type, messages[0], guard))
         stream.task.add_done_callback(self._call_done)
 
     def _call_done(self, _task: asyncio.Task) -> None:
