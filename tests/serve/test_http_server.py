@@ -177,3 +177,56 @@ def test_with_one_request_in_flight_allowed_reading_resumes_after_each_answer():
         transport.close()
 
     asyncio.run(main())
+
+
+async def _connected(server):
+    ours, theirs = socket.socketpair()
+    loop = asyncio.get_running_loop()
+    transport, conn = await loop.connect_accepted_socket(lambda: _Connection(server), sock=ours)
+    reader, writer = await asyncio.open_connection(sock=theirs)
+    return transport, conn, reader, writer
+
+
+def test_a_header_value_fed_in_small_reads_is_refused_once_past_the_head_limit():
+    """httptools holds an unfinished header value and grows it by concatenation: without a bound on the
+    reads inside a head, one endless value costs memory and quadratic CPU and is never answered."""
+    async def main():
+        limit = 16 * 1024
+        server = HttpServer(_TableApp({}), limits=ConnectionLimits(max_header_bytes=limit))
+        transport, conn, reader, writer = await _connected(server)
+        conn.data_received(b"POST /x HTTP/1.1\r\nHost: x\r\nX-Endless: ")
+        fed = 0
+        while not conn.closing and fed < 64 * limit:  # the reads the server would see, one by one
+            conn.data_received(b"a" * 1024)
+            fed += 1024
+        assert conn.closing and fed <= limit + 2048, fed  # refused just past the limit
+        answer = await asyncio.wait_for(reader.read(), 30)
+        assert answer.startswith(b"HTTP/1.1 431 ") and b"Connection: close\r\n" in answer, answer[:200]
+        writer.close()
+        transport.close()
+
+    asyncio.run(main())
+
+
+def test_heads_near_the_limit_in_many_reads_after_a_body_are_served():
+    """No false alarm: only reads wholly inside a head count, so a read holding a large body and the
+    start of the next head, then that head in small reads, is served while the head is under the limit."""
+    async def main():
+        limit = 16 * 1024
+        table = {"a": (200, b"text/plain", b"first", ()), "b": (200, b"text/plain", b"second", ())}
+        server = HttpServer(_TableApp(table), limits=ConnectionLimits(max_header_bytes=limit))
+        transport, conn, reader, writer = await _connected(server)
+        body = b"z" * (2 * limit)
+        second = b"GET /b HTTP/1.1\r\nHost: x\r\nX-Long: " + b"v" * (limit - 1024) + b"\r\n\r\n"
+        conn.data_received(b"POST /a HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+                           + body + second[:10])
+        for i in range(10, len(second), 512):
+            conn.data_received(second[i:i + 512])
+        for text in (b"first", b"second"):
+            want = _expected(200, b"OK", b"text/plain", text, (), True)
+            assert await asyncio.wait_for(reader.readexactly(len(want)), 30) == want
+        assert not conn.closing
+        writer.close()
+        transport.close()
+
+    asyncio.run(main())
