@@ -103,7 +103,11 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
-        buf += data
+        if buf or not self.preface:
+            buf += data
+            src = buf
+        else:  # nothing held over (the usual read: whole frames): frames are cut from the read itself,
+            src = data  # one copy per payload instead of the read's append to buf and two per payload
         if not self.preface:
             if len(buf) < len(PREFACE):
                 return
@@ -112,24 +116,29 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
                 return
             del buf[:len(PREFACE)]
             self.preface = True
-        pos, end = 0, len(buf)
+        pos, end = 0, len(src)
         try:
             while end - pos >= 9:
-                hi, lo, ftype, flags, sid = _FRAME.unpack_from(buf, pos)
+                hi, lo, ftype, flags, sid = _FRAME.unpack_from(src, pos)
                 length = (hi << 8) | lo
                 if length > MAX_FRAME:
                     self._goaway(0x6, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                     return
                 if end - pos < 9 + length:
                     break
-                payload = bytes(buf[pos + 9:pos + 9 + length])
+                payload = src[pos + 9:pos + 9 + length]
+                if src is buf:
+                    payload = bytes(payload)
                 pos += 9 + length
                 self._on_frame(ftype, flags, sid & 0x7FFFFFFF, payload)
                 if self.transport is None or self.transport.is_closing():  # after a GOAWAY: no more frames
                     return
         finally:
-            if pos:
-                del buf[:pos]
+            if src is buf:
+                if pos:
+                    del buf[:pos]
+            elif pos < end:
+                buf += src[pos:]  # a frame cut by the read's end: held for the next one
 
     # --- frames ------------------------------------------------------------------------------------
 
