@@ -497,3 +497,16 @@ def test_garbage_on_the_grpc_port_closes_only_that_connection(server, client):
         while sock.recv(4096):  # the server answers (GOAWAY or nothing) and closes
             pass
     assert client.is_server_live()
+
+
+def test_alternating_methods_on_one_channel_each_reach_their_own_handler(stub):
+    """The h2 transport keeps each decoded header block's :path with it: on one channel, calls of
+    different methods (whose header blocks, once the dynamic table holds them, are a few indexed bytes of
+    the same size) must each reach their own method."""
+    for _ in range(4):
+        meta = stub.ServerMetadata(service_pb2.ServerMetadataRequest())
+        assert meta.name and meta.version
+        assert stub.ServerLive(service_pb2.ServerLiveRequest()).live is True
+        assert stub.ServerReady(service_pb2.ServerReadyRequest()).ready is True
+        model = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="add_sub_onnx"))
+        assert model.name == "add_sub_onnx"

@@ -42,7 +42,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         self.buf = bytearray()
         self.preface = False
         self.decoder = Decoder(max_header_list_size=HEADER_LIST_LIMIT)
-        self.cache: dict[bytes, list] = {}
+        self.cache: dict[bytes, tuple[list, str, bytes]] = {}
         self.streams: dict[int, _Stream] = {}
         self.last_sid = 0
         self.send_window = 65535
@@ -103,7 +103,11 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
 
     def data_received(self, data: bytes) -> None:
         buf = self.buf
-        buf += data
+        if buf or not self.preface:
+            buf += data
+            src = buf
+        else:  # nothing held over (the usual read: whole frames): frames are cut from the read itself,
+            src = data  # one copy per payload instead of the read's append to buf and two per payload
         if not self.preface:
             if len(buf) < len(PREFACE):
                 return
@@ -112,24 +116,29 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
                 return
             del buf[:len(PREFACE)]
             self.preface = True
-        pos, end = 0, len(buf)
+        pos, end = 0, len(src)
         try:
             while end - pos >= 9:
-                hi, lo, ftype, flags, sid = _FRAME.unpack_from(buf, pos)
+                hi, lo, ftype, flags, sid = _FRAME.unpack_from(src, pos)
                 length = (hi << 8) | lo
                 if length > MAX_FRAME:
                     self._goaway(0x6, "frame larger than SETTINGS_MAX_FRAME_SIZE")
                     return
                 if end - pos < 9 + length:
                     break
-                payload = bytes(buf[pos + 9:pos + 9 + length])
+                payload = src[pos + 9:pos + 9 + length]
+                if src is buf:
+                    payload = bytes(payload)
                 pos += 9 + length
                 self._on_frame(ftype, flags, sid & 0x7FFFFFFF, payload)
                 if self.transport is None or self.transport.is_closing():  # after a GOAWAY: no more frames
                     return
         finally:
-            if pos:
-                del buf[:pos]
+            if src is buf:
+                if pos:
+                    del buf[:pos]
+            elif pos < end:
+                buf += src[pos:]  # a frame cut by the read's end: held for the next one
 
     # --- frames ------------------------------------------------------------------------------------
 
@@ -234,7 +243,9 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             self.header_block, self.header_sid, self.header_end_stream = bytearray(block), sid, end_stream
             self.continuations = 0
 
-    def _decode(self, block: bytes) -> list:
+    def _decode(self, block: bytes) -> tuple[list, str, bytes]:
+        """The block's headers, with its ``:path`` and ``grpc-encoding`` (b"" when absent) picked out once
+        per distinct block: a call whose block was seen before skips the scan of its headers."""
         cached = self.cache.get(block)
         if cached is not None:
             return cached
@@ -244,16 +255,23 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         headers = self.decoder.decode(block, raw=True)
         after = (len(table.dynamic_entries), table.dynamic_entries[0] if table.dynamic_entries else None,
                  table.maxsize)
+        path, encoding = "", b""
+        for name, value in headers:  # the last one counts, as a repeated header's did before
+            if name == b":path":
+                path = value.decode("latin-1")
+            elif name == b"grpc-encoding":
+                encoding = value
+        decoded = (headers, path, encoding)
         if before[0] == after[0] and before[1] is after[1] and before[2] == after[2]:
             if len(self.cache) < 64:
-                self.cache[block] = headers  # valid while the table stays as it is
+                self.cache[block] = decoded  # valid while the table stays as it is
         else:
             self.cache.clear()
-        return headers
+        return decoded
 
     def _headers_complete(self, sid: int, block: bytes, end_stream: bool) -> None:
         try:
-            headers = self._decode(block)
+            headers, path, encoding = self._decode(block)
         except HPACKError as exc:
             self._goaway(0x9, f"bad header block: {exc}")
             return
@@ -272,12 +290,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             return
         stream = _Stream(sid, self.peer_initial_window)
         self.streams[sid] = stream
-        for name, value in headers:
-            if name == b":path":
-                stream.path = value.decode("latin-1")
-            elif name == b"grpc-encoding":
-                stream.encoding = value
-        stream.headers = headers
+        stream.path, stream.encoding, stream.headers = path, encoding, headers
         if self.going_away or self.server.stopping:
             self._finish(stream, grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
             return
@@ -288,7 +301,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         request_type, handler, streaming, _ = method
         if streaming:
             stream.queue = asyncio.Queue()
-            stream.task = asyncio.ensure_future(self._run_streaming(stream, handler, request_type))
+            stream.task = asyncio.get_running_loop().create_task(self._run_streaming(stream, handler, request_type))
             self.server.in_flight += 1
             stream.task.add_done_callback(self._call_done)
         if end_stream:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import gzip
+import struct
 import zlib
 from collections import deque
 from typing import Any
@@ -20,6 +21,22 @@ from azulite.serve.grpc import InferenceServicer, _status, _trailers
 from azulite.serve.h2_frames import (DATA, END_HEADERS, END_STREAM, HEADERS, SERVICE, _GRPC_PREFIX, _OK_TRAILERS,
                                      _RESPONSE_HEADERS, _frame, _status_block)
 from azulite.serve.proto import service_pb2 as pb
+
+
+#: a unary answer's bytes before its message (HEADERS frame with the response headers, DATA frame header,
+#: gRPC length prefix) and after it (the OK trailers' HEADERS frame), each packed by one struct in one
+#: call: the same bytes as three _frame calls, without the calls and the copies of their concatenation
+_UNARY_HEAD = struct.Struct(">HBBBL%dsHBBBLBL" % len(_RESPONSE_HEADERS))
+_UNARY_TAIL = struct.Struct(">HBBBL%ds" % len(_OK_TRAILERS))
+
+
+def _unary_answer(sid: int, payload: bytes) -> bytes:
+    n, h, t = len(payload) + 5, len(_RESPONSE_HEADERS), len(_OK_TRAILERS)
+    return b"%s%s%s" % (
+        _UNARY_HEAD.pack(h >> 8, h & 0xFF, HEADERS, END_HEADERS, sid, _RESPONSE_HEADERS,
+                         n >> 8, n & 0xFF, DATA, 0, sid, 0, len(payload)),
+        payload,
+        _UNARY_TAIL.pack(t >> 8, t & 0xFF, HEADERS, END_HEADERS | END_STREAM, sid, _OK_TRAILERS))
 
 
 class _Abort(Exception):
@@ -150,7 +167,9 @@ class H2Calls:
             return
         request_type, handler, _, guard = self.server.methods[stream.path]
         self.server.in_flight += 1
-        stream.task = asyncio.ensure_future(self._run_unary(stream, handler, request_type, messages[0], guard))
+        # the loop's create_task, not ensure_future: two Python frames and type checks less per call
+        stream.task = asyncio.get_running_loop().create_task(
+            self._run_unary(stream, handler, request_type, messages[0], guard))
         stream.task.add_done_callback(self._call_done)
 
     def _call_done(self, _task: asyncio.Task) -> None:
@@ -215,19 +234,16 @@ class H2Calls:
         """A unary answer: headers, one message, OK trailers (one write when the windows allow)."""
         if self.transport is None or stream.sid not in self.streams:
             return
-        data = _GRPC_PREFIX.pack(0, len(payload)) + payload
-        n = len(data)
+        n = len(payload) + 5
         self.control = 0  # the client's WINDOW_UPDATEs and PINGs answer our data: not a flood
         if n <= self.send_window and n <= stream.send_window and n <= self.peer_max_frame and not stream.out:
             self.send_window -= n
             del self.streams[stream.sid]
             self.completed += 1
-            self.transport.write(self._headers_frame(stream.sid, _RESPONSE_HEADERS, False)
-                                 + _frame(DATA, 0, stream.sid, data)
-                                 + self._headers_frame(stream.sid, _OK_TRAILERS, True))
+            self.transport.write(_unary_answer(stream.sid, payload))
             self._maybe_close()
             return
-        self._send_message(stream, payload, prefixed=data)
+        self._send_message(stream, payload, prefixed=_GRPC_PREFIX.pack(0, len(payload)) + payload)
         self._finish(stream, grpc.StatusCode.OK, "")
 
     def _send_message(self, stream: _Stream, payload: bytes, prefixed: bytes | None = None) -> None:

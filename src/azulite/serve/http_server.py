@@ -10,6 +10,7 @@ import asyncio
 import json
 import logging
 from collections import deque
+from functools import partial
 
 import httptools
 
@@ -26,13 +27,27 @@ _TOO_MANY_CONNECTIONS = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: app
                          b"Connection: close\r\nContent-Length: %d\r\n\r\n%s" % (len(_BUSY), _BUSY))
 
 
+#: (status, content type) -> the answer head up to its Content-Length value, built once: a server answers
+#: few distinct pairs (bounded all the same: past _HEADS_CACHED pairs, heads are built and not kept)
+_HEADS: dict[tuple[int, bytes], bytes] = {}
+_HEADS_CACHED = 256
+
+
+def _head_prefix(status: int, ctype: bytes) -> bytes:
+    prefix = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: "
+              % (status, _REASONS.get(status, b"Unknown"), ctype))
+    if len(_HEADS) < _HEADS_CACHED:
+        _HEADS[(status, ctype)] = prefix
+    return prefix
+
+
 class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
     """One HTTP/1.1 connection. Requests are answered in arrival order (pipelining-safe): each request's
     reply goes into a FIFO; replies are written as soon as every earlier one is."""
 
     __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
                  "replies", "closing", "peer", "head_size", "head_tick", "stall_timer", "read_paused",
-                 "write_paused", "streaming", "deferred")
+                 "write_paused", "streaming", "deferred", "max_head", "loop", "head_reads")
 
     def __init__(self, server: "HttpServer") -> None:
         self.server = server
@@ -56,10 +71,16 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         # (pause_reading stops the next read, not the parse of this one): started as answers drain, so
         # no more than max_pipelined of a connection's requests ever run at once
         self.deferred: deque[tuple] = deque()
+        self.max_head = server.limits.max_header_bytes  # read by every header callback: one load, not three
+        self.loop: asyncio.AbstractEventLoop | None = None
+        # bytes of the reads that began and ended inside the current request head (-1: the head began in
+        # the read being parsed); see data_received
+        self.head_reads = -1
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
         self.transport = transport
+        self.loop = asyncio.get_running_loop()
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
         limit = self.server.limits.max_connections
@@ -84,12 +105,26 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            pass  # a callback refused the request (_Stop): already answered
+            return  # a callback refused the request (_Stop): already answered
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrade is not supported")
+            return
         except httptools.HttpParserError as exc:
             if not self.too_large:
                 self._fail(400, f"malformed HTTP request: {exc}")
+            return
+        if self.head_tick >= 0:
+            # A head still incomplete after this read. on_url/on_header bound the head's complete parts,
+            # but httptools holds a header name or value until it ends, growing it by concatenation (its
+            # memory unbounded, its CPU quadratic: 4 MiB of one value sent in 1 KiB reads cost 3.4
+            # CPU-seconds here). Every byte of a read that began and ended inside the head is head, so
+            # their sum past the limit is a head past the limit, counted without a false alarm.
+            if self.head_reads < 0:
+                self.head_reads = 0  # it began in this read: how much of the read is head is unknown
+            else:
+                self.head_reads += len(data)
+                if self.head_reads > self.max_head and not self.closing:
+                    self._fail(431, f"the request head is larger than {self.max_head} bytes")
 
     # httptools callbacks
     def on_message_begin(self) -> None:
@@ -98,18 +133,19 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         self.body = []
         self.body_size = 0
         self.head_size = 0
+        self.head_reads = -1
         self.head_tick = self.server.tick  # the server's sweep closes heads older than two ticks
 
     def on_url(self, url: bytes) -> None:
         self.url += url
-        self.head_size += len(url)
-        if self.head_size > self.server.limits.max_header_bytes:
+        size = self.head_size = self.head_size + len(url)
+        if size > self.max_head:
             self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self.headers[name.lower()] = value
-        self.head_size += len(name) + len(value) + 4
-        if self.head_size > self.server.limits.max_header_bytes:
+        size = self.head_size = self.head_size + len(name) + len(value) + 4
+        if size > self.max_head:
             self._head_too_large()
 
     def _head_too_large(self) -> None:
@@ -122,8 +158,8 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         length = self.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_input_size:
             self._too_large(int(length))
-        elif (self.headers.get(b"expect", b"").lower() == b"100-continue" and self.transport is not None
-              and not self.replies):
+        elif (b"expect" in self.headers and self.headers[b"expect"].lower() == b"100-continue"
+              and self.transport is not None and not self.replies):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it on large bodies
 
     def on_body(self, body: bytes) -> None:
@@ -159,18 +195,33 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
             slot[0] = error_reply(exc)
             self._flush()
             return
-        task = asyncio.ensure_future(coro)
+        # the loop's create_task, not ensure_future (two Python frames and type checks less per request);
+        # partial, not a lambda: the done callback is called from C without a Python frame of its own.
+        # Not an eager task: Python 3.11 has none (asyncio.eager_task_factory is 3.12+), and an infer
+        # request awaits its batch, so it would not finish in its first step anyway.
+        task = (self.loop or asyncio.get_running_loop()).create_task(coro)
         self.server.in_flight += 1
-        task.add_done_callback(lambda t, slot=slot: self._done(t, slot))
+        task.add_done_callback(partial(self._done, slot))
 
-    def _done(self, task: asyncio.Future, slot: list) -> None:
-        self.server.in_flight -= 1
+    def _done(self, slot: list, task: asyncio.Future) -> None:
+        server = self.server
+        server.in_flight -= 1
         try:
-            slot[0] = task.result()
+            reply = slot[0] = task.result()
         except BaseException as exc:  # noqa: BLE001 - cancelled or a bug: still answer
-            slot[0] = error_reply(exc if isinstance(exc, Exception) else ServeError("request cancelled"))
-        self._flush()
-        self.server.check_idle()
+            reply = slot[0] = error_reply(exc if isinstance(exc, Exception) else ServeError("request cancelled"))
+        replies = self.replies
+        if (len(replies) == 1 and replies[0] is slot and not self.deferred and not self.streaming
+                and not self.read_paused and self.transport is not None and slot[1] and not server.stopping
+                and type(reply[2]) is bytes):
+            # the common case, a keep-alive connection's only answer pending: what _flush would do, without
+            # its three calls (an answer behind another, a stream, a close or a drain take _flush's way)
+            replies.popleft()
+            self._write(reply, True)
+        else:
+            self._flush()
+        if server.in_flight == 0:
+            server.check_idle()
 
     def _flush(self) -> None:
         try:
@@ -197,15 +248,16 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
 
     def _write(self, reply: Reply, keep_alive: bool) -> None:
         status, ctype, body, extra = reply
-        head = [b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: %d\r\n"
-                % (status, _REASONS.get(status, b"Unknown"), ctype, len(body))]
-        for k, v in extra:
-            head.append(b"%s: %s\r\n" % (k, v))
-        if not keep_alive:
-            head.append(b"Connection: close\r\n")
-        head.append(b"\r\n")
-        self.transport.write(b"".join(head) + body if len(body) < 65536 else b"".join(head))
-        if len(body) >= 65536:
+        prefix = _HEADS.get((status, ctype))
+        if prefix is None:
+            prefix = _head_prefix(status, ctype)
+        tail = b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n"
+        if extra:
+            tail = b"\r\n" + b"".join([b"%s: %s\r\n" % (k, v) for k, v in extra]) + tail[2:]
+        if len(body) < 65536:  # one write, one copy of the body
+            self.transport.write(b"%s%d%s%s" % (prefix, len(body), tail, body))
+        else:
+            self.transport.write(b"%s%d%s" % (prefix, len(body), tail))
             self.transport.write(body)
 
     def _too_large(self, size: int) -> None:
