@@ -14,9 +14,9 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.table import Table
 
 from azulite.cli import console as consoles
-from rich.table import Table
 
 app = typer.Typer(no_args_is_help=True, help="Endpoint keys for azulite serve --auth.\n\n"
                   "Examples:\n\n  azulite keys create team-a --models densenet_onnx --rps 50 --quota 100000/day\n\n"
