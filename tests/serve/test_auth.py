@@ -473,3 +473,20 @@ def test_open_model_control_warns(tmp_path):
     assert exposure_warnings(ServerSettings(**base, http_address="127.0.0.1", grpc_address="127.0.0.1")) == []
     assert exposure_warnings(ServerSettings(**base, guard=GuardSettings(auth=True))) == []
     assert exposure_warnings(ServerSettings(repository=tmp_path)) == []
+
+
+def test_a_guarded_infer_path_runs_only_the_route_the_guard_checked(server, keys):
+    """Guard.check_http says when a path is exactly an infer route, and the guarded HTTP route then runs
+    that model without routing the path again: a path that only looks like one (a longer tail, no model
+    name, GET) must answer as the unguarded route table does, and an escaped path runs the model the guard
+    checked the key against."""
+    token = keys["all"]
+    for path, expected in (("/v2/models/add_sub_onnx/infer/more", 404), ("/v2/models//infer", 404),
+                           ("/v2/models/add_sub_onnx/versions/infer", 405)):  # version 'infer''s metadata
+        status, _, payload = raw(server, "POST", path, INFER_JSON, bearer(token))
+        assert status == expected, (path, status, payload)
+    assert raw(server, "GET", "/v2/models/add_sub_onnx/infer", None, bearer(token))[0] == 405
+    assert raw(server, "POST", "/v2/models/add_sub_onnx/versions/1/infer", INFER_JSON, bearer(token))[0] == 200
+    assert raw(server, "POST", "/v2/models/add_sub_onnx/%69nfer", INFER_JSON, bearer(token))[0] == 200
+    status, _, payload = raw(server, "POST", "/v2/models/add_sub_%70y/infer", INFER_JSON, bearer(keys["onnx"]))
+    assert status == 403 and b"does not reach model 'add_sub_py'" in payload

@@ -19,7 +19,6 @@ import base64
 import gzip
 import json
 import logging
-import time
 import zlib
 from collections.abc import Awaitable, Callable
 from time import perf_counter as _perf
@@ -28,9 +27,9 @@ from urllib.parse import unquote
 
 from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
-from azulite.serve.auth import Guard, http_route
+from azulite.serve.api_routes import http_route
+from azulite.serve.auth import Guard
 from azulite.serve.http_stream import is_stream
-from azulite.serve.keystore import WAL_HEADER
 from azulite.serve.types import DataPlane
 
 log = logging.getLogger("azulite.serve.http")
@@ -136,11 +135,8 @@ class HttpApp:
         #: path -> (model, version) of infer paths already routed: an infer request skips the split and
         #: unquote of its path (bounded: a client sending endless distinct paths only stops the caching)
         self._infer_routes: dict[str, tuple[str, str]] = {}
-        #: the guard's limits may take the route's own clock read as theirs (one read, not two): true
-        #: where perf_counter and monotonic are the same clock (Linux: CLOCK_MONOTONIC) and the guard's
-        #: clock is the system's (a test's injected clock is read on its own)
-        self._perf_is_monotonic = guard is not None and guard._monotonic is time.monotonic and (
-            time.get_clock_info("perf_counter").implementation == time.get_clock_info("monotonic").implementation)
+        #: the guard may take the route's own clock read as its ``now`` (one read, not two)
+        self._now_is_perf = guard is not None and guard.now_is_perf_counter
 
     def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                client: str = "") -> Awaitable[Reply]:
@@ -164,31 +160,19 @@ class HttpApp:
 
     async def _guarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                        client: str) -> Reply:
-        """Keys, restricted APIs and limits before the route; the audit line after it. The hot path is
-        folded into this one frame (bench/guard_profile.py lists what each saved call cost): a request
-        like one that passed before costs one lookup of its plan (Guard.check_http's, by Authorization
-        as sent and path), the key store's commit-watch compare, the limits' closure, its infer route
-        called at once (no second dispatch) and one record packed into the audit ring. Anything else
-        (a first request, a commit, the reload backstop, an expired key) goes through Guard.check_http."""
+        """Keys, restricted APIs and limits before the route (Guard.check_http, the guard's one call per
+        request: a request like one that passed before costs one lookup of its plan, the key store's
+        commit-watch compare and the limits' closure); an infer path the guard routed runs its model at
+        once (no second routing); the audit line after it, packed into the audit ring."""
         guard = self.guard
         start = _perf()
         principal = None
         try:
-            authorization = headers.get(b"authorization") if guard.auth else None
-            hit = guard._http_plans.get((authorization, path))
-            watch = guard._watch
-            if hit is not None:
-                now = start if self._perf_is_monotonic else guard._monotonic()
-                if watch is not None and (now >= guard._next_reload or guard._wal[:WAL_HEADER] != watch.seen):
-                    hit = None  # someone committed (or the backstop is due): Guard.check_http reloads
-                elif hit[1] is not None and hit[1](now):
-                    hit = None  # the key expired: checked in full, which refuses
-            if hit is None:
-                hit = guard.check_http(authorization, path, headers, _header)
-            principal, _, category, model, version = hit
-            route = self._infer_routes.get(path)
-            if route is not None and method == b"POST":  # the guard checked the key reaches the model
-                reply = await self._infer(route[0], route[1], headers, body)
+            principal, _, category, model, version, infer = guard.check_http(
+                headers.get(b"authorization") if guard.auth else None, path, headers, _header,
+                start if self._now_is_perf else None)
+            if infer and method == b"POST":  # the guard checked the key reaches the model it names
+                reply = await self._infer(model, version, headers, body)
             elif principal.models is None:
                 result = self.dispatch(method, path, headers, body)
                 reply = await result if isinstance(result, Awaitable) else result
