@@ -5,6 +5,7 @@ restricted-API header, limits answer 429 / RESOURCE_EXHAUSTED, a revocation land
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import time
@@ -490,3 +491,27 @@ def test_a_guarded_infer_path_runs_only_the_route_the_guard_checked(server, keys
     assert raw(server, "POST", "/v2/models/add_sub_onnx/%69nfer", INFER_JSON, bearer(token))[0] == 200
     status, _, payload = raw(server, "POST", "/v2/models/add_sub_%70y/infer", INFER_JSON, bearer(keys["onnx"]))
     assert status == 403 and b"does not reach model 'add_sub_py'" in payload
+
+
+def test_an_http_infer_request_has_its_audit_line(server, keys):
+    """The guarded HTTP infer path packs its own audit line (HttpApp._infer, no frame of _guarded's):
+    key id, model, version, status, the body's size as sent (compressed here) and the answer's."""
+    body = gzip.compress(INFER_JSON)
+    headers = {**bearer(keys["onnx"]), "Content-Encoding": "gzip"}
+    status, _, answer = raw(server, "POST", "/v2/models/add_sub_onnx/versions/1/infer", body,
+                            {**headers, "X-Request-ID": "audit-infer"})
+    assert status == 200
+    status, _, refused = raw(server, "POST", "/v2/models/add_sub_py/infer", body,
+                             {**headers, "X-Request-ID": "audit-infer-403"})
+    assert status == 403
+    assert server.server.guard.audit.flush()
+    lines = {x["request_id"]: x for x in map(json.loads, server.audit_path.read_text().splitlines())}
+    onnx_id = keys["onnx"].split("_")[1]
+    line = lines["audit-infer"]
+    assert (line["key_id"], line["model"], line["version"], line["protocol"], line["status"]) == (
+        onnx_id, "add_sub_onnx", "1", "http", 200)
+    assert (line["bytes_in"], line["bytes_out"]) == (len(body), len(answer)) and line["latency_ms"] > 0
+    assert line["client"].startswith("127.0.0.1:")
+    line = lines["audit-infer-403"]
+    assert (line["model"], line["status"], line["bytes_in"], line["bytes_out"]) == (
+        "add_sub_py", 403, len(body), len(refused))

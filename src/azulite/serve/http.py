@@ -140,10 +140,23 @@ class HttpApp:
 
     def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                client: str = "") -> Awaitable[Reply]:
-        """The request's answer, to await. A plain function handing back one coroutine or the other: an
-        ``async def`` here would put one more coroutine on every guarded request's await chain."""
-        if self.guard is not None:
-            return self._guarded(method, path, headers, body, client)
+        """The request's answer, to await. A plain function handing back one coroutine or another: an
+        ``async def`` here would put one more coroutine on every request's await chain. With a guard, its
+        check (Guard.check_http, one call) runs here, before any coroutine: a guarded infer request the
+        guard routed is then, as an unguarded one, the one ``_infer`` coroutine (its audit line packed at
+        its end); any other request, and a refusal, go through ``_guarded``."""
+        guard = self.guard
+        if guard is not None:
+            start = _perf()
+            try:
+                hit = guard.check_http(headers.get(b"authorization") if guard.auth else None, path, headers, _header,
+                                       start if self._now_is_perf else None)
+            except Exception as exc:  # noqa: BLE001 - refused (or failed): answered and audited there
+                return self._guarded(None, exc, method, path, headers, body, client, start)
+            if hit[5] and method == b"POST":  # an infer path: the guard checked the key reaches its model
+                return self._infer(hit[3], hit[4], headers, body,
+                                   None if guard.audit is None else (start, hit[0].key_id, client, len(body)))
+            return self._guarded(hit, None, method, path, headers, body, client, start)
         route = self._infer_routes.get(path)
         if route is not None and method == b"POST":  # an infer path seen before: straight to its coroutine
             return self._infer(route[0], route[1], headers, body)
@@ -158,22 +171,17 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             return error_reply(exc)
 
-    async def _guarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
-                       client: str) -> Reply:
-        """Keys, restricted APIs and limits before the route (Guard.check_http, the guard's one call per
-        request: a request like one that passed before costs one lookup of its plan, the key store's
-        commit-watch compare and the limits' closure); an infer path the guard routed runs its model at
-        once (no second routing); the audit line after it, packed into the audit ring."""
-        guard = self.guard
-        start = _perf()
+    async def _guarded(self, hit: tuple | None, refused: Exception | None, method: bytes, path: str,
+                       headers: dict[bytes, bytes], body: bytes, client: str, start: float) -> Reply:
+        """A guarded request other than an infer the guard routed (handle checked it: ``hit``, the guard's
+        answer, or ``refused``, its refusal): the route, answers filtered by the key's models, and the
+        audit line after it."""
         principal = None
         try:
-            principal, _, category, model, version, infer = guard.check_http(
-                headers.get(b"authorization") if guard.auth else None, path, headers, _header,
-                start if self._now_is_perf else None)
-            if infer and method == b"POST":  # the guard checked the key reaches the model it names
-                reply = await self._infer(model, version, headers, body)
-            elif principal.models is None:
+            if refused is not None:
+                raise refused
+            principal, _, category, model, version, _ = hit
+            if principal.models is None:
                 result = self.dispatch(method, path, headers, body)
                 reply = await result if isinstance(result, Awaitable) else result
             elif not model and category == "statistics":
@@ -195,7 +203,7 @@ class HttpApp:
             reply = error_reply(exc)
             if principal is None:  # refused by the guard: the route for the audit line
                 _, model, version = http_route(path)
-        audit = guard.audit
+        audit = self.guard.audit
         if audit is not None:
             out = reply[2]
             end = _perf()  # one read: the latency's end and the line's time
@@ -281,9 +289,11 @@ class HttpApp:
             return 200, generate.SSE, await generate.generate_stream(self.dp, name, version, body), ()  # type: ignore[return-value]
         return 200, JSON, await generate.generate(self.dp, name, version, body), ()
 
-    async def _infer(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
+    async def _infer(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes,
+                     audited: tuple | None = None) -> Reply:
         """An infer request's answer, its failure answered here too (error_reply, as every route's): handle
-        hands this coroutine straight to the transport."""
+        hands this coroutine straight to the transport. ``audited``: (start, key id, client, bytes in) of a
+        guarded request with an audit log, whose line is packed here once answered."""
         try:
             encoding = headers.get(b"content-encoding")
             if encoding is not None:
@@ -299,10 +309,15 @@ class HttpApp:
             response = await self.dp.infer(request)
             out, hlen = codec.encode_infer_response(response, request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
-            return error_reply(exc)
-        if hlen is None:
-            return 200, JSON, out, ()
-        return 200, b"application/octet-stream", out, ((b"Inference-Header-Content-Length", b"%d" % hlen),)
+            reply = error_reply(exc)
+        else:
+            reply = ((200, JSON, out, ()) if hlen is None else
+                     (200, b"application/octet-stream", out, ((b"Inference-Header-Content-Length", b"%d" % hlen),)))
+        if audited is not None:
+            end = _perf()  # one read: the latency's end and the line's time
+            self.guard.audit.record(headers.get(b"x-request-id") or None, audited[1], audited[2], name, version,
+                                    "http", reply[0], end - audited[0], audited[3], len(reply[2]), end)
+        return reply
 
     def _repository(self, post: bool, method: bytes, path: str, rest: list[str], body: bytes):
         self._method(post, method, path)
