@@ -11,17 +11,17 @@ reveal what others do are admin-only under ``--auth``: :data:`ADMIN_CATEGORIES` 
 named restricted by a flag. A restricted category with a header (``CATEGORY:HEADER=VALUE``) also
 needs that header, with or without ``--auth``.
 
-The hot path with a guard (:meth:`Guard.check_http`, :meth:`Guard.check_request`): one dict lookup of the request's plan (the
-``Authorization`` value as sent, protocol, category, model of a request that passed the full check
-before: the salted sha256, compared in constant time, runs once per key and key-store version), a
-compare of the key store's WAL-index header (keystore.CommitWatch: has anyone committed?), the key's
-expiry, the bucket and quota takes (in one call in one process; one lock for all of them when shared).
-When the header moved, ``PRAGMA data_version`` says whether the keys changed and they are reloaded, the
-verified tokens and plans forgotten: a revocation committed by the CLI takes effect on the very next
-request — in every worker process of a server alike. ``reload_interval_s`` is only a backstop
-(data_version asked that often whatever the header says). With ``shared_state_dir``
-the buckets and quotas are those of all the workers together (serve/sharedstate.py); without it, this
-process's own.
+The hot path with a guard (:meth:`Guard.check_http` over HTTP, :meth:`Guard.check_request`): one dict
+lookup of the request's plan (the ``Authorization`` value as sent, protocol, category, model (HTTP: the
+path) of a request that passed the full check before: the salted sha256, compared in constant time, runs
+once per key and key-store version), a compare of the key store's WAL-index header
+(keystore.CommitWatch: has anyone committed?), the key's expiry, the bucket and quota takes (in one call
+in one process; one lock for all of them when shared). When the header moved, ``PRAGMA data_version``
+says whether the keys changed and they are reloaded, the verified tokens and plans forgotten: a
+revocation committed by the CLI takes effect on the very next request — in every worker process of a
+server alike. ``reload_interval_s`` is only a backstop (data_version asked that often whatever the header
+says). With ``shared_state_dir`` the buckets and quotas are those of all the workers together
+(serve/sharedstate.py); without it, this process's own.
 """
 
 from __future__ import annotations
@@ -34,13 +34,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
-from azulite.serve.api_routes import (ADMIN_CATEGORIES, CATEGORIES, GRPC_ROUTES, OPEN, bearer,  # noqa: F401 - re-exported
+# the route tables are re-exported: importers of azulite.serve.auth keep finding them here
+from azulite.serve.api_routes import (ADMIN_CATEGORIES, CATEGORIES, GRPC_ROUTES, OPEN, bearer,  # noqa: F401
                                       http_route, http_route_infer)
 from azulite.serve.audit import AuditLog
 from azulite.serve.keystore import WAL_HEADER, CommitWatch, KeyRecord, KeyStore, check_token, split_token
 from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, planned_take, refuse
 from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
-
 
 
 @dataclass(frozen=True, slots=True)
