@@ -255,9 +255,10 @@ def test_revocation_takes_effect_on_the_very_next_request(server, keys):
 
 
 def test_a_planned_http_request_still_sees_its_key_expire_and_its_models(server, keys):
-    """The guarded HTTP route answers a repeated request from its plan in its own frame (HttpApp._guarded):
-    the plan must still refuse once the key's expiry passes (no commit in between to send it through the
-    full check), and an infer path already routed for one key is still refused to a key outside it."""
+    """The guarded HTTP route answers a repeated request from its plan (Guard.check_http's one lookup,
+    called from HttpApp.handle): the plan must still refuse once the key's expiry passes (no commit in
+    between to send it through the full check), and an infer path already routed for one key is still
+    refused to a key outside it."""
     store = keys["store"]
     record, token = store.create("brief", expires=time.time() + 2.0)
     live, expired = 0, 0
