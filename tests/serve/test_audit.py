@@ -9,6 +9,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 from azulite.serve.audit import FIELDS, AuditLog
 
 
@@ -285,3 +287,40 @@ def test_records_across_the_rings_end_are_read_in_one_pass(tmp_path):
     assert [x["request_id"] for x in _lines(tmp_path / "audit.jsonl")] == [f"r{i}" for i in range(25)]
     assert log.written == 25 and log.dropped == 0
     log.close()
+
+
+@pytest.mark.parametrize("now,base", [(1795000500.25, 1795000000.0), (500.25, 0.0)])  # today; near the epoch
+def test_a_lines_time_has_the_digits_of_the_full_format(tmp_path, now, base):
+    """The writer formats a time within 999 s after now's multiple of 1000 s as that multiple's leading
+    digits and a short float (Writer.drain: a third of a line's cost less): the digits must be those of
+    ``%.6f`` of the whole value — inside the window, at and past its edges (a rounding that would carry
+    into a fourth digit), before it, and far from it (the full format)."""
+    import mmap
+    import random
+    import re
+
+    from azulite.serve.audit_writer import HEADER, NO_RID, RID, SLOT, Writer
+
+    offset = base - 1000.0  # a record's time t is perf_counter's: wall = t + offset
+    walls = [base, base + 1e-7, base + 5e-7, base + 0.0000004, base + 998.9999994, base + 998.9999996,
+             base + 999.0, base + 999.4999996, base + 999.9999996, base + 1000.0, base - 1e-7, base - 4e-7,
+             base - 5000.123456789, base + 86400.5, 1e9, 12.5]
+    rng = random.Random(11)
+    walls += [base + rng.uniform(-50.0, 1050.0) for _ in range(2000)]
+    size = 4096
+    fd = os.memfd_create("audit-test")
+    try:
+        os.ftruncate(fd, HEADER + size * SLOT.size)
+        with mmap.mmap(fd, HEADER + size * SLOT.size) as ring:
+            for i, wall in enumerate(walls):
+                SLOT.pack_into(ring, HEADER + i * SLOT.size, wall - offset, 0.001, 1, 2, 1,
+                               RID if i % 2 else NO_RID, b"r%d" % i if i % 2 else b"", i + 1)
+            writer = Writer(str(tmp_path / "audit.jsonl"), 1 << 30, 1, None, "boot")
+            writer.attach(fd)
+            writer.define(1, ("k", "c", "m", "1", "http", 200))
+            writer.drain(now=now, offset=offset)
+            writer.close()
+    finally:
+        os.close(fd)
+    got = re.findall(rb'^\{"time":([^,]*),', (tmp_path / "audit.jsonl").read_bytes(), re.M)
+    assert got == [b"%.6f" % (wall - offset + offset) for wall in walls]

@@ -5,6 +5,7 @@ restricted-API header, limits answer 429 / RESOURCE_EXHAUSTED, a revocation land
 
 from __future__ import annotations
 
+import gzip
 import http.client
 import json
 import time
@@ -254,9 +255,10 @@ def test_revocation_takes_effect_on_the_very_next_request(server, keys):
 
 
 def test_a_planned_http_request_still_sees_its_key_expire_and_its_models(server, keys):
-    """The guarded HTTP route answers a repeated request from its plan in its own frame (HttpApp._guarded):
-    the plan must still refuse once the key's expiry passes (no commit in between to send it through the
-    full check), and an infer path already routed for one key is still refused to a key outside it."""
+    """The guarded HTTP route answers a repeated request from its plan (Guard.check_http's one lookup,
+    called from HttpApp.handle): the plan must still refuse once the key's expiry passes (no commit in
+    between to send it through the full check), and an infer path already routed for one key is still
+    refused to a key outside it."""
     store = keys["store"]
     record, token = store.create("brief", expires=time.time() + 2.0)
     live, expired = 0, 0
@@ -473,3 +475,44 @@ def test_open_model_control_warns(tmp_path):
     assert exposure_warnings(ServerSettings(**base, http_address="127.0.0.1", grpc_address="127.0.0.1")) == []
     assert exposure_warnings(ServerSettings(**base, guard=GuardSettings(auth=True))) == []
     assert exposure_warnings(ServerSettings(repository=tmp_path)) == []
+
+
+def test_a_guarded_infer_path_runs_only_the_route_the_guard_checked(server, keys):
+    """Guard.check_http says when a path is exactly an infer route, and the guarded HTTP route then runs
+    that model without routing the path again: a path that only looks like one (a longer tail, no model
+    name, GET) must answer as the unguarded route table does, and an escaped path runs the model the guard
+    checked the key against."""
+    token = keys["all"]
+    for path, expected in (("/v2/models/add_sub_onnx/infer/more", 404), ("/v2/models//infer", 404),
+                           ("/v2/models/add_sub_onnx/versions/infer", 405)):  # version 'infer''s metadata
+        status, _, payload = raw(server, "POST", path, INFER_JSON, bearer(token))
+        assert status == expected, (path, status, payload)
+    assert raw(server, "GET", "/v2/models/add_sub_onnx/infer", None, bearer(token))[0] == 405
+    assert raw(server, "POST", "/v2/models/add_sub_onnx/versions/1/infer", INFER_JSON, bearer(token))[0] == 200
+    assert raw(server, "POST", "/v2/models/add_sub_onnx/%69nfer", INFER_JSON, bearer(token))[0] == 200
+    status, _, payload = raw(server, "POST", "/v2/models/add_sub_%70y/infer", INFER_JSON, bearer(keys["onnx"]))
+    assert status == 403 and b"does not reach model 'add_sub_py'" in payload
+
+
+def test_an_http_infer_request_has_its_audit_line(server, keys):
+    """The guarded HTTP infer path packs its own audit line (HttpApp._infer, no frame of _guarded's):
+    key id, model, version, status, the body's size as sent (compressed here) and the answer's."""
+    body = gzip.compress(INFER_JSON)
+    headers = {**bearer(keys["onnx"]), "Content-Encoding": "gzip"}
+    status, _, answer = raw(server, "POST", "/v2/models/add_sub_onnx/versions/1/infer", body,
+                            {**headers, "X-Request-ID": "audit-infer"})
+    assert status == 200
+    status, _, refused = raw(server, "POST", "/v2/models/add_sub_py/infer", body,
+                             {**headers, "X-Request-ID": "audit-infer-403"})
+    assert status == 403
+    assert server.server.guard.audit.flush()
+    lines = {x["request_id"]: x for x in map(json.loads, server.audit_path.read_text().splitlines())}
+    onnx_id = keys["onnx"].split("_")[1]
+    line = lines["audit-infer"]
+    assert (line["key_id"], line["model"], line["version"], line["protocol"], line["status"]) == (
+        onnx_id, "add_sub_onnx", "1", "http", 200)
+    assert (line["bytes_in"], line["bytes_out"]) == (len(body), len(answer)) and line["latency_ms"] > 0
+    assert line["client"].startswith("127.0.0.1:")
+    line = lines["audit-infer-403"]
+    assert (line["model"], line["status"], line["bytes_in"], line["bytes_out"]) == (
+        "add_sub_py", 403, len(body), len(refused))

@@ -11,40 +11,36 @@ reveal what others do are admin-only under ``--auth``: :data:`ADMIN_CATEGORIES` 
 named restricted by a flag. A restricted category with a header (``CATEGORY:HEADER=VALUE``) also
 needs that header, with or without ``--auth``.
 
-The hot path with a guard (:meth:`Guard.check_request`): one dict lookup of the request's plan (the
-``Authorization`` value as sent, protocol, category, model of a request that passed the full check
-before: the salted sha256, compared in constant time, runs once per key and key-store version), a
-compare of the key store's WAL-index header (keystore.CommitWatch: has anyone committed?), the key's
-expiry, the bucket and quota takes (in one call in one process; one lock for all of them when shared).
-When the header moved, ``PRAGMA data_version`` says whether the keys changed and they are reloaded, the
-verified tokens and plans forgotten: a revocation committed by the CLI takes effect on the very next
-request — in every worker process of a server alike. ``reload_interval_s`` is only a backstop
-(data_version asked that often whatever the header says). With ``shared_state_dir``
-the buckets and quotas are those of all the workers together (serve/sharedstate.py); without it, this
-process's own.
+The hot path with a guard (:meth:`Guard.check_http` over HTTP, :meth:`Guard.check_request`): one dict
+lookup of the request's plan (the ``Authorization`` value as sent, protocol, category, model (HTTP: the
+path) of a request that passed the full check before: the salted sha256, compared in constant time, runs
+once per key and key-store version), a compare of the key store's WAL-index header
+(keystore.CommitWatch: has anyone committed?), the key's expiry, the bucket and quota takes (in one call
+in one process; one lock for all of them when shared). When the header moved, ``PRAGMA data_version``
+says whether the keys changed and they are reloaded, the verified tokens and plans forgotten: a
+revocation committed by the CLI takes effect on the very next request — in every worker process of a
+server alike. ``reload_interval_s`` is only a backstop (data_version asked that often whatever the header
+says). With ``shared_state_dir`` the buckets and quotas are those of all the workers together
+(serve/sharedstate.py); without it, this process's own.
 """
 
 from __future__ import annotations
 
 import hmac
 import threading
+import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from urllib.parse import unquote
 
 from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
+# the route tables are re-exported: importers of azulite.serve.auth keep finding them here
+from azulite.serve.api_routes import (ADMIN_CATEGORIES, CATEGORIES, GRPC_ROUTES, OPEN, bearer,  # noqa: F401
+                                      http_route, http_route_infer)
 from azulite.serve.audit import AuditLog
 from azulite.serve.keystore import WAL_HEADER, CommitWatch, KeyRecord, KeyStore, check_token, split_token
 from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, planned_take, refuse
 from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
-
-CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
-              "statistics", "trace", "logging")
-#: admin-only under --auth even when no flag names them: they load code, or act on the whole server
-ADMIN_CATEGORIES = frozenset({"model-repository", "shared-memory", "trace", "logging"})
-#: in these categories the guard checks no key (Kubernetes probes); model readiness is not one of them
-OPEN = "open"
 
 
 @dataclass(frozen=True, slots=True)
@@ -133,10 +129,15 @@ class Guard:
         #: commit watch, the expiry, the limits). Replaced on every key reload, so a revocation still
         #: takes effect on the very next request.
         self._plans: dict[tuple, tuple] = {}  # -> (principal, take: None or the per-request closure)
-        #: (authorization as sent, HTTP path) -> (principal, take, category, model, version): the HTTP
-        #: hot path's plan, the route included (one lookup for both). Replaced with _plans.
+        #: (authorization as sent, HTTP path) -> (principal, take, category, model, version, infer): the
+        #: HTTP hot path's plan (check_http), the route included (one lookup for both). Replaced with _plans.
         self._http_plans: dict[tuple, tuple] = {}
         self._monotonic = self.clock.monotonic
+        #: whether ``time.perf_counter()`` reads the guard's monotonic clock (the system's, where
+        #: perf_counter and monotonic are one clock: Linux's CLOCK_MONOTONIC): a transport may then hand
+        #: its own read to :meth:`check_http` as ``now`` (one read, not two). False with an injected clock.
+        self.now_is_perf_counter = self._monotonic is time.monotonic and (
+            time.get_clock_info("perf_counter").implementation == time.get_clock_info("monotonic").implementation)
         self._lock = threading.Lock()
         if settings.auth:
             if settings.key_store is None:
@@ -247,14 +248,24 @@ class Guard:
             return plan[0]
         return self._check_and_plan(protocol, category, model, authorization, headers, get_header)  # expired: refuses
 
-    def check_http(self, authorization: bytes | None, path: str, headers=None,
-                   get_header=None) -> tuple[Principal, object, str, str, str]:
-        """:meth:`check_request` for an HTTP request by its path: (principal, -, category, model, version).
+    def check_http(self, authorization: bytes | None, path: str, headers=None, get_header=None,
+                   now: float | None = None) -> tuple[Principal, object, str, str, str, bool]:
+        """The HTTP transport's one call per request (its hot path): the request, by its ``Authorization``
+        value as sent and its path, checked -> ``(principal, -, category, model, version, infer)``; the
+        second item is the guard's own, ``infer`` says the path is exactly an infer route of ``model`` (the
+        transport may run it without routing the path again). Raises the refusal (ServeError: 401, 403,
+        429), counted in :attr:`rejected`. ``now``: the caller's own read of the clock when
+        :attr:`now_is_perf_counter` says its ``perf_counter()`` is the guard's clock (None: read here).
+        ``get_header(headers, name)`` reads a request header (only when a restricted-API header applies).
+
         A request like one that passed before (same Authorization value and path) costs one lookup for
-        its route and plan together, then what changes per request (commit watch, expiry, limits)."""
+        its route and plan together, then what changes per request: the key store's commit watch, the
+        key's expiry, the limits. Anything else (a first request, a commit, the reload backstop, an
+        expired key) is checked in full (:meth:`check_request`)."""
         hit = self._http_plans.get((authorization, path))
         if hit is not None:
-            now = self._monotonic()
+            if now is None:
+                now = self._monotonic()
             watch = self._watch
             if watch is not None and (now >= self._next_reload or self._wal[:WAL_HEADER] != watch.seen) and (
                     watch.moved() or now >= self._next_reload):
@@ -265,16 +276,16 @@ class Guard:
                 take = hit[1]
                 if take is None or not take(now):
                     return hit
-        category, model, version = http_route(path)
+        category, model, version, infer = http_route_infer(path)
         principal = self.check_request("http", category, model, authorization, headers, get_header)
         plan = self._plans.get((authorization, "http", category, model))
         if plan is not None and plan[0] is principal:
             http_plans = self._http_plans
             if len(http_plans) >= 4096:
                 http_plans.clear()
-            hit = http_plans[(authorization, path)] = (principal, plan[1], category, model, version)
+            hit = http_plans[(authorization, path)] = (principal, plan[1], category, model, version, infer)
             return hit
-        return principal, None, category, model, version
+        return principal, None, category, model, version, infer
 
     def _check_and_plan(self, protocol: str, category: str, model: str, authorization, headers,
                         get_header) -> Principal:
@@ -411,79 +422,6 @@ class Guard:
                           "wait for the next UTC day, or raise the key's --quota")
         return refuse(f"model '{model}' is over its rate limit of {model_rps:g} requests/s", wait,
                       "slow down, or raise --model-rate-limit for this model")
-
-
-def bearer(value: str | bytes | None) -> str | None:
-    """``Authorization: Bearer <key>`` -> the key (None when absent or another scheme)."""
-    if value is None:
-        return None
-    if isinstance(value, bytes):
-        value = value.decode("latin-1")
-    scheme, _, token = value.strip().partition(" ")
-    return token.strip() or None if scheme.lower() == "bearer" else None
-
-
-_ROUTES: dict[str, tuple[str, str, str]] = {}
-
-
-def http_route(path: str) -> tuple[str, str, str]:
-    """An HTTP path -> (category, model, version), as HttpApp.dispatch routes it. Clients repeat a few
-    paths, so answers are cached (bounded: a client inventing paths only refills it)."""
-    route = _ROUTES.get(path)
-    if route is None:
-        if len(_ROUTES) >= 1024:
-            _ROUTES.clear()
-        route = _ROUTES[path] = _http_route(path)
-    return route
-
-
-def _http_route(path: str) -> tuple[str, str, str]:
-    path = path.split("?", 1)[0]
-    parts = [unquote(p) for p in path.strip("/").split("/")] if "%" in path else path.strip("/").split("/")
-    if not parts or parts[0] != "v2":
-        return "metadata", "", ""
-    rest = parts[1:]
-    if not rest:
-        return "metadata", "", ""
-    head = rest[0]
-    if head == "health":
-        return (OPEN if len(rest) == 2 and rest[1] in ("live", "ready") else "metadata"), "", ""
-    if head == "models":
-        if rest[1:] == ["stats"]:
-            return "statistics", "", ""
-        if len(rest) < 2:
-            return "metadata", "", ""
-        name, version, tail = rest[1], "", rest[2:]
-        if len(tail) >= 2 and tail[0] == "versions":
-            version, tail = tail[1], tail[2:]
-        action = tail[0] if tail else ""
-        category = {"": "metadata", "ready": "health", "config": "model-config", "stats": "statistics",
-                    "infer": "inference", "generate": "inference", "generate_stream": "inference",
-                    "trace": "trace"}.get(action, "metadata")
-        return category, name, version
-    if head == "repository":
-        model = rest[2] if len(rest) >= 3 and rest[1] == "models" else ""
-        return "model-repository", model, ""
-    if head in ("systemsharedmemory", "cudasharedmemory"):
-        return "shared-memory", "", ""
-    if head in ("logging", "trace"):
-        return head, "", ""
-    return "metadata", "", ""
-
-
-#: gRPC method -> (category, the request field naming the model)
-GRPC_ROUTES: dict[str, tuple[str, str]] = {
-    "ServerLive": (OPEN, ""), "ServerReady": (OPEN, ""), "ModelReady": ("health", "name"),
-    "ServerMetadata": ("metadata", ""), "ModelMetadata": ("metadata", "name"),
-    "ModelInfer": ("inference", "model_name"), "ModelStreamInfer": ("inference", "model_name"),
-    "ModelConfig": ("model-config", "name"), "ModelStatistics": ("statistics", "name"),
-    "RepositoryIndex": ("model-repository", ""), "RepositoryModelLoad": ("model-repository", "model_name"),
-    "RepositoryModelUnload": ("model-repository", "model_name"),
-    "SystemSharedMemoryStatus": ("shared-memory", ""), "SystemSharedMemoryRegister": ("shared-memory", ""),
-    "SystemSharedMemoryUnregister": ("shared-memory", ""), "CudaSharedMemoryStatus": ("shared-memory", ""),
-    "CudaSharedMemoryRegister": ("shared-memory", ""), "CudaSharedMemoryUnregister": ("shared-memory", ""),
-    "TraceSetting": ("trace", ""), "LogSettings": ("logging", ""),
-}
 
 
 def visible(principal: Principal, names: Iterable[str]) -> set[str]:

@@ -10,7 +10,8 @@ import time
 from time import perf_counter as _perf
 
 from azulite.errors import ServeError
-from azulite.serve.auth import GRPC_ROUTES, Guard, Principal
+from azulite.serve.api_routes import GRPC_ROUTES
+from azulite.serve.auth import Guard, Principal
 from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
 

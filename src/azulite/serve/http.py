@@ -19,7 +19,6 @@ import base64
 import gzip
 import json
 import logging
-import time
 import zlib
 from collections.abc import Awaitable, Callable
 from time import perf_counter as _perf
@@ -28,9 +27,9 @@ from urllib.parse import unquote
 
 from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
-from azulite.serve.auth import Guard, http_route
+from azulite.serve.api_routes import http_route
+from azulite.serve.auth import Guard
 from azulite.serve.http_stream import is_stream
-from azulite.serve.keystore import WAL_HEADER
 from azulite.serve.types import DataPlane
 
 log = logging.getLogger("azulite.serve.http")
@@ -136,18 +135,28 @@ class HttpApp:
         #: path -> (model, version) of infer paths already routed: an infer request skips the split and
         #: unquote of its path (bounded: a client sending endless distinct paths only stops the caching)
         self._infer_routes: dict[str, tuple[str, str]] = {}
-        #: the guard's limits may take the route's own clock read as theirs (one read, not two): true
-        #: where perf_counter and monotonic are the same clock (Linux: CLOCK_MONOTONIC) and the guard's
-        #: clock is the system's (a test's injected clock is read on its own)
-        self._perf_is_monotonic = guard is not None and guard._monotonic is time.monotonic and (
-            time.get_clock_info("perf_counter").implementation == time.get_clock_info("monotonic").implementation)
+        #: the guard may take the route's own clock read as its ``now`` (one read, not two)
+        self._now_is_perf = guard is not None and guard.now_is_perf_counter
 
     def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                client: str = "") -> Awaitable[Reply]:
-        """The request's answer, to await. A plain function handing back one coroutine or the other: an
-        ``async def`` here would put one more coroutine on every guarded request's await chain."""
-        if self.guard is not None:
-            return self._guarded(method, path, headers, body, client)
+        """The request's answer, to await. A plain function handing back one coroutine or another: an
+        ``async def`` here would put one more coroutine on every request's await chain. With a guard, its
+        check (Guard.check_http, one call) runs here, before any coroutine: a guarded infer request the
+        guard routed is then, as an unguarded one, the one ``_infer`` coroutine (its audit line packed at
+        its end); any other request, and a refusal, go through ``_guarded``."""
+        guard = self.guard
+        if guard is not None:
+            start = _perf()
+            try:
+                hit = guard.check_http(headers.get(b"authorization") if guard.auth else None, path, headers, _header,
+                                       start if self._now_is_perf else None)
+            except Exception as exc:  # noqa: BLE001 - refused (or failed): answered and audited there
+                return self._guarded(None, exc, method, path, headers, body, client, start)
+            if hit[5] and method == b"POST":  # an infer path: the guard checked the key reaches its model
+                return self._infer(hit[3], hit[4], headers, body,
+                                   None if guard.audit is None else (start, hit[0].key_id, client, len(body)))
+            return self._guarded(hit, None, method, path, headers, body, client, start)
         route = self._infer_routes.get(path)
         if route is not None and method == b"POST":  # an infer path seen before: straight to its coroutine
             return self._infer(route[0], route[1], headers, body)
@@ -162,34 +171,17 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             return error_reply(exc)
 
-    async def _guarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
-                       client: str) -> Reply:
-        """Keys, restricted APIs and limits before the route; the audit line after it. The hot path is
-        folded into this one frame (bench/guard_profile.py lists what each saved call cost): a request
-        like one that passed before costs one lookup of its plan (Guard.check_http's, by Authorization
-        as sent and path), the key store's commit-watch compare, the limits' closure, its infer route
-        called at once (no second dispatch) and one record packed into the audit ring. Anything else
-        (a first request, a commit, the reload backstop, an expired key) goes through Guard.check_http."""
-        guard = self.guard
-        start = _perf()
+    async def _guarded(self, hit: tuple | None, refused: Exception | None, method: bytes, path: str,
+                       headers: dict[bytes, bytes], body: bytes, client: str, start: float) -> Reply:
+        """A guarded request other than an infer the guard routed (handle checked it: ``hit``, the guard's
+        answer, or ``refused``, its refusal): the route, answers filtered by the key's models, and the
+        audit line after it."""
         principal = None
         try:
-            authorization = headers.get(b"authorization") if guard.auth else None
-            hit = guard._http_plans.get((authorization, path))
-            watch = guard._watch
-            if hit is not None:
-                now = start if self._perf_is_monotonic else guard._monotonic()
-                if watch is not None and (now >= guard._next_reload or guard._wal[:WAL_HEADER] != watch.seen):
-                    hit = None  # someone committed (or the backstop is due): Guard.check_http reloads
-                elif hit[1] is not None and hit[1](now):
-                    hit = None  # the key expired: checked in full, which refuses
-            if hit is None:
-                hit = guard.check_http(authorization, path, headers, _header)
-            principal, _, category, model, version = hit
-            route = self._infer_routes.get(path)
-            if route is not None and method == b"POST":  # the guard checked the key reaches the model
-                reply = await self._infer(route[0], route[1], headers, body)
-            elif principal.models is None:
+            if refused is not None:
+                raise refused
+            principal, _, category, model, version, _ = hit
+            if principal.models is None:
                 result = self.dispatch(method, path, headers, body)
                 reply = await result if isinstance(result, Awaitable) else result
             elif not model and category == "statistics":
@@ -211,7 +203,7 @@ class HttpApp:
             reply = error_reply(exc)
             if principal is None:  # refused by the guard: the route for the audit line
                 _, model, version = http_route(path)
-        audit = guard.audit
+        audit = self.guard.audit
         if audit is not None:
             out = reply[2]
             end = _perf()  # one read: the latency's end and the line's time
@@ -297,9 +289,11 @@ class HttpApp:
             return 200, generate.SSE, await generate.generate_stream(self.dp, name, version, body), ()  # type: ignore[return-value]
         return 200, JSON, await generate.generate(self.dp, name, version, body), ()
 
-    async def _infer(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
+    async def _infer(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes,
+                     audited: tuple | None = None) -> Reply:
         """An infer request's answer, its failure answered here too (error_reply, as every route's): handle
-        hands this coroutine straight to the transport."""
+        hands this coroutine straight to the transport. ``audited``: (start, key id, client, bytes in) of a
+        guarded request with an audit log, whose line is packed here once answered."""
         try:
             encoding = headers.get(b"content-encoding")
             if encoding is not None:
@@ -315,10 +309,15 @@ class HttpApp:
             response = await self.dp.infer(request)
             out, hlen = codec.encode_infer_response(response, request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
-            return error_reply(exc)
-        if hlen is None:
-            return 200, JSON, out, ()
-        return 200, b"application/octet-stream", out, ((b"Inference-Header-Content-Length", b"%d" % hlen),)
+            reply = error_reply(exc)
+        else:
+            reply = ((200, JSON, out, ()) if hlen is None else
+                     (200, b"application/octet-stream", out, ((b"Inference-Header-Content-Length", b"%d" % hlen),)))
+        if audited is not None:
+            end = _perf()  # one read: the latency's end and the line's time
+            self.guard.audit.record(headers.get(b"x-request-id") or None, audited[1], audited[2], name, version,
+                                    "http", reply[0], end - audited[0], audited[3], len(reply[2]), end)
+        return reply
 
     def _repository(self, post: bool, method: bytes, path: str, rest: list[str], body: bytes):
         self._method(post, method, path)
