@@ -32,6 +32,20 @@ def test_config_generate_output_and_model_file_mistakes(capsys, tmp_path):
     assert 'platform: "onnxruntime_onnx"' in (tmp_path / "new" / "config.pbtxt").read_text()
 
 
+def test_config_generate_of_an_empty_or_foreign_file_says_so(capsys, tmp_path):
+    (tmp_path / "model.onnx").write_bytes(b"")
+    assert run("config", "generate", tmp_path / "model.onnx") == 2  # was "its graph has no outputs"
+    err = err_of(capsys)
+    assert "the file is empty (0 bytes): not an ONNX or TorchScript model" in err and "fix: " in err, err
+    (tmp_path / "notes.onnx").write_bytes(b"\x08\x07")  # protobuf reads it as a ModelProto with no graph
+    assert run("config", "generate", tmp_path / "notes.onnx") == 2  # was "its graph has no outputs"
+    err = err_of(capsys)
+    assert "notes.onnx is not an ONNX model (no graph and no opset in it)" in err and "fix: pass an .onnx" in err
+    (tmp_path / "model.pt").write_text("hello")
+    assert run("config", "generate", tmp_path / "model.pt") == 2  # was torch's "internal miniz error ..."
+    assert "model.pt is not a TorchScript model (not the zip archive torch.jit.save writes)" in err_of(capsys)
+
+
 def test_export_source_and_to_mistakes(capsys, tmp_path):
     (tmp_path / "f").write_text("x")
     assert run("export", tmp_path, "--to", tmp_path / "f") == 2  # a traceback after the model was rebuilt
