@@ -294,3 +294,24 @@ def test_exit_timeout_expires_with_a_request_in_flight(tmp_path):
         finally:
             gate.open()
             s.stop()
+
+
+def test_open_model_control_warning_names_the_bound_port_not_0(repo):
+    # 127.0.0.2 is loopback (nothing outside reaches it) but not an address the warning trusts
+    proc = subprocess.Popen(
+        [AZULITE, "serve", str(repo), "--model-control-mode", "explicit", "--http-address", "127.0.0.2",
+         "--http-port", "0", "--allow-grpc", "false", "--allow-metrics", "false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "400"})
+    lines = []
+    try:
+        for line in proc.stdout:  # the server's own lines, up to its ready line (or its exit)
+            lines.append(line)
+            if "azulite serve ready" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    out = "".join(lines)
+    port = int(re.search(r"Started HTTPService at 127\.0\.0\.2:(\d+)", out).group(1))
+    assert port != 0 and f"model control is open on http 127.0.0.2:{port} with no guard" in out, out
+    assert "127.0.0.2:0 " not in out, out  # was "open on http 127.0.0.2:0"
