@@ -198,3 +198,10 @@ def test_cost_curve_row_with_a_non_number_hour_is_named(capsys, tmp_path):
     day.write_text("hour,rps\n0,10\nnoon,5\n")  # was read as a 2-hour curve
     assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", day, "--capacity", "50") == 2
     assert "row 3" in err_of(capsys)
+
+
+def test_plan_of_the_readme_says_one_candidate_in_the_singular(capsys, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    assert run("plan", ROOT / "examples" / "dlrm" / "job.yaml", "--hours", "50", "--deadline", "48") == 0
+    out = capsys.readouterr().out
+    assert "; 1 candidate simulated" in out, out  # was "1 candidates simulated"

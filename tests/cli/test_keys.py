@@ -97,3 +97,19 @@ def test_repo_path_mistakes_in_process(capsys, tmp_path):
     assert exit_code("repo", "verify", tmp_path / "f") == 2
     err = capsys.readouterr().err
     assert "is not a directory" in err and "fix:" in err
+
+
+def test_keys_create_refuses_bad_limits_as_typed_before_creating_the_store(capsys, tmp_path, monkeypatch):
+    from tests.cli.inprocess import exit_code
+
+    monkeypatch.setenv("AZULITE_HOME", str(tmp_path))
+    for flags, says in ((("--rps", "-1"), "error: --rps -1 is not a positive rate"),  # was "--rps -1.0 must be ..."
+                        (("--rps", "0"), "error: --rps 0 is not a positive rate"),
+                        (("--rps", "inf"), "error: --rps inf is not a positive rate"),  # was created, unlimited
+                        (("--quota", "0/day"), "error: --quota '0/day' must be at least 1 request a day"),
+                        # was "--expires is in the past", not naming the date
+                        (("--expires", "2020-01-31"), "error: --expires 2020-01-31 is in the past (now: ")):
+        assert exit_code("keys", "create", "team-a", *flags) == 2, flags
+        err = capsys.readouterr().err
+        assert says in err and "fix: " in err, err
+    assert not (tmp_path / "keys.db").exists()

@@ -294,3 +294,41 @@ def test_exit_timeout_expires_with_a_request_in_flight(tmp_path):
         finally:
             gate.open()
             s.stop()
+
+
+def test_open_model_control_warning_names_the_bound_port_not_0(repo):
+    # 127.0.0.2 is loopback (nothing outside reaches it) but not an address the warning trusts
+    proc = subprocess.Popen(
+        [AZULITE, "serve", str(repo), "--model-control-mode", "explicit", "--http-address", "127.0.0.2",
+         "--http-port", "0", "--allow-grpc", "false", "--allow-metrics", "false"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "400"})
+    lines = []
+    try:
+        for line in proc.stdout:  # the server's own lines, up to its ready line (or its exit)
+            lines.append(line)
+            if "azulite serve ready" in line:
+                break
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=120)
+    out = "".join(lines)
+    port = int(re.search(r"Started HTTPService at 127\.0\.0\.2:(\d+)", out).group(1))
+    assert port != 0 and f"model control is open on http 127.0.0.2:{port} with no guard" in out, out
+    assert "127.0.0.2:0 " not in out, out  # was "open on http 127.0.0.2:0"
+
+
+def test_a_config_syntax_error_is_logged_once_with_its_fix(tmp_path):
+    root = build_model_repository(tmp_path / "repo", ("add_sub_onnx", "add_sub_py", "add_sub_ensemble"))
+    (root / "add_sub_onnx" / "config.pbtxt").write_text('name: "add_sub_onnx"\nplatform: onnxruntime_onnx"\n')
+    p = subprocess.run([AZULITE, "serve", str(root), "--exit-on-error", "true", "--http-port", "0", "--grpc-port",
+                        "0", "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
+                        "--metrics-address", "127.0.0.1"], capture_output=True, text=True, timeout=300,
+                       env={**os.environ, "COLUMNS": "400"})
+    assert p.returncode == 1, p.stdout + p.stderr
+    # was logged twice (again when the ensemble loaded its step), with no fix line
+    assert p.stderr.count("failed to parse the model configuration of 'add_sub_onnx': line 2 column 11: ") == 1, \
+        p.stderr
+    assert f"fix: correct line 2 of {root / 'add_sub_onnx' / 'config.pbtxt'}: config.pbtxt is protobuf text" \
+        in p.stderr, p.stderr
+    assert "ensemble 'add_sub_ensemble' depends on 'add_sub_onnx', which failed to load (see its own error)" \
+        in p.stderr and "Traceback" not in p.stderr

@@ -122,7 +122,7 @@ def test_export_job_serve_and_infer_equal_to_pytorch(ddp_job, tmp_path):
 def test_cli_errors_are_messages_not_tracebacks(ddp_job, tmp_path):
     repo = tmp_path / "repo"
     p = cli("export", "nosuch-1", "--to", str(repo), env={"AZULITE_HOME": ddp_job["home"]})
-    assert p.returncode == 1 and "no job 'nosuch-1'" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert p.returncode == 2 and "no job 'nosuch-1'" in p.stderr and "Traceback" not in p.stderr, p.stderr
     bad = tmp_path / "bad.onnx"
     bad.write_bytes(b"not an onnx file")
     p = cli("config", "generate", str(bad))

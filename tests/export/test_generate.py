@@ -3,6 +3,7 @@ cannot say (listed for the user), batching decided from the first dimension, and
 
 from __future__ import annotations
 
+import zipfile
 
 import pytest
 
@@ -55,8 +56,12 @@ def test_unreadable_files_are_named(tmp_path):
         (tmp_path / name).write_bytes(data)
     with pytest.raises(ExportError, match=r"cannot read .*bad.onnx as an ONNX model"):
         generate(tmp_path / "bad.onnx")
-    with pytest.raises(ExportError, match=r"cannot read .*bad.pt as a TorchScript model"):
+    with pytest.raises(ExportError, match=r"bad.pt is not a TorchScript model \(not the zip archive"):
         generate(tmp_path / "bad.pt")
+    with zipfile.ZipFile(tmp_path / "zip.pt", "w") as z:  # a zip, but not torch.jit.save's
+        z.writestr("data.txt", "x")
+    with pytest.raises(ExportError, match=r"cannot read zip.pt as a TorchScript model"):
+        generate(tmp_path / "zip.pt")
     (tmp_path / "model.tflite").write_bytes(b"x")
     with pytest.raises(ExportError, match="cannot tell the format of model.tflite"):
         generate(tmp_path / "model.tflite")

@@ -44,7 +44,7 @@ def test_syntax_error_names_file_and_line(tmp_path):
     path.write_text('name: "m"\nmax_batch_size: "eight"\n')
     with pytest.raises(ModelLoadError) as info:
         cfg.parse_config_file(path, model="m")
-    assert str(path) in str(info.value) and "2:" in str(info.value) and "'m'" in str(info.value)
+    assert str(path) in str(info.value) and "line 2 column 17: " in str(info.value) and "'m'" in str(info.value)
     with pytest.raises(ModelLoadError, match="no_such_field"):
         cfg.parse_config_text("no_such_field: 1", model="m")
 

@@ -198,7 +198,7 @@ def test_poll_mode_broken_edit_keeps_the_loaded_model_serving(repository_copy, c
         reason = {m.name: m for m in dp.repository_index().models}["new_broken"].reason
         # names the file and, from protobuf's text format, the line and column
         assert reason.startswith(f"{repository_copy / 'new_broken' / 'config.pbtxt'}: failed to parse the model "
-                                 "configuration of 'new_broken': 1:1 : "), reason
+                                 "configuration of 'new_broken': line 1 column 1: "), reason
         with pytest.raises(Unsupported):
             plane(repository_copy).start_polling(1)
         await dp.shutdown()

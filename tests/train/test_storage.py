@@ -48,8 +48,19 @@ def test_unwritable_local_directory_fails_at_start(tmp_path):
     blocker.write_text("not a directory")
     with pytest.raises(StorageError) as info:
         _checkpointer(str(blocker / "ckpt"), StorageSettings())
-    assert "cannot write to the checkpoint directory" in info.value.message
-    assert info.value.where == str(blocker / "ckpt")
+    assert info.value.message == (f"checkpoint location {str(blocker / 'ckpt')!r} cannot be created: "
+                                  f"{str(blocker)!r} is a file, not a folder")  # was "Not a directory"
+    assert info.value.where == str(blocker / "ckpt") and str(blocker) in info.value.fix
+
+
+def test_a_checkpoint_location_that_is_a_file_is_named_as_one(tmp_path):
+    blocker = tmp_path / "ckpt"
+    blocker.write_text("not a directory")
+    with pytest.raises(StorageError) as info:
+        CheckpointStorage(str(blocker), StorageSettings()).check()
+    # was "cannot write to the checkpoint directory: File exists"
+    assert info.value.message == f"checkpoint location {str(blocker)!r} is a file: it must be a folder"
+    assert "at a folder" in info.value.fix and blocker.read_text() == "not a directory"
 
 
 def test_az_without_credentials_fails_at_start():

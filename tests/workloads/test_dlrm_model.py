@@ -90,3 +90,33 @@ def test_the_script_fails_before_any_process_group_starts(tmp_path, args, error,
         _train_module().main(base + args)
     assert words in str(e.value)
     assert not dist.is_initialized()
+
+
+def test_torch_fx_tracing_notice_stays_out_of_the_logs():
+    """torchrec's forward calls torch.fx's is_fx_tracing(), whose deprecation notice landed in every rank's log
+    of a DLRM job and on `azulite export`'s console."""
+    import logging
+
+    import torch.fx._symbolic_trace as fx_trace
+
+    seen: list[str] = []
+
+    class Keep(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            seen.append(record.getMessage())
+
+    logger = logging.getLogger("torch.fx._symbolic_trace")
+    handler = Keep(logging.DEBUG)
+    logger.addHandler(handler)
+    fx_trace.is_fx_tracing_warning.cache_clear()  # torch logs it once per process
+    try:
+        cfg = DLRMConfig(**{k: tuple(v) if isinstance(v, list) else v for k, v in SMALL.items()})
+        model = build_model(**cfg.model_config()["kwargs"])
+        rows = Rows(torch.rand(4, 13).numpy(), torch.randint(0, 50, (4, 26)).numpy(), torch.ones(4).numpy(),
+                    torch.ones(4).numpy())
+        dense, kjt, _, _ = loop.to_batch(rows)
+        model(dense, kjt)
+        fx_trace.is_fx_tracing()  # the call torchrec makes, whether or not this forward made it
+    finally:
+        logger.removeHandler(handler)
+    assert not [m for m in seen if "is_fx_tracing will return true" in m], seen

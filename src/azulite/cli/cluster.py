@@ -363,7 +363,8 @@ def plan_cmd(
         ck = f"checkpoint every {p.checkpoint_interval_s / 60:.0f} min (Young/Daly)" if p.checkpoint_interval_s else "no evictions modelled: checkpoint as your failure rate needs"
         out.print(f"[bold]pick: {p.label}[/] — expected ${p.cost_mean:,.2f} (p10 ${p.cost_p10:,.2f}, p90 ${p.cost_p90:,.2f}), "
                   f"{p.hours_mean:.1f} h (p90 {p.hours_p90:.1f} h); {ck}")
-    out.print(f"objective: {result.objective}; {result.simulated} candidates simulated")
+    n = result.simulated
+    out.print(f"objective: {result.objective}; {n} candidate{'' if n == 1 else 's'} simulated")  # was "1 candidates"
     for a in result.assumptions:
         out.print(f"  assumes: {a}")
     table = Table(title="Alternatives weighed", title_justify="left")

@@ -43,9 +43,9 @@ def _checkpoint_uri(source: str) -> tuple[str, dict[str, str]]:
     settings = Settings.from_environ()
     try:
         rec = get_backend(settings.backend, settings).status(source)
-    except JobNotFound:
-        raise CheckpointError(f"no job {source!r} and no checkpoint directory of that name",
-                              fix="pass a job id from `azulite job list`, or a checkpoint directory / az:// URI") from None
+    except JobNotFound:  # a usage error, exit 2 as `azulite job show` (was a CheckpointError, exit 1)
+        raise JobNotFound(f"no job {source!r} and no checkpoint directory of that name",
+                          fix="pass a job id from `azulite job list`, or a checkpoint directory / az:// URI") from None
     raw = (rec.spec.get("outputs") or {}).get(CHECKPOINT_OUTPUT)
     if raw is None:
         raise CheckpointError(f"job {source} has no outputs.{CHECKPOINT_OUTPUT}: it wrote no checkpoints to export",
@@ -99,6 +99,11 @@ def export(
     err = Console(stderr=True, highlight=False, soft_wrap=True)
     # else a traceback after the model was rebuilt
     _check_folder_arg(to, "--to", "give a folder (created if missing), e.g. --to model_repository/")
+    # the flags first: a bad number was refused only after the checkpoint was read and the model rebuilt
+    options = ExportOptions(repo=to, name=name, version=version, format=format_, step=step,
+                            max_batch_size=max_batch_size, dynamic_batching=dynamic_batching,
+                            max_queue_delay_us=max_queue_delay_us, tolerance=Tolerance(atol=atol, rtol=rtol), rows=rows,
+                            sign_key=sign_key, pipeline=pipeline)
     uri, environ = _checkpoint_uri(source)
     # a path the user typed (a job's own location may not exist before its first checkpoint: the export
     # says so with its fix)
@@ -110,10 +115,6 @@ def export(
         if not local.is_dir():
             raise SpecError(f"checkpoint location {uri!r} is a file, not a checkpoint directory", field="SOURCE",
                             fix="pass the checkpoint directory (it holds step-NNNNNNNN/ folders) or one step folder")
-    options = ExportOptions(repo=to, name=name, version=version, format=format_, step=step,
-                            max_batch_size=max_batch_size, dynamic_batching=dynamic_batching,
-                            max_queue_delay_us=max_queue_delay_us, tolerance=Tolerance(atol=atol, rtol=rtol), rows=rows,
-                            sign_key=sign_key, pipeline=pipeline)
     result = export_checkpoint(uri, options, environ=environ, progress=lambda m: err.print(m, markup=False))
     if json_:
         print(json.dumps(result.as_dict()))

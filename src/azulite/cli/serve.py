@@ -274,7 +274,7 @@ def serve(
         running.append(server)
         rows = server.dataplane.startup_table()
         console.print(_table(rows))
-        for warning in exposure_warnings(settings):
+        for warning in exposure_warnings(settings, server.ports):  # the bound ports (was "port 0")
             console.print(f"[bold yellow]warning:[/] {warning}")
         failed = sorted({name for name, _, status in rows if status.startswith("UNAVAILABLE")})
         serving = sorted({name for name, _, status in rows if status.startswith("READY")})

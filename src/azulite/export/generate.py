@@ -11,6 +11,7 @@ the data types and dims are placeholders the user must check: the notes in the f
 from __future__ import annotations
 
 import warnings
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,7 +44,12 @@ def generate(model_file: Path, *, name: str | None = None, max_batch_size: int |
     """``max_batch_size`` None: batch (up to 8) when the model can, else 0."""
     model_file = Path(model_file)
     if not model_file.is_file():
-        raise ExportError(f"model file {model_file} does not exist", where=str(model_file))
+        raise ExportError("the model file does not exist", where=str(model_file),
+                          fix="name an .onnx or .pt file (check the path)")
+    if model_file.stat().st_size == 0:  # was "its graph has no outputs" for .onnx
+        raise ExportError("the file is empty (0 bytes): not an ONNX or TorchScript model", where=str(model_file),
+                          fix="name the exported model file (torch.onnx.export / torch.jit.save output); if the "
+                              "export was interrupted, export it again")
     name = name or _default_name(model_file)
     suffix = model_file.suffix.lower()
     if suffix == ".onnx":
@@ -52,6 +58,10 @@ def generate(model_file: Path, *, name: str | None = None, max_batch_size: int |
         return _from_torchscript(model_file, name, max_batch_size, dynamic_batching)
     raise ExportError(f"cannot tell the format of {model_file.name}: expected a .onnx (ONNX) or .pt (TorchScript) file",
                       where=str(model_file), fix="rename the file with its format's extension")
+
+
+_TORCHSCRIPT_FIX = "pass a file saved by torch.jit.save (traced or scripted)"
+_ONNX_FIX = "pass an .onnx file written by an ONNX exporter (torch.onnx.export, tf2onnx, ...)"
 
 
 def _default_name(model_file: Path) -> str:
@@ -79,11 +89,16 @@ def _from_onnx(path: Path, name: str, max_batch_size: int | None, dynamic: bool)
     try:
         model = onnx.load(str(path), load_external_data=False)
     except Exception as e:  # noqa: BLE001 - onnx raises DecodeError, ValueError, ...
-        raise ExportError(f"cannot read {path} as an ONNX model: {type(e).__name__}: {str(e)[:300]}", where=str(path),
-                          fix="pass an .onnx file written by an ONNX exporter (torch.onnx.export, tf2onnx, ...)") from None
+        raise ExportError(f"cannot read {path.name} as an ONNX model: {type(e).__name__}: {str(e)[:300]}", where=str(path),
+                          fix=_ONNX_FIX) from None
+    if not model.HasField("graph") or not model.opset_import:
+        # protobuf's wire format reads many stray bytes as a message: what onnx.load took had no graph
+        raise ExportError(f"{path.name} is not an ONNX model (no graph and no opset in it)", where=str(path),
+                          fix=_ONNX_FIX)
     graph = model.graph
     if not graph.output:
-        raise ExportError(f"{path} is not a usable ONNX model: its graph has no outputs", where=str(path))
+        raise ExportError(f"{path.name} is not a usable ONNX model: its graph has no outputs", where=str(path),
+                          fix="export the model again with its outputs (torch.onnx.export(..., output_names=[...]))")
     initializers = {i.name for i in graph.initializer}
     tensors: dict[str, list[tuple[str, str, list[int]]]] = {"input": [], "output": []}
     for kind, values in (("input", [v for v in graph.input if v.name not in initializers]), ("output", graph.output)):
@@ -110,13 +125,16 @@ def _from_onnx(path: Path, name: str, max_batch_size: int | None, dynamic: bool)
 def _from_torchscript(path: Path, name: str, max_batch_size: int | None, dynamic: bool) -> Generated:
     import torch
 
+    if not zipfile.is_zipfile(path):  # was torch's "PytorchStreamReader failed ... internal miniz error ..."
+        raise ExportError(f"{path.name} is not a TorchScript model (not the zip archive torch.jit.save writes)",
+                          where=str(path), fix=_TORCHSCRIPT_FIX)
     try:
         with warnings.catch_warnings():  # torch 2.13 deprecates TorchScript; Triton's libtorch backend runs it
             warnings.simplefilter("ignore")
             module = torch.jit.load(str(path), map_location="cpu")
     except Exception as e:  # noqa: BLE001
-        raise ExportError(f"cannot read {path} as a TorchScript model: {type(e).__name__}: {str(e).splitlines()[0][:300]}",
-                          where=str(path), fix="pass a file saved by torch.jit.save (traced or scripted)") from None
+        raise ExportError(f"cannot read {path.name} as a TorchScript model: {type(e).__name__}: "
+                          f"{str(e).splitlines()[0][:300]}", where=str(path), fix=_TORCHSCRIPT_FIX) from None
     schema = module.forward.schema
     args = [a.name for a in schema.arguments][1:]
     returns = str(schema.returns[0].type) if schema.returns else "Tensor"

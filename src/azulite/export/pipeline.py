@@ -5,6 +5,7 @@ is a plain Triton repository, and the server never imports training code."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import shutil
 import tempfile
@@ -18,8 +19,8 @@ from azulite.export import pbtxt
 from azulite.export.formats import EXPORTERS, FORMATS, Exported
 from azulite.export.plan import ServingPlan, plan_for
 from azulite.export.recipe import ModelRecipe, TensorSpec
-from azulite.export.repository import (ExistingModel, check_fits, check_integrity_before, existing_model,
-                                       formats_for, stage, update_integrity)
+from azulite.export.repository import (ExistingModel, check_fits, check_integrity_before, check_model_name,
+                                       existing_model, formats_for, stage, update_integrity)
 from azulite.export.source import CheckpointRef, fetch_verified, resolve
 from azulite.export.verify import Tolerance, Verification, compare
 from azulite.export.weights import load_module_state
@@ -63,8 +64,32 @@ class ExportOptions:
             raise ExportError(f"unknown format {self.format!r}", fix=f"use one of auto, {', '.join(FORMATS)}")
         if self.pipeline not in PIPELINES:
             raise ExportError(f"unknown pipeline {self.pipeline!r}", fix=f"use one of {', '.join(PIPELINES)}")
+        self._check_numbers()
+        if self.name is not None:
+            check_model_name(self.name)
+
+    def _check_numbers(self) -> None:
+        """Every number given, checked before the checkpoint is read and the model rebuilt (a version 0, rows
+        0 or a negative batch size was refused only then; a negative queue delay was a traceback)."""
+        if self.version is not None and self.version < 1:
+            raise ExportError(f"--version {self.version} must be >= 1 (Triton ignores version folder 0)",
+                              fix="e.g. --version 1, or omit --version for the next one")
         if self.rows < 2:
-            raise ExportError(f"verification rows {self.rows} must be >= 2 (a batch)")
+            raise ExportError(f"--rows {self.rows} must be >= 2 (verification runs a batch of rows)",
+                              fix="e.g. --rows 64 (the default)")
+        if self.max_batch_size is not None and self.max_batch_size < 0:
+            raise ExportError(f"--max-batch-size {self.max_batch_size} must be >= 0 (0: no batching)",
+                              fix="e.g. --max-batch-size 64")
+        if self.dynamic_batching and self.max_batch_size == 0:
+            raise ExportError("--dynamic-batching needs a batch dimension: --max-batch-size is 0",
+                              fix="pass --max-batch-size N (N >= 1) with --dynamic-batching, or drop it")
+        if self.max_queue_delay_us is not None and self.max_queue_delay_us < 0:
+            raise ExportError(f"--max-queue-delay-us {self.max_queue_delay_us} must be >= 0",
+                              fix="e.g. --max-queue-delay-us 100 (0: no delay)")
+        for flag, value in (("--atol", self.tolerance.atol), ("--rtol", self.tolerance.rtol)):
+            if not (math.isfinite(value) and value >= 0):  # a negative one failed every export after the rebuild
+                raise ExportError(f"{flag} {value:g} must be a number >= 0", fix=f"e.g. {flag} "
+                                  f"{Tolerance().atol if flag == '--atol' else Tolerance().rtol:g} (the default)")
 
 
 @dataclass(frozen=True)

@@ -150,13 +150,17 @@ def next_version(repo: Path, name: str) -> int:
     return (max(version_dirs(model_dir)) + 1) if model_dir.is_dir() and version_dirs(model_dir) else 1
 
 
+def check_model_name(name: str) -> None:
+    if not name or "/" in name or name.startswith(".") or name in (".", ".."):
+        raise ExportError(f"model name {name!r} is not a folder name", fix="pass --name NAME (letters, digits, _ -)")
+
+
 @contextmanager
 def stage(repo: Path, name: str, version: int | None) -> Iterator[Staged]:
     """Yields a staging area; on a clean exit moves it into ``repo/name`` (a new model, or a new version of
     it), on an exception deletes it: nothing half-written ever lands in the repository. Write config.pbtxt
     into it only for a new model (an existing model's config is kept: see the module's docstring)."""
-    if not name or "/" in name or name.startswith(".") or name in (".", ".."):
-        raise ExportError(f"model name {name!r} is not a folder name", fix="pass --name NAME (letters, digits, _ -)")
+    check_model_name(name)
     repo.mkdir(parents=True, exist_ok=True)
     model_dir = repo / name
     if model_dir.exists() and not model_dir.is_dir():

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from azulite.errors import CheckpointError, StorageError
+from azulite.errors import CheckpointError, ExportError, StorageError
 from azulite.train import digest
 from azulite.train.catalog import MANIFEST, read_manifest, scan_steps, step_dir
 from azulite.train.storage import CheckpointStorage, StorageSettings, first_line
@@ -45,7 +45,8 @@ def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | N
     m = _STEP.match(last)
     if m and head:
         if step is not None and step != int(m.group(1)):
-            raise CheckpointError(f"--step {step} contradicts the step directory {last} in the URI", where=uri)
+            raise ExportError(f"--step {step} contradicts the step directory {last} in the URI", where=uri,
+                              fix=f"drop --step, or pass the checkpoint location {head} with --step {step}")
         step = int(m.group(1))
         uri = head
     storage = CheckpointStorage(uri, settings)
@@ -68,9 +69,14 @@ def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | N
                            where=storage.uri, fix="check that the storage is reachable and its credentials are set") from None
     if manifest is None:
         known = [s for s, _ in steps]
-        if step not in known:
-            raise CheckpointError(f"no checkpoint step {step} under {storage.uri} (steps there: {known or 'none'})",
-                                  where=storage.uri)
+        if step not in known:  # a usage error (exit 2), naming the steps that can be exported
+            committed = [s for s, rel in steps if read_manifest(storage, rel, s) is not None]
+            listed = ", ".join(map(str, committed))
+            raise ExportError(f"no checkpoint step {step} under {storage.uri} (committed steps there: "
+                              f"{listed or 'none'})", where="--step",
+                              fix=f"pass one of them, e.g. --step {committed[-1]}, or omit --step for the newest"
+                              if committed else "export after the job's first checkpoint is committed "
+                                                "(azulite job wait ID --checkpoint)")
         corrupt = storage.exists(f"{rel}/manifest.corrupt.json")
         why = "it was found corrupt by a resume (manifest.corrupt.json)" if corrupt else \
             f"it has no valid {MANIFEST}: an interrupted save"

@@ -8,6 +8,7 @@ Triton's wording and always name the model and the field.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any
 
@@ -80,11 +81,15 @@ def parse_config_text(text: str, *, model: str, path: str | Path | None = None) 
         text_format.Parse(text, config)
     except text_format.ParseError as exc:
         where = str(path) if path else f"model '{model}' config.pbtxt"
+        line, column = exc.GetLine(), exc.GetColumn()
+        at = f"line {line} column {column}: " if line else ""
+        detail = re.sub(r"^\d+:\d+ : ", "", str(exc))  # the position, said once as words
         raise ModelLoadError(
-            f"failed to parse the model configuration of '{model}': {exc}",
+            f"failed to parse the model configuration of '{model}': {at}{detail}",
             where=where,
-            fix="config.pbtxt must be protobuf text format of Triton's ModelConfig "
-            "(https://github.com/triton-inference-server/common/blob/main/protobuf/model_config.proto)",
+            fix=f"correct {f'line {line} of ' if line else ''}{where}: config.pbtxt is protobuf text format of "
+            "Triton's ModelConfig (https://github.com/triton-inference-server/common/blob/main/protobuf/"
+            "model_config.proto)",
         ) from None
     return config
 

@@ -105,7 +105,10 @@ def parse_expiry(text: str) -> float:
 def parse_quota(text: str) -> int:
     """``1000/day`` or ``1000`` -> 1000 requests per UTC day."""
     number = text.strip().lower().removesuffix("/day").strip()
-    if not number.isdigit() or int(number) < 1:
+    if number.isdigit() and int(number) == 0:
+        raise KeyStoreError(f"--quota {text!r} must be at least 1 request a day",
+                            fix="e.g. --quota 10000/day, or omit --quota for no daily quota")
+    if not number.isdigit():
         raise KeyStoreError(f"--quota {text!r} is not a daily quota", fix="give a whole number of requests "
                             "per UTC day, e.g. --quota 10000/day")
     return int(number)
@@ -151,13 +154,14 @@ class KeyStore:
         if not _NAME.match(name):
             raise KeyStoreError(f"key name {name!r} is not valid",
                                 fix="use letters, digits, '.', '_' or '-' (at most 64), e.g. team-a")
-        if rps is not None and not rps > 0:
-            raise KeyStoreError(f"--rps {rps} must be positive", fix="e.g. --rps 50")
+        if rps is not None and not (rps > 0 and rps != float("inf")):
+            raise KeyStoreError(f"--rps {rps:g} must be positive", fix="e.g. --rps 50")
         if quota_per_day is not None and quota_per_day < 1:
             raise KeyStoreError(f"--quota {quota_per_day} must be at least 1 request a day")
         now = time.time() if now is None else now
         if expires is not None and expires <= now:
-            raise KeyStoreError("--expires is in the past", fix="give a future date, e.g. 2027-01-31")
+            when = datetime.fromtimestamp(expires, timezone.utc).isoformat()
+            raise KeyStoreError(f"--expires {when} is in the past", fix="give a future date, e.g. 2027-01-31")
         model_list = sorted(set(models)) if models else None
         key_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_bytes(16)
         self._db.execute(

@@ -72,6 +72,8 @@ class ModelManager:
         self.root = Path(settings.repository)
         self.bls = bls
         self.entries: dict[str, ModelEntry] = {}
+        #: while load_initial runs: the models that failed to load (each tried, and logged, once)
+        self._failed_at_start: set[str] | None = None
         repo.list_models(self.root)  # the repository itself must exist
 
     # --- what the data plane reads ----------------------------------------------------------------
@@ -128,10 +130,15 @@ class ModelManager:
         names = self.initial_models()
         order = sorted(names, key=lambda n: self._is_ensemble_dir(n))
         retired: list[Batcher] = []
-        for name in order:
-            if name in self.entries and self.entries[name].ready:
-                continue
-            retired += self.load(name)
+        # a model that failed here is not loaded (and its failure logged) again as an ensemble's step
+        self._failed_at_start = set()
+        try:
+            for name in order:
+                if name in self._failed_at_start or (name in self.entries and self.entries[name].ready):
+                    continue
+                retired += self.load(name)
+        finally:
+            self._failed_at_start = None
         return retired
 
     def _is_ensemble_dir(self, name: str) -> bool:
@@ -179,9 +186,13 @@ class ModelManager:
                     if dep in _chain or dep == name:
                         raise ModelLoadError(f"ensemble '{name}' has a cycle through '{dep}'")
                     dep_entry = self.entries.get(dep)
-                    if dep_entry is None or not dep_entry.ready:
+                    if (dep_entry is None or not dep_entry.ready) and dep not in (self._failed_at_start or ()):
                         self.load(dep, _chain=(*_chain, name))
                     if not self.entries[dep].ready:
+                        if dep in (self._failed_at_start or ()):  # its own error is logged and listed once
+                            raise ModelLoadError(f"ensemble '{name}' depends on '{dep}', which failed to load "
+                                                 f"(see its own error)",
+                                                 fix=f"fix model '{dep}'; '{name}' loads with it")
                         raise ModelLoadError(
                             f"ensemble '{name}' depends on '{dep}' which is not available: "
                             f"{self.entries[dep].reason or 'not loaded'}"
@@ -210,7 +221,9 @@ class ModelManager:
                 log.warning("reloading model '%s' failed; the loaded version(s) %s serve on: %s", name,
                             ", ".join(map(str, sorted(entry.ready))), reason)
                 return []
-            log.warning("model '%s' failed to load: %s", name, reason)
+            if self._failed_at_start is not None:
+                self._failed_at_start.add(name)
+            log.warning("model '%s' failed to load: %s%s", name, reason, f"\n  fix: {exc.fix}" if exc.fix else "")
             entry.states = {v: VersionState(UNAVAILABLE, reason) for v in entry.states}
             entry.state, entry.reason = UNAVAILABLE, reason
             return []

@@ -12,7 +12,7 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -68,9 +68,10 @@ class ServerSettings:
     shared_state_dir: Path | None = None
 
 
-def exposure_warnings(s: ServerSettings) -> list[str]:
+def exposure_warnings(s: ServerSettings, ports: Mapping[str, int] | None = None) -> list[str]:
     """What an operator should hear at start: model control reachable from the network with no guard
-    runs any client's code (a Python model's model.py comes in the load request)."""
+    runs any client's code (a Python model's model.py comes in the load request). ``ports``: the bound
+    ports by endpoint (Server.ports), named instead of the asked ones (a port 0 is any free port)."""
     out = []
     if s.model_control_mode != "explicit":
         return out
@@ -78,9 +79,11 @@ def exposure_warnings(s: ServerSettings) -> list[str]:
     for proto, address, port in (("http", s.http_address, s.http_port), ("grpc", s.grpc_address, s.grpc_port)):
         if port < 0 or address in ("127.0.0.1", "::1", "localhost"):
             continue
+        port = (ports or {}).get(proto, port)
         guarded = guard.auth or any("model-repository" in r.categories for r in guard.restricted.get(proto, ()))
         if not guarded:
-            out.append(f"model control is open on {proto} {address}:{port} with no guard: anyone who reaches "
+            where = f"{address}:{port}" if port else address  # never "port 0"
+            out.append(f"model control is open on {proto} {where} with no guard: anyone who reaches "
                        "it can load a model whose files they send, i.e. run their code in this server. Add "
                        f"--auth (admin keys only), --{proto}-restricted-api model-repository:HEADER=VALUE, "
                        f"or --{proto}-address 127.0.0.1")

@@ -182,6 +182,7 @@ class CheckpointStorage:
     def check(self) -> None:
         """Fail now, with a clear error, if the storage cannot be written."""
         if not self.remote:
+            _check_folder(self.root, self.uri)
             try:
                 os.makedirs(self.root, exist_ok=True)
                 probe = Path(self.root) / f".probe-{uuid.uuid4().hex}"
@@ -316,3 +317,18 @@ class CheckpointStorage:
 def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:300] if text else ""
+
+
+def _check_folder(root: str, uri: str) -> None:
+    """A local location that is, or lies under, a file: named, with the folder it must be (os.makedirs says
+    only "File exists" or "Not a directory")."""
+    path = Path(root)
+    for p in (path, *path.parents):
+        if p.exists():
+            if p.is_dir():
+                return
+            what = (f"checkpoint location {str(path)!r} is a file: it must be a folder" if p == path else
+                    f"checkpoint location {str(path)!r} cannot be created: {str(p)!r} is a file, not a folder")
+            raise StorageError(what, where=uri,
+                               fix=f"point the checkpoint location (outputs.checkpoints, or CheckpointConfig(uri=...)) "
+                                   f"at a folder, or move the file {str(p)!r} away")

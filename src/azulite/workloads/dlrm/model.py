@@ -10,6 +10,7 @@ embedding_bag_collection.embedding_bags.t_cat_<i>.weight``, ``dense_arch.model._
 from __future__ import annotations
 
 import json
+import logging
 import os
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass
@@ -19,6 +20,15 @@ import torch
 
 from azulite.data.criteo import CAT_FEATURE_COUNT, CAT_FEATURE_NAMES, INT_FEATURE_COUNT, preprocess_spec
 from azulite.errors import CheckpointError, ModelConfigError
+
+def _drop_fx_tracing_notice(record: logging.LogRecord) -> bool:
+    # torchrec's modules call torch.fx's is_fx_tracing(), which logs a deprecation notice meant for torchrec
+    # ("is_fx_tracing will return true for both fx.symbolic_trace and torch.export ...") into every rank's
+    # log of a DLRM job and onto the console of `azulite export`: nothing a user can act on
+    return "is_fx_tracing will return true" not in record.getMessage()
+
+
+logging.getLogger("torch.fx._symbolic_trace").addFilter(_drop_fx_tracing_notice)
 
 FACTORY = "azulite.workloads.dlrm.model:build_model"
 #: the Stateful name under which the training script saves ``ModelState(model, optimizer)``; its model
