@@ -8,7 +8,7 @@ import asyncio
 import numpy as np
 import pytest
 
-from azulite.errors import InvalidArgument, NotFound, Unavailable
+from azulite.errors import InvalidArgument, ModelLoadError, NotFound, Unavailable
 from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
 from azulite.serve.types import InferRequest, InferTensor, RequestedOutput
 
@@ -213,6 +213,23 @@ def test_broken_models_do_not_stop_the_others(broken_model_repository):
         ok = np.ones((1, 16), np.float32)
         r = await dp.infer(add_sub_request("add_sub_onnx", ok, ok))
         assert r.outputs[0].data.sum() == 32
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
+def test_the_load_api_answers_a_failed_load_with_its_fix(broken_model_repository):
+    """A model that fails to load through the load API (explicit mode): the client's error carries the fix
+    the load failure named (here the config's syntax error: its file and line), as the server's log does."""
+    dp = plane(broken_model_repository, control_mode="explicit", load_models=("add_sub_onnx",))
+
+    async def main():
+        with pytest.raises(ModelLoadError) as err:
+            await dp.load_model("broken_config")
+        assert err.value.fix and "config.pbtxt" in err.value.fix, err.value
+        assert "fix:" in str(err.value)  # what the HTTP and gRPC answers carry
+        await dp.load_model("add_sub_onnx")  # a load that succeeds leaves no fix behind
+        assert dp.manager.entries["add_sub_onnx"].load_fix == ""
         await dp.shutdown()
 
     asyncio.run(main())

@@ -427,7 +427,7 @@ class TritonDataPlane:
                 reason = entry.load_error
                 if not reason.startswith("failed to load"):
                     reason = f"failed to load '{name}': {reason}"
-                raise ModelLoadError(reason, where=f"model '{name}'")
+                raise ModelLoadError(reason, where=f"model '{name}'", fix=entry.load_fix or None)
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         async with self._control_lock():

@@ -216,7 +216,7 @@ class ModelManager:
         except ServeError as exc:
             reason = self._reason(exc, name)
             entry.fingerprint = repo.fingerprint(self.root / name)
-            entry.load_error = reason
+            entry.load_error, entry.load_fix = reason, exc.fix or ""
             if entry.ready:  # as Triton: a failed reload leaves the loaded model serving, unchanged
                 log.warning("reloading model '%s' failed; the loaded version(s) %s serve on: %s", name,
                             ", ".join(map(str, sorted(entry.ready))), reason)
@@ -232,7 +232,7 @@ class ModelManager:
                 shutil.rmtree(tmp, ignore_errors=True)
         retired = [m.batcher for v, m in entry.ready.items() if m.batcher is not None]
         entry.ready, entry.states, entry.config = ready, states, config
-        entry.state, entry.reason, entry.load_error = READY, "", ""
+        entry.state, entry.reason, entry.load_error, entry.load_fix = READY, "", "", ""
         entry.fingerprint = repo.fingerprint(self.root / name)
         return retired
 

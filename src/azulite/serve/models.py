@@ -114,6 +114,8 @@ class ModelEntry:
     explicit: bool = True
     #: why the last load of this model failed ("" if it succeeded); the loaded versions may still serve
     load_error: str = ""
+    #: how to fix that failure, when the error said ("" otherwise): the load API's answer carries it
+    load_fix: str = ""
 
     def default(self) -> LoadedModel | None:
         """The version a request without one gets: the highest ready version."""
