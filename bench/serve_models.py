@@ -268,6 +268,25 @@ def batch_rows(before: dict[str, tuple[int, int]], after: dict[str, tuple[int, i
     return out
 
 
+#: seconds of the bare loop run and thrown away before its first measured point: a process's first loop
+#: over a fresh session runs slow (DLRM, 64-row batches: 6.0-8.3 us a row against 4.4-4.9 after, 2026-11-24),
+#: which made ``--concurrency 32`` alone (the bare loop's only point, so also its first) read 0.75x bare over
+#: HTTP (19:16 UTC, load 3.5-5.7: 124k rows/s against a cold 166k); warm, at 4.4-4.6 us a row, ~0.55x
+BARE_WARMUP_S = 0.5
+
+
+def bare_points(bare: Callable[[int, float], tuple[float, float]], concurrency: list[int], rows: int,
+                max_batch: int, seconds: float) -> list[tuple[int, int, tuple[float, float]]]:
+    """(c, batch rows, bare(batch, seconds)) for each concurrency c: the model on the largest batch dynamic
+    batching could form from c requests of ``rows`` rows (at most ``max_batch``), after one warm-up run
+    of :data:`BARE_WARMUP_S` on the first point's batch, not reported."""
+    if not concurrency:
+        return []
+    batches = [min(c * rows, max_batch) for c in concurrency]
+    bare(batches[0], BARE_WARMUP_S)
+    return [(c, b, bare(b, seconds)) for c, b in zip(concurrency, batches)]
+
+
 def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], measure_ms: int, work: Path,
             rows: int = 1) -> dict:
     from azulite.export.wrappers import python_backend_copy
@@ -315,9 +334,7 @@ def measure(name: str, bm: BenchModel, bin_dir: Path, concurrency: list[int], me
     # the limit at concurrency c: the model on the largest batch dynamic batching could form from c requests
     # of ``rows`` rows each (at most the ensemble's max_batch_size)
     figures["bare_cpu_us_per_row"] = {}
-    for c in concurrency:
-        b = min(c * rows, bm.max_batch)
-        per_s, cpu = bm.bare(b, measure_ms / 1000)
+    for c, b, (per_s, cpu) in bare_points(bm.bare, concurrency, rows, bm.max_batch, measure_ms / 1000):
         figures["bare"][f"b{c}"], figures["bare_cpu_us_per_row"][f"b{c}"] = round(per_s, 1), round(cpu, 2)
         print(f"  {name} bare onnxruntime session, batches of {b:<3d} {per_s:>9.1f} rows/s  CPU {cpu:6.2f} us/row",
               flush=True)

@@ -26,3 +26,21 @@ def test_the_ceiling_is_the_cores_over_client_plus_model_cpu_per_row() -> None:
 def test_the_ceiling_refuses_figures_that_cannot_be(bare: float, client: float, cores: int) -> None:
     with pytest.raises(ValueError, match="CPU per row"):
         sm.ceiling_vs_bare(bare, client, cores)
+
+
+def test_the_bare_loop_is_warmed_up_before_its_first_measured_point() -> None:
+    runs: list[tuple[int, float]] = []
+
+    def bare(batch: int, seconds: float) -> tuple[float, float]:
+        runs.append((batch, seconds))
+        return float(batch), float(len(runs))  # which run answered a point: its position
+
+    points = sm.bare_points(bare, [32], 32, 64, 3.0)
+    # --concurrency 32 alone: the only measured point is not the process's first loop
+    assert runs == [(64, sm.BARE_WARMUP_S), (64, 3.0)]
+    assert points == [(32, 64, (64.0, 2.0))]
+    runs.clear()
+    points = sm.bare_points(bare, [1, 8, 32], 1, 64, 2.0)
+    assert runs == [(1, sm.BARE_WARMUP_S), (1, 2.0), (8, 2.0), (32, 2.0)]
+    assert [(c, b) for c, b, _ in points] == [(1, 1), (8, 8), (32, 32)]
+    assert sm.bare_points(bare, [], 1, 64, 2.0) == []
