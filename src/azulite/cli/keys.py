@@ -7,10 +7,8 @@ The store is ``$AZULITE_HOME/keys.db`` (beside the job store) unless ``--key-sto
 from __future__ import annotations
 
 import json
-import math
 import os
 import time
-from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import List, Optional
 
@@ -78,22 +76,13 @@ def create(
     as_json: bool = typer.Option(False, "--json", help="Print the key's record and secret as JSON."),
 ) -> None:
     """Create a key and print its secret once (only a salted hash is stored)."""
-    from azulite.errors import KeyStoreError
-    from azulite.serve.keystore import parse_expiry, parse_quota
+    from azulite.serve.keystore import check_key, parse_expiry, parse_quota
 
     names = [m for item in models or () for m in item.split(",") if m]
-    # the flags first, as typed (the store is not created for a refused key)
-    if rps is not None and not (math.isfinite(rps) and rps > 0):  # was "--rps -1.0 must be positive"; inf passed
-        raise KeyStoreError(f"--rps {rps:g} is not a positive rate",
-                            fix="give requests per second above 0, e.g. --rps 50, or omit --rps for no rate limit")
     quota_per_day = parse_quota(quota) if quota is not None else None
-    expiry = None
-    if expires is not None:
-        expiry = parse_expiry(expires)
-        if expiry <= time.time():  # was "--expires is in the past", not naming the date
-            today = datetime.now(timezone.utc)
-            raise KeyStoreError(f"--expires {expires} is in the past (now: {today:%Y-%m-%d %H:%M} UTC)",
-                                fix=f"give a future date, e.g. --expires {today + timedelta(days=90):%Y-%m-%d}")
+    expiry = parse_expiry(expires) if expires is not None else None
+    # the key as typed, checked before the store is opened (a refused key does not create it)
+    check_key(name, rps=rps, quota_per_day=quota_per_day, expires=expiry, expires_as_typed=expires)
     store = _store(key_store, create=True)
     record, token = store.create(name, models=names or None, rps=rps, quota_per_day=quota_per_day, admin=admin,
                                  expires=expiry)

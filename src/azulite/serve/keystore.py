@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import mmap
 import os
 import re
@@ -24,7 +25,7 @@ import sqlite3
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from azulite.errors import KeyStoreError
@@ -114,6 +115,28 @@ def parse_quota(text: str) -> int:
     return int(number)
 
 
+def check_key(name: str, *, rps: float | None = None, quota_per_day: int | None = None,
+              expires: float | None = None, now: float | None = None, expires_as_typed: str | None = None) -> None:
+    """What a new key may be: a valid name, a finite positive rate, a quota of at least one request a day,
+    an expiry in the future (named as the user typed it, when given). KeyStore.create checks with it; the
+    CLI calls it first, so a refused key does not create the store."""
+    if not _NAME.match(name):
+        raise KeyStoreError(f"key name {name!r} is not valid",
+                            fix="use letters, digits, '.', '_' or '-' (at most 64), e.g. team-a")
+    if rps is not None and not (math.isfinite(rps) and rps > 0):
+        raise KeyStoreError(f"--rps {rps:g} is not a positive rate",
+                            fix="give requests per second above 0, e.g. --rps 50, or omit --rps for no rate limit")
+    if quota_per_day is not None and quota_per_day < 1:
+        raise KeyStoreError(f"--quota {quota_per_day} must be at least 1 request a day",
+                            fix="e.g. --quota 10000/day, or omit --quota for no daily quota")
+    now = time.time() if now is None else now
+    if expires is not None and expires <= now:
+        when = expires_as_typed or datetime.fromtimestamp(expires, timezone.utc).isoformat()
+        today = datetime.fromtimestamp(now, timezone.utc)
+        raise KeyStoreError(f"--expires {when} is in the past (now: {today:%Y-%m-%d %H:%M} UTC)",
+                            fix=f"give a future date, e.g. --expires {today + timedelta(days=90):%Y-%m-%d}")
+
+
 class KeyStore:
     """Opens (and creates) the SQLite file. Every method is one short transaction; safe from several
     processes at once (WAL, busy timeout)."""
@@ -151,17 +174,8 @@ class KeyStore:
                quota_per_day: int | None = None, admin: bool = False, expires: float | None = None,
                now: float | None = None) -> tuple[KeyRecord, str]:
         """A new key; returns its record and the token (shown once, never stored)."""
-        if not _NAME.match(name):
-            raise KeyStoreError(f"key name {name!r} is not valid",
-                                fix="use letters, digits, '.', '_' or '-' (at most 64), e.g. team-a")
-        if rps is not None and not (rps > 0 and rps != float("inf")):
-            raise KeyStoreError(f"--rps {rps:g} must be positive", fix="e.g. --rps 50")
-        if quota_per_day is not None and quota_per_day < 1:
-            raise KeyStoreError(f"--quota {quota_per_day} must be at least 1 request a day")
         now = time.time() if now is None else now
-        if expires is not None and expires <= now:
-            when = datetime.fromtimestamp(expires, timezone.utc).isoformat()
-            raise KeyStoreError(f"--expires {when} is in the past", fix="give a future date, e.g. 2027-01-31")
+        check_key(name, rps=rps, quota_per_day=quota_per_day, expires=expires, now=now)
         model_list = sorted(set(models)) if models else None
         key_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_bytes(16)
         self._db.execute(
