@@ -197,31 +197,16 @@ MODELS: list[tuple[str, Callable[[Path], BenchModel]]] = [("dlrm", build_dlrm), 
 
 def perf(pa: Path, bm: BenchModel, protocol: str, port: int, c: int, measure_ms: int, work: Path,
          rows: int = 1) -> dict:
-    """bench/serving.py's perf_analyzer run, for this model and its input data (``rows`` per request:
-    perf_analyzer's -b; its Inferences/Second counts rows)."""
-    out = work / f"pa-{bm.model}-{protocol}-{c}.csv"
-    out.unlink(missing_ok=True)  # never read the previous server's figures
-    cmd = [str(pa), "-m", bm.model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", str(rows), *bm.shape_args,
-           "--input-data", str(bm.input_data), "--concurrency-range", str(c), "-p", str(measure_ms),
-           "--max-trials", "5", "--stability-percentage", "50", "-f", str(out)]
-    import csv
-    import subprocess
-
-    stable = True
-    # perf_analyzer's own CPU (its threads, once it is reaped): the client's share of the 2 cores, over every
-    # row it sent, as the server's is taken over every row it answered (a retry's too, on both sides)
+    """bench/serving.py's perf_analyzer run (bounded, measured again when unstable or stalled) for this model
+    and its input data (``rows`` per request: perf_analyzer's -b; its Inferences/Second counts rows), and
+    perf_analyzer's own CPU (its threads, once reaped): the client's share of the 2 cores, over every row it
+    sent, as the server's is taken over every row it answered (a retry's too, on both sides)."""
     cpu0 = _children_cpu_s()
-    p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-    if p.returncode != 0 or not out.exists():
-        cmd[cmd.index("--stability-percentage") + 1] = "1000"  # a loaded machine: accept any spread, say so
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
-        stable = False
-        if p.returncode != 0 or not out.exists():
-            return {"error": (p.stdout + p.stderr)[-400:]}
-    row = next(csv.DictReader(out.open()))
-    return {"infer_per_s": round(float(row["Inferences/Second"]), 1), "p50_ms": round(float(row["p50 latency"]) / 1000, 3),
-            "p99_ms": round(float(row["p99 latency"]) / 1000, 3), "stable": stable,
-            "client_cpu_s": _children_cpu_s() - cpu0}
+    r = base.perf_run(pa, bm.model, protocol, port, c, bm.input_data, measure_ms, work, batch=rows,
+                      shape_args=bm.shape_args)
+    if "error" not in r:
+        r["client_cpu_s"] = _children_cpu_s() - cpu0
+    return r
 
 
 def _children_cpu_s() -> float:

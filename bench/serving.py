@@ -34,6 +34,7 @@ import sys
 import tempfile
 import time
 import urllib.request
+from collections.abc import Sequence
 from pathlib import Path
 
 import numpy as np
@@ -107,17 +108,18 @@ def pa_deadline_s(measure_ms: int) -> float:
 
 def perf_run(pa: Path, model: str, protocol: str, port: int, concurrency: int, data: Path, measure_ms: int,
              work: Path, headers: tuple[str, ...] = (), prefix: list[str] | tuple[str, ...] = (),
-             deadline_s=pa_deadline_s) -> dict:
-    """One perf_analyzer point; ``prefix`` runs it under e.g. taskset (bench/serving_workers.py). Beside the
-    figures: ``stable`` (False: measured again accepting any spread) and, when a run stalled (above),
-    ``window_ms`` (the shorter window it was measured on) and ``stalled_runs``."""
+             deadline_s=pa_deadline_s, batch: int = 1, shape_args: Sequence[str] = ("--shape", "x:256")) -> dict:
+    """One perf_analyzer point (every bench's: bench/serving_workers.py, bench/serve_models.py); ``prefix``
+    runs it under e.g. taskset; ``batch`` is perf_analyzer's -b (its Inferences/Second then counts rows).
+    Beside the figures: ``stable`` (False: measured again accepting any spread) and, when a run stalled
+    (above), ``window_ms`` (the shorter window it was measured on) and ``stalled_runs``."""
     out = work / f"pa-{model}-{protocol}-{concurrency}.csv"
 
     def attempt(window_ms: int, spread: str) -> str | None:
         """None when it measured; else why not."""
         out.unlink(missing_ok=True)  # the previous server's (or try's) figures must never pass for this one's
-        cmd = [*prefix, str(pa), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", "1", "--shape",
-               "x:256", "--input-data", str(data), "--concurrency-range", str(concurrency), "-p", str(window_ms),
+        cmd = [*prefix, str(pa), "-m", model, "-i", protocol, "-u", f"127.0.0.1:{port}", "-b", str(batch),
+               *shape_args, "--input-data", str(data), "--concurrency-range", str(concurrency), "-p", str(window_ms),
                "--max-trials", str(PA_MAX_TRIALS), "--stability-percentage", spread, "-f", str(out)]
         for h in headers:
             cmd += ["-H", h]
