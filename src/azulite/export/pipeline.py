@@ -86,10 +86,11 @@ class ExportOptions:
         if self.max_queue_delay_us is not None and self.max_queue_delay_us < 0:
             raise ExportError(f"--max-queue-delay-us {self.max_queue_delay_us} must be >= 0",
                               fix="e.g. --max-queue-delay-us 100 (0: no delay)")
-        for flag, value in (("--atol", self.tolerance.atol), ("--rtol", self.tolerance.rtol)):
+        default = Tolerance()
+        for flag, value, usual in (("--atol", self.tolerance.atol, default.atol),
+                                   ("--rtol", self.tolerance.rtol, default.rtol)):
             if not (math.isfinite(value) and value >= 0):  # a negative one failed every export after the rebuild
-                raise ExportError(f"{flag} {value:g} must be a number >= 0", fix=f"e.g. {flag} "
-                                  f"{Tolerance().atol if flag == '--atol' else Tolerance().rtol:g} (the default)")
+                raise ExportError(f"{flag} {value:g} must be a number >= 0", fix=f"e.g. {flag} {usual:g} (the default)")
 
 
 @dataclass(frozen=True)

@@ -149,9 +149,11 @@ class Writer:
                         text = rid.decode("utf-8", "replace")
                         if kind == RID_CUT:
                             text += CUT_MARK
-                        append((rid_near if base <= wall < top else _TEMPLATE) % (
-                            wall - base if base <= wall < top else wall, _str(text).encode("ascii"), middle,
-                            latency * 1000.0, n_in, n_out))
+                        rid_id = _str(text).encode("ascii")
+                        if base <= wall < top:
+                            append(rid_near % (wall - base, rid_id, middle, latency * 1000.0, n_in, n_out))
+                        else:
+                            append(_TEMPLATE % (wall, rid_id, middle, latency * 1000.0, n_in, n_out))
                 if not wrapped or r & mask:  # stopped at an unwritten slot (or an empty ring)
                     break
         self._next_id = next_id

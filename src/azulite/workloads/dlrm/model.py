@@ -21,6 +21,7 @@ import torch
 from azulite.data.criteo import CAT_FEATURE_COUNT, CAT_FEATURE_NAMES, INT_FEATURE_COUNT, preprocess_spec
 from azulite.errors import CheckpointError, ModelConfigError
 
+
 def _drop_fx_tracing_notice(record: logging.LogRecord) -> bool:
     # torchrec's modules call torch.fx's is_fx_tracing(), which logs a deprecation notice meant for torchrec
     # ("is_fx_tracing will return true for both fx.symbolic_trace and torch.export ...") into every rank's
