@@ -17,6 +17,7 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
+from azulite.train import direct as direct_module
 from azulite.train import prefetch as prefetch_module
 from azulite.train import reader as reader_module
 from azulite.train.reader import VerifyingReader
@@ -234,6 +235,8 @@ def test_the_prefetch_starts_with_the_local_plan_and_ends_with_the_load(tmp_path
 
 def test_a_restore_reads_only_what_the_prefetch_brought(tmp_path, monkeypatch):
     monkeypatch.setattr(prefetch_module, "in_cache", lambda fd, at, n: False)  # as if cold
+    # the page-cache stream: a cold file's path where O_DIRECT is refused (tests/train/test_direct.py)
+    monkeypatch.setattr(direct_module, "ENABLED", False)
     saved, _ = _save(tmp_path, seed=1, fill=3.0, step=7)
     d = tmp_path / "step-00000007"
     monkeypatch.setattr(prefetch_module, "PREFETCH_CHUNK", 4096)
