@@ -13,7 +13,7 @@ import torch
 import torch.distributed.checkpoint as dcp
 
 from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
-from azulite.train import direct
+from azulite.train import direct, hash_split
 from azulite.train import prefetch as prefetch_module
 from azulite.train.reader import VerifyingReader
 
@@ -151,3 +151,58 @@ def test_the_stream_hands_out_every_byte_in_order_and_peeks_ahead(tmp_path, monk
     finally:
         stream.close()
     direct.release_areas()
+
+
+def _ddp_rank(rank, port, root, out):
+    ctx = init({"RANK": str(rank), "WORLD_SIZE": "2", "LOCAL_RANK": str(rank), "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(port)})
+    # no page-cache stream: the files are still cold when the readers decide how to read them
+    prefetch_module.PREFETCH_AHEAD = 0
+    model, opt = _model(seed=1)  # the same on both ranks: DCP writes each tensor once, both read all
+    ck = Checkpointer(CheckpointConfig(uri=str(root)), ctx, {"model": ModelState(model, opt), "progress": Progress()})
+    ck.save(1)
+    torch.distributed.barrier()
+    if rank == 0:
+        _evict(root / "step-00000001")
+    torch.distributed.barrier()
+    with torch.no_grad():
+        for p in model.parameters():
+            p.zero_()
+    assert ck.load_latest() == 1
+    ck.close()
+    (out / f"rank{rank}.json").write_text(json.dumps({**ck.last_restore, "sum": sum(float(p.sum()) for p in model.parameters())}))
+
+
+def test_ranks_reading_the_same_files_share_the_page_cache_instead(tmp_path):
+    """A DDP restore, cold: every rank reads every file, so the files go through the page cache (the disk
+    reads each page once for both ranks); with O_DIRECT each rank read all of them from the disk."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(_ddp_rank, args=(port, tmp_path / "ckpt", tmp_path), nprocs=2, start_method="spawn")
+    shared = hash_split.shared_files([{"a": 1, "b": 2, "c": None}, {"a": 1, "b": 3, "c": None}])
+    assert shared == [{"a"}, {"a"}]  # the same bytes (identity) only; a Blob download (None) never
+    got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
+    model, _ = _model(seed=1)
+    assert got[0]["sum"] == got[1]["sum"] == sum(float(p.sum()) for p in model.parameters())
+    assert got[0]["direct_bytes"] == got[1]["direct_bytes"] > 0
+    assert got[0]["o_direct_bytes"] == got[1]["o_direct_bytes"] == 0
+    assert all(_cached(p) for p in (tmp_path / "ckpt" / "step-00000001").glob("*.distcp"))
+
+
+def test_one_rank_alone_reads_a_cold_checkpoint_with_o_direct(tmp_path):
+    saved, saved_opt = _save(tmp_path, seed=1, step=4)
+    d = tmp_path / "step-00000004"
+    _evict(d)
+    model, opt = _model(seed=99)
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), init({}), {"model": ModelState(model, opt),
+                                                                     "progress": Progress()})
+    assert ck.load_latest() == 4
+    ck.close()
+    _same(saved, model, saved_opt, opt)
+    assert ck.last_restore["o_direct_bytes"] == sum(p.stat().st_size for p in d.glob("*.distcp"))
+    assert "readers_behind_stream_s" not in ck.last_restore  # the stream brought none of it

@@ -360,6 +360,7 @@ def test_a_cold_restore_reports_when_the_disk_was_first_asked(tmp_path, monkeypa
     if prefetch_module._CACHESTAT is not None:  # the kernel tells what is cached (cachestat, Linux >= 6.5)
         assert "first_read_s" not in ck.last_restore and "readers_behind_stream_s" not in ck.last_restore
     monkeypatch.setattr(prefetch_module, "in_cache", lambda fd, at, n: False)  # as if cold
+    monkeypatch.setattr(direct_module, "ENABLED", False)  # the page-cache stream (test_direct.py: O_DIRECT)
     started = time.perf_counter()
     assert ck.load_latest() == 7
     took = time.perf_counter() - started
