@@ -83,14 +83,6 @@ def _evict(paths) -> None:
             os.close(fd)
 
 
-def _cache(paths) -> None:
-    """Bring these files whole into the page cache (a warm load's starting point)."""
-    with open(os.devnull, "wb") as sink:
-        for p in paths:
-            with open(p, "rb") as f:
-                shutil.copyfileobj(f, sink, 8 << 20)
-
-
 def _disk_reads(path: Path) -> int | None:
     """Read requests the block device holding ``path`` completed so far (None where there is no such
     device, e.g. tmpfs): how many requests a cold read cost, the disk's view of its access pattern."""
@@ -151,10 +143,6 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
     def evict(paths):
         return lambda: _evict(paths) if rank == 0 else None
 
-    def warm_up(paths):
-        # warm means the files are in the page cache: a cold restore read with O_DIRECT leaves none there
-        return lambda: _cache(paths) if rank == 0 else None
-
     # the anchor is one torch.load (rank 0); a DDP job that resumes with torch.load has every rank load
     # the file (each needs its own copy of the state, as each restore rank does): that is measured too
     rounds: dict[str, list[float]] = {"restore_cold": [], "torch_load_cold": [], "restore": [], "torch_load": [],
@@ -189,12 +177,11 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         # each pair in turn goes first: what ran just before (the other side's reads, its writeback, the
         # memory it freed) falls on both sides alike; each side's files are evicted the same way, untimed
         cold = [restore_cold, lambda: measure("torch_load_cold", plain_bytes, tload, before=evict([plain]))]
-        warm = [lambda: measure("restore", ckpt_bytes, ck.load_latest, before=warm_up(list(step_path.iterdir()))),
-                lambda: measure("torch_load", plain_bytes, tload, before=warm_up([plain]))]
+        warm = [lambda: measure("restore", ckpt_bytes, ck.load_latest), lambda: measure("torch_load", plain_bytes, tload)]
         for fn in (*cold[:: 1 if i % 2 == 0 else -1], *warm[:: 1 if i % 2 == 0 else -1]):
             fn()
         measure("torch_load_every_rank_cold", plain_bytes, tload_every_rank, before=evict([plain]))
-        measure("torch_load_every_rank", plain_bytes, tload_every_rank, before=warm_up([plain]))
+        measure("torch_load_every_rank", plain_bytes, tload_every_rank)
     ck.close()
     if rank == 0:
         res = {f"{k}_MBps": statistics.median(v) for k, v in rounds.items()}

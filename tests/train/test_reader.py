@@ -17,7 +17,6 @@ import torch.multiprocessing as mp
 from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
-from azulite.train import direct as direct_module
 from azulite.train import prefetch as prefetch_module
 from azulite.train import reader as reader_module
 from azulite.train.reader import VerifyingReader
@@ -235,8 +234,6 @@ def test_the_prefetch_starts_with_the_local_plan_and_ends_with_the_load(tmp_path
 
 def test_a_restore_reads_only_what_the_prefetch_brought(tmp_path, monkeypatch):
     monkeypatch.setattr(prefetch_module, "in_cache", lambda fd, at, n: False)  # as if cold
-    # the page-cache stream: a cold file's path where O_DIRECT is refused (tests/train/test_direct.py)
-    monkeypatch.setattr(direct_module, "ENABLED", False)
     saved, _ = _save(tmp_path, seed=1, fill=3.0, step=7)
     d = tmp_path / "step-00000007"
     monkeypatch.setattr(prefetch_module, "PREFETCH_CHUNK", 4096)
@@ -360,7 +357,6 @@ def test_a_cold_restore_reports_when_the_disk_was_first_asked(tmp_path, monkeypa
     if prefetch_module._CACHESTAT is not None:  # the kernel tells what is cached (cachestat, Linux >= 6.5)
         assert "first_read_s" not in ck.last_restore and "readers_behind_stream_s" not in ck.last_restore
     monkeypatch.setattr(prefetch_module, "in_cache", lambda fd, at, n: False)  # as if cold
-    monkeypatch.setattr(direct_module, "ENABLED", False)  # the page-cache stream (test_direct.py: O_DIRECT)
     started = time.perf_counter()
     assert ck.load_latest() == 7
     took = time.perf_counter() - started

@@ -139,8 +139,7 @@ class Checkpointer:
         #: the manifest of the checkpoint that :meth:`load_latest` restored (None before / when fresh)
         self.loaded_manifest: dict[str, Any] | None = None
         #: what this rank's last restore hashed (files it read that no other rank on its host hashed) and
-        #: read straight into tensors, in bytes, and ``o_direct_bytes``: of the files it read, those read with
-        #: O_DIRECT (cold, no other rank reading them); with the page cache cold, ``first_read_s``: seconds from
+        #: read straight into tensors, in bytes; with the page cache cold, ``first_read_s``: seconds from
         #: load_latest's start to the disk's first request for the checkpoint's files
         self.last_restore: dict[str, float] = {}
         self._restore_started = 0.0
@@ -423,11 +422,10 @@ class Checkpointer:
         finally:
             reader.stop_prefetch()  # a load that failed between its plan and its reads
             self._restorer.discard(step)  # this rank's downloaded copy only
-        self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes,
-                             "o_direct_bytes": reader.o_direct_bytes}
+        self.last_restore = {"hashed_bytes": reader.hashed_bytes, "direct_bytes": reader.direct_bytes}
         if reader.first_read_at is not None:  # a cold read: how long the disk waited for its first request
             self.last_restore["first_read_s"] = reader.first_read_at - self._restore_started
-        if reader.stream_ended_at is not None and reader.reads_done_at is not None and not reader.o_direct_bytes:
+        if reader.stream_ended_at is not None and reader.reads_done_at is not None:
             # a cold read's tail: the readers' copy and hash of what the disk brought last
             self.last_restore["readers_behind_stream_s"] = reader.reads_done_at - reader.stream_ended_at
         self.loaded_manifest = manifest

@@ -31,8 +31,6 @@ class HashHere:
 
     files: frozenset[str]
     known: frozenset[str]
-    #: files another rank of the load reads from the very same bytes (the page cache is what they share)
-    shared: frozenset[str] = frozenset()
 
 
 @functools.cache
@@ -51,16 +49,6 @@ def identity(path: Path) -> tuple[Any, ...] | None:
     except OSError:
         return None
     return (*_host(), st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
-
-
-def shared_files(readers_files: list[Mapping[str, Any]]) -> list[set[str]]:
-    """Of each rank's ``{file: identity}``, the files another rank reads from the very same bytes."""
-    count: dict[tuple[str, Any], int] = {}
-    for files in readers_files:
-        for name, ident in files.items():
-            if ident is not None:
-                count[(name, ident)] = count.get((name, ident), 0) + 1
-    return [{n for n, i in files.items() if i is not None and count[(n, i)] > 1} for files in readers_files]
 
 
 def assign_hashing(readers_files: list[Mapping[str, Any]], sizes: Mapping[str, int]) -> list[set[str]]:

@@ -230,8 +230,3 @@ def _libc() -> Any:
 _NO_SENDFILE = {errno.EINVAL, errno.ENOSYS, errno.ENOTSOCK, errno.EOPNOTSUPP}
 #: a file's cached bytes once its stream ended
 _WHOLE = 1 << 62
-
-
-def can_tell_cached() -> bool:
-    """Whether :func:`in_cache` can tell (cachestat(2) exists here)."""
-    return _CACHESTAT is not None

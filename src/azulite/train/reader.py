@@ -52,9 +52,9 @@ from torch.distributed.checkpoint.utils import _create_file_view
 from torch.futures import Future as TorchFuture
 
 from azulite.errors import CheckpointError
-from azulite.train import digest, direct, record
+from azulite.train import digest, record
 from azulite.train import prefetch as pf
-from azulite.train.hash_split import HashHere, Identities, assign_hashing, identity, shared_files
+from azulite.train.hash_split import HashHere, Identities, assign_hashing, identity
 from azulite.train.restore import IntegrityError, mismatch
 
 #: bytes per read into a tensor: large enough that per-call overhead is nothing, small enough that the
@@ -80,7 +80,6 @@ class _FilePlan:
     direct: list[_Direct] = field(default_factory=list)
     later: list[Any] = field(default_factory=list)  # ReadItems built from kept bytes after verification
     kept: list[tuple[int, bytearray]] = field(default_factory=list)  # (file offset, bytes) between tensors
-    o_direct: bool = False  # read with O_DIRECT
 
 
 def tensor_memory(t: torch.Tensor) -> memoryview:
@@ -139,7 +138,6 @@ class VerifyingReader(FileSystemReader):
         self._group = group if fetch is None and group is not None and dist.get_world_size(group) > 1 else None
         self.fs = _VerifiedFiles(self._files, where)
         self.direct_bytes = 0
-        self.o_direct_bytes = 0  # of the files read, those read with O_DIRECT (:mod:`azulite.train.direct`)
         self.hashed_bytes = 0
         self._prefetch: pf.Prefetch | None = None
         self._prefetch_for: list[Path] = []  # the data files the prefetch streams, in order
@@ -150,11 +148,6 @@ class VerifyingReader(FileSystemReader):
         #: hashed their last byte): how far the readers ran behind the disk (None: nothing was streamed)
         self.stream_ended_at: float | None = None
         self.reads_done_at: float | None = None
-        #: each data file's way in: True where it is read with O_DIRECT (not wholly in the page cache, and
-        #: O_DIRECT taken), decided once (:meth:`_goes_direct`); the stream brings only the others
-        self._direct: dict[Path, bool] = {}
-        self._opened: dict[Path, direct.DirectStream] = {}  # O_DIRECT reads started ahead of the readers
-        self._shared: frozenset[str] | None = None  # files another rank reads too (the global plan's word)
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
         if self._fetch is not None:
@@ -186,46 +179,10 @@ class VerifyingReader(FileSystemReader):
         """Stream ``data`` (after ``lead``), unless the prefetch already streams exactly those files."""
         if self._prefetch is not None and self._prefetch_for == data:
             return
-        self._stop_stream()
-        buffered = [p for p in data if not self._goes_direct(p)]
-        if self._fetch is None and pf.PREFETCH_AHEAD > 0 and data and (buffered or lead):
-            self._prefetch = pf.Prefetch([*(lead or []), *buffered], streams=pf.PREFETCH_STREAMS)
+        self.stop_prefetch()
+        if self._fetch is None and pf.PREFETCH_AHEAD > 0 and data:
+            self._prefetch = pf.Prefetch([*(lead or []), *data], streams=pf.PREFETCH_STREAMS)
             self._prefetch_for = data
-        # the files read first with O_DIRECT get their requests in flight now, as the stream does for the
-        # others (the disk would idle while DCP plans); one a reader thread takes first, each
-        first = [p for p in data if p not in buffered][: self._threads]
-        for p in [p for p in self._opened if p not in first]:
-            self._opened.pop(p).close()
-        for p in first:
-            if p not in self._opened:
-                with contextlib.suppress(OSError):
-                    stream = direct.open_stream(p, p.stat().st_size, check=False)
-                    if stream is not None:
-                        self._opened[p] = stream
-
-    def _goes_direct(self, path: Path) -> bool:
-        """Whether ``path`` is read with O_DIRECT: a local file not wholly in the page cache (a warm file is
-        copied from the cache, as before) that no other rank of the load reads from the same bytes (ranks
-        of a DDP restore share the page cache's copy: the disk reads each page once; with O_DIRECT each
-        rank read every byte from the disk, 0.60x torch.load cold against 0.83x, interleaved). Decided
-        once per file, so the stream and the reader agree; in a load of several ranks only once the
-        global plan told which files are shared (until then: the page-cache stream, as before)."""
-        if self._group is not None and self._shared is None:
-            return False  # whether another rank here reads it too is not known before the plan
-        if path not in self._direct:
-            cold = False
-            if direct.ENABLED and self._fetch is None and path.name not in (self._shared or ()):
-                try:
-                    fd = os.open(path, os.O_RDONLY)
-                except OSError:
-                    cold = False  # missing: the reader names it
-                else:
-                    try:
-                        cold = not pf.in_cache(fd, 0, os.fstat(fd).st_size) and pf.can_tell_cached()
-                    finally:
-                        os.close(fd)
-            self._direct[path] = cold
-        return self._direct[path]
 
     def prepare_local_plan(self, plan: Any) -> Any:
         # the disk streams this rank's files, in the order they are read, while DCP agrees on the global
@@ -246,19 +203,12 @@ class VerifyingReader(FileSystemReader):
         # the files each global plan reads (a planner may have changed the local plans): one the rank
         # did not name in its local plan has no identity, so that rank hashes it itself
         reads = [{self.storage_data[i.storage_index].relative_path for i in p.items} for p in plans]
-        idents = [{n: p.storage_data.files.get(n) for n in r} for p, r in zip(plans, reads)]
-        hashers = assign_hashing(idents, sizes)
-        return [dataclasses.replace(p, storage_data=HashHere(frozenset(h), frozenset(r), frozenset(s)))
-                for p, h, r, s in zip(plans, hashers, reads, shared_files(idents))]
+        hashers = assign_hashing([{n: p.storage_data.files.get(n) for n in r} for p, r in zip(plans, reads)], sizes)
+        return [dataclasses.replace(p, storage_data=HashHere(frozenset(h), frozenset(r)))
+                for p, h, r in zip(plans, hashers, reads)]
 
     def stop_prefetch(self) -> None:
         """Ends the prefetch thread (read_data does at its end; a load that failed before it, here)."""
-        self._stop_stream()
-        while self._opened:
-            self._opened.popitem()[1].close()
-        direct.release_areas()
-
-    def _stop_stream(self) -> None:
         if self._prefetch is not None:
             self._prefetch.stop()
             if self.first_read_at is None:
@@ -272,15 +222,11 @@ class VerifyingReader(FileSystemReader):
         for req in plan.items:
             per_file.setdefault(self.storage_data[req.storage_index].relative_path, []).append(req)
         plans = [_FilePlan(n, Path(self.fs.concat_path(self.path, n)), self._files.get(n)) for n in sorted(per_file)]
+        # the global plan may have changed this rank's files: then stream those instead
+        self._stream([fp.path for fp in plans])
         # the files this rank hashes (the coordinator's answer, prepare_global_plan); all it reads when the
         # plan carries none
         given = plan.storage_data if isinstance(plan.storage_data, HashHere) else None
-        if self._group is not None and self._shared is None and given is not None:
-            self._shared = given.shared  # now known: the files no other rank reads go O_DIRECT when cold
-            if any(self._goes_direct(fp.path) for fp in plans):
-                self._stop_stream()
-        # the global plan may have changed this rank's files: then stream those instead
-        self._stream([fp.path for fp in plans])
         hash_here = {fp.name for fp in plans if given is None or fp.name in given.files or fp.name not in given.known}
         # every rank reaches the collective below whatever happens here: a rank that raised early would
         # leave the others waiting in it
@@ -304,7 +250,6 @@ class VerifyingReader(FileSystemReader):
         finally:
             self.stop_prefetch()
         self.reads_done_at = time.perf_counter()
-        self.o_direct_bytes = sum(int(fp.want["bytes"]) for fp in plans if fp.o_direct and fp.want)
         self._agree(failure)
         # every file of this rank matched its manifest: only now is anything built from the bytes
         for fp in plans:
@@ -359,30 +304,17 @@ class VerifyingReader(FileSystemReader):
             if size != fp.want["bytes"]:
                 raise IntegrityError(f"file {fp.name} is {size} B, the manifest says {fp.want['bytes']} B "
                                      f"[{self._where}]")
-            stream = self._opened.pop(fp.path, None)
-            if stream is not None and (stream.size != size or not stream.first_ok()):
-                stream.close()
-                stream = None
-            if stream is None and self._goes_direct(fp.path):
-                stream = direct.open_stream(fp.path, size)
-            fp.o_direct = stream is not None
-            try:
-                self._read_and_hash(stream or f, heads, fp, reqs, targets, size, verify, stream)
-            finally:
-                if stream is not None:
-                    stream.close()
+            self._read_and_hash(f, heads, fp, reqs, targets, size, verify)
 
     def _in_place(self, heads: Any, req: Any, target: torch.Tensor | None,
-                  wait: Callable[[int], None] = lambda end: None,
-                  peek: Callable[[int, int], bytes | None] = lambda at, n: None) -> _Direct | None:
+                  wait: Callable[[int], None] = lambda end: None) -> _Direct | None:
         """Where a tensor record's data lies in the file when it can be read straight into ``target``,
         else None (loaded from kept bytes after verification). Reads only the record's headers; they are
         not trusted yet, so a wrong answer can only put bytes in the wrong place of a tensor of the right
         size, and the file's hash fails. ``wait(end)`` returns once the file's bytes up to ``end`` can be
         read from the cache: the record's first page tells a plain tensor's layout (its pickle and
         headers come first), so a reader follows a cold file's stream 8 MiB at a time instead of waiting
-        for each record's last page (its zip directory: only for records the first page does not tell).
-        ``peek(at, n)`` gives those first bytes where an O_DIRECT read already brought them (else None)."""
+        for each record's last page (its zip directory: only for records the first page does not tell)."""
         sinfo = self.storage_data[req.storage_index]
         if (target is None or req.type == LoadItemType.BYTE_IO or sinfo.transform_descriptors
                 or target.device.type != "cpu" or not target.is_contiguous()):
@@ -390,9 +322,7 @@ class VerifyingReader(FileSystemReader):
         try:
             first = min(record.HEAD, sinfo.length)
             wait(sinfo.offset + first)
-            head = peek(sinfo.offset, first)
-            head = os.pread(heads.fileno(), first, sinfo.offset) if head is None else head
-            lay = record.layout_from_head(head, sinfo.length)
+            lay = record.layout_from_head(os.pread(heads.fileno(), first, sinfo.offset), sinfo.length)
             if lay is None:
                 wait(sinfo.offset + sinfo.length)
                 lay = record.layout(heads.fileno(), sinfo.offset, sinfo.length)
@@ -415,15 +345,13 @@ class VerifyingReader(FileSystemReader):
         return _Direct(start, nbytes, target, req)
 
     def _read_and_hash(self, f: Any, heads: Any, fp: _FilePlan, reqs: list[Any],
-                       targets: Mapping[int, torch.Tensor], size: int, verify: bool,
-                       stream: direct.DirectStream | None = None) -> None:
+                       targets: Mapping[int, torch.Tensor], size: int, verify: bool) -> None:
         """The whole file front to back, once: tensor data into its target, the rest kept; all hashed
         (unless another rank hashes this very file: ``verify`` False). Records are taken in file order
         and each one's layout is read just before its bytes: with the page cache cold, the layout reads
         of a whole file up front waited for all of it to arrive, and only then did copying and hashing
         start (a cold restore cost the disk's time plus the copy's); this way the copy of one record
-        runs while the disk brings the next. ``f`` is ``stream`` where the file is read with O_DIRECT
-        (its requests run ahead on their own; the layouts come from what they brought)."""
+        runs while the disk brings the next."""
         algorithm = digest.algorithm_of(fp.want)
         h = digest.new(algorithm) if verify else None
         prefetch = self._prefetch
@@ -454,8 +382,7 @@ class VerifyingReader(FileSystemReader):
         for req in sorted(reqs, key=lambda r: self.storage_data[r.storage_index].offset):
             sinfo = self.storage_data[req.storage_index]
             shared = readers[sinfo.offset] > 1
-            d = None if shared else self._in_place(heads, req, targets.get(id(req)), wait,
-                                                   stream.peek if stream is not None else lambda at, n: None)
+            d = None if shared else self._in_place(heads, req, targets.get(id(req)), wait)
             if d is None:
                 fp.later.append(req)
                 continue
