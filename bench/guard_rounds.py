@@ -191,7 +191,7 @@ def measure(pa: Path, azulite_serve: list[str], token: str, key_store: Path, dat
     command line up to the repository; ``parts``: the guard's parts on the guarded side (server_args).
     Returns the figures: every round, medians, ratios, goals."""
     header = (f"Authorization:Bearer {token}",)
-    result: dict = {"concurrency": concurrency, "rounds_asked": rounds, "grpc_auth": False,
+    result: dict = {"concurrency": concurrency, "rounds_asked": rounds, "grpc_auth": False, "parts": list(parts),
                     "guard": f"HTTP: --auth (key with rps {RATE:g} and quota {QUOTA}/day) + --model-rate-limit "
                              f"{MODEL}={RATE:g} + --audit-log; gRPC: the same without the key"}
     for protocol in protocols:
