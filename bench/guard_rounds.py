@@ -92,13 +92,21 @@ def wait_metrics(metrics_port: int, proc, timeout_s: float = 60.0) -> None:
             time.sleep(0.1)
 
 
-def server_args(side: str, protocol: str, work: Path, key_store: Path) -> list[str]:
-    """What one side's ``azulite serve`` adds to the common command line."""
+#: the guard's parts (bench/guard_overhead.py --modes): "all" is the guard the goal is about
+PARTS = {"all": ("auth", "limit", "audit"), "auth": ("auth",), "limit": ("limit",), "audit": ("audit",)}
+
+
+def server_args(side: str, protocol: str, work: Path, key_store: Path, parts=PARTS["all"]) -> list[str]:
+    """What one side's ``azulite serve`` adds to the common command line; ``parts``: the guard's parts on
+    the guarded side ("auth": the key, with its own rate and quota; "limit": the model's rate limit;
+    "audit": the audit log); "auth" is HTTP-only (perf_analyzer sends no gRPC metadata)."""
     args = ["--allow-grpc", "false"] if protocol == "http" else []
     if side == "guarded":
-        args += ["--model-rate-limit", f"{MODEL}={RATE:g}", "--audit-log", str(work / f"audit-{protocol}.jsonl"),
-                 "--audit-log-max-bytes", str(16 * 1024 * 1024)]
-        if protocol == "http":
+        if "limit" in parts:
+            args += ["--model-rate-limit", f"{MODEL}={RATE:g}"]
+        if "audit" in parts:
+            args += ["--audit-log", str(work / f"audit-{protocol}.jsonl"), "--audit-log-max-bytes", str(16 * 1024 * 1024)]
+        if "auth" in parts and protocol == "http":
             args += ["--auth", "--key-store", str(key_store)]
     return args
 
@@ -176,12 +184,14 @@ SIDE_FIGURES = ("infer_per_s", "p99_ms", "cpu_us_per_request", "main_thread_cpu_
 
 
 def measure(pa: Path, azulite_serve: list[str], token: str, key_store: Path, data: Path, work: Path, *,
-            rounds: int, concurrency: int, measure_ms: int, protocols=("http", "grpc"), log=print) -> dict:
+            rounds: int, concurrency: int, measure_ms: int, protocols=("http", "grpc"), log=print,
+            parts: tuple[str, ...] = PARTS["all"]) -> dict:
     """``rounds`` rounds; in each, per protocol, a fresh off and a fresh guarded server, measured one after
     the other (off first in even rounds, guarded first in odd ones), then stopped. ``azulite_serve``: the
-    command line up to the repository. Returns the figures: every round, medians, ratios, goals."""
+    command line up to the repository; ``parts``: the guard's parts on the guarded side (server_args).
+    Returns the figures: every round, medians, ratios, goals."""
     header = (f"Authorization:Bearer {token}",)
-    result: dict = {"concurrency": concurrency, "rounds_asked": rounds, "grpc_auth": False,
+    result: dict = {"concurrency": concurrency, "rounds_asked": rounds, "grpc_auth": False, "parts": list(parts),
                     "guard": f"HTTP: --auth (key with rps {RATE:g} and quota {QUOTA}/day) + --model-rate-limit "
                              f"{MODEL}={RATE:g} + --audit-log; gRPC: the same without the key"}
     for protocol in protocols:
@@ -194,7 +204,7 @@ def measure(pa: Path, azulite_serve: list[str], token: str, key_store: Path, dat
                 for side in sides:
                     h, g, m = free_port(), free_port(), free_port()
                     cmd = azulite_serve + ["--http-port", str(h), "--grpc-port", str(g), "--metrics-port", str(m),
-                                           *server_args(side, protocol, work, key_store)]
+                                           *server_args(side, protocol, work, key_store, parts)]
                     port = h if protocol == "http" else g
                     servers[side] = (start_server(f"{side}-{protocol}", cmd, h, work), port, m)
                     wait_metrics(m, servers[side][0])

@@ -80,3 +80,21 @@ def test_the_profile_diff_lists_what_the_guard_adds_most_time_first() -> None:
     assert [r[4] for r in rows] == ["check", "record", "gone"]  # "same" and "route" (0.1 µs) differ too little
     assert rows[0] == (2.5, 1.0, 0.0, 1.0, "check")
     assert rows[2][:4] == (-0.4, -1.0, 1.0, 0.0)
+
+
+def test_each_mode_guards_with_its_own_parts_only(tmp_path) -> None:
+    """--modes: the guarded side's flags are those of its parts (the key over HTTP only), the off side none."""
+    keys = tmp_path / "keys.db"
+
+    def flags(side: str, protocol: str, mode: str) -> set[str]:
+        return {a for a in gr.server_args(side, protocol, tmp_path, keys, gr.PARTS[mode]) if a.startswith("--")}
+
+    limit, audit, auth = {"--model-rate-limit"}, {"--audit-log", "--audit-log-max-bytes"}, {"--auth", "--key-store"}
+    assert flags("guarded", "http", "all") == {"--allow-grpc"} | limit | audit | auth
+    assert flags("guarded", "grpc", "all") == limit | audit
+    assert flags("guarded", "http", "auth") == {"--allow-grpc"} | auth
+    assert flags("guarded", "http", "limit") == {"--allow-grpc"} | limit
+    assert flags("guarded", "grpc", "audit") == audit
+    assert flags("off", "http", "all") == {"--allow-grpc"} and flags("off", "grpc", "audit") == set()
+    assert gr.server_args("guarded", "http", tmp_path, keys) == gr.server_args("guarded", "http", tmp_path, keys,
+                                                                              gr.PARTS["all"])

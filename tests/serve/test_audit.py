@@ -56,6 +56,11 @@ def test_rotates_by_size(tmp_path):
     assert all(p.stat().st_size <= 2000 for p in tmp_path.iterdir())
     last = json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[-1])
     assert last["request_id"] == "r199"
+    # every file whole lines, each its own JSON document, the newest ones in order across the files
+    texts = [(tmp_path / name).read_text() for name in ("audit.jsonl.2", "audit.jsonl.1", "audit.jsonl")]
+    assert all(t.endswith("\n") for t in texts)
+    ids = [int(json.loads(line)["request_id"][1:]) for t in texts for line in t.splitlines()]
+    assert ids == list(range(200 - len(ids), 200))
 
 
 def test_a_failed_write_is_counted_not_raised(tmp_path):

@@ -133,3 +133,20 @@ def test_planned_takes_answer_as_the_three_takes_do():
         assert got[0] == want[0] and got[1] == pytest.approx(want[1]), (now, wall)
         outcomes.add(got[0])
     assert outcomes == {0, 1, 2, 3}  # the walk reached every refusal, and a new day's quota
+
+
+def test_planned_quota_follows_a_wall_clock_stepped_back_over_midnight():
+    """planned_take keeps the quota's UTC day until the wall time leaves it: a clock stepped back over a
+    midnight (NTP) counts in the earlier day again, as DailyQuotas.take_locked does."""
+    from azulite.serve.ratelimit import planned_take
+
+    midnight = 86400.0 * 5
+    wall = midnight - 1.0
+    quotas, twin = DailyQuotas(), DailyQuotas()
+    planned = planned_take(None, quotas.counter("k", wall), 1, None, lambda: wall, None,
+                           lambda which, wait: (which, wait))
+    for wall in (midnight - 1.0, midnight + 1.0, midnight - 0.5, midnight + 2.0, midnight + 3.0):
+        got = planned(0.0) or (0, 0.0)
+        wait = twin.take_locked("k", 1, wall)
+        assert got == ((2, wait) if wait else (0, 0.0)), wall
+    assert got[0] == 2  # the last one: the quota of 1 used that day

@@ -218,7 +218,10 @@ class Writer:
             size = os.fstat(h.stream.fileno()).st_size  # the file's, other workers' lines included
             if h.maxBytes <= 0 or size + sum(map(len, pending)) + len(pending) <= h.maxBytes:
                 out = h.stream.buffer  # the lines are bytes: the text layer is never written to
-                out.write(b"\n".join(pending) + b"\n")  # no rotation due: one write, no per-line loop
+                # no rotation due: one write, no per-line loop; the last newline joined in, not added to the
+                # joined batch (a second copy of it: a batch of ~1,000 lines is past malloc's mmap threshold, and
+                # the copy went to fresh pages: ~170 ns a line, against ~10 joined in)
+                out.write(b"\n".join([*pending, b""]))
                 out.flush()
                 self.written += len(pending)
                 return
@@ -231,7 +234,7 @@ class Writer:
                     chunk.append(line)
                     used += n
                 if chunk:
-                    h.stream.buffer.write(b"\n".join(chunk) + b"\n")
+                    h.stream.buffer.write(b"\n".join([*chunk, b""]))
                     self.written += len(chunk)
                     pending = pending[len(chunk):]
                     size += used

@@ -135,8 +135,13 @@ def planned_take(key: list[float] | None, quota: list[int] | None, per_day: int,
     has passed, and ``refused(which, wait)``'s answer (it may raise) on a refusal — which: 1 the key's
     bucket, 2 its quota, 3 the model's bucket —, what was taken before the refusal staying taken.
     ``wall_clock()`` is read only when a quota or an expiry needs it. One closure over the objects it
-    needs, no lookups or argument unpacking: this runs on every guarded request."""
+    needs, no lookups or argument unpacking: this runs on every guarded request. The quota's UTC day is
+    computed again only when the wall time leaves the day last computed ([lo, hi)): one compare instead
+    of a float division and an ``int()`` call per request (~60 ns of the take's ~450, hot)."""
+    day, lo, hi = 0, 0.0, -1.0  # the day of wall times in [lo, hi): none yet
+
     def take(now: float):
+        nonlocal day, lo, hi
         if expires is not None or quota is not None:
             wall = wall_clock()
             if expires is not None and wall >= expires:
@@ -153,11 +158,14 @@ def planned_take(key: list[float] | None, quota: list[int] | None, per_day: int,
                 return refused(1, (1.0 - tokens) / key[0])
             key[2] = tokens - 1.0
         if quota is not None:
-            day = int(wall // 86400)
-            if quota[0] != day:
+            if wall >= hi or wall < lo:  # another day than the last request's (or the first request)
+                day = int(wall // 86400)
+                lo = day * 86400.0
+                hi = lo + 86400.0
+            if quota[0] != day:  # a new day, or another path (a full check) counted in another day
                 quota[0], quota[1] = day, 0
             if quota[1] >= per_day:
-                return refused(2, (day + 1) * 86400 - wall)
+                return refused(2, hi - wall)
             quota[1] += 1
         if model is not None:
             tokens = model[2]
