@@ -18,6 +18,11 @@ Azure Blob (a local Azurite) against downloading the same files the same way wit
     .venv/bin/python bench/checkpoint.py                         # ~300 MB, 5 x (50 + 50) steps, ~3 min
     .venv/bin/python bench/checkpoint.py --mb 60 --interval 10   # a quick look
     .venv/bin/python bench/checkpoint.py --blob                  # + restore from Blob (a local Azurite)
+    .venv/bin/python bench/checkpoint.py --restore-only --world 1  # one process each side: the same one copy
+
+--restore-only on 2 ranks (the default) sets a DDP restore, which builds the state on each rank, against one
+torch.load (one copy: the strict anchor) and against torch.load on every rank (what a DDP job resuming with
+torch.load does); --world 1 compares one process with one process.
 
 Last line: one JSON object.
 """
@@ -58,16 +63,30 @@ def _model(mb: int) -> torch.nn.Module:
     return torch.nn.Sequential(*[torch.nn.Linear(WIDTH, WIDTH) for _ in range(layers)])
 
 
+def _barrier() -> None:
+    if dist.is_initialized():  # --restore-only --world 1 runs as a one-process job does: no process group
+        dist.barrier()
+
+
+def _gather(value, world: int) -> list:
+    both: list = [None] * world
+    if dist.is_initialized():
+        dist.all_gather_object(both, value)
+    else:
+        both[0] = value
+    return both
+
+
 def _timed(ctx, fn, before=None) -> float:
     """Seconds from every rank starting ``fn`` to every rank done; ``before`` (say, evicting files from the
     page cache) runs first on every rank and is not counted."""
-    dist.barrier()
+    _barrier()
     if before is not None:
         before()
-        dist.barrier()
+        _barrier()
     t0 = time.perf_counter()
     fn()
-    dist.barrier()
+    _barrier()
     return time.perf_counter() - t0
 
 
@@ -109,7 +128,7 @@ def _rank_setup(rank: int, world: int, port: int, args: argparse.Namespace):
     torch.set_num_threads(1)
     ctx = train.init(env, seed=0)
     model = _model(args.mb)
-    ddp = DDP(model)
+    ddp = DDP(model) if dist.is_initialized() else model  # world 1: no process group (as a 1-process job)
     return ctx, Path(args.dir), model, ddp, torch.optim.Adam(ddp.parameters(), lr=1e-4)
 
 
@@ -130,7 +149,7 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
     plain = root / "plain.pt"
     if rank == 0:
         torch.save({"model": model.state_dict(), "optim": opt.state_dict()}, plain)
-    dist.barrier()
+    _barrier()
     plain_bytes = plain.stat().st_size
 
     def tload() -> None:
@@ -156,8 +175,7 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         c0, r0 = time.process_time(), _disk_reads(root)
         rounds[name].append(nbytes / 1e6 / _timed(ctx, fn, before=before))
         r1 = _disk_reads(root)
-        both: list = [None] * world
-        dist.all_gather_object(both, time.process_time() - c0)
+        both = _gather(time.process_time() - c0, world)
         cpu[name].append(sum(both))
         if r0 is not None and r1 is not None:
             reads[name].append(r1 - r0)
@@ -168,8 +186,7 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         measure("restore_cold", ckpt_bytes, ck.load_latest, before=evict(list(step_path.iterdir())))
         if "first_read_s" in ck.last_restore:
             first_read.append(ck.last_restore["first_read_s"] * 1e3)
-        each: list = [None] * world
-        dist.all_gather_object(each, ck.last_restore.get("readers_behind_stream_s"))
+        each = _gather(ck.last_restore.get("readers_behind_stream_s"), world)
         if None not in each:
             behind.append(max(each) * 1e3)
 
@@ -188,7 +205,7 @@ def restore_worker(rank: int, world: int, port: int, args: argparse.Namespace, o
         res.update({f"{k}_each_MBps": [round(x) for x in v] for k, v in rounds.items()})
         res.update({f"{k}_cpu_s": statistics.median(v) for k, v in cpu.items()})
         res.update({f"{k}_disk_reads": statistics.median(v) for k, v in reads.items() if v and k.endswith("cold")})
-        res.update(ckpt_mb=ckpt_bytes / 1e6, plain_mb=plain_bytes / 1e6, files=len(manifest["files"]))
+        res.update(world=world, ckpt_mb=ckpt_bytes / 1e6, plain_mb=plain_bytes / 1e6, files=len(manifest["files"]))
         if first_read:
             res.update(restore_cold_first_read_ms=statistics.median(first_read),
                        restore_cold_first_read_each_ms=[round(x, 1) for x in first_read])
@@ -348,6 +365,8 @@ def main() -> int:
     ap.add_argument("--repeat", type=int, default=3, help="repetitions of each save/load measurement (median)")
     ap.add_argument("--restore-only", action="store_true",
                     help="only restore vs torch.load, cold and warm, interleaved --repeat times (~1 min)")
+    ap.add_argument("--world", type=int, choices=(1, 2), default=2,
+                    help="--restore-only: ranks restoring (2: a DDP restore, the default; 1: one process)")
     ap.add_argument("--dir", help="where to write (default: a temporary directory, removed after)")
     ap.add_argument("--blob", action="store_true",
                     help="also restore from Azure Blob: a local Azurite (scripts/install.sh --dev installs it)")
@@ -366,8 +385,9 @@ def main() -> int:
 
             az = Azurite(Path(args.dir) / "azurite").start()
             args.blob_conn = az.connection_string
-        mp.start_processes(restore_worker if args.restore_only else worker, args=(2, _free_port(), args, out),
-                           nprocs=2, start_method="spawn")
+        world = args.world if args.restore_only else 2
+        mp.start_processes(restore_worker if args.restore_only else worker, args=(world, _free_port(), args, out),
+                           nprocs=world, start_method="spawn")
         res = json.loads(Path(out).read_text())
     finally:
         if az is not None:

@@ -260,3 +260,20 @@ def test_exit_waits_for_a_writer_still_connecting_and_the_last_metric_is_kept(jo
     assert p.returncode == 0 and "logged" in p.stdout, p.stderr
     assert "did not take the last values" not in p.stderr, p.stderr
     assert history(job)["objective"] == [(7, 0.25)]
+
+
+def test_first_use_lock_lies_beside_a_sqlite_store_not_in_the_temporary_folder(tmp_path, monkeypatch):
+    """Every store once left an empty azulite-mlflow-<hash>.lock in /tmp, never removed (138 after a day of
+    tests); beside the store it goes with the job's folder. A store elsewhere keeps the temporary folder."""
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setattr(mw.tempfile, "tempdir", str(tmp))
+    store = tmp_path / "job" / STORE_FILE
+    store.parent.mkdir()
+    with mw.first_use_lock(f"sqlite:///{store}"):
+        assert (store.parent / (STORE_FILE + ".lock")).exists()
+    assert list(tmp.iterdir()) == []
+    with mw.first_use_lock("http://127.0.0.1:5000"):  # a tracking server: the temporary folder
+        assert [p.name for p in tmp.iterdir()] == [p.name for p in tmp.glob("azulite-mlflow-*.lock")] != []
+    with mw.first_use_lock(f"sqlite:///{tmp_path / 'gone' / STORE_FILE}"):  # a folder that cannot hold it
+        assert len(list(tmp.glob("azulite-mlflow-*.lock"))) == 2

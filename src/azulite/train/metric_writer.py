@@ -24,10 +24,13 @@ at start and its chatter in rank 0's log), one file per process under ``<job dir
 from __future__ import annotations
 
 import atexit
+import fcntl
+import hashlib
 import logging
 import os
 import queue
 import socket
+import tempfile
 import threading
 import time
 from collections.abc import Mapping
@@ -243,10 +246,8 @@ class MetricWriter:
     def _connect(self) -> Any:
         from mlflow.tracking import MlflowClient
 
-        from azulite.train.metrics import _first_use_lock
-
         logging.getLogger("mlflow").setLevel(logging.WARNING)  # its "creating tables" chatter is not ours
-        with _first_use_lock(self.uri):  # a fresh store's tables: one process of this machine at a time
+        with first_use_lock(self.uri):  # a fresh store's tables: one process of this machine at a time
             client = MlflowClient(tracking_uri=self.uri)
             if self.run_id is None:
                 exp_id = "0"
@@ -367,3 +368,32 @@ def _forget_in_child() -> None:
 
 atexit.register(_at_exit)
 os.register_at_fork(after_in_child=_forget_in_child)
+
+
+class first_use_lock:
+    """Serialises the first contact with a fresh SQLite store (MLflow creates its tables then; two
+    processes doing it at once collide) between the processes of this machine. The lock file lies beside
+    a SQLite store's file (``mlflow.db.lock``: it goes with the job's folder), or in the temporary folder
+    for another kind of store or a folder that cannot hold it."""
+
+    def __init__(self, uri: str) -> None:
+        self._paths = []
+        if uri.startswith("sqlite:///"):
+            self._paths.append(uri[len("sqlite:///"):].split("?", 1)[0] + ".lock")
+        key = hashlib.sha1(uri.encode()).hexdigest()[:16]
+        self._paths.append(os.path.join(tempfile.gettempdir(), f"azulite-mlflow-{key}.lock"))
+        self._f: Any = None
+
+    def __enter__(self) -> None:
+        for path in self._paths:
+            try:
+                self._f = open(path, "a")
+                break
+            except OSError:
+                if path == self._paths[-1]:
+                    raise
+        fcntl.flock(self._f, fcntl.LOCK_EX)
+
+    def __exit__(self, *exc: object) -> None:
+        fcntl.flock(self._f, fcntl.LOCK_UN)
+        self._f.close()

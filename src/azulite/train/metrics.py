@@ -15,12 +15,9 @@ Nothing here writes the store on the caller's thread: values go to the process's
 
 from __future__ import annotations
 
-import fcntl
-import hashlib
 import importlib.util
 import logging
 import os
-import tempfile
 import time
 from collections.abc import Mapping
 from typing import Any
@@ -153,21 +150,3 @@ def _queue(values: dict[str, float], step: int | None, env: Mapping[str, str]) -
         raise MetricsError("MLFLOW_TRACKING_URI is set but mlflow is not installed", where="log_metrics",
                            fix="pip install mlflow-skinny (azulite's install does), or unset MLFLOW_TRACKING_URI")
     return metric_writer.writer_for(uri, env).put(values, step)
-
-
-class _first_use_lock:
-    """Serialises the first contact with a fresh SQLite store (MLflow creates its tables then; two
-    processes doing it at once collide) between the processes of this machine."""
-
-    def __init__(self, uri: str) -> None:
-        key = hashlib.sha1(uri.encode()).hexdigest()[:16]
-        self._path = os.path.join(tempfile.gettempdir(), f"azulite-mlflow-{key}.lock")
-        self._f: Any = None
-
-    def __enter__(self) -> None:
-        self._f = open(self._path, "a")
-        fcntl.flock(self._f, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._f, fcntl.LOCK_UN)
-        self._f.close()
