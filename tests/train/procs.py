@@ -36,11 +36,15 @@ def base_env(extra: dict[str, str] | None = None) -> dict[str, str]:
     return env
 
 
-def torchrun_cmd(args: Sequence[str], *, nproc: int = 2, max_restarts: int = 0, script: Path = TOY) -> list[str]:
+def torchrun_cmd(args: Sequence[str], log_dir: Path, *, nproc: int = 2, max_restarts: int = 0,
+                 script: Path = TOY) -> list[str]:
     return [
         sys.executable, "-m", "torch.distributed.run",
         f"--nproc-per-node={nproc}", "--nnodes=1", f"--max-restarts={max_restarts}",
         "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{free_port()}", "--monitor-interval=0.5",
+        # torchrun's own folder (error files) in the test's folder: without it each run left a
+        # torchelastic_* folder in /tmp, never removed
+        f"--log-dir={log_dir / 'torchelastic'}",
         str(script), *args,
     ]
 
@@ -130,7 +134,7 @@ class Runner:
     def start(self, args: Sequence[str], *, nproc: int = 2, max_restarts: int = 0,
               env: dict[str, str] | None = None, torchrun: bool = True, script: Path = TOY) -> Proc:
         if torchrun:
-            cmd = torchrun_cmd(args, nproc=nproc, max_restarts=max_restarts, script=script)
+            cmd = torchrun_cmd(args, self.log_dir, nproc=nproc, max_restarts=max_restarts, script=script)
         else:
             cmd = [sys.executable, str(script), *args]
         proc = Proc(cmd, base_env(env), self.log_dir)
