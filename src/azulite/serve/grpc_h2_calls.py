@@ -170,27 +170,36 @@ class H2Calls:
             return
         request_type, handler, _, guard = self.server.methods[stream.path]
         self.server.in_flight += 1
-        if stream.path == _MODEL_INFER and self.server.infer_then is not None and self._infer_now(stream, messages[0]):
+        if stream.path == _MODEL_INFER and self.server.infer_then is not None:
+            # one loop pass later, where the call's Task would have begun (see HttpApp._infer_now)
+            asyncio.get_running_loop().call_soon(self._infer_now, stream, messages[0])
             return
         # the loop's create_task, not ensure_future: two Python frames and type checks less per call
         stream.task = asyncio.get_running_loop().create_task(
             self._run_unary(stream, handler, request_type, messages[0], guard))
         stream.task.add_done_callback(self._call_done)
 
-    def _infer_now(self, stream: _Stream, message: bytes) -> bool:
+    def _infer_now(self, stream: _Stream, message: bytes) -> None:
         """ModelInfer of an unguarded servicer without a Task or coroutine: the data plane's ``infer_then``
         answers it by callback (:meth:`_infer_answered`), and its batcher's future stands as the stream's
         task (a RST_STREAM or a lost connection cancels it: the call ends CANCELLED, counted so). A model
         the data plane cannot answer so runs :meth:`_infer_decoded`'s coroutine; a message that does not
-        parse, the servicer's own method (False: nothing done)."""
+        parse, the servicer's own method. A call reset before this ran is only counted out."""
+        if stream.sid not in self.streams or stream.trailers is not None:
+            self.server.request_done()
+            return
         try:
             request = decode_infer_request(pb.ModelInferRequest.FromString(message))
         except DecodeError:
-            return False
+            request_type, handler, _, guard = self.server.methods[_MODEL_INFER]
+            stream.task = asyncio.get_running_loop().create_task(
+                self._run_unary(stream, handler, request_type, message, guard))
+            stream.task.add_done_callback(self._call_done)
+            return
         except Exception as exc:  # noqa: BLE001 - as the servicer answers it
             self._finish(stream, *_status(exc), _trailers(exc))
             self.server.request_done()
-            return True
+            return
         servicer = self.server.servicer
         servicer.in_flight += 1
         try:
@@ -199,14 +208,13 @@ class H2Calls:
             servicer.in_flight -= 1
             self._finish(stream, *_status(exc), _trailers(exc))
             self.server.request_done()
-            return True
+            return
         if future is None:
             servicer.in_flight -= 1
             stream.task = asyncio.get_running_loop().create_task(self._infer_decoded(stream, request))
             stream.task.add_done_callback(self._call_done)
         else:
             stream.task = future
-        return True
 
     def _infer_answered(self, stream: _Stream, response, error: BaseException | None) -> None:
         self.server.servicer.in_flight -= 1

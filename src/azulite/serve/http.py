@@ -110,6 +110,14 @@ def _encoded(request: InferRequest, reply: asyncio.Future, response: InferRespon
     reply.set_result(error_reply(error if isinstance(error, Exception) else ServeError("request cancelled")))
 
 
+def _copy_reply(reply: asyncio.Future, task: asyncio.Future) -> None:
+    """_infer_request's answer onto the future the transport holds (a cancelled one as it answers those)."""
+    if task.cancelled():
+        reply.set_result(error_reply(ServeError("request cancelled")))
+    else:
+        reply.set_result(task.result())
+
+
 def error_reply(exc: BaseException) -> Reply:
     """Any exception -> Triton's error JSON. Client mistakes are ServeErrors with a 4xx status; anything
     else is the server's fault (500) and is logged with its traceback."""
@@ -205,17 +213,24 @@ class HttpApp:
         """An unguarded infer request: a future of its reply, set from the batch's answer (the data plane's
         ``infer_then``), so no Task and no coroutine per request; where the data plane cannot (the first
         request, ensembles, sequences, fallbacks, another data plane), ``_infer``'s coroutine."""
-        infer_then = self._infer_then
-        if infer_then is None:
+        if self._infer_then is None:
             return self._infer(name, version, headers, body)
         reply = self._loop.create_future()
+        # decoded and submitted one loop pass later, where a Task's first step ran: the requests read in one
+        # pass reach the batcher together in the next, as its gathering expects (submitted from the read
+        # itself, bench_matmul's batches over HTTP c=32 were 18-27 requests against 23-29, CPU 1.05x)
+        self._loop.call_soon(self._infer_start, name, version, headers, body, reply)
+        return reply
+
+    def _infer_start(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes,
+                     reply: asyncio.Future) -> None:
         try:
             request = _decode(name, version, headers, body)
-            if infer_then(request, partial(_encoded, request, reply)) is None:
-                return self._infer_request(request)
+            if self._infer_then(request, partial(_encoded, request, reply)) is None:  # type: ignore[misc]
+                task = self._loop.create_task(self._infer_request(request))  # type: ignore[union-attr]
+                task.add_done_callback(partial(_copy_reply, reply))
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply.set_result(error_reply(exc))
-        return reply
 
     def _bind_loop(self) -> None:
         try:
