@@ -226,6 +226,40 @@ def test_gzip_request_body(client):
 # --- bad input -----------------------------------------------------------------------------------------
 
 
+def test_infer_requests_on_a_known_path_take_no_task_each(server, client):
+    """After the first request of an infer path, its requests are answered by callback (HttpApp._infer_now,
+    TritonDataPlane.infer_then): no Task per request on the server's loop, and the answers, the errors
+    and the statistics are the coroutine path's."""
+    created: list[str] = []
+
+    def counting_factory(loop, coro, **kw):
+        created.append(getattr(coro, "__qualname__", repr(coro)))
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    async def set_factory(factory):
+        asyncio.get_running_loop().set_task_factory(factory)
+
+    x = np.ones((2, 16), np.float32)
+    client.infer("add_sub_py", add_sub_inputs(x, x))  # the path is routed (and cached)
+    before = client.get_inference_statistics("add_sub_py")["model_stats"][0]["inference_stats"]
+    server.call(set_factory(counting_factory))
+    try:
+        for i in range(8):
+            result = client.infer("add_sub_py", add_sub_inputs(x * i, x))
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * i + x)
+            np.testing.assert_array_equal(result.as_numpy("OUTPUT1"), x * i - x)
+        # a bad request on the same path: still a 400 naming what is wrong
+        err = error_of(lambda: client.infer("add_sub_py", add_sub_inputs(np.ones((2, 15), np.float32), x)))
+        assert err.status() == "400" and "INPUT0" in err.message()
+        infer_tasks = [name for name in created if "infer" in name.lower()]
+    finally:
+        server.call(set_factory(None))
+    assert infer_tasks == []
+    after = client.get_inference_statistics("add_sub_py")["model_stats"][0]["inference_stats"]
+    assert after["success"]["count"] == before["success"]["count"] + 8
+    assert after["fail"]["count"] == before["fail"]["count"] + 1
+
+
 def test_wrong_input_name_is_400(client):
     x = np.ones((1, 16), np.float32)
     err = error_of(lambda: client.infer("add_sub_onnx", add_sub_inputs(x, x, ("INPUT0", "NOPE"))))

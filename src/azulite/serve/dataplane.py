@@ -12,6 +12,7 @@ import asyncio
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -236,6 +237,61 @@ class TritonDataPlane:
         if places:
             self.shm.place_outputs(response, places)
         return response
+
+    def infer_then(self, request: InferRequest, then: Callable[[InferResponse | None, BaseException | None], None]
+                   ) -> asyncio.Future | None:
+        """infer without a coroutine or a Task, for the common case -- a batched model that is not a sequence,
+        not decoupled and has no fallback policy: ``then(response, None)`` or ``then(None, error)`` is called
+        once, later, from the batcher's answer (never before this returns). Returns the batcher's future
+        (cancel it to cancel the request: ``then`` gets the CancelledError), or None (nothing called): the
+        request needs infer's general path; await ``infer``. Raises what infer raises before the model runs.
+        Saves the front end the Task per request and its three coroutines (README, serving)."""
+        if self._loop is None:  # called on the loop, as infer
+            self._loop = asyncio.get_running_loop()
+        if self._closing:
+            raise Unavailable("the server is shutting down and accepts no new requests")
+        cached = self._cached_policies(request.model_name)
+        if cached is not None and cached[1] is not None:
+            return None
+        self.shm.resolve_inputs(request)  # as infer (it skips inputs already resolved, so a fallback to infer
+        places = self.shm.output_places(request)  # after this reads the same)
+        model = self.manager.get(request.model_name, request.model_version)
+        if model.batcher is None or model.sequence or model.decoupled:
+            return None
+        counted = Counted(self, model)
+        counted.__enter__()
+        try:
+            item = self._prepare(model, request)
+            priority = request_int(request, "priority") if "priority" in request.parameters else 0
+            timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
+            wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
+            counted.reason = "BACKEND"
+            future = model.batcher.submit(item, priority=priority, timeout_us=timeout)
+        except BaseException as exc:
+            counted.__exit__(type(exc), exc, exc.__traceback__)  # a bug of ours raises Internal from here
+            raise
+        future.add_done_callback(partial(self._answer_then, then, counted, model, request, item, wanted,
+                                         places, cached))
+        return future
+
+    def _answer_then(self, then, counted: Counted, model: LoadedModel, request: InferRequest, item: WorkItem,
+                     wanted: list[str], places, cached, future: asyncio.Future) -> None:
+        """infer_then's answer: what _infer does after its batch, and infer after _infer."""
+        try:
+            try:
+                response = self._respond(model, request, item, future.result(), wanted)
+            except BaseException as exc:
+                counted.__exit__(type(exc), exc, exc.__traceback__)
+                raise
+            counted.__exit__(None, None, None)
+            if cached is not None and cached[2] is not None and response.model_name == request.model_name:
+                cached[2].observe([(t.name, t.data) for t in response.outputs])
+            if places:
+                self.shm.place_outputs(response, places)
+        except BaseException as exc:  # noqa: BLE001 - the front end answers it
+            then(None, exc)
+            return
+        then(response, None)
 
     def _cached_policies(self, name: str):
         """(config, fallback policy, output monitor) of a model the repository knows, else None."""

@@ -98,7 +98,9 @@ def _param_value(p) -> Any:
 
 
 def _params_in(params) -> dict[str, Any]:
-    return {k: _param_value(v) for k, v in params.items()} if params else {}
+    # by key, not .items(): protobuf's map has no items of its own, and the abc's ItemsView is a Python
+    # generator (two parameters: 1.77 -> 1.34 us)
+    return {k: _param_value(params[k]) for k in params} if params else {}
 
 
 def _params_out(target, params: dict[str, Any]) -> None:

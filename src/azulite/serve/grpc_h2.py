@@ -381,6 +381,9 @@ class GrpcH2Server:
 
             self.servicer = GuardedServicer(self.servicer, guard)
         self.methods = _methods(self.servicer)
+        #: ModelInfer answered by callback (H2Calls._infer_now): the data plane's infer_then, where no guard
+        #: wraps the servicer's own method
+        self.infer_then = getattr(dataplane, "infer_then", None) if guard is None else None
         self.connections: set[_H2Connection] = set()
         self.in_flight = 0
         self.stopping = False

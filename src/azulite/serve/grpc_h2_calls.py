@@ -12,12 +12,13 @@ import gzip
 import struct
 import zlib
 from collections import deque
+from functools import partial
 from typing import Any
 
 import grpc
 from google.protobuf.message import DecodeError
 
-from azulite.serve.grpc import InferenceServicer, _status, _trailers
+from azulite.serve.grpc import InferenceServicer, _status, _trailers, decode_infer_request, encode_infer_response
 from azulite.serve.h2_frames import (DATA, END_HEADERS, END_STREAM, HEADERS, SERVICE, _GRPC_PREFIX, _OK_TRAILERS,
                                      _RESPONSE_HEADERS, _frame, _status_block)
 from azulite.serve.proto import service_pb2 as pb
@@ -28,6 +29,8 @@ from azulite.serve.proto import service_pb2 as pb
 #: call: the same bytes as three _frame calls, without the calls and the copies of their concatenation
 _UNARY_HEAD = struct.Struct(">HBBBL%dsHBBBLBL" % len(_RESPONSE_HEADERS))
 _UNARY_TAIL = struct.Struct(">HBBBL%ds" % len(_OK_TRAILERS))
+#: the path answered by callback when the server allows it (H2Calls._infer_now)
+_MODEL_INFER = SERVICE + "ModelInfer"
 
 
 def _unary_answer(sid: int, payload: bytes) -> bytes:
@@ -167,10 +170,78 @@ class H2Calls:
             return
         request_type, handler, _, guard = self.server.methods[stream.path]
         self.server.in_flight += 1
+        if stream.path == _MODEL_INFER and self.server.infer_then is not None:
+            # one loop pass later, where the call's Task would have begun (see HttpApp._infer_now)
+            asyncio.get_running_loop().call_soon(self._infer_now, stream, messages[0])
+            return
         # the loop's create_task, not ensure_future: two Python frames and type checks less per call
         stream.task = asyncio.get_running_loop().create_task(
             self._run_unary(stream, handler, request_type, messages[0], guard))
         stream.task.add_done_callback(self._call_done)
+
+    def _infer_now(self, stream: _Stream, message: bytes) -> None:
+        """ModelInfer of an unguarded servicer without a Task or coroutine: the data plane's ``infer_then``
+        answers it by callback (:meth:`_infer_answered`), and its batcher's future stands as the stream's
+        task (a RST_STREAM or a lost connection cancels it: the call ends CANCELLED, counted so). A model
+        the data plane cannot answer so runs :meth:`_infer_decoded`'s coroutine; a message that does not
+        parse, the servicer's own method. A call reset before this ran is only counted out."""
+        if stream.sid not in self.streams or stream.trailers is not None:
+            self.server.request_done()
+            return
+        try:
+            request = decode_infer_request(pb.ModelInferRequest.FromString(message))
+        except DecodeError:
+            request_type, handler, _, guard = self.server.methods[_MODEL_INFER]
+            stream.task = asyncio.get_running_loop().create_task(
+                self._run_unary(stream, handler, request_type, message, guard))
+            stream.task.add_done_callback(self._call_done)
+            return
+        except Exception as exc:  # noqa: BLE001 - as the servicer answers it
+            self._finish(stream, *_status(exc), _trailers(exc))
+            self.server.request_done()
+            return
+        servicer = self.server.servicer
+        servicer.in_flight += 1
+        try:
+            future = self.server.infer_then(request, partial(self._infer_answered, stream))
+        except Exception as exc:  # noqa: BLE001
+            servicer.in_flight -= 1
+            self._finish(stream, *_status(exc), _trailers(exc))
+            self.server.request_done()
+            return
+        if future is None:
+            servicer.in_flight -= 1
+            stream.task = asyncio.get_running_loop().create_task(self._infer_decoded(stream, request))
+            stream.task.add_done_callback(self._call_done)
+        else:
+            stream.task = future
+
+    def _infer_answered(self, stream: _Stream, response, error: BaseException | None) -> None:
+        self.server.servicer.in_flight -= 1
+        try:
+            if error is None:
+                self._reply(stream, encode_infer_response(response).SerializeToString())
+            elif isinstance(error, asyncio.CancelledError):
+                self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
+            else:
+                self._finish(stream, *_status(error), _trailers(error))
+        except Exception as exc:  # noqa: BLE001 - the answer's encoding failed
+            self._finish(stream, *_status(exc), _trailers(exc))
+        finally:
+            self.server.request_done()
+
+    async def _infer_decoded(self, stream: _Stream, request) -> None:
+        """ModelInfer's general path after _infer_now decoded the request (as InferenceServicer.ModelInfer)."""
+        servicer = self.server.servicer
+        servicer.in_flight += 1
+        try:
+            self._reply(stream, encode_infer_response(await servicer.dp.infer(request)).SerializeToString())
+        except asyncio.CancelledError:
+            self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
+        except Exception as exc:  # noqa: BLE001
+            self._finish(stream, *_status(exc), _trailers(exc))
+        finally:
+            servicer.in_flight -= 1
 
     def _call_done(self, _task: asyncio.Task) -> None:
         # a callback, not the coroutine's finally: a task canceled before it started runs no finally

@@ -199,7 +199,8 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         # partial, not a lambda: the done callback is called from C without a Python frame of its own.
         # Not an eager task: Python 3.11 has none (asyncio.eager_task_factory is 3.12+), and an infer
         # request awaits its batch, so it would not finish in its first step anyway.
-        task = (self.loop or asyncio.get_running_loop()).create_task(coro)
+        # an infer request the data plane answers by callback comes as a future (HttpApp._infer_now): no Task
+        task = coro if isinstance(coro, asyncio.Future) else (self.loop or asyncio.get_running_loop()).create_task(coro)
         self.server.in_flight += 1
         task.add_done_callback(partial(self._done, slot))
 
