@@ -14,12 +14,11 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from functools import partial
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 import threadpoolctl
 
-from azulite.errors import Internal, InvalidArgument, ModelLoadError, ServeError, Unavailable, Unsupported
+from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable
 from azulite.serve import config as cfg
 from azulite.serve import instances
 from azulite.serve.backends import pb_utils
@@ -33,6 +32,7 @@ from azulite.serve.sharedstate import SharedDriftStore, drift_key
 from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallback_metrics, policy_of
 from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
+from azulite.serve.model_control import ModelControl
 from azulite.serve.models import READY, LoadedModel
 from azulite.serve.parameters import classify, request_int, top_k
 from azulite.serve.proto import model_config_pb2 as mc
@@ -86,7 +86,7 @@ class DataPlaneSettings:
     instance_processes: bool = False
 
 
-class TritonDataPlane:
+class TritonDataPlane(ModelControl):
     """Implements :class:`azulite.serve.types.DataPlane`. Construct it (loads the start-up models,
     synchronously), then call it from one event loop. Extras the front-ends may use: ``metrics``
     (:class:`ServerMetrics`: ``metrics_text()``, ``content_type``, ``registry``), ``start_polling()``,
@@ -458,78 +458,6 @@ class TritonDataPlane:
                     "UNIMPLEMENTED": pb_utils.TritonError.UNSUPPORTED}.get(exc.status, pb_utils.TritonError.INTERNAL)
             return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message, code))
         return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(t.name, t.data) for t in result.outputs])
-
-    # --- model control -----------------------------------------------------------------------------
-
-    def _control_lock(self) -> asyncio.Lock:
-        if self._lock is None:
-            self._lock = asyncio.Lock()
-        return self._lock
-
-    async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
-        parameters = dict(parameters or {})
-        config_json = parameters.pop("config", None)
-        files = {k[len("file:"):]: v for k, v in parameters.items() if k.startswith("file:")}
-        for key, value in files.items():
-            if not isinstance(value, (bytes, bytearray)):
-                raise InvalidArgument(f"load parameter 'file:{key}' must be bytes (base64 over HTTP)")
-        async with self._control_lock():
-            self.manager.check_load(name, files=files or None)
-            retired = await asyncio.to_thread(self.manager.load, name, config_json=config_json, files=files or None)
-            self._limit_threads()
-            await self._retire(retired)  # the versions it replaced (none if the load failed: they serve on)
-            entry = self.manager.entries[name]
-            if entry.load_error:
-                reason = entry.load_error
-                if not reason.startswith("failed to load"):
-                    reason = f"failed to load '{name}': {reason}"
-                raise ModelLoadError(reason, where=f"model '{name}'", fix=entry.load_fix or None)
-
-    async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
-        async with self._control_lock():
-            retired = self.manager.unload(name, unload_dependents=unload_dependents)
-            await self._retire(retired)
-
-    async def poll(self) -> None:
-        """Poll mode: one rescan of the repository (see :meth:`start_polling`)."""
-        async with self._control_lock():
-            retired = await asyncio.to_thread(self.manager.poll)
-            self._limit_threads()
-            await self._retire(retired)
-
-    def start_polling(self, interval_s: float = 15.0) -> None:
-        """Triton's --repository-poll-secs: rescan every interval (poll mode only)."""
-        if self.settings.control_mode != "poll":
-            raise Unsupported("repository polling needs --model-control-mode=poll")
-
-        async def loop() -> None:
-            while True:
-                await asyncio.sleep(interval_s)
-                try:
-                    await self.poll()
-                except ServeError:
-                    pass  # a broken repository state is recorded per model; keep polling
-
-        self._poller = asyncio.get_running_loop().create_task(loop(), name="azulite-repository-poll")
-
-    async def _retire(self, batchers) -> None:
-        if batchers:
-            await asyncio.gather(*(b.close() for b in batchers), return_exceptions=True)
-
-    async def shutdown(self, drain_timeout_s: float = 30.0) -> None:
-        """Refuse new requests, let those in flight finish (batchers keep running meanwhile), then
-        close every batcher, which finalizes the model instances."""
-        self._closing = True
-        if self._poller is not None:
-            self._poller.cancel()
-        deadline = time.monotonic() + drain_timeout_s
-        while self._inflight and time.monotonic() < deadline:
-            await asyncio.sleep(0.005)
-        batchers = [m.batcher for e in self.manager.entries.values() for m in e.ready.values() if m.batcher]
-        await asyncio.gather(*(b.close(max(0.0, deadline - time.monotonic())) for b in batchers),
-                             return_exceptions=True)
-        self.shm.close()
-        self._closed = True
 
     @property
     def in_flight(self) -> int:

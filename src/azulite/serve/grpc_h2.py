@@ -25,7 +25,7 @@ from hpack import Decoder
 from hpack.exceptions import HPACKError
 
 from azulite.serve.grpc import InferenceServicer
-from azulite.serve.grpc_h2_calls import H2Calls, _Stream, _methods
+from azulite.serve.grpc_h2_calls import _MODEL_INFER, H2Calls, _Stream, _methods
 from azulite.serve.h2_defences import H2Defences
 from azulite.serve.h2_frames import (ACK, CONTINUATION, DATA, END_HEADERS, END_STREAM, GOAWAY, HEADER_LIST_LIMIT,
                                      HEADERS, MAX_FRAME, PADDED, PING, PREFACE, PRIORITY_FLAG, PUSH_PROMISE,
@@ -375,15 +375,17 @@ class GrpcH2Server:
 
     def __init__(self, dataplane, guard=None, limits: ConnectionLimits | None = None) -> None:
         self.limits = limits or ConnectionLimits()
-        self.servicer = InferenceServicer(dataplane)
+        self.servicer = self.infer_servicer = InferenceServicer(dataplane)
         if guard is not None:
             from azulite.serve.grpc_guard import GuardedServicer
 
             self.servicer = GuardedServicer(self.servicer, guard)
         self.methods = _methods(self.servicer)
-        #: ModelInfer answered by callback (H2Calls._infer_now): the data plane's infer_then, where no guard
-        #: wraps the servicer's own method
-        self.infer_then = getattr(dataplane, "infer_then", None) if guard is None else None
+        #: ModelInfer answered by callback (H2Calls._infer_now): the data plane's infer_then, unguarded or
+        #: with the guard's (enter, leave) around it (``infer_guard``), as _run_unary runs them
+        self.infer_guard = self.methods[_MODEL_INFER][3]
+        self.infer_then = (getattr(dataplane, "infer_then", None)
+                           if guard is None or self.infer_guard is not None else None)
         self.connections: set[_H2Connection] = set()
         self.in_flight = 0
         self.stopping = False

@@ -180,62 +180,93 @@ class H2Calls:
         stream.task.add_done_callback(self._call_done)
 
     def _infer_now(self, stream: _Stream, message: bytes) -> None:
-        """ModelInfer of an unguarded servicer without a Task or coroutine: the data plane's ``infer_then``
-        answers it by callback (:meth:`_infer_answered`), and its batcher's future stands as the stream's
-        task (a RST_STREAM or a lost connection cancels it: the call ends CANCELLED, counted so). A model
-        the data plane cannot answer so runs :meth:`_infer_decoded`'s coroutine; a message that does not
-        parse, the servicer's own method. A call reset before this ran is only counted out."""
+        """ModelInfer without a Task or coroutine: the data plane's ``infer_then`` answers it by callback
+        (:meth:`_infer_answered`), and its batcher's future stands as the stream's task (a RST_STREAM or a
+        lost connection cancels it: the call ends CANCELLED, counted so). A guarded server's check and audit
+        run around it as :meth:`_run_unary` runs them (the guard's ``enter`` before the request is decoded:
+        a refusal comes before any complaint about the tensors). A model the data plane cannot answer so
+        runs :meth:`_infer_decoded`'s coroutine; a message that does not parse, the servicer's own method.
+        A call reset before this ran is only counted out."""
         if stream.sid not in self.streams or stream.trailers is not None:
             self.server.request_done()
             return
         try:
-            request = decode_infer_request(pb.ModelInferRequest.FromString(message))
+            message_pb = pb.ModelInferRequest.FromString(message)
         except DecodeError:
             request_type, handler, _, guard = self.server.methods[_MODEL_INFER]
             stream.task = asyncio.get_running_loop().create_task(
                 self._run_unary(stream, handler, request_type, message, guard))
             stream.task.add_done_callback(self._call_done)
             return
+        guard, audit = self.server.infer_guard, None
+        try:
+            if guard is not None:
+                context = _Context(stream.headers, self.peer, len(message))
+                audit = (guard[0](message_pb, context), message_pb, context)  # a refusal raises, audited
+            request = decode_infer_request(message_pb)
         except Exception as exc:  # noqa: BLE001 - as the servicer answers it
+            if audit is not None:
+                guard[1](*audit, None, exc)
             self._finish(stream, *_status(exc), _trailers(exc))
             self.server.request_done()
             return
-        servicer = self.server.servicer
+        servicer = self.server.infer_servicer
         servicer.in_flight += 1
         try:
-            future = self.server.infer_then(request, partial(self._infer_answered, stream))
+            future = self.server.infer_then(request, partial(self._infer_answered, stream, audit))
         except Exception as exc:  # noqa: BLE001
             servicer.in_flight -= 1
+            if audit is not None:
+                guard[1](*audit, None, exc)
             self._finish(stream, *_status(exc), _trailers(exc))
             self.server.request_done()
             return
         if future is None:
             servicer.in_flight -= 1
-            stream.task = asyncio.get_running_loop().create_task(self._infer_decoded(stream, request))
+            stream.task = asyncio.get_running_loop().create_task(self._infer_decoded(stream, request, audit))
             stream.task.add_done_callback(self._call_done)
         else:
             stream.task = future
 
-    def _infer_answered(self, stream: _Stream, response, error: BaseException | None) -> None:
-        self.server.servicer.in_flight -= 1
+    def _infer_answered(self, stream: _Stream, audit: tuple | None, response, error: BaseException | None) -> None:
+        self.server.infer_servicer.in_flight -= 1
         try:
             if error is None:
-                self._reply(stream, encode_infer_response(response).SerializeToString())
+                answer, payload = encode_infer_response(response), None
+                if audit is not None:  # its line, which serializes the answer once for its size (reply_payload)
+                    self.server.infer_guard[1](*audit, answer, None)
+                    payload = audit[2].reply_payload
+                self._reply(stream, payload if payload is not None else answer.SerializeToString())
             elif isinstance(error, asyncio.CancelledError):
+                if audit is not None:
+                    self.server.infer_guard[1](*audit, None, error)
                 self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
             else:
+                if audit is not None:
+                    self.server.infer_guard[1](*audit, None, error)
                 self._finish(stream, *_status(error), _trailers(error))
         except Exception as exc:  # noqa: BLE001 - the answer's encoding failed
             self._finish(stream, *_status(exc), _trailers(exc))
         finally:
             self.server.request_done()
 
-    async def _infer_decoded(self, stream: _Stream, request) -> None:
-        """ModelInfer's general path after _infer_now decoded the request (as InferenceServicer.ModelInfer)."""
-        servicer = self.server.servicer
+    async def _infer_decoded(self, stream: _Stream, request, audit: tuple | None = None) -> None:
+        """ModelInfer's general path after _infer_now decoded the request (as InferenceServicer.ModelInfer,
+        with the guard's audit line when ``audit``)."""
+        servicer = self.server.infer_servicer
         servicer.in_flight += 1
         try:
-            self._reply(stream, encode_infer_response(await servicer.dp.infer(request)).SerializeToString())
+            try:
+                answer = encode_infer_response(await servicer.dp.infer(request))
+            except BaseException as exc:
+                if audit is not None:
+                    self.server.infer_guard[1](*audit, None, exc)
+                raise
+            payload = None
+            if audit is not None:
+                self.server.infer_guard[1](*audit, answer, None)
+                payload = audit[2].reply_payload
+            self._reply(stream, payload if payload is not None else answer.SerializeToString())
         except asyncio.CancelledError:
             self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
         except Exception as exc:  # noqa: BLE001

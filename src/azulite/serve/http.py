@@ -201,21 +201,27 @@ class HttpApp:
             except Exception as exc:  # noqa: BLE001 - refused (or failed): answered and audited there
                 return self._guarded(None, exc, method, path, headers, body, client, start)
             if hit[5] and method == b"POST":  # an infer path: the guard checked the key reaches its model
-                return self._infer(hit[3], hit[4], headers, body,
-                                   None if guard.audit is None else (start, hit[0].key_id, client, len(body)))
+                return self._infer_now(hit[3], hit[4], headers, body,
+                                       None if guard.audit is None else (start, hit[0].key_id, client, len(body)))
             return self._guarded(hit, None, method, path, headers, body, client, start)
         route = self._infer_routes.get(path)
         if route is not None and method == b"POST":  # an infer path seen before: a future of its answer
             return self._infer_now(route[0], route[1], headers, body)
         return self._unguarded(method, path, headers, body)
 
-    def _infer_now(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> Awaitable[Reply]:
-        """An unguarded infer request: a future of its reply, set from the batch's answer (the data plane's
-        ``infer_then``), so no Task and no coroutine per request; where the data plane cannot (the first
-        request, ensembles, sequences, fallbacks, another data plane), ``_infer``'s coroutine."""
+    def _infer_now(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes,
+                   audited: tuple | None = None) -> Awaitable[Reply]:
+        """An infer request (unguarded, or one the guard let through; ``audited`` as ``_infer``'s): a future
+        of its reply, set from the batch's answer (the data plane's ``infer_then``), so no Task and no
+        coroutine per request; where the data plane cannot (the first request, ensembles, sequences,
+        fallbacks, another data plane), ``_infer``'s coroutine."""
+        if self._loop is None:  # a guarded server's infer requests never pass dispatch, which binds it
+            self._bind_loop()
         if self._infer_then is None:
-            return self._infer(name, version, headers, body)
+            return self._infer(name, version, headers, body, audited)
         reply = self._loop.create_future()
+        if audited is not None:  # its line packed once answered, whichever way (batch, error, general path)
+            reply.add_done_callback(partial(self._audit_reply, headers, name, version, audited))
         # decoded and submitted one loop pass later, where a Task's first step ran: the requests read in one
         # pass reach the batcher together in the next, as its gathering expects (submitted from the read
         # itself, bench_matmul's batches over HTTP c=32 were 18-27 requests against 23-29, CPU 1.05x)
@@ -231,6 +237,13 @@ class HttpApp:
                 task.add_done_callback(partial(_copy_reply, reply))
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply.set_result(error_reply(exc))
+
+    def _audit_reply(self, headers: dict[bytes, bytes], name: str, version: str, audited: tuple,
+                     reply: asyncio.Future) -> None:
+        code, _, out, _ = reply.result()
+        end = _perf()  # one read: the latency's end and the line's time
+        self.guard.audit.record(headers.get(b"x-request-id") or None, audited[1], audited[2], name, version,
+                                "http", code, end - audited[0], audited[3], len(out), end)
 
     def _bind_loop(self) -> None:
         try:
