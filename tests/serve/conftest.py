@@ -27,6 +27,8 @@ Static model files live in tests/serve/models/; ONNX and TorchScript files are g
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import shutil
 import socket
 import threading
@@ -166,6 +168,26 @@ def repository_copy(tmp_path: Path, model_repository: Path) -> Path:
     root = tmp_path / "repository"
     shutil.copytree(model_repository, root)
     return root
+
+
+@contextlib.contextmanager
+def tasks_created(call):
+    """The qualified names of the Tasks a running server's loop creates inside the block (``call`` runs a
+    coroutine on that loop: a test server's ``call``); the loop's own task factory again after it."""
+    created: list[str] = []
+
+    def counting_factory(loop, coro, **kw):
+        created.append(getattr(coro, "__qualname__", repr(coro)))
+        return asyncio.Task(coro, loop=loop, **kw)
+
+    async def set_factory(factory):
+        asyncio.get_running_loop().set_task_factory(factory)
+
+    call(set_factory(counting_factory))
+    try:
+        yield created
+    finally:
+        call(set_factory(None))
 
 
 class Gate:

@@ -18,7 +18,7 @@ import tritonclient.grpc.aio as aiogrpcclient
 from tritonclient.grpc import service_pb2, service_pb2_grpc
 from tritonclient.utils import InferenceServerException
 
-from .conftest import Gate, bench_weights
+from .conftest import Gate, bench_weights, tasks_created
 from .frontends import running_server
 
 
@@ -327,20 +327,10 @@ def test_h2_model_infer_calls_take_no_task_each(model_repository):
     """On azulite's HTTP/2 transport an unguarded ModelInfer is answered by callback (H2Calls._infer_now,
     TritonDataPlane.infer_then): no Task per call on the server's loop, and the answers, the errors and the
     statistics are the servicer's."""
-    created: list[str] = []
-
-    def counting_factory(loop, coro, **kw):
-        created.append(getattr(coro, "__qualname__", repr(coro)))
-        return asyncio.Task(coro, loop=loop, **kw)
-
-    async def set_factory(factory):
-        asyncio.get_running_loop().set_task_factory(factory)
-
     x = np.ones((2, 16), np.float32)
     with running_server(model_repository, grpc_impl="h2") as s, grpcclient.InferenceServerClient(s.grpc_url) as c:
         before = c.get_inference_statistics("add_sub_py").model_stats[0].inference_stats
-        s.call(set_factory(counting_factory))
-        try:
+        with tasks_created(s.call) as created:
             for i in range(8):
                 result = c.infer("add_sub_py", add_sub_inputs(x * i, x))
                 np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * i + x)
@@ -350,8 +340,6 @@ def test_h2_model_infer_calls_take_no_task_each(model_repository):
             err = error_of(lambda: c.infer("no_such_model", add_sub_inputs(x, x)))
             assert err.status() == "StatusCode.NOT_FOUND" and "no_such_model" in err.message()
             infer_tasks = [name for name in created if "infer" in name.lower() or "unary" in name.lower()]
-        finally:
-            s.call(set_factory(None))
         assert infer_tasks == []
         after = c.get_inference_statistics("add_sub_py").model_stats[0].inference_stats
         assert after.success.count == before.success.count + 8

@@ -14,7 +14,7 @@ import tritonclient.http.aio as aiohttpclient
 from prometheus_client.parser import text_string_to_metric_families
 from tritonclient.utils import InferenceServerException
 
-from .conftest import bench_weights
+from .conftest import bench_weights, tasks_created
 from .frontends import running_server
 
 
@@ -230,20 +230,10 @@ def test_infer_requests_on_a_known_path_take_no_task_each(server, client):
     """After the first request of an infer path, its requests are answered by callback (HttpApp._infer_now,
     TritonDataPlane.infer_then): no Task per request on the server's loop, and the answers, the errors
     and the statistics are the coroutine path's."""
-    created: list[str] = []
-
-    def counting_factory(loop, coro, **kw):
-        created.append(getattr(coro, "__qualname__", repr(coro)))
-        return asyncio.Task(coro, loop=loop, **kw)
-
-    async def set_factory(factory):
-        asyncio.get_running_loop().set_task_factory(factory)
-
     x = np.ones((2, 16), np.float32)
     client.infer("add_sub_py", add_sub_inputs(x, x))  # the path is routed (and cached)
     before = client.get_inference_statistics("add_sub_py")["model_stats"][0]["inference_stats"]
-    server.call(set_factory(counting_factory))
-    try:
+    with tasks_created(server.call) as created:
         for i in range(8):
             result = client.infer("add_sub_py", add_sub_inputs(x * i, x))
             np.testing.assert_array_equal(result.as_numpy("OUTPUT0"), x * i + x)
@@ -252,8 +242,6 @@ def test_infer_requests_on_a_known_path_take_no_task_each(server, client):
         err = error_of(lambda: client.infer("add_sub_py", add_sub_inputs(np.ones((2, 15), np.float32), x)))
         assert err.status() == "400" and "INPUT0" in err.message()
         infer_tasks = [name for name in created if "infer" in name.lower()]
-    finally:
-        server.call(set_factory(None))
     assert infer_tasks == []
     after = client.get_inference_statistics("add_sub_py")["model_stats"][0]["inference_stats"]
     assert after["success"]["count"] == before["success"]["count"] + 8
