@@ -232,11 +232,16 @@ class TritonDataPlane(ModelControl):
         else:
             response = await answer_with_fallback(request, cached[1], get_model=self.manager.get,
                                                   infer=self._infer, counts=self.fallbacks)
+        self._deliver(request, response, cached, places)
+        return response
+
+    def _deliver(self, request: InferRequest, response: InferResponse, cached, places) -> None:
+        """An answer's last steps (infer and infer_then alike): the output monitor sees the model's own
+        answers (not a fallback's), and outputs go to the client's shared-memory regions it named."""
         if cached is not None and cached[2] is not None and response.model_name == request.model_name:
-            cached[2].observe([(t.name, t.data) for t in response.outputs])  # not the fallback's answers
+            cached[2].observe([(t.name, t.data) for t in response.outputs])
         if places:
             self.shm.place_outputs(response, places)
-        return response
 
     def infer_then(self, request: InferRequest, then: Callable[[InferResponse | None, BaseException | None], None]
                    ) -> asyncio.Future | None:
@@ -261,11 +266,7 @@ class TritonDataPlane(ModelControl):
         counted = Counted(self, model)
         counted.__enter__()
         try:
-            item = self._prepare(model, request)
-            priority = request_int(request, "priority") if "priority" in request.parameters else 0
-            timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
-            wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
-            counted.reason = "BACKEND"
+            item, wanted, priority, timeout = self._admit(model, request, counted)
             future = model.batcher.submit(item, priority=priority, timeout_us=timeout)
         except BaseException as exc:
             counted.__exit__(type(exc), exc, exc.__traceback__)  # a bug of ours raises Internal from here
@@ -284,10 +285,7 @@ class TritonDataPlane(ModelControl):
                 counted.__exit__(type(exc), exc, exc.__traceback__)
                 raise
             counted.__exit__(None, None, None)
-            if cached is not None and cached[2] is not None and response.model_name == request.model_name:
-                cached[2].observe([(t.name, t.data) for t in response.outputs])
-            if places:
-                self.shm.place_outputs(response, places)
+            self._deliver(request, response, cached, places)
         except BaseException as exc:  # noqa: BLE001 - the front end answers it
             then(None, exc)
             return
@@ -354,11 +352,7 @@ class TritonDataPlane(ModelControl):
             raise unary_refused(model)
         with Counted(self, model) as counted:
             start = counted.start
-            item = self._prepare(model, request)
-            priority = request_int(request, "priority") if "priority" in request.parameters else 0
-            timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
-            wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
-            counted.reason = "BACKEND"
+            item, wanted, priority, timeout = self._admit(model, request, counted)
             if model.batcher is None:
                 # Triton's ensemble scheduler reports the ensemble's own queue (arrival to first step) and
                 # compute counts per request; perf_analyzer finds an ensemble's version, when none is given,
@@ -381,6 +375,16 @@ class TritonDataPlane(ModelControl):
         if entry is None or entry[0] is not model:  # a model loaded again starts with no live sequences
             entry = self._sequencers[id(model)] = (model, Sequencer(model.name, model.config))
         return entry[1]
+
+    def _admit(self, model: LoadedModel, request: InferRequest, counted: Counted):
+        """A request checked against its model and made the batch's work: (item, the outputs wanted,
+        priority, timeout in µs); a failure from here on is the backend's (``counted``'s reason)."""
+        item = self._prepare(model, request)
+        priority = request_int(request, "priority") if "priority" in request.parameters else 0
+        timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
+        wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
+        counted.reason = "BACKEND"
+        return item, wanted, priority, timeout
 
     def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:
         inputs, batch = check_inputs(model, ((t.name, t.datatype, tuple(t.shape), t.data) for t in request.inputs))

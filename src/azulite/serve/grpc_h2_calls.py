@@ -205,9 +205,7 @@ class H2Calls:
                 audit = (guard[0](message_pb, context), message_pb, context)  # a refusal raises, audited
             request = decode_infer_request(message_pb)
         except Exception as exc:  # noqa: BLE001 - as the servicer answers it
-            if audit is not None:
-                guard[1](*audit, None, exc)
-            self._finish(stream, *_status(exc), _trailers(exc))
+            self._answer_infer(stream, audit, None, exc)
             self.server.request_done()
             return
         servicer = self.server.infer_servicer
@@ -216,9 +214,7 @@ class H2Calls:
             future = self.server.infer_then(request, partial(self._infer_answered, stream, audit))
         except Exception as exc:  # noqa: BLE001
             servicer.in_flight -= 1
-            if audit is not None:
-                guard[1](*audit, None, exc)
-            self._finish(stream, *_status(exc), _trailers(exc))
+            self._answer_infer(stream, audit, None, exc)
             self.server.request_done()
             return
         if future is None:
@@ -231,48 +227,45 @@ class H2Calls:
     def _infer_answered(self, stream: _Stream, audit: tuple | None, response, error: BaseException | None) -> None:
         self.server.infer_servicer.in_flight -= 1
         try:
-            if error is None:
-                answer, payload = encode_infer_response(response), None
-                if audit is not None:  # its line, which serializes the answer once for its size (reply_payload)
-                    self.server.infer_guard[1](*audit, answer, None)
-                    payload = audit[2].reply_payload
-                self._reply(stream, payload if payload is not None else answer.SerializeToString())
-            elif isinstance(error, asyncio.CancelledError):
-                if audit is not None:
-                    self.server.infer_guard[1](*audit, None, error)
-                self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
-            else:
-                if audit is not None:
-                    self.server.infer_guard[1](*audit, None, error)
-                self._finish(stream, *_status(error), _trailers(error))
-        except Exception as exc:  # noqa: BLE001 - the answer's encoding failed
-            self._finish(stream, *_status(exc), _trailers(exc))
+            self._answer_infer(stream, audit, response, error)
         finally:
             self.server.request_done()
 
     async def _infer_decoded(self, stream: _Stream, request, audit: tuple | None = None) -> None:
-        """ModelInfer's general path after _infer_now decoded the request (as InferenceServicer.ModelInfer,
-        with the guard's audit line when ``audit``)."""
+        """ModelInfer's general path after _infer_now decoded the request (as InferenceServicer.ModelInfer)."""
         servicer = self.server.infer_servicer
         servicer.in_flight += 1
         try:
-            try:
-                answer = encode_infer_response(await servicer.dp.infer(request))
-            except BaseException as exc:
-                if audit is not None:
-                    self.server.infer_guard[1](*audit, None, exc)
-                raise
-            payload = None
-            if audit is not None:
-                self.server.infer_guard[1](*audit, answer, None)
-                payload = audit[2].reply_payload
-            self._reply(stream, payload if payload is not None else answer.SerializeToString())
-        except asyncio.CancelledError:
-            self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
-        except Exception as exc:  # noqa: BLE001
-            self._finish(stream, *_status(exc), _trailers(exc))
+            response = await servicer.dp.infer(request)
+        except (Exception, asyncio.CancelledError) as exc:  # noqa: BLE001 - a cancelled call is answered CANCELLED
+            self._answer_infer(stream, audit, None, exc)
+        else:
+            self._answer_infer(stream, audit, response, None)
         finally:
             servicer.in_flight -= 1
+
+    def _answer_infer(self, stream: _Stream, audit: tuple | None, response, error: BaseException | None) -> None:
+        """A ModelInfer's answer, or its error (CANCELLED for a cancelled one), on the stream; a guarded
+        call's audit line first (``audit``: the guard's state, the request message, the call's context)."""
+        leave = None if audit is None else self.server.infer_guard[1]
+        if error is None:
+            try:
+                answer = encode_infer_response(response)
+            except Exception as exc:  # noqa: BLE001 - the answer's encoding failed
+                error = exc
+            else:
+                payload = None
+                if leave is not None:  # its line serializes the answer once, for its size (reply_payload)
+                    leave(*audit, answer, None)
+                    payload = audit[2].reply_payload
+                self._reply(stream, payload if payload is not None else answer.SerializeToString())
+                return
+        if leave is not None:
+            leave(*audit, None, error)
+        if isinstance(error, asyncio.CancelledError):
+            self._finish(stream, grpc.StatusCode.CANCELLED, "cancelled")
+        else:
+            self._finish(stream, *_status(error), _trailers(error))
 
     def _call_done(self, _task: asyncio.Task) -> None:
         # a callback, not the coroutine's finally: a task canceled before it started runs no finally

@@ -95,27 +95,34 @@ def _decode(name: str, version: str, headers: dict[bytes, bytes], body: bytes) -
     return codec.decode_infer_request(name, version, body, header_length)
 
 
+def _ok(out, hlen: int | None) -> Reply:
+    """An infer request's 200: JSON, or binary tensors after a JSON header of ``hlen`` bytes."""
+    return (200, JSON, out, ()) if hlen is None else (200, _OCTETS, out, ((_HLEN, b"%d" % hlen),))
+
+
 def _encoded(request: InferRequest, reply: asyncio.Future, response: InferResponse | None,
              error: BaseException | None) -> None:
     """The data plane's answer to an infer request (HttpApp._infer_now): its reply set on ``reply``, as
     _infer would return it (a cancelled one as the transport answers a cancelled task)."""
     if error is None:
         try:
-            out, hlen = codec.encode_infer_response(response, request)
+            ok = _ok(*codec.encode_infer_response(response, request))
         except Exception as exc:  # noqa: BLE001
             error = exc
         else:
-            reply.set_result((200, JSON, out, ()) if hlen is None else (200, _OCTETS, out, ((_HLEN, b"%d" % hlen),)))
+            reply.set_result(ok)
             return
     reply.set_result(error_reply(error if isinstance(error, Exception) else ServeError("request cancelled")))
 
 
-def _copy_reply(reply: asyncio.Future, task: asyncio.Future) -> None:
-    """_infer_request's answer onto the future the transport holds (a cancelled one as it answers those)."""
+def _task_encoded(request: InferRequest, reply: asyncio.Future, task: asyncio.Task) -> None:
+    """_encoded for the data plane's general path (a Task of its ``infer``)."""
     if task.cancelled():
-        reply.set_result(error_reply(ServeError("request cancelled")))
+        _encoded(request, reply, None, asyncio.CancelledError())
+    elif task.exception() is not None:
+        _encoded(request, reply, None, task.exception())
     else:
-        reply.set_result(task.result())
+        _encoded(request, reply, task.result(), None)
 
 
 def error_reply(exc: BaseException) -> Reply:
@@ -233,8 +240,8 @@ class HttpApp:
         try:
             request = _decode(name, version, headers, body)
             if self._infer_then(request, partial(_encoded, request, reply)) is None:  # type: ignore[misc]
-                task = self._loop.create_task(self._infer_request(request))  # type: ignore[union-attr]
-                task.add_done_callback(partial(_copy_reply, reply))
+                task = self._loop.create_task(self.dp.infer(request))  # type: ignore[union-attr]
+                task.add_done_callback(partial(_task_encoded, request, reply))
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply.set_result(error_reply(exc))
 
@@ -251,15 +258,6 @@ class HttpApp:
         except RuntimeError:  # called outside a loop (a test of the routes): the coroutine path only
             return
         self._infer_then = getattr(self.dp, "infer_then", None)
-
-    async def _infer_request(self, request: InferRequest) -> Reply:
-        """_infer after its decode (_infer_now's general path)."""
-        try:
-            response = await self.dp.infer(request)
-            out, hlen = codec.encode_infer_response(response, request)
-        except Exception as exc:  # noqa: BLE001
-            return error_reply(exc)
-        return (200, JSON, out, ()) if hlen is None else (200, _OCTETS, out, ((_HLEN, b"%d" % hlen),))
 
     async def _unguarded(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes) -> Reply:
         try:
@@ -402,7 +400,7 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply = error_reply(exc)
         else:
-            reply = (200, JSON, out, ()) if hlen is None else (200, _OCTETS, out, ((_HLEN, b"%d" % hlen),))
+            reply = _ok(out, hlen)
         if audited is not None:
             end = _perf()  # one read: the latency's end and the line's time
             self.guard.audit.record(headers.get(b"x-request-id") or None, audited[1], audited[2], name, version,
