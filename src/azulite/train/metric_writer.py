@@ -24,6 +24,7 @@ at start and its chatter in rank 0's log), one file per process under ``<job dir
 from __future__ import annotations
 
 import atexit
+import contextlib
 import fcntl
 import hashlib
 import logging
@@ -33,7 +34,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 log = logging.getLogger("azulite.train.metrics")
@@ -370,30 +371,20 @@ atexit.register(_at_exit)
 os.register_at_fork(after_in_child=_forget_in_child)
 
 
-class first_use_lock:
+@contextlib.contextmanager
+def first_use_lock(uri: str) -> Iterator[None]:
     """Serialises the first contact with a fresh SQLite store (MLflow creates its tables then; two
     processes doing it at once collide) between the processes of this machine. The lock file lies beside
     a SQLite store's file (``mlflow.db.lock``: it goes with the job's folder), or in the temporary folder
     for another kind of store or a folder that cannot hold it."""
-
-    def __init__(self, uri: str) -> None:
-        self._paths = []
-        if uri.startswith("sqlite:///"):
-            self._paths.append(uri[len("sqlite:///"):].split("?", 1)[0] + ".lock")
-        key = hashlib.sha1(uri.encode()).hexdigest()[:16]
-        self._paths.append(os.path.join(tempfile.gettempdir(), f"azulite-mlflow-{key}.lock"))
-        self._f: Any = None
-
-    def __enter__(self) -> None:
-        for path in self._paths:
-            try:
-                self._f = open(path, "a")
-                break
-            except OSError:
-                if path == self._paths[-1]:
-                    raise
-        fcntl.flock(self._f, fcntl.LOCK_EX)
-
-    def __exit__(self, *exc: object) -> None:
-        fcntl.flock(self._f, fcntl.LOCK_UN)
-        self._f.close()
+    key = hashlib.sha1(uri.encode()).hexdigest()[:16]
+    fallback = os.path.join(tempfile.gettempdir(), f"azulite-mlflow-{key}.lock")
+    try:
+        if not uri.startswith("sqlite:///"):
+            raise OSError
+        f = open(uri[len("sqlite:///"):].split("?", 1)[0] + ".lock", "a")
+    except OSError:
+        f = open(fallback, "a")
+    with f:
+        fcntl.flock(f, fcntl.LOCK_EX)  # released when the file closes
+        yield
