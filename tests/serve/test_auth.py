@@ -24,7 +24,7 @@ from azulite.serve.auth import GRPC_ROUTES, Guard, GuardSettings, Restriction, p
 from azulite.serve.keystore import PREFIX, KeyStore
 from azulite.serve.server import ServerSettings, exposure_warnings
 
-from .conftest import build_model_repository
+from .conftest import build_model_repository, tasks_created
 from .frontends import running_server
 
 MODELS = ("add_sub_onnx", "add_sub_py")
@@ -495,13 +495,16 @@ def test_a_guarded_infer_path_runs_only_the_route_the_guard_checked(server, keys
 
 
 def test_an_http_infer_request_has_its_audit_line(server, keys):
-    """The guarded HTTP infer path packs its own audit line (HttpApp._infer, no frame of _guarded's):
-    key id, model, version, status, the body's size as sent (compressed here) and the answer's."""
+    """The guarded HTTP infer path packs its own audit line (HttpApp._infer_now: answered by callback, no
+    Task, no frame of _guarded's): key id, model, version, status, the body's size as sent (compressed
+    here) and the answer's."""
     body = gzip.compress(INFER_JSON)
     headers = {**bearer(keys["onnx"]), "Content-Encoding": "gzip"}
-    status, _, answer = raw(server, "POST", "/v2/models/add_sub_onnx/versions/1/infer", body,
-                            {**headers, "X-Request-ID": "audit-infer"})
-    assert status == 200
+    with tasks_created(server.call) as created:
+        status, _, answer = raw(server, "POST", "/v2/models/add_sub_onnx/versions/1/infer", body,
+                                {**headers, "X-Request-ID": "audit-infer"})
+        infer_tasks = [name for name in created if "infer" in name.lower() or "guarded" in name.lower()]
+    assert status == 200 and infer_tasks == []
     status, _, refused = raw(server, "POST", "/v2/models/add_sub_py/infer", body,
                              {**headers, "X-Request-ID": "audit-infer-403"})
     assert status == 403
