@@ -523,3 +523,47 @@ def test_an_instance_that_answers_gets_its_next_ready_batch_in_the_same_callback
         await bt.close()
 
     asyncio.run(main())
+
+
+def test_a_submitted_then_is_called_once_inline_where_the_batch_answers_and_once_on_a_cancel(caplog):
+    """``submit(then=...)``: the answer's callback runs inside the callback that answers the batch (the front
+    end writes the answer in that pass, not a loop pass later through the future's done callback: with the
+    done callback alone nothing is called inside it: fails), exactly once (not again a pass later), and a
+    cancelled request's ``then`` still runs (its done callback); a ``then`` that raises is logged and the
+    batch's other requests are still answered."""
+
+    async def main():
+        a = Sender()
+        bt = Batcher(model="m", settings=settings(max_batch_size=3), instances=[("a", a)])
+        called: list[tuple[float, object]] = []
+
+        def then(tag: float):
+            def answered(future: asyncio.Future) -> None:
+                called.append((tag, "cancelled" if future.cancelled() else float(future.result()["y"][0, 0])))
+                if tag == 2.0:
+                    raise RuntimeError("a front end's bug")
+            return answered
+
+        futures = [bt.submit(item(v), then=then(v)) for v in (1.0, 2.0, 3.0)]
+        await until(lambda: len(a.sent) == 1)
+        a.answer(0)  # on the loop, as a reader callback runs
+        assert called == [(1.0, 2.0), (2.0, 4.0), (3.0, 6.0)]  # inside the callback
+        assert all(f.done() for f in futures)
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(called) == 3  # not once more from the future's done callback
+
+        late = bt.submit(item(9.0), then=then(9.0))
+        await until(lambda: len(a.sent) == 2)
+        late.cancel()  # the client went away while its batch ran
+        await until(lambda: len(called) == 4)
+        assert called[3] == (9.0, "cancelled")
+        a.answer(1)  # its batch's answer comes later: nothing more is called
+        for _ in range(3):
+            await asyncio.sleep(0)
+        assert len(called) == 4
+        await bt.close()
+
+    with caplog.at_level("ERROR", logger="azulite.serve.batcher"):
+        asyncio.run(main())
+    assert "answering a request failed" in caplog.text

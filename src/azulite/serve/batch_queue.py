@@ -40,6 +40,8 @@ class Pending:
     deadline_ns: int
     level: int
     seq: int
+    #: the answer's callback (Batcher.submit's ``then``), called inline when the batch answers
+    then: Callable[[asyncio.Future], None] | None = None
 
 
 def shape_key(item: WorkItem) -> tuple:

@@ -24,9 +24,10 @@ executor future, no chained asyncio future, no asyncio.Queue of idle instances).
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from azulite.errors import Internal, ServeError, Unavailable
@@ -34,6 +35,8 @@ from azulite.serve.backends.base import ModelInstance, Result, Timing, WorkItem
 from azulite.serve.batch_queue import BatchQueue, Pending, Rejected
 from azulite.serve.batch_settings import BatcherSettings
 from azulite.serve.instance_thread import InstanceThread, timed_execute
+
+log = logging.getLogger(__name__)
 
 __all__ = ["Batcher", "NullObserver", "Observer", "Rejected"]  # Rejected: its old home, where the server imports it
 
@@ -113,8 +116,11 @@ class Batcher:
 
     # --- the front door ---------------------------------------------------------------------------
 
-    def submit(self, item: WorkItem, *, priority: int = 0, timeout_us: int = 0) -> asyncio.Future:
-        """Queue one request; the future resolves to its outputs or raises its ServeError."""
+    def submit(self, item: WorkItem, *, priority: int = 0, timeout_us: int = 0,
+               then: Callable[[asyncio.Future], None] | None = None) -> asyncio.Future:
+        """Queue one request; the future resolves to its outputs or raises its ServeError. ``then(future)``:
+        called once the future is done, inline where the batch is answered (not a loop pass later, as a done
+        callback of the future would be: see :meth:`_settle`), or as its done callback when it is cancelled."""
         if self._closing:
             raise Unavailable(f"model '{self.model}' is unloading or the server is shutting down")
         if self._task is None:
@@ -122,6 +128,9 @@ class Batcher:
         s = self.settings
         pending = self._queue.push(item, self._loop.create_future(),  # type: ignore[union-attr]
                                    priority=priority, timeout_us=timeout_us)
+        if then is not None:
+            pending.then = then
+            pending.future.add_done_callback(then)  # a cancel (the client went away) still reaches it
         # While the scheduler sleeps out max_queue_delay, a request that cannot complete a batch need
         # not wake it (the timer will): saves a scheduler pass per request under load.
         # With every instance busy the scheduler waits for one, and the one finishing wakes it.
@@ -343,11 +352,19 @@ class Batcher:
             self._settle(p, r)
             self._next_release += 1
 
-    @staticmethod
-    def _settle(pending: Pending, result: Result | ServeError) -> None:
-        if pending.future.done():  # the client went away
+    def _settle(self, pending: Pending, result: Result | ServeError) -> None:
+        future = pending.future
+        if future.done():  # the client went away
             return
+        then = pending.then
+        if then is not None:  # answered here, not by the future's done callback a loop pass later
+            future.remove_done_callback(then)
         if isinstance(result, BaseException):
-            pending.future.set_exception(result)
+            future.set_exception(result)
         else:
-            pending.future.set_result(result)
+            future.set_result(result)
+        if then is not None:
+            try:
+                then(future)
+            except Exception:  # noqa: BLE001 - one answer's failure must not stop the batch's others
+                log.exception("model '%s': answering a request failed", self.model)

@@ -267,12 +267,11 @@ class TritonDataPlane(ModelControl):
         counted.__enter__()
         try:
             item, wanted, priority, timeout = self._admit(model, request, counted)
-            future = model.batcher.submit(item, priority=priority, timeout_us=timeout)
+            future = model.batcher.submit(item, priority=priority, timeout_us=timeout, then=partial(
+                self._answer_then, then, counted, model, request, item, wanted, places, cached))
         except BaseException as exc:
             counted.__exit__(type(exc), exc, exc.__traceback__)  # a bug of ours raises Internal from here
             raise
-        future.add_done_callback(partial(self._answer_then, then, counted, model, request, item, wanted,
-                                         places, cached))
         return future
 
     def _answer_then(self, then, counted: Counted, model: LoadedModel, request: InferRequest, item: WorkItem,
