@@ -278,6 +278,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--serve-workers", type=int, nargs="+", default=[1, 2], choices=[1, 2],
                     help="which `azulite serve --workers N` to measure")
     ap.add_argument("--protocols", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
+    ap.add_argument("--instance-nice", type=int, help="gil_py's instance processes at this nice value "
+                    "(config parameter azulite_instance_nice; with --ab-src, an older tree ignores it)")
     args = ap.parse_args(argv)
     bin_dir = anchors(args.anchors)
     cores = sorted(os.sched_getaffinity(0))
@@ -286,7 +288,9 @@ def main(argv: list[str] | None = None) -> None:
     try:
         repo = build_model_repository(work / "repo", ("bench_matmul",))
         (repo / "gil_py" / "1").mkdir(parents=True)
-        (repo / "gil_py" / "config.pbtxt").write_text(GIL_CONFIG + INSTANCE_PARAM.format("true"))
+        nice = ("" if args.instance_nice is None else
+                f'parameters {{ key: "azulite_instance_nice" value: {{ string_value: "{args.instance_nice}" }} }}\n')
+        (repo / "gil_py" / "config.pbtxt").write_text(GIL_CONFIG + INSTANCE_PARAM.format("true") + nice)
         (repo / "gil_py" / "1" / "model.py").write_text(GIL_PY_STAMPED if args.gaps else GIL_PY)
         for twin, model, processes in TWINS:
             shutil.copytree(repo / model, repo / twin)
@@ -389,7 +393,7 @@ def main(argv: list[str] | None = None) -> None:
         # What --workers 2 could reach at most on these cores: all of them busy (server and load generator)
         # at the CPU per inference --workers 2 was measured to cost: cores / (w2's server + w1's load
         # generator CPU per inference), over w1's throughput. Below 1.6 the goal is out of reach here
-        # whatever the crossing does (README: "What --workers 2 / --workers 1 needs").
+        # whatever the crossing does (docs/perf-workers.md: "What --workers 2 / --workers 1 needs").
         ceiling = {}
         for key in scaling:
             w1, w2 = figures["azulite_w1"][key], figures["azulite_w2"][key]

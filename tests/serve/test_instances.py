@@ -14,7 +14,7 @@ import pytest
 
 from google.protobuf import text_format
 
-from azulite.errors import Internal
+from azulite.errors import Internal, ModelLoadError
 from azulite.serve import instances
 from azulite.serve.backends.base import LoadContext, WorkItem
 from azulite.serve.proto import model_config_pb2 as mc
@@ -289,3 +289,40 @@ def test_the_socket_stays_watched_between_loop_side_batches(tmp_path):
         loop.close()
     assert loop.removed == 3  # close took it off the loop before closing the socket
     assert not [p for p in _instance_pids() if b"watch_py" in cmdline(p)]
+
+
+def _nice_ctx(tmp_path, name: str, nice: str) -> LoadContext:
+    _pid_model(tmp_path, name, "true")
+    model_dir = tmp_path / name
+    with (model_dir / "config.pbtxt").open("a") as f:
+        f.write(f'parameters {{ key: "azulite_instance_nice" value: {{ string_value: "{nice}" }} }}\n')
+    config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
+    return LoadContext(name, 1, model_dir, model_dir / "1" / "model.py", config, f"{name}_0", 0)
+
+
+def test_instance_nice_sets_each_instance_process_priority_restarts_included(tmp_path):
+    """``azulite_instance_nice`` sets the instance process's scheduling priority (docs/perf-workers.md, stop
+    28: a GIL-bound model's instances ahead of the front end's loop form larger batches where cores are
+    short); a process started again after dying gets it too. A value above the server's own needs no
+    privilege, so the test runs anywhere."""
+    target = min(19, os.getpriority(os.PRIO_PROCESS, 0) + 3)
+    inst = instances.ProcessInstance("python", _nice_ctx(tmp_path, "nice_py", str(target)))
+    try:
+        pid = inst._proc.pid
+        assert os.getpriority(os.PRIO_PROCESS, pid) == target
+        assert int(inst.execute([WorkItem({"X": np.array([[1.0]], np.float32)}, None, 1)])[0][0]["PID"][0, 0]) == pid
+        with pytest.raises(Internal, match="died"):
+            inst.execute([WorkItem({"X": np.array([[-1.0]], np.float32)}, None, 1)])
+        results, _ = inst.execute([WorkItem({"X": np.array([[2.0]], np.float32)}, None, 1)])
+        again = int(results[0]["PID"][0, 0])
+        assert again != pid and os.getpriority(os.PRIO_PROCESS, again) == target
+    finally:
+        inst.close()
+
+
+@pytest.mark.parametrize("value", ["fast", "-21", "20", "1.5"])
+def test_a_wrong_instance_nice_fails_the_load_naming_it(tmp_path, value):
+    with pytest.raises(ModelLoadError, match=r"'azulite_instance_nice' must be an integer from -20 to 19") as e:
+        instances.ProcessInstance("python", _nice_ctx(tmp_path, "bad_nice_py", value))
+    assert e.value.fix and "azulite_instance_nice" in e.value.fix
+    assert not [p for p in _instance_pids() if b"bad_nice_py" in cmdline(p)]

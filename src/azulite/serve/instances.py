@@ -18,7 +18,12 @@ decides: "true" (each instance its own process, as Triton's Python backend alway
 (threads of the server), "auto" (the default): processes in the model host of ``azulite serve --workers
 N``, whose loop serves the front-ends, threads in a single-process server (see README: instance
 processes, for the measurements behind that default). KIND_GPU instances get ``CUDA_VISIBLE_DEVICES``
-set to their group's GPU in their process.
+set to their group's GPU in their process. ``azulite_instance_nice`` (an integer, -20..19; unset: the
+server's own) sets the instance processes' scheduling priority: where the cores are short (a GIL-bound
+model's instances, the front end and the clients sharing them), a negative value lets the instances run
+ahead of the front end's loop, which then dispatches later and to larger batches (docs/perf-workers.md,
+stop 28). Below the server's own value it needs CAP_SYS_NICE; without it the instances keep the server's
+priority and the load says so in the log.
 
 The batcher sends every batch for an instance process from its event loop
 (:meth:`ProcessInstance.start_batch`: the header sent, the answer parsed by a reader callback; no
@@ -54,6 +59,8 @@ ARENA_BYTES = 64 * 1024 * 1024
 PARAM = "azulite_instance_process"
 _CHOICES = {"true": "true", "yes": "true", "1": "true", "false": "false", "no": "false", "0": "false",
             "auto": "auto", "": "auto"}
+#: config.pbtxt parameter: the instance processes' nice value (-20..19)
+NICE_PARAM = "azulite_instance_nice"
 #: (model, instance) -> times its process was started again after dying
 restarts: dict[tuple[str, str], int] = {}
 _restarts_lock = threading.Lock()
@@ -70,6 +77,22 @@ def placement(config: mc.ModelConfig) -> str:
                              f"{config.parameters[PARAM].string_value!r}", where=f"model '{config.name}' config.pbtxt",
                              fix=f'parameters {{ key: "{PARAM}" value: {{ string_value: "true" }} }}')
     return _CHOICES[text]
+
+
+def instance_nice(config: mc.ModelConfig) -> int | None:
+    """The model's ``azulite_instance_nice`` (None: unset); a wrong value fails the load, naming it."""
+    if NICE_PARAM not in config.parameters:
+        return None
+    text = config.parameters[NICE_PARAM].string_value.strip()
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or not -20 <= value <= 19:
+        raise ModelLoadError(f"model '{config.name}': parameter '{NICE_PARAM}' must be an integer from -20 to 19, "
+                             f"got {text!r}", where=f"model '{config.name}' config.pbtxt",
+                             fix=f'parameters {{ key: "{NICE_PARAM}" value: {{ string_value: "-5" }} }}')
+    return value
 
 
 def _eligible(config: mc.ModelConfig, backend: str, model_file) -> str:
@@ -121,6 +144,7 @@ class ProcessInstance:
         self._watched = None  # the event loop its socket stays registered with (start_batch), if any
         self._watched_fd = -1
         self._done = None  # the loop-side batch in flight: its callback
+        self.nice = instance_nice(ctx.config)
         self._spawn()
 
     def _spawn(self) -> None:
@@ -133,6 +157,8 @@ class ProcessInstance:
                                        self.ctx.model_name, self.ctx.instance_name],
                                       pass_fds=[theirs.fileno()], env=env)
         theirs.close()
+        if self.nice is not None:
+            self._set_nice()
         self.inputs = shm_ring.Arena(ARENA_BYTES)
         out_fd = os.memfd_create("azulite-instance-out", os.MFD_CLOEXEC)
         os.ftruncate(out_fd, ARENA_BYTES)
@@ -153,6 +179,15 @@ class ProcessInstance:
         if header[0] == "e":
             self._reap()
             raise ipc.rebuild_error(header[1])
+
+    def _set_nice(self) -> None:
+        try:
+            os.setpriority(os.PRIO_PROCESS, self._proc.pid, self.nice)
+        except PermissionError:
+            log.warning("model '%s' instance %s: %s %d needs CAP_SYS_NICE (below the server's own priority); "
+                        "its process keeps the server's", self.ctx.model_name, self.ctx.instance_name, NICE_PARAM,
+                        self.nice)
+            self.nice = None  # said once: a restarted process keeps the server's priority too
 
     def _reap(self) -> None:
         if self._sock is not None:
