@@ -202,7 +202,9 @@ class H2Calls:
         try:
             if guard is not None:
                 context = _Context(stream.headers, self.peer, len(message))
-                audit = (guard[0](message_pb, context), message_pb, context)  # a refusal raises, audited
+                state = guard[0](message_pb, context)  # a refusal raises, audited
+                if guard[1] is not None:  # an audit line when answered; without one, nothing held in flight
+                    audit = (state, message_pb, context)
             request = decode_infer_request(message_pb)
         except Exception as exc:  # noqa: BLE001 - as the servicer answers it
             self._answer_infer(stream, audit, None, exc)
