@@ -5,6 +5,7 @@ restricted-API header, limits answer 429 / RESOURCE_EXHAUSTED, a revocation land
 
 from __future__ import annotations
 
+import gc
 import gzip
 import http.client
 import json
@@ -21,10 +22,12 @@ from tritonclient.utils import InferenceServerException
 
 from azulite.errors import Unauthenticated
 from azulite.serve.auth import GRPC_ROUTES, Guard, GuardSettings, Restriction, parse_restricted
+from azulite.serve.grpc_h2_calls import _Context
+from azulite.serve.proto import service_pb2 as server_pb
 from azulite.serve.keystore import PREFIX, KeyStore
 from azulite.serve.server import ServerSettings, exposure_warnings
 
-from .conftest import build_model_repository, tasks_created
+from .conftest import Gate, build_model_repository, tasks_created
 from .frontends import running_server
 
 MODELS = ("add_sub_onnx", "add_sub_py")
@@ -519,3 +522,34 @@ def test_an_http_infer_request_has_its_audit_line(server, keys):
     line = lines["audit-infer-403"]
     assert (line["model"], line["status"], line["bytes_in"], line["bytes_out"]) == (
         "add_sub_py", 403, len(body), len(refused))
+
+
+@pytest.mark.parametrize("audited", [False, True])
+def test_a_guarded_h2_infer_holds_nothing_of_the_guards_in_flight(tmp_path, audited):
+    """A guarded ModelInfer on azulite's HTTP/2 transport, while its call is inside the server, holds no call
+    context and no request message for the guard (with a model rate limit; with or without an audit log,
+    whose line is still written when answered, with the request's id); without an audit log no ``leave``
+    runs at all. Each tracked object held per call in flight made the server's young-generation
+    collections about twice as frequent at c=32 (stop 28: 18-22 vs 10-11 per 1,000 requests)."""
+    guard = GuardSettings(model_rps=(("gate_py", 1e9),), audit_log=tmp_path / "audit.jsonl" if audited else None)
+    request = pb.ModelInferRequest(model_name="gate_py", id="held")
+    t = request.inputs.add(name="INPUT0", datatype="FP32", shape=[1])
+    t.contents.fp32_contents.append(1.0)
+    with Gate(tmp_path) as gate, running_server(gate.repository, grpc_impl="h2", guard=guard) as s:
+        assert (s.server.grpc.infer_guard[1] is None) is not audited
+        with grpc.insecure_channel(s.grpc_url) as channel:
+            stub = service_pb2_grpc.GRPCInferenceServiceStub(channel)
+            try:
+                calls = [stub.ModelInfer.future(request, timeout=300) for _ in range(2)]
+                assert gate.entered(2), "the model never started executing"
+                held = [type(o).__name__ for o in gc.get_objects() if type(o) is _Context or (
+                    type(o) is server_pb.ModelInferRequest and o is not request and o.model_name == "gate_py")]
+            finally:
+                gate.open()
+            assert [call.result().id for call in calls] == ["held", "held"]
+        if audited:
+            assert s.server.guard.audit.flush()
+            lines = [json.loads(x) for x in guard.audit_log.read_text().splitlines()]
+            assert [(x["request_id"], x["model"], x["version"], x["status"]) for x in lines] == [
+                ("held", "gate_py", "", "OK")] * 2
+    assert held == []

@@ -157,7 +157,8 @@ class GuardedServicer:
         level less on each resume of the call). ``enter(request, context)`` -> state: checks the key,
         the restricted-API metadata, the model the request names and the limits; a refusal is audited
         and raised (ServeError: the transport answers it with the protocol's status and trailers).
-        ``leave(state, request, context, response, exc)``: the audit line (status OK, or ``exc``'s)."""
+        ``leave(state, request, context, response, exc)``: the audit line (status OK, or ``exc``'s); ``request``
+        may be None for an RPC whose model the guard checks, on a context that knows the call's sizes."""
         # what every call of this RPC asks, looked up once (this runs on every gRPC request): the request
         # type's model / version / id fields from the service's descriptor, the audit log
         check, auth, audit_log = self.guard.check_request, self.guard.auth, self.guard.audit
@@ -175,15 +176,19 @@ class GuardedServicer:
                 if record is not None:
                     audit(start, None, model, request, context, None, exc.status)
                 raise
-            return start, principal, model
+            if record is None:
+                return start, principal, model
+            # what the audit line needs of the request, read now: the transport need not keep the request
+            # message (a tracked object) for the line (grpc_h2_calls._infer_now)
+            return (start, principal, model, (request.id or None) if has_id else None,
+                    getattr(request, version_field) if version_field else "")
 
         def leave(state: tuple, request, context, response, exc: BaseException | None) -> None:
             if record is not None:  # audit()'s body, inlined: one frame less on every call
                 principal = state[1]
                 n_in, n_out = _sizes(context, request, response)
-                record((request.id or None) if has_id else None, principal.key_id if principal is not None else None,
-                       context.peer(), getattr(request, audit_model_field) if audit_model_field else state[2],
-                       getattr(request, version_field) if version_field else "", "grpc",
+                record(state[3], principal.key_id if principal is not None else None, context.peer(),
+                       getattr(request, audit_model_field) if audit_model_field else state[2], state[4], "grpc",
                        "OK" if exc is None else _code_of(exc), _perf() - state[0], n_in, n_out)
 
         def audit(start: float, principal: Principal | None, model: str, request, context, response,

@@ -384,6 +384,8 @@ class GrpcH2Server:
         #: ModelInfer answered by callback (H2Calls._infer_now): the data plane's infer_then, unguarded or
         #: with the guard's (enter, leave) around it (``infer_guard``), as _run_unary runs them
         self.infer_guard = self.methods[_MODEL_INFER][3]
+        if self.infer_guard is not None and guard.audit is None:  # no audit line: nothing to keep for the answer
+            self.infer_guard = (self.infer_guard[0], None)
         self.infer_then = (getattr(dataplane, "infer_then", None)
                            if guard is None or self.infer_guard is not None else None)
         self.connections: set[_H2Connection] = set()
