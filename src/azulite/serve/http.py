@@ -191,6 +191,9 @@ class HttpApp:
         #: the data plane's callback-style infer (TritonDataPlane.infer_then), once a loop runs
         self._infer_then: Callable | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
+        #: a guarded infer's reply -> what its audit line needs (headers, model, version, audited), until answered
+        self._audits: dict[asyncio.Future, tuple] = {}
+        self._audit_done = self._audit_reply  # bound once: no method object made per request
 
     def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                client: str = "") -> Awaitable[Reply]:
@@ -228,7 +231,11 @@ class HttpApp:
             return self._infer(name, version, headers, body, audited)
         reply = self._loop.create_future()
         if audited is not None:  # its line packed once answered, whichever way (batch, error, general path)
-            reply.add_done_callback(partial(self._audit_reply, headers, name, version, audited))
+            # what the line needs waits in a dict keyed by the reply, the callback bound once: no partial
+            # (an object the cyclic collector tracks) held per request in flight. Each such object doubled
+            # the young-generation collections of a guarded server at c=32 (docs/guard.md, stop 28)
+            self._audits[reply] = (headers, name, version, audited)
+            reply.add_done_callback(self._audit_done)
         # decoded and submitted one loop pass later, where a Task's first step ran: the requests read in one
         # pass reach the batcher together in the next, as its gathering expects (submitted from the read
         # itself, bench_matmul's batches over HTTP c=32 were 18-27 requests against 23-29, CPU 1.05x)
@@ -245,8 +252,8 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply.set_result(error_reply(exc))
 
-    def _audit_reply(self, headers: dict[bytes, bytes], name: str, version: str, audited: tuple,
-                     reply: asyncio.Future) -> None:
+    def _audit_reply(self, reply: asyncio.Future) -> None:
+        headers, name, version, audited = self._audits.pop(reply)
         code, _, out, _ = reply.result()
         end = _perf()  # one read: the latency's end and the line's time
         self.guard.audit.record(headers.get(b"x-request-id") or None, audited[1], audited[2], name, version,
