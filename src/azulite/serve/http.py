@@ -115,14 +115,23 @@ def _encoded(request: InferRequest, reply: asyncio.Future, response: InferRespon
     reply.set_result(error_reply(error if isinstance(error, Exception) else ServeError("request cancelled")))
 
 
-def _task_encoded(request: InferRequest, reply: asyncio.Future, task: asyncio.Task) -> None:
-    """_encoded for the data plane's general path (a Task of its ``infer``)."""
+def _encoded_audited(app: HttpApp, request: InferRequest, reply: asyncio.Future, headers: dict[bytes, bytes],
+                     name: str, version: str, audited: tuple, response: InferResponse | None,
+                     error: BaseException | None) -> None:
+    """_encoded, then the guarded request's audit line (HttpApp._infer_start)."""
+    _encoded(request, reply, response, error)
+    app._audit_line(headers, name, version, audited, reply.result())
+
+
+def _task_encoded(then: Callable, task: asyncio.Task) -> None:
+    """``then`` (_encoded or _encoded_audited, bound to the request) for the data plane's general path (a
+    Task of its ``infer``)."""
     if task.cancelled():
-        _encoded(request, reply, None, asyncio.CancelledError())
+        then(None, asyncio.CancelledError())
     elif task.exception() is not None:
-        _encoded(request, reply, None, task.exception())
+        then(None, task.exception())
     else:
-        _encoded(request, reply, task.result(), None)
+        then(task.result(), None)
 
 
 def error_reply(exc: BaseException) -> Reply:
@@ -191,9 +200,6 @@ class HttpApp:
         #: the data plane's callback-style infer (TritonDataPlane.infer_then), once a loop runs
         self._infer_then: Callable | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        #: a guarded infer's reply -> what its audit line needs (headers, model, version, audited), until answered
-        self._audits: dict[asyncio.Future, tuple] = {}
-        self._audit_done = self._audit_reply  # bound once: no method object made per request
 
     def handle(self, method: bytes, path: str, headers: dict[bytes, bytes], body: bytes,
                client: str = "") -> Awaitable[Reply]:
@@ -230,34 +236,38 @@ class HttpApp:
         if self._infer_then is None:
             return self._infer(name, version, headers, body, audited)
         reply = self._loop.create_future()
-        if audited is not None:  # its line packed once answered, whichever way (batch, error, general path)
-            # what the line needs waits in a dict keyed by the reply, the callback bound once: no partial
-            # (an object the cyclic collector tracks) held per request in flight. Each such object doubled
-            # the young-generation collections of a guarded server at c=32 (docs/guard.md, stop 28)
-            self._audits[reply] = (headers, name, version, audited)
-            reply.add_done_callback(self._audit_done)
         # decoded and submitted one loop pass later, where a Task's first step ran: the requests read in one
         # pass reach the batcher together in the next, as its gathering expects (submitted from the read
         # itself, bench_matmul's batches over HTTP c=32 were 18-27 requests against 23-29, CPU 1.05x)
-        self._loop.call_soon(self._infer_start, name, version, headers, body, reply)
+        self._loop.call_soon(self._infer_start, name, version, headers, body, reply, audited)
         return reply
 
     def _infer_start(self, name: str, version: str, headers: dict[bytes, bytes], body: bytes,
-                     reply: asyncio.Future) -> None:
+                     reply: asyncio.Future, audited: tuple | None) -> None:
+        """Decode and submit; a guarded request's audit line is packed where its reply is set (batch,
+        error or general path), by the one ``partial`` every request holds in flight: no done callback
+        and no second tracked object per request (each tracked object held in flight doubled a guarded
+        server's young-generation collections at c=32: docs/guard.md, stop 28)."""
+        then = None
         try:
             request = _decode(name, version, headers, body)
-            if self._infer_then(request, partial(_encoded, request, reply)) is None:  # type: ignore[misc]
+            then = (partial(_encoded, request, reply) if audited is None else
+                    partial(_encoded_audited, self, request, reply, headers, name, version, audited))
+            if self._infer_then(request, then) is None:  # type: ignore[misc]
                 task = self._loop.create_task(self.dp.infer(request))  # type: ignore[union-attr]
-                task.add_done_callback(partial(_task_encoded, request, reply))
+                task.add_done_callback(partial(_task_encoded, then))
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
+            if reply.done():  # the answer was given (and audited) before the failure
+                raise
             reply.set_result(error_reply(exc))
+            if audited is not None:
+                self._audit_line(headers, name, version, audited, reply.result())
 
-    def _audit_reply(self, reply: asyncio.Future) -> None:
-        headers, name, version, audited = self._audits.pop(reply)
-        code, _, out, _ = reply.result()
+    def _audit_line(self, headers: dict[bytes, bytes], name: str, version: str, audited: tuple,
+                    reply: Reply) -> None:
         end = _perf()  # one read: the latency's end and the line's time
         self.guard.audit.record(headers.get(b"x-request-id") or None, audited[1], audited[2], name, version,
-                                "http", code, end - audited[0], audited[3], len(out), end)
+                                "http", reply[0], end - audited[0], audited[3], len(reply[2]), end)
 
     def _bind_loop(self) -> None:
         try:
