@@ -19,11 +19,11 @@ decides: "true" (each instance its own process, as Triton's Python backend alway
 N``, whose loop serves the front-ends, threads in a single-process server (see README: instance
 processes, for the measurements behind that default). KIND_GPU instances get ``CUDA_VISIBLE_DEVICES``
 set to their group's GPU in their process. ``azulite_instance_nice`` (an integer, -20..19; unset: the
-server's own) sets the instance processes' scheduling priority: where the cores are short (a GIL-bound
-model's instances, the front end and the clients sharing them), a negative value lets the instances run
-ahead of the front end's loop, which then dispatches later and to larger batches (docs/perf-workers.md,
-stop 28). Below the server's own value it needs CAP_SYS_NICE; without it the instances keep the server's
-priority and the load says so in the log.
+server's own) sets the instance processes' scheduling priority, for where the cores are short: 5 (below
+the loop, which then reads, answers and dispatches at once) gained 1.09-1.18x on a GIL-bound model on an
+idle 2-core machine; -5 (ahead of the loop, so it dispatches later, to larger batches) gained where other
+work took the cores (README: instance processes). Below the server's own value it needs CAP_SYS_NICE;
+without it the instances keep the server's priority and the load says so in the log.
 
 The batcher sends every batch for an instance process from its event loop
 (:meth:`ProcessInstance.start_batch`: the header sent, the answer parsed by a reader callback; no
@@ -91,7 +91,7 @@ def instance_nice(config: mc.ModelConfig) -> int | None:
     if value is None or not -20 <= value <= 19:
         raise ModelLoadError(f"model '{config.name}': parameter '{NICE_PARAM}' must be an integer from -20 to 19, "
                              f"got {text!r}", where=f"model '{config.name}' config.pbtxt",
-                             fix=f'parameters {{ key: "{NICE_PARAM}" value: {{ string_value: "-5" }} }}')
+                             fix=f'parameters {{ key: "{NICE_PARAM}" value: {{ string_value: "5" }} }}')
     return value
 
 
