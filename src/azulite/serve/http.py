@@ -248,7 +248,6 @@ class HttpApp:
         error or general path), by the one ``partial`` every request holds in flight: no done callback
         and no second tracked object per request (each tracked object held in flight doubled a guarded
         server's young-generation collections at c=32: docs/guard.md, stop 28)."""
-        then = None
         try:
             request = _decode(name, version, headers, body)
             then = (partial(_encoded, request, reply) if audited is None else

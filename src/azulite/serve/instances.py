@@ -188,6 +188,8 @@ class ProcessInstance:
                         "its process keeps the server's", self.ctx.model_name, self.ctx.instance_name, NICE_PARAM,
                         self.nice)
             self.nice = None  # said once: a restarted process keeps the server's priority too
+        except ProcessLookupError:  # it died at once: its load's answer (below) says so
+            pass
 
     def _reap(self) -> None:
         if self._sock is not None:
