@@ -386,8 +386,7 @@ class GrpcH2Server:
         self.infer_guard = self.methods[_MODEL_INFER][3]
         if self.infer_guard is not None and guard.audit is None:  # no audit line: nothing to keep for the answer
             self.infer_guard = (self.infer_guard[0], None)
-        self.infer_then = (getattr(dataplane, "infer_then", None)
-                           if guard is None or self.infer_guard is not None else None)
+        self.infer_then = getattr(dataplane, "infer_then", None)
         self.connections: set[_H2Connection] = set()
         self.in_flight = 0
         self.stopping = False
