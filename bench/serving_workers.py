@@ -14,10 +14,10 @@ after its twin, so ``instance_process_ab`` compares processes with threads under
 
 Per point: throughput and p99 (perf_analyzer), and the server's CPU-seconds per 1,000 inferences (the
 /proc times of its whole process tree over the run, divided by the inferences its statistics counted
-over the same run). perf_analyzer is pinned (taskset) to the last core; the servers may use every core;
-``cores`` gives how many cores each side used on average (CPU-seconds / wall seconds). The last line is
-one JSON object with the ratios and goals: >= 1.0x Triton's throughput everywhere, CPU per inference
-<= Triton's, and on gil_py ``--workers 2`` >= 1.6x ``--workers 1``.
+over the same run). perf_analyzer is pinned (taskset) to the last core (``--no-pin``: not); the servers
+may use every core; ``cores`` gives how many cores each side used on average (CPU-seconds / wall
+seconds). The last line is one JSON object with the ratios and goals: >= 1.0x Triton's throughput
+everywhere, CPU per inference <= Triton's, and on gil_py ``--workers 2`` >= 1.6x ``--workers 1``.
 
 Per point also the batches each server formed (``batch_avg``: inferences / executions, from its own
 statistics) and how busy its instances were (``instance_busy``: the model's execution time summed over
@@ -39,13 +39,19 @@ point ``gaps_us`` gives how long its instance processes sat between one batch's 
 start (percentiles over both instances, the crossing both ways and the server's work between included),
 the measure behind ``instance_busy`` that reads the same clock on azulite and Triton.
 
+Per point also who waited for a CPU while a core sat idle (bench/sched_waits.py): ``runqueue_wait_cores``
+by role (the server's, and ``load_generator``: runnable, not running) and ``idle_cores`` per CPU, each
+seconds over the point's wall seconds.
+
 ``--rounds N`` measures every point N times in turn (each server once per round, so a change in the
-machine's load hits all alike; every other round in reverse order, so none always follows the same one); ``ab_over_base`` then gives each round's ratios and their median (on a
-loaded machine one pair says little). ``--serve-workers 1`` leaves ``--workers 2`` out.
+machine's load hits all alike; every other round in reverse order, so none always follows the same one);
+``ratio`` (to Triton in the same round) and ``ab_over_base`` then give each round's ratios and their
+median (on a loaded machine one pair says little). ``--serve-workers 1`` leaves ``--workers 2`` out.
 
     python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
                             [--models gil_py] [--ab-src OTHER/src] [--no-twins] [--gaps]
                             [--rounds N] [--serve-workers 1 2] [--protocols http grpc]
+                            [--instance-nice N] [--no-pin]
 """
 
 from __future__ import annotations
@@ -64,6 +70,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.sched_waits import SchedWaits
 from bench.serving import ROOT, anchors, free_port, perf_run, server_cmd, start_server, stop
 from tests.serve.conftest import build_model_repository
 
@@ -198,8 +205,8 @@ def _parent(pid: int) -> int:
         return -1
 
 
-def instance_pids(pid: int) -> list[int]:
-    """The model-instance processes (:func:`_role`) under pid."""
+def tree_pids(pid: int) -> list[int]:
+    """pid and every live descendant."""
     parents: dict[int, int] = {}
     for entry in os.listdir("/proc"):
         if entry.isdigit():
@@ -207,10 +214,33 @@ def instance_pids(pid: int) -> list[int]:
     found, stack = [], [pid]
     while stack:
         p = stack.pop()
-        if p != pid and _role(p) == "instances":
-            found.append(p)
+        found.append(p)
         stack += [c for c, parent in parents.items() if parent == p]
     return found
+
+
+def instance_pids(pid: int) -> list[int]:
+    """The model-instance processes (:func:`_role`) under pid."""
+    return [p for p in tree_pids(pid) if p != pid and _role(p) == "instances"]
+
+
+def point_roles(server_pid: int):
+    """For :class:`SchedWaits`: the server's processes by role (its tree, read once: it does not change
+    within a point) and this bench's perf_analyzer (a child; the other servers, also children, are not
+    this point's) as the load generator."""
+    tree = {p: _role(p) for p in tree_pids(server_pid)}
+
+    def roles() -> dict[int, str]:
+        out = dict(tree)
+        for tid in os.listdir("/proc/self/task"):
+            for child in Path(f"/proc/self/task/{tid}/children").read_text().split():
+                try:
+                    if Path(f"/proc/{child}/comm").read_text().strip() == "perf_analyzer":
+                        out[int(child)] = "load_generator"
+                except OSError:
+                    continue
+        return out
+    return roles
 
 
 def gaps(model_dir: Path, pids: list[int], t0_ns: int, t1_ns: int) -> dict:
@@ -280,10 +310,13 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--protocols", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
     ap.add_argument("--instance-nice", type=int, help="gil_py's instance processes at this nice value "
                     "(config parameter azulite_instance_nice; with --ab-src, an older tree ignores it)")
+    ap.add_argument("--no-pin", action="store_true", help="leave perf_analyzer on every core (default: pinned to "
+                    "the last; on 2 cores a server's process running there keeps it waiting while the other "
+                    "core may idle: idle_cores and runqueue_wait_cores say how much)")
     args = ap.parse_args(argv)
     bin_dir = anchors(args.anchors)
     cores = sorted(os.sched_getaffinity(0))
-    pin = [] if len(cores) < 2 else ["taskset", "-c", str(cores[-1])]
+    pin = [] if len(cores) < 2 or args.no_pin else ["taskset", "-c", str(cores[-1])]
     work = Path(tempfile.mkdtemp(prefix="azulite-bench-workers-"))
     try:
         repo = build_model_repository(work / "repo", ("bench_matmul",))
@@ -340,7 +373,8 @@ def main(argv: list[str] | None = None) -> None:
                             (n0, b0, e0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
                             t0_ns = time.monotonic_ns()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
-                            r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
+                            with SchedWaits(point_roles(proc.pid)) as waits:
+                                r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
                             pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             wall = time.monotonic() - t0
                             if args.gaps and point_model == "gil_py":
@@ -360,12 +394,14 @@ def main(argv: list[str] | None = None) -> None:
                                          instance_busy=round((e1 - e0) / 1e9 / wall / INSTANCES[point_model], 3),
                                          cores={"server": round(cpu / wall, 2), "load_generator": round(load / wall, 2),
                                                 **{f"server_{k}": round(v / wall, 2) for k, v in sorted(roles.items())}},
-                                         cpu_us_per_inference_by_role={k: round(v / n * 1e6, 1) for k, v in sorted(roles.items())})
+                                         cpu_us_per_inference_by_role={k: round(v / n * 1e6, 1) for k, v in sorted(roles.items())},
+                                         **waits.figures(wall))
                             figures[name][f"{point_model}_{protocol}_c{c}"] = r
                             rounds.setdefault((name, f"{point_model}_{protocol}_c{c}"), []).append(r)
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
                                      f"cpu {r.get('cpu_s_per_1k', float('nan')):.3f} s/1k  batch {r.get('batch_avg')}  busy {r.get('instance_busy')}  cores {r.get('cores')}"
                                      + (f"  gaps {r['gaps_us']}" if "gaps_us" in r else "")
+                                     + (f"  waiting {r['runqueue_wait_cores']} idle {r['idle_cores']}" if "idle_cores" in r else "")
                                      if "error" not in r else f"error: {r['error']}")
                             print(f"  {name:10s} {point_model:17s} {protocol:4s} c={c:<3d} {shown}", flush=True)
         finally:
@@ -375,14 +411,18 @@ def main(argv: list[str] | None = None) -> None:
         goals = {"throughput_ge_triton": True, "cpu_le_triton": True}
         for name in (f"azulite_w{w}" for w in args.serve_workers):
             ratio[name] = {}
-            for key, t in figures["triton"].items():
-                a = figures[name].get(key, {})
-                if "error" in t or "error" in a or "cpu_s_per_1k" not in a or "cpu_s_per_1k" not in t:
+            for key in figures["triton"]:
+                # each round's pair (this server and Triton in the same round), and their median
+                pairs = list(zip(rounds.get((name, key), []), rounds.get(("triton", key), [])))
+                if not pairs or any("cpu_s_per_1k" not in a or "cpu_s_per_1k" not in t for a, t in pairs):
                     goals["throughput_ge_triton"] = goals["cpu_le_triton"] = False
                     continue
-                ratio[name][key] = {"throughput": round(a["infer_per_s"] / t["infer_per_s"], 3),
-                                    "p99": round(a["p99_ms"] / t["p99_ms"], 3),
-                                    "cpu_per_inference": round(a["cpu_s_per_1k"] / t["cpu_s_per_1k"], 3)}
+                each = {"throughput": [a["infer_per_s"] / t["infer_per_s"] for a, t in pairs],
+                        "p99": [a["p99_ms"] / t["p99_ms"] for a, t in pairs],
+                        "cpu_per_inference": [a["cpu_s_per_1k"] / t["cpu_s_per_1k"] for a, t in pairs]}
+                ratio[name][key] = {k: round(float(np.median(v)), 3) for k, v in each.items()}
+                if len(pairs) > 1:
+                    ratio[name][key]["rounds"] = {k: [round(x, 3) for x in v] for k, v in each.items()}
                 goals["throughput_ge_triton"] &= ratio[name][key]["throughput"] >= 1.0
                 goals["cpu_le_triton"] &= ratio[name][key]["cpu_per_inference"] <= 1.0
         scaling = {}

@@ -17,13 +17,14 @@ loop); everything else stays a thread. Per model, config.pbtxt's parameter ``azu
 decides: "true" (each instance its own process, as Triton's Python backend always runs them), "false"
 (threads of the server), "auto" (the default): processes in the model host of ``azulite serve --workers
 N``, whose loop serves the front-ends, threads in a single-process server (see README: instance
-processes, for the measurements behind that default). KIND_GPU instances get ``CUDA_VISIBLE_DEVICES``
-set to their group's GPU in their process. ``azulite_instance_nice`` (an integer, -20..19; unset: the
-server's own) sets the instance processes' scheduling priority, for where the cores are short: 5 (below
-the loop, which then reads, answers and dispatches at once) gained 1.09-1.18x on a GIL-bound model on an
-idle 2-core machine; -5 (ahead of the loop, so it dispatches later, to larger batches) gained where other
-work took the cores (README: instance processes). Below the server's own value it needs CAP_SYS_NICE;
-without it the instances keep the server's priority and the load says so in the log.
+processes, for the measurements behind that default). KIND_GPU instances get ``CUDA_VISIBLE_DEVICES`` set
+to their group's GPU in their process. ``azulite_instance_nice`` (an integer, -20..19; unset: the
+server's own) sets the instance processes' scheduling priority, for where the cores are short: 10 (below
+the loop, which a wake-up then runs at once instead of queueing it behind a spinning instance while
+another core idles) measured 1.04-1.34x Triton's throughput on a GIL-bound model on an idle 2-core
+machine (unset: 0.90-1.08x); -5 (ahead of the loop, so it dispatches later, to larger batches) gained
+where other work took the cores (README: instance processes). Below the server's own value it needs
+CAP_SYS_NICE; without it the instances keep the server's priority and the load says so in the log.
 
 The batcher sends every batch for an instance process from its event loop
 (:meth:`ProcessInstance.start_batch`: the header sent, the answer parsed by a reader callback; no
@@ -91,7 +92,7 @@ def instance_nice(config: mc.ModelConfig) -> int | None:
     if value is None or not -20 <= value <= 19:
         raise ModelLoadError(f"model '{config.name}': parameter '{NICE_PARAM}' must be an integer from -20 to 19, "
                              f"got {text!r}", where=f"model '{config.name}' config.pbtxt",
-                             fix=f'parameters {{ key: "{NICE_PARAM}" value: {{ string_value: "5" }} }}')
+                             fix=f'parameters {{ key: "{NICE_PARAM}" value: {{ string_value: "10" }} }}')
     return value
 
 
@@ -179,16 +180,22 @@ class ProcessInstance:
         if header[0] == "e":
             self._reap()
             raise ipc.rebuild_error(header[1])
+        if self.nice is not None:
+            self._set_nice()  # threads the model's load started before the first call
 
     def _set_nice(self) -> None:
+        """Every thread of the instance process at ``self.nice`` (Linux keeps a nice value per thread; one
+        made before this call, e.g. a BLAS pool started while the process imports, keeps its own; threads
+        made later inherit their maker's). Called once the process runs and again once its model loaded."""
         try:
-            os.setpriority(os.PRIO_PROCESS, self._proc.pid, self.nice)
+            for tid in os.listdir(f"/proc/{self._proc.pid}/task"):
+                os.setpriority(os.PRIO_PROCESS, int(tid), self.nice)
         except PermissionError:
             log.warning("model '%s' instance %s: %s %d needs CAP_SYS_NICE (below the server's own priority); "
                         "its process keeps the server's", self.ctx.model_name, self.ctx.instance_name, NICE_PARAM,
                         self.nice)
             self.nice = None  # said once: a restarted process keeps the server's priority too
-        except ProcessLookupError:  # it died at once: its load's answer (below) says so
+        except (ProcessLookupError, FileNotFoundError):  # it died at once: its load's answer says so
             pass
 
     def _reap(self) -> None:
