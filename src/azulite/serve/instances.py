@@ -21,8 +21,8 @@ processes, for the measurements behind that default). KIND_GPU instances get ``C
 to their group's GPU in their process. ``azulite_instance_nice`` (an integer, -20..19; unset: the
 server's own) sets the instance processes' scheduling priority, for where the cores are short: 10 (below
 the loop, which a wake-up then runs at once instead of queueing it behind a spinning instance while
-another core idles) measured 1.04-1.34x Triton's throughput on a GIL-bound model on an idle 2-core
-machine (unset: 0.90-1.08x); -5 (ahead of the loop, so it dispatches later, to larger batches) gained
+another core idles) measured 1.02-1.34x Triton's throughput on a GIL-bound model on an idle 2-core
+machine (unset: 0.89-1.08x); -5 (ahead of the loop, so it dispatches later, to larger batches) gained
 where other work took the cores (README: instance processes). Below the server's own value it needs
 CAP_SYS_NICE; without it the instances keep the server's priority and the load says so in the log.
 
