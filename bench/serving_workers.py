@@ -16,7 +16,9 @@ Per point: throughput and p99 (perf_analyzer), and the server's CPU-seconds per 
 /proc times of its whole process tree over the run, divided by the inferences its statistics counted
 over the same run). perf_analyzer is pinned (taskset) to the last core (``--no-pin``: not); the servers
 may use every core; ``cores`` gives how many cores each side used on average (CPU-seconds / wall
-seconds). The last line is one JSON object with the ratios and goals: >= 1.0x Triton's throughput
+seconds). ``--load-generator h2load`` drives every point with h2load instead (bench/h2load.py: one fixed
+request, less CPU per request than perf_analyzer; the servers' own counts are what the CPU per inference
+divides by). The last line is one JSON object with the ratios and goals: >= 1.0x Triton's throughput
 everywhere, CPU per inference <= Triton's, and on gil_py ``--workers 2`` >= 1.6x ``--workers 1``.
 
 Per point also the batches each server formed (``batch_avg``: inferences / executions, from its own
@@ -51,7 +53,7 @@ median (on a loaded machine one pair says little). ``--serve-workers 1`` leaves 
     python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
                             [--models gil_py] [--ab-src OTHER/src] [--no-twins] [--gaps]
                             [--rounds N] [--serve-workers 1 2] [--protocols http grpc]
-                            [--instance-nice N] [--no-pin]
+                            [--instance-nice N] [--no-pin] [--load-generator h2load]
 """
 
 from __future__ import annotations
@@ -70,6 +72,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench import h2load
 from bench.sched_waits import SchedWaits
 from bench.serving import ROOT, anchors, free_port, perf_run, server_cmd, start_server, stop
 from tests.serve.conftest import build_model_repository
@@ -226,8 +229,8 @@ def instance_pids(pid: int) -> list[int]:
 
 def point_roles(server_pid: int):
     """For :class:`SchedWaits`: the server's processes by role (its tree, read once: it does not change
-    within a point) and this bench's perf_analyzer (a child; the other servers, also children, are not
-    this point's) as the load generator."""
+    within a point) and this bench's perf_analyzer or h2load (a child; the other servers, also children,
+    are not this point's) as the load generator."""
     tree = {p: _role(p) for p in tree_pids(server_pid)}
 
     def roles() -> dict[int, str]:
@@ -235,7 +238,7 @@ def point_roles(server_pid: int):
         for tid in os.listdir("/proc/self/task"):
             for child in Path(f"/proc/self/task/{tid}/children").read_text().split():
                 try:
-                    if Path(f"/proc/{child}/comm").read_text().strip() == "perf_analyzer":
+                    if Path(f"/proc/{child}/comm").read_text().strip() in ("perf_analyzer", "h2load"):
                         out[int(child)] = "load_generator"
                 except OSError:
                     continue
@@ -310,6 +313,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--protocols", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
     ap.add_argument("--instance-nice", type=int, help="gil_py's instance processes at this nice value "
                     "(config parameter azulite_instance_nice; with --ab-src, an older tree ignores it)")
+    ap.add_argument("--load-generator", choices=["perf_analyzer", "h2load"], default="perf_analyzer",
+                    help="h2load: nghttp2's load generator instead (less CPU per request on the shared cores; "
+                    "bench/h2load.py), measured for 3x --measure-ms after a 1 s warm-up")
     ap.add_argument("--no-pin", action="store_true", help="leave perf_analyzer on every core (default: pinned to "
                     "the last; on 2 cores a server's process running there keeps it waiting while the other "
                     "core may idle: idle_cores and runqueue_wait_cores say how much)")
@@ -333,6 +339,8 @@ def main(argv: list[str] | None = None) -> None:
         data = work / "input.json"
         values = np.random.default_rng(0).uniform(-1, 1, 256).astype(np.float32).round(4).tolist()
         data.write_text(json.dumps({"data": [{"x": {"content": values, "shape": [256]}}]}))
+        h2_bodies = {model: h2load.bodies(work, model, {"x": np.array([values], np.float32)})
+                     for model in {*args.models, *(twin for twin, model, _ in TWINS if model in args.models)}}
         pa = bin_dir / "perf_analyzer"
         servers: dict[str, tuple[subprocess.Popen, int, int]] = {}
         figures: dict = {}
@@ -374,7 +382,11 @@ def main(argv: list[str] | None = None) -> None:
                             t0_ns = time.monotonic_ns()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             with SchedWaits(point_roles(proc.pid)) as waits:
-                                r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
+                                if args.load_generator == "h2load":
+                                    r = h2load.run(point_model, protocol, port, c, h2_bodies[point_model][protocol], work,
+                                                   duration_s=3 * args.measure_ms / 1000, warm_up_s=1, prefix=pin)
+                                else:
+                                    r = perf_run(pa, point_model, protocol, port, c, data, args.measure_ms, work, prefix=pin)
                             pa1 = resource.getrusage(resource.RUSAGE_CHILDREN)
                             wall = time.monotonic() - t0
                             if args.gaps and point_model == "gil_py":

@@ -95,6 +95,8 @@ else
   pip install "playwright==1.65.2"
   # (end operations (issue 14))
   # --- serving-workers (issue 15) ------------------------------------------------------------------------------------
+  # h2load (nghttp2's load generator): bench/serving.py --workers --load-generator h2load and its tests
+  apt_need h2load nghttp2-client
   # (end serving-workers (issue 15))
   # --- jobs-round-2 (issue 16) ------------------------------------------------------------------------------------
   # (end jobs-round-2 (issue 16))
