@@ -396,6 +396,8 @@ def main(argv: list[str] | None = None) -> None:
                             cpu = sum(roles.values())
                             n1, b1, e1 = counts(http_port, point_model)
                             n, batches = n1 - n0, b1 - b0
+                            if "done" in r and n < r["done"]:  # h2load: a gRPC error is a 200 to it; the server's count is not
+                                r = {"error": f"the server counted {n} inferences for the {r['done']} requests h2load saw answered"}
                             if "error" not in r and n > 0:
                                 load = (pa1.ru_utime + pa1.ru_stime) - (pa0.ru_utime + pa0.ru_stime)
                                 # the CPU each side used: the server by role, and the load generator
