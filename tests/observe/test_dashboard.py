@@ -88,9 +88,12 @@ def browser():
             b.close()
 
 
-#: In the page: hold the log API's answers until released, refresh the job page the way the live timer
-#: does, read the log while that refresh's tail is out, and start a second tail meanwhile.
+#: In the page: stop the live timer and let a tail it started finish, hold the log API's answers until
+#: released, refresh the job page the way the timer does, read the log while that refresh's tail is out,
+#: start a second tail meanwhile; then the page routed again (its timer back).
 GATED_TAIL = """async (id) => {
+  clearInterval(timer);
+  while (logState.busy) await new Promise((r) => setTimeout(r, 10));
   const real = api;
   let release, started, requests = 0;
   const gate = new Promise((r) => { release = r; });
@@ -109,6 +112,7 @@ GATED_TAIL = """async (id) => {
     return {shown_while_tail_out: shown, log_requests_while_out: during};
   } finally {
     api = real;
+    await route();
   }
 }"""
 
