@@ -291,9 +291,20 @@ def test_the_socket_stays_watched_between_loop_side_batches(tmp_path):
     assert not [p for p in _instance_pids() if b"watch_py" in cmdline(p)]
 
 
+#: PID_PY that starts a thread of its own while it loads (one the server's priority setting must reach too)
+THREADED_PID_PY = PID_PY.replace("class TritonPythonModel:\n", '''class TritonPythonModel:
+    def initialize(self, args):
+        import threading
+        self.idle = threading.Event()
+        threading.Thread(target=self.idle.wait, daemon=True).start()
+
+''')
+
+
 def _nice_ctx(tmp_path, name: str, nice: str) -> LoadContext:
     _pid_model(tmp_path, name, "true")
     model_dir = tmp_path / name
+    (model_dir / "1" / "model.py").write_text(THREADED_PID_PY)
     with (model_dir / "config.pbtxt").open("a") as f:
         f.write(f'parameters {{ key: "azulite_instance_nice" value: {{ string_value: "{nice}" }} }}\n')
     config = text_format.Parse((model_dir / "config.pbtxt").read_text(), mc.ModelConfig())
@@ -309,8 +320,9 @@ def test_instance_nice_sets_each_instance_process_priority_restarts_included(tmp
     inst = instances.ProcessInstance("python", _nice_ctx(tmp_path, "nice_py", str(target)))
     try:
         pid = inst._proc.pid
-        # every thread of it (Linux keeps one value per thread): the process's own and any its start made
-        assert {os.getpriority(os.PRIO_PROCESS, int(t)) for t in os.listdir(f"/proc/{pid}/task")} == {target}
+        # every thread of it (Linux keeps one value per thread): the process's own and the one its load started
+        threads = os.listdir(f"/proc/{pid}/task")
+        assert len(threads) >= 2 and {os.getpriority(os.PRIO_PROCESS, int(t)) for t in threads} == {target}
         assert int(inst.execute([WorkItem({"X": np.array([[1.0]], np.float32)}, None, 1)])[0][0]["PID"][0, 0]) == pid
         with pytest.raises(Internal, match="died"):
             inst.execute([WorkItem({"X": np.array([[-1.0]], np.float32)}, None, 1)])

@@ -158,8 +158,6 @@ class ProcessInstance:
                                        self.ctx.model_name, self.ctx.instance_name],
                                       pass_fds=[theirs.fileno()], env=env)
         theirs.close()
-        if self.nice is not None:
-            self._set_nice()
         self.inputs = shm_ring.Arena(ARENA_BYTES)
         out_fd = os.memfd_create("azulite-instance-out", os.MFD_CLOEXEC)
         os.ftruncate(out_fd, ARENA_BYTES)
@@ -181,12 +179,12 @@ class ProcessInstance:
             self._reap()
             raise ipc.rebuild_error(header[1])
         if self.nice is not None:
-            self._set_nice()  # threads the model's load started before the first call
+            self._set_nice()
 
     def _set_nice(self) -> None:
-        """Every thread of the instance process at ``self.nice`` (Linux keeps a nice value per thread; one
-        made before this call, e.g. a BLAS pool started while the process imports, keeps its own; threads
-        made later inherit their maker's). Called once the process runs and again once its model loaded."""
+        """Every thread of the instance process at ``self.nice``, once its model has loaded: Linux keeps a
+        nice value per thread, so each one that exists then is set (the main thread and e.g. a BLAS pool
+        the import or the load started), and every thread made later inherits its maker's."""
         try:
             for tid in os.listdir(f"/proc/{self._proc.pid}/task"):
                 os.setpriority(os.PRIO_PROCESS, int(tid), self.nice)
@@ -195,7 +193,7 @@ class ProcessInstance:
                         "its process keeps the server's", self.ctx.model_name, self.ctx.instance_name, NICE_PARAM,
                         self.nice)
             self.nice = None  # said once: a restarted process keeps the server's priority too
-        except (ProcessLookupError, FileNotFoundError):  # it died at once: its load's answer says so
+        except (ProcessLookupError, FileNotFoundError):  # it died since: the next batch finds out and restarts it
             pass
 
     def _reap(self) -> None:
