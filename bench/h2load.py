@@ -17,6 +17,7 @@ import json
 import struct
 import subprocess
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -25,7 +26,15 @@ import numpy as np
 GRPC_INFER = "/inference.GRPCInferenceService/ModelInfer"
 
 
-def bodies(work: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, Path]:
+@dataclass(frozen=True, slots=True)
+class Body:
+    """One request as h2load sends it: the body's file and the headers that go with it."""
+
+    path: Path
+    headers: tuple[str, ...]
+
+
+def bodies(work: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, Body]:
     """One request for ``model`` per protocol, written under ``work``: {"http": ..., "grpc": ...}.
     ``inputs`` hold the batch dimension (shape [1, ...] for one row)."""
     from tritonclient.grpc import service_pb2  # the field names as Triton's schema defines them
@@ -39,38 +48,39 @@ def bodies(work: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, P
     head = json.dumps(header).encode()
     http = work / f"{model}.http-body"
     http.write_bytes(head + b"".join(a.tobytes() for a in inputs.values()))
-    (work / f"{model}.http-header-length").write_text(str(len(head)))
     req = service_pb2.ModelInferRequest(model_name=model, raw_input_contents=[a.tobytes() for a in inputs.values()])
     for name, a in inputs.items():
         req.inputs.add(name=name, datatype=numpy_to_wire(a.dtype), shape=list(a.shape))
     msg = req.SerializeToString()
     grpc = work / f"{model}.grpc-body"
     grpc.write_bytes(b"\0" + struct.pack(">I", len(msg)) + msg)  # uncompressed, length-prefixed
-    return {"http": http, "grpc": grpc}
+    return {"http": Body(http, ("content-type: application/octet-stream",
+                                f"inference-header-content-length: {len(head)}")),
+            "grpc": Body(grpc, ("content-type: application/grpc", "te: trailers"))}
 
 
-def command(model: str, protocol: str, port: int, concurrency: int, body: Path, *, duration_s: float | None = None,
+def command(model: str, protocol: str, port: int, concurrency: int, body: Body, *, duration_s: float | None = None,
             requests: int | None = None, warm_up_s: float = 0.0, log: Path) -> list[str]:
     """h2load's command line for one point: ``duration_s`` (measured after ``warm_up_s``) or ``requests``."""
     if protocol == "http":
-        length = (body.parent / f"{model}.http-header-length").read_text()
-        cmd = ["h2load", "--h1", "-c", str(concurrency), "-m", "1",
-               "-H", "content-type: application/octet-stream", "-H", f"inference-header-content-length: {length}",
-               f"http://127.0.0.1:{port}/v2/models/{model}/infer"]
+        cmd = ["h2load", "--h1", "-c", str(concurrency), "-m", "1", f"http://127.0.0.1:{port}/v2/models/{model}/infer"]
     else:
         conns = max(1, min(concurrency, 8))
-        cmd = ["h2load", "-c", str(conns), "-m", str(max(1, concurrency // conns)),
-               "-H", "content-type: application/grpc", "-H", "te: trailers", f"http://127.0.0.1:{port}{GRPC_INFER}"]
-    cmd += ["-d", str(body), "--log-file", str(log)]
+        cmd = ["h2load", "-c", str(conns), "-m", str(max(1, concurrency // conns)), f"http://127.0.0.1:{port}{GRPC_INFER}"]
+    for h in body.headers:
+        cmd += ["-H", h]
+    cmd += ["-d", str(body.path), "--log-file", str(log)]
     if requests is not None:
         cmd += ["-n", str(requests)]
     else:
         # h2load takes whole seconds or a unit: milliseconds
-        cmd += ["-D", f"{round(duration_s * 1000)}ms"] + (["--warm-up-time", f"{round(warm_up_s * 1000)}ms"] if warm_up_s else [])
+        cmd += ["-D", f"{round(duration_s * 1000)}ms"]
+        if warm_up_s:
+            cmd += ["--warm-up-time", f"{round(warm_up_s * 1000)}ms"]
     return cmd
 
 
-def run(model: str, protocol: str, port: int, concurrency: int, body: Path, work: Path, *,
+def run(model: str, protocol: str, port: int, concurrency: int, body: Body, work: Path, *,
         duration_s: float | None = None, requests: int | None = None, warm_up_s: float = 0.0,
         prefix: Sequence[str] = (), timeout_s: float = 600) -> dict:
     """One h2load point: ``infer_per_s`` (requests done / measured seconds, h2load's figure), ``p50_ms`` and
