@@ -28,7 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import serve_models as sm  # noqa: E402 - the DLRM build and perf_analyzer runs of bench/serve_models.py
 import serving as base  # noqa: E402 - ports, server start/stop
-from serving_workers import inference_count, tree_cpu_s  # noqa: E402
+from server_procs import tree_cpu_s  # noqa: E402
+from serving_workers import inference_count  # noqa: E402
 
 VARIANTS = ("fused", "ensemble")
 #: (protocol, concurrency, rows per request)

@@ -61,7 +61,8 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "bench"))
 import serving as base  # noqa: E402 - bench/serving.py: ports, server start/stop, perf_analyzer runs
-from serving_workers import inference_count, tree_cpu_s  # noqa: E402 - a server's CPU per inference
+from server_procs import tree_cpu_s  # noqa: E402 - a server's CPU per inference
+from serving_workers import inference_count  # noqa: E402
 
 
 #: the cores a served point's server and client share (the bare loop uses one)

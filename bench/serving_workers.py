@@ -62,7 +62,6 @@ import json
 import os
 import resource
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -74,6 +73,7 @@ import numpy as np
 
 from bench import h2load
 from bench.sched_waits import SchedWaits
+from bench.server_procs import instance_pids, kill_strays, point_roles, tree_cpu
 from bench.serving import ROOT, anchors, free_port, perf_run, server_cmd, start_server, stop
 from tests.serve.conftest import build_model_repository
 
@@ -119,133 +119,6 @@ output [ { name: "y" data_type: TYPE_FP32 dims: [ 256 ] } ]
 dynamic_batching { max_queue_delay_microseconds: 100 }
 instance_group [ { count: 2 kind: KIND_CPU } ]
 '''
-TICK = os.sysconf("SC_CLK_TCK")
-
-
-def _role(pid: int) -> str:
-    """Which part of a server a process is: its model instances (azulite's instance processes, Triton's
-    Python stubs), the model host or a front-end of ``--workers N``, else "main" (a single-process
-    server, the supervisor of ``--workers N``, tritonserver itself)."""
-    try:
-        cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
-    except OSError:
-        return "main"
-    if b"azulite.serve.instances" in cmd or b"triton_python_backend_stub" in cmd:
-        return "instances"
-    if b"azulite.serve.workers\0host" in cmd:
-        return "host"
-    if b"azulite.serve.workers\0frontend" in cmd:
-        return "frontends"
-    return "main"
-
-
-def tree_cpu(pid: int) -> dict[str, float]:
-    """User + system seconds of pid and every live descendant, plus what they reaped, by role
-    (:func:`_role`). Parents come from each process's stat (a process's task/*/children lists only the
-    children of that one thread, and Triton starts its Python stubs from other threads)."""
-    stats: dict[int, list[str]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            try:
-                stats[int(entry)] = Path(f"/proc/{entry}/stat").read_text().rsplit(")", 1)[1].split()
-            except (OSError, IndexError):
-                continue
-    kids: dict[int, list[int]] = {}
-    for p, fields in stats.items():
-        kids.setdefault(int(fields[1]), []).append(p)
-    by_role: dict[str, float] = {}
-    stack = [pid]
-    while stack:
-        p = stack.pop()
-        if p in stats:
-            role = _role(p)
-            by_role[role] = by_role.get(role, 0.0) + sum(int(stats[p][i]) for i in (11, 12, 13, 14)) / TICK
-        stack += kids.get(p, [])
-    return by_role
-
-
-def kill_strays(work: Path, grace_s: float = 5.0, *, orphans_only: bool = False) -> list[int]:
-    """End every process still naming this run's folder in its command line (``orphans_only``: only those
-    whose parent is gone, while other servers of the run still serve), and unlink the /dev/shm regions
-    such a process names: a tritonserver that aborts while starting leaves its Python stubs running,
-    orphaned (seen here: SIGABRT at start-up, two stubs still up 12 minutes later; they ignore SIGTERM,
-    hence the SIGKILL after ``grace_s``)."""
-    mark = str(work).encode()
-
-    def naming() -> dict[int, bytes]:
-        out = {}
-        for entry in os.listdir("/proc"):
-            if entry.isdigit() and int(entry) != os.getpid():
-                try:
-                    cmd = Path(f"/proc/{entry}/cmdline").read_bytes()
-                except OSError:
-                    continue
-                if mark in cmd and (not orphans_only or _parent(int(entry)) == 1):
-                    out[int(entry)] = cmd
-        return out
-
-    found = naming()
-    for sig in (signal.SIGTERM, signal.SIGKILL):
-        for pid in naming() if sig == signal.SIGKILL else found:
-            try:
-                os.kill(pid, sig)
-            except ProcessLookupError:
-                pass
-        deadline = time.monotonic() + grace_s
-        while sig == signal.SIGTERM and time.monotonic() < deadline and naming():
-            time.sleep(0.1)
-    for cmd in found.values():
-        for arg in cmd.split(b"\0"):
-            if arg.startswith(b"triton_python_backend_shm_region_") and b"/" not in arg:
-                Path("/dev/shm", arg.decode()).unlink(missing_ok=True)
-    return sorted(found)
-
-
-def _parent(pid: int) -> int:
-    try:
-        return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-        return -1
-
-
-def tree_pids(pid: int) -> list[int]:
-    """pid and every live descendant."""
-    parents: dict[int, int] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            parents[int(entry)] = _parent(int(entry))
-    found, stack = [], [pid]
-    while stack:
-        p = stack.pop()
-        found.append(p)
-        stack += [c for c, parent in parents.items() if parent == p]
-    return found
-
-
-def instance_pids(pid: int) -> list[int]:
-    """The model-instance processes (:func:`_role`) under pid."""
-    return [p for p in tree_pids(pid) if p != pid and _role(p) == "instances"]
-
-
-def point_roles(server_pid: int):
-    """For :class:`SchedWaits`: the server's processes by role (its tree, read once: it does not change
-    within a point) and this bench's perf_analyzer or h2load (a child; the other servers, also children,
-    are not this point's) as the load generator."""
-    tree = {p: _role(p) for p in tree_pids(server_pid)}
-
-    def roles() -> dict[int, str]:
-        out = dict(tree)
-        for tid in os.listdir("/proc/self/task"):
-            for child in Path(f"/proc/self/task/{tid}/children").read_text().split():
-                try:
-                    if Path(f"/proc/{child}/comm").read_text().strip() in ("perf_analyzer", "h2load"):
-                        out[int(child)] = "load_generator"
-                except OSError:
-                    continue
-        return out
-    return roles
-
-
 def gaps(model_dir: Path, pids: list[int], t0_ns: int, t1_ns: int) -> dict:
     """How long each instance process sat between one execute's end and the next one's start (ns stamps
     from GIL_PY_STAMPED, in the same clock on every server) within [t0_ns, t1_ns]: the crossing both ways,
@@ -271,10 +144,6 @@ def gaps(model_dir: Path, pids: list[int], t0_ns: int, t1_ns: int) -> dict:
             "execute_share": round(busy / max(1, (t1_ns - t0_ns) * seen), 3)}
 
 
-def tree_cpu_s(pid: int) -> float:
-    return sum(tree_cpu(pid).values())
-
-
 #: instances per model (instance_group count), for how busy each was
 INSTANCES = {"bench_matmul": 1, "gil_py": 2, "gil_py_threads": 2, "bench_matmul_proc": 1}
 
@@ -291,6 +160,22 @@ def counts(http_port: int, model: str) -> tuple[int, int, int]:
 
 def inference_count(http_port: int, model: str) -> int:
     return counts(http_port, model)[0]
+
+
+#: a ratio's name -> how to read it from one point's figures
+RATIO_OF = {"throughput": lambda r: r["infer_per_s"], "p99": lambda r: r["p99_ms"],
+            "cpu_per_inference": lambda r: r["cpu_s_per_1k"], "gap_p50": lambda r: r["gaps_us"]["p50_us"],
+            "execute_share": lambda r: r["gaps_us"]["execute_share"]}
+
+
+def median_of_rounds(pairs: list[tuple[dict, dict]], names: tuple[str, ...]) -> dict:
+    """Per name, the median over the rounds of ``a / b`` for each round's pair of points (and, with more
+    than one round, every round's ratio under ``rounds``)."""
+    each = {k: [RATIO_OF[k](a) / RATIO_OF[k](b) for a, b in pairs] for k in names}
+    out: dict = {k: round(float(np.median(v)), 3) for k, v in each.items()}
+    if len(pairs) > 1:
+        out["rounds"] = {k: [round(x, 3) for x in v] for k, v in each.items()}
+    return out
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -431,12 +316,7 @@ def main(argv: list[str] | None = None) -> None:
                 if not pairs or any("cpu_s_per_1k" not in a or "cpu_s_per_1k" not in t for a, t in pairs):
                     goals["throughput_ge_triton"] = goals["cpu_le_triton"] = False
                     continue
-                each = {"throughput": [a["infer_per_s"] / t["infer_per_s"] for a, t in pairs],
-                        "p99": [a["p99_ms"] / t["p99_ms"] for a, t in pairs],
-                        "cpu_per_inference": [a["cpu_s_per_1k"] / t["cpu_s_per_1k"] for a, t in pairs]}
-                ratio[name][key] = {k: round(float(np.median(v)), 3) for k, v in each.items()}
-                if len(pairs) > 1:
-                    ratio[name][key]["rounds"] = {k: [round(x, 3) for x in v] for k, v in each.items()}
+                ratio[name][key] = median_of_rounds(pairs, ("throughput", "p99", "cpu_per_inference"))
                 goals["throughput_ge_triton"] &= ratio[name][key]["throughput"] >= 1.0
                 goals["cpu_le_triton"] &= ratio[name][key]["cpu_per_inference"] <= 1.0
         scaling = {}
@@ -476,14 +356,9 @@ def main(argv: list[str] | None = None) -> None:
                          if "cpu_s_per_1k" in a and "cpu_s_per_1k" in b]
                 if not pairs:
                     continue
-                each = {"throughput": [a["infer_per_s"] / b["infer_per_s"] for a, b in pairs],
-                        "cpu_per_inference": [a["cpu_s_per_1k"] / b["cpu_s_per_1k"] for a, b in pairs]}
-                if all(a.get("gaps_us") and b.get("gaps_us") for a, b in pairs):
-                    each["gap_p50"] = [a["gaps_us"]["p50_us"] / b["gaps_us"]["p50_us"] for a, b in pairs]
-                    each["execute_share"] = [a["gaps_us"]["execute_share"] / b["gaps_us"]["execute_share"] for a, b in pairs]
-                base[f"{w}_{key}"] = {k: round(float(np.median(v)), 3) for k, v in each.items()}
-                if len(pairs) > 1:
-                    base[f"{w}_{key}"]["rounds"] = {k: [round(x, 3) for x in v] for k, v in each.items()}
+                with_gaps = all(a.get("gaps_us") and b.get("gaps_us") for a, b in pairs)
+                base[f"{w}_{key}"] = median_of_rounds(pairs, ("throughput", "cpu_per_inference",
+                                                              *(("gap_p50", "execute_share") if with_gaps else ())))
         if base:
             print("this checkout / --ab-src:", json.dumps(base, indent=1))
         print("\nratios to triton:", json.dumps(ratio, indent=1))
