@@ -34,28 +34,32 @@ class Body:
     headers: tuple[str, ...]
 
 
-def bodies(work: Path, model: str, inputs: dict[str, np.ndarray]) -> dict[str, Body]:
+def bodies(work: Path, model: str, inputs: dict[str, np.ndarray], *, binary_outputs: bool = True,
+           json_inputs: bool = False) -> dict[str, Body]:
     """One request for ``model`` per protocol, written under ``work``: {"http": ..., "grpc": ...}.
-    ``inputs`` hold the batch dimension (shape [1, ...] for one row)."""
+    ``inputs`` hold the batch dimension (shape [1, ...] for one row). For a client without the binary
+    extension (curl, most REST clients), over HTTP: ``binary_outputs=False`` asks for the outputs as JSON
+    numbers, ``json_inputs=True`` sends the inputs as JSON numbers."""
     from tritonclient.grpc import service_pb2  # the field names as Triton's schema defines them
 
     from azulite.serve.config import numpy_to_wire
 
-    # outputs in binary too, as perf_analyzer asks for them (JSON numbers cost a server far more to write)
+    # outputs in binary too, as perf_analyzer asks for them (JSON numbers cost a server more to write)
     header = {"inputs": [{"name": name, "shape": list(a.shape), "datatype": numpy_to_wire(a.dtype),
-                          "parameters": {"binary_data_size": a.nbytes}} for name, a in inputs.items()],
-              "parameters": {"binary_data_output": True}}
+                          **({"data": a.reshape(-1).tolist()} if json_inputs else
+                             {"parameters": {"binary_data_size": a.nbytes}})} for name, a in inputs.items()],
+              **({"parameters": {"binary_data_output": True}} if binary_outputs else {})}
     head = json.dumps(header).encode()
-    http = work / f"{model}.http-body"
-    http.write_bytes(head + b"".join(a.tobytes() for a in inputs.values()))
+    http = work / f"{model}.{'json-in.' if json_inputs else ''}{'' if binary_outputs else 'json-out.'}http-body"
+    http.write_bytes(head if json_inputs else head + b"".join(a.tobytes() for a in inputs.values()))
     req = service_pb2.ModelInferRequest(model_name=model, raw_input_contents=[a.tobytes() for a in inputs.values()])
     for name, a in inputs.items():
         req.inputs.add(name=name, datatype=numpy_to_wire(a.dtype), shape=list(a.shape))
     msg = req.SerializeToString()
     grpc = work / f"{model}.grpc-body"
     grpc.write_bytes(b"\0" + struct.pack(">I", len(msg)) + msg)  # uncompressed, length-prefixed
-    return {"http": Body(http, ("content-type: application/octet-stream",
-                                f"inference-header-content-length: {len(head)}")),
+    return {"http": Body(http, ("content-type: application/json",) if json_inputs else
+                         ("content-type: application/octet-stream", f"inference-header-content-length: {len(head)}")),
             "grpc": Body(grpc, ("content-type: application/grpc", "te: trailers"))}
 
 

@@ -53,7 +53,10 @@ median (on a loaded machine one pair says little). ``--serve-workers 1`` leaves 
     python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
                             [--models gil_py] [--ab-src OTHER/src] [--no-twins] [--gaps]
                             [--rounds N] [--serve-workers 1 2] [--protocols http grpc]
-                            [--instance-nice N] [--no-pin] [--load-generator h2load]
+                            [--instance-nice N] [--no-pin] [--load-generator h2load [--json-outputs] [--json-inputs]]
+
+``--json-outputs`` / ``--json-inputs`` (with h2load, HTTP only): the request asks for its outputs as JSON
+numbers / sends its inputs as JSON numbers, not binary (both: a client without the binary extension).
 """
 
 from __future__ import annotations
@@ -201,10 +204,18 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--load-generator", choices=["perf_analyzer", "h2load"], default="perf_analyzer",
                     help="h2load: nghttp2's load generator instead (less CPU per request on the shared cores; "
                     "bench/h2load.py), measured for 3x --measure-ms after a 1 s warm-up")
+    ap.add_argument("--json-outputs", action="store_true", help="h2load's HTTP requests ask for their outputs as "
+                    "JSON numbers (a client without the binary extension: curl, most REST clients) instead of binary; "
+                    "needs --load-generator h2load and --protocols http")
+    ap.add_argument("--json-inputs", action="store_true", help="h2load's HTTP requests send their inputs as JSON "
+                    "numbers (with --json-outputs: a client without the binary extension, both ways)")
     ap.add_argument("--no-pin", action="store_true", help="leave perf_analyzer on every core (default: pinned to "
                     "the last; on 2 cores a server's process running there keeps it waiting while the other "
                     "core may idle: idle_cores and runqueue_wait_cores say how much)")
     args = ap.parse_args(argv)
+    if (args.json_outputs or args.json_inputs) and (args.load_generator != "h2load" or args.protocols != ["http"]):
+        ap.error("--json-outputs / --json-inputs: JSON tensors are HTTP's and perf_analyzer sends and asks for "
+                 "binary ones: add --load-generator h2load --protocols http")
     bin_dir = anchors(args.anchors)
     cores = sorted(os.sched_getaffinity(0))
     pin = [] if len(cores) < 2 or args.no_pin else ["taskset", "-c", str(cores[-1])]
@@ -224,7 +235,8 @@ def main(argv: list[str] | None = None) -> None:
         data = work / "input.json"
         values = np.random.default_rng(0).uniform(-1, 1, 256).astype(np.float32).round(4).tolist()
         data.write_text(json.dumps({"data": [{"x": {"content": values, "shape": [256]}}]}))
-        h2_bodies = {model: h2load.bodies(work, model, {"x": np.array([values], np.float32)})
+        h2_bodies = {model: h2load.bodies(work, model, {"x": np.array([values], np.float32)},
+                                          binary_outputs=not args.json_outputs, json_inputs=args.json_inputs)
                      for model in {*args.models, *(twin for twin, model, _ in TWINS if model in args.models)}}
         pa = bin_dir / "perf_analyzer"
         servers: dict[str, tuple[subprocess.Popen, int, int]] = {}
@@ -365,6 +377,8 @@ def main(argv: list[str] | None = None) -> None:
         print("--workers 1, instance processes / threads:", json.dumps(ab, indent=1))
         print("gil_py workers 2 / workers 1:", scaling, "at most (all cores busy):", ceiling)
         print(json.dumps({"bench": "serving_workers", "models": args.models, "concurrency": args.concurrency,
+                          "inputs": "json" if args.json_inputs else "binary",
+                          "outputs": "json" if args.json_outputs else "binary",
                           "load_generator_pinned_to": pin[2] if pin else None, "cores": len(cores),
                           "loadavg": os.getloadavg(), "figures": figures, "ratio": ratio,
                           "gil_workers2_over_workers1": scaling, "gil_workers2_over_workers1_ceiling": ceiling,

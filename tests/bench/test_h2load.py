@@ -62,3 +62,25 @@ def test_the_summary_and_log_are_read_as_h2load_prints_them(tmp_path):
     assert r["infer_per_s"] == 2011.3 and r["done"] == 101 and r["failed"] == 1
     assert r["p50_ms"] == pytest.approx(1.495) and r["p99_ms"] == pytest.approx(1.98, abs=0.001)
     assert "error" in h2load.parse("nothing useful", log)
+
+
+@pytest.mark.parametrize("json_inputs,binary_outputs", [(True, False), (False, False), (True, True)])
+def test_json_tensor_bodies_are_inferences_answered_as_asked(served, tmp_path, json_inputs, binary_outputs):
+    x = np.random.default_rng(1).uniform(-1, 1, (1, 256)).astype(np.float32)
+    body = h2load.bodies(tmp_path, "bench_matmul", {"x": x}, binary_outputs=binary_outputs, json_inputs=json_inputs)["http"]
+    http_port = served.ports["HTTPService"]
+    # the very body and headers h2load sends, answered as asked: JSON numbers or binary outputs
+    headers = dict(h.split(": ", 1) for h in body.headers)
+    req = urllib.request.Request(f"http://127.0.0.1:{http_port}/v2/models/bench_matmul/infer",
+                                 data=body.path.read_bytes(), headers=headers)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        answered = r.read()
+        header_length = r.headers.get("Inference-Header-Content-Length")
+    assert (header_length is None) == (not binary_outputs)
+    if not binary_outputs:
+        out = json.loads(answered)["outputs"][0]
+        assert out["shape"] == [1, 256] and len(out["data"]) == 256
+    before = successes(http_port, "bench_matmul")
+    r = h2load.run("bench_matmul", "http", http_port, 2, body, tmp_path, requests=30)
+    assert "error" not in r, r
+    assert (r["done"], r["failed"]) == (30, 0) and successes(http_port, "bench_matmul") - before == 30

@@ -199,3 +199,82 @@ def test_an_answer_header_seen_before_is_the_one_its_json_gives():
         {"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "parameters": {"binary_data_size": 1}}]}, b"\x01"))
     body, hlen = http_codec.encode_infer_response(_response((1, 2), np.ones((1, 2), np.float32)), json_request)
     assert hlen is None and json.loads(body)["outputs"][0]["data"] == [1.0, 1.0]
+
+
+# --- JSON tensors (orjson, and the standard library where orjson refuses) ---------------------------------
+
+
+def _json_answer(*outputs) -> dict:
+    """Each (name, datatype, array) answered as JSON data to a request that asks for no binary output."""
+    from azulite.serve.types import InferResponse, InferTensor
+
+    request = http_codec.decode_infer_request("m", "", *_infer_body(
+        {"inputs": [{"name": "x", "datatype": "INT8", "shape": [1], "data": [1]}]}))
+    response = InferResponse(model_name="m", model_version="1", id="",
+                             outputs=[InferTensor(n, d, a.shape, a) for n, d, a in outputs])
+    body, hlen = http_codec.encode_infer_response(response, request)
+    assert hlen is None
+    return json.loads(body)
+
+
+@pytest.mark.parametrize("datatype", ["BOOL", "UINT8", "UINT16", "UINT32", "UINT64", "INT8", "INT16", "INT32",
+                                      "INT64", "FP16", "FP32", "FP64"])
+def test_json_outputs_read_back_as_the_same_values_in_their_own_type(datatype):
+    from azulite.serve.config import WIRE_TO_NUMPY
+
+    dtype = WIRE_TO_NUMPY[datatype]
+    rng = np.random.default_rng(7)
+    if dtype.kind == "b":
+        data = rng.random((2, 5)) < 0.5
+    elif dtype.kind in "iu":
+        info = np.iinfo(dtype)  # the extremes too (UINT64's max and INT64's min are past a double's exact range)
+        data = np.concatenate([np.array([info.min, info.max], dtype),
+                               rng.integers(info.min, info.max, 8, dtype=dtype, endpoint=True)]).reshape(2, 5)
+        assert data.max() == info.max and data.min() == info.min
+    else:
+        finfo = np.finfo(dtype)
+        data = np.concatenate([np.array([finfo.max, finfo.tiny, -0.0, 1 / 3], dtype),
+                               (rng.standard_normal(6) * 1e3).astype(dtype)]).reshape(2, 5)
+    out = _json_answer(("y", datatype, data))["outputs"][0]
+    assert out["shape"] == [2, 5] and out["datatype"] == datatype
+    back = np.array(out["data"], dtype=dtype)  # as tritonclient's InferResult.as_numpy reads JSON data
+    assert back.tobytes() == data.reshape(-1).tobytes()
+
+
+def test_json_floats_are_the_shortest_text_of_their_own_type_and_row_major():
+    data = np.array([[0.1234, -2.5, 1e-7]], np.float32)
+    assert _json_answer(("y", "FP32", data))["outputs"][0]["data"] == [0.1234, -2.5, 1e-07]  # not 0.12340000271...
+    t = np.arange(6, dtype=np.float32).reshape(3, 2).T
+    assert _json_answer(("y", "FP32", t))["outputs"][0]["data"] == t.reshape(-1).tolist()
+
+
+def test_json_non_finite_floats_are_written_as_before_and_nothing_else_changes():
+    data = np.array([1.5, np.nan, np.inf, -np.inf], np.float32)
+    doc = _json_answer(("y", "FP32", data), ("z", "INT32", np.array([3, 4], np.int32)),
+                       ("s", "BYTES", np.array([b"ab", b"c"], dtype=object)))
+    y, z, s = doc["outputs"]
+    assert y["data"][0] == 1.5 and np.isnan(y["data"][1]) and y["data"][2:] == [float("inf"), float("-inf")]
+    assert z["data"] == [3, 4] and s["data"] == ["ab", "c"]
+
+
+def test_json_inputs_read_nan_and_big_integers_and_refuse_bools_for_numbers():
+    def decode(header: dict):
+        return http_codec.decode_infer_request("m", "", *_infer_body(header))
+
+    # NaN / Infinity literals (what Python's json writes) and a parameter past 64 bits: the stdlib reads them
+    head = json.dumps({"inputs": [{"name": "x", "datatype": "FP32", "shape": [3], "data": [1.0, float("nan"), float("inf")]}],
+                       "parameters": {"seed": 2 ** 70}}).encode()
+    request = http_codec.decode_infer_request("m", "", head, None)
+    x = request.inputs[0].data
+    assert x.dtype == np.float32 and x[0] == 1.0 and np.isnan(x[1]) and np.isinf(x[2])
+    assert request.parameters["seed"] == 2 ** 70
+    assert decode({"inputs": [{"name": "x", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, -4]]}]}
+                  ).inputs[0].data.tolist() == [[1, 2], [3, -4]]
+    assert decode({"inputs": [{"name": "x", "datatype": "FP64", "shape": [2], "data": [1, 2.5]}]}).inputs[0].data.tolist() == [1.0, 2.5]
+    for datatype, data, want in (("FP32", [1.0, True], "numbers"), ("INT32", [1, 2.0], "numbers"),
+                                 ("BOOL", [True, 1], "booleans"), ("UINT8", [1, None], "numbers"),
+                                 ("FP32", [1.0, "2"], "numbers")):
+        with pytest.raises(InvalidArgument, match=f"(?s)input 'x': 'data' holds values that are not {datatype}.*{want}"):
+            decode({"inputs": [{"name": "x", "datatype": datatype, "shape": [2], "data": data}]})
+    with pytest.raises(InvalidArgument, match="malformed JSON in the infer request"):
+        http_codec.decode_infer_request("m", "", b'{"inputs": [', None)

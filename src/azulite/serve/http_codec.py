@@ -8,6 +8,13 @@ Outputs are answered the same way when the request asks (``binary_data`` per out
 ``binary_data_output`` for all of them).
 
 Written by hand (no library speaks this extension); inputs become numpy views of the request body, no copy.
+JSON is read and written with orjson, numeric tensors straight from and to numpy arrays (its
+``OPT_SERIALIZE_NUMPY``): 256 FP32 outputs as JSON numbers took 273 us through ``tolist()`` and the
+standard library's encoder, 10 us so. A float is written as the shortest text that reads back to the same
+value of the tensor's own type (FP32 0.1234 as ``0.1234``, where the float64 route wrote
+``0.1234000027179718``): the same FP32 for every client that reads it as FP32, as tritonclient does.
+The standard library stays where orjson refuses what the protocol has always taken: non-finite floats
+(``NaN``, ``Infinity``: orjson reads them as errors and writes them as ``null``) and integers past 64 bits.
 """
 
 from __future__ import annotations
@@ -17,6 +24,7 @@ import struct
 from typing import Any
 
 import numpy as np
+import orjson
 
 from azulite.errors import InvalidArgument
 from azulite.serve.config import WIRE_TO_NUMPY
@@ -33,10 +41,20 @@ __all__ = ["decode_infer_request", "deserialize_bytes", "encode_infer_response",
            "model_metadata_json", "repository_index_json", "serialize_bytes", "server_metadata_json"]
 
 _LEN = struct.Struct("<I")
-#: json.dumps / json.loads without their per-call wrappers: dumps with separators builds a JSONEncoder on
-#: every call, loads of bytes runs a Python encoding sniffer first (the KServe body is UTF-8)
+#: the standard library's json.dumps / json.loads without their per-call wrappers, for what orjson refuses
+#: (module docstring)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
 _DECODE = json.JSONDecoder().decode
+_NUMPY = orjson.OPT_SERIALIZE_NUMPY
+
+
+def _loads(data: memoryview | bytes) -> Any:
+    """A JSON document (UTF-8) -> Python objects: orjson, else the standard library (``NaN``, ``Infinity``,
+    integers past 64 bits), whose error is the one raised when neither reads it."""
+    try:
+        return orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return _DECODE(str(data, "utf-8"))
 
 
 # --- BYTES tensors -----------------------------------------------------------------------------------
@@ -170,6 +188,10 @@ def _flatten(data: Any) -> list:
     return data
 
 
+#: the JSON value types a numeric tensor's 'data' may hold, by numpy kind
+_JSON_TYPES = {"b": {bool}, "i": {int}, "u": {int}, "f": {int, float}}
+
+
 def _json_input(name: str, datatype: str, shape: tuple[int, ...], dtype: np.dtype, data: Any) -> np.ndarray:
     if not isinstance(data, list):
         raise InvalidArgument(f"input '{name}': 'data' must be a JSON array, got {type(data).__name__}")
@@ -190,13 +212,8 @@ def _json_input(name: str, datatype: str, shape: tuple[int, ...], dtype: np.dtyp
         raise InvalidArgument(f"input '{name}': FP16 data cannot be sent as JSON",
                               fix="send it with the binary tensor data extension (binary_data_size)")
     try:
-        if datatype == "BOOL":
-            if not all(isinstance(v, bool) for v in flat):
-                raise TypeError
-            return np.array(flat, dtype=dtype).reshape(shape)
-        if dtype.kind in "iu" and not all(isinstance(v, int) and not isinstance(v, bool) for v in flat):
-            raise TypeError
-        if dtype.kind == "f" and not all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in flat):
+        # the set of the elements' exact types (a bool is no number here, though Python's bool is an int)
+        if not set(map(type, flat)) <= _JSON_TYPES[dtype.kind]:
             raise TypeError
         return np.array(flat, dtype=dtype).reshape(shape)
     except (TypeError, ValueError, OverflowError):
@@ -266,7 +283,7 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
         raise InvalidArgument(
             f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes")
     try:
-        doc = _DECODE(str(view[:header_length] if header_length != len(body) else body, "utf-8"))
+        doc = _loads(view[:header_length] if header_length != len(body) else body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"malformed JSON in the infer request: {exc}",
                               fix="send a KServe v2 infer request object") from None
@@ -361,10 +378,12 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
 # --- responses ---------------------------------------------------------------------------------------
 
 
-def _json_data(t: InferTensor) -> list:
+def _json_data(t: InferTensor) -> list | np.ndarray:
+    """An output's elements for a JSON 'data': BYTES as strings, numbers as the flat array itself (C order,
+    which orjson writes)."""
     if t.datatype == "BYTES":
         return [(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)) for v in t.data.reshape(-1)]
-    return t.data.reshape(-1).tolist()
+    return t.data.reshape(-1)
 
 
 #: (model, version, id, ((output, datatype, shape, bytes), ...)) -> the JSON header of an answer whose every
@@ -411,6 +430,7 @@ def _encode_header(response: InferResponse, request: InferRequest, binary_defaul
     """The JSON header of the answer and the binary data after it, in output order."""
     outputs = []
     blobs: list[bytes] = []
+    finite = True  # every float written as JSON data is finite (else the standard library writes them)
     for t in response.outputs:
         entry: dict[str, Any] = {"name": t.name, "datatype": t.datatype, "shape": list(t.shape)}
         params = dict(t.parameters) if t.parameters else {}
@@ -424,7 +444,9 @@ def _encode_header(response: InferResponse, request: InferRequest, binary_defaul
             params["binary_data_size"] = len(blob)
             blobs.append(blob)
         else:
-            entry["data"] = _json_data(t)
+            entry["data"] = data = _json_data(t)
+            if finite and type(data) is np.ndarray and data.dtype.kind == "f":
+                finite = bool(np.isfinite(data).all())
         if params:
             entry["parameters"] = params
         outputs.append(entry)
@@ -434,4 +456,12 @@ def _encode_header(response: InferResponse, request: InferRequest, binary_defaul
     if response.parameters:
         doc["parameters"] = response.parameters
     doc["outputs"] = outputs
+    if finite:
+        try:
+            return orjson.dumps(doc, option=_NUMPY), blobs
+        except orjson.JSONEncodeError:  # an integer past 64 bits in a parameter, an array orjson does not take
+            pass
+    for entry in outputs:  # NaN / Infinity as Python's json has always written them
+        if type(entry.get("data")) is np.ndarray:
+            entry["data"] = entry["data"].tolist()
     return _ENCODE(doc).encode(), blobs
