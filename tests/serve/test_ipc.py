@@ -143,3 +143,25 @@ def test_a_batch_of_requests_crosses_as_one_block_per_input():
             tiny.close()
     finally:
         arena.close()
+
+
+def test_a_batch_of_one_request_crosses_exactly_whatever_its_arrays_layout():
+    # one request (every batch at concurrency 1) takes put_rows' direct copy when C-contiguous, the
+    # concatenate otherwise: each array back bit for bit, row-major, with its own dtype and shape
+    arena = shm_ring.Arena(1 << 16)
+    try:
+        base = np.arange(24, dtype=np.float64).reshape(4, 6)
+        request = {"c": np.arange(8, dtype=np.float32).reshape(1, 8) - 3.5, "t": base.T[:, :4],  # (6, 4): a strided view
+                   "f": np.asfortranarray(base), "b": np.array([[True, False, True]]),
+                   "o": np.arange(6, dtype=np.int16).reshape(2, 3)[:, ::2]}
+        assert not request["t"].flags.c_contiguous and not request["o"].flags.c_contiguous
+        packed = shm_ring.Packed()
+        desc = ipc.pack_dicts(arena, [request], packed)
+        assert desc[0] == "rows" and {r[0] for r in packed.refs} == {"s"}
+        (back,) = ipc.unpack_dicts(arena.view, ipc._EMPTY, desc, packed.refs, copy=True)
+        for name, sent in request.items():
+            got = back[name]
+            assert got.dtype == sent.dtype and got.shape == sent.shape
+            assert got.tobytes() == np.ascontiguousarray(sent).tobytes(), name
+    finally:
+        arena.close()
