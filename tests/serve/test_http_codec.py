@@ -246,6 +246,8 @@ def test_json_floats_are_the_shortest_text_of_their_own_type_and_row_major():
     assert _json_answer(("y", "FP32", data))["outputs"][0]["data"] == [0.1234, -2.5, 1e-07]  # not 0.12340000271...
     t = np.arange(6, dtype=np.float32).reshape(3, 2).T
     assert _json_answer(("y", "FP32", t))["outputs"][0]["data"] == t.reshape(-1).tolist()
+    strided = np.array([0.1234, 9.0, -2.5, 9.0], np.float32)[::2]  # a 1-D view with a stride: still FP32's shortest
+    assert _json_answer(("y", "FP32", strided))["outputs"][0]["data"] == [0.1234, -2.5]
 
 
 def test_json_non_finite_floats_are_written_as_before_and_nothing_else_changes():

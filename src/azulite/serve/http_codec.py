@@ -379,11 +379,11 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
 
 
 def _json_data(t: InferTensor) -> list | np.ndarray:
-    """An output's elements for a JSON 'data': BYTES as strings, numbers as the flat array itself (C order,
-    which orjson writes)."""
+    """An output's elements for a JSON 'data': BYTES as strings, numbers as a flat C-contiguous array (what
+    orjson writes; ``reshape(-1)`` of a strided 1-D view stays strided), copied only when it must be."""
     if t.datatype == "BYTES":
         return [(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)) for v in t.data.reshape(-1)]
-    return t.data.reshape(-1)
+    return t.data.ravel()
 
 
 #: (model, version, id, ((output, datatype, shape, bytes), ...)) -> the JSON header of an answer whose every
