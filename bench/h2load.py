@@ -44,7 +44,7 @@ def bodies(work: Path, model: str, inputs: dict[str, np.ndarray], *, binary_outp
 
     from azulite.serve.config import numpy_to_wire
 
-    # outputs in binary too, as perf_analyzer asks for them (JSON numbers cost a server more to write)
+    # by default outputs in binary too, as perf_analyzer asks for them (JSON numbers cost a server more to write)
     header = {"inputs": [{"name": name, "shape": list(a.shape), "datatype": numpy_to_wire(a.dtype),
                           **({"data": a.reshape(-1).tolist()} if json_inputs else
                              {"parameters": {"binary_data_size": a.nbytes}})} for name, a in inputs.items()],

@@ -1,6 +1,9 @@
-"""Binary BYTES tensors (4-byte little-endian length, then the bytes, per element): the sliced fast path and
-the element-by-element checked one decode alike, and every malformed tensor gets the checked path's error
-naming what is wrong, never a short or shifted element."""
+"""serve/http_codec.py. Binary BYTES tensors (4-byte little-endian length, then the bytes, per element): the
+sliced fast path and the element-by-element checked one decode alike, and every malformed tensor gets the
+checked path's error naming what is wrong, never a short or shifted element. Headers seen before answer
+from their plan as their JSON would. JSON tensors (orjson, the standard library where orjson refuses):
+every numeric type reads back bit for bit in its own type, non-finite floats and big integers as before,
+bools and strings refused for numbers."""
 
 from __future__ import annotations
 
