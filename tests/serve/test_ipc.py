@@ -165,3 +165,30 @@ def test_a_batch_of_one_request_crosses_exactly_whatever_its_arrays_layout():
             assert got.tobytes() == np.ascontiguousarray(sent).tobytes(), name
     finally:
         arena.close()
+
+
+def test_a_batch_of_one_request_crosses_inline_with_bytes_and_with_no_rows():
+    # one request whose arrays do not fit the arena travel inline; one holding a BYTES tensor leaves the
+    # rows layout for one descriptor per array; an array of zero rows crosses as itself
+    small = shm_ring.Arena(64)
+    try:
+        request = {"x": np.arange(32, dtype=np.float32).reshape(2, 16), "e": np.zeros((0, 3), np.int64)}
+        packed = shm_ring.Packed()
+        desc = ipc.pack_dicts(small, [request], packed)
+        assert desc[0] == "rows" and [r[0] for r in packed.refs] == ["i", "i"]
+        (back,) = ipc.unpack_dicts(small.view, memoryview(b"".join(bytes(p) for p in packed.inline)), desc,
+                                   packed.refs, copy=True)
+        assert back["x"].tobytes() == request["x"].tobytes() and back["e"].shape == (0, 3)
+        assert back["e"].dtype == np.int64
+    finally:
+        small.close()
+    arena = shm_ring.Arena(1 << 16)
+    try:
+        request = {"s": np.array([[b"ab", b""]], dtype=np.object_), "n": np.array([[7, 8]], np.uint8)}
+        packed = shm_ring.Packed()
+        desc = ipc.pack_dicts(arena, [request], packed)
+        assert desc[0] == "each"
+        (back,) = ipc.unpack_dicts(arena.view, ipc._EMPTY, desc, packed.refs, copy=True)
+        assert back["s"].tolist() == [[b"ab", b""]] and back["n"].tolist() == [[7, 8]]
+    finally:
+        arena.close()

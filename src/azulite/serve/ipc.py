@@ -271,6 +271,14 @@ def pack_dicts(arena, dicts: list[dict], packed) -> tuple:
     back) as one descriptor. When every dict has the same names and each name is :func:`shm_ring.stackable`
     across them (a dynamic batch of one model's requests, the usual case): ("rows", [(name, ref index,
     first dimension of each)]), one block per name. Otherwise ("each", [[(name, ref index)] per dict])."""
+    if len(dicts) == 1:  # one request's (every batch at concurrency 1): no columns to gather
+        d = dicts[0]
+        if d and all(shm_ring.stackable([a]) for a in d.values()):
+            out = []
+            for name, array in d.items():
+                out.append((name, len(packed.refs), [array.shape[0]]))
+                shm_ring.put_rows(arena, [array], packed)
+            return ("rows", out)
     names = list(dicts[0]) if dicts else []
     if names and all(len(d) == len(names) for d in dicts):
         try:
@@ -296,6 +304,8 @@ def unpack_dicts(view, inline, desc: tuple, refs: list, *, copy: bool) -> list[d
     kind, body = desc
     if kind == "each":
         return [{name: shm_ring.take(view, inline, refs[i], copy=copy) for name, i in entry} for entry in body]
+    if body and len(body[0][2]) == 1:  # one request's (pack_dicts' first case): each block is its array
+        return [{name: shm_ring.take(view, inline, refs[i], copy=copy) for name, i, _ in body}]
     dicts: list[dict] = []
     for name, i, rows in body:
         pieces = shm_ring.take_rows(view, inline, refs[i], rows, copy=copy)

@@ -100,14 +100,34 @@ class Packed:
     inline_bytes: int = 0
 
 
+#: dtype tag (``dtype.str``, which numpy builds anew at each access) by dtype, and dtype by tag: the
+#: few dtypes a server sees, looked up once per tensor crossing
+_TAGS: dict[np.dtype, str] = {}
+_DTYPES: dict[str, np.dtype] = {}
+
+
+def _tag(dtype: np.dtype) -> str:
+    tag = _TAGS.get(dtype)
+    if tag is None:
+        tag = _TAGS[dtype] = dtype.str
+    return tag
+
+
+def _dtype(tag: str) -> np.dtype:
+    dtype = _DTYPES.get(tag)
+    if dtype is None:
+        dtype = _DTYPES[tag] = np.dtype(tag)
+    return dtype
+
+
 def _raw(array: np.ndarray) -> tuple[str, memoryview | bytes, int]:
     """(dtype tag, bytes, element count): BYTES tensors in Triton's 4-byte length-prefixed form."""
     if array.dtype == np.object_:
         return "BYTES", serialize_bytes(array), array.size
     if array.size == 0:
-        return array.dtype.str, b"", 0
+        return _tag(array.dtype), b"", 0
     array = np.ascontiguousarray(array).reshape(-1)
-    return array.dtype.str, memoryview(array).cast("B"), array.size
+    return _tag(array.dtype), memoryview(array).cast("B"), array.size
 
 
 def put(arena: Arena | None, arrays: list[np.ndarray], packed: Packed | None = None) -> Packed:
@@ -137,7 +157,7 @@ def take(view: memoryview | None, inline: memoryview, ref: tuple, *, copy: bool)
     raw = source[offset:offset + n]  # type: ignore[index]
     if tag == "BYTES":
         return deserialize_bytes(raw, count, "tensor").reshape(shape)
-    array = np.frombuffer(raw, dtype=np.dtype(tag), count=count).reshape(shape)
+    array = np.frombuffer(raw, dtype=_dtype(tag), count=count).reshape(shape)
     return array.copy() if copy else array
 
 
@@ -153,8 +173,10 @@ def stackable(arrays: list) -> bool:
     """Whether these arrays can be written as one block (:func:`put_rows`): numeric, at least one
     dimension, one dtype and the same shape past the first dimension."""
     first = arrays[0]
-    if not isinstance(first, np.ndarray) or first.ndim == 0 or first.dtype == np.object_:
+    if not isinstance(first, np.ndarray) or first.ndim == 0 or first.dtype.hasobject:
         return False
+    if len(arrays) == 1:
+        return True
     dtype, rest = first.dtype, first.shape[1:]
     return all(isinstance(a, np.ndarray) and a.ndim and a.dtype == dtype and a.shape[1:] == rest for a in arrays)
 
@@ -164,26 +186,29 @@ def put_rows(arena: Arena | None, arrays: list[np.ndarray], packed: Packed) -> N
     of n requests costs one descriptor, not n); its ref describes the stacked array, which
     :func:`take_rows` cuts back into the pieces."""
     first = arrays[0]
-    shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
-    count = math.prod(shape)  # not np.prod: ~6 µs of numpy reduction on a tuple, per input per batch
-    n = count * first.dtype.itemsize
+    if len(arrays) == 1:  # one request's array (every batch at concurrency 1)
+        shape, count, n = first.shape, first.size, first.nbytes
+    else:
+        shape = (sum(a.shape[0] for a in arrays), *first.shape[1:])
+        count = math.prod(shape)  # not np.prod: ~6 µs of numpy reduction on a tuple, per input per batch
+        n = count * first.dtype.itemsize
     offset = arena.alloc(n) if arena is not None and n else None
     if offset is None:
         stacked = np.concatenate(arrays, axis=0)
-        packed.refs.append(("i", packed.inline_bytes, n, first.dtype.str, shape, count))
+        packed.refs.append(("i", packed.inline_bytes, n, _tag(first.dtype), shape, count))
         packed.inline.append(memoryview(stacked).cast("B") if n else b"")
         packed.inline_bytes += n
         return
     if len(arrays) == 1 and first.flags.c_contiguous:
-        # one request's array (every batch at concurrency 1): its bytes copied straight into the block, no
-        # ndarray over the mapping and no concatenate (warm 46 -> 19 us for one 1 KB output with its
-        # pack_dicts, 87 -> 39 us right after a 1 ms sleep, as an instance process runs it at c=1)
+        # its bytes copied straight into the block, no ndarray over the mapping and no concatenate (warm
+        # 46 -> 19 us for one 1 KB output with its pack_dicts, 87 -> 39 us right after a 1 ms sleep, as an
+        # instance process runs it at c=1)
         arena.view[offset:offset + n] = memoryview(first).cast("B")  # type: ignore[union-attr]
     else:
         out = np.ndarray(shape, first.dtype, buffer=arena.map, offset=offset)  # type: ignore[union-attr]
         np.concatenate(arrays, axis=0, out=out)
     packed.blocks.append(offset)
-    packed.refs.append(("s", offset, n, first.dtype.str, shape, count))
+    packed.refs.append(("s", offset, n, _tag(first.dtype), shape, count))
 
 
 def take_rows(view: memoryview | None, inline: memoryview, ref: tuple, rows: list[int], *, copy: bool) -> list:
