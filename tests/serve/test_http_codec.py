@@ -283,3 +283,35 @@ def test_json_inputs_read_nan_and_big_integers_and_refuse_bools_for_numbers():
             decode({"inputs": [{"name": "x", "datatype": datatype, "shape": [2], "data": data}]})
     with pytest.raises(InvalidArgument, match="malformed JSON in the infer request"):
         http_codec.decode_infer_request("m", "", b'{"inputs": [', None)
+
+
+@pytest.mark.parametrize("datatype, data, index, bounds", [
+    ("FP32", [1.0, 1e300], 1, "-3.40282e+38 to 3.40282e+38"),  # no longer made infinite, with a warning in the log
+    ("FP32", [1e39, 2.0], 0, "-3.40282e+38 to 3.40282e+38"),
+    ("FP32", [2.0, 10 ** 40], 1, "-3.40282e+38 to 3.40282e+38"),
+    ("FP64", [10 ** 400, 1.0], 0, "-1.79769e+308 to 1.79769e+308"),
+    ("INT8", [1, 300], 1, "-128 to 127"),
+    ("UINT8", [-1, 3], 0, "0 to 255"),
+    ("INT64", [2 ** 63, 0], 0, "-9223372036854775808 to 9223372036854775807"),
+])
+def test_json_inputs_past_their_datatypes_range_are_refused_naming_the_element(datatype, data, index, bounds):
+    import warnings
+
+    body = http_codec.decode_infer_request
+    header = json.dumps({"inputs": [{"name": "x", "datatype": datatype, "shape": [2], "data": data}]}).encode()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # and nothing reaches the log as a RuntimeWarning
+        with pytest.raises(InvalidArgument) as exc:
+            body("m", "", header, None)
+    assert f"input 'x': element {index} of 'data' is past the range of {datatype} ({bounds})" in str(exc.value)
+    assert "send values within" in exc.value.fix
+
+
+def test_json_inputs_at_their_datatypes_range_and_infinity_still_read():
+    header = json.dumps({"inputs": [
+        {"name": "f", "datatype": "FP32", "shape": [3], "data": [3.4028234e38, -3.4028234e38, float("inf")]},
+        {"name": "u", "datatype": "UINT64", "shape": [2], "data": [2 ** 64 - 1, 0]},
+        {"name": "i", "datatype": "INT8", "shape": [2], "data": [-128, 127]}]}).encode()
+    f, u, i = (t.data for t in http_codec.decode_infer_request("m", "", header, None).inputs)
+    assert f.tolist()[:2] == [float(np.finfo(np.float32).max), float(np.finfo(np.float32).min)] and np.isinf(f[2])
+    assert u.tolist() == [2 ** 64 - 1, 0] and i.tolist() == [-128, 127]

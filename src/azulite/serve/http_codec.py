@@ -215,10 +215,28 @@ def _json_input(name: str, datatype: str, shape: tuple[int, ...], dtype: np.dtyp
         # the set of the elements' exact types (a bool is no number here, though Python's bool is an int)
         if not set(map(type, flat)) <= _JSON_TYPES[dtype.kind]:
             raise TypeError
-        return np.array(flat, dtype=dtype).reshape(shape)
-    except (TypeError, ValueError, OverflowError):
+        with np.errstate(over="raise"):  # a finite number past the type's range is refused, not made infinite
+            return np.array(flat, dtype=dtype).reshape(shape)
+    except (FloatingPointError, OverflowError):  # a float past the type's range; an int past it (numpy 2)
+        low, high = ((f"{np.finfo(dtype).min:g}", f"{np.finfo(dtype).max:g}") if dtype.kind == "f" else
+                     (np.iinfo(dtype).min, np.iinfo(dtype).max))
+        raise InvalidArgument(f"input '{name}': element {_first_overflow(flat, dtype)} of 'data' is past the "
+                              f"range of {datatype} ({low} to {high})",
+                              fix=f"send values within {datatype}'s range, or use a wider datatype") from None
+    except (TypeError, ValueError):
         raise InvalidArgument(f"input '{name}': 'data' holds values that are not {datatype}",
                               fix=f"send JSON {'booleans' if datatype == 'BOOL' else 'numbers'} for {datatype}") from None
+
+
+def _first_overflow(flat: list, dtype: np.dtype) -> int:
+    """Index of the first element that overflows ``dtype`` (only on the error's path)."""
+    with np.errstate(over="raise"):
+        for i, v in enumerate(flat):
+            try:
+                dtype.type(v)
+            except (FloatingPointError, OverflowError):
+                return i
+    return 0
 
 
 #: JSON header bytes -> what decoding them gave, for headers whose every input is binary: a client sends the
