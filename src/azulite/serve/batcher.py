@@ -193,8 +193,10 @@ class Batcher:
             # keeps the delay as configured and serves I/O meanwhile.
             await asyncio.sleep(0)
             return
-        loop = asyncio.get_running_loop()
-        self._waker = waker = loop.create_future()
+        # the loop _start kept, not asyncio.get_running_loop(): Python 3.11 checks it with a getpid() system
+        # call each time, and at c=1 this runs twice a request
+        loop = self._loop
+        self._waker = waker = loop.create_future()  # type: ignore[union-attr]
         handle = None
         if until_ns:
             delay = max(0.0, (until_ns - time.monotonic_ns()) / 1e9)

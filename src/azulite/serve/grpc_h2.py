@@ -39,6 +39,8 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
     def __init__(self, server: "GrpcH2Server") -> None:
         self.server = server
         self.transport: asyncio.Transport | None = None
+        # the loop, kept for the per-call work (asyncio.get_running_loop() costs a getpid() system call on 3.11)
+        self.loop: asyncio.AbstractEventLoop | None = None
         self.buf = bytearray()
         self.preface = False
         self.decoder = Decoder(max_header_list_size=HEADER_LIST_LIMIT)
@@ -81,7 +83,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         self.server.connections.add(self)
         peer = transport.get_extra_info("peername")
         self.peer = f"ipv4:{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
-        loop = asyncio.get_running_loop()
+        self.loop = loop = asyncio.get_running_loop()
         self.last_progress = loop.time()
         self.head_timer = loop.call_later(self.limits.header_timeout_s, self._head_timeout)
         transport.set_write_buffer_limits(high=self.limits.max_write_buffer)

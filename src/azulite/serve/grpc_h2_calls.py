@@ -109,7 +109,7 @@ class _Stream:
 
 
 class H2Calls:
-    """Needs of the connection: ``transport``, ``server``, ``streams``, ``peer``, ``send_window``,
+    """Needs of the connection: ``transport``, ``loop``, ``server``, ``streams``, ``peer``, ``send_window``,
     ``peer_max_frame``, ``blocked``, ``control``, ``completed``, ``_maybe_close`` and ``_arm_stall_timer``."""
 
     __slots__ = ()
@@ -172,11 +172,10 @@ class H2Calls:
         self.server.in_flight += 1
         if stream.path == _MODEL_INFER and self.server.infer_then is not None:
             # one loop pass later, where the call's Task would have begun (see HttpApp._infer_now)
-            asyncio.get_running_loop().call_soon(self._infer_now, stream, messages[0])
+            self.loop.call_soon(self._infer_now, stream, messages[0])
             return
         # the loop's create_task, not ensure_future: two Python frames and type checks less per call
-        stream.task = asyncio.get_running_loop().create_task(
-            self._run_unary(stream, handler, request_type, messages[0], guard))
+        stream.task = self.loop.create_task(self._run_unary(stream, handler, request_type, messages[0], guard))
         stream.task.add_done_callback(self._call_done)
 
     def _infer_now(self, stream: _Stream, message: bytes) -> None:
