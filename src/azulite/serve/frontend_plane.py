@@ -77,6 +77,7 @@ class RemoteDataPlane:
         self._arena: shm_ring.Arena | None = None
         self._out: tuple | None = None
         self._proto: ipc.FrameProtocol | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None  # the loop of the connection to the host
         self._pending: dict[int, Any] = {}
         self._blocks: dict[int, list[int]] = {}
         self._released: list[int] = []
@@ -104,7 +105,8 @@ class RemoteDataPlane:
         self._out = shm_ring.attach(out_fd)
         sock.setblocking(False)
         proto = ipc.FrameProtocol(self._on_frame, self._on_lost)
-        await asyncio.get_running_loop().create_unix_connection(lambda: proto, sock=sock)
+        self._loop = asyncio.get_running_loop()  # kept for each request's future (no getpid() call per request)
+        await self._loop.create_unix_connection(lambda: proto, sock=sock)
         self._proto = proto
 
     # --- answers from the host ---------------------------------------------------------------------
@@ -215,7 +217,7 @@ class RemoteDataPlane:
             raise Unavailable("the server is shutting down and accepts no new requests")
         rid = self._next()
         metas, packed = ipc.pack_tensors(self._arena, request.inputs)
-        fut = asyncio.get_running_loop().create_future()
+        fut = self._loop.create_future()  # type: ignore[union-attr]
         self._pending[rid] = fut
         self._blocks[rid] = packed.blocks
         try:

@@ -43,9 +43,12 @@ class FrameProtocol(asyncio.Protocol):
         self._buf = bytearray()
         self._need = 0  # bytes the buffered partial frame needs before it can be parsed
         self._out: list = []  # frames written this loop pass, sent together (one syscall, not one each)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     def connection_made(self, transport) -> None:
         self.transport = transport
+        # kept: asyncio.get_running_loop() costs a getpid() system call on Python 3.11, once per frame sent
+        self._loop = asyncio.get_running_loop()
 
     def data_received(self, data: bytes) -> None:
         if self._buf:
@@ -74,7 +77,7 @@ class FrameProtocol(asyncio.Protocol):
 
     def writelines(self, parts) -> None:
         if not self._out:
-            asyncio.get_running_loop().call_soon(self._flush)
+            (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
         self._out.extend(parts)
 
     def _flush(self) -> None:
