@@ -2,7 +2,7 @@
 
 Measured from the server's own event loop (uvloop), one batch out at a time with the loop idle meanwhile,
 as at concurrency 1: a batch of one request, x FP32 [1, 256] in, y FP32 [1, 256] out, to a model whose
-execute holds the GIL for 1 ms in pure Python (bench/serving_workers.py's gil_py), both ways:
+execute holds the GIL for 1 ms in pure Python (gil_py, as bench/instance_wakeup.py loads it), both ways:
 
 - ``azulite``: a :class:`~azulite.serve.instances.ProcessInstance` of the Python backend, driven by
   ``start_batch`` as the batcher drives it (the inputs packed into the shared-memory arena, a pickled header
@@ -42,29 +42,11 @@ import numpy as np
 from google.protobuf import text_format
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+from bench.instance_wakeup import CONFIG, GIL_PY  # noqa: E402 - gil_py as a process, as the serving bench runs it
+
 ROWS, WIDTH = 1, 256
 
-GIL_PY = '''
-import time
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        end = time.perf_counter() + 0.001
-        while time.perf_counter() < end:  # pure Python: holds the GIL for the whole millisecond
-            pass
-        return [pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
-'''
-CONFIG = '''
-name: "gil_py"
-backend: "python"
-max_batch_size: 64
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 256 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 256 ] } ]
-parameters { key: "azulite_instance_process" value: { string_value: "true" } }
-'''
 #: the floor's instance: the same 1 ms spin, x at offset 0 and y at 4096 of the memfd, a byte each way
 FLOOR_CHILD = r'''
 import mmap, os, sys, time
