@@ -77,7 +77,7 @@ class FrameProtocol(asyncio.Protocol):
 
     def writelines(self, parts) -> None:
         if not self._out:
-            (self._loop or asyncio.get_running_loop()).call_soon(self._flush)
+            self._loop.call_soon(self._flush)  # type: ignore[union-attr] # set by connection_made
         self._out.extend(parts)
 
     def _flush(self) -> None:
@@ -274,26 +274,21 @@ def pack_dicts(arena, dicts: list[dict], packed) -> tuple:
     back) as one descriptor. When every dict has the same names and each name is :func:`shm_ring.stackable`
     across them (a dynamic batch of one model's requests, the usual case): ("rows", [(name, ref index,
     first dimension of each)]), one block per name. Otherwise ("each", [[(name, ref index)] per dict])."""
-    if len(dicts) == 1:  # one request's (every batch at concurrency 1): no columns to gather
-        d = dicts[0]
-        if d and all(shm_ring.stackable([a]) for a in d.values()):
-            out = []
-            for name, array in d.items():
-                out.append((name, len(packed.refs), [array.shape[0]]))
-                shm_ring.put_rows(arena, [array], packed)
-            return ("rows", out)
     names = list(dicts[0]) if dicts else []
-    if names and all(len(d) == len(names) for d in dicts):
+    columns = None
+    if len(dicts) == 1:  # one request's (every batch at concurrency 1): each array is its own column
+        columns = [[a] for a in dicts[0].values()]
+    elif names and all(len(d) == len(names) for d in dicts):
         try:
             columns = [[d[n] for d in dicts] for n in names]
         except KeyError:
-            columns = None
-        if columns is not None and all(shm_ring.stackable(c) for c in columns):
-            out = []
-            for name, arrays in zip(names, columns):
-                out.append((name, len(packed.refs), [a.shape[0] for a in arrays]))
-                shm_ring.put_rows(arena, arrays, packed)
-            return ("rows", out)
+            pass
+    if names and columns is not None and all(shm_ring.stackable(c) for c in columns):
+        out = []
+        for name, arrays in zip(names, columns):
+            out.append((name, len(packed.refs), [a.shape[0] for a in arrays]))
+            shm_ring.put_rows(arena, arrays, packed)
+        return ("rows", out)
     each = []
     for d in dicts:
         keys = list(d)
@@ -307,8 +302,6 @@ def unpack_dicts(view, inline, desc: tuple, refs: list, *, copy: bool) -> list[d
     kind, body = desc
     if kind == "each":
         return [{name: shm_ring.take(view, inline, refs[i], copy=copy) for name, i in entry} for entry in body]
-    if body and len(body[0][2]) == 1:  # one request's (pack_dicts' first case): each block is its array
-        return [{name: shm_ring.take(view, inline, refs[i], copy=copy) for name, i, _ in body}]
     dicts: list[dict] = []
     for name, i, rows in body:
         pieces = shm_ring.take_rows(view, inline, refs[i], rows, copy=copy)
