@@ -57,6 +57,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "bench"))
 import dlrm as bench  # noqa: E402  (bench/dlrm.py: the job's flags, the bare loop's launch)
+from server_procs import process_cpu_ns  # noqa: E402
 
 _SCHED = re.compile(r"^(se\.sum_exec_runtime|se\.nr_migrations|nr_switches|nr_voluntary_switches|"
                     r"nr_involuntary_switches)\s*:\s*([\d.]+)", re.M)
@@ -118,20 +119,6 @@ def tagged(tag: str) -> dict[int, str]:
                 else "supervisor" if "supervis" in cmd else cmd[:60])
         out[int(pid)] = kind
     return out
-
-
-def process_cpu_ns(pid: int) -> float:
-    """CPU time of every thread of ``pid`` so far, in ns (schedstat)."""
-    total = 0.0
-    try:
-        tids = os.listdir(f"/proc/{pid}/task")
-    except OSError:
-        return 0.0
-    for tid in tids:
-        text = _read(f"/proc/{pid}/task/{tid}/schedstat")
-        if text:
-            total += float(text.split()[0])
-    return total
 
 
 def sample(pid: int) -> dict[int, list[float]]:

@@ -14,11 +14,12 @@ execute holds the GIL for 1 ms in pure Python (gil_py, as bench/instance_wakeup.
   and two 1 KB copies.
 
 Per block of ``--batches`` batches: the median wall time of a batch from the send to the answer in the
-loop, the loop thread's CPU per batch, and the instance process's CPU per batch (its main thread's, from
-/proc/PID/schedstat: nanoseconds, where /proc/PID/stat counts 10 ms ticks). Blocks of the two alternate,
-each side's order flipped every other block, so a change in the machine's load hits both. The last line
-is one JSON object: the medians over blocks, ``azulite_over_floor`` and ``azulite_minus_floor_us`` (what
-azulite's crossing costs above the floor, per batch: the figure a cut of its Python moves).
+loop, the loop thread's CPU per batch, and the instance process's CPU per batch (every thread's, from
+/proc/PID/task/TID/schedstat: nanoseconds, where /proc/PID/stat counts 10 ms ticks). Blocks of the two
+alternate, each side's order flipped every other block, so a change in the machine's load hits both. The
+last line is one JSON object: the medians over blocks, ``azulite_over_floor`` and
+``azulite_minus_floor_us`` (what azulite's crossing costs above the floor, per batch: the figure a cut of
+its Python moves).
 
     python bench/instance_crossing.py [--blocks 6] [--batches 1000] [--nice N]
 """
@@ -44,6 +45,7 @@ from google.protobuf import text_format
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from bench.instance_wakeup import CONFIG, GIL_PY  # noqa: E402 - gil_py as a process, as the serving bench runs it
+from bench.server_procs import process_cpu_ns  # noqa: E402
 
 ROWS, WIDTH = 1, 256
 
@@ -64,18 +66,13 @@ while os.read(fd, 64):
 '''
 
 
-def process_cpu_s(pid: int) -> float:
-    """CPU seconds of the process's main thread, where both kinds of instance run their batches."""
-    return int(Path(f"/proc/{pid}/schedstat").read_text().split()[0]) / 1e9
-
-
 async def azulite_block(inst, n: int, value: float) -> dict:
     from azulite.serve.backends.base import WorkItem
 
     loop = asyncio.get_running_loop()
     x = np.full((ROWS, WIDTH), value, np.float32)
     walls = []
-    cpu0, inst0 = time.thread_time(), process_cpu_s(inst._proc.pid)
+    cpu0, inst0 = time.thread_time_ns(), process_cpu_ns(inst._proc.pid)
     for _ in range(n):
         answer = loop.create_future()
         t0 = time.perf_counter_ns()
@@ -87,7 +84,7 @@ async def azulite_block(inst, n: int, value: float) -> dict:
             raise error
         if not np.array_equal(outcome[0][0]["y"], x):
             raise AssertionError("azulite's instance answered another array")
-    return block_figures(walls, time.thread_time() - cpu0, process_cpu_s(inst._proc.pid) - inst0)
+    return block_figures(walls, time.thread_time_ns() - cpu0, process_cpu_ns(inst._proc.pid) - inst0)
 
 
 class Floor:
@@ -116,7 +113,7 @@ class Floor:
     async def block(self, n: int, value: float) -> dict:
         x = np.full((ROWS, WIDTH), value, np.float32)
         walls = []
-        cpu0, inst0 = time.thread_time(), process_cpu_s(self.proc.pid)
+        cpu0, inst0 = time.thread_time_ns(), process_cpu_ns(self.proc.pid)
         for _ in range(n):
             self.answer = self.loop.create_future()
             t0 = time.perf_counter_ns()
@@ -126,7 +123,7 @@ class Floor:
             walls.append(time.perf_counter_ns() - t0)
             if not np.array_equal(y, x):
                 raise AssertionError("the floor's child answered another array")
-        return block_figures(walls, time.thread_time() - cpu0, process_cpu_s(self.proc.pid) - inst0)
+        return block_figures(walls, time.thread_time_ns() - cpu0, process_cpu_ns(self.proc.pid) - inst0)
 
     def close(self) -> None:
         self.loop.remove_reader(self.sock.fileno())
@@ -134,10 +131,10 @@ class Floor:
         self.proc.wait(30)
 
 
-def block_figures(walls: list[int], loop_cpu_s: float, instance_cpu_s: float) -> dict:
+def block_figures(walls: list[int], loop_cpu_ns: int, instance_cpu_ns: float) -> dict:
     n = len(walls)
-    return {"wall_p50_us": statistics.median(walls) / 1000, "loop_cpu_us": loop_cpu_s / n * 1e6,
-            "instance_cpu_us": instance_cpu_s / n * 1e6}
+    return {"wall_p50_us": statistics.median(walls) / 1000, "loop_cpu_us": loop_cpu_ns / n / 1000,
+            "instance_cpu_us": instance_cpu_ns / n / 1000}
 
 
 def main(argv: list[str] | None = None) -> dict:

@@ -12,6 +12,21 @@ from pathlib import Path
 TICK = os.sysconf("SC_CLK_TCK")
 
 
+def process_cpu_ns(pid: int) -> float:
+    """CPU time of every thread of ``pid`` so far, in ns (schedstat; /proc/PID/stat counts 10 ms ticks)."""
+    total = 0.0
+    try:
+        tids = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return 0.0
+    for tid in tids:
+        try:
+            total += float(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0])
+        except (OSError, IndexError, ValueError):  # a thread that ended meanwhile
+            continue
+    return total
+
+
 def _role(pid: int) -> str:
     """Which part of a server a process is: its model instances (azulite's instance processes, Triton's
     Python stubs), the model host or a front-end of ``--workers N``, else "main" (a single-process
