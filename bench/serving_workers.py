@@ -10,7 +10,9 @@ HTTP and gRPC at concurrency 1, 8 and 32, on two Python-backend models that run 
 On ``--workers 1`` only, the A/B behind the default of ``azulite_instance_process`` ("auto": threads in
 a single-process server): ``gil_py_threads`` (gil_py as two threads of the server) and
 ``bench_matmul_proc`` (bench_matmul's one instance in a process of its own), each point measured right
-after its twin, so ``instance_process_ab`` compares processes with threads under the same load.
+after its twin, so ``instance_process_ab`` compares processes with threads under the same load; and
+``default_placement_over_triton`` gives ``gil_py_threads`` (what a user who keeps the default gets)
+against Triton's gil_py, round by round, with its own ``default_placement_goals``.
 
 Per point: throughput and p99 (perf_analyzer), and the server's CPU-seconds per 1,000 inferences (the
 /proc times of its whole process tree over the run, divided by the inferences its statistics counted
@@ -179,6 +181,29 @@ def median_of_rounds(pairs: list[tuple[dict, dict]], names: tuple[str, ...]) -> 
     if len(pairs) > 1:
         out["rounds"] = {k: [round(x, 3) for x in v] for k, v in each.items()}
     return out
+
+
+def default_placement_over_triton(rounds: dict) -> tuple[dict, dict | None]:
+    """``gil_py_threads`` (azulite's default placement with ``--workers 1``: "auto" means threads there)
+    against Triton's gil_py (always processes), round by round, as a user who keeps the default would
+    compare; bench_matmul's own points are its default already. ``rounds``: (server, point) -> each
+    round's figures. Returns the ratios per twin point and their goals (None: no twin point measured)."""
+    default: dict = {}
+    goals = {"throughput_ge_triton": True, "cpu_le_triton": True}
+    for twin, model, processes in TWINS:
+        if processes:
+            continue
+        for (server, key), triton in rounds.items():
+            if server != "triton" or not key.startswith(model + "_"):
+                continue
+            twin_key = twin + key[len(model):]
+            pairs = list(zip(rounds.get(("azulite_w1", twin_key), []), triton))
+            if not pairs or any("cpu_s_per_1k" not in a or "cpu_s_per_1k" not in t for a, t in pairs):
+                continue
+            default[twin_key] = median_of_rounds(pairs, ("throughput", "p99", "cpu_per_inference"))
+            goals["throughput_ge_triton"] &= default[twin_key]["throughput"] >= 1.0
+            goals["cpu_le_triton"] &= default[twin_key]["cpu_per_inference"] <= 1.0
+    return default, (goals if default else None)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -361,6 +386,7 @@ def main(argv: list[str] | None = None) -> None:
                 if "cpu_s_per_1k" in proc_r and "cpu_s_per_1k" in thread_r:
                     ab[key] = {"throughput": round(proc_r["infer_per_s"] / thread_r["infer_per_s"], 3),
                                "cpu_per_inference": round(proc_r["cpu_s_per_1k"] / thread_r["cpu_s_per_1k"], 3)}
+        default, default_goals = default_placement_over_triton(rounds)
         base = {}  # this checkout over --ab-src, same point, measured back to back (each round, and the median)
         for w in ("w1", "w2"):
             for key in figures.get(f"azulite_{w}", {}):
@@ -375,6 +401,8 @@ def main(argv: list[str] | None = None) -> None:
             print("this checkout / --ab-src:", json.dumps(base, indent=1))
         print("\nratios to triton:", json.dumps(ratio, indent=1))
         print("--workers 1, instance processes / threads:", json.dumps(ab, indent=1))
+        if default:
+            print("--workers 1, gil_py as threads (the default placement) over Triton's gil_py:", json.dumps(default, indent=1))
         print("gil_py workers 2 / workers 1:", scaling, "at most (all cores busy):", ceiling)
         print(json.dumps({"bench": "serving_workers", "models": args.models, "concurrency": args.concurrency,
                           "inputs": "json" if args.json_inputs else "binary",
@@ -383,6 +411,8 @@ def main(argv: list[str] | None = None) -> None:
                           "loadavg": os.getloadavg(), "figures": figures, "ratio": ratio,
                           "gil_workers2_over_workers1": scaling, "gil_workers2_over_workers1_ceiling": ceiling,
                           "instance_process_ab_workers1": ab,
+                          "default_placement_over_triton": default,
+                          "default_placement_goals": default_goals,
                           "ab_over_base": base,
                           "goals": goals}))
     finally:
