@@ -15,7 +15,9 @@ import pytest
 
 from azulite.errors import InvalidArgument
 from azulite.serve import http_codec
+from azulite.serve.backends import pb_utils
 from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
+from azulite.serve.types import InferTensor
 
 ELEMENTS = [b"", b"a", b"\x00\xff\t\n", "é".encode(), b"x" * 300, b"", b"12\t34\t" * 20, b"\x00\x00\x00\x00"]
 
@@ -29,6 +31,21 @@ def test_round_trip(count, wrap):
     out = deserialize_bytes(wrap(blob), count, "ROW")
     assert out.dtype == object and out.shape == (count,)
     assert list(out) == elements and all(type(v) is bytes for v in out)
+
+
+def test_an_element_that_is_not_bytes_is_written_as_its_text():
+    # a model's BYTES output holding numbers or text: each element as its text (Triton's
+    # serialize_byte_tensor, pb_utils', and this server's JSON answers alike), never bytes(n) -- n zero
+    # bytes, or an OverflowError for a number past a machine word
+    array = np.array([b"raw", "é", 7, 10**30, 2.5, bytearray(b"ba"), np.int64(-3)], dtype=object)
+    expected = [b"raw", "é".encode(), b"7", str(10**30).encode(), b"2.5", b"ba", b"-3"]
+    assert list(deserialize_bytes(serialize_bytes(array), len(array), "OUT")) == expected
+    # as pb_utils writes them (Triton's serialize_byte_tensor: it has no case for a bytearray) ...
+    alike = [0, 1, 2, 3, 4, 6]
+    triton = pb_utils.serialize_byte_tensor(array[alike]).tobytes()
+    assert list(deserialize_bytes(triton, len(alike), "OUT")) == [expected[i] for i in alike]
+    # ... and as a JSON answer writes them
+    assert http_codec._json_data(InferTensor("OUT", "BYTES", (7,), array)) == [v.decode() for v in expected]
 
 
 def test_the_fast_path_equals_the_checked_one_on_random_tensors():

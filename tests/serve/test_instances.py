@@ -339,3 +339,78 @@ def test_a_wrong_instance_nice_fails_the_load_naming_it(tmp_path, value):
         instances.ProcessInstance("python", _nice_ctx(tmp_path, "bad_nice_py", value))
     assert e.value.fix and "azulite_instance_nice" in e.value.fix
     assert not [p for p in _instance_pids() if b"bad_nice_py" in cmdline(p)]
+
+
+# an output numpy can hold but Triton cannot (by the input's value), or an object that has no text for BYTES
+ODD_PY = '''
+import os
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class Untold:
+    def __str__(self):
+        raise ValueError("no text")
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            x = r.inputs()[0].as_numpy()
+            kind = int(x[0, 0])
+            y = {0: x.astype("datetime64[s]"), 1: x.astype(np.complex64),
+                 2: np.array([[Untold()]] * len(x), dtype=object)}.get(kind, x)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("Y", y), pb_utils.Tensor("PID", np.full((len(x), 1), os.getpid()))]))
+        return out
+'''
+ODD_CONFIG = '''
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "X" data_type: TYPE_FP32 dims: [ 1 ] }} ]
+output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }}, {{ name: "PID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
+dynamic_batching {{ preferred_batch_size: [ 2 ] max_queue_delay_microseconds: 200000 }}
+parameters {{ key: "azulite_instance_process" value: {{ string_value: "{choice}" }} }}
+'''
+
+
+def test_an_output_triton_cannot_hold_fails_its_request_alike_in_threads_and_processes(tmp_path):
+    """A model's output with no Triton datatype (datetime64 cannot even be written to shared memory) is
+    the model's fault: INTERNAL naming the model and the output, the same for a thread or a process; only
+    that request fails, the batch's other request answers, and the instance process lives on (no restart).
+    An output that cannot be written at all (an object whose text raises) fails its batch, never the process."""
+    for name, choice in (("odd_threads", "false"), ("odd_processes", "true")):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "config.pbtxt").write_text(ODD_CONFIG.format(name=name, choice=choice))
+        (tmp_path / name / "1" / "model.py").write_text(ODD_PY)
+    before = set(_instance_pids())
+    restarted = sum(n for (model, _), n in instances.restarts.items() if model == "odd_processes")
+    dp = TritonDataPlane(DataPlaneSettings(repository=tmp_path))
+
+    async def one(model: str, x: float):
+        request = InferRequest(model, [InferTensor("X", "FP32", (1, 1), np.array([[x]], np.float32))])
+        try:
+            return {t.name: t.data for t in (await dp.infer(request)).outputs}
+        except Internal as exc:
+            return exc
+
+    async def run() -> None:
+        try:
+            (pid,) = [p for p in _instance_pids() if p not in before]
+            for model in ("odd_threads", "odd_processes"):
+                for kind, dtype in ((0, "datetime64[s]"), (1, "complex64")):
+                    bad, good = await asyncio.gather(one(model, kind), one(model, 5.0))
+                    assert isinstance(bad, Internal) and bad.status == "INTERNAL", bad
+                    assert str(bad).startswith(f"model '{model}': output 'Y' is a numpy {dtype} array, which has "
+                                               "no Triton datatype"), bad
+                    assert good["Y"].tolist() == [[5.0]]
+            unwritable = await one("odd_processes", 2.0)
+            assert isinstance(unwritable, Internal) and "could not pass the batch's outputs back" in str(unwritable)
+            answered = await one("odd_processes", 3.0)
+            assert int(answered["PID"][0, 0]) == pid  # the same process answered throughout
+            assert sum(n for (model, _), n in instances.restarts.items() if model == "odd_processes") == restarted
+        finally:
+            await dp.shutdown(30)
+
+    _on_server_loop(run())

@@ -192,3 +192,25 @@ def test_a_batch_of_one_request_crosses_inline_with_bytes_and_with_no_rows():
         assert back["s"].tolist() == [[b"ab", b""]] and back["n"].tolist() == [[7, 8]]
     finally:
         arena.close()
+
+
+@pytest.mark.parametrize("requests", [1, 3])
+def test_arrays_of_any_layout_cross_inline_when_the_arena_is_full(requests):
+    # a model's outputs larger than its arena travel inline (put_rows' fallback): a transposed or strided
+    # output must cross there as it does through the arena, not stop the instance process with a TypeError
+    full = shm_ring.Arena(64)
+    try:
+        base = np.arange(60, dtype=np.float32).reshape(6, 10)
+        batch = [{"t": (base + i).T, "s": (base - i)[:, ::3], "f": np.asfortranarray(base * i)} for i in range(requests)]
+        assert not any(a.flags.c_contiguous for d in batch for a in d.values())
+        packed = shm_ring.Packed()
+        desc = ipc.pack_dicts(full, batch, packed)
+        assert desc[0] == "rows" and {r[0] for r in packed.refs} == {"i"}
+        inline = memoryview(b"".join(bytes(p) for p in packed.inline))
+        back = ipc.unpack_dicts(full.view, inline, desc, packed.refs, copy=True)
+        for got, sent in zip(back, batch, strict=True):
+            for name, array in sent.items():
+                assert got[name].shape == array.shape and got[name].dtype == array.dtype
+                assert got[name].tobytes() == np.ascontiguousarray(array).tobytes(), name
+    finally:
+        full.close()

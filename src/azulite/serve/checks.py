@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from azulite.errors import InvalidArgument, Unsupported
+from azulite.errors import Internal, InvalidArgument, Unsupported
 from azulite.serve import config as cfg
 from azulite.serve.parameters import shape_text
 
@@ -89,6 +89,19 @@ def check_outputs(model: LoadedModel, names: Iterable[str]) -> frozenset[str]:
             raise InvalidArgument(f"unexpected inference output '{out}' for model '{model.name}'",
                                   fix=f"the model's outputs are {sorted(model.outputs)}")
     return wanted
+
+
+def output_datatype(model: str, name: str, dtype: np.dtype) -> str:
+    """The wire datatype of a model's output; a numpy dtype with no Triton datatype (datetime64,
+    complex, a record, a byte order not the machine's) is the model's fault, not the client's: INTERNAL,
+    naming the model and the output, the same whether the instance is a thread or a process."""
+    wire = cfg.NUMPY_TO_WIRE.get(dtype)
+    if wire is not None:
+        return wire
+    if dtype.kind in ("S", "U", "O"):
+        return "BYTES"
+    raise Internal(f"model '{model}': output '{name}' is a numpy {dtype} array, which has no Triton datatype",
+                   fix="return it as one of Triton's types, e.g. array.astype(np.float32), or bytes for BYTES")
 
 
 def output_array(model: LoadedModel, batch_size: int, name: str, array) -> np.ndarray:

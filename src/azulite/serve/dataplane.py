@@ -23,7 +23,7 @@ from azulite.serve import config as cfg
 from azulite.serve import instances
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
-from azulite.serve.checks import bytes_objects, check_inputs, check_outputs, output_array
+from azulite.serve.checks import bytes_objects, check_inputs, check_outputs, output_array, output_datatype
 from azulite.serve.counted import Counted
 from azulite.serve.decoupled import stream, stream_with_policies, unary_refused
 from azulite.serve.ensemble import run_ensemble, step_item, step_outputs
@@ -410,7 +410,7 @@ class TritonDataPlane(ModelControl):
             array = output_array(model, item.batch_size, name, array)
             if name in classes:
                 array = bytes_objects(classify(array, classes[name], model.labels.get(name), batched))
-            datatype = _DTYPE_TO_WIRE.get(array.dtype) or cfg.numpy_to_wire(array.dtype)
+            datatype = _DTYPE_TO_WIRE.get(array.dtype) or output_datatype(model.name, name, array.dtype)
             tensors.append(InferTensor(name=name, datatype=datatype, shape=array.shape, data=array))
         return InferResponse(model_name=model.name, model_version=model.version_str, outputs=tensors, id=request.id)
 

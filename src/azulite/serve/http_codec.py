@@ -140,10 +140,21 @@ def _split_bytes_checked(buf: memoryview | bytes, count: int, name: str, start: 
     return out
 
 
+def _element(item) -> bytes:
+    """One BYTES element: bytes as they are, text as UTF-8, anything else as its text (as Triton's
+    serialize_byte_tensor and this server's JSON answers write it: 7 -> b"7", never bytes(7)'s seven zero
+    bytes, and never a huge allocation for a huge number)."""
+    if isinstance(item, str):
+        return item.encode()
+    if isinstance(item, (bytearray, memoryview)):
+        return bytes(item)
+    return str(item).encode()
+
+
 def serialize_bytes(array: np.ndarray) -> bytes:
     parts = []
     for item in array.reshape(-1):
-        b = item if isinstance(item, bytes) else (item.encode() if isinstance(item, str) else bytes(item))
+        b = item if isinstance(item, bytes) else _element(item)
         parts.append(_LEN.pack(len(b)))
         parts.append(b)
     return b"".join(parts)
@@ -400,7 +411,7 @@ def _json_data(t: InferTensor) -> list | np.ndarray:
     """An output's elements for a JSON 'data': BYTES as strings, numbers as a flat C-contiguous array (what
     orjson writes; ``reshape(-1)`` of a strided 1-D view stays strided), copied only when it must be."""
     if t.datatype == "BYTES":
-        return [(v.decode("utf-8", "replace") if isinstance(v, bytes) else str(v)) for v in t.data.reshape(-1)]
+        return [(v if isinstance(v, bytes) else _element(v)).decode("utf-8", "replace") for v in t.data.reshape(-1)]
     return t.data.ravel()
 
 

@@ -9,7 +9,10 @@ executes, writes the outputs into its own arena the same way and answers with th
 side makes one sendmsg and one recv per frame (ipc.Channel), so a batch costs four syscalls and one
 wake-up per direction, and no wait4: a process that died idle refuses the next send. One batch at a time
 per instance, so each arena is simply reset per batch. An instance process that dies fails the batch it
-was running and is started again (counted: ``azulite_instance_restarts_total``).
+was running and is started again (counted: ``azulite_instance_restarts_total``). Outputs that cannot
+cross never end the process: one with no Triton datatype fails its request as in a thread
+(checks.output_datatype), anything else that cannot be written fails its batch. The process's own
+side: serve/instances_child.py.
 
 Which instances go out of process (serve/manager.py asks :func:`wants_process`): Python models that
 are not decoupled and make no BLS call (their response senders and BLS calls need the server's own
@@ -43,13 +46,12 @@ import dataclasses
 import logging
 import os
 import pickle
-import signal
 import socket
 import subprocess
 import sys
 import threading
 
-from azulite.errors import Internal, ModelLoadError, ServeError
+from azulite.errors import Internal, ModelLoadError
 from azulite.serve import ipc, shm_ring
 from azulite.serve.backends.base import LoadContext, Result, Timing, WorkItem
 from azulite.serve.proto import model_config_pb2 as mc
@@ -154,7 +156,7 @@ class ProcessInstance:
         if self.gpu is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(self.gpu)
         # the model and instance names in the command line: what `ps` shows
-        self._proc = subprocess.Popen([sys.executable, "-m", "azulite.serve.instances", str(theirs.fileno()),
+        self._proc = subprocess.Popen([sys.executable, "-m", "azulite.serve.instances_child", str(theirs.fileno()),
                                        self.ctx.model_name, self.ctx.instance_name],
                                       pass_fds=[theirs.fileno()], env=env)
         theirs.close()
@@ -436,65 +438,3 @@ def restart_metrics():
         for (model, instance), n in sorted(restarts.items()):
             metric.add_sample("azulite_instance_restarts_total", {"model": model, "instance": instance}, n)
     yield metric
-
-
-# --- the instance process ------------------------------------------------------------------------------
-
-def _serve(sock: socket.socket) -> None:
-    msg, fds, _, _ = socket.recv_fds(sock, 1 << 20, 2)
-    backend_name, ctx, config = pickle.loads(msg)
-    ctx = dataclasses.replace(ctx, config=mc.ModelConfig.FromString(config))
-    in_map, in_view = shm_ring.attach(fds[0])
-    out = shm_ring.Arena(fd=fds[1])
-    from azulite.serve.backends.base import get_backend
-
-    try:
-        instance = get_backend(backend_name).load(ctx)
-    except Exception as exc:  # noqa: BLE001 - the host reports the load failure
-        ipc.send_frame(sock, ("e", ipc.error_tuple(exc if isinstance(exc, ServeError) else ModelLoadError(
-            f"failed to load model '{ctx.model_name}': {type(exc).__name__}: {exc}"))))
-        return
-    if ctx.compute_threads:
-        import threadpoolctl
-
-        threadpoolctl.threadpool_limits(limits=ctx.compute_threads, user_api="blas")
-    chan = ipc.Channel(sock)
-    chan.send(("o",))
-    try:
-        while True:
-            try:
-                header, inline = chan.recv()
-            except (ConnectionError, OSError):
-                return
-            if header[0] == "q":
-                return
-            _, metas, inputs, refs = header
-            # read in place: the server rewrites its arena only after this batch is answered
-            items = [WorkItem(inputs=d, outputs=None if outputs is None else frozenset(outputs),
-                              batch_size=batch_size, request_id=rid, parameters=parameters)
-                     for d, (outputs, batch_size, rid, parameters)
-                     in zip(ipc.unpack_dicts(in_view, inline, inputs, refs, copy=False), metas)]
-            try:
-                results, timing = instance.execute(items)
-            except Exception as exc:  # noqa: BLE001 - fails the batch, as in-process
-                chan.send(("e", ipc.error_tuple(exc)))
-                continue
-            out.reset()
-            packed = shm_ring.Packed()
-            errors = [ipc.error_tuple(r) if isinstance(r, BaseException) else None for r in results]
-            outputs = ipc.pack_dicts(out, [r for r in results if not isinstance(r, BaseException)], packed)
-            chan.send(("r", errors, outputs, packed.refs, (timing.input_ns, timing.infer_ns, timing.output_ns)),
-                      packed.inline)
-    finally:
-        instance.close()
-
-
-def main(argv: list[str]) -> None:
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when an instance stops
-    sock = socket.socket(fileno=int(argv[0]))
-    with sock:
-        _serve(sock)
-
-
-if __name__ == "__main__":
-    main(sys.argv[1:])

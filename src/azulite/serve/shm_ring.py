@@ -194,7 +194,10 @@ def put_rows(arena: Arena | None, arrays: list[np.ndarray], packed: Packed) -> N
         n = count * first.dtype.itemsize
     offset = arena.alloc(n) if arena is not None and n else None
     if offset is None:
-        stacked = np.concatenate(arrays, axis=0)
+        # C order whatever the pieces' (concatenate keeps a transposed piece's Fortran order, whose bytes
+        # a memoryview cannot cast)
+        stacked = np.empty(shape, first.dtype)
+        np.concatenate(arrays, axis=0, out=stacked)
         packed.refs.append(("i", packed.inline_bytes, n, _tag(first.dtype), shape, count))
         packed.inline.append(memoryview(stacked).cast("B") if n else b"")
         packed.inline_bytes += n
