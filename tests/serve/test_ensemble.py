@@ -169,3 +169,78 @@ def test_steps_go_to_the_composing_batchers_checked_and_counted(tmp_path, model_
         await dp.shutdown()
 
     asyncio.run(main())
+
+
+# a tokenizer-like step that answers text the way Triton's Python models often do (str objects, and a
+# number, in an object array), and a step after it that reads its BYTES input as Triton hands it: bytes
+TEXT_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        return [pb_utils.InferenceResponse([pb_utils.Tensor("WORDS", np.array([["héllo", 7, np.str_("x")]] * len(r.inputs()[0].as_numpy()), dtype=object))])
+                for r in requests]
+'''
+UPPER_PY = '''
+import numpy as np
+import triton_python_backend_utils as pb_utils
+
+
+class TritonPythonModel:
+    def execute(self, requests):
+        out = []
+        for r in requests:
+            words = r.inputs()[0].as_numpy()
+            upper = np.array([w.decode().upper().encode() for w in words.reshape(-1)], dtype=object).reshape(words.shape)
+            out.append(pb_utils.InferenceResponse([pb_utils.Tensor("UPPER", upper)]))
+        return out
+'''
+STEP = '''
+name: "{name}"
+backend: "python"
+max_batch_size: 8
+input [ {{ name: "{i}" data_type: {it} dims: [ -1 ] }} ]
+output [ {{ name: "{o}" data_type: TYPE_STRING dims: [ -1 ] }} ]
+parameters {{ key: "azulite_instance_process" value: {{ string_value: "{placement}" }} }}
+'''
+TEXT_ENSEMBLE = '''
+name: "shout_{placement}"
+platform: "ensemble"
+max_batch_size: 8
+input [ { name: "X" data_type: TYPE_FP32 dims: [ 1 ] } ]
+output [ { name: "OUT" data_type: TYPE_STRING dims: [ -1 ] } ]
+ensemble_scheduling { step [
+  { model_name: "text_{placement}" input_map { key: "X" value: "X" } output_map { key: "WORDS" value: "w" } },
+  { model_name: "upper_{placement}" input_map { key: "WORDS" value: "w" } output_map { key: "UPPER" value: "OUT" } }
+] }
+'''
+
+
+def test_a_steps_text_reaches_the_next_step_as_bytes_whatever_the_instance_placement(tmp_path):
+    """Triton hands a BYTES input to a Python model as bytes, whatever objects the step before put in its
+    output (str, numbers): the same here with the steps' instances as threads or as processes."""
+    for placement in ("false", "true"):
+        for name, code, i, it, o in ((f"text_{placement}", TEXT_PY, "X", "TYPE_FP32", "WORDS"),
+                                     (f"upper_{placement}", UPPER_PY, "WORDS", "TYPE_STRING", "UPPER")):
+            (tmp_path / name / "1").mkdir(parents=True)
+            (tmp_path / name / "config.pbtxt").write_text(STEP.format(name=name, i=i, it=it, o=o, placement=placement))
+            (tmp_path / name / "1" / "model.py").write_text(code)
+        (tmp_path / f"shout_{placement}" / "1").mkdir(parents=True)
+        (tmp_path / f"shout_{placement}" / "config.pbtxt").write_text(
+            TEXT_ENSEMBLE.replace("{placement}", placement))
+    dp = TritonDataPlane(DataPlaneSettings(repository=tmp_path))
+
+    async def run() -> None:
+        try:
+            for placement in ("false", "true"):
+                x = np.array([[1.0], [2.0]], np.float32)
+                response = await dp.infer(InferRequest(f"shout_{placement}", [InferTensor("X", "FP32", x.shape, x)]))
+                (out,) = response.outputs
+                assert out.datatype == "BYTES" and out.data.tolist() == [["HÉLLO".encode(), b"7", b"X"]] * 2, placement
+                assert all(type(v) is bytes for v in out.data.reshape(-1))
+        finally:
+            await dp.shutdown(30)
+
+    asyncio.run(run())

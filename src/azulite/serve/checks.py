@@ -13,6 +13,7 @@ import numpy as np
 from azulite.errors import Internal, InvalidArgument, Unsupported
 from azulite.serve import config as cfg
 from azulite.serve.parameters import shape_text
+from azulite.serve.types import bytes_element
 
 if TYPE_CHECKING:
     from azulite.serve.models import LoadedModel
@@ -116,8 +117,16 @@ def output_array(model: LoadedModel, batch_size: int, name: str, array) -> np.nd
 
 
 def bytes_objects(array: np.ndarray) -> np.ndarray:
-    """Numpy strings (kinds S, U) as a BYTES tensor holds them: an object array of bytes; else unchanged."""
-    if array.dtype.kind not in ("S", "U"):
+    """A BYTES output as the server holds one (serve/types.py: an object array of bytes, what the next step
+    of an ensemble reads, as from Triton): numpy strings (kinds S, U) and object arrays holding text or
+    numbers (a Python model's ``np.array(["a"], dtype=object)``) converted element by element
+    (types.bytes_element); an object array of bytes, or any other array, unchanged."""
+    kind = array.dtype.kind
+    if kind == "O":
+        if all(type(v) is bytes for v in array.reshape(-1)):
+            return array
+    elif kind not in ("S", "U"):
         return array
-    return np.array([s.encode() if isinstance(s, str) else bytes(s) for s in array.reshape(-1)],
-                    dtype=np.object_).reshape(array.shape)
+    out = np.empty(array.size, dtype=np.object_)
+    out[:] = [bytes_element(v) for v in array.reshape(-1)]
+    return out.reshape(array.shape)

@@ -35,7 +35,7 @@ from azulite.serve.http_json import (
     repository_index_json,
     server_metadata_json,
 )
-from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput, bytes_element
 
 __all__ = ["decode_infer_request", "deserialize_bytes", "encode_infer_response", "message_to_json",
            "model_metadata_json", "repository_index_json", "serialize_bytes", "server_metadata_json"]
@@ -140,21 +140,10 @@ def _split_bytes_checked(buf: memoryview | bytes, count: int, name: str, start: 
     return out
 
 
-def _element(item) -> bytes:
-    """One BYTES element: bytes as they are, text as UTF-8, anything else as its text (as Triton's
-    serialize_byte_tensor and this server's JSON answers write it: 7 -> b"7", never bytes(7)'s seven zero
-    bytes, and never a huge allocation for a huge number)."""
-    if isinstance(item, str):
-        return item.encode()
-    if isinstance(item, (bytearray, memoryview)):
-        return bytes(item)
-    return str(item).encode()
-
-
 def serialize_bytes(array: np.ndarray) -> bytes:
     parts = []
     for item in array.reshape(-1):
-        b = item if isinstance(item, bytes) else _element(item)
+        b = item if isinstance(item, bytes) else bytes_element(item)
         parts.append(_LEN.pack(len(b)))
         parts.append(b)
     return b"".join(parts)
@@ -411,7 +400,7 @@ def _json_data(t: InferTensor) -> list | np.ndarray:
     """An output's elements for a JSON 'data': BYTES as strings, numbers as a flat C-contiguous array (what
     orjson writes; ``reshape(-1)`` of a strided 1-D view stays strided), copied only when it must be."""
     if t.datatype == "BYTES":
-        return [(v if isinstance(v, bytes) else _element(v)).decode("utf-8", "replace") for v in t.data.reshape(-1)]
+        return [(v if isinstance(v, bytes) else bytes_element(v)).decode("utf-8", "replace") for v in t.data.reshape(-1)]
     return t.data.ravel()
 
 

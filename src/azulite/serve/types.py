@@ -18,6 +18,19 @@ import numpy as np
 from azulite.serve.proto import model_config_pb2, service_pb2
 
 
+def bytes_element(item: Any) -> bytes:
+    """One element of a BYTES tensor as bytes: bytes as they are, text as UTF-8, anything else as its text
+    (as Triton's serialize_byte_tensor writes a Python model's output: 7 -> b"7", never bytes(7)'s seven
+    zero bytes, nor a huge allocation for a huge number)."""
+    if type(item) is bytes:
+        return item
+    if isinstance(item, str):
+        return item.encode()
+    if isinstance(item, (bytes, bytearray, memoryview)):  # numpy's bytes_ too
+        return bytes(item)
+    return str(item).encode()
+
+
 @dataclass(slots=True)
 class InferTensor:
     """One input or output tensor. ``datatype`` is the KServe v2 / Triton name ("FP32", "INT64",
