@@ -3,7 +3,8 @@ any shape, C / Fortran / strided layouts, BYTES arrays holding bytes, text and n
 same model as threads and as instance processes, read by tritonclient over HTTP (binary and JSON outputs)
 and gRPC: each answer is what Triton's rules make of the model's own array (recomputed here from the same
 seed), and an output with no Triton datatype is INTERNAL naming it. ``make test`` runs 200 seeds; ``make
-soak`` (AZULITE_SOAK=1) 3,000 more."""
+soak`` (AZULITE_SOAK=1) 3,000 more. Real Triton 2.51 answers 120 seeds of the same model the same, bar
+two documented leniencies of azulite's (triton_refuses)."""
 
 from __future__ import annotations
 
@@ -91,6 +92,14 @@ def expected(seed: int, rows: int):
     return f"output 'Y' is a numpy {y.dtype} array, which has no Triton datatype"
 
 
+def triton_refuses(seed: int, rows: int, kind: str) -> bool:
+    """Where azulite answers and Triton 2.51 does not (checked against it below): a numpy unicode array
+    (its pb_utils.Tensor: "NumPy dtype is not supported"; azulite writes its text as BYTES) and FP16 as
+    JSON numbers (azulite writes them, as tritonclient reads them)."""
+    y = space["make"](seed, rows)
+    return y.dtype.kind == "U" or (y.dtype == np.float16 and kind == "http_json")
+
+
 def answered(kind: str, client, model: str, seed: int, rows: int):
     x = np.full((rows, 1), seed, np.float32)
     try:
@@ -105,9 +114,7 @@ def answered(kind: str, client, model: str, seed: int, rows: int):
             result = client.infer(model, [tensor], outputs=[th.InferRequestedOutput("Y", binary_data=kind == "http")])
             datatype = result.get_output("Y")["datatype"]
     except InferenceServerException as exc:
-        status = str(exc.status())
-        assert status in ("500", "StatusCode.INTERNAL"), (kind, model, seed, exc)
-        return exc.message()
+        return str(exc.status()), exc.message()
     y = result.as_numpy("Y")
     if datatype == "BYTES":
         return "BYTES", y.shape, [v.encode() if isinstance(v, str) else v for v in y.reshape(-1)]
@@ -135,7 +142,8 @@ def check_seeds(server, seeds) -> None:
             for kind, client in clients.items():
                 got = answered(kind, client, model, seed, rows)
                 if isinstance(want, str):
-                    assert isinstance(got, str) and f"model '{model}': {want}" in got, (kind, model, seed, got)
+                    assert got[0] in ("500", "StatusCode.INTERNAL") and f"model '{model}': {want}" in got[1], \
+                        (kind, model, seed, got)
                 else:
                     assert got == want, (kind, model, seed)
 
@@ -147,3 +155,29 @@ def test_a_models_outputs_reach_every_client_as_triton_writes_them(server):
 @pytest.mark.soak
 def test_a_models_outputs_soak(server):
     check_seeds(server, range(200, 3200 if os.environ.get("AZULITE_SOAK") == "1" else 400))
+
+
+def test_real_triton_writes_the_same_outputs(tmp_path):
+    """The rules the oracle applies are Triton's: real Triton 2.51 (the anchors installer's, Python backend)
+    answers the same model the same, bar where it refuses (triton_refuses); an output with no Triton
+    datatype fails there too."""
+    from .anchor import running_triton
+
+    (tmp_path / "repo" / "out_threads" / "1").mkdir(parents=True)
+    (tmp_path / "repo" / "out_threads" / "config.pbtxt").write_text(CONFIG.format(name="out_threads", processes="false"))
+    (tmp_path / "repo" / "out_threads" / "1" / "model.py").write_text(MODEL)
+    refused = 0
+    with running_triton(tmp_path / "repo", tmp_path / "triton.log") as triton:
+        clients = {"http": th.InferenceServerClient(triton.http_url),
+                   "http_json": th.InferenceServerClient(triton.http_url), "grpc": tg.InferenceServerClient(triton.grpc_url)}
+        for seed in range(120):
+            rows = 1 + seed % 3
+            want = expected(seed, rows)
+            for kind, client in clients.items():
+                got = answered(kind, client, "out_threads", seed, rows)
+                if isinstance(want, str) or triton_refuses(seed, rows, kind):
+                    refused += not isinstance(want, str)
+                    assert isinstance(got[1], str) and got[0] not in ("200", "StatusCode.OK"), (kind, seed, got)
+                else:
+                    assert got == want, (kind, seed)
+    assert refused  # the exceptions were met, so the docstring's claim about them was checked
