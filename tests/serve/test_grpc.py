@@ -259,6 +259,23 @@ def test_raw_contents_must_match_the_inputs_not_in_shared_memory(raw_count, in_s
     assert [(o.name, o.parameters) for o in decoded.outputs] == [("OUTPUT0", {"classification": 1})]
 
 
+def test_typed_contents_beside_raw_contents_are_refused_not_ignored():
+    """An input with typed contents in a request that sends raw_input_contents: which of the two to read
+    would be a guess (azulite read the raw ones and dropped the others); Triton refuses it in these words."""
+    from azulite.errors import InvalidArgument
+    from azulite.serve.grpc import decode_infer_request
+
+    request = service_pb2.ModelInferRequest(model_name="add_sub_py")
+    for name in ("INPUT0", "INPUT1"):
+        request.inputs.add(name=name, datatype="FP32", shape=[1, 2])
+        request.raw_input_contents.append(np.ones(2, np.float32).tobytes())
+    assert decode_infer_request(request).inputs[1].data.tolist() == [[1.0, 1.0]]
+    request.inputs[1].contents.fp32_contents.extend([2.0, 2.0])
+    with pytest.raises(InvalidArgument, match="contents field must not be specified when using raw_input_contents "
+                                              "for 'INPUT1' for model 'add_sub_py'"):
+        decode_infer_request(request)
+
+
 def test_a_broken_request_stream_ends_with_its_error_status_after_the_answers_due(server):
     """A stream whose second message cannot be parsed: the first still gets its answer, then the call
     ends INVALID_ARGUMENT (not OK, which would tell the client everything went through)."""

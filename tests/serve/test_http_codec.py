@@ -48,6 +48,25 @@ def test_an_element_that_is_not_bytes_is_written_as_its_text():
     assert http_codec._json_data(InferTensor("OUT", "BYTES", (7,), array)) == [v.decode() for v in expected]
 
 
+@pytest.mark.parametrize("value", ["false", 1, 0, None, {}])
+def test_binary_data_flags_must_be_booleans(value):
+    # "binary_data": "false" read as true (a non-empty string) answered binary to a client that asked for
+    # JSON; Triton refuses any non-boolean there too (with a 500: here a 400 naming the parameter)
+    x = {"name": "X", "shape": [1], "datatype": "FP32", "data": [1.0]}
+    for doc, words in (({"inputs": [x], "outputs": [{"name": "Y", "parameters": {"binary_data": value}}]},
+                        "output 'Y': parameter 'binary_data' must be true or false"),
+                       ({"inputs": [x], "parameters": {"binary_data_output": value}},
+                        "parameter 'binary_data_output' must be true or false")):
+        with pytest.raises(InvalidArgument, match=words) as e:
+            http_codec.decode_infer_request("m", "", json.dumps(doc).encode(), None)
+        assert json.dumps(value) in str(e.value)
+    for flag in (True, False):
+        doc = {"inputs": [x], "outputs": [{"name": "Y", "parameters": {"binary_data": flag}}],
+               "parameters": {"binary_data_output": flag}}
+        request = http_codec.decode_infer_request("m", "", json.dumps(doc).encode(), None)
+        assert request.outputs[0].parameters == {"binary_data": flag}
+
+
 def test_the_fast_path_equals_the_checked_one_on_random_tensors():
     rng = np.random.default_rng(0)
     for _ in range(50):

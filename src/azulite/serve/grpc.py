@@ -161,6 +161,10 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
             inputs.append(InferTensor(name, datatype, shape, None, params))  # type: ignore[arg-type]
             continue
         if n_raw:
+            if t.HasField("contents"):  # Triton's words: which of the two to read would be a guess
+                raise InvalidArgument(f"contents field must not be specified when using raw_input_contents for "
+                                      f"'{name}' for model '{req.model_name}'",
+                                      fix="send every input's data in raw_input_contents, or every input's in contents")
             buf = raw[raw_index]
             raw_index += 1
             if datatype == "BYTES":

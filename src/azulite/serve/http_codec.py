@@ -285,6 +285,13 @@ def _remember(key: bytes, request: InferRequest, offsets: list[tuple[int, int]],
     _PLANS[key] = _Plan(tuple(inputs), data_size, outputs, dict(request.parameters), request.id)
 
 
+def _flag(value: Any, key: str, owner: str = "") -> None:
+    """A JSON boolean (Triton refuses anything else there too: "false" as a string must not read as true)."""
+    if type(value) is not bool:
+        raise InvalidArgument(f"{owner}parameter '{key}' must be true or false, got {json.dumps(value)}",
+                              fix=f'e.g. "{key}": true')
+
+
 def decode_infer_request(model_name: str, model_version: str, body: bytes, header_length: int | None) -> InferRequest:
     """An HTTP infer body (JSON, or JSON + binary tensors) -> InferRequest. Raises InvalidArgument."""
     key = None
@@ -371,6 +378,8 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
     parameters = doc.get("parameters") or {}
     if not isinstance(parameters, dict):
         raise InvalidArgument("'parameters' must be a JSON object")
+    if "binary_data_output" in parameters:
+        _flag(parameters["binary_data_output"], "binary_data_output")
     outputs = None
     raw_outputs = doc.get("outputs")
     if raw_outputs is not None:
@@ -383,6 +392,8 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
             oparams = item.get("parameters") or {}
             if not isinstance(oparams, dict):
                 raise InvalidArgument(f"output '{item['name']}': 'parameters' must be an object")
+            if "binary_data" in oparams:
+                _flag(oparams["binary_data"], "binary_data", f"output '{item['name']}': ")
             outputs.append(RequestedOutput(item["name"], oparams))
     request_id = doc.get("id", "")
     request = InferRequest(model_name=model_name, inputs=inputs, model_version=model_version,
