@@ -188,6 +188,7 @@ def test_statistics_metrics_and_metadata(model_repository):
         meta = dp.server_metadata()
         assert "classification" in meta.extensions and "statistics" in meta.extensions
         assert "system_shared_memory" in meta.extensions and "cuda_shared_memory" not in meta.extensions
+        assert "sequence" in meta.extensions  # as Triton 2.51 lists it (sequence batching: serve/sequence.py)
         config = dp.model_config("add_sub_py")
         assert config.max_batch_size == 8 and config.instance_group[0].count == 2
         await dp.shutdown()

@@ -46,6 +46,7 @@ SERVER_VERSION = "0.1.0"
 # Only what is really implemented (binary_tensor_data is the front-ends' part of the protocol).
 EXTENSIONS = (
     "classification",
+    "sequence",  # sequence batching (serve/sequence.py): Triton lists it here, and clients look for it
     "model_repository",
     "model_repository(unload_dependents)",
     "schedule_policy",
