@@ -91,7 +91,10 @@ def exchange(kind: str, client, sent: dict[str, np.ndarray]):
     tensors = []
     for t, a in sent.items():
         tensor = module.InferInput(f"IN_{t}", list(a.shape), t)
-        tensor.set_data_from_numpy(a) if kind == "grpc" else tensor.set_data_from_numpy(a, binary_data=binary)
+        if kind == "grpc":
+            tensor.set_data_from_numpy(a)
+        else:
+            tensor.set_data_from_numpy(a, binary_data=binary)
         tensors.append(tensor)
     try:
         if kind == "grpc":
@@ -105,7 +108,9 @@ def exchange(kind: str, client, sent: dict[str, np.ndarray]):
     for t in sent:
         a = result.as_numpy(f"OUT_{t}")
         if a.dtype == object:  # JSON answers give text for BYTES (tritonclient), binary ones bytes
-            a = np.array([v.encode() if isinstance(v, str) else v for v in a.reshape(-1)] or [b""], dtype=object)[:a.size].reshape(a.shape)
+            as_bytes = np.empty(a.size, dtype=object)
+            as_bytes[:] = [v.encode() if isinstance(v, str) else v for v in a.reshape(-1)]
+            a = as_bytes.reshape(a.shape)
         echoed[t] = a
     return json.loads(result.as_numpy("SEEN")[0]), echoed
 
