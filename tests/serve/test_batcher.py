@@ -93,6 +93,9 @@ def test_settings_from_config():
     assert s.policies[0] == QueuePolicy(max_queue_size=1, allow_timeout_override=True)
     assert s.policies[1] == s.policies[2] == QueuePolicy(delay_on_timeout=True, default_timeout_us=7, max_queue_size=5)
     plain = BatcherSettings.from_config(parse_config_text('name: "m" max_batch_size: 4', model="m"))
+    # a preferred size of max_batch_size (Triton's default when none is named) changes nothing: left out
+    full = parse_config_text('name: "m" max_batch_size: 4 dynamic_batching { preferred_batch_size: [ 2, 4 ] }', model="m")
+    assert BatcherSettings.from_config(full).preferred == (2,)
     assert not plain.dynamic
 
 

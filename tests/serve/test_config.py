@@ -32,11 +32,43 @@ def test_parse_and_defaults():
     assert config.backend == "onnxruntime" and config.platform == "onnxruntime_onnx"
     assert config.input[0].dims == [16] and config.max_batch_size == 8
     assert config.version_policy.latest.num_versions == 1
-    assert [(g.name, g.count, g.kind) for g in config.instance_group] == [("m_0", 1, mc.ModelInstanceGroup.KIND_CPU)]
+    assert [(g.name, g.count, g.kind) for g in config.instance_group] == [("m", 1, mc.ModelInstanceGroup.KIND_CPU)]
+    assert config.default_model_filename == "model.onnx"
     nameless = load(GOOD.replace('name: "m"', ""), model="m")
     assert nameless.name == "m"
     gpu = load(GOOD + "instance_group [ { count: 2 kind: KIND_GPU gpus: [ 0 ] } ]")
     assert gpu.instance_group[0].kind == mc.ModelInstanceGroup.KIND_CPU and gpu.instance_group[0].count == 2
+
+
+def test_defaults_are_tritons_normalization():
+    """What Triton 2.51's /config shows for a config that leaves them out (compared against real Triton in
+    test_config_triton.py): here each rule alone, including where it must not apply."""
+    db = load(GOOD.replace("preferred_batch_size: [ 4 ] ", ""))
+    assert list(db.dynamic_batching.preferred_batch_size) == [8]  # max_batch_size when none named
+    assert list(load(GOOD).dynamic_batching.preferred_batch_size) == [4]  # named ones are kept
+    groups = load(GOOD + 'instance_group [ { count: 2 }, { name: "x" } ]')
+    assert [g.name for g in groups.instance_group] == ["m_0", "x"]  # given groups: <model>_<index>
+    python = load(GOOD.replace('platform: "onnxruntime_onnx"', 'backend: "python"'))
+    assert python.default_model_filename == "model.py"
+    assert python.optimization.input_pinned_memory.enable and python.optimization.output_pinned_memory.enable
+    assert not python.HasField("model_transaction_policy")  # only an ensemble shows it (Triton does)
+    own = load(GOOD + 'default_model_filename: "net.onnx" optimization { input_pinned_memory { enable: false } }')
+    assert own.default_model_filename == "net.onnx" and not own.optimization.input_pinned_memory.enable
+    assert own.optimization.output_pinned_memory.enable
+    seq = load(GOOD.replace("dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }",
+                            "sequence_batching { oldest { max_candidate_sequences: 2 } }"))
+    assert seq.sequence_batching.max_sequence_idle_microseconds == cfg.DEFAULT_SEQUENCE_IDLE_US == 1_000_000
+    assert list(seq.sequence_batching.oldest.preferred_batch_size) == [8]
+    kept = load(GOOD.replace("dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }",
+                             "sequence_batching { max_sequence_idle_microseconds: 5 direct { } }"))
+    assert kept.sequence_batching.max_sequence_idle_microseconds == 5
+    ensemble = load(GOOD.replace('platform: "onnxruntime_onnx"', 'platform: "ensemble"').replace(
+        "dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }",
+        'ensemble_scheduling { step [ { model_name: "a" model_version: -1 input_map { key: "X" value: "INPUT0" } '
+        'output_map { key: "Y" value: "OUTPUT0" } } ] }'))
+    assert not ensemble.instance_group and not ensemble.default_model_filename
+    assert not ensemble.HasField("optimization") and ensemble.HasField("model_transaction_policy")
+    assert not ensemble.model_transaction_policy.decoupled
 
 
 def test_syntax_error_names_file_and_line(tmp_path):

@@ -44,7 +44,7 @@ class BatcherSettings:
             # request per sequence in flight, so a batch never holds two steps of one sequence)
             oldest = config.sequence_batching.oldest
             return cls(max_batch_size=config.max_batch_size, dynamic=True,
-                       preferred=tuple(sorted(set(oldest.preferred_batch_size))),
+                       preferred=_preferred(oldest.preferred_batch_size, config.max_batch_size),
                        max_delay_ns=oldest.max_queue_delay_microseconds * 1000)
         if not config.HasField("dynamic_batching") or config.max_batch_size == 0:
             return cls(max_batch_size=config.max_batch_size)
@@ -58,10 +58,17 @@ class BatcherSettings:
         return cls(
             max_batch_size=config.max_batch_size,
             dynamic=True,
-            preferred=tuple(sorted(set(db.preferred_batch_size))),
+            preferred=_preferred(db.preferred_batch_size, config.max_batch_size),
             max_delay_ns=db.max_queue_delay_microseconds * 1000,
             preserve_ordering=db.preserve_ordering,
             priority_levels=levels,
             default_level=db.default_priority_level or levels,
             policies=policies,
         )
+
+
+def _preferred(sizes, max_batch_size: int) -> tuple[int, ...]:
+    """The preferred sizes that change when a batch leaves: a full batch leaves at once anyway, so
+    ``max_batch_size`` (what Triton's normalized config lists when the config names none) is left out,
+    and with it the scheduler pass per request a preferred size costs (batcher.submit)."""
+    return tuple(sorted({size for size in sizes if size < max_batch_size}))

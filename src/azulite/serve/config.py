@@ -170,6 +170,7 @@ ONNX_PLATFORM = "onnxruntime_onnx"
 TORCH_PLATFORM = "pytorch_libtorch"
 ENSEMBLE_PLATFORM = "ensemble"
 DEFAULT_FILENAMES = {"onnxruntime": "model.onnx", "pytorch": "model.pt", "python": "model.py"}
+DEFAULT_SEQUENCE_IDLE_US = 1_000_000  # Triton's max_sequence_idle_microseconds when a config leaves it 0
 
 
 def backend_of(config: mc.ModelConfig) -> str:
@@ -184,8 +185,11 @@ def backend_of(config: mc.ModelConfig) -> str:
 
 
 def fill_defaults(config: mc.ModelConfig, *, model: str) -> None:
-    """What Triton adds to every config it loads: the name, platform from backend (and back), one CPU
-    instance, the `latest 1` version policy, a default priority level."""
+    """What Triton 2.51 adds to every config it loads, so that ``/config`` answers what Triton's does
+    (compared field by field against it: tests/serve/test_config_triton.py): the name, platform from
+    backend (and back), the backend's model file name, one CPU instance group named after the model,
+    the `latest 1` version policy, ``preferred_batch_size: [max_batch_size]`` when a batcher names none,
+    a one-second sequence idle limit, pinned input and output memory, a default priority level."""
     if not config.name:
         config.name = model
     backend = backend_of(config)
@@ -195,10 +199,21 @@ def fill_defaults(config: mc.ModelConfig, *, model: str) -> None:
     elif backend == "pytorch":
         config.backend = "pytorch"
         config.platform = TORCH_PLATFORM
+    if not config.default_model_filename and backend in DEFAULT_FILENAMES:
+        config.default_model_filename = DEFAULT_FILENAMES[backend]
     if not config.HasField("version_policy"):
         config.version_policy.latest.num_versions = 1
+    if backend == "ensemble":
+        config.model_transaction_policy.SetInParent()  # {decoupled: false} shown, as Triton shows it
     if backend != "ensemble" and not config.instance_group:
-        config.instance_group.add(count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+        config.instance_group.add(name=config.name, count=1, kind=mc.ModelInstanceGroup.KIND_CPU)
+    if backend != "ensemble":
+        # Triton's defaults; azulite has no GPU to pin for, so they only show in /config
+        optimization = config.optimization
+        if not optimization.HasField("input_pinned_memory"):
+            optimization.input_pinned_memory.enable = True
+        if not optimization.HasField("output_pinned_memory"):
+            optimization.output_pinned_memory.enable = True
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
@@ -213,6 +228,14 @@ def fill_defaults(config: mc.ModelConfig, *, model: str) -> None:
         db = config.dynamic_batching
         if db.priority_levels and not db.default_priority_level:
             db.default_priority_level = db.priority_levels
+        if not db.preferred_batch_size and config.max_batch_size > 0:
+            db.preferred_batch_size.append(config.max_batch_size)
+    if config.HasField("sequence_batching"):
+        sb = config.sequence_batching
+        if not sb.max_sequence_idle_microseconds:
+            sb.max_sequence_idle_microseconds = DEFAULT_SEQUENCE_IDLE_US
+        if sb.HasField("oldest") and not sb.oldest.preferred_batch_size and config.max_batch_size > 0:
+            sb.oldest.preferred_batch_size.append(config.max_batch_size)
 
 
 def _invalid(model: str, message: str, fix: str | None = None) -> ModelLoadError:

@@ -157,6 +157,8 @@ class TritonDataPlane(ModelControl):
 
     def model_metadata(self, name: str, version: str = "") -> pb.ModelMetadataResponse:
         model = self.manager.get(name, version)
+        if version and version != "-1":  # as Triton: a version's metadata lists that version only
+            return model.metadata([model.version_str])
         versions = [str(v) for v in sorted(self.manager.entries[name].ready)]
         return model.metadata(versions)
 

@@ -36,7 +36,6 @@ from azulite.serve import config as cfg
 from azulite.serve.backends.base import Result, WorkItem
 from azulite.serve.proto import model_config_pb2 as mc
 
-DEFAULT_IDLE_US = 1_000_000  # Triton's max_sequence_idle_microseconds when the config leaves it 0
 _REMEMBER_EXPIRED = 4096  # released-by-timeout ids kept to say so in the error (bounded)
 
 _K = mc.ModelSequenceBatching.Control
@@ -74,7 +73,7 @@ class Sequencer:
         self.model = model_name
         sb = config.sequence_batching
         self.batched = config.max_batch_size > 0
-        self.idle_ns = (sb.max_sequence_idle_microseconds or DEFAULT_IDLE_US) * 1000
+        self.idle_ns = (sb.max_sequence_idle_microseconds or cfg.DEFAULT_SEQUENCE_IDLE_US) * 1000
         self.controls: list[tuple[str, Any]] = [(ci.name, c) for ci in sb.control_input for c in ci.control]
         self.states = list(sb.state)
         self.state_outputs = frozenset(s.output_name for s in self.states)
