@@ -348,7 +348,12 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelLoad(self, request, context):
         try:
-            params = {k: _param_value(v) for k, v in request.parameters.items()}
+            params = {}
+            for key, value in request.parameters.items():
+                want = "string_param" if key == "config" else "bytes_param" if key.startswith("file:") else None
+                if want and value.WhichOneof("parameter_choice") != want:  # Triton's words
+                    raise InvalidArgument(f"invalid value type for load parameter '{key}', expected {want}.")
+                params[key] = _param_value(value)
             await self.dp.load_model(request.model_name, params or None)
             return pb.RepositoryModelLoadResponse()
         except Exception as exc:  # noqa: BLE001
@@ -357,7 +362,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def RepositoryModelUnload(self, request, context):
         try:
             p = request.parameters.get("unload_dependents")
-            await self.dp.unload_model(request.model_name, bool(_param_value(p)) if p is not None else False)
+            if p is not None and p.WhichOneof("parameter_choice") != "bool_param":  # Triton's words
+                raise InvalidArgument("invalid value type for 'unload_dependents' parameter, expected bool_param.")
+            await self.dp.unload_model(request.model_name, p.bool_param if p is not None else False)
             return pb.RepositoryModelUnloadResponse()
         except Exception as exc:  # noqa: BLE001
             await self._abort(context, exc)

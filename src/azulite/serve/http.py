@@ -426,8 +426,11 @@ class HttpApp:
     def _repository(self, post: bool, method: bytes, path: str, rest: list[str], body: bytes):
         self._method(post, method, path)
         if rest == ["index"]:
-            doc = _parse_json_body(body)
-            return _json_reply(codec.repository_index_json(self.dp.repository_index(bool(doc.get("ready", False)))))
+            ready = _parse_json_body(body).get("ready", False)
+            if not isinstance(ready, bool):
+                raise InvalidArgument(f"'ready' must be a JSON boolean, got {json.dumps(ready)}",
+                                      fix='e.g. {"ready": true}')
+            return _json_reply(codec.repository_index_json(self.dp.repository_index(ready)))
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
             return self._load_unload(rest[1], rest[2], _parse_json_body(body))
         raise NotFound(f"no such endpoint: {method.decode()} {path}")
@@ -437,11 +440,17 @@ class HttpApp:
         if not isinstance(params, dict):
             raise InvalidArgument("'parameters' must be a JSON object")
         if action == "unload":
-            await self.dp.unload_model(name, bool(params.get("unload_dependents", False)))
+            dependents = params.get("unload_dependents", False)
+            if not isinstance(dependents, bool):
+                raise InvalidArgument(f"unload parameter 'unload_dependents' must be a JSON boolean, got "
+                                      f"{json.dumps(dependents)}", fix='e.g. {"parameters": {"unload_dependents": true}}')
+            await self.dp.unload_model(name, dependents)
             return _EMPTY_OK
         load_params: dict[str, Any] = {}
         for key, value in params.items():
-            if key.startswith("file:"):
+            if key == "config" and isinstance(value, dict):
+                load_params[key] = json.dumps(value)  # an object where Triton wants it as a string: the same
+            elif key.startswith("file:"):
                 try:  # Triton's HTTP load sends file contents base64-encoded
                     load_params[key] = base64.b64decode(value, validate=True)
                 except (ValueError, TypeError):

@@ -121,7 +121,8 @@ class ModelManager:
             if missing:
                 # Triton refuses to start; we record them as failed so the rest still serves.
                 for name in missing:
-                    self.entries[name] = ModelEntry(name=name, reason=f"no model directory '{name}' in {self.root}")
+                    reason = repo.name_problem(name) or f"no model directory '{name}' in {self.root}"
+                    self.entries[name] = ModelEntry(name=name, reason=reason)
             return [n for n in wanted if n in names]
         return names
 
@@ -154,6 +155,7 @@ class ModelManager:
              _chain: tuple[str, ...] = ()) -> list[Batcher]:
         """Load (or reload) one model. Never raises for the model's own faults: they are recorded on
         the entry (the data plane's load API raises them). Returns the batchers the swap retired."""
+        repo.check_model_name(name)  # the callers check first; this keeps a path out of the repository
         entry = self.entries.get(name) or ModelEntry(name=name)
         self.entries.setdefault(name, entry)
         entry.explicit = not _chain or (entry.explicit and bool(entry.ready))
@@ -183,6 +185,8 @@ class ModelManager:
             config = self._final_config(source)
             if cfg.backend_of(config) == "ensemble":
                 for dep in ensemble_dependencies(config):
+                    if problem := repo.name_problem(dep):
+                        raise ModelLoadError(f"ensemble '{name}' names a composing model that cannot exist: {problem}")
                     if dep in _chain or dep == name:
                         raise ModelLoadError(f"ensemble '{name}' has a cycle through '{dep}'")
                     dep_entry = self.entries.get(dep)
@@ -325,6 +329,7 @@ class ModelManager:
                 f"explicit model load / unload is not allowed if model control mode is '{self.settings.control_mode}'",
                 fix="start the server with --model-control-mode=explicit",
             )
+        repo.check_model_name(name)
         if not (self.root / name).is_dir() and not files:
             raise NotFound(f"failed to load '{name}', failed to poll from model repository: no model directory "
                            f"'{name}' in {self.root}")
@@ -335,6 +340,7 @@ class ModelManager:
                 f"explicit model load / unload is not allowed if model control mode is '{self.settings.control_mode}'",
                 fix="start the server with --model-control-mode=explicit",
             )
+        repo.check_model_name(name)
         entry = self.entries.get(name)
         if entry is None:
             if (self.root / name).is_dir():

@@ -21,8 +21,16 @@ class ModelControl:
 
     async def load_model(self, name: str, parameters: dict[str, Any] | None = None) -> None:
         parameters = dict(parameters or {})
+        if "config" in parameters and not isinstance(parameters["config"], str):
+            raise InvalidArgument("load parameter 'config' must be a string: the model configuration as JSON",
+                                  fix='e.g. {"parameters": {"config": "{\\"max_batch_size\\": 8}"}}')
+        for key in parameters:
+            if key != "config" and not key.startswith("file:"):  # Triton's words
+                raise InvalidArgument(f"unrecognized load parameter '{key}'.",
+                                      fix="a load takes 'config' (the model configuration as JSON) and "
+                                      "'file:<path in the model folder>' (that file's content)")
         config_json = parameters.pop("config", None)
-        files = {k[len("file:"):]: v for k, v in parameters.items() if k.startswith("file:")}
+        files = {k[len("file:"):]: v for k, v in parameters.items()}
         for key, value in files.items():
             if not isinstance(value, (bytes, bytearray)):
                 raise InvalidArgument(f"load parameter 'file:{key}' must be bytes (base64 over HTTP)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from azulite.errors import ModelLoadError, NotFound
+from azulite.errors import InvalidArgument, ModelLoadError, NotFound
 from azulite.serve import config as cfg
 from azulite.serve.proto import model_config_pb2 as mc
 
@@ -40,8 +40,26 @@ def version_dirs(model_dir: Path) -> tuple[int, ...]:
     return tuple(sorted(found))
 
 
+def name_problem(name: str) -> str | None:
+    """Why ``name`` cannot name a model (None when it can): a model is one folder of the repository, so
+    a name is never empty, ``.`` or ``..`` and holds no path separator (nor NUL) that would reach out of it."""
+    if name in ("", ".", "..") or any(c in name for c in "/\\\x00"):
+        shown = f"'{name}'" if name.isprintable() else repr(name)
+        return (f"{shown} is not a model name: a model is one folder of the model repository, "
+                "named without '/', '\\' or '..'")
+    return None
+
+
+def check_model_name(name: str) -> None:
+    """The model control API's check of a name a client sent (InvalidArgument: 400 / INVALID_ARGUMENT)."""
+    problem = name_problem(name)
+    if problem:
+        raise InvalidArgument(problem, fix="name a model folder of the repository (the repository index lists them)")
+
+
 def read_model(root: Path, name: str, *, config_json: str | None = None) -> ModelSource:
     """Read one model's directory. ``config_json`` (the load API's override) replaces config.pbtxt."""
+    check_model_name(name)
     path = root / name
     if not path.is_dir():
         raise NotFound(
