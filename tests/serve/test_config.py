@@ -42,7 +42,7 @@ def test_parse_and_defaults():
 
 def test_defaults_are_tritons_normalization():
     """What Triton 2.51's /config shows for a config that leaves them out (compared against real Triton in
-    test_config_triton.py): here each rule alone, including where it must not apply."""
+    test_metadata_triton.py): here each rule alone, including where it must not apply."""
     db = load(GOOD.replace("preferred_batch_size: [ 4 ] ", ""))
     assert list(db.dynamic_batching.preferred_batch_size) == [8]  # max_batch_size when none named
     assert list(load(GOOD).dynamic_batching.preferred_batch_size) == [4]  # named ones are kept

@@ -186,7 +186,7 @@ def backend_of(config: mc.ModelConfig) -> str:
 
 def fill_defaults(config: mc.ModelConfig, *, model: str) -> None:
     """What Triton 2.51 adds to every config it loads, so that ``/config`` answers what Triton's does
-    (compared field by field against it: tests/serve/test_config_triton.py): the name, platform from
+    (compared field by field against it: tests/serve/test_metadata_triton.py): the name, platform from
     backend (and back), the backend's model file name, one CPU instance group named after the model,
     the `latest 1` version policy, ``preferred_batch_size: [max_batch_size]`` when a batcher names none,
     a one-second sequence idle limit, pinned input and output memory, a default priority level."""

@@ -115,6 +115,8 @@ class ModelStats:
         self.compute_input.fill(s.compute_input)
         self.compute_infer.fill(s.compute_infer)
         self.compute_output.fill(s.compute_output)
+        s.cache_hit.SetInParent()  # listed as Triton 2.51 lists them: zero, azulite has no response cache
+        s.cache_miss.SetInParent()
         for size in sorted(self.batches):
             stat = self.batches[size]
             b = msg.batch_stats.add(batch_size=size)

@@ -1,7 +1,12 @@
-"""What ``/config`` and a version's metadata answer, field by field against real Triton 2.51 (the anchors
-installer's, Python backend): the same repository loaded by both, every difference outside the two
-listed below fails. The configs leave out what Triton fills in (instance groups, preferred sizes, the
-sequence idle limit, the model file name, pinned memory) so its normalization is what is compared."""
+"""What ``/config``, a model's (and a version's) metadata and the statistics answer, field by field against
+real Triton 2.51 (the anchors installer's, Python backend): the same repository loaded by both and the
+same requests sent, every difference outside the two listed below fails. The configs leave out what
+Triton fills in (instance groups, preferred sizes, the sequence idle limit, the model file name, pinned
+memory) so its normalization is what is compared. Durations and times differ by nature and are left out.
+
+Known and kept: a request Triton refuses before it reaches the model (a missing input, a wrong shape) is
+not in its statistics or its failure metric; azulite counts it, reason OTHER (tests/serve/test_dataplane.py),
+so that a client sending bad requests shows on the dashboard and the alert rules."""
 
 from __future__ import annotations
 
@@ -9,6 +14,7 @@ import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import tritonclient.grpc as tg
 import tritonclient.http as th
 
@@ -69,9 +75,27 @@ def answers(http_url: str, grpc_url: str, models: list[str]) -> dict:
         out[m, "metadata v1"] = http.get_model_metadata(m, "1")
     out["versioned_py", "metadata v2"] = http.get_model_metadata("versioned_py", "2")
     out["versioned_py", "grpc metadata v2"] = grpc.get_model_metadata("versioned_py", "2", as_json=True)
+    x = np.arange(32, dtype=np.float32).reshape(2, 16)
+    for _ in range(3):  # one client, one at a time: each request is one execution of batch 2, on both
+        inputs = [th.InferInput(name, [2, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(x)
+        http.infer("c_plain", inputs)
+    out["c_plain", "stats"] = untimed(http.get_inference_statistics("c_plain"))
+    out["c_nobatch", "grpc stats"] = untimed(grpc.get_inference_statistics("c_nobatch", as_json=True))
+    out["all", "stats"] = untimed(http.get_inference_statistics())
     http.close()
     grpc.close()
     return out
+
+
+def untimed(stats):
+    """Statistics without what differs by nature: durations (``ns``) and the last inference's time."""
+    if isinstance(stats, dict):
+        return {k: untimed(v) for k, v in stats.items() if k not in ("ns", "last_inference")}
+    if isinstance(stats, list):
+        return [untimed(v) for v in stats]
+    return stats
 
 
 def known_differences(ours: dict, theirs: dict) -> None:
@@ -105,3 +129,6 @@ def test_config_and_metadata_answer_as_tritons(tmp_path):
     assert theirs["c_db_empty", "config"]["dynamic_batching"]["preferred_batch_size"] == [8]
     assert theirs["c_plain", "config"]["instance_group"][0]["name"] == "c_plain"
     assert theirs["versioned_py", "metadata v2"]["versions"] == ["2"]
+    plain = theirs["c_plain", "stats"]["model_stats"][0]
+    assert plain["inference_count"] == 6 and plain["execution_count"] == 3 and "cache_hit" in plain["inference_stats"]
+    assert plain["batch_stats"][0]["batch_size"] == 2
