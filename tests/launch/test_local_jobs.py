@@ -139,12 +139,50 @@ def test_a_rank_exiting_75_by_itself_requeues(home, tmp_path):
     assert rec.state == JobState.SUCCEEDED and rec.attempt == 2, rec.reason
 
 
+# Rank 0 says "preempted" (75) and rank 1 crashes by itself (3), each on its own: rank 0 ignores the SIGTERM
+# torchrun sends when the other rank ends and exits 75 only once rank 1's command has ended; rank 1 exits
+# only once rank 0 is set. (Exiting at once, whichever rank torchrun saw end first had it stop the other
+# before its own exit: under load rank 1 was stopped before it started, and the job was rightly requeued.)
+REAL_FAILURE_BESIDE_A_75 = """
+import os, signal, sys, time
+from pathlib import Path
+
+marks = Path(__file__).resolve().parent
+
+
+def wait_for(ready):
+    while not ready():
+        time.sleep(0.01)  # polling a condition the other rank sets
+
+
+def ended(pid):
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except FileNotFoundError:
+        return True
+
+
+if os.environ["RANK"] == "0":
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    (marks / "rank0-ready").touch()
+    wait_for((marks / "rank1-pid").exists)
+    pid = int((marks / "rank1-pid").read_text())
+    wait_for(lambda: ended(pid))
+    sys.exit(75)
+wait_for((marks / "rank0-ready").exists)
+(marks / "rank1-pid.tmp").write_text(str(os.getpid()))
+os.replace(marks / "rank1-pid.tmp", marks / "rank1-pid")
+sys.exit(3)
+"""
+
+
 def test_a_real_failure_beside_a_75_is_a_failure_not_a_preemption(home, tmp_path):
-    # rank 0 says "preempted", rank 1 crashed by itself: retrying that as a preemption would hide the crash
-    script = "import os, sys\nsys.exit(75 if os.environ['RANK'] == '0' else 3)\n"
+    # retrying a crash beside a preempted rank as a preemption would hide the crash
+    script = REAL_FAILURE_BESIDE_A_75
     spec = write_job(tmp_path / "mix", script, spec_2x1(nodes=1, per_node=2))
     rec = wait_done(backend().submit(load_job(spec)).id)
     assert (rec.state, rec.exit_code, rec.failed_rank, rec.attempt) == (JobState.FAILED, 3, 1, 1), rec.reason
+    assert sorted((p.rank, p.exit_code) for p in rec.processes if p.kind == "rank") == [(0, 75), (1, 3)]
 
 
 def test_a_job_preempted_too_often_fails_instead_of_requeuing_forever(home, tmp_path, monkeypatch):
