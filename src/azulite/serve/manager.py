@@ -160,6 +160,7 @@ class ModelManager:
         self.entries.setdefault(name, entry)
         entry.explicit = not _chain or (entry.explicit and bool(entry.ready))
         tmp: Path | None = None
+        states: dict[int, VersionState] = {}  # the versions tried, each READY or UNAVAILABLE with its reason
         try:
             root = self.root
             if files:
@@ -208,7 +209,6 @@ class ModelManager:
                 versions = repo.select_versions(config.version_policy, source.versions, model=name, path=source.path)
             labels = repo.read_labels(source, config)
             ready: dict[int, LoadedModel] = {}
-            states: dict[int, VersionState] = {}
             for version in versions:
                 try:
                     ready[version] = self._load_version(source, config, version, labels)
@@ -228,7 +228,9 @@ class ModelManager:
             if self._failed_at_start is not None:
                 self._failed_at_start.add(name)
             log.warning("model '%s' failed to load: %s%s", name, reason, f"\n  fix: {exc.fix}" if exc.fix else "")
-            entry.states = {v: VersionState(UNAVAILABLE, reason) for v in entry.states}
+            # the index lists each version that failed with its own reason, as Triton's does (a failure
+            # before any version was tried, e.g. the config's, is the model's alone)
+            entry.states = states or {v: VersionState(UNAVAILABLE, reason) for v in entry.states}
             entry.state, entry.reason = UNAVAILABLE, reason
             return []
         finally:
