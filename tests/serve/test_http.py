@@ -349,8 +349,10 @@ def test_unknown_endpoints_and_unsupported_extensions(server):
     assert raw(server, "PUT", "/v2/health/live")[0] == 405
     assert raw(server, "GET", "/v2/models/add_sub_onnx/infer")[0] == 405
     assert raw(server, "GET", "/v2/models/add_sub_onnx/nothing")[0] == 404
-    status, _, body = raw(server, "GET", "/v2/logging")
-    assert status == 501 and "logging" in json.loads(body)["error"]
+    status, _, body = raw(server, "GET", "/v2/logging")  # the logging extension (tests/serve/test_log_settings.py)
+    assert status == 200 and set(json.loads(body)) == {"log_file", "log_info", "log_warning", "log_error",
+                                                        "log_verbose_level", "log_format"}
+    assert raw(server, "PUT", "/v2/logging")[0] == 405 and raw(server, "GET", "/v2/logging/more")[0] == 404
     assert raw(server, "GET", "/v2/trace/setting")[0] == 501
     status, _, body = raw(server, "GET", "/v2/systemsharedmemory/status")
     assert status == 200 and json.loads(body) == []

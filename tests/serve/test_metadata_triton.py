@@ -1,4 +1,4 @@
-"""What ``/config``, a model's (and a version's) metadata and the statistics answer, field by field against
+"""What ``/config``, a model's (and a version's) metadata, the statistics and the log settings answer, field by field against
 real Triton 2.51 (the anchors installer's, Python backend): the same repository loaded by both and the
 same requests sent, every difference outside the two listed below fails. The configs leave out what
 Triton fills in (instance groups, preferred sizes, the sequence idle limit, the model file name, pinned
@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import time
 from pathlib import Path
 
 import numpy as np
@@ -75,12 +76,18 @@ def answers(http_url: str, grpc_url: str, models: list[str]) -> dict:
         out[m, "metadata v1"] = http.get_model_metadata(m, "1")
     out["versioned_py", "metadata v2"] = http.get_model_metadata("versioned_py", "2")
     out["versioned_py", "grpc metadata v2"] = grpc.get_model_metadata("versioned_py", "2", as_json=True)
+    out["server", "logging"] = http.get_log_settings()  # the logging extension's defaults
+    out["server", "grpc logging"] = grpc.get_log_settings(as_json=True)
     x = np.arange(32, dtype=np.float32).reshape(2, 16)
     for _ in range(3):  # one client, one at a time: each request is one execution of batch 2, on both
         inputs = [th.InferInput(name, [2, 16], "FP32") for name in ("INPUT0", "INPUT1")]
         for tensor in inputs:
             tensor.set_data_from_numpy(x)
         http.infer("c_plain", inputs)
+    deadline = time.monotonic() + 60  # Triton counts a request once it is released, after its answer
+    while http.get_inference_statistics("c_plain")["model_stats"][0]["execution_count"] < 3:
+        assert time.monotonic() < deadline, "the statistics never counted the three requests"
+        time.sleep(0.01)  # polling the condition
     out["c_plain", "stats"] = untimed(http.get_inference_statistics("c_plain"))
     out["c_nobatch", "grpc stats"] = untimed(grpc.get_inference_statistics("c_nobatch", as_json=True))
     out["all", "stats"] = untimed(http.get_inference_statistics())

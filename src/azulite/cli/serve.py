@@ -8,7 +8,6 @@ repository are AzuliteErrors (exit 2, no traceback).
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 import sys
@@ -76,7 +75,12 @@ def serve(
                                             help="Largest HTTP request body in bytes (larger: 413)."),
     exit_timeout_secs: float = typer.Option(30.0, "--exit-timeout-secs",
                                             help="On SIGINT/SIGTERM, how long to drain in-flight requests."),
-    log_verbose: int = typer.Option(0, "--log-verbose", help="1: log each failure with details."),
+    log_verbose: int = typer.Option(0, "--log-verbose", help="1 or more: verbose lines (a model's log_verbose, "
+                                    "each failure's details, the libraries' info). Changeable at run time: v2/logging."),
+    log_info: str = typer.Option("true", "--log-info", help="false: no info lines."),
+    log_warning: str = typer.Option("true", "--log-warning", help="false: no warning lines."),
+    log_error: str = typer.Option("true", "--log-error", help="false: no error lines."),
+    log_format: str = typer.Option("default", "--log-format", help="default or ISO8601 (UTC) times."),
     grpc_impl: str = typer.Option("h2", "--grpc-impl",
                                   help="h2: azulite's HTTP/2 gRPC transport (fastest); grpcio: grpc.aio's server."),
     auth: bool = typer.Option(False, "--auth", help="Every endpoint but liveness/readiness needs a key "
@@ -159,6 +163,7 @@ def serve(
       azulite serve model_repository/ --auth --audit-log audit.jsonl --verify
     """
     from azulite.cli.keys import default_store
+    from azulite.serve import log_settings
     from azulite.serve.auth import GuardSettings, parse_restricted
     from azulite.serve.limits import limits_from_flags
     from azulite.serve.server import exposure_warnings
@@ -237,9 +242,13 @@ def serve(
 
         check_store_path(key_store)
     exit_on_error_ = _bool(exit_on_error, "--exit-on-error")
-    logging.basicConfig(level=logging.INFO if log_verbose else logging.WARNING,
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
-    logging.getLogger("azulite.serve.poll").setLevel(logging.INFO)  # poll mode says what it loaded
+    if log_verbose < 0:
+        raise SpecError(f"must be 0 or more, got {log_verbose}", field="--log-verbose", fix="e.g. --log-verbose 1")
+    if log_format not in log_settings.FORMATS:
+        raise SpecError(f"must be one of {', '.join(log_settings.FORMATS)}, got {log_format!r}", field="--log-format")
+    log_settings.install(log_settings.LogSettings(
+        log_info=_bool(log_info, "--log-info"), log_warning=_bool(log_warning, "--log-warning"),
+        log_error=_bool(log_error, "--log-error"), log_verbose_level=log_verbose, log_format=log_format))
     settings = ServerSettings(
         repository=repo,
         http_address=http_address, http_port=http_port if _bool(allow_http, "--allow-http") else -1,

@@ -55,6 +55,7 @@ EXTENSIONS = (
     "parameters",
     "statistics",
     "system_shared_memory",
+    "logging",  # GET/POST v2/logging, gRPC LogSettings (serve/log_settings.py)
 )
 
 _DTYPE_TO_WIRE = {v: k for k, v in cfg.WIRE_TO_NUMPY.items()}

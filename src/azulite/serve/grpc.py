@@ -20,6 +20,7 @@ import numpy as np
 from google.protobuf.message import DecodeError
 
 from azulite.errors import InvalidArgument, ResourceExhausted, ServeError, Unsupported
+from azulite.serve import log_settings
 from azulite.serve.batcher import Rejected
 from azulite.serve.config import WIRE_TO_NUMPY
 from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
@@ -409,8 +410,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                                                fix="use the metrics endpoint and model statistics"))
 
     async def LogSettings(self, request, context):
-        await self._abort(context, Unsupported("the logging extension is not supported by azulite",
-                                               fix="use the server's own log output"))
+        """Triton's logging extension (serve/log_settings.py): an empty request reads the settings."""
+        try:
+            changes = {key: _param_value(value) for key, value in request.settings.items()}
+            settings = log_settings.update(changes) if changes else log_settings.current()
+            response = pb.LogSettingsResponse()
+            for key, value in settings.as_dict().items():
+                field = ("bool_param" if isinstance(value, bool) else
+                         "uint32_param" if isinstance(value, int) else "string_param")
+                setattr(response.settings[key], field, value)
+            return response
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
 
 
 class GrpcServer:

@@ -9,8 +9,8 @@ Python servers from Triton at concurrency 32; a Protocol that parses with llhttp
 
 Routes are Triton's (docs/protocol/*.md): health, server and model metadata, ready, config, statistics,
 infer (JSON + binary tensor data extension), repository index / load / unload, system shared memory
-(serve/shm.py); logging, trace and CUDA shared-memory registration answer 501 with a message (status
-queries of CUDA shared memory answer the empty list). Errors are ``{"error": "..."}`` with :data:`HTTP_STATUS`.
+(serve/shm.py), logging (serve/log_settings.py); trace and CUDA shared-memory registration answer 501
+with a message (status queries of CUDA shared memory answer the empty list). Errors are ``{"error": "..."}`` with :data:`HTTP_STATUS`.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from urllib.parse import unquote
 
 from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
+from azulite.serve import log_settings
 from azulite.serve.api_routes import http_route
 from azulite.serve.auth import Guard
 from azulite.serve.http_stream import is_stream
@@ -350,9 +351,14 @@ class HttpApp:
             return self._system_shared_memory(rest[1:], method, path, body)
         if head == "cudasharedmemory":
             return self._shared_memory(head, rest[1:], method, path)
-        if head == "logging" or head == "trace":
-            raise Unsupported(f"the {head} extension is not supported by azulite",
-                              fix="use the server's own log output and the metrics endpoint")
+        if head == "logging" and len(rest) == 1:  # Triton's logging extension (serve/log_settings.py)
+            self._method(get or post, method, path)
+            if post:
+                return _json_reply(log_settings.update(_parse_json_body(body)).as_dict())
+            return _json_reply(log_settings.current().as_dict())
+        if head == "trace":
+            raise Unsupported("the trace extension is not supported by azulite",
+                              fix="use the metrics endpoint and model statistics")
         raise NotFound(f"no such endpoint: {method.decode()} {path}")
 
     @staticmethod

@@ -17,7 +17,7 @@ import sys
 
 from azulite.errors import Internal, ModelLoadError, ServeError
 from azulite.serve import config as cfg
-from azulite.serve import ipc, shm_ring
+from azulite.serve import ipc, log_settings, shm_ring
 from azulite.serve.backends.base import WorkItem, get_backend
 from azulite.serve.checks import output_datatype
 from azulite.serve.proto import model_config_pb2 as mc
@@ -96,6 +96,8 @@ def _answerable(model: str, result):
 
 def main(argv: list[str]) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the server decides when an instance stops
+    # a Python model's pb_utils.Logger lines reach the server's log, as the server's settings say
+    log_settings.install(prefix=f"{argv[2] if len(argv) > 2 else 'instance'}[%(process)d] ")
     sock = socket.socket(fileno=int(argv[0]))
     with sock:
         _serve(sock)

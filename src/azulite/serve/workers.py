@@ -35,7 +35,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from azulite.errors import AzuliteError, SpecError
-from azulite.serve import ipc
+from azulite.serve import ipc, log_settings
 
 log = logging.getLogger("azulite.serve.workers")
 MAX_DEFAULT_WORKERS = 8  # past this, one host's loop is the limit (see README: workers)
@@ -364,8 +364,7 @@ def main(argv: list[str]) -> None:
 
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the supervisor, which stops us in order
     role, fd = argv[0], int(argv[1])
-    logging.basicConfig(level=logging.WARNING, format=f"%(asctime)s %(levelname)s {role}[%(process)d] %(name)s: "
-                        "%(message)s")
+    log_settings.install(prefix=f"{role}[%(process)d] ")  # the server's settings file, from the environment
     sock = socket.socket(fileno=fd)
     header, _ = ipc.recv_frame(sock)
     loop = new_event_loop()
