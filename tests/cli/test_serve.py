@@ -158,6 +158,9 @@ def test_sigterm_drains_in_flight_requests(repo, tmp_path):
     (["{repo}", "--max-concurrent-streams", "0"], "--max-concurrent-streams: must be a whole number of at least 1"),
     (["{repo}", "--header-timeout-secs", "-2"], "--header-timeout-secs: must be a positive number of seconds"),
     (["{repo}", "--grpc-impl", "grpcio", "--max-control-frames", "50"], "grpcio cannot enforce --max-control-frames"),
+    (["{repo}", "--log-verbose", "-1"], "--log-verbose: must be 0 or more"),
+    (["{repo}", "--log-format", "iso"], "--log-format: must be one of default, ISO8601"),
+    (["{repo}", "--log-info", "maybe"], "--log-info"),
 ])
 def test_bad_flags_exit_2_without_traceback(repo, args, message):
     p = subprocess.run([AZULITE, "serve", *(a.format(repo=repo) for a in args)], capture_output=True, text=True,
