@@ -94,8 +94,11 @@ def post(served: Served, body: bytes) -> tuple[int, dict]:
     return response.status, answer
 
 
-def test_log_settings_choose_a_models_lines_in_every_process(repo):
-    served = Served(str(repo))
+@pytest.mark.parametrize("workers", ["1", "2"])
+def test_log_settings_choose_a_models_lines_in_every_process(repo, workers):
+    """With ``--workers 2`` the settings are changed through a front-end and obeyed by the model host (the
+    thread instance) and its instance process."""
+    served = Served(str(repo), "--workers", workers)
     try:
         http_client = httpclient.InferenceServerClient(f"127.0.0.1:{served.ports['HTTPService']}")
         grpc_url = f"127.0.0.1:{served.ports['GRPCInferenceService']}"
