@@ -10,7 +10,8 @@ Python servers from Triton at concurrency 32; a Protocol that parses with llhttp
 Routes are Triton's (docs/protocol/*.md): health, server and model metadata, ready, config, statistics,
 infer (JSON + binary tensor data extension), repository index / load / unload, system shared memory
 (serve/shm.py), logging (serve/log_settings.py); trace and CUDA shared-memory registration answer 501
-with a message (status queries of CUDA shared memory answer the empty list). Errors are ``{"error": "..."}`` with :data:`HTTP_STATUS`.
+with a message (status queries of CUDA shared memory answer the empty list). Errors are
+``{"error": "..."}`` with :data:`HTTP_STATUS`.
 """
 
 from __future__ import annotations

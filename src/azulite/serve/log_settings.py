@@ -5,7 +5,7 @@ writes (``log_info``, ``log_warning``, ``log_error``, ``log_verbose_level``) and
 One server is several processes: front-ends (``--workers``), the model host, a Python model's instance
 processes; and a Python model logs through ``pb_utils.Logger`` in whichever of them runs it. The settings
 live in one small JSON file named by ``AZULITE_LOG_SETTINGS``, which the process that configures logging
-first (``install``: the CLI's ``azulite serve``, or ``control`` on first use) creates and every child
+first (``install``: the CLI's ``azulite serve``; else the first ``update``) creates and every child
 inherits through its environment. An update replaces the file atomically; each process's handler reads it
 again when its inode or modification time changed (one ``stat`` per log line: lines are rare, a request
 never logs). So a setting changed through any front-end holds in all of them and in the instances at once,
