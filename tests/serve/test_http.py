@@ -353,7 +353,9 @@ def test_unknown_endpoints_and_unsupported_extensions(server):
     assert status == 200 and set(json.loads(body)) == {"log_file", "log_info", "log_warning", "log_error",
                                                         "log_verbose_level", "log_format"}
     assert raw(server, "PUT", "/v2/logging")[0] == 405 and raw(server, "GET", "/v2/logging/more")[0] == 404
-    assert raw(server, "GET", "/v2/trace/setting")[0] == 501
+    status, _, body = raw(server, "GET", "/v2/trace/setting")  # the trace extension (tests/serve/test_trace.py)
+    assert status == 200 and json.loads(body)["trace_level"] == ["OFF"]
+    assert raw(server, "GET", "/v2/trace")[0] == 404 and raw(server, "PUT", "/v2/trace/setting")[0] == 405
     status, _, body = raw(server, "GET", "/v2/systemsharedmemory/status")
     assert status == 200 and json.loads(body) == []
     status, _, body = raw(server, "POST", "/v2/cudasharedmemory/region/r0/register",

@@ -1,4 +1,4 @@
-"""What ``/config``, a model's (and a version's) metadata, the statistics and the log settings answer, field by field against
+"""What ``/config``, a model's (and a version's) metadata, the statistics, the log and trace settings answer, field by field against
 real Triton 2.51 (the anchors installer's, Python backend): the same repository loaded by both and the
 same requests sent, every difference outside the two listed below fails. The configs leave out what
 Triton fills in (instance groups, preferred sizes, the sequence idle limit, the model file name, pinned
@@ -78,6 +78,9 @@ def answers(http_url: str, grpc_url: str, models: list[str]) -> dict:
     out["versioned_py", "grpc metadata v2"] = grpc.get_model_metadata("versioned_py", "2", as_json=True)
     out["server", "logging"] = http.get_log_settings()  # the logging extension's defaults
     out["server", "grpc logging"] = grpc.get_log_settings(as_json=True)
+    out["server", "trace"] = http.get_trace_settings()  # the trace extension's defaults, global and a model's
+    out["c_plain", "trace"] = http.get_trace_settings("c_plain")
+    out["server", "grpc trace"] = grpc.get_trace_settings(as_json=True)
     x = np.arange(32, dtype=np.float32).reshape(2, 16)
     for _ in range(3):  # one client, one at a time: each request is one execution of batch 2, on both
         inputs = [th.InferInput(name, [2, 16], "FP32") for name in ("INPUT0", "INPUT1")]

@@ -81,6 +81,9 @@ def serve(
     log_warning: str = typer.Option("true", "--log-warning", help="false: no warning lines."),
     log_error: str = typer.Option("true", "--log-error", help="false: no error lines."),
     log_format: str = typer.Option("default", "--log-format", help="default or ISO8601 (UTC) times."),
+    trace_config: Optional[List[str]] = typer.Option(
+        None, "--trace-config", help="Triton's: triton,file=PATH, triton,log-frequency=N, rate=N, "
+        "level=TIMESTAMPS, count=N (repeatable); changeable at run time: v2/trace/setting."),
     grpc_impl: str = typer.Option("h2", "--grpc-impl",
                                   help="h2: azulite's HTTP/2 gRPC transport (fastest); grpcio: grpc.aio's server."),
     auth: bool = typer.Option(False, "--auth", help="Every endpoint but liveness/readiness needs a key "
@@ -169,6 +172,7 @@ def serve(
     from azulite.serve.server import exposure_warnings
     from azulite.serve.server import ServerSettings
     from azulite.serve.server import serve as serve_one
+    from azulite.serve.trace import parse_trace_config
 
     repo = model_repository or repository
     if repository is not None and model_repository is not None and repository != model_repository:
@@ -262,6 +266,7 @@ def serve(
         http_max_input_size=http_max_input_size,
         drain_timeout_s=exit_timeout_secs,
         grpc_impl=grpc_impl,
+        trace=parse_trace_config(trace_config or ()),
         guard=GuardSettings(
             auth=auth, key_store=(key_store or default_store()) if auth else None,
             model_rps=tuple(_rate(item) for item in model_rate_limit or ()),

@@ -81,6 +81,9 @@ class NullObserver:
 
 
 class Batcher:
+    #: set once the server traces (serve/trace.py): a batch's traced requests then get its compute times
+    trace_on = False
+
     def __init__(
         self,
         *,
@@ -333,6 +336,11 @@ class Batcher:
             error = Internal(f"model '{self.model}': {type(failure).__name__}: {failure}")
         batch_size = sum(p.item.batch_size for p in batch) or 1
         self.observer.executed(batch_size, [start - p.enqueued_ns for p in batch], timing, error is None)
+        if Batcher.trace_on:
+            end = time.monotonic_ns()
+            for p in batch:
+                if p.item.trace is not None:
+                    p.item.trace.computed(p.enqueued_ns, start, timing.input_ns, timing.output_ns, end)
         if error is not None:
             for p in batch:
                 self._complete(p, error)

@@ -20,12 +20,13 @@ if TYPE_CHECKING:
 
 
 class Counted:
-    __slots__ = ("plane", "model", "start", "reason")
+    __slots__ = ("plane", "model", "start", "reason", "trace")
 
     def __init__(self, plane: Any, model: LoadedModel, reason: str = "OTHER") -> None:
         self.plane = plane  # anything with an ``_inflight`` count (the data plane)
         self.model = model
         self.reason = reason  # set to "BACKEND" once the request reached the model
+        self.trace = None  # serve/trace.py: set when the request is traced; ended here
 
     def __enter__(self) -> Counted:
         self.plane._inflight += 1
@@ -34,6 +35,8 @@ class Counted:
 
     def __exit__(self, kind, exc, tb) -> bool:
         self.plane._inflight -= 1
+        if self.trace is not None:
+            self.trace.ended()
         elapsed = time.perf_counter_ns() - self.start
         stats = self.model.stats
         if kind is None:

@@ -23,6 +23,7 @@ from azulite.serve import config as cfg
 from azulite.serve import instances
 from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
+from azulite.serve.batcher import Batcher
 from azulite.serve.checks import bytes_objects, check_inputs, check_outputs, output_array, output_datatype
 from azulite.serve.counted import Counted
 from azulite.serve.decoupled import stream, stream_with_policies, unary_refused
@@ -39,6 +40,7 @@ from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
 from azulite.serve.sequence import Sequencer
 from azulite.serve.shm import SystemSharedMemory
+from azulite.serve.trace import Tracer, TraceSettings
 from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 SERVER_NAME = "azulite"
@@ -56,6 +58,7 @@ EXTENSIONS = (
     "statistics",
     "system_shared_memory",
     "logging",  # GET/POST v2/logging, gRPC LogSettings (serve/log_settings.py)
+    "trace",  # GET/POST v2[/models/NAME]/trace/setting, gRPC TraceSetting (serve/trace.py)
 )
 
 _DTYPE_TO_WIRE = {v: k for k, v in cfg.WIRE_TO_NUMPY.items()}
@@ -86,6 +89,8 @@ class DataPlaneSettings:
     shared_state_dir: Path | None = None
     #: see ManagerSettings.instance_processes (on in the model host of ``azulite serve --workers N``)
     instance_processes: bool = False
+    #: the trace settings at start (``azulite serve --trace-config``; serve/trace.py)
+    trace: TraceSettings = field(default_factory=TraceSettings)
 
 
 class TritonDataPlane(ModelControl):
@@ -107,6 +112,9 @@ class TritonDataPlane(ModelControl):
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
         self.shm = SystemSharedMemory()  # the system shared memory regions clients registered
+        self.tracer = Tracer(settings.trace, known_model=lambda name: name in self.manager.entries)
+        if self.tracer.active:
+            Batcher.trace_on = True
         self._sequencers: dict[int, tuple[LoadedModel, Sequencer]] = {}  # sequence_batching models
         self._loop: asyncio.AbstractEventLoop | None = None
         self._lock: asyncio.Lock | None = None
@@ -165,6 +173,14 @@ class TritonDataPlane(ModelControl):
 
     def model_config(self, name: str, version: str = "") -> mc.ModelConfig:
         return self.manager.get(name, version).config
+
+    def trace_setting(self, model: str = "", changes: dict | None = None) -> dict:
+        """Triton's trace extension (serve/trace.py): GET (``changes`` None) or POST a model's or the global
+        trace settings."""
+        answer = self.tracer.setting(model, changes)
+        if self.tracer.active:
+            Batcher.trace_on = True
+        return answer
 
     def model_statistics(self, name: str = "", version: str = "") -> pb.ModelStatisticsResponse:
         response = pb.ModelStatisticsResponse()
@@ -387,6 +403,8 @@ class TritonDataPlane(ModelControl):
         timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
         wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
         counted.reason = "BACKEND"
+        if self.tracer.active:
+            item.trace = counted.trace = self.tracer.sample(model.name, model.version, request.id)
         return item, wanted, priority, timeout
 
     def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:

@@ -206,6 +206,9 @@ class RemoteDataPlane:
     def model_statistics(self, name: str = "", version: str = ""):
         return self.call("model_statistics", name, version)
 
+    def trace_setting(self, model: str = "", changes: dict | None = None):
+        return self.call("trace_setting", model, changes)  # the one tracer is the host's
+
     def repository_index(self, ready_only: bool = False):
         return self.call("repository_index", ready_only)
 

@@ -406,8 +406,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request, context):
-        await self._abort(context, Unsupported("the trace extension is not supported by azulite",
-                                               fix="use the metrics endpoint and model statistics"))
+        """Triton's trace extension (serve/trace.py): an empty request reads the settings; an empty value
+        list clears a model's own setting."""
+        try:
+            changes = {key: (None if not value.value else list(value.value) if key == "trace_level"
+                             else value.value[0]) for key, value in request.settings.items()}
+            answer = self.dp.trace_setting(request.model_name, changes or None)
+            response = pb.TraceSettingResponse()
+            for key, value in answer.items():
+                response.settings[key].value.extend(value if isinstance(value, list) else [value])
+            return response
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
 
     async def LogSettings(self, request, context):
         """Triton's logging extension (serve/log_settings.py): an empty request reads the settings."""

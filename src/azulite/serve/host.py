@@ -31,7 +31,7 @@ log = logging.getLogger("azulite.serve.host")
 #: what a front-end may ask on the synchronous connection
 SYNC_CALLS = frozenset({"ready", "server_metadata", "model_ready", "model_metadata", "model_config",
                         "model_statistics", "repository_index", "startup_table", "metrics_text",
-                        "shm_register", "shm_unregister", "shm_status"})
+                        "shm_register", "shm_unregister", "shm_status", "trace_setting"})
 
 
 class ModelHost:

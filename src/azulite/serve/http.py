@@ -9,8 +9,8 @@ Python servers from Triton at concurrency 32; a Protocol that parses with llhttp
 
 Routes are Triton's (docs/protocol/*.md): health, server and model metadata, ready, config, statistics,
 infer (JSON + binary tensor data extension), repository index / load / unload, system shared memory
-(serve/shm.py), logging (serve/log_settings.py); trace and CUDA shared-memory registration answer 501
-with a message (status queries of CUDA shared memory answer the empty list). Errors are
+(serve/shm.py), logging (serve/log_settings.py), trace settings (serve/trace.py); CUDA shared-memory
+registration answers 501 with a message (its status queries answer the empty list). Errors are
 ``{"error": "..."}`` with :data:`HTTP_STATUS`.
 """
 
@@ -357,9 +357,8 @@ class HttpApp:
             if post:
                 return _json_reply(log_settings.update(_parse_json_body(body)).as_dict())
             return _json_reply(log_settings.current().as_dict())
-        if head == "trace":
-            raise Unsupported("the trace extension is not supported by azulite",
-                              fix="use the metrics endpoint and model statistics")
+        if head == "trace" and rest[1:] == ["setting"]:  # Triton's trace extension (serve/trace.py)
+            return self._trace_setting("", method, path, body)
         raise NotFound(f"no such endpoint: {method.decode()} {path}")
 
     @staticmethod
@@ -377,6 +376,8 @@ class HttpApp:
         name, version, tail = rest[0], "", rest[1:]
         if len(tail) >= 2 and tail[0] == "versions":
             version, tail = tail[1], tail[2:]
+        if tail == ["trace", "setting"]:
+            return self._trace_setting(name, method, path, body)
         action = tail[0] if len(tail) == 1 else ("" if not tail else None)
         if action == "infer":
             self._method(post, method, path)
@@ -400,9 +401,12 @@ class HttpApp:
         if action in ("generate", "generate_stream"):
             self._method(post, method, path)
             return self._generate(name, version, body, action == "generate_stream")
-        if action == "trace":
-            raise Unsupported("the trace extension is not supported by azulite")
         raise NotFound(f"no such endpoint: {method.decode()} {path}")
+
+    def _trace_setting(self, model: str, method: bytes, path: str, body: bytes):
+        get, post = method == b"GET", method == b"POST"
+        self._method(get or post, method, path)
+        return _json_reply(self.dp.trace_setting(model, _parse_json_body(body) if post else None))
 
     async def _generate(self, name: str, version: str, body: bytes, stream: bool) -> Reply:
         from azulite.serve import generate  # Triton's generate extension (serve/generate.py)

@@ -1,6 +1,6 @@
 """The data plane's model control: load, unload, repository polling and shutdown (Triton's
 model-repository extension and ``--model-control-mode``), one at a time under one lock. A mixin of
-:class:`azulite.serve.dataplane.TritonDataPlane`, whose state it uses: ``manager``, ``settings``, ``shm``,
+:class:`azulite.serve.dataplane.TritonDataPlane`, whose state it uses: ``manager``, ``settings``, ``shm``, ``tracer``,
 ``_lock``, ``_poller``, ``_closing``, ``_closed``, ``_inflight`` and ``_limit_threads``.
 """
 
@@ -90,4 +90,5 @@ class ModelControl:
         await asyncio.gather(*(b.close(max(0.0, deadline - time.monotonic())) for b in batchers),
                              return_exceptions=True)
         self.shm.close()
+        self.tracer.close()  # the traces not yet written go to their file
         self._closed = True

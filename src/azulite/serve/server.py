@@ -25,6 +25,7 @@ from azulite.serve.grpc_h2 import GrpcH2Server
 from azulite.serve.http import DEFAULT_MAX_INPUT_SIZE, HttpApp, MetricsApp
 from azulite.serve.http_server import HttpServer
 from azulite.serve.limits import ConnectionLimits
+from azulite.serve.trace import TraceSettings
 from azulite.serve.manager import ControlMode
 
 log = logging.getLogger("azulite.serve")
@@ -66,6 +67,8 @@ class ServerSettings:
     #: directory: they live in files there that every worker process of this server shares, so a limit
     #: holds for all of them together and quotas survive a worker's restart (serve/sharedstate.py)
     shared_state_dir: Path | None = None
+    #: Triton's trace settings at start (``--trace-config``; serve/trace.py)
+    trace: TraceSettings = TraceSettings()
 
 
 def exposure_warnings(s: ServerSettings, ports: Mapping[str, int] | None = None) -> list[str]:
@@ -117,7 +120,7 @@ class Server:
         self.dataplane = self._given or TritonDataPlane(DataPlaneSettings(
             repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
             strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify,
-            shared_state_dir=s.shared_state_dir))
+            shared_state_dir=s.shared_state_dir, trace=s.trace))
         try:
             if s.http_port >= 0:
                 self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size,

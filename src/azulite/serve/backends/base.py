@@ -32,6 +32,8 @@ class WorkItem:
     # Decoupled models (serve/decoupled.py): sink(result, final) takes each response, from any thread,
     # before or after execute returns; None for models that answer once per request.
     sink: Callable[[Result | None, bool], None] | None = None
+    # serve/trace.py: the request's trace when the tracer sampled it (the batcher stamps its compute times)
+    trace: Any = None
 
 
 @dataclass(slots=True)
