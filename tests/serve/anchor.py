@@ -30,13 +30,15 @@ class TritonProcess:
 
 
 @contextmanager
-def running_triton(repository: Path, log: Path, start_timeout_s: float = 180) -> Iterator[TritonProcess]:
+def running_triton(repository: Path, log: Path, start_timeout_s: float = 180,
+                   args: tuple[str, ...] = ()) -> Iterator[TritonProcess]:
     assert TRITONSERVER.exists(), "tritonserver missing: `make test` installs it (scripts/anchors.sh)"
     http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
     with log.open("w") as out:
         proc = subprocess.Popen([str(TRITONSERVER), f"--model-repository={repository}", "--http-address=127.0.0.1",
                                  "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
-                                 f"--metrics-port={metrics_port}", "--exit-timeout-secs=5"], stdout=out, stderr=subprocess.STDOUT,
+                                 f"--metrics-port={metrics_port}", "--exit-timeout-secs=5", *args], stdout=out,
+                                stderr=subprocess.STDOUT,
                                 env={**os.environ, "COLUMNS": "120"})
     try:
         client = httpclient.InferenceServerClient(f"127.0.0.1:{http_port}", connection_timeout=5)

@@ -170,3 +170,34 @@ def test_workers_share_one_tracer_and_shutdown_writes_the_rest(tmp_path):
     written = traces(trace_file)
     assert [t["request_id"] for t in written] == ["w0", "w1", "w2"]
     assert all([s["name"] for s in t["stamps"]] == ORDER for t in written)
+
+
+def test_a_trace_reads_as_real_tritons(repo, tmp_path):
+    """The same requests traced by real Triton 2.51 and by azulite: the same header fields, and azulite's
+    timestamps are Triton's data-plane ones, in the same order (Triton adds its front-end's receive and
+    send times and INFER_RESPONSE_COMPLETE, which azulite does not take)."""
+    from .anchor import running_triton
+
+    written = {}
+    for side in ("triton", "azulite"):
+        trace_file = tmp_path / side / "trace.json"
+        trace_file.parent.mkdir()
+        flags = [f"triton,file={trace_file}", "triton,log-frequency=1", "level=TIMESTAMPS", "rate=1"]
+        if side == "triton":
+            with running_triton(repo, tmp_path / "triton.log", args=tuple(f"--trace-config={f}" for f in flags)) as t:
+                http = httpclient.InferenceServerClient(t.http_url)
+                add_sub(http, httpclient, "t0")
+                add_sub(grpcclient.InferenceServerClient(t.grpc_url), grpcclient, "t1")
+        else:
+            with running_server(repo, trace=parse_trace_config(flags)) as server:
+                add_sub(httpclient.InferenceServerClient(server.http_url), httpclient, "t0")
+                add_sub(grpcclient.InferenceServerClient(server.grpc_url), grpcclient, "t1")
+        written[side] = traces(trace_file.with_name("trace.json.0")) + traces(trace_file.with_name("trace.json.1"))
+    theirs, ours = written["triton"], written["azulite"]
+    assert [(t["model_name"], t["model_version"], t["request_id"]) for t in theirs] == \
+        [(t["model_name"], t["model_version"], t["request_id"]) for t in ours] == [("add_sub_py", 1, "t0"), ("add_sub_py", 1, "t1")]
+    for mine, real in zip(ours, theirs):
+        assert set(mine) == set(real)
+        real_names = [s["name"] for s in sorted(real["stamps"], key=lambda s: s["ns"])]
+        data_plane = [n for n in real_names if not n.startswith(("HTTP_", "GRPC_")) and n != "INFER_RESPONSE_COMPLETE"]
+        assert [s["name"] for s in mine["stamps"]] == data_plane == ORDER, real_names
