@@ -201,3 +201,26 @@ def test_a_trace_reads_as_real_tritons(repo, tmp_path):
         real_names = [s["name"] for s in sorted(real["stamps"], key=lambda s: s["ns"])]
         data_plane = [n for n in real_names if not n.startswith(("HTTP_", "GRPC_")) and n != "INFER_RESPONSE_COMPLETE"]
         assert [s["name"] for s in mine["stamps"]] == data_plane == ORDER, real_names
+
+
+def test_a_decoupled_models_stream_is_traced_to_its_final_response(tmp_path):
+    import queue
+
+    repo = build_model_repository(tmp_path / "repo", ("repeat_py",))
+    trace_file = tmp_path / "trace.json"
+    flags = [f"triton,file={trace_file}", "level=TIMESTAMPS", "rate=1"]
+    with running_server(repo, trace=parse_trace_config(flags)) as server:
+        answers: queue.Queue = queue.Queue()
+        client = grpcclient.InferenceServerClient(server.grpc_url)
+        client.start_stream(callback=lambda result, error: answers.put((result, error)))
+        values = grpcclient.InferInput("IN", [3], "INT32")
+        values.set_data_from_numpy(np.array([4, 5, 6], np.int32))
+        client.async_stream_infer("repeat_py", [values], request_id="d0", enable_empty_final_response=True)
+        while True:
+            result, error = answers.get(timeout=60)
+            assert error is None, error
+            if result.get_response().parameters["triton_final_response"].bool_param:
+                break
+        client.stop_stream()
+    (trace,) = traces(trace_file)
+    assert trace["request_id"] == "d0" and [s["name"] for s in trace["stamps"]] == ORDER

@@ -71,6 +71,8 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
         item = dp._prepare(model, request)
         counted.reason = "BACKEND"
         item.sink = sink
+        if dp.tracer.active:  # serve/trace.py: the trace ends with the final response
+            item.trace = counted.trace = dp.tracer.sample(model.name, model.version, request.id)
         wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
         future = model.batcher.submit(item, priority=request_int(request, "priority"),
                                       timeout_us=request_int(request, "timeout"))
@@ -90,6 +92,10 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
             yield response
             if final:
                 break
+        if counted.trace is not None and not future.done():
+            # a final response sent from inside execute comes before execute returns: the trace takes the
+            # batch's compute times when it does (the client has every response already)
+            await asyncio.wait([future])
 
 
 async def stream_with_policies(dp: "TritonDataPlane", model: "LoadedModel | None", request: InferRequest,

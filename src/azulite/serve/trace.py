@@ -13,9 +13,11 @@ log frequency below 0, a value of the wrong type or an unknown level; ``TENSORS`
 
 What a trace holds here: the data plane's timestamps (``REQUEST_START``, ``QUEUE_START``,
 ``COMPUTE_START``, ``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``, ``REQUEST_END``), one
-clock (CLOCK_MONOTONIC, as Triton's). Not the front-end's HTTP/gRPC receive and send times, and an
-ensemble's steps are not traced as children (the ensemble's own request is). The data plane holds the
-tracer, so with ``--workers`` every front-end's settings call reaches the one tracer in the model host.
+clock (CLOCK_MONOTONIC, as Triton's); a decoupled model's stream ends at its final response. Not the
+front-end's HTTP/gRPC receive and send times; an ensemble's steps are not traced as its children (the
+ensemble's own request is), and a BLS call a Python model makes is sampled as a request of its own. The
+data plane holds the tracer, so with ``--workers`` every front-end's settings call reaches the one
+tracer in the model host.
 """
 
 from __future__ import annotations
