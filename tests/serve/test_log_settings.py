@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import http.client
 import json
+import os
 import logging
 import re
 import time
@@ -173,3 +174,20 @@ def test_back_to_back_updates_are_each_seen(tmp_path, monkeypatch):
         assert log_settings.update({"log_verbose_level": i % 3, "log_info": i % 2 == 0}) == log_settings.LogSettings(
             log_verbose_level=i % 3, log_info=i % 2 == 0)
         assert log_settings.current().log_verbose_level == i % 3
+
+
+def test_a_killed_servers_settings_file_is_removed_by_the_next(tmp_path, monkeypatch):
+    import subprocess
+    import sys
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path))
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    stale = tmp_path / f"azulite-log-{int(dead.stdout)}-abc.json"  # its process has ended, its file stayed
+    stale.write_text("{}")
+    foreign = tmp_path / "azulite-log-notapid-x.json"
+    foreign.write_text("{}")
+    monkeypatch.setenv(log_settings.ENV, "")  # restored (unset) after the test: _create sets it
+    monkeypatch.delenv(log_settings.ENV)
+    path = log_settings._create(log_settings.LogSettings())
+    assert not stale.exists() and foreign.exists() and path.startswith(str(tmp_path / f"azulite-log-{os.getpid()}-"))

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import time
 from dataclasses import asdict, dataclass, replace
+from pathlib import Path
 from typing import Any
 
 from azulite.errors import InvalidArgument, Unsupported
@@ -117,13 +118,25 @@ def _write(path: str, settings: LogSettings) -> None:
 
 
 def _create(initial: LogSettings) -> str:
-    fd, path = tempfile.mkstemp(prefix="azulite-log-", suffix=".json")
+    _sweep()
+    fd, path = tempfile.mkstemp(prefix=f"azulite-log-{os.getpid()}-", suffix=".json")
     os.close(fd)
     _write(path, initial)
     os.environ[ENV] = path  # every child process this one starts reads the same file
     owner = os.getpid()
     atexit.register(lambda: os.getpid() == owner and _unlink(path))
     return path
+
+
+def _sweep() -> None:
+    """Remove the settings files of servers that are gone without their exit handler (killed)."""
+    for stale in Path(tempfile.gettempdir()).glob("azulite-log-*-*.json"):
+        try:
+            os.kill(int(stale.name.split("-")[2]), 0)
+        except ProcessLookupError:
+            _unlink(str(stale))
+        except (ValueError, PermissionError, IndexError):
+            pass  # not one of ours, or another user's live server
 
 
 def _unlink(path: str) -> None:
