@@ -27,6 +27,7 @@ def _free_port() -> int:
 class TritonProcess:
     http_url: str
     grpc_url: str
+    metrics_url: str = ""
 
 
 @contextmanager
@@ -37,7 +38,8 @@ def running_triton(repository: Path, log: Path, start_timeout_s: float = 180,
     with log.open("w") as out:
         proc = subprocess.Popen([str(TRITONSERVER), f"--model-repository={repository}", "--http-address=127.0.0.1",
                                  "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",
-                                 f"--metrics-port={metrics_port}", "--exit-timeout-secs=5", *args], stdout=out,
+                                 f"--metrics-port={metrics_port}", "--metrics-address=127.0.0.1",
+                                 "--exit-timeout-secs=5", *args], stdout=out,
                                 stderr=subprocess.STDOUT,
                                 env={**os.environ, "COLUMNS": "120"})
     try:
@@ -53,7 +55,7 @@ def running_triton(repository: Path, log: Path, start_timeout_s: float = 180,
             assert time.monotonic() < deadline, f"tritonserver not ready in {start_timeout_s} s"
             time.sleep(0.2)  # polling the readiness condition, not synchronising on time
         client.close()
-        yield TritonProcess(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}")
+        yield TritonProcess(f"127.0.0.1:{http_port}", f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{metrics_port}/metrics")
     finally:
         proc.terminate()
         try:

@@ -11,8 +11,10 @@ so that a client sending bad requests shows on the dashboard and the alert rules
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import time
+import urllib.request
 from pathlib import Path
 
 import numpy as np
@@ -65,7 +67,22 @@ def repository(root: Path) -> tuple[Path, list[str]]:
     return root, [*FROM_TESTS, *VARIANTS, "c_ensemble"]
 
 
-def answers(http_url: str, grpc_url: str, models: list[str]) -> dict:
+def metric_families(url: str) -> dict[str, dict]:
+    """Triton's inference metrics as a scrape shows them: each family's HELP, TYPE and label names."""
+    families: dict[str, dict] = {}
+    for line in urllib.request.urlopen(url, timeout=60).read().decode().splitlines():
+        if line.startswith(("# HELP nv_inference", "# TYPE nv_inference")):
+            kind, name, text = line[2:].split(" ", 2)
+            families.setdefault(name, {})[kind] = text
+        elif line.startswith("nv_inference"):
+            name = re.match(r"[a-z_]+", line).group(0)
+            families.setdefault(name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
+                                if name.endswith(("_bucket", "_sum")) else name, {}).setdefault(
+                "labels", set()).add(tuple(sorted(re.findall(r'(\w+)="', line))))
+    return families
+
+
+def answers(http_url: str, grpc_url: str, models: list[str], metrics_url: str) -> dict:
     http, grpc = th.InferenceServerClient(http_url), tg.InferenceServerClient(grpc_url)
     out = {}
     for m in models:
@@ -92,6 +109,9 @@ def answers(http_url: str, grpc_url: str, models: list[str]) -> dict:
         assert time.monotonic() < deadline, "the statistics never counted the three requests"
         time.sleep(0.01)  # polling the condition
     out["c_plain", "stats"] = untimed(http.get_inference_statistics("c_plain"))
+    # azulite's own addition (a latency histogram) is left out: only the families Triton has are compared
+    out["server", "metrics"] = {name: family for name, family in metric_families(metrics_url).items()
+                                if not name.startswith("nv_inference_first_response_histogram")}
     out["c_nobatch", "grpc stats"] = untimed(grpc.get_inference_statistics("c_nobatch", as_json=True))
     out["all", "stats"] = untimed(http.get_inference_statistics())
     http.close()
@@ -127,9 +147,9 @@ def test_config_and_metadata_answer_as_tritons(tmp_path):
 
     root, models = repository(tmp_path / "repo")
     with running_triton(root, tmp_path / "triton.log") as triton:
-        theirs = answers(triton.http_url, triton.grpc_url, models)
+        theirs = answers(triton.http_url, triton.grpc_url, models, triton.metrics_url)
     with running_server(root) as server:
-        ours = answers(server.http_url, server.grpc_url, models)
+        ours = answers(server.http_url, server.grpc_url, models, server.metrics_url)
     raw = json.dumps(theirs["accumulate_py", "config"]["sequence_batching"]["state"])
     assert '"dims": ["1"]' in raw  # Triton's quirk is still there (else drop it from known_differences)
     known_differences(ours, theirs)
@@ -142,3 +162,4 @@ def test_config_and_metadata_answer_as_tritons(tmp_path):
     plain = theirs["c_plain", "stats"]["model_stats"][0]
     assert plain["inference_count"] == 6 and plain["execution_count"] == 3 and "cache_hit" in plain["inference_stats"]
     assert plain["batch_stats"][0]["batch_size"] == 2
+    assert {"nv_inference_request_success", "nv_inference_queue_duration_us"} <= set(theirs["server", "metrics"])

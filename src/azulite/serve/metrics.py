@@ -27,15 +27,20 @@ _COUNTERS: tuple[tuple[str, str, Callable[[ModelStats], float]], ...] = (
      lambda s: s.inference_count),
     ("nv_inference_exec_count", "Number of model executions performed (does not include cached requests)",
      lambda s: s.execution_count),
-    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds",
+    ("nv_inference_request_duration_us", "Cumulative inference request duration in microseconds"
+     " (includes cached requests)",
      lambda s: (s.success.ns + s.fail.ns) // 1000),
-    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds",
+    ("nv_inference_queue_duration_us", "Cumulative inference queuing duration in microseconds"
+     " (includes cached requests)",
      lambda s: s.queue.ns // 1000),
-    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds",
+    ("nv_inference_compute_input_duration_us", "Cumulative compute input duration in microseconds"
+     " (does not include cached requests)",
      lambda s: s.compute_input.ns // 1000),
-    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds",
+    ("nv_inference_compute_infer_duration_us", "Cumulative compute inference duration in microseconds"
+     " (does not include cached requests)",
      lambda s: s.compute_infer.ns // 1000),
-    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds",
+    ("nv_inference_compute_output_duration_us", "Cumulative inference compute output duration in microseconds"
+     " (does not include cached requests)",
      lambda s: s.compute_output.ns // 1000),
 )
 
