@@ -224,3 +224,18 @@ def test_a_decoupled_models_stream_is_traced_to_its_final_response(tmp_path):
         client.stop_stream()
     (trace,) = traces(trace_file)
     assert trace["request_id"] == "d0" and [s["name"] for s in trace["stamps"]] == ORDER
+
+
+def test_a_trace_file_that_cannot_be_written_costs_traces_not_requests(repo, tmp_path):
+    folder = tmp_path / "traces"
+    folder.mkdir()
+    settings = parse_trace_config([f"triton,file={folder / 'trace.json'}", "triton,log-frequency=1",
+                                   "level=TIMESTAMPS", "rate=1"])
+    with running_server(repo, trace=settings) as server:
+        folder.rmdir()  # gone while the server traces
+        http = httpclient.InferenceServerClient(server.http_url)
+        for i in range(2):
+            add_sub(http, httpclient, f"x{i}")  # answered, though their traces cannot be written
+        assert server.server.dataplane.tracer.lost == 2
+    with pytest.raises(SpecError, match="does not exist"):
+        parse_trace_config([f"triton,file={tmp_path / 'nowhere' / 'trace.json'}"])

@@ -23,6 +23,7 @@ tracer in the model host.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import threading
 import time
@@ -31,6 +32,7 @@ from typing import Any
 
 from azulite.errors import InvalidArgument, NotFound, SpecError, Unsupported
 
+log = logging.getLogger("azulite.serve.trace")
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
 #: protocol name -> (TraceSettings field, parser)
 _FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency",
@@ -133,6 +135,9 @@ def parse_trace_config(items: list[str] | tuple[str, ...]) -> TraceSettings:
     if settings.on and not settings.file:
         raise SpecError("level=TIMESTAMPS needs a trace file", field="--trace-config",
                         fix="add --trace-config triton,file=/tmp/trace.json")
+    if settings.file and not os.path.isdir(os.path.dirname(os.path.abspath(settings.file))):
+        raise SpecError(f"the trace file's folder {os.path.dirname(os.path.abspath(settings.file))} does not exist",
+                        field="--trace-config", fix="create it, or name a file in an existing folder")
     return settings
 
 
@@ -175,6 +180,7 @@ class Tracer:
         self._buffered: dict[str, int] = {}  # trace file -> traces in its buffer
         self._index: dict[str, int] = {}  # trace file -> next ${file}.${i}
         self._lock = threading.Lock()  # ended() may run on an instance's thread
+        self.lost = 0  # traces a failed write of the trace file lost
         self._refresh()
 
     # --- settings ---------------------------------------------------------------------------------
@@ -276,14 +282,19 @@ class Tracer:
         return next((self.settings_for(m).log_frequency for m in self.overrides if self.settings_for(m).file == path), 0)
 
     def _write(self, path: str, target: str) -> None:
+        """Write the buffered traces; a file that cannot be written costs those traces, never a request."""
         objects = self._buffers.pop(path, [])
         self._buffered.pop(path, None)
         if not objects:
             return
         tmp = f"{target}.tmp{os.getpid()}"
-        with open(tmp, "w") as f:
-            json.dump(objects, f)
-        os.replace(tmp, target)
+        try:
+            with open(tmp, "w") as f:
+                json.dump(objects, f)
+            os.replace(tmp, target)
+        except OSError as exc:
+            self.lost += len({o["id"] for o in objects})
+            log.warning("trace file %s: cannot write (%s); %d trace(s) lost so far", target, exc, self.lost)
 
     def close(self) -> None:
         """Write what is still buffered: to ``${file}`` when the log frequency is 0, else the next index."""
