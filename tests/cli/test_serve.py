@@ -335,3 +335,26 @@ def test_a_config_syntax_error_is_logged_once_with_its_fix(tmp_path):
         in p.stderr, p.stderr
     assert "ensemble 'add_sub_ensemble' depends on 'add_sub_onnx', which failed to load (see its own error)" \
         in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize(("flags", "completes"), [
+    ((), True),
+    (("--disable-auto-complete-config",), False),
+    (("--strict-model-config", "true"), False),  # tritonserver's older flag for the same
+    (("--strict-model-config", "false"), True),
+])
+def test_disable_auto_complete_config_serves_configs_as_written(tmp_path, flags, completes):
+    """A model with no config.pbtxt loads by auto-complete from its model file, unless it is disabled."""
+    repo = build_model_repository(tmp_path / "repo", ("add_sub_onnx",))
+    (repo / "bare_onnx" / "1").mkdir(parents=True)
+    (repo / "bare_onnx" / "1" / "model.onnx").write_bytes((repo / "add_sub_onnx" / "1" / "model.onnx").read_bytes())
+    s = Served(str(repo), *flags)
+    try:
+        text = "".join(s.lines)
+        assert re.search(r"add_sub_onnx\s*│\s*1\s*│\s*READY", text), text
+        if completes:
+            assert re.search(r"bare_onnx\s*│\s*1\s*│\s*READY", text), text
+        else:
+            assert "no config.pbtxt, and auto-complete is disabled" in text, text
+    finally:
+        s.stop()

@@ -81,6 +81,11 @@ def serve(
     log_warning: str = typer.Option("true", "--log-warning", help="false: no warning lines."),
     log_error: str = typer.Option("true", "--log-error", help="false: no error lines."),
     log_format: str = typer.Option("default", "--log-format", help="default or ISO8601 (UTC) times."),
+    disable_auto_complete_config: bool = typer.Option(
+        False, "--disable-auto-complete-config", help="Use each config.pbtxt as written: no auto-complete from the "
+        "model file (a model without config.pbtxt then fails to load)."),
+    strict_model_config: Optional[str] = typer.Option(
+        None, "--strict-model-config", help="tritonserver's older flag: true is --disable-auto-complete-config."),
     trace_config: Optional[List[str]] = typer.Option(
         None, "--trace-config", help="Triton's: triton,file=PATH, triton,log-frequency=N, rate=N, "
         "level=TIMESTAMPS, count=N (repeatable); changeable at run time: v2/trace/setting."),
@@ -267,6 +272,8 @@ def serve(
         drain_timeout_s=exit_timeout_secs,
         grpc_impl=grpc_impl,
         trace=parse_trace_config(trace_config or ()),
+        disable_auto_complete_config=disable_auto_complete_config or (
+            strict_model_config is not None and _bool(strict_model_config, "--strict-model-config")),
         guard=GuardSettings(
             auth=auth, key_store=(key_store or default_store()) if auth else None,
             model_rps=tuple(_rate(item) for item in model_rate_limit or ()),

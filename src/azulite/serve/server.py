@@ -69,6 +69,8 @@ class ServerSettings:
     shared_state_dir: Path | None = None
     #: Triton's trace settings at start (``--trace-config``; serve/trace.py)
     trace: TraceSettings = TraceSettings()
+    #: Triton's --disable-auto-complete-config (and --strict-model-config=true): configs used as written
+    disable_auto_complete_config: bool = False
 
 
 def exposure_warnings(s: ServerSettings, ports: Mapping[str, int] | None = None) -> list[str]:
@@ -120,7 +122,8 @@ class Server:
         self.dataplane = self._given or TritonDataPlane(DataPlaneSettings(
             repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
             strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify,
-            shared_state_dir=s.shared_state_dir, trace=s.trace))
+            shared_state_dir=s.shared_state_dir, trace=s.trace,
+            disable_auto_complete_config=s.disable_auto_complete_config))
         try:
             if s.http_port >= 0:
                 self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size,
