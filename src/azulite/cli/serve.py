@@ -86,6 +86,9 @@ def serve(
         "model file (a model without config.pbtxt then fails to load)."),
     strict_model_config: Optional[str] = typer.Option(
         None, "--strict-model-config", help="tritonserver's older flag: true is --disable-auto-complete-config."),
+    cache_config: Optional[List[str]] = typer.Option(
+        None, "--cache-config", help="Triton's response cache: local,size=BYTES (models opt in with "
+        "response_cache { enable: true })."),
     trace_config: Optional[List[str]] = typer.Option(
         None, "--trace-config", help="Triton's: triton,file=PATH, triton,log-frequency=N, rate=N, "
         "level=TIMESTAMPS, count=N (repeatable); changeable at run time: v2/trace/setting."),
@@ -177,6 +180,7 @@ def serve(
     from azulite.serve.server import exposure_warnings
     from azulite.serve.server import ServerSettings
     from azulite.serve.server import serve as serve_one
+    from azulite.serve.response_cache import parse_cache_config
     from azulite.serve.trace import parse_trace_config
 
     repo = model_repository or repository
@@ -272,6 +276,7 @@ def serve(
         drain_timeout_s=exit_timeout_secs,
         grpc_impl=grpc_impl,
         trace=parse_trace_config(trace_config or ()),
+        cache=parse_cache_config(cache_config or ()),
         disable_auto_complete_config=disable_auto_complete_config or (
             strict_model_config is not None and _bool(strict_model_config, "--strict-model-config")),
         guard=GuardSettings(

@@ -333,6 +333,11 @@ def validate_config(config: mc.ModelConfig, *, model: str) -> None:
                         f"model '{model}': dynamic_batching.priority_queue_policy level {level} is not "
                         f"in [1, {db.priority_levels}]",
                     )
+    if config.response_cache.enable and (config.model_transaction_policy.decoupled
+                                         or config.HasField("sequence_batching")):
+        kind = "a decoupled model" if config.model_transaction_policy.decoupled else "a sequence model"
+        raise _invalid(model, f"model '{model}': response_cache cannot be enabled for {kind} (its answers are "
+                       "not a function of one request's inputs)", fix="remove response_cache { enable: true }")
     if config.model_transaction_policy.decoupled and backend != "python":
         raise _invalid(
             model,

@@ -34,10 +34,13 @@ from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallbac
 from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
 from azulite.serve.model_control import ModelControl
-from azulite.serve.models import READY, LoadedModel
+from azulite.serve.models import LoadedModel
 from azulite.serve.parameters import classify, request_int, top_k
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
+from azulite.serve.response_cache import CacheSettings, ResponseCache, cache_metrics
+from azulite.serve.response_cache import insert as cache_insert
+from azulite.serve.response_cache import lookup as cache_lookup
 from azulite.serve.sequence import Sequencer
 from azulite.serve.shm import SystemSharedMemory
 from azulite.serve.trace import Tracer, TraceSettings
@@ -91,6 +94,8 @@ class DataPlaneSettings:
     instance_processes: bool = False
     #: the trace settings at start (``azulite serve --trace-config``; serve/trace.py)
     trace: TraceSettings = field(default_factory=TraceSettings)
+    #: the response cache (``azulite serve --cache-config local,size=N``; serve/response_cache.py)
+    cache: CacheSettings = field(default_factory=CacheSettings)
 
 
 class TritonDataPlane(ModelControl):
@@ -107,12 +112,16 @@ class TritonDataPlane(ModelControl):
                             load_models=settings.load_models, compute_threads=settings.compute_threads,
                             auto_complete=not settings.disable_auto_complete_config,
                             verify_model=settings.verify_model,
-                            instance_processes=settings.instance_processes),
+                            instance_processes=settings.instance_processes,
+                            response_cache=settings.cache.size > 0),
             bls=self._bls,
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
         self.shm = SystemSharedMemory()  # the system shared memory regions clients registered
         self.tracer = Tracer(settings.trace, known_model=lambda name: name in self.manager.entries)
+        self.cache = ResponseCache(settings.cache.size) if settings.cache.size else None
+        if self.cache is not None:
+            self.metrics.extra.append(lambda: cache_metrics(self.manager.all_stats, self.cache))
         if self.tracer.active:
             Batcher.trace_on = True
         self._sequencers: dict[int, tuple[LoadedModel, Sequencer]] = {}  # sequence_batching models
@@ -200,41 +209,6 @@ class TritonDataPlane(ModelControl):
                 response.model_stats.append(entry.ready[v].stats.to_proto())
         return response
 
-    def repository_index(self, ready_only: bool = False) -> pb.RepositoryIndexResponse:
-        from azulite.serve import repository as repo
-
-        response = pb.RepositoryIndexResponse()
-        names = set(self.manager.entries)
-        try:
-            names |= set(repo.list_models(self.manager.root))
-        except ServeError:
-            pass
-        for name in sorted(names):
-            entry = self.manager.entries.get(name)
-            if entry is None:
-                if not ready_only:
-                    response.models.add(name=name)  # in the repository, never loaded (Triton: no state)
-                continue
-            if entry.states:
-                for v in sorted(entry.states):
-                    st = entry.states[v]
-                    if ready_only and st.state != READY:
-                        continue
-                    response.models.add(name=name, version=str(v), state=st.state, reason=st.reason)
-            elif not ready_only:
-                response.models.add(name=name, state=entry.state, reason=entry.reason)
-        return response
-
-    def startup_table(self) -> list[tuple[str, str, str]]:
-        """(model, version, status) rows as Triton prints at start: READY or UNAVAILABLE: <reason>."""
-        rows = []
-        for m in self.repository_index().models:
-            status = m.state or "UNAVAILABLE"
-            if m.reason:
-                status += f": {m.reason}"
-            rows.append((m.name, m.version or "-", status if m.state else "UNLOADED"))
-        return rows
-
     # --- inference ---------------------------------------------------------------------------------
 
     async def infer(self, request: InferRequest) -> InferResponse:
@@ -281,7 +255,7 @@ class TritonDataPlane(ModelControl):
         self.shm.resolve_inputs(request)  # as infer (it skips inputs already resolved, so a fallback to infer
         places = self.shm.output_places(request)  # after this reads the same)
         model = self.manager.get(request.model_name, request.model_version)
-        if model.batcher is None or model.sequence or model.decoupled:
+        if model.batcher is None or model.sequence or model.decoupled or model.response_cache:
             return None
         counted = Counted(self, model)
         counted.__enter__()
@@ -372,6 +346,11 @@ class TritonDataPlane(ModelControl):
         with Counted(self, model) as counted:
             start = counted.start
             item, wanted, priority, timeout = self._admit(model, request, counted)
+            key = None
+            if model.response_cache and self.cache is not None:  # serve/response_cache.py
+                key, hit, looked_ns = cache_lookup(self.cache, model, item)
+                if hit is not None:
+                    return self._respond(model, request, item, hit, wanted)
             if model.batcher is None:
                 # Triton's ensemble scheduler reports the ensemble's own queue (arrival to first step) and
                 # compute counts per request; perf_analyzer finds an ensemble's version, when none is given,
@@ -387,6 +366,8 @@ class TritonDataPlane(ModelControl):
             else:
                 outputs = await model.batcher.submit(item, priority=priority, timeout_us=timeout)
             response = self._respond(model, request, item, outputs, wanted)
+            if key is not None:  # answered without an error: kept for the next request like it
+                cache_insert(self.cache, model, key, outputs, looked_ns)
         return response
 
     def _sequencer(self, model: LoadedModel) -> Sequencer:

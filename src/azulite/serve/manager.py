@@ -56,6 +56,8 @@ class ManagerSettings:
     #: a model whose config leaves ``azulite_instance_process`` at "auto" runs its Python instances in
     #: processes of their own (on in the model host of ``--workers N``; serve/instances.py)
     instance_processes: bool = False
+    #: the server has a response cache (--cache-config): without one, a model's response_cache is inert
+    response_cache: bool = False
 
 
 def ensemble_dependencies(config: mc.ModelConfig) -> list[str]:
@@ -283,6 +285,9 @@ class ModelManager:
         cfg.fill_defaults(config, model=name)
         cfg.validate_config(config, model=name)
         policy_of(config)  # a bad fallback, drift or instance-process parameter fails the load, naming it
+        if config.response_cache.enable and not self.settings.response_cache:
+            log.warning("model '%s' enables response_cache but the server has no cache: its answers are not "
+                        "cached (start with --cache-config local,size=BYTES)", name)
         window_of(config)
         instances.placement(config)
         return config

@@ -1,7 +1,7 @@
-"""The data plane's model control: load, unload, repository polling and shutdown (Triton's
-model-repository extension and ``--model-control-mode``), one at a time under one lock. A mixin of
-:class:`azulite.serve.dataplane.TritonDataPlane`, whose state it uses: ``manager``, ``settings``, ``shm``, ``tracer``,
-``_lock``, ``_poller``, ``_closing``, ``_closed``, ``_inflight`` and ``_limit_threads``.
+"""The data plane's model control: the repository index, load, unload, repository polling and shutdown
+(Triton's model-repository extension and ``--model-control-mode``), one at a time under one lock. A mixin
+of :class:`azulite.serve.dataplane.TritonDataPlane`, whose state it uses: ``manager``, ``settings``, ``shm``,
+``tracer``, ``_lock``, ``_poller``, ``_closing``, ``_closed``, ``_inflight`` and ``_limit_threads``.
 """
 
 from __future__ import annotations
@@ -11,9 +11,45 @@ import time
 from typing import Any
 
 from azulite.errors import InvalidArgument, ModelLoadError, ServeError, Unsupported
+from azulite.serve import repository as repo
+from azulite.serve.models import READY
+from azulite.serve.proto import service_pb2 as pb
 
 
 class ModelControl:
+    def repository_index(self, ready_only: bool = False) -> pb.RepositoryIndexResponse:
+        response = pb.RepositoryIndexResponse()
+        names = set(self.manager.entries)
+        try:
+            names |= set(repo.list_models(self.manager.root))
+        except ServeError:
+            pass
+        for name in sorted(names):
+            entry = self.manager.entries.get(name)
+            if entry is None:
+                if not ready_only:
+                    response.models.add(name=name)  # in the repository, never loaded (Triton: no state)
+                continue
+            if entry.states:
+                for v in sorted(entry.states):
+                    st = entry.states[v]
+                    if ready_only and st.state != READY:
+                        continue
+                    response.models.add(name=name, version=str(v), state=st.state, reason=st.reason)
+            elif not ready_only:
+                response.models.add(name=name, state=entry.state, reason=entry.reason)
+        return response
+
+    def startup_table(self) -> list[tuple[str, str, str]]:
+        """(model, version, status) rows as Triton prints at start: READY or UNAVAILABLE: <reason>."""
+        rows = []
+        for m in self.repository_index().models:
+            status = m.state or "UNAVAILABLE"
+            if m.reason:
+                status += f": {m.reason}"
+            rows.append((m.name, m.version or "-", status if m.state else "UNLOADED"))
+        return rows
+
     def _control_lock(self) -> asyncio.Lock:
         if self._lock is None:
             self._lock = asyncio.Lock()

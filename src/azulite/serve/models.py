@@ -64,6 +64,8 @@ class LoadedModel:
     #: the config has sequence_batching; model_transaction_policy.decoupled (read once, for the same reason)
     sequence: bool = False
     decoupled: bool = False
+    #: response_cache { enable: true } (serve/response_cache.py; the server must have a cache too)
+    response_cache: bool = False
 
     def __post_init__(self) -> None:
         self.inputs = {t.name: TensorSpec.of(t) for t in self.config.input}
@@ -73,6 +75,7 @@ class LoadedModel:
         self.max_batch_size = self.config.max_batch_size
         self.sequence = self.config.HasField("sequence_batching")
         self.decoupled = self.config.model_transaction_policy.decoupled
+        self.response_cache = self.config.response_cache.enable
         if self.config.HasField("ensemble_scheduling"):
             self.ensemble_plan = plan_of(self.config)
 

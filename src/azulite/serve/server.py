@@ -25,6 +25,7 @@ from azulite.serve.grpc_h2 import GrpcH2Server
 from azulite.serve.http import DEFAULT_MAX_INPUT_SIZE, HttpApp, MetricsApp
 from azulite.serve.http_server import HttpServer
 from azulite.serve.limits import ConnectionLimits
+from azulite.serve.response_cache import CacheSettings
 from azulite.serve.trace import TraceSettings
 from azulite.serve.manager import ControlMode
 
@@ -71,6 +72,8 @@ class ServerSettings:
     trace: TraceSettings = TraceSettings()
     #: Triton's --disable-auto-complete-config (and --strict-model-config=true): configs used as written
     disable_auto_complete_config: bool = False
+    #: Triton's response cache (``--cache-config local,size=N``; serve/response_cache.py)
+    cache: CacheSettings = CacheSettings()
 
 
 def exposure_warnings(s: ServerSettings, ports: Mapping[str, int] | None = None) -> list[str]:
@@ -123,7 +126,7 @@ class Server:
             repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
             strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify,
             shared_state_dir=s.shared_state_dir, trace=s.trace,
-            disable_auto_complete_config=s.disable_auto_complete_config))
+            disable_auto_complete_config=s.disable_auto_complete_config, cache=s.cache))
         try:
             if s.http_port >= 0:
                 self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size,

@@ -53,6 +53,8 @@ class ModelStats:
     compute_input: _Duration = field(default_factory=_Duration)
     compute_infer: _Duration = field(default_factory=_Duration)
     compute_output: _Duration = field(default_factory=_Duration)
+    cache_hit: _Duration = field(default_factory=_Duration)  # serve/response_cache.py: lookup time
+    cache_miss: _Duration = field(default_factory=_Duration)  # lookup and insertion time
     failures: dict[str, int] = field(default_factory=lambda: dict.fromkeys(FAILURE_REASONS, 0))
     inference_count: int = 0
     execution_count: int = 0
@@ -115,7 +117,9 @@ class ModelStats:
         self.compute_input.fill(s.compute_input)
         self.compute_infer.fill(s.compute_infer)
         self.compute_output.fill(s.compute_output)
-        s.cache_hit.SetInParent()  # listed as Triton 2.51 lists them: zero, azulite has no response cache
+        self.cache_hit.fill(s.cache_hit)  # listed even when zero, as Triton 2.51 lists them
+        self.cache_miss.fill(s.cache_miss)
+        s.cache_hit.SetInParent()
         s.cache_miss.SetInParent()
         for size in sorted(self.batches):
             stat = self.batches[size]

@@ -317,7 +317,8 @@ async def _host_main(sock: socket.socket, settings, run_dir: str, workers: int) 
     dp = TritonDataPlane(DataPlaneSettings(
         repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
         strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify,
-        instance_processes=True, trace=s.trace, disable_auto_complete_config=s.disable_auto_complete_config))
+        instance_processes=True, trace=s.trace, disable_auto_complete_config=s.disable_auto_complete_config,
+        cache=s.cache))
     dp.metrics.extra.append(worker_metrics(Path(run_dir), workers))
     dp.metrics.extra.append(guard_counts.merged_metrics(Path(run_dir) / "guard"))
     host = ModelHost(dp, str(Path(run_dir) / "host.sock"))
