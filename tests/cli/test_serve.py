@@ -195,6 +195,9 @@ def test_flags_refused_before_serving_say_the_flag_once_and_the_fix(capsys, monk
     assert exit_code("serve", repo, *args) == 2
     err = capsys.readouterr().err
     assert says in err, err
+    from azulite.serve import log_settings
+
+    assert log_settings.ENV not in os.environ  # a refused flag left the caller's logging as it was
     assert "fix:" in err and "Traceback" not in err
 
 

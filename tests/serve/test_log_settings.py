@@ -191,3 +191,20 @@ def test_a_killed_servers_settings_file_is_removed_by_the_next(tmp_path, monkeyp
     monkeypatch.delenv(log_settings.ENV)
     path = log_settings._create(log_settings.LogSettings())
     assert not stale.exists() and foreign.exists() and path.startswith(str(tmp_path / f"azulite-log-{os.getpid()}-"))
+
+
+def test_a_server_started_inside_another_servers_process_tree_has_its_own_settings(repo, tmp_path, monkeypatch):
+    """``AZULITE_LOG_SETTINGS`` inherited from another server (a test runner, a supervisor started by one)
+    is that server's: ``azulite serve`` makes its own file, so neither changes the other's logging."""
+    theirs = tmp_path / "theirs.json"
+    theirs.write_text(json.dumps({**DEFAULTS, "log_verbose_level": 3, "log_format": "ISO8601"}))
+    monkeypatch.setenv(log_settings.ENV, str(theirs))
+    served = Served(str(repo))
+    try:
+        client = httpclient.InferenceServerClient(f"127.0.0.1:{served.ports['HTTPService']}")
+        assert client.get_log_settings() == DEFAULTS
+        client.update_log_settings({"log_verbose_level": 1})
+        client.close()
+    finally:
+        served.stop()
+    assert json.loads(theirs.read_text())["log_verbose_level"] == 3  # untouched

@@ -259,9 +259,9 @@ def serve(
         raise SpecError(f"must be 0 or more, got {log_verbose}", field="--log-verbose", fix="e.g. --log-verbose 1")
     if log_format not in log_settings.FORMATS:
         raise SpecError(f"must be one of {', '.join(log_settings.FORMATS)}, got {log_format!r}", field="--log-format")
-    log_settings.install(log_settings.LogSettings(
+    log_initial = log_settings.LogSettings(
         log_info=_bool(log_info, "--log-info"), log_warning=_bool(log_warning, "--log-warning"),
-        log_error=_bool(log_error, "--log-error"), log_verbose_level=log_verbose, log_format=log_format))
+        log_error=_bool(log_error, "--log-error"), log_verbose_level=log_verbose, log_format=log_format)
     settings = ServerSettings(
         repository=repo,
         http_address=http_address, http_port=http_port if _bool(allow_http, "--allow-http") else -1,
@@ -338,6 +338,8 @@ def serve(
         from azulite.serve.workers import serve_workers
 
         run = partial(serve_workers, workers=workers)
+    # the process's logging, once every flag is checked (a refused flag changes nothing in the caller)
+    log_settings.install(log_initial)
     if remote is not None:
         remote.start_polling(repository_poll_secs)
     try:

@@ -196,10 +196,11 @@ class _Formatter(logging.Formatter):
 
 
 def install(initial: LogSettings | None = None, *, prefix: str = "") -> None:
-    """Configure this process's logging: one standard-error handler whose lines the settings choose. The
-    first process of a server passes ``initial`` (it creates the file); its children pass nothing and read
-    the file their environment names."""
-    if initial is not None and _path() is None:
+    """Configure this process's logging: one standard-error handler whose lines the settings choose. A
+    server's first process passes ``initial`` and gets a file of its own (never one it inherited: a server
+    started from another's process tree is its own server); its children pass nothing and read the file
+    their environment names."""
+    if initial is not None:
         _create(initial)
     handler = logging.StreamHandler(sys.stderr)
     handler.addFilter(_Gate())
