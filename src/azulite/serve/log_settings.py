@@ -182,15 +182,20 @@ def update(changes: dict[str, Any]) -> LogSettings:
 
 
 class _Gate(logging.Filter):
+    """Reads the settings once per line: whether it is written, and (for _Formatter, which the handler
+    runs next on the same record) its time format."""
+
     def filter(self, record: logging.LogRecord) -> bool:
-        return current().shows(record.levelno, record.name)
+        settings = current()
+        record.azulite_iso = settings.log_format == "ISO8601"
+        return settings.shows(record.levelno, record.name)
 
 
 class _Formatter(logging.Formatter):
     """The process's line format, its time as the settings say: logging's default or ISO 8601 (UTC)."""
 
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
-        if current().log_format == "ISO8601":
+        if getattr(record, "azulite_iso", False):
             return time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created)) + f".{int(record.msecs):03d}Z"
         return super().formatTime(record, datefmt)
 
