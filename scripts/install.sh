@@ -110,6 +110,12 @@ else
   "$venv/bin/python" -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('mpi4py') else 'install failed: mpi4py missing')"
   # (end tests-pass (issue 17))
 fi
+# --- serve: the trace extension's opentelemetry mode (serve/otel.py): the OTLP/HTTP span exporter of the
+# OpenTelemetry SDK already installed (mlflow-skinny's; azure-ai-ml pins it in dev), released in lockstep
+# with it. Asked for at that exact version after the rest: left to the resolver with everything else, pip
+# backtracked through azure-monitor's opentelemetry pins and failed (InconsistentCandidate, 2026-11-29).
+otel_sdk=$("$venv/bin/python" -c "import importlib.metadata as m; print(m.version('opentelemetry-sdk'))")
+pip install "opentelemetry-exporter-otlp-proto-http==$otel_sdk"
 "$venv/bin/python" -c "import torch, azulite" || { echo "install failed: torch or azulite does not import" >&2; exit 1; }
 rm -f "$venv"/.installed-"$mode"-*
 touch "$stamp"

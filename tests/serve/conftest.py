@@ -16,7 +16,8 @@ HTTP/gRPC front-end tests — keep fixture and model names stable).
 
 ``Gate`` builds a repository holding ``gate_py`` (not in the table: echoes INPUT0 FP32 [1], 2 instances,
 each execution held until the test opens the gate), for tests that must act on calls known to be inside
-the server.
+the server. ``bls_trace_py`` (not in the table either; tests/serve/test_trace.py): OUTPUT0 = 4 * INPUT0 by
+two BLS calls to add_sub_py, one passing its request's trace on.
 
 ``broken_model_repository`` is a copy plus two models that fail to load: ``broken_onnx`` (a model.onnx
 that is not ONNX) and ``broken_config`` (a config.pbtxt that does not parse).

@@ -129,6 +129,11 @@ def test_pb_utils_is_importable_by_triton_name_and_has_its_api():
     assert resp.has_error() and resp.error().code() == 3 and resp.error().message() == "bad"
     with pytest.raises(pb_utils.TritonModelException, match="only available inside execute"):
         req.exec()
+    # a request not traced hands an empty trace (the OpenTelemetry context: none), passed on as is
+    assert isinstance(req.trace(), pb_utils.InferenceTrace) and req.trace().get_context() is None
+    assert pb_utils.InferenceRequest(model_name="m", inputs=[t], trace=req.trace()).trace() is req.trace()
+    with pytest.raises(pb_utils.TritonModelException, match="trace must be a pb_utils.InferenceTrace"):
+        pb_utils.InferenceRequest(model_name="m", inputs=[t], trace="yes")
     mc = pb_utils.ModelConfig({"name": "m", "max_batch_size": 0})
     mc.set_max_batch_size(4)
     mc.set_dynamic_batching()

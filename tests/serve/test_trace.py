@@ -1,7 +1,9 @@
 """Triton's trace extension (serve/trace.py): the settings over HTTP and gRPC as tritonclient sets them,
 global and per model; the traces a sampled request leaves in the trace file, in Triton's JSON, their
-timestamps in order; each bad setting the client's 400 (501 where Triton has the feature and azulite
-not) naming it. Real Triton's own answers to the same settings: tests/serve/test_metadata_triton.py."""
+timestamps in order, the front-end's receive and send times included, an ensemble's steps as its child
+traces; the same requests traced by real Triton; each bad setting the client's 400 (501 where Triton
+has the feature and azulite not) naming it. Real Triton's own answers to the same settings:
+tests/serve/test_metadata_triton.py."""
 
 from __future__ import annotations
 
@@ -19,24 +21,44 @@ from tritonclient.utils import InferenceServerException
 from azulite.errors import SpecError
 from azulite.serve.trace import TraceSettings, parse_trace_config
 
+from .conftest import MODELS_DIR as MODELS
 from .conftest import build_model_repository
 from .frontends import running_server
 
-ORDER = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
-         "COMPUTE_END", "REQUEST_END"]
+#: the data plane's timestamps of a batched model's request, in the order taken
+DATA_PLANE = ["REQUEST_START", "QUEUE_START", "COMPUTE_START", "COMPUTE_INPUT_END", "COMPUTE_OUTPUT_START",
+              "COMPUTE_END", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+#: the same request's trace as each front-end leaves it
+ORDER = {"HTTP": ["HTTP_RECV_START", "HTTP_RECV_END", *DATA_PLANE, "HTTP_SEND_START", "HTTP_SEND_END"],
+         "GRPC": ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", *DATA_PLANE, "GRPC_SEND_START", "GRPC_SEND_END"]}
+#: a traced ensemble request's own timestamps (its steps are traces of their own)
+ENSEMBLE = ["REQUEST_START", "QUEUE_START", "INFER_RESPONSE_COMPLETE", "REQUEST_END"]
+
+
+def ensemble_of_two(repo) -> None:
+    """``ens_py``: add_sub_py twice in a chain (the real Triton here has only the Python backend)."""
+    config = ((MODELS / "add_sub_ensemble" / "config.pbtxt").read_text().replace("add_sub_ensemble", "ens_py")
+              .replace('"add_sub_onnx"', '"add_sub_py"'))
+    (repo / "ens_py" / "1").mkdir(parents=True)
+    (repo / "ens_py" / "config.pbtxt").write_text(config)
 
 
 @pytest.fixture(scope="module")
 def repo(tmp_path_factory):
-    return build_model_repository(tmp_path_factory.mktemp("trace"), ("add_sub_py", "string_py"))
+    root = build_model_repository(tmp_path_factory.mktemp("trace"), ("add_sub_py", "string_py", "bls_trace_py"))
+    ensemble_of_two(root)
+    return root
 
 
-def add_sub(client, lib, request_id: str) -> None:
+def add_sub(client, lib, request_id: str, model: str = "add_sub_py", headers: dict | None = None) -> None:
     x = np.arange(16, dtype=np.float32).reshape(1, 16)
-    inputs = [lib.InferInput(name, [1, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+    names = ("INPUT0",) if model == "bls_trace_py" else ("INPUT0", "INPUT1")
+    inputs = [lib.InferInput(name, [1, 16], "FP32") for name in names]
     for tensor in inputs:
         tensor.set_data_from_numpy(x)
-    client.infer("add_sub_py", inputs, request_id=request_id)
+    result = client.infer(model, inputs, request_id=request_id, headers=headers)
+    # ens_py: (x + x) + (x - x); bls_trace_py: two BLS calls' x + x, added
+    assert np.array_equal(result.as_numpy("OUTPUT0"), 4 * x if model == "bls_trace_py" else x + x)
 
 
 def traces(path) -> list[dict]:
@@ -68,7 +90,9 @@ def test_sampled_requests_leave_tritons_trace_json(repo, tmp_path):
         for i in range(2):
             add_sub(grpc_client, grpcclient, f"g{i}")  # the third is traced, the fourth is past trace_count
         assert http.get_trace_settings()["trace_count"] == "0"  # counted down, as Triton's
-        first = traces(tmp_path / "trace.json.0")  # written once log_frequency (2) traces were collected
+        # written once log_frequency (2) traces were collected, the second once its answer was sent
+        wait_for(lambda: (tmp_path / "trace.json.0").exists(), "the first trace file")
+        first = traces(tmp_path / "trace.json.0")
         assert [t["request_id"] for t in first] == ["h0", "h1"]
         # a model's own settings: every second request of string_py, for two traces
         own = grpc_client.update_trace_settings(model_name="string_py", settings={
@@ -91,7 +115,7 @@ def test_sampled_requests_leave_tritons_trace_json(repo, tmp_path):
     for trace in first + rest:
         assert trace["model_version"] == 1 and set(trace) == {"id", "model_name", "model_version", "request_id", "stamps"}
         names = [s["name"] for s in trace["stamps"]]
-        assert names == ORDER, names
+        assert names == ORDER["GRPC" if trace["request_id"].startswith("g") else "HTTP"], names
         times = [s["ns"] for s in trace["stamps"]]
         assert times == sorted(times) and times[0] > 0, times
     assert len({t["id"] for t in first + rest}) == 5
@@ -103,13 +127,14 @@ def test_bad_trace_settings_name_what_is_wrong(repo, tmp_path):
         before = http.get_trace_settings()
         for settings, status, words in (
             ({"trace_level": ["TIMESTAMPS"]}, "400", "trace file name is not given"),
-            ({"trace_rate": "0"}, "400", "Expecting value >= 1"),
+            ({"trace_rate": "-1"}, "400", "Expecting value >= 0"),
             ({"trace_count": "x"}, "400", "Unable to parse 'trace_count', got: x"),
             ({"trace_count": "-2"}, "400", "Expecting value >= -1"),
             ({"log_frequency": "-1"}, "400", "Expecting value >= 0"),
             ({"trace_level": ["LOUD"]}, "400", "unknown level(s) ['LOUD']"),
             ({"trace_level": ["TENSORS"]}, "501", "TENSORS is not supported"),
-            ({"trace_mode": "opentelemetry"}, "501", "not supported by azulite"),
+            ({"trace_mode": "opentelemetry"}, "501", "the trace mode is chosen at start"),
+            ({"trace_mode": "zipkin"}, "400", "must be \"triton\" or \"opentelemetry\""),
             ({"trace_file": "/tmp/elsewhere.json"}, "501", "can not be updated through network protocol"),
             ({"trace_rate": None}, "400", "a global setting cannot be cleared"),
             ({"sample": "1"}, "400", "unknown trace setting 'sample'"),
@@ -134,15 +159,27 @@ def test_trace_config_flags():
         level=("TIMESTAMPS",), rate=10, count=5, file="/t.json")
     for flags, words in ((["level=TIMESTAMPS"], "needs a trace file"), (["rate"], "is not [MODE,]SETTING=VALUE"),
                          (["opentelemetry,url=x"], "opentelemetry"), (["speed=3"], "unknown setting 'speed'"),
-                         (["rate=0"], "Expecting value >= 1")):
+                         (["rate=-1"], "Expecting value >= 0")):
         with pytest.raises(SpecError, match=words.replace("[", r"\[").replace("]", r"\]").replace("(", r"\(")):
             parse_trace_config(flags)
 
 
+def wait_for(condition, what: str, timeout_s: float = 120) -> None:
+    """Poll ``condition`` until it holds (a file the server writes when the event happened)."""
+    import time
+
+    deadline = time.monotonic() + timeout_s  # a safety net: the condition is what is waited on
+    while not condition():
+        assert time.monotonic() < deadline, f"{what} did not happen in {timeout_s} s"
+        time.sleep(0.05)
+
+
 def test_workers_share_one_tracer_and_shutdown_writes_the_rest(tmp_path):
     """``azulite serve --workers 2`` started tracing (``--trace-config``): requests through either front-end
-    are traced by the model host, a change through a front-end is what every front-end answers, and a
-    SIGTERM writes the traces still held to ``trace_file`` (log_frequency 0)."""
+    are traced by the model host, each with its front-end's receive and send times (the send reported by
+    the front-end process to the host, which writes the trace then: log_frequency 1), a change through a
+    front-end is what every front-end answers, and a SIGTERM writes the traces still held to
+    ``trace_file`` (log_frequency 0)."""
     import signal
 
     from tests.cli.test_serve import Served
@@ -150,33 +187,61 @@ def test_workers_share_one_tracer_and_shutdown_writes_the_rest(tmp_path):
     repo = build_model_repository(tmp_path / "repo", ("add_sub_py",))
     trace_file = tmp_path / "trace.json"
     served = Served(str(repo), "--workers", "2", "--trace-config", f"triton,file={trace_file}",
-                    "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1")
+                    "--trace-config", "level=TIMESTAMPS", "--trace-config", "rate=1",
+                    "--trace-config", "log-frequency=1")
     try:
-        url = f"127.0.0.1:{served.ports['HTTPService']}"
+        url, grpc_url = f"127.0.0.1:{served.ports['HTTPService']}", f"127.0.0.1:{served.ports['GRPCInferenceService']}"
         for i in range(3):
             http = httpclient.InferenceServerClient(url)  # a new connection each: either front-end
             add_sub(http, httpclient, f"w{i}")
             http.close()
+        client = grpcclient.InferenceServerClient(grpc_url)
+        add_sub(client, grpcclient, "g0")
+        client.close()
+        # each trace is written once its front-end reported the send: four files, in the order sent
+        wait_for(lambda: (tmp_path / "trace.json.3").exists(), "the fourth trace's file")
+        sent = [t for i in range(4) for t in traces(tmp_path / f"trace.json.{i}")]
+        assert sorted(t["request_id"] for t in sent) == ["g0", "w0", "w1", "w2"]
+        for trace in sent:
+            names = [s["name"] for s in trace["stamps"]]
+            assert names == ORDER["GRPC" if trace["request_id"] == "g0" else "HTTP"], names
         http = httpclient.InferenceServerClient(url)
-        assert http.update_trace_settings(settings={"trace_rate": "7"})["trace_rate"] == "7"
+        assert http.update_trace_settings(settings={"log_frequency": "0"})["log_frequency"] == "0"
         for _ in range(4):
-            again = grpcclient.InferenceServerClient(f"127.0.0.1:{served.ports['GRPCInferenceService']}")
-            assert again.get_trace_settings(as_json=True)["settings"]["trace_rate"]["value"] == ["7"]
+            again = grpcclient.InferenceServerClient(grpc_url)
+            assert again.get_trace_settings(as_json=True)["settings"]["log_frequency"]["value"] == ["0"]
             again.close()
+        add_sub(http, httpclient, "held")  # traced, and written only when the server stops
         served.proc.send_signal(signal.SIGTERM)
         assert served.proc.wait(120) == 0
     finally:
         served.stop()
-    written = traces(trace_file)
-    assert [t["request_id"] for t in written] == ["w0", "w1", "w2"]
-    assert all([s["name"] for s in t["stamps"]] == ORDER for t in written)
+    (written,) = traces(trace_file)  # what was buffered when the server stopped
+    assert written["request_id"] == "held"
+    # its send may or may not have reached the host before SIGTERM: the data plane's part is there
+    assert [s["name"] for s in written["stamps"]][:10] == ORDER["HTTP"][:10]
+    with pytest.raises(SpecError, match="does not exist"):
+        parse_trace_config([f"triton,file={tmp_path / 'nowhere' / 'trace.json'}"])
 
 
 def test_a_trace_reads_as_real_tritons(repo, tmp_path):
-    """The same requests traced by real Triton 2.51 and by azulite: the same header fields, and azulite's
-    timestamps are Triton's data-plane ones, in the same order (Triton adds its front-end's receive and
-    send times and INFER_RESPONSE_COMPLETE, which azulite does not take)."""
+    """The same requests traced by real Triton 2.51 and by azulite: the same header fields and the same
+    timestamps (front-end, data plane, response; none for a step's or a BLS call's response, which goes to
+    its caller); an ensemble request's steps as child traces with its ``parent_id`` and request id, a BLS
+    call given the request's trace (``request.trace()``) as its child, one given none not traced, each
+    child written before its parent; no ``request_id`` where the request has none. Kept different:
+    Triton's Python backend completes the response inside the model's execute, so its
+    INFER_RESPONSE_COMPLETE comes before COMPUTE_END, azulite's after it; and its GRPC_WAITREAD_START is
+    when the call's read was posted, azulite's when the call's headers came."""
     from .anchor import running_triton
+
+    def send(http_url: str, grpc_url: str) -> None:
+        http = httpclient.InferenceServerClient(http_url)
+        add_sub(http, httpclient, "t0")
+        add_sub(grpcclient.InferenceServerClient(grpc_url), grpcclient, "t1")
+        add_sub(http, httpclient, "t2", model="ens_py")
+        add_sub(http, httpclient, "t3", model="bls_trace_py")
+        add_sub(http, httpclient, "")  # no request id
 
     written = {}
     for side in ("triton", "azulite"):
@@ -185,22 +250,44 @@ def test_a_trace_reads_as_real_tritons(repo, tmp_path):
         flags = [f"triton,file={trace_file}", "triton,log-frequency=1", "level=TIMESTAMPS", "rate=1"]
         if side == "triton":
             with running_triton(repo, tmp_path / "triton.log", args=tuple(f"--trace-config={f}" for f in flags)) as t:
-                http = httpclient.InferenceServerClient(t.http_url)
-                add_sub(http, httpclient, "t0")
-                add_sub(grpcclient.InferenceServerClient(t.grpc_url), grpcclient, "t1")
+                send(t.http_url, t.grpc_url)
+                # Triton writes a trace once its front-end released it: wait for the last file
+                wait_for(lambda: trace_file.with_name("trace.json.4").exists(), "Triton's fifth trace file")
         else:
             with running_server(repo, trace=parse_trace_config(flags)) as server:
-                add_sub(httpclient.InferenceServerClient(server.http_url), httpclient, "t0")
-                add_sub(grpcclient.InferenceServerClient(server.grpc_url), grpcclient, "t1")
-        written[side] = traces(trace_file.with_name("trace.json.0")) + traces(trace_file.with_name("trace.json.1"))
+                send(server.http_url, server.grpc_url)
+        written[side] = [traces(trace_file.with_name(f"trace.json.{i}")) for i in range(5)]
     theirs, ours = written["triton"], written["azulite"]
-    assert [(t["model_name"], t["model_version"], t["request_id"]) for t in theirs] == \
-        [(t["model_name"], t["model_version"], t["request_id"]) for t in ours] == [("add_sub_py", 1, "t0"), ("add_sub_py", 1, "t1")]
-    for mine, real in zip(ours, theirs):
+
+    def heads(files):
+        return [[(t["model_name"], t["model_version"], t.get("request_id"), "parent_id" in t) for t in f]
+                for f in files]
+
+    assert heads(theirs) == heads(ours) == [
+        [("add_sub_py", 1, "t0", False)], [("add_sub_py", 1, "t1", False)],
+        [("add_sub_py", 1, "t2", True), ("add_sub_py", 1, "t2", True), ("ens_py", 1, "t2", False)],
+        [("add_sub_py", 1, None, True), ("bls_trace_py", 1, "t3", False)],
+        [("add_sub_py", 1, None, False)]]
+    for side in (theirs, ours):  # the children's parent is the ensemble's, the BLS caller's trace
+        for file in side[2:4]:
+            children, parent = file[:-1], file[-1]
+            assert {t["parent_id"] for t in children} == {parent["id"]}
+        assert len({t["id"] for file in side for t in file}) == 8
+    for mine, real in (pair for files in zip(ours, theirs) for pair in zip(*files)):
         assert set(mine) == set(real)
-        real_names = [s["name"] for s in sorted(real["stamps"], key=lambda s: s["ns"])]
-        data_plane = [n for n in real_names if not n.startswith(("HTTP_", "GRPC_")) and n != "INFER_RESPONSE_COMPLETE"]
-        assert [s["name"] for s in mine["stamps"]] == data_plane == ORDER, real_names
+        real_names = sorted(s["name"] for s in real["stamps"])
+        assert sorted(s["name"] for s in mine["stamps"]) == real_names, real_names
+    assert [s["name"] for s in ours[0][0]["stamps"]] == ORDER["HTTP"]
+    assert [s["name"] for s in ours[1][0]["stamps"]] == ORDER["GRPC"]
+    # a child's trace has no INFER_RESPONSE_COMPLETE: its response goes to its caller (as Triton's)
+    child = [n for n in DATA_PLANE if n != "INFER_RESPONSE_COMPLETE"]
+    assert [s["name"] for s in ours[2][0]["stamps"]] == [s["name"] for s in ours[3][0]["stamps"]] == child
+    assert [s["name"] for s in ours[2][2]["stamps"]] == ["HTTP_RECV_START", "HTTP_RECV_END", *ENSEMBLE,
+                                                          "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert [s["name"] for s in ours[3][1]["stamps"]] == ORDER["HTTP"]
+    for trace in (t for file in ours for t in file):
+        times = [s["ns"] for s in trace["stamps"]]
+        assert times == sorted(times), trace
 
 
 def test_a_decoupled_models_stream_is_traced_to_its_final_response(tmp_path):
@@ -223,7 +310,13 @@ def test_a_decoupled_models_stream_is_traced_to_its_final_response(tmp_path):
                 break
         client.stop_stream()
     (trace,) = traces(trace_file)
-    assert trace["request_id"] == "d0" and [s["name"] for s in trace["stamps"]] == ORDER
+    names = [s["name"] for s in trace["stamps"]]
+    # one INFER_RESPONSE_COMPLETE per response with data (the three values; the empty final one has none),
+    # taken as each is sent, so among the batch's compute times; no front-end times on a stream
+    assert trace["request_id"] == "d0" and names.count("INFER_RESPONSE_COMPLETE") == 3, names
+    responses = "INFER_RESPONSE_COMPLETE"
+    assert [n for n in names if n != responses] == [n for n in DATA_PLANE if n != responses]
+    assert names[0] == "REQUEST_START" and names[-1] == "REQUEST_END"
 
 
 def test_a_trace_file_that_cannot_be_written_costs_traces_not_requests(repo, tmp_path):
@@ -236,6 +329,55 @@ def test_a_trace_file_that_cannot_be_written_costs_traces_not_requests(repo, tmp
         http = httpclient.InferenceServerClient(server.http_url)
         for i in range(2):
             add_sub(http, httpclient, f"x{i}")  # answered, though their traces cannot be written
-        assert server.server.dataplane.tracer.lost == 2
+        # each written (and lost) once its answer was sent
+        wait_for(lambda: server.server.dataplane.tracer.lost == 2, "two lost traces")
     with pytest.raises(SpecError, match="does not exist"):
         parse_trace_config([f"triton,file={tmp_path / 'nowhere' / 'trace.json'}"])
+
+
+def test_a_held_trace_is_written_when_sent_or_at_shutdown_and_steps_do_not_count(tmp_path):
+    """The tracer alone (serve/trace.py): a trace whose front-end sends the answer waits for the send (its
+    times last; 0, 0: nothing was sent, no send times), one never reported is written at close, a second
+    report changes nothing, and an ensemble's step traces go with their parent without counting toward the
+    log frequency or the trace count."""
+    from azulite.serve.trace import Tracer
+
+    tracer = Tracer(parse_trace_config([f"triton,file={tmp_path / 't.json'}", "triton,log-frequency=2",
+                                        "level=TIMESTAMPS", "rate=1", "count=3"]))
+    sent = tracer.sample("m", 1, "sent")
+    sent.received("HTTP", 10, 20)
+    sent.ended()  # answered: held for the front-end's send
+    parent = tracer.sample("ens", 1, "gone")
+    parent.received("GRPC", 30, 40)
+    step = parent.child("m", 1, "gone")
+    step.ended()
+    parent.ended()
+    assert not list(tmp_path.iterdir())  # nothing complete yet: the steps alone count for nothing
+    parent.sent(0, 0)  # the client was gone: no send times
+    sent.sent(50, 60)
+    sent.sent(70, 80)  # reported again: nothing changes
+    failed = tracer.sample("m", 1, "failed")
+    failed.received("HTTP", 90, 95)
+    failed.ended(answered=False)  # an error the data plane raised: nothing held
+    held = tracer.sample("m", 1, "held")
+    assert held is None  # count=3 reached: tracing stopped
+    first = traces(tmp_path / "t.json.0")  # two top-level traces, the step's before its parent
+    assert [(t["request_id"], t.get("parent_id")) for t in first] == [
+        ("gone", parent.id), ("gone", None), ("sent", None)]
+    by_id = {t["id"]: [s["name"] for s in t["stamps"]] for t in first}
+    assert by_id[sent.id] == ["HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END",
+                              "HTTP_SEND_START", "HTTP_SEND_END"]
+    assert by_id[parent.id] == ["GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "REQUEST_START", "REQUEST_END"]
+    assert by_id[step.id] == ["REQUEST_START", "REQUEST_END"]
+    assert [s["ns"] for s in next(t for t in first if t["id"] == sent.id)["stamps"]][-2:] == [50, 60]
+    late = Tracer(parse_trace_config([f"triton,file={tmp_path / 'u.json'}", "level=TIMESTAMPS", "rate=1"]))
+    never = late.sample("m", 1, "never")
+    never.received("HTTP", 1, 2)
+    never.ended()
+    late.close()  # its front-end never reported: written at shutdown all the same
+    assert [s["name"] for s in traces(tmp_path / "u.json")[0]["stamps"]] == [
+        "HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END"]
+    tracer.close()  # the third, buffered, goes to the next file
+    (last,) = traces(tmp_path / "t.json.1")
+    assert last["request_id"] == "failed" and [s["name"] for s in last["stamps"]] == [
+        "HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END"]

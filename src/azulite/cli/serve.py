@@ -91,7 +91,9 @@ def serve(
         "response_cache { enable: true })."),
     trace_config: Optional[List[str]] = typer.Option(
         None, "--trace-config", help="Triton's: triton,file=PATH, triton,log-frequency=N, rate=N, "
-        "level=TIMESTAMPS, count=N (repeatable); changeable at run time: v2/trace/setting."),
+        "level=TIMESTAMPS, count=N (repeatable); or spans over OTLP/HTTP: mode=opentelemetry, "
+        "opentelemetry,url=URL, opentelemetry,resource=KEY=VALUE, opentelemetry,bsp_schedule_delay=MS; "
+        "level, rate and count changeable at run time: v2/trace/setting."),
     grpc_impl: str = typer.Option("h2", "--grpc-impl",
                                   help="h2: azulite's HTTP/2 gRPC transport (fastest); grpcio: grpc.aio's server."),
     auth: bool = typer.Option(False, "--auth", help="Every endpoint but liveness/readiness needs a key "

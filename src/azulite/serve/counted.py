@@ -36,7 +36,7 @@ class Counted:
     def __exit__(self, kind, exc, tb) -> bool:
         self.plane._inflight -= 1
         if self.trace is not None:
-            self.trace.ended()
+            self.trace.ended(kind is None)
         elapsed = time.perf_counter_ns() - self.start
         stats = self.model.stats
         if kind is None:

@@ -21,9 +21,9 @@ import threadpoolctl
 from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable
 from azulite.serve import config as cfg
 from azulite.serve import instances
-from azulite.serve.backends import pb_utils
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Batcher
+from azulite.serve.bls import bls_call
 from azulite.serve.checks import bytes_objects, check_inputs, check_outputs, output_array, output_datatype
 from azulite.serve.counted import Counted
 from azulite.serve.decoupled import stream, stream_with_policies, unary_refused
@@ -43,7 +43,7 @@ from azulite.serve.response_cache import insert as cache_insert
 from azulite.serve.response_cache import lookup as cache_lookup
 from azulite.serve.sequence import Sequencer
 from azulite.serve.shm import SystemSharedMemory
-from azulite.serve.trace import Tracer, TraceSettings
+from azulite.serve.trace import Trace, Tracer, TraceSettings
 from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 SERVER_NAME = "azulite"
@@ -114,7 +114,7 @@ class TritonDataPlane(ModelControl):
                             verify_model=settings.verify_model,
                             instance_processes=settings.instance_processes,
                             response_cache=settings.cache.size > 0),
-            bls=self._bls,
+            bls=partial(bls_call, self),
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
         self.shm = SystemSharedMemory()  # the system shared memory regions clients registered
@@ -226,7 +226,12 @@ class TritonDataPlane(ModelControl):
         else:
             response = await answer_with_fallback(request, cached[1], get_model=self.manager.get,
                                                   infer=self._infer, counts=self.fallbacks)
-        self._deliver(request, response, cached, places)
+        try:
+            self._deliver(request, response, cached, places)
+        except BaseException:
+            if response.trace is not None:  # no answer for the front-end to send: the trace is done
+                response.trace.sent(0, 0)
+            raise
         return response
 
     def _deliver(self, request: InferRequest, response: InferResponse, cached, places) -> None:
@@ -280,6 +285,8 @@ class TritonDataPlane(ModelControl):
             counted.__exit__(None, None, None)
             self._deliver(request, response, cached, places)
         except BaseException as exc:  # noqa: BLE001 - the front end answers it
+            if counted.trace is not None and counted.trace.front:  # no answer to send: the trace is done
+                counted.trace.sent(0, 0)
             then(None, exc)
             return
         then(response, None)
@@ -338,14 +345,15 @@ class TritonDataPlane(ModelControl):
     async def _one(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         yield await self.infer(request)
 
-    async def _infer(self, request: InferRequest) -> InferResponse:
-        """infer without the shutdown check: ensemble steps and BLS calls of requests in flight."""
+    async def _infer(self, request: InferRequest, parent: Trace | None = None, sample: bool = True) -> InferResponse:
+        """infer without the shutdown check: ensemble steps and BLS calls of requests in flight (``parent``:
+        the trace of the request this is a step or BLS call of; ``sample`` False: not traced without one)."""
         model = self.manager.get(request.model_name, request.model_version)
         if model.decoupled:
             raise unary_refused(model)
         with Counted(self, model) as counted:
             start = counted.start
-            item, wanted, priority, timeout = self._admit(model, request, counted)
+            item, wanted, priority, timeout = self._admit(model, request, counted, parent, sample)
             key = None
             if model.response_cache and self.cache is not None:  # serve/response_cache.py
                 key, hit, looked_ns = cache_lookup(self.cache, model, item)
@@ -357,7 +365,11 @@ class TritonDataPlane(ModelControl):
                 # by which version's queue count grew, so without them it fails ("failed to find the
                 # requested model version"). Its compute is the steps' wall time (Triton: their sum).
                 began = time.perf_counter_ns()
-                outputs = await run_ensemble(model.name, model.ensemble_plan, item.inputs, wanted, self._run_step)
+                run_step = self._run_step
+                if item.trace is not None:  # its steps are traced as its children
+                    item.trace.stamp("QUEUE_START")
+                    run_step = partial(self._run_step, parent=item.trace)
+                outputs = await run_ensemble(model.name, model.ensemble_plan, item.inputs, wanted, run_step)
                 model.stats.executed(item.batch_size or 1, [began - start],
                                      Timing(infer_ns=time.perf_counter_ns() - began), ok=True)
             elif model.sequence:
@@ -376,16 +388,24 @@ class TritonDataPlane(ModelControl):
             entry = self._sequencers[id(model)] = (model, Sequencer(model.name, model.config))
         return entry[1]
 
-    def _admit(self, model: LoadedModel, request: InferRequest, counted: Counted):
+    def _admit(self, model: LoadedModel, request: InferRequest, counted: Counted, parent: Trace | None = None,
+               sample: bool = True):
         """A request checked against its model and made the batch's work: (item, the outputs wanted,
-        priority, timeout in µs); a failure from here on is the backend's (``counted``'s reason)."""
+        priority, timeout in µs); a failure from here on is the backend's (``counted``'s reason). Traced
+        when the tracer samples it (``sample``), or always as a step or BLS call of a traced request
+        (``parent``)."""
         item = self._prepare(model, request)
         priority = request_int(request, "priority") if "priority" in request.parameters else 0
         timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
         wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
         counted.reason = "BACKEND"
-        if self.tracer.active:
-            item.trace = counted.trace = self.tracer.sample(model.name, model.version, request.id)
+        if parent is not None:
+            item.trace = counted.trace = parent.child(model.name, model.version, request.id)
+        elif sample and self.tracer.active:
+            trace = item.trace = counted.trace = self.tracer.sample(model.name, model.version, request.id,
+                                                                    request.trace_context)
+            if trace is not None and request.front_end:
+                trace.received(request.front_end, request.recv_start, request.recv_end)
         return item, wanted, priority, timeout
 
     def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:
@@ -415,23 +435,32 @@ class TritonDataPlane(ModelControl):
                 array = bytes_objects(classify(array, classes[name], model.labels.get(name), batched))
             datatype = _DTYPE_TO_WIRE.get(array.dtype) or output_datatype(model.name, name, array.dtype)
             tensors.append(InferTensor(name=name, datatype=datatype, shape=array.shape, data=array))
-        return InferResponse(model_name=model.name, model_version=model.version_str, outputs=tensors, id=request.id)
+        response = InferResponse(model_name=model.name, model_version=model.version_str, outputs=tensors, id=request.id)
+        trace = item.trace
+        if trace is not None and not trace.parent_id:  # a step's response goes to its ensemble (as Triton's)
+            trace.stamp("INFER_RESPONSE_COMPLETE")
+            if trace.front:  # the front-end sending it reports the send (Trace.sent)
+                response.trace = trace
+        return response
 
     async def _run_step(self, model_name: str, version: str, feed: dict[str, np.ndarray],
-                        wanted: list[str]) -> dict[str, np.ndarray]:
+                        wanted: list[str], parent: Trace | None = None) -> dict[str, np.ndarray]:
         """One ensemble step, straight into its model's batcher (serve/ensemble.py), counted in the model's
-        statistics as a request of its own (as Triton reports composing models)."""
+        statistics as a request of its own (as Triton reports composing models); traced as the child of the
+        ensemble request's trace (``parent``), if any."""
         model = self.manager.get(model_name, version)
         if model.batcher is None or model.sequence or model.decoupled:
-            return await self._step_request(model_name, version, feed, wanted)
+            return await self._step_request(model_name, version, feed, wanted, parent)
         with Counted(self, model) as counted:
             item = step_item(model, feed, wanted)
             counted.reason = "BACKEND"
+            if parent is not None:  # a step has its ensemble request's id (as Triton's)
+                item.trace = counted.trace = parent.child(model.name, model.version, parent.request_id)
             outputs = step_outputs(model, item, await model.batcher.submit(item), wanted)
         return outputs
 
     async def _step_request(self, model_name: str, version: str, feed: dict[str, np.ndarray],
-                            wanted: list[str]) -> dict[str, np.ndarray]:
+                            wanted: list[str], parent: Trace | None = None) -> dict[str, np.ndarray]:
         """A step to a nested ensemble, a decoupled or a sequence model: the full request path."""
         request = InferRequest(
             model_name=model_name,
@@ -439,31 +468,10 @@ class TritonDataPlane(ModelControl):
             inputs=[InferTensor(n, _DTYPE_TO_WIRE.get(a.dtype) or cfg.numpy_to_wire(a.dtype), a.shape, a)
                     for n, a in feed.items()],
             outputs=[RequestedOutput(n) for n in wanted],
+            id="" if parent is None else parent.request_id,
         )
-        response = await self._infer(request)
+        response = await self._infer(request, parent)
         return {t.name: t.data for t in response.outputs}
-
-    def _bls(self, request: pb_utils.InferenceRequest) -> pb_utils.InferenceResponse:
-        """A Python model's ``InferenceRequest.exec()``, called from its instance thread."""
-        if self._loop is None:
-            raise pb_utils.TritonModelException("BLS is available once the server serves requests")
-        version = "" if request._model_version in (-1, None) else str(request._model_version)
-        infer = InferRequest(
-            model_name=request.model_name(),
-            model_version=version,
-            inputs=[InferTensor(t.name(), cfg.numpy_to_wire(t.as_numpy().dtype), t.as_numpy().shape, t.as_numpy())
-                    for t in request.inputs()],
-            outputs=[RequestedOutput(n) for n in request.requested_output_names()] or None,
-            id=request.request_id(),
-        )
-        try:
-            result = asyncio.run_coroutine_threadsafe(self._infer(infer), self._loop).result()
-        except ServeError as exc:
-            code = {"INVALID_ARGUMENT": pb_utils.TritonError.INVALID_ARG, "NOT_FOUND": pb_utils.TritonError.NOT_FOUND,
-                    "UNAVAILABLE": pb_utils.TritonError.UNAVAILABLE,
-                    "UNIMPLEMENTED": pb_utils.TritonError.UNSUPPORTED}.get(exc.status, pb_utils.TritonError.INTERNAL)
-            return pb_utils.InferenceResponse(error=pb_utils.TritonError(exc.message, code))
-        return pb_utils.InferenceResponse(output_tensors=[pb_utils.Tensor(t.name, t.data) for t in result.outputs])
 
     @property
     def in_flight(self) -> int:

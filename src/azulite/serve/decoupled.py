@@ -72,7 +72,7 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
         counted.reason = "BACKEND"
         item.sink = sink
         if dp.tracer.active:  # serve/trace.py: the trace ends with the final response
-            item.trace = counted.trace = dp.tracer.sample(model.name, model.version, request.id)
+            item.trace = counted.trace = dp.tracer.sample(model.name, model.version, request.id, request.trace_context)
         wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
         future = model.batcher.submit(item, priority=request_int(request, "priority"),
                                       timeout_us=request_int(request, "timeout"))

@@ -64,6 +64,21 @@ class _RemoteMetrics:
         return self._plane.call("metrics_text")
 
 
+class _RemoteTrace:
+    """A traced answer's trace, held by the model host's tracer until this front-end reports the send."""
+
+    __slots__ = ("_plane", "id")
+
+    def __init__(self, plane: "RemoteDataPlane", trace_id: int) -> None:
+        self._plane, self.id = plane, trace_id
+
+    def sent(self, start_ns: int, end_ns: int) -> None:
+        try:
+            self._plane._send("sent", 0, self.id, start_ns, end_ns)
+        except Unavailable:  # the host is gone, and its traces with it
+            pass
+
+
 class RemoteDataPlane:
     """Construct, ``await connect()``, then use as a :class:`azulite.serve.types.DataPlane`."""
 
@@ -117,7 +132,9 @@ class RemoteDataPlane:
         if kind in ("r", "s"):
             self._released.extend(ref[1] for ref in header[2][5] if ref[0] == "s")
             try:
-                value: Any = ipc.response_from(header[2], self._out[1], inline)  # type: ignore[index]
+                value, trace_id = ipc.response_from(header[2], self._out[1], inline)  # type: ignore[index]
+                if trace_id:  # a traced answer: this front-end reports its send to the host's tracer
+                    value.trace = _RemoteTrace(self, trace_id)
             except Exception as exc:  # noqa: BLE001 - answered as this request's error, never a hang
                 value = Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}")
                 if kind == "s":  # the stream's inputs stay in use until the host ends it

@@ -24,6 +24,7 @@ from azulite.serve import log_settings
 from azulite.serve.batcher import Rejected
 from azulite.serve.config import WIRE_TO_NUMPY
 from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
+from azulite.serve.otel import traceparent_of
 from azulite.serve.proto import service_pb2 as pb
 from azulite.serve.proto import service_pb2_grpc
 from azulite.serve.types import DataPlane, InferRequest, InferResponse, InferTensor, RequestedOutput
@@ -90,6 +91,18 @@ def _status(exc: BaseException) -> tuple[grpc.StatusCode, str]:
     if len(raw) > MAX_STATUS_BYTES:
         message = raw[:MAX_STATUS_BYTES - 16].decode(errors="ignore") + " ...(truncated)"
     return code, message
+
+
+def _trace_context(context) -> dict[str, str] | None:
+    """The W3C trace context in a call's metadata (serve/otel.py): azulite's transport picked it out of the
+    call's headers (grpc_h2_calls._Context), grpcio's context is asked for its metadata."""
+    picked = getattr(context, "trace_context", _NOT_PICKED)
+    if picked is not _NOT_PICKED:
+        return picked
+    return traceparent_of(context.invocation_metadata() or ())
+
+
+_NOT_PICKED = object()
 
 
 def _param_value(p) -> Any:
@@ -280,17 +293,31 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def ModelInfer(self, request, context):
         self.in_flight += 1
+        response = None
         try:
-            return encode_infer_response(await self.dp.infer(decode_infer_request(request)))
+            infer = decode_infer_request(request)
+            start = getattr(context, "recv_start", 0)  # azulite's transport's receive times (grpc_h2_calls)
+            if start:
+                infer.front_end, infer.recv_start, infer.recv_end = "GRPC", start, context.recv_end
+            infer.trace_context = _trace_context(context)
+            response = await self.dp.infer(infer)
+            answer = encode_infer_response(response)
+            if response.trace is not None:  # the transport reports its send (serve/trace.py)
+                context.trace = response.trace
+            return answer
         except Exception as exc:  # noqa: BLE001
+            if response is not None and response.trace is not None:
+                response.trace.sent(0, 0)
             await self._abort(context, exc)
         finally:
             self.in_flight -= 1
 
-    async def _stream_one(self, request, queue: asyncio.Queue) -> None:
+    async def _stream_one(self, request, queue: asyncio.Queue, trace_context: dict | None = None) -> None:
         """Puts the request's responses on the stream's queue: one, or 0..n from a decoupled model."""
         try:
-            async for response in self.dp.infer_stream(decode_infer_request(request)):
+            infer = decode_infer_request(request)
+            infer.trace_context = trace_context
+            async for response in self.dp.infer_stream(infer):
                 queue.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)))
         except Exception as exc:  # noqa: BLE001 - a stream reports errors per response, as Triton
             _, message = _status(exc)
@@ -305,6 +332,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
         read_done, request_done = object(), object()
         pending = 0
         done_reading = False
+        trace_context = _trace_context(context)  # the call's, for each of its requests
 
         def finished(task: asyncio.Task) -> None:
             self.in_flight -= 1  # here, not in the coroutine: a task canceled before it ran counts too
@@ -316,7 +344,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 async for request in request_iterator:
                     pending += 1
                     self.in_flight += 1
-                    asyncio.ensure_future(self._stream_one(request, queue)).add_done_callback(finished)
+                    asyncio.ensure_future(self._stream_one(request, queue, trace_context)).add_done_callback(finished)
             finally:
                 done_reading = True
                 queue.put_nowait(read_done)

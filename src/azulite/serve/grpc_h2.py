@@ -31,6 +31,7 @@ from azulite.serve.h2_frames import (ACK, CONTINUATION, DATA, END_HEADERS, END_S
                                      HEADERS, MAX_FRAME, PADDED, PING, PREFACE, PRIORITY_FLAG, PUSH_PROMISE,
                                      RECV_WINDOW, RST_STREAM, SETTINGS, WINDOW_UPDATE, _FRAME, _U32, _frame)
 from azulite.serve.limits import ConnectionLimits, close_soon
+from azulite.serve.otel import traceparent_of
 
 log = logging.getLogger("azulite.serve.grpc")
 
@@ -245,9 +246,10 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             self.header_block, self.header_sid, self.header_end_stream = bytearray(block), sid, end_stream
             self.continuations = 0
 
-    def _decode(self, block: bytes) -> tuple[list, str, bytes]:
-        """The block's headers, with its ``:path`` and ``grpc-encoding`` (b"" when absent) picked out once
-        per distinct block: a call whose block was seen before skips the scan of its headers."""
+    def _decode(self, block: bytes) -> tuple[list, str, bytes, dict | None]:
+        """The block's headers, with its ``:path``, ``grpc-encoding`` (b"" when absent) and W3C trace context
+        (None when absent; serve/otel.py) picked out once per distinct block: a call whose block was seen
+        before skips the scan of its headers."""
         cached = self.cache.get(block)
         if cached is not None:
             return cached
@@ -257,13 +259,15 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         headers = self.decoder.decode(block, raw=True)
         after = (len(table.dynamic_entries), table.dynamic_entries[0] if table.dynamic_entries else None,
                  table.maxsize)
-        path, encoding = "", b""
+        path, encoding, traced = "", b"", False
         for name, value in headers:  # the last one counts, as a repeated header's did before
             if name == b":path":
                 path = value.decode("latin-1")
             elif name == b"grpc-encoding":
                 encoding = value
-        decoded = (headers, path, encoding)
+            elif name == b"traceparent":
+                traced = True
+        decoded = (headers, path, encoding, traceparent_of(headers) if traced else None)
         if before[0] == after[0] and before[1] is after[1] and before[2] == after[2]:
             if len(self.cache) < 64:
                 self.cache[block] = decoded  # valid while the table stays as it is
@@ -273,7 +277,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
 
     def _headers_complete(self, sid: int, block: bytes, end_stream: bool) -> None:
         try:
-            headers, path, encoding = self._decode(block)
+            headers, path, encoding, trace_context = self._decode(block)
         except HPACKError as exc:
             self._goaway(0x9, f"bad header block: {exc}")
             return
@@ -292,7 +296,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             return
         stream = _Stream(sid, self.peer_initial_window)
         self.streams[sid] = stream
-        stream.path, stream.encoding, stream.headers = path, encoding, headers
+        stream.path, stream.encoding, stream.headers, stream.trace_context = path, encoding, headers, trace_context
         if self.going_away or self.server.stopping:
             self._finish(stream, grpc.StatusCode.UNAVAILABLE, "the server is shutting down")
             return

@@ -13,6 +13,7 @@ import struct
 import zlib
 from collections import deque
 from functools import partial
+from time import monotonic_ns
 from typing import Any
 
 import grpc
@@ -51,15 +52,22 @@ class _Abort(Exception):
 class _Context:
     """The part of grpc.aio.ServicerContext the servicer uses."""
 
-    __slots__ = ("metadata", "address", "request_bytes", "reply_payload")
+    __slots__ = ("metadata", "address", "request_bytes", "reply_payload", "recv_start", "recv_end", "trace",
+                 "trace_context")
     #: the guard's audit reads a unary call's sizes here instead of asking protobuf (ByteSize serializes)
     sizes_known = True
 
-    def __init__(self, metadata, address: str = "", request_bytes: int | None = None) -> None:
+    def __init__(self, metadata, address: str = "", request_bytes: int | None = None,
+                 stream: _Stream | None = None) -> None:
         self.metadata = metadata
         self.address = address
         self.request_bytes = request_bytes  # the request message's length (unary calls)
         self.reply_payload: bytes | None = None  # the answer, when the guard serialized it for its audit line
+        # a unary call's receive times (its headers, its request's end) for a trace, and the traced answer's
+        # trace the servicer hands back for its send (serve/trace.py)
+        self.recv_start, self.recv_end = (0, 0) if stream is None else (stream.recv_start, stream.recv_end)
+        self.trace = None
+        self.trace_context = None if stream is None else stream.trace_context  # its W3C trace context (otel.py)
 
     def peer(self) -> str:
         return self.address
@@ -90,7 +98,8 @@ def _methods(servicer: InferenceServicer) -> dict[str, tuple[Any, Any, bool, tup
 
 class _Stream:
     __slots__ = ("sid", "path", "headers", "body", "send_window", "out", "trailers", "headers_sent",
-                 "task", "queue", "encoding", "closed_remote", "recv_consumed")
+                 "task", "queue", "encoding", "closed_remote", "recv_consumed", "recv_start", "recv_end",
+                 "trace_context")
 
     def __init__(self, sid: int, send_window: int) -> None:
         self.sid = sid
@@ -106,6 +115,10 @@ class _Stream:
         self.encoding = b""
         self.closed_remote = False
         self.recv_consumed = 0  # DATA bytes received since this stream's last WINDOW_UPDATE
+        # when its headers came and its request ended: a traced call's GRPC_WAITREAD_START/END
+        self.recv_start = monotonic_ns()
+        self.recv_end = 0
+        self.trace_context: dict[str, str] | None = None  # the call's W3C trace context (serve/otel.py)
 
 
 class H2Calls:
@@ -151,6 +164,7 @@ class H2Calls:
 
     def _end_of_request(self, stream: _Stream) -> None:
         stream.closed_remote = True
+        stream.recv_end = monotonic_ns()
         if stream.queue is not None:
             stream.queue.put_nowait(None)
             return
@@ -205,6 +219,8 @@ class H2Calls:
                 if guard[1] is not None:  # an audit line when answered (its context made then: see _answer_infer)
                     audit = (state, len(message))
             request = decode_infer_request(message_pb)
+            request.front_end, request.recv_start, request.recv_end = "GRPC", stream.recv_start, stream.recv_end
+            request.trace_context = stream.trace_context
         except Exception as exc:  # noqa: BLE001 - as the servicer answers it
             self._answer_infer(stream, audit, None, exc)
             self.server.request_done()
@@ -259,12 +275,18 @@ class H2Calls:
                 answer = encode_infer_response(response)
             except Exception as exc:  # noqa: BLE001 - the answer's encoding failed
                 error = exc
+                if response.trace is not None:
+                    response.trace.sent(0, 0)
             else:
                 payload = None
                 if leave is not None:  # its line serializes the answer once, for its size (reply_payload)
                     leave(audit[0], None, context, answer, None)
                     payload = context.reply_payload
-                self._reply(stream, payload if payload is not None else answer.SerializeToString())
+                payload = payload if payload is not None else answer.SerializeToString()
+                if response.trace is None:
+                    self._reply(stream, payload)
+                else:
+                    self._traced_reply(stream, payload, response.trace)
                 return
         if leave is not None:
             leave(audit[0], None, context, None, error)
@@ -283,7 +305,7 @@ class H2Calls:
                 request = request_type.FromString(message)
             except DecodeError as exc:
                 raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse the request message: {exc}") from None
-            context = _Context(stream.headers, self.peer, len(message))
+            context = _Context(stream.headers, self.peer, len(message), stream)
             if guard is None:
                 response = await handler(request, context)
             else:  # the guard's check and audit here, around the real method (grpc_guard.unary_parts)
@@ -296,7 +318,11 @@ class H2Calls:
                     raise
                 leave(state, request, context, response, None)
             payload = context.reply_payload
-            self._reply(stream, payload if payload is not None else response.SerializeToString())
+            payload = payload if payload is not None else response.SerializeToString()
+            if context.trace is None:
+                self._reply(stream, payload)
+            else:  # a traced ModelInfer (InferenceServicer.ModelInfer handed its trace back)
+                self._traced_reply(stream, payload, context.trace)
         except _Abort as exc:
             self._finish(stream, exc.code, exc.details, exc.trailing_metadata)
         except asyncio.CancelledError:
@@ -316,7 +342,7 @@ class H2Calls:
                     raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse a request message: {exc}") from None
 
         try:
-            async for response in handler(requests(), _Context(stream.headers, self.peer)):
+            async for response in handler(requests(), _Context(stream.headers, self.peer, None, stream)):
                 self._send_message(stream, response.SerializeToString())
             self._finish(stream, grpc.StatusCode.OK, "")
         except _Abort as exc:
@@ -346,6 +372,15 @@ class H2Calls:
             return
         self._send_message(stream, payload, prefixed=_GRPC_PREFIX.pack(0, len(payload)) + payload)
         self._finish(stream, grpc.StatusCode.OK, "")
+
+    def _traced_reply(self, stream: _Stream, payload: bytes, trace) -> None:
+        """_reply, its send reported to the trace (GRPC_SEND_START/END; serve/trace.py)."""
+        if self.transport is None or stream.sid not in self.streams:
+            trace.sent(0, 0)  # the call is gone: nothing sent
+            return
+        start = monotonic_ns()
+        self._reply(stream, payload)
+        trace.sent(start, monotonic_ns())
 
     def _send_message(self, stream: _Stream, payload: bytes, prefixed: bytes | None = None) -> None:
         if self.transport is None or stream.sid not in self.streams:

@@ -110,6 +110,9 @@ class ModelHost:
                 coro = self._control(proto, rid, self.dp.load_model(header[3], header[4]))
             elif op == "unload":
                 coro = self._control(proto, rid, self.dp.unload_model(header[3], header[4]))
+            elif op == "sent":  # a traced answer's send, reported by the front-end (serve/trace.py)
+                self.dp.tracer.release(header[3], header[4], header[5])
+                return
             else:
                 proto.writelines(ipc.frame(("e", rid, ipc.error_tuple(ValueError(f"unknown operation {op!r}")))))
                 return

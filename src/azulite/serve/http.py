@@ -18,10 +18,8 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import gzip
 import json
 import logging
-import zlib
 from collections.abc import Awaitable, Callable
 from functools import partial
 from time import perf_counter as _perf
@@ -33,33 +31,15 @@ from azulite.serve import http_codec as codec
 from azulite.serve import log_settings
 from azulite.serve.api_routes import http_route
 from azulite.serve.auth import Guard
+from azulite.serve.http_replies import (EMPTY_OK, JSON, MethodNotAllowed, Reply, decompress, error_reply, json_reply,
+                                        ok_reply, parse_json_body, traced_reply)
 from azulite.serve.http_stream import is_stream
+from azulite.serve.otel import traceparent_of
 from azulite.serve.types import DataPlane, InferRequest, InferResponse
 
 log = logging.getLogger("azulite.serve.http")
 
-#: ServeError.status -> HTTP status, the one place it is decided (as Triton's HttpCodeFromError:
-#: NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, INTERNAL 500, everything else 400).
-HTTP_STATUS: dict[str, int] = {
-    "INVALID_ARGUMENT": 400,
-    "ALREADY_EXISTS": 400,
-    "CANCELLED": 400,
-    "NOT_FOUND": 404,
-    "UNAVAILABLE": 503,
-    "UNIMPLEMENTED": 501,
-    "INTERNAL": 500,
-    "UNAUTHENTICATED": 401,
-    "PERMISSION_DENIED": 403,
-    "RESOURCE_EXHAUSTED": 429,
-}
-_REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
-            408: b"Request Timeout", 413: b"Payload Too Large", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
-            503: b"Service Unavailable"}
-JSON = b"application/json"
-DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # Triton's --http-max-input-size default
 _ROUTES_CACHED = 1024  # infer paths HttpApp remembers the route of
-
-Reply = tuple[int, bytes, bytes, tuple[tuple[bytes, bytes], ...]]  # status, content type, body, headers
 
 
 def _header(headers: dict[bytes, bytes], name: str) -> str | None:
@@ -67,26 +47,11 @@ def _header(headers: dict[bytes, bytes], name: str) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
-#: the answer to a connection past ConnectionLimits.max_connections (written before any request is read)
-
-
-class _Stop(Exception):
-    """Raised from a parser callback: stop parsing this connection's input."""
-
-
-class _MethodNotAllowed(InvalidArgument):
-    """An HTTP-only answer (405, as Triton): the path exists, not with this method."""
-
-
-_OCTETS = b"application/octet-stream"
-_HLEN = b"Inference-Header-Content-Length"
-
-
 def _decode(name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> InferRequest:
     """An infer request's body, decompressed and decoded (raises InvalidArgument)."""
     encoding = headers.get(b"content-encoding")
     if encoding is not None:
-        body = _decompress(body, encoding)
+        body = decompress(body, encoding)
     raw_len = headers.get(b"inference-header-content-length")
     header_length = None
     if raw_len is not None:
@@ -94,12 +59,13 @@ def _decode(name: str, version: str, headers: dict[bytes, bytes], body: bytes) -
             header_length = int(raw_len)
         except ValueError:
             raise InvalidArgument(f"Inference-Header-Content-Length is not an integer: {raw_len!r}") from None
-    return codec.decode_infer_request(name, version, body, header_length)
-
-
-def _ok(out, hlen: int | None) -> Reply:
-    """An infer request's 200: JSON, or binary tensors after a JSON header of ``hlen`` bytes."""
-    return (200, JSON, out, ()) if hlen is None else (200, _OCTETS, out, ((_HLEN, b"%d" % hlen),))
+    request = codec.decode_infer_request(name, version, body, header_length)
+    start = headers.get(b":recv-start")  # when the transport received it (serve/http_server.py), for a trace
+    if start is not None:
+        request.front_end, request.recv_start, request.recv_end = "HTTP", start, headers[b":recv-end"]
+    if b"traceparent" in headers:  # the caller's W3C trace context (serve/otel.py)
+        request.trace_context = traceparent_of(headers.items())
+    return request
 
 
 def _encoded(request: InferRequest, reply: asyncio.Future, response: InferResponse | None,
@@ -108,13 +74,14 @@ def _encoded(request: InferRequest, reply: asyncio.Future, response: InferRespon
     _infer would return it (a cancelled one as the transport answers a cancelled task)."""
     if error is None:
         try:
-            ok = _ok(*codec.encode_infer_response(response, request))
+            ok = ok_reply(*codec.encode_infer_response(response, request))
         except Exception as exc:  # noqa: BLE001
             error = exc
         else:
-            reply.set_result(ok)
+            reply.set_result(ok if response.trace is None else traced_reply(ok, response.trace))
             return
-    reply.set_result(error_reply(error if isinstance(error, Exception) else ServeError("request cancelled")))
+    failed = error_reply(error if isinstance(error, Exception) else ServeError("request cancelled"))
+    reply.set_result(failed if response is None or response.trace is None else traced_reply(failed, response.trace))
 
 
 def _encoded_audited(app: HttpApp, request: InferRequest, reply: asyncio.Future, headers: dict[bytes, bytes],
@@ -134,57 +101,6 @@ def _task_encoded(then: Callable, task: asyncio.Task) -> None:
         then(None, task.exception())
     else:
         then(task.result(), None)
-
-
-def error_reply(exc: BaseException) -> Reply:
-    """Any exception -> Triton's error JSON. Client mistakes are ServeErrors with a 4xx status; anything
-    else is the server's fault (500) and is logged with its traceback."""
-    if isinstance(exc, _MethodNotAllowed):
-        return 405, JSON, json.dumps({"error": str(exc)}).encode(), ()
-    extra: tuple[tuple[bytes, bytes], ...] = ()
-    if isinstance(exc, ServeError):
-        status, message = HTTP_STATUS.get(exc.status, 500), str(exc)
-        if status == 429 or status == 503:  # rate limit, quota, full queue: say when to come back
-            extra = ((b"Retry-After", b"%d" % getattr(exc, "retry_after_s", 1)),)
-        elif status == 401:
-            extra = ((b"WWW-Authenticate", b"Bearer"),)
-    else:
-        log.exception("internal error answering a request", exc_info=exc)
-        status, message = 500, f"internal error: {type(exc).__name__}: {exc}"
-    return status, JSON, json.dumps({"error": message}).encode(), extra
-
-
-def _json_reply(doc: Any, status: int = 200) -> Reply:
-    return status, JSON, json.dumps(doc, separators=(",", ":")).encode(), ()
-
-
-_EMPTY_OK: Reply = (200, JSON, b"", ())
-
-
-def _parse_json_body(body: bytes) -> dict[str, Any]:
-    if not body.strip():
-        return {}
-    try:
-        doc = json.loads(body)
-    except (ValueError, UnicodeDecodeError) as exc:
-        raise InvalidArgument(f"malformed JSON body: {exc}") from None
-    if not isinstance(doc, dict):
-        raise InvalidArgument("the request body must be a JSON object")
-    return doc
-
-
-def _decompress(body: bytes, encoding: bytes | None) -> bytes:
-    if not encoding or encoding in (b"identity",):
-        return body
-    try:
-        if encoding == b"gzip":
-            return gzip.decompress(body)
-        if encoding == b"deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error, EOFError) as exc:
-        raise InvalidArgument(f"the body is not valid {encoding.decode()} data: {exc}") from None
-    raise Unsupported(f"Content-Encoding {encoding.decode(errors='replace')!r} is not supported",
-                      fix="send gzip, deflate or an uncompressed body")
 
 
 class HttpApp:
@@ -304,13 +220,13 @@ class HttpApp:
                 keep = [s for s in stats.model_stats if principal.may_see(s.name)]
                 del stats.model_stats[:]
                 stats.model_stats.extend(keep)
-                reply = _json_reply(codec.message_to_json(stats))
+                reply = json_reply(codec.message_to_json(stats))
             elif category == "model-repository" and path.rstrip("/").endswith("/index"):
-                index = self.dp.repository_index(bool(_parse_json_body(body).get("ready", False)))
+                index = self.dp.repository_index(bool(parse_json_body(body).get("ready", False)))
                 keep = [m for m in index.models if principal.may_see(m.name)]
                 del index.models[:]
                 index.models.extend(keep)
-                reply = _json_reply(codec.repository_index_json(index))
+                reply = json_reply(codec.repository_index_json(index))
             else:
                 result = self.dispatch(method, path, headers, body)
                 reply = await result if isinstance(result, Awaitable) else result
@@ -338,7 +254,7 @@ class HttpApp:
         get, post = method == b"GET", method == b"POST"
         if not rest:
             self._method(get, method, path)
-            return _json_reply(codec.server_metadata_json(self.dp.server_metadata()))
+            return json_reply(codec.server_metadata_json(self.dp.server_metadata()))
         head = rest[0]
         if head == "models":
             return self._models(method, path, rest[1:], headers, body)
@@ -355,8 +271,8 @@ class HttpApp:
         if head == "logging" and len(rest) == 1:  # Triton's logging extension (serve/log_settings.py)
             self._method(get or post, method, path)
             if post:
-                return _json_reply(log_settings.update(_parse_json_body(body)).as_dict())
-            return _json_reply(log_settings.current().as_dict())
+                return json_reply(log_settings.update(parse_json_body(body)).as_dict())
+            return json_reply(log_settings.current().as_dict())
         if head == "trace" and rest[1:] == ["setting"]:  # Triton's trace extension (serve/trace.py)
             return self._trace_setting("", method, path, body)
         raise NotFound(f"no such endpoint: {method.decode()} {path}")
@@ -364,13 +280,13 @@ class HttpApp:
     @staticmethod
     def _method(ok: bool, method: bytes, path: str) -> None:
         if not ok:
-            raise _MethodNotAllowed(f"method {method.decode()} is not allowed on {path}")
+            raise MethodNotAllowed(f"method {method.decode()} is not allowed on {path}")
 
     def _models(self, method: bytes, path: str, rest: list[str], headers, body: bytes):
         get, post = method == b"GET", method == b"POST"
         if rest == ["stats"]:
             self._method(get, method, path)
-            return _json_reply(codec.message_to_json(self.dp.model_statistics("", "")))
+            return json_reply(codec.message_to_json(self.dp.model_statistics("", "")))
         if not rest or not rest[0]:
             raise NotFound(f"no such endpoint: {method.decode()} {path}", fix="name a model: /v2/models/NAME")
         name, version, tail = rest[0], "", rest[1:]
@@ -388,16 +304,16 @@ class HttpApp:
             return self._infer(name, version, headers, body)
         if action == "":
             self._method(get, method, path)
-            return _json_reply(codec.model_metadata_json(self.dp.model_metadata(name, version)))
+            return json_reply(codec.model_metadata_json(self.dp.model_metadata(name, version)))
         if action == "ready":
             self._method(get, method, path)
             return (200 if self.dp.model_ready(name, version) else 400), JSON, b"", ()
         if action == "config":
             self._method(get, method, path)
-            return _json_reply(codec.message_to_json(self.dp.model_config(name, version)))
+            return json_reply(codec.message_to_json(self.dp.model_config(name, version)))
         if action == "stats":
             self._method(get, method, path)
-            return _json_reply(codec.message_to_json(self.dp.model_statistics(name, version)))
+            return json_reply(codec.message_to_json(self.dp.model_statistics(name, version)))
         if action in ("generate", "generate_stream"):
             self._method(post, method, path)
             return self._generate(name, version, body, action == "generate_stream")
@@ -406,7 +322,7 @@ class HttpApp:
     def _trace_setting(self, model: str, method: bytes, path: str, body: bytes):
         get, post = method == b"GET", method == b"POST"
         self._method(get or post, method, path)
-        return _json_reply(self.dp.trace_setting(model, _parse_json_body(body) if post else None))
+        return json_reply(self.dp.trace_setting(model, parse_json_body(body) if post else None))
 
     async def _generate(self, name: str, version: str, body: bytes, stream: bool) -> Reply:
         from azulite.serve import generate  # Triton's generate extension (serve/generate.py)
@@ -420,6 +336,7 @@ class HttpApp:
         """An infer request's answer, its failure answered here too (error_reply, as every route's): handle
         hands this coroutine straight to the transport. ``audited``: (start, key id, client, bytes in) of a
         guarded request with an audit log, whose line is packed here once answered."""
+        response = None
         try:
             request = _decode(name, version, headers, body)
             response = await self.dp.infer(request)
@@ -427,7 +344,9 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply = error_reply(exc)
         else:
-            reply = _ok(out, hlen)
+            reply = ok_reply(out, hlen)
+        if response is not None and response.trace is not None:
+            reply = traced_reply(reply, response.trace)
         if audited is not None:
             end = _perf()  # one read: the latency's end and the line's time
             self.guard.audit.record(headers.get(b"x-request-id") or None, audited[1], audited[2], name, version,
@@ -437,13 +356,13 @@ class HttpApp:
     def _repository(self, post: bool, method: bytes, path: str, rest: list[str], body: bytes):
         self._method(post, method, path)
         if rest == ["index"]:
-            ready = _parse_json_body(body).get("ready", False)
+            ready = parse_json_body(body).get("ready", False)
             if not isinstance(ready, bool):
                 raise InvalidArgument(f"'ready' must be a JSON boolean, got {json.dumps(ready)}",
                                       fix='e.g. {"ready": true}')
-            return _json_reply(codec.repository_index_json(self.dp.repository_index(ready)))
+            return json_reply(codec.repository_index_json(self.dp.repository_index(ready)))
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
-            return self._load_unload(rest[1], rest[2], _parse_json_body(body))
+            return self._load_unload(rest[1], rest[2], parse_json_body(body))
         raise NotFound(f"no such endpoint: {method.decode()} {path}")
 
     async def _load_unload(self, name: str, action: str, doc: dict[str, Any]) -> Reply:
@@ -456,7 +375,7 @@ class HttpApp:
                 raise InvalidArgument(f"unload parameter 'unload_dependents' must be a JSON boolean, got "
                                       f"{json.dumps(dependents)}", fix='e.g. {"parameters": {"unload_dependents": true}}')
             await self.dp.unload_model(name, dependents)
-            return _EMPTY_OK
+            return EMPTY_OK
         load_params: dict[str, Any] = {}
         for key, value in params.items():
             if key == "config" and isinstance(value, dict):
@@ -469,7 +388,7 @@ class HttpApp:
             else:
                 load_params[key] = value
         await self.dp.load_model(name, load_params or None)
-        return _EMPTY_OK
+        return EMPTY_OK
 
     def _system_shared_memory(self, rest: list[str], method: bytes, path: str, body: bytes):
         """Triton's systemsharedmemory routes: [region/NAME/](status|register|unregister)."""
@@ -480,26 +399,26 @@ class HttpApp:
         action = rest[0] if len(rest) == 1 else None
         if action == "status":
             self._method(get, method, path)
-            return _json_reply([{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
-                                for r in self.dp.shm.status(name)])
+            return json_reply([{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
+                               for r in self.dp.shm.status(name)])
         if action == "unregister":
             self._method(post, method, path)
             self.dp.shm.unregister(name)
-            return _EMPTY_OK
+            return EMPTY_OK
         if action == "register" and name:
             self._method(post, method, path)
-            doc = _parse_json_body(body)
+            doc = parse_json_body(body)
             self.dp.shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
-            return _EMPTY_OK
+            return EMPTY_OK
         raise NotFound(f"no such endpoint: {method.decode()} {path}",
                        fix="use /v2/systemsharedmemory[/region/NAME]/status|unregister or .../region/NAME/register")
 
     @staticmethod
     def _shared_memory(kind: str, rest: list[str], method: bytes, path: str):
         if rest and rest[-1] == "status":
-            return _json_reply([])
+            return json_reply([])
         if rest and rest[-1] == "unregister":
-            return _EMPTY_OK  # nothing is ever registered: unregistering leaves nothing registered
+            return EMPTY_OK  # nothing is ever registered: unregistering leaves nothing registered
         what = "system" if kind == "systemsharedmemory" else "CUDA"
         raise Unsupported(f"{what} shared memory is not supported by azulite",
                           fix="send tensors in the request body (binary tensor data extension)")

@@ -11,14 +11,16 @@ import json
 import logging
 from collections import deque
 from functools import partial
+from time import monotonic_ns
 
 import httptools
 
 from azulite.errors import ServeError
-from azulite.serve.http import _REASONS, DEFAULT_MAX_INPUT_SIZE, JSON, Reply, _Stop, error_reply
 from azulite.serve.http_defences import HttpDefences
+from azulite.serve.http_replies import DEFAULT_MAX_INPUT_SIZE, JSON, REASONS, Reply, Stop, error_reply
 from azulite.serve.http_stream import StreamedReplies, is_stream
 from azulite.serve.limits import ConnectionLimits, close_soon
+from azulite.serve.trace import TracedReply
 
 log = logging.getLogger("azulite.serve.http")
 
@@ -35,7 +37,7 @@ _HEADS_CACHED = 256
 
 def _head_prefix(status: int, ctype: bytes) -> bytes:
     prefix = (b"HTTP/1.1 %d %s\r\nContent-Type: %s\r\nContent-Length: "
-              % (status, _REASONS.get(status, b"Unknown"), ctype))
+              % (status, REASONS.get(status, b"Unknown"), ctype))
     if len(_HEADS) < _HEADS_CACHED:
         _HEADS[(status, ctype)] = prefix
     return prefix
@@ -47,7 +49,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
 
     __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
                  "replies", "closing", "peer", "head_size", "head_tick", "stall_timer", "read_paused",
-                 "write_paused", "streaming", "deferred", "max_head", "loop", "head_reads")
+                 "write_paused", "streaming", "deferred", "max_head", "loop", "head_reads", "recv_start")
 
     def __init__(self, server: "HttpServer") -> None:
         self.server = server
@@ -76,6 +78,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         # bytes of the reads that began and ended inside the current request head (-1: the head began in
         # the read being parsed); see data_received
         self.head_reads = -1
+        self.recv_start = 0  # when the current request began to arrive (a trace's HTTP_RECV_START)
 
     # asyncio.Protocol
     def connection_made(self, transport) -> None:
@@ -105,7 +108,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         try:
             self.parser.feed_data(data)
         except httptools.HttpParserCallbackError:
-            return  # a callback refused the request (_Stop): already answered
+            return  # a callback refused the request (Stop): already answered
         except httptools.HttpParserUpgrade:
             self._fail(400, "protocol upgrade is not supported")
             return
@@ -135,6 +138,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         self.head_size = 0
         self.head_reads = -1
         self.head_tick = self.server.tick  # the server's sweep closes heads older than two ticks
+        self.recv_start = monotonic_ns()
 
     def on_url(self, url: bytes) -> None:
         self.url += url
@@ -151,7 +155,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
     def _head_too_large(self) -> None:
         if not self.closing:
             self._fail(431, f"the request head is larger than {self.server.limits.max_header_bytes} bytes")
-        raise _Stop  # llhttp stops parsing this connection's input
+        raise Stop  # llhttp stops parsing this connection's input
 
     def on_headers_complete(self) -> None:
         self.head_tick = -1
@@ -177,10 +181,14 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         method = self.parser.get_method()
         keep_alive = self.parser.should_keep_alive()
         body = self.body[0] if len(self.body) == 1 else b"".join(self.body)
+        # when it was received, for a trace (serve/trace.py): names no client header can have (no ':' in one)
+        headers = self.headers
+        headers[b":recv-start"] = self.recv_start
+        headers[b":recv-end"] = monotonic_ns()
         if self.deferred or len(self.replies) >= self.server.limits.max_pipelined:
-            self.deferred.append((method, self.url, self.headers, body, keep_alive))
+            self.deferred.append((method, self.url, headers, body, keep_alive))
             return
-        self._dispatch(method, self.url, self.headers, body, keep_alive)
+        self._dispatch(method, self.url, headers, body, keep_alive)
 
     def _dispatch(self, method: bytes, url: bytes, headers: dict[bytes, bytes], body: bytes,
                   keep_alive: bool) -> None:
@@ -238,9 +246,11 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         while self.replies and self.replies[0][0] is not None and not self.streaming:
             reply, keep_alive = self.replies.popleft()
             if self.transport is None:
+                if reply.__class__ is TracedReply:
+                    reply.trace.sent(0, 0)  # the client is gone: nothing sent
                 continue
             if is_stream(reply[2]):
-                self._write_stream(reply, keep_alive and not self.server.stopping, _REASONS)
+                self._write_stream(reply, keep_alive and not self.server.stopping, REASONS)
                 return
             self._write(reply, keep_alive and not self.server.stopping)
             if not keep_alive or self.server.stopping:
@@ -255,11 +265,16 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         tail = b"\r\n\r\n" if keep_alive else b"\r\nConnection: close\r\n\r\n"
         if extra:
             tail = b"\r\n" + b"".join([b"%s: %s\r\n" % (k, v) for k, v in extra]) + tail[2:]
+        traced = reply.__class__ is TracedReply
+        if traced:
+            start = monotonic_ns()
         if len(body) < 65536:  # one write, one copy of the body
             self.transport.write(b"%s%d%s%s" % (prefix, len(body), tail, body))
         else:
             self.transport.write(b"%s%d%s" % (prefix, len(body), tail))
             self.transport.write(body)
+        if traced:  # HTTP_SEND_START/END, as Triton's bracket its send of the answer
+            reply.trace.sent(start, monotonic_ns())
 
     def _too_large(self, size: int) -> None:
         self.too_large = True

@@ -249,24 +249,30 @@ def unpack_tensors(view, inline, metas: list, refs: list, *, copy: bool) -> list
 
 def request_header(request, metas: list, refs: list) -> tuple:
     outputs = None if request.outputs is None else [(o.name, o.parameters) for o in request.outputs]
-    return (request.model_name, request.model_version, request.id, request.parameters, outputs, metas, refs)
+    return (request.model_name, request.model_version, request.id, request.parameters, outputs, metas, refs,
+            request.front_end, request.recv_start, request.recv_end, request.trace_context)
 
 
 def request_from(header: tuple, view, inline, *, copy: bool):
-    model, version, rid, parameters, outputs, metas, refs = header
+    model, version, rid, parameters, outputs, metas, refs, front_end, recv_start, recv_end, context = header
     return InferRequest(model_name=model, model_version=version, id=rid, parameters=parameters,
                         outputs=None if outputs is None else [RequestedOutput(n, p) for n, p in outputs],
-                        inputs=unpack_tensors(view, inline, metas, refs, copy=copy))
+                        inputs=unpack_tensors(view, inline, metas, refs, copy=copy),
+                        front_end=front_end, recv_start=recv_start, recv_end=recv_end, trace_context=context)
 
 
 def response_header(response, metas: list, refs: list) -> tuple:
-    return (response.model_name, response.model_version, response.id, response.parameters, metas, refs)
+    """The answer's header; a traced answer's trace id last (0: none), its send reported by the front-end."""
+    trace = response.trace
+    return (response.model_name, response.model_version, response.id, response.parameters, metas, refs,
+            0 if trace is None else trace.id)
 
 
 def response_from(header: tuple, view, inline):
-    model, version, rid, parameters, metas, refs = header
+    """The answer and its trace id (0: not traced)."""
+    model, version, rid, parameters, metas, refs, trace_id = header
     return InferResponse(model_name=model, model_version=version, id=rid, parameters=parameters,
-                         outputs=unpack_tensors(view, inline, metas, refs, copy=True))
+                         outputs=unpack_tensors(view, inline, metas, refs, copy=True)), trace_id
 
 
 def pack_dicts(arena, dicts: list[dict], packed) -> tuple:

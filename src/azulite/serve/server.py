@@ -22,7 +22,8 @@ from azulite.serve.auth import Guard, GuardSettings
 from azulite.serve.dataplane import SERVER_NAME, DataPlaneSettings, TritonDataPlane
 from azulite.serve.grpc import GrpcServer
 from azulite.serve.grpc_h2 import GrpcH2Server
-from azulite.serve.http import DEFAULT_MAX_INPUT_SIZE, HttpApp, MetricsApp
+from azulite.serve.http import HttpApp, MetricsApp
+from azulite.serve.http_replies import DEFAULT_MAX_INPUT_SIZE
 from azulite.serve.http_server import HttpServer
 from azulite.serve.limits import ConnectionLimits
 from azulite.serve.response_cache import CacheSettings

@@ -5,19 +5,29 @@ traces go to ``trace_file`` in Triton's JSON (``${trace_file}.${i}`` every ``log
 or ``${trace_file}`` at shutdown when it is 0), which Triton's trace tools read.
 
 As in Triton 2.51: the file is set at start (``--trace-config triton,file=PATH``; the protocol cannot move
-it: 501), ``trace_count`` counts down the traces left (-1: no limit), a model's own settings override the
-global ones field by field (a ``null`` value, or an empty gRPC value list, drops the override), settings
-are strings (``trace_level`` a list). Stricter than Triton, each a 400 naming the field: a rate of 0, a
-log frequency below 0, a value of the wrong type or an unknown level; ``TENSORS`` and the
-``opentelemetry`` mode answer 501 (not built here).
+it: 501), ``trace_count`` counts down the traces left (-1: no limit), a rate of 0 samples no request (in
+the opentelemetry mode only those that carry a trace context are traced), a model's own settings override
+the global ones field by field (a ``null`` value, or an empty gRPC value list, drops the override),
+settings are strings (``trace_level`` a list). The mode (``triton``: the trace file; ``opentelemetry``:
+spans over OTLP/HTTP, serve/otel.py) and the exporter's settings are chosen at start. Stricter than
+Triton, each a 400 naming the field: a log frequency below 0, a value of the wrong type, an unknown level,
+a setting of the other mode; ``TENSORS`` answers 501 (not built here).
 
-What a trace holds here: the data plane's timestamps (``REQUEST_START``, ``QUEUE_START``,
-``COMPUTE_START``, ``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``, ``REQUEST_END``), one
-clock (CLOCK_MONOTONIC, as Triton's); a decoupled model's stream ends at its final response. Not the
-front-end's HTTP/gRPC receive and send times; an ensemble's steps are not traced as its children (the
-ensemble's own request is), and a BLS call a Python model makes is sampled as a request of its own. The
-data plane holds the tracer, so with ``--workers`` every front-end's settings call reaches the one
-tracer in the model host.
+What a trace holds here, as Triton's (one clock, CLOCK_MONOTONIC): the front-end's receive and send times
+(``HTTP_RECV_START``/``HTTP_RECV_END`` ... ``HTTP_SEND_START``/``HTTP_SEND_END``; over gRPC
+``GRPC_WAITREAD_START``/``GRPC_WAITREAD_END`` from the call's headers to its request's end, and
+``GRPC_SEND_START``/``GRPC_SEND_END``), then the data plane's (``REQUEST_START``, ``QUEUE_START``,
+``COMPUTE_START``, ``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``,
+``INFER_RESPONSE_COMPLETE``, ``REQUEST_END``). A traced ensemble request's steps, and the BLS calls a
+Python model passes the request's trace to (``trace=request.trace()``), are traces of their own with its
+``parent_id`` (a step with its request id), always taken (not sampled, not counted against
+``trace_count``), written before it; a BLS call given no trace is not traced (Triton samples at its
+front-ends only). A trace whose front-end sends its answer stays open after ``REQUEST_END`` until the
+front-end reports the send (:meth:`Trace.sent`; with ``--workers`` a message from the front-end process to
+the model host), and one the front-end never reports is written at shutdown. Not as Triton: a decoupled
+model's stream has no front-end times (it ends at its final response), and the front-end times of the
+grpcio server (``--grpc-impl grpcio``) are not taken. The data plane holds the tracer, so with
+``--workers`` every front-end's settings call reaches the one tracer in the model host.
 """
 
 from __future__ import annotations
@@ -31,12 +41,17 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from azulite.errors import InvalidArgument, NotFound, SpecError, Unsupported
+from azulite.serve.otel import OtelExporter, OtelSettings
 
 log = logging.getLogger("azulite.serve.trace")
 LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
-#: protocol name -> (TraceSettings field, parser)
+#: protocol name -> TraceSettings field
 _FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency",
            "trace_file": "file", "trace_mode": "mode"}
+#: the opentelemetry mode's settings (fixed at start) -> their value as the protocol shows it
+_OTEL_FIELDS = {"url": lambda o: o.url, "bsp_schedule_delay": lambda o: str(o.bsp_schedule_delay),
+                "bsp_max_export_batch_size": lambda o: str(o.bsp_max_export_batch_size),
+                "bsp_max_queue_size": lambda o: str(o.bsp_max_queue_size)}
 
 
 @dataclass(frozen=True)
@@ -46,16 +61,20 @@ class TraceSettings:
     count: int = -1
     log_frequency: int = 0
     file: str = ""
-    mode: str = "triton"
+    mode: str = "triton"  # or "opentelemetry" (serve/otel.py)
+    otel: OtelSettings = OtelSettings()
 
     @property
     def on(self) -> bool:
         return "TIMESTAMPS" in self.level and self.count != 0
 
     def as_json(self) -> dict[str, Any]:
-        """As Triton answers them: strings, the level a list."""
-        return {"trace_level": list(self.level), "trace_rate": str(self.rate), "trace_count": str(self.count),
-                "log_frequency": str(self.log_frequency), "trace_file": self.file, "trace_mode": self.mode}
+        """As Triton answers them: strings, the level a list; each mode's own settings."""
+        common = {"trace_level": list(self.level), "trace_rate": str(self.rate), "trace_count": str(self.count),
+                  "trace_mode": self.mode}
+        if self.mode == "opentelemetry":
+            return {**common, **self.otel.as_json()}
+        return {**common, "log_frequency": str(self.log_frequency), "trace_file": self.file}
 
 
 def _int(name: str, value: Any, least: int) -> int:
@@ -86,33 +105,52 @@ def _value(name: str, value: Any) -> Any:
         chosen = tuple(dict.fromkeys(v for v in levels if v != "OFF")) or ("OFF",)
         return chosen
     if name == "trace_rate":
-        return _int(name, value, 1)
+        return _int(name, value, 0)
     if name == "trace_count":
         return _int(name, value, -1)
     if name == "log_frequency":
         return _int(name, value, 0)
     if name == "trace_mode":
-        if value != "triton":
-            raise Unsupported(f"trace mode {json.dumps(value)} is not supported by azulite (only 'triton')")
+        if value not in ("triton", "opentelemetry"):
+            raise InvalidArgument(f"trace setting 'trace_mode' must be \"triton\" or \"opentelemetry\", got "
+                                  f"{json.dumps(value)}")
         return value
     raise AssertionError(name)
 
 
 def parse_trace_config(items: list[str] | tuple[str, ...]) -> TraceSettings:
     """Triton's ``--trace-config`` flags: ``[triton,]file=PATH``, ``[triton,]log-frequency=N``, ``rate=N``,
-    ``level=OFF|TIMESTAMPS`` (repeatable), ``count=N``, ``mode=triton``."""
+    ``level=OFF|TIMESTAMPS`` (repeatable), ``count=N``, ``mode=triton|opentelemetry``, and the
+    opentelemetry mode's ``opentelemetry,url=URL``, ``opentelemetry,resource=KEY=VALUE`` (repeatable),
+    ``opentelemetry,bsp_max_queue_size=N``, ``opentelemetry,bsp_schedule_delay=MS``,
+    ``opentelemetry,bsp_max_export_batch_size=N``."""
     fields: dict[str, Any] = {}
+    otel: dict[str, Any] = {}
     levels: list[str] = []
+    resource: list[tuple[str, str]] = []
     for item in items:
         mode, _, setting = item.partition(",") if "," in item else ("", "", item)
         key, eq, raw = setting.partition("=")
         if not eq or mode not in ("", "triton", "opentelemetry"):
             raise SpecError(f"'{item}' is not [MODE,]SETTING=VALUE", field="--trace-config",
                             fix="e.g. --trace-config triton,file=/tmp/trace.json --trace-config level=TIMESTAMPS")
-        if mode == "opentelemetry":
-            raise SpecError("the opentelemetry trace mode is not supported by azulite", field="--trace-config")
         try:
-            if key == "file":
+            if mode == "opentelemetry":
+                if key == "url":
+                    otel["url"] = raw
+                elif key == "resource":
+                    name, eq, value = raw.partition("=")
+                    if not eq or not name:
+                        raise SpecError(f"'{raw}' is not KEY=VALUE", field="--trace-config opentelemetry,resource",
+                                        fix="e.g. --trace-config opentelemetry,resource=service.name=my-server")
+                    resource.append((name, value))
+                elif key in ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"):
+                    otel[key] = _int(key, raw, 1)
+                else:
+                    raise SpecError(f"unknown opentelemetry setting '{key}'", field="--trace-config",
+                                    fix="opentelemetry settings: url, resource, bsp_max_queue_size, "
+                                        "bsp_schedule_delay, bsp_max_export_batch_size")
+            elif key == "file":
                 fields["file"] = raw
             elif key == "log-frequency":
                 fields["log_frequency"] = _value("log_frequency", raw)
@@ -131,37 +169,98 @@ def parse_trace_config(items: list[str] | tuple[str, ...]) -> TraceSettings:
                 fields["level"] = _value("trace_level", levels)
         except (InvalidArgument, Unsupported) as exc:
             raise SpecError(exc.message, field="--trace-config") from None
-    settings = TraceSettings(**fields)
+    if resource:
+        otel["resource"] = tuple(resource)
+    settings = TraceSettings(**fields, otel=OtelSettings(**otel))
+    if settings.mode == "opentelemetry":
+        if settings.file or "log_frequency" in fields:
+            raise SpecError("the trace file and its log frequency are the triton mode's; the opentelemetry mode "
+                            "exports spans to its url", field="--trace-config",
+                            fix="drop triton,file=/triton,log-frequency=, or drop mode=opentelemetry")
+        if settings.otel.bsp_max_export_batch_size > settings.otel.bsp_max_queue_size:
+            raise SpecError(f"bsp_max_export_batch_size ({settings.otel.bsp_max_export_batch_size}) must not exceed "
+                            f"bsp_max_queue_size ({settings.otel.bsp_max_queue_size})", field="--trace-config")
+        return settings
+    if otel:
+        raise SpecError("opentelemetry settings need the opentelemetry mode", field="--trace-config",
+                        fix="add --trace-config mode=opentelemetry")
     if settings.on and not settings.file:
         raise SpecError("level=TIMESTAMPS needs a trace file", field="--trace-config",
-                        fix="add --trace-config triton,file=/tmp/trace.json")
+                        fix="add --trace-config triton,file=/tmp/trace.json, or --trace-config mode=opentelemetry")
     if settings.file and not os.path.isdir(os.path.dirname(os.path.abspath(settings.file))):
         raise SpecError(f"the trace file's folder {os.path.dirname(os.path.abspath(settings.file))} does not exist",
                         field="--trace-config", fix="create it, or name a file in an existing folder")
     return settings
 
 
+class TracedReply(tuple):
+    """An HTTP reply (status, type, body, headers) whose request is traced: the front-end reports its send
+    to ``trace`` once written (serve/http_server.py)."""
+
+    trace: Any
+
+
+#: the protocol's names of a front-end's receive and send times
+_FRONT_STAMPS = {"HTTP": ("HTTP_RECV_START", "HTTP_RECV_END", "HTTP_SEND_START", "HTTP_SEND_END"),
+                 "GRPC": ("GRPC_WAITREAD_START", "GRPC_WAITREAD_END", "GRPC_SEND_START", "GRPC_SEND_END")}
+
+
 class Trace:
-    """One traced request: its header and timestamps, in the order they were taken."""
+    """One traced request: its header and timestamps, in the order they were taken. ``front``: the protocol
+    ("HTTP", "GRPC") whose front-end reports its send (:meth:`sent`), "" when none will."""
 
-    __slots__ = ("tracer", "scope", "id", "model", "version", "request_id", "stamps")
+    __slots__ = ("tracer", "scope", "id", "model", "version", "request_id", "stamps", "parent_id", "front",
+                 "parent", "children", "context")
 
-    def __init__(self, tracer: Tracer, scope: str, trace_id: int, model: str, version: int, request_id: str) -> None:
+    def __init__(self, tracer: Tracer, scope: str, trace_id: int, model: str, version: int, request_id: str,
+                 parent: Trace | None = None) -> None:
         self.tracer, self.scope, self.id = tracer, scope, trace_id
         self.model, self.version, self.request_id = model, version, request_id
         self.stamps: list[tuple[str, int]] = []
+        self.parent = parent
+        self.parent_id = 0 if parent is None else parent.id
+        self.front = ""
+        self.children: list[Trace] = []  # the opentelemetry mode's: finished children, exported with this
+        self.context: dict[str, str] | None = None  # the W3C trace context the request carried (opentelemetry)
+
+    def received(self, front: str, start_ns: int, end_ns: int) -> None:
+        """The front-end's receive times, taken before the trace began: they go first."""
+        names = _FRONT_STAMPS.get(front)
+        if names is not None and start_ns:
+            self.front = front
+            self.stamps[:0] = [(names[0], start_ns), (names[1], end_ns)]
 
     def computed(self, queued_ns: int, start_ns: int, input_ns: int, output_ns: int, end_ns: int) -> None:
         self.stamps += [("QUEUE_START", queued_ns), ("COMPUTE_START", start_ns),
                         ("COMPUTE_INPUT_END", min(start_ns + input_ns, end_ns)),
                         ("COMPUTE_OUTPUT_START", max(end_ns - output_ns, start_ns + input_ns)), ("COMPUTE_END", end_ns)]
 
-    def ended(self) -> None:
+    def stamp(self, name: str) -> None:
+        self.stamps.append((name, time.monotonic_ns()))
+
+    def child(self, model: str, version: int, request_id: str) -> Trace:
+        """The trace of one of this request's ensemble steps or BLS calls (Triton's ``parent_id``)."""
+        return self.tracer.child(self, model, version, request_id)
+
+    def ended(self, answered: bool = True) -> None:
+        """The data plane is done with the request; the trace is written now, or once the front-end sent
+        the answer (``answered``: the data plane answered it, so the front-end has it to send)."""
         self.stamps.append(("REQUEST_END", time.monotonic_ns()))
-        self.tracer.finished(self)
+        if answered and self.front:
+            self.tracer.hold(self)
+        else:
+            self.tracer.finished(self)
+
+    def sent(self, start_ns: int, end_ns: int) -> None:
+        """The front-end wrote the answer (between the two times; 0, 0: it could not, the client was gone)."""
+        self.tracer.release(self.id, start_ns, end_ns)
 
     def objects(self) -> list[dict[str, Any]]:
-        head = {"id": self.id, "model_name": self.model, "model_version": self.version, "request_id": self.request_id}
+        head: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": self.version}
+        if self.request_id:  # as Triton's: left out when the request has none
+            head["request_id"] = self.request_id
+        if self.parent_id:
+            head["parent_id"] = self.parent_id
         return [head, *({"id": self.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.stamps)]
 
 
@@ -179,8 +278,12 @@ class Tracer:
         self._buffers: dict[str, list[dict]] = {}  # trace file -> traces' objects not yet written
         self._buffered: dict[str, int] = {}  # trace file -> traces in its buffer
         self._index: dict[str, int] = {}  # trace file -> next ${file}.${i}
+        self._held: dict[int, Trace] = {}  # id -> trace ended in the data plane, its front-end's send to come
         self._lock = threading.Lock()  # ended() may run on an instance's thread
         self.lost = 0  # traces a failed write of the trace file lost
+        #: the opentelemetry mode's span exporter (serve/otel.py), made at start as the mode is chosen then
+        otel = self.global_settings.mode == "opentelemetry"
+        self.exporter = OtelExporter(self.global_settings.otel) if otel else None
         self._refresh()
 
     # --- settings ---------------------------------------------------------------------------------
@@ -203,9 +306,22 @@ class Tracer:
                 raise InvalidArgument("the trace settings must be a JSON object", fix='e.g. {"trace_rate": "100"}')
             fields: dict[str, Any] = {}
             cleared: list[str] = []
+            otel = self.global_settings.mode == "opentelemetry"
             for name, value in changes.items():
+                if otel and name in _OTEL_FIELDS:
+                    if value != _OTEL_FIELDS[name](self.global_settings.otel):
+                        raise Unsupported(f"the opentelemetry setting '{name}' can not be updated through network "
+                                          "protocol", fix=f"start the server with --trace-config "
+                                                          f"opentelemetry,{name}=...")
+                    continue
                 if name not in _FIELDS:
                     raise InvalidArgument(f"unknown trace setting '{name}'; the settings are {', '.join(_FIELDS)}")
+                if otel and name in ("trace_file", "log_frequency"):
+                    raise InvalidArgument(f"'{name}' is a setting of the triton trace mode; this server exports "
+                                          "spans (the opentelemetry mode, chosen at start)")
+                if name == "trace_mode" and value is not None and _value(name, value) != self.global_settings.mode:
+                    raise Unsupported(f"the trace mode is chosen at start; this server's is "
+                                      f"'{self.global_settings.mode}'", fix="restart it with --trace-config mode=...")
                 if name == "trace_file":
                     if value != self.settings_for(model).file:
                         raise Unsupported("trace file location can not be updated through network protocol",
@@ -225,7 +341,7 @@ class Tracer:
                     candidate = replace(self.global_settings, **own)
                 else:
                     candidate = replace(self.global_settings, **fields)
-                if candidate.on and not candidate.file:  # Triton's words
+                if candidate.on and not candidate.file and not otel:  # Triton's words
                     raise InvalidArgument("Attempting to set invalid trace setting :trace file name is not given",
                                           fix="start the server with --trace-config triton,file=PATH")
                 if model:
@@ -244,16 +360,24 @@ class Tracer:
 
     # --- traces -------------------------------------------------------------------------------------
 
-    def sample(self, model: str, version: int, request_id: str) -> Trace | None:
-        """The request's trace when it is one the settings sample, else None."""
+    def sample(self, model: str, version: int, request_id: str, context: dict | None = None) -> Trace | None:
+        """The request's trace when it is one the settings sample, else None. In the opentelemetry mode a
+        request that carried a trace ``context`` is traced whatever the rate and count (as Triton's)."""
         settings = self.settings_for(model)
         if not settings.on:
             return None
         scope = model if model in self.overrides else ""
+        if context is not None and self.exporter is not None:
+            with self._lock:
+                trace = Trace(self, settings.file, self._next_id, model, version, request_id)
+                self._next_id += 1
+            trace.context = context
+            trace.stamps.append(("REQUEST_START", time.monotonic_ns()))
+            return trace
         with self._lock:
             seen = self._seen.get(scope, 0)
             self._seen[scope] = seen + 1
-            if seen % settings.rate:
+            if not settings.rate or seen % settings.rate:
                 return None
             if settings.count > 0:  # one fewer left; at 0 tracing stops, as Triton's count does
                 if scope:
@@ -266,10 +390,43 @@ class Tracer:
         trace.stamps.append(("REQUEST_START", time.monotonic_ns()))
         return trace
 
+    def child(self, parent: Trace, model: str, version: int, request_id: str) -> Trace:
+        with self._lock:
+            trace = Trace(self, parent.scope, self._next_id, model, version, request_id, parent)
+            self._next_id += 1
+        trace.stamps.append(("REQUEST_START", time.monotonic_ns()))
+        return trace
+
+    def hold(self, trace: Trace) -> None:
+        with self._lock:
+            self._held[trace.id] = trace
+
+    def release(self, trace_id: int, start_ns: int = 0, end_ns: int = 0) -> None:
+        """A held trace's front-end reported its send (between the two times; 0, 0: there was none to send):
+        written now. An unknown id (reported twice, or by a confused front-end process) changes nothing."""
+        with self._lock:
+            trace = self._held.pop(trace_id, None)
+        if trace is not None:
+            if start_ns:
+                names = _FRONT_STAMPS[trace.front]
+                trace.stamps += [(names[2], start_ns), (names[3], end_ns)]
+            self.finished(trace)
+
     def finished(self, trace: Trace) -> None:
+        """Buffer the trace's objects; a top-level trace counts toward the file's log frequency (a step's
+        trace is written with its ensemble's, before it, as Triton writes them). In the opentelemetry mode a
+        top-level trace is exported as spans with its children's."""
+        if self.exporter is not None:
+            if trace.parent is not None:
+                trace.parent.children.append(trace)
+            else:
+                self.exporter.export(trace)
+            return
         path = trace.scope
         with self._lock:
             self._buffers.setdefault(path, []).extend(trace.objects())
+            if trace.parent_id:
+                return
             self._buffered[path] = self._buffered.get(path, 0) + 1
             frequency = self._frequency(path)
             if frequency and self._buffered[path] >= frequency:
@@ -297,8 +454,15 @@ class Tracer:
             log.warning("trace file %s: cannot write (%s); %d trace(s) lost so far", target, exc, self.lost)
 
     def close(self) -> None:
-        """Write what is still buffered: to ``${file}`` when the log frequency is 0, else the next index."""
+        """Write what is still buffered, held traces too (their front-end never reported): to ``${file}`` when
+        the log frequency is 0, else the next index; or export it (the opentelemetry mode)."""
+        with self._lock:
+            held, self._held = list(self._held.values()), {}
+        for trace in held:
+            self.finished(trace)
         with self._lock:
             for path in list(self._buffers):
                 frequency = self._frequency(path)
                 self._write(path, f"{path}.{self._index.get(path, 0)}" if frequency else path)
+        if self.exporter is not None:
+            self.exporter.close()  # the spans still queued are exported

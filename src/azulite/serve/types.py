@@ -64,6 +64,13 @@ class InferRequest:
     id: str = ""
     outputs: list[RequestedOutput] | None = None
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: the front-end that received it ("HTTP", "GRPC"; "" for none, e.g. an ensemble's step) and when it
+    #: began and finished receiving it (CLOCK_MONOTONIC ns): a traced request's first timestamps
+    front_end: str = ""
+    recv_start: int = 0
+    recv_end: int = 0
+    #: the W3C trace context (``traceparent``, ``tracestate``) the request carried, or None (serve/otel.py)
+    trace_context: dict[str, str] | None = None
 
 
 @dataclass(slots=True)
@@ -73,6 +80,9 @@ class InferResponse:
     outputs: list[InferTensor]
     id: str = ""
     parameters: dict[str, Any] = field(default_factory=dict)
+    #: a traced request's trace, its front-end's send still to report (``trace.sent(start_ns, end_ns)``,
+    #: serve/trace.py); None for every other
+    trace: Any = None
 
 
 class DataPlane(Protocol):

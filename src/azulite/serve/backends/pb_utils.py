@@ -221,11 +221,29 @@ class InferenceResponseSender:
         return False
 
 
+class InferenceTrace:
+    """A request's trace, as Triton's Python backend hands it: ``request.trace()``, passed on to a BLS
+    request (``InferenceRequest(..., trace=request.trace())``) to trace that call as the request's child
+    (serve/trace.py); a BLS request given none is not traced, as in Triton."""
+
+    __slots__ = ("_trace",)
+
+    def __init__(self, trace: Any = None) -> None:
+        self._trace = trace  # the server's Trace, or None: the request is not traced
+
+    def get_context(self) -> str | None:
+        """The OpenTelemetry context (Triton's opentelemetry trace mode, which azulite does not have): None."""
+        return None
+
+
+_NOT_TRACED = InferenceTrace()
+
+
 class InferenceRequest:
     """A request handed to ``execute`` — or, built by a model, a BLS request it sends with ``exec()``."""
 
     __slots__ = ("_model_name", "_requested", "_inputs", "_id", "_correlation_id", "_model_version", "_flags",
-                 "_timeout", "_parameters", "_sender")
+                 "_timeout", "_parameters", "_sender", "_trace")
 
     def __init__(self, model_name: str = "", requested_output_names: list[str] | None = None,
                  inputs: list[Tensor] | None = None, request_id: str = "", correlation_id: int = 0,
@@ -241,6 +259,13 @@ class InferenceRequest:
         self._timeout = timeout
         self._parameters = parameters if parameters is not None else {}
         self._sender: InferenceResponseSender | None = None  # set by the server for decoupled models
+        if trace is not None and not isinstance(trace, InferenceTrace):
+            raise TritonModelException(f"trace must be a pb_utils.InferenceTrace (request.trace()), got "
+                                       f"{type(trace).__name__}")
+        self._trace = trace
+
+    def trace(self) -> InferenceTrace:
+        return self._trace or _NOT_TRACED
 
     def inputs(self) -> list[Tensor]:
         return self._inputs

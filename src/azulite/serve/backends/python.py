@@ -129,6 +129,7 @@ class PythonInstance:
                         for name, array in item.inputs.items()],
                 request_id=item.request_id,
                 parameters=item.parameters,
+                trace=None if item.trace is None else pb_utils.InferenceTrace(item.trace),
             )
             for item in items
         ]

@@ -1,0 +1,113 @@
+"""The vocabulary of serve/http.py's answers, shared with its transport (serve/http_server.py): a reply
+``(status, content type, body, headers)``, Triton's error statuses and JSON (:func:`error_reply`), the
+infer answer's 200 (JSON, or binary tensors after a JSON header), a traced request's reply, and the
+request-body helpers (JSON object bodies, Content-Encoding)."""
+
+from __future__ import annotations
+
+import gzip
+import json
+import logging
+import zlib
+from typing import Any
+
+from azulite.errors import InvalidArgument, ServeError, Unsupported
+from azulite.serve.trace import TracedReply
+
+log = logging.getLogger("azulite.serve.http")
+
+#: ServeError.status -> HTTP status, the one place it is decided (as Triton's HttpCodeFromError:
+#: NOT_FOUND 404, UNAVAILABLE 503, UNSUPPORTED 501, INTERNAL 500, everything else 400).
+HTTP_STATUS: dict[str, int] = {
+    "INVALID_ARGUMENT": 400,
+    "ALREADY_EXISTS": 400,
+    "CANCELLED": 400,
+    "NOT_FOUND": 404,
+    "UNAVAILABLE": 503,
+    "UNIMPLEMENTED": 501,
+    "INTERNAL": 500,
+    "UNAUTHENTICATED": 401,
+    "PERMISSION_DENIED": 403,
+    "RESOURCE_EXHAUSTED": 429,
+}
+REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidden", 404: b"Not Found", 405: b"Method Not Allowed", 409: b"Conflict",
+            408: b"Request Timeout", 413: b"Payload Too Large", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
+            503: b"Service Unavailable"}
+JSON = b"application/json"
+DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # Triton's --http-max-input-size default
+Reply = tuple[int, bytes, bytes, tuple[tuple[bytes, bytes], ...]]  # status, content type, body, headers
+
+
+class Stop(Exception):
+    """Raised from a parser callback: stop parsing this connection's input."""
+
+
+class MethodNotAllowed(InvalidArgument):
+    """An HTTP-only answer (405, as Triton): the path exists, not with this method."""
+
+
+OCTETS = b"application/octet-stream"
+HLEN = b"Inference-Header-Content-Length"
+
+
+def ok_reply(out, hlen: int | None) -> Reply:
+    """An infer request's 200: JSON, or binary tensors after a JSON header of ``hlen`` bytes."""
+    return (200, JSON, out, ()) if hlen is None else (200, OCTETS, out, ((HLEN, b"%d" % hlen),))
+
+
+def traced_reply(reply: Reply, trace: Any) -> TracedReply:
+    """The reply to a traced request: the transport reports its send to ``trace`` (serve/trace.py)."""
+    traced = TracedReply(reply)
+    traced.trace = trace
+    return traced
+
+
+def error_reply(exc: BaseException) -> Reply:
+    """Any exception -> Triton's error JSON. Client mistakes are ServeErrors with a 4xx status; anything
+    else is the server's fault (500) and is logged with its traceback."""
+    if isinstance(exc, MethodNotAllowed):
+        return 405, JSON, json.dumps({"error": str(exc)}).encode(), ()
+    extra: tuple[tuple[bytes, bytes], ...] = ()
+    if isinstance(exc, ServeError):
+        status, message = HTTP_STATUS.get(exc.status, 500), str(exc)
+        if status == 429 or status == 503:  # rate limit, quota, full queue: say when to come back
+            extra = ((b"Retry-After", b"%d" % getattr(exc, "retry_after_s", 1)),)
+        elif status == 401:
+            extra = ((b"WWW-Authenticate", b"Bearer"),)
+    else:
+        log.exception("internal error answering a request", exc_info=exc)
+        status, message = 500, f"internal error: {type(exc).__name__}: {exc}"
+    return status, JSON, json.dumps({"error": message}).encode(), extra
+
+
+def json_reply(doc: Any, status: int = 200) -> Reply:
+    return status, JSON, json.dumps(doc, separators=(",", ":")).encode(), ()
+
+
+EMPTY_OK: Reply = (200, JSON, b"", ())
+
+
+def parse_json_body(body: bytes) -> dict[str, Any]:
+    if not body.strip():
+        return {}
+    try:
+        doc = json.loads(body)
+    except (ValueError, UnicodeDecodeError) as exc:
+        raise InvalidArgument(f"malformed JSON body: {exc}") from None
+    if not isinstance(doc, dict):
+        raise InvalidArgument("the request body must be a JSON object")
+    return doc
+
+
+def decompress(body: bytes, encoding: bytes | None) -> bytes:
+    if not encoding or encoding in (b"identity",):
+        return body
+    try:
+        if encoding == b"gzip":
+            return gzip.decompress(body)
+        if encoding == b"deflate":
+            return zlib.decompress(body)
+    except (OSError, zlib.error, EOFError) as exc:
+        raise InvalidArgument(f"the body is not valid {encoding.decode()} data: {exc}") from None
+    raise Unsupported(f"Content-Encoding {encoding.decode(errors='replace')!r} is not supported",
+                      fix="send gzip, deflate or an uncompressed body")
