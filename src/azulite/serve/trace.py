@@ -280,7 +280,7 @@ class Tracer:
         self._index: dict[str, int] = {}  # trace file -> next ${file}.${i}
         self._held: dict[int, Trace] = {}  # id -> trace ended in the data plane, its front-end's send to come
         self._lock = threading.Lock()  # ended() may run on an instance's thread
-        self.lost = 0  # traces a failed write of the trace file lost
+        self.lost = 0  # traces a failed write of the trace file (or a failed export) lost
         #: the opentelemetry mode's span exporter (serve/otel.py), made at start as the mode is chosen then
         otel = self.global_settings.mode == "opentelemetry"
         self.exporter = OtelExporter(self.global_settings.otel) if otel else None
@@ -419,8 +419,13 @@ class Tracer:
         if self.exporter is not None:
             if trace.parent is not None:
                 trace.parent.children.append(trace)
-            else:
+                return
+            try:
                 self.exporter.export(trace)
+            except Exception as exc:  # noqa: BLE001 - a trace that cannot be exported costs the trace, never the request
+                self.lost += 1
+                log.warning("opentelemetry: trace %d not exported (%s: %s); %d lost so far", trace.id,
+                            type(exc).__name__, exc, self.lost)
             return
         path = trace.scope
         with self._lock:
