@@ -11,7 +11,7 @@ Routes are Triton's (docs/protocol/*.md): health, server and model metadata, rea
 infer (JSON + binary tensor data extension), repository index / load / unload, system shared memory
 (serve/shm.py), logging (serve/log_settings.py), trace settings (serve/trace.py); CUDA shared-memory
 registration answers 501 with a message (its status queries answer the empty list). Errors are
-``{"error": "..."}`` with :data:`HTTP_STATUS`.
+``{"error": "..."}`` with ``HTTP_STATUS`` (serve/http_replies.py, the replies' vocabulary).
 """
 
 from __future__ import annotations
