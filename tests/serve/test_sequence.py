@@ -132,7 +132,9 @@ def test_perf_analyzer_drives_sequences(repo, tmp_path, protocol):
         assert p.returncode == 0, p.stdout + p.stderr
         stats = httpclient.InferenceServerClient(s.http_url).get_inference_statistics("accumulate_py")
         inference = stats["model_stats"][0]["inference_stats"]
-        assert inference["success"]["count"] > 0 and inference["fail"]["count"] == 0
+        model = s.server.dataplane.manager.get("accumulate_py", "")
+        assert inference["success"]["count"] > 0 and inference["fail"]["count"] == 0, (
+            f"failures by reason: {model.stats.failures}\n{p.stdout[-2000:]}")
 
 
 def test_oldest_strategy_batches_across_sequences(repo):
