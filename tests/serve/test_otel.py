@@ -148,7 +148,8 @@ def test_spans_read_as_real_tritons(repo, tmp_path):
     same span tree (InferRequest > model > compute; an ensemble's steps and a traced BLS call under their
     caller's model span), the same attributes (model, version, trace id, parent trace id, request id) and
     events; a request that carried a traceparent is in the caller's trace, under the caller's span. Kept
-    different: the resource's service.name (Triton's "triton-inference-server", azulite's "azulite")."""
+    different: the resource's service.name (Triton's "triton-inference-server", azulite's "azulite"); and
+    azulite joins a gRPC call's traceparent every time (Triton 2.51 not always)."""
     from .anchor import running_triton
 
     seen = {}
@@ -167,8 +168,11 @@ def test_spans_read_as_real_tritons(repo, tmp_path):
     assert sorted(ours) == sorted(theirs) == ["b0", "e0", "g0", "h0", "p0", "q0"]
     for request_id in ours:
         assert ours[request_id]["tree"] == theirs[request_id]["tree"], request_id
-    for request_id, side in ((r, s) for r in ("p0", "q0") for s in (ours, theirs)):
-        assert side[request_id]["trace_id"] == TRACE_ID and side[request_id]["parent"] == CALLER_SPAN
+    # the caller's trace and span, over HTTP and gRPC; real Triton 2.51 joins a gRPC call's traceparent only
+    # some of the time (its q0 started a trace of its own in 2 of 7 runs here): its gRPC one is not compared
+    for request_id, name, side in (("p0", "ours", ours), ("p0", "theirs", theirs), ("q0", "ours", ours)):
+        assert (side[request_id]["trace_id"], side[request_id]["parent"]) == (TRACE_ID, CALLER_SPAN), (
+            request_id, name)
     assert len({ours[r]["trace_id"] for r in ("h0", "g0", "e0", "b0")}) == 4  # each request its own trace
     assert {r["service.name"] for r in seen["triton"][1]} == {"triton-inference-server"}
     assert {r["service.name"] for r in seen["azulite"][1]} == {"azulite"}

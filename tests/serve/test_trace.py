@@ -132,7 +132,7 @@ def test_bad_trace_settings_name_what_is_wrong(repo, tmp_path):
             ({"trace_count": "-2"}, "400", "Expecting value >= -1"),
             ({"log_frequency": "-1"}, "400", "Expecting value >= 0"),
             ({"trace_level": ["LOUD"]}, "400", "unknown level(s) ['LOUD']"),
-            ({"trace_level": ["TENSORS"]}, "501", "TENSORS is not supported"),
+            ({"trace_level": ["TENSORS"]}, "400", "trace file name is not given"),
             ({"trace_mode": "opentelemetry"}, "501", "the trace mode is chosen at start"),
             ({"trace_mode": "zipkin"}, "400", "must be \"triton\" or \"opentelemetry\""),
             ({"trace_file": "/tmp/elsewhere.json"}, "501", "can not be updated through network protocol"),
@@ -381,3 +381,62 @@ def test_a_held_trace_is_written_when_sent_or_at_shutdown_and_steps_do_not_count
     (last,) = traces(tmp_path / "t.json.1")
     assert last["request_id"] == "failed" and [s["name"] for s in last["stamps"]] == [
         "HTTP_RECV_START", "HTTP_RECV_END", "REQUEST_START", "REQUEST_END"]
+
+
+@pytest.mark.filterwarnings("ignore:invalid value encountered in subtract")  # the model's inf - inf
+def test_the_tensors_level_reads_as_real_tritons(repo, tmp_path):
+    """``level=TENSORS`` (with TIMESTAMPS, then alone) on real Triton and on azulite for the same requests:
+    each trace's TENSOR_QUEUE_INPUT (the request's inputs) and TENSOR_BACKEND_OUTPUT (the outputs asked for)
+    activities equal, numbers written as Triton writes them (six significant digits, -0, nan, -nan, inf),
+    strings quoted; an ensemble's steps and a traced BLS call with their own; with TENSORS alone, no header
+    and no timestamps."""
+    from .anchor import running_triton
+
+    x = np.array([[0.5, 1e-7, 123456.789, -3.25, 1e20, 0.1, 2.0, -0.0, np.nan, np.inf, 7, 8, 9, 10, 11, 1 / 3]],
+                 np.float32)
+
+    def send(http_url: str) -> None:
+        http = httpclient.InferenceServerClient(http_url)
+        inputs = [httpclient.InferInput(name, [1, 16], "FP32") for name in ("INPUT0", "INPUT1")]
+        for tensor in inputs:
+            tensor.set_data_from_numpy(x)
+        http.infer("add_sub_py", inputs, request_id="f0", outputs=[httpclient.InferRequestedOutput("OUTPUT1")])
+        text = httpclient.InferInput("TEXT", [1, 3], "BYTES")
+        text.set_data_from_numpy(np.array([["ab", "c,d", "ünï"]], dtype=object))
+        http.infer("string_py", [text], request_id="s0")
+        add_sub(http, httpclient, "e0", model="ens_py")
+        add_sub(http, httpclient, "b0", model="bls_trace_py")
+        http.update_trace_settings(settings={"trace_level": ["TENSORS"]})
+        add_sub(http, httpclient, "t0")
+
+    written = {}
+    for side in ("triton", "azulite"):
+        trace_file = tmp_path / side / "trace.json"
+        trace_file.parent.mkdir()
+        flags = [f"triton,file={trace_file}", "triton,log-frequency=1", "level=TIMESTAMPS", "level=TENSORS", "rate=1"]
+        if side == "triton":
+            with running_triton(repo, tmp_path / "triton.log", args=tuple(f"--trace-config={f}" for f in flags)) as t:
+                send(t.http_url)
+                wait_for(lambda: trace_file.with_name("trace.json.4").exists(), "Triton's fifth trace file")
+        else:
+            with running_server(repo, trace=parse_trace_config(flags)) as server:
+                send(server.http_url)
+        written[side] = [json.loads(trace_file.with_name(f"trace.json.{i}").read_text()) for i in range(5)]
+
+    def tensors(objects: list[dict], ordered: bool = True) -> dict[int, list]:
+        by_id: dict[int, list] = {}
+        for obj in objects:
+            if "activity" in obj:
+                by_id.setdefault(obj["id"], []).append((obj["activity"], obj["tensor"]))
+        return by_id if ordered else {i: sorted(a, key=json.dumps) for i, a in by_id.items()}
+
+    for theirs, ours in zip(written["triton"], written["azulite"]):
+        # Triton lists an ensemble's and its steps' tensors in its hash maps' order: compared as sets
+        assert tensors(ours, ordered=False) == tensors(theirs, ordered=False)
+        assert {tuple(sorted(o)) for o in ours} == {tuple(sorted(o)) for o in theirs}  # the same kinds of object
+    assert tensors(written["azulite"][0]) == tensors(written["triton"][0])  # a request's: in its order
+    first = tensors(written["azulite"][0])[1]
+    assert first[0][1]["data"] == "0.5,1e-07,123457,-3.25,1e+20,0.1,2,-0,nan,inf,7,8,9,10,11,0.333333"
+    assert [(activity, tensor["name"]) for activity, tensor in first] == [
+        ("TENSOR_QUEUE_INPUT", "INPUT0"), ("TENSOR_QUEUE_INPUT", "INPUT1"), ("TENSOR_BACKEND_OUTPUT", "OUTPUT1")]
+    assert all(set(o) == {"id", "activity", "tensor"} for o in written["azulite"][4])  # TENSORS alone

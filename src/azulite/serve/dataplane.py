@@ -43,7 +43,7 @@ from azulite.serve.response_cache import insert as cache_insert
 from azulite.serve.response_cache import lookup as cache_lookup
 from azulite.serve.sequence import Sequencer
 from azulite.serve.shm import SystemSharedMemory
-from azulite.serve.trace import Trace, Tracer, TraceSettings
+from azulite.serve.trace import Trace, Tracer, TraceSettings, trace_tensors
 from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 SERVER_NAME = "azulite"
@@ -399,13 +399,17 @@ class TritonDataPlane(ModelControl):
         timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
         wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
         counted.reason = "BACKEND"
+        trace = None
         if parent is not None:
-            item.trace = counted.trace = parent.child(model.name, model.version, request.id)
+            trace = item.trace = counted.trace = parent.child(model.name, model.version, request.id)
         elif sample and self.tracer.active:
             trace = item.trace = counted.trace = self.tracer.sample(model.name, model.version, request.id,
                                                                     request.trace_context)
             if trace is not None and request.front_end:
                 trace.received(request.front_end, request.recv_start, request.recv_end)
+        if trace is not None and trace.wants_tensors:  # the TENSORS level: the inputs as the request sent them
+            for t in request.inputs:
+                trace.tensor("TENSOR_QUEUE_INPUT", t.name, t.datatype, t.shape, item.inputs[t.name])
         return item, wanted, priority, timeout
 
     def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:
@@ -437,10 +441,14 @@ class TritonDataPlane(ModelControl):
             tensors.append(InferTensor(name=name, datatype=datatype, shape=array.shape, data=array))
         response = InferResponse(model_name=model.name, model_version=model.version_str, outputs=tensors, id=request.id)
         trace = item.trace
-        if trace is not None and not trace.parent_id:  # a step's response goes to its ensemble (as Triton's)
-            trace.stamp("INFER_RESPONSE_COMPLETE")
-            if trace.front:  # the front-end sending it reports the send (Trace.sent)
-                response.trace = trace
+        if trace is not None:
+            if trace.wants_tensors:
+                for t in tensors:
+                    trace.tensor("TENSOR_BACKEND_OUTPUT", t.name, t.datatype, t.shape, t.data)
+            if not trace.parent_id:  # a step's response goes to its ensemble (as Triton's)
+                trace.stamp("INFER_RESPONSE_COMPLETE")
+                if trace.front:  # the front-end sending it reports the send (Trace.sent)
+                    response.trace = trace
         return response
 
     async def _run_step(self, model_name: str, version: str, feed: dict[str, np.ndarray],
@@ -454,9 +462,12 @@ class TritonDataPlane(ModelControl):
         with Counted(self, model) as counted:
             item = step_item(model, feed, wanted)
             counted.reason = "BACKEND"
+            trace = None
             if parent is not None:  # a step has its ensemble request's id (as Triton's)
-                item.trace = counted.trace = parent.child(model.name, model.version, parent.request_id)
+                trace = item.trace = counted.trace = parent.child(model.name, model.version, parent.request_id)
             outputs = step_outputs(model, item, await model.batcher.submit(item), wanted)
+            if trace is not None and trace.wants_tensors:
+                trace_tensors(trace, feed, outputs)
         return outputs
 
     async def _step_request(self, model_name: str, version: str, feed: dict[str, np.ndarray],

@@ -11,15 +11,18 @@ the global ones field by field (a ``null`` value, or an empty gRPC value list, d
 settings are strings (``trace_level`` a list). The mode (``triton``: the trace file; ``opentelemetry``:
 spans over OTLP/HTTP, serve/otel.py) and the exporter's settings are chosen at start. Stricter than
 Triton, each a 400 naming the field: a log frequency below 0, a value of the wrong type, an unknown level,
-a setting of the other mode; ``TENSORS`` answers 501 (not built here).
+a setting of the other mode.
 
 What a trace holds here, as Triton's (one clock, CLOCK_MONOTONIC): the front-end's receive and send times
 (``HTTP_RECV_START``/``HTTP_RECV_END`` ... ``HTTP_SEND_START``/``HTTP_SEND_END``; over gRPC
 ``GRPC_WAITREAD_START``/``GRPC_WAITREAD_END`` from the call's headers to its request's end, and
 ``GRPC_SEND_START``/``GRPC_SEND_END``), then the data plane's (``REQUEST_START``, ``QUEUE_START``,
 ``COMPUTE_START``, ``COMPUTE_INPUT_END``, ``COMPUTE_OUTPUT_START``, ``COMPUTE_END``,
-``INFER_RESPONSE_COMPLETE``, ``REQUEST_END``). A traced ensemble request's steps, and the BLS calls a
-Python model passes the request's trace to (``trace=request.trace()``), are traces of their own with its
+``INFER_RESPONSE_COMPLETE``, ``REQUEST_END``); the ``TENSORS`` level adds the request's inputs
+(``TENSOR_QUEUE_INPUT``) and the outputs it asked for (``TENSOR_BACKEND_OUTPUT``), as Triton formats
+them (the file only: the opentelemetry mode's spans carry timestamps). A traced ensemble request's
+steps, and the BLS calls a Python model passes the request's trace to (``trace=request.trace()``), are
+traces of their own with its
 ``parent_id`` (a step with its request id), always taken (not sampled, not counted against
 ``trace_count``), written before it; a BLS call given no trace is not traced (Triton samples at its
 front-ends only). A trace whose front-end sends its answer stays open after ``REQUEST_END`` until the
@@ -40,7 +43,10 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any
 
+import numpy as np
+
 from azulite.errors import InvalidArgument, NotFound, SpecError, Unsupported
+from azulite.serve.config import numpy_to_wire
 from azulite.serve.otel import OtelExporter, OtelSettings
 
 log = logging.getLogger("azulite.serve.trace")
@@ -66,7 +72,7 @@ class TraceSettings:
 
     @property
     def on(self) -> bool:
-        return "TIMESTAMPS" in self.level and self.count != 0
+        return ("TIMESTAMPS" in self.level or "TENSORS" in self.level) and self.count != 0
 
     def as_json(self) -> dict[str, Any]:
         """As Triton answers them: strings, the level a list; each mode's own settings."""
@@ -100,8 +106,6 @@ def _value(name: str, value: Any) -> Any:
         if unknown:
             raise InvalidArgument(f"trace setting 'trace_level': unknown level(s) {unknown}; the levels are "
                                   f"{', '.join(LEVELS)}")
-        if "TENSORS" in levels:
-            raise Unsupported("trace level TENSORS is not supported by azulite", fix="trace TIMESTAMPS")
         chosen = tuple(dict.fromkeys(v for v in levels if v != "OFF")) or ("OFF",)
         return chosen
     if name == "trace_rate":
@@ -210,7 +214,7 @@ class Trace:
     ("HTTP", "GRPC") whose front-end reports its send (:meth:`sent`), "" when none will."""
 
     __slots__ = ("tracer", "scope", "id", "model", "version", "request_id", "stamps", "parent_id", "front",
-                 "parent", "children", "context")
+                 "parent", "children", "context", "levels", "tensors")
 
     def __init__(self, tracer: Tracer, scope: str, trace_id: int, model: str, version: int, request_id: str,
                  parent: Trace | None = None) -> None:
@@ -222,6 +226,19 @@ class Trace:
         self.front = ""
         self.children: list[Trace] = []  # the opentelemetry mode's: finished children, exported with this
         self.context: dict[str, str] | None = None  # the W3C trace context the request carried (opentelemetry)
+        self.levels: tuple[str, ...] = ("TIMESTAMPS",) if parent is None else parent.levels
+        #: TENSORS level: (position among the stamps, activity, tensor) in the order taken
+        self.tensors: list[tuple[int, str, dict[str, str]]] = []
+
+    @property
+    def wants_tensors(self) -> bool:
+        return "TENSORS" in self.levels
+
+    def tensor(self, activity: str, name: str, datatype: str, shape, array) -> None:
+        """A TENSOR_QUEUE_INPUT or TENSOR_BACKEND_OUTPUT activity (the TENSORS level), as Triton writes it."""
+        self.tensors.append((len(self.stamps), activity, {
+            "name": name, "data": tensor_text(array, datatype), "shape": ",".join(str(d) for d in shape),
+            "dtype": datatype}))
 
     def received(self, front: str, start_ns: int, end_ns: int) -> None:
         """The front-end's receive times, taken before the trace began: they go first."""
@@ -256,12 +273,51 @@ class Trace:
         self.tracer.release(self.id, start_ns, end_ns)
 
     def objects(self) -> list[dict[str, Any]]:
-        head: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": self.version}
-        if self.request_id:  # as Triton's: left out when the request has none
-            head["request_id"] = self.request_id
-        if self.parent_id:
-            head["parent_id"] = self.parent_id
-        return [head, *({"id": self.id, "timestamps": [{"name": name, "ns": ns}]} for name, ns in self.stamps)]
+        """Triton's JSON objects of this trace: its header and timestamps (TIMESTAMPS level), its tensor
+        activities (TENSORS level) where they were taken among the timestamps."""
+        objects: list[dict[str, Any]] = []
+        timestamps = "TIMESTAMPS" in self.levels
+        if timestamps:
+            head: dict[str, Any] = {"id": self.id, "model_name": self.model, "model_version": self.version}
+            if self.request_id:  # as Triton's: left out when the request has none
+                head["request_id"] = self.request_id
+            if self.parent_id:
+                head["parent_id"] = self.parent_id
+            objects.append(head)
+        tensors = iter(self.tensors)
+        upcoming = next(tensors, None)
+        for i, (name, ns) in enumerate(self.stamps):
+            while upcoming is not None and upcoming[0] <= i:
+                objects.append({"id": self.id, "activity": upcoming[1], "tensor": upcoming[2]})
+                upcoming = next(tensors, None)
+            if timestamps:
+                objects.append({"id": self.id, "timestamps": [{"name": name, "ns": ns}]})
+        while upcoming is not None:
+            objects.append({"id": self.id, "activity": upcoming[1], "tensor": upcoming[2]})
+            upcoming = next(tensors, None)
+        return objects
+
+
+def trace_tensors(trace: Trace, inputs: dict, outputs: dict) -> None:
+    """An ensemble step's inputs and outputs (numpy arrays by name) as its trace's tensor activities."""
+    for activity, arrays in (("TENSOR_QUEUE_INPUT", inputs), ("TENSOR_BACKEND_OUTPUT", outputs)):
+        for name, array in arrays.items():
+            trace.tensor(activity, name, numpy_to_wire(array.dtype), array.shape, array)
+
+
+def tensor_text(array, datatype: str) -> str:
+    """A tensor's elements as Triton's TENSORS level writes them: comma-separated, numbers as C++'s stream
+    prints them (six significant digits, ``nan``/``-nan``/``inf``), BYTES elements each in double quotes
+    (UTF-8; bytes that are not are escaped, where Triton writes them raw and its file is no longer JSON)."""
+    flat = np.asarray(array).reshape(-1)
+    if datatype == "BYTES":
+        return ",".join('"' + (v if isinstance(v, str) else bytes(v).decode("utf-8", "backslashreplace")) + '"'
+                        for v in flat)
+    if flat.dtype.kind == "f":
+        return ",".join(("-nan" if np.signbit(v) else "nan") if v != v else format(float(v), "g") for v in flat)
+    if flat.dtype.kind == "b":
+        return ",".join("1" if v else "0" for v in flat)
+    return ",".join(str(int(v)) for v in flat)
 
 
 class Tracer:
@@ -371,7 +427,7 @@ class Tracer:
             with self._lock:
                 trace = Trace(self, settings.file, self._next_id, model, version, request_id)
                 self._next_id += 1
-            trace.context = context
+            trace.context, trace.levels = context, settings.level
             trace.stamps.append(("REQUEST_START", time.monotonic_ns()))
             return trace
         with self._lock:
@@ -386,6 +442,7 @@ class Tracer:
                     self.global_settings = replace(self.global_settings, count=settings.count - 1)
                 self._refresh()
             trace = Trace(self, settings.file, self._next_id, model, version, request_id)
+            trace.levels = settings.level
             self._next_id += 1
         trace.stamps.append(("REQUEST_START", time.monotonic_ns()))
         return trace
