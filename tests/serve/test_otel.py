@@ -21,7 +21,7 @@ from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from tritonclient.utils import InferenceServerException
 
 from azulite.errors import SpecError
-from azulite.serve.trace import parse_trace_config
+from azulite.serve.trace_settings import parse_trace_config
 
 from .conftest import build_model_repository
 from .frontends import running_server

@@ -19,7 +19,7 @@ from tritonclient.grpc import service_pb2_grpc as sgrpc
 from tritonclient.utils import InferenceServerException
 
 from azulite.errors import SpecError
-from azulite.serve.trace import TraceSettings, parse_trace_config
+from azulite.serve.trace_settings import TraceSettings, parse_trace_config
 
 from .conftest import MODELS_DIR as MODELS
 from .conftest import build_model_repository

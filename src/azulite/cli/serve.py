@@ -183,7 +183,7 @@ def serve(
     from azulite.serve.server import ServerSettings
     from azulite.serve.server import serve as serve_one
     from azulite.serve.response_cache import parse_cache_config
-    from azulite.serve.trace import parse_trace_config
+    from azulite.serve.trace_settings import parse_trace_config
 
     repo = model_repository or repository
     if repository is not None and model_repository is not None and repository != model_repository:

@@ -43,7 +43,8 @@ from azulite.serve.response_cache import insert as cache_insert
 from azulite.serve.response_cache import lookup as cache_lookup
 from azulite.serve.sequence import Sequencer
 from azulite.serve.shm import SystemSharedMemory
-from azulite.serve.trace import Trace, Tracer, TraceSettings, trace_tensors
+from azulite.serve.trace import Trace, Tracer, trace_tensors
+from azulite.serve.trace_settings import TraceSettings
 from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
 SERVER_NAME = "azulite"
@@ -92,7 +93,7 @@ class DataPlaneSettings:
     shared_state_dir: Path | None = None
     #: see ManagerSettings.instance_processes (on in the model host of ``azulite serve --workers N``)
     instance_processes: bool = False
-    #: the trace settings at start (``azulite serve --trace-config``; serve/trace.py)
+    #: the trace settings at start (``azulite serve --trace-config``; serve/trace_settings.py)
     trace: TraceSettings = field(default_factory=TraceSettings)
     #: the response cache (``azulite serve --cache-config local,size=N``; serve/response_cache.py)
     cache: CacheSettings = field(default_factory=CacheSettings)

@@ -27,7 +27,7 @@ from azulite.serve.http_replies import DEFAULT_MAX_INPUT_SIZE
 from azulite.serve.http_server import HttpServer
 from azulite.serve.limits import ConnectionLimits
 from azulite.serve.response_cache import CacheSettings
-from azulite.serve.trace import TraceSettings
+from azulite.serve.trace_settings import TraceSettings
 from azulite.serve.manager import ControlMode
 
 log = logging.getLogger("azulite.serve")
@@ -69,7 +69,7 @@ class ServerSettings:
     #: directory: they live in files there that every worker process of this server shares, so a limit
     #: holds for all of them together and quotas survive a worker's restart (serve/sharedstate.py)
     shared_state_dir: Path | None = None
-    #: Triton's trace settings at start (``--trace-config``; serve/trace.py)
+    #: Triton's trace settings at start (``--trace-config``; serve/trace_settings.py)
     trace: TraceSettings = TraceSettings()
     #: Triton's --disable-auto-complete-config (and --strict-model-config=true): configs used as written
     disable_auto_complete_config: bool = False

@@ -4,14 +4,7 @@ records when it started, was queued, computed (start, input end, output start, e
 traces go to ``trace_file`` in Triton's JSON (``${trace_file}.${i}`` every ``log_frequency`` traces,
 or ``${trace_file}`` at shutdown when it is 0), which Triton's trace tools read.
 
-As in Triton 2.51: the file is set at start (``--trace-config triton,file=PATH``; the protocol cannot move
-it: 501), ``trace_count`` counts down the traces left (-1: no limit), a rate of 0 samples no request (in
-the opentelemetry mode only those that carry a trace context are traced), a model's own settings override
-the global ones field by field (a ``null`` value, or an empty gRPC value list, drops the override),
-settings are strings (``trace_level`` a list). The mode (``triton``: the trace file; ``opentelemetry``:
-spans over OTLP/HTTP, serve/otel.py) and the exporter's settings are chosen at start. Stricter than
-Triton, each a 400 naming the field: a log frequency below 0, a value of the wrong type, an unknown level,
-a setting of the other mode.
+The settings, the ``--trace-config`` flags and their checks: serve/trace_settings.py.
 
 What a trace holds here, as Triton's (one clock, CLOCK_MONOTONIC): the front-end's receive and send times
 (``HTTP_RECV_START``/``HTTP_RECV_END`` ... ``HTTP_SEND_START``/``HTTP_SEND_END``; over gRPC
@@ -22,10 +15,9 @@ What a trace holds here, as Triton's (one clock, CLOCK_MONOTONIC): the front-end
 (``TENSOR_QUEUE_INPUT``) and the outputs it asked for (``TENSOR_BACKEND_OUTPUT``), as Triton formats
 them (the file only: the opentelemetry mode's spans carry timestamps). A traced ensemble request's
 steps, and the BLS calls a Python model passes the request's trace to (``trace=request.trace()``), are
-traces of their own with its
-``parent_id`` (a step with its request id), always taken (not sampled, not counted against
-``trace_count``), written before it; a BLS call given no trace is not traced (Triton samples at its
-front-ends only). A trace whose front-end sends its answer stays open after ``REQUEST_END`` until the
+traces of their own with its ``parent_id`` (a step with its request id), always taken (not sampled, not
+counted against ``trace_count``), written before it; a BLS call given no trace is not traced (Triton
+samples at its front-ends only). A trace whose front-end sends its answer stays open after ``REQUEST_END`` until the
 front-end reports the send (:meth:`Trace.sent`; with ``--workers`` a message from the front-end process to
 the model host), and one the front-end never reports is written at shutdown. Not as Triton: a decoupled
 model's stream has no front-end times (it ends at its final response), and the front-end times of the
@@ -40,163 +32,17 @@ import logging
 import os
 import threading
 import time
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from azulite.errors import InvalidArgument, NotFound, SpecError, Unsupported
+from azulite.errors import InvalidArgument, NotFound, Unsupported
 from azulite.serve.config import numpy_to_wire
-from azulite.serve.otel import OtelExporter, OtelSettings
+from azulite.serve.otel import OtelExporter
+from azulite.serve.trace_settings import FIELDS, OTEL_FIELDS, TraceSettings, setting_value
 
 log = logging.getLogger("azulite.serve.trace")
-LEVELS = ("OFF", "TIMESTAMPS", "TENSORS")
-#: protocol name -> TraceSettings field
-_FIELDS = {"trace_level": "level", "trace_rate": "rate", "trace_count": "count", "log_frequency": "log_frequency",
-           "trace_file": "file", "trace_mode": "mode"}
-#: the opentelemetry mode's settings (fixed at start) -> their value as the protocol shows it
-_OTEL_FIELDS = {"url": lambda o: o.url, "bsp_schedule_delay": lambda o: str(o.bsp_schedule_delay),
-                "bsp_max_export_batch_size": lambda o: str(o.bsp_max_export_batch_size),
-                "bsp_max_queue_size": lambda o: str(o.bsp_max_queue_size)}
-
-
-@dataclass(frozen=True)
-class TraceSettings:
-    level: tuple[str, ...] = ("OFF",)
-    rate: int = 1000
-    count: int = -1
-    log_frequency: int = 0
-    file: str = ""
-    mode: str = "triton"  # or "opentelemetry" (serve/otel.py)
-    otel: OtelSettings = OtelSettings()
-
-    @property
-    def on(self) -> bool:
-        return ("TIMESTAMPS" in self.level or "TENSORS" in self.level) and self.count != 0
-
-    def as_json(self) -> dict[str, Any]:
-        """As Triton answers them: strings, the level a list; each mode's own settings."""
-        common = {"trace_level": list(self.level), "trace_rate": str(self.rate), "trace_count": str(self.count),
-                  "trace_mode": self.mode}
-        if self.mode == "opentelemetry":
-            return {**common, **self.otel.as_json()}
-        return {**common, "log_frequency": str(self.log_frequency), "trace_file": self.file}
-
-
-def _int(name: str, value: Any, least: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, str)):
-        raise InvalidArgument(f"trace setting '{name}' must be a string holding an integer, got {json.dumps(value)}")
-    try:
-        number = int(value)
-    except ValueError:
-        raise InvalidArgument(f"Unable to parse '{name}', got: {value}") from None  # Triton's words
-    if number < least:
-        raise InvalidArgument(f"Unable to parse '{name}'. Expecting value >= {least}, got: {number}")
-    return number
-
-
-def _value(name: str, value: Any) -> Any:
-    """One setting from a client, checked: the TraceSettings field's value."""
-    if name == "trace_level":
-        levels = [value] if isinstance(value, str) else value
-        if not isinstance(levels, list) or not levels or not all(isinstance(v, str) for v in levels):
-            raise InvalidArgument(f"trace setting 'trace_level' must be a list of levels ({', '.join(LEVELS)}), "
-                                  f"got {json.dumps(value)}", fix='e.g. {"trace_level": ["TIMESTAMPS"]}')
-        unknown = [v for v in levels if v not in LEVELS]
-        if unknown:
-            raise InvalidArgument(f"trace setting 'trace_level': unknown level(s) {unknown}; the levels are "
-                                  f"{', '.join(LEVELS)}")
-        chosen = tuple(dict.fromkeys(v for v in levels if v != "OFF")) or ("OFF",)
-        return chosen
-    if name == "trace_rate":
-        return _int(name, value, 0)
-    if name == "trace_count":
-        return _int(name, value, -1)
-    if name == "log_frequency":
-        return _int(name, value, 0)
-    if name == "trace_mode":
-        if value not in ("triton", "opentelemetry"):
-            raise InvalidArgument(f"trace setting 'trace_mode' must be \"triton\" or \"opentelemetry\", got "
-                                  f"{json.dumps(value)}")
-        return value
-    raise AssertionError(name)
-
-
-def parse_trace_config(items: list[str] | tuple[str, ...]) -> TraceSettings:
-    """Triton's ``--trace-config`` flags: ``[triton,]file=PATH``, ``[triton,]log-frequency=N``, ``rate=N``,
-    ``level=OFF|TIMESTAMPS`` (repeatable), ``count=N``, ``mode=triton|opentelemetry``, and the
-    opentelemetry mode's ``opentelemetry,url=URL``, ``opentelemetry,resource=KEY=VALUE`` (repeatable),
-    ``opentelemetry,bsp_max_queue_size=N``, ``opentelemetry,bsp_schedule_delay=MS``,
-    ``opentelemetry,bsp_max_export_batch_size=N``."""
-    fields: dict[str, Any] = {}
-    otel: dict[str, Any] = {}
-    levels: list[str] = []
-    resource: list[tuple[str, str]] = []
-    for item in items:
-        mode, _, setting = item.partition(",") if "," in item else ("", "", item)
-        key, eq, raw = setting.partition("=")
-        if not eq or mode not in ("", "triton", "opentelemetry"):
-            raise SpecError(f"'{item}' is not [MODE,]SETTING=VALUE", field="--trace-config",
-                            fix="e.g. --trace-config triton,file=/tmp/trace.json --trace-config level=TIMESTAMPS")
-        try:
-            if mode == "opentelemetry":
-                if key == "url":
-                    otel["url"] = raw
-                elif key == "resource":
-                    name, eq, value = raw.partition("=")
-                    if not eq or not name:
-                        raise SpecError(f"'{raw}' is not KEY=VALUE", field="--trace-config opentelemetry,resource",
-                                        fix="e.g. --trace-config opentelemetry,resource=service.name=my-server")
-                    resource.append((name, value))
-                elif key in ("bsp_max_queue_size", "bsp_schedule_delay", "bsp_max_export_batch_size"):
-                    otel[key] = _int(key, raw, 1)
-                else:
-                    raise SpecError(f"unknown opentelemetry setting '{key}'", field="--trace-config",
-                                    fix="opentelemetry settings: url, resource, bsp_max_queue_size, "
-                                        "bsp_schedule_delay, bsp_max_export_batch_size")
-            elif key == "file":
-                fields["file"] = raw
-            elif key == "log-frequency":
-                fields["log_frequency"] = _value("log_frequency", raw)
-            elif key == "rate":
-                fields["rate"] = _value("trace_rate", raw)
-            elif key == "count":
-                fields["count"] = _value("trace_count", raw)
-            elif key == "level":
-                levels.append(raw)
-            elif key == "mode":
-                fields["mode"] = _value("trace_mode", raw)
-            else:
-                raise SpecError(f"unknown setting '{key}'", field="--trace-config",
-                                fix="settings: file, log-frequency, rate, level, count, mode")
-            if levels:
-                fields["level"] = _value("trace_level", levels)
-        except (InvalidArgument, Unsupported) as exc:
-            raise SpecError(exc.message, field="--trace-config") from None
-    if resource:
-        otel["resource"] = tuple(resource)
-    settings = TraceSettings(**fields, otel=OtelSettings(**otel))
-    if settings.mode == "opentelemetry":
-        if settings.file or "log_frequency" in fields:
-            raise SpecError("the trace file and its log frequency are the triton mode's; the opentelemetry mode "
-                            "exports spans to its url", field="--trace-config",
-                            fix="drop triton,file=/triton,log-frequency=, or drop mode=opentelemetry")
-        if settings.otel.bsp_max_export_batch_size > settings.otel.bsp_max_queue_size:
-            raise SpecError(f"bsp_max_export_batch_size ({settings.otel.bsp_max_export_batch_size}) must not exceed "
-                            f"bsp_max_queue_size ({settings.otel.bsp_max_queue_size})", field="--trace-config")
-        return settings
-    if otel:
-        raise SpecError("opentelemetry settings need the opentelemetry mode", field="--trace-config",
-                        fix="add --trace-config mode=opentelemetry")
-    if settings.on and not settings.file:
-        raise SpecError("level=TIMESTAMPS needs a trace file", field="--trace-config",
-                        fix="add --trace-config triton,file=/tmp/trace.json, or --trace-config mode=opentelemetry")
-    if settings.file and not os.path.isdir(os.path.dirname(os.path.abspath(settings.file))):
-        raise SpecError(f"the trace file's folder {os.path.dirname(os.path.abspath(settings.file))} does not exist",
-                        field="--trace-config", fix="create it, or name a file in an existing folder")
-    return settings
-
-
 class TracedReply(tuple):
     """An HTTP reply (status, type, body, headers) whose request is traced: the front-end reports its send
     to ``trace`` once written (serve/http_server.py)."""
@@ -364,18 +210,18 @@ class Tracer:
             cleared: list[str] = []
             otel = self.global_settings.mode == "opentelemetry"
             for name, value in changes.items():
-                if otel and name in _OTEL_FIELDS:
-                    if value != _OTEL_FIELDS[name](self.global_settings.otel):
+                if otel and name in OTEL_FIELDS:
+                    if value != OTEL_FIELDS[name](self.global_settings.otel):
                         raise Unsupported(f"the opentelemetry setting '{name}' can not be updated through network "
                                           "protocol", fix=f"start the server with --trace-config "
                                                           f"opentelemetry,{name}=...")
                     continue
-                if name not in _FIELDS:
-                    raise InvalidArgument(f"unknown trace setting '{name}'; the settings are {', '.join(_FIELDS)}")
+                if name not in FIELDS:
+                    raise InvalidArgument(f"unknown trace setting '{name}'; the settings are {', '.join(FIELDS)}")
                 if otel and name in ("trace_file", "log_frequency"):
                     raise InvalidArgument(f"'{name}' is a setting of the triton trace mode; this server exports "
                                           "spans (the opentelemetry mode, chosen at start)")
-                if name == "trace_mode" and value is not None and _value(name, value) != self.global_settings.mode:
+                if name == "trace_mode" and value is not None and setting_value(name, value) != self.global_settings.mode:
                     raise Unsupported(f"the trace mode is chosen at start; this server's is "
                                       f"'{self.global_settings.mode}'", fix="restart it with --trace-config mode=...")
                 if name == "trace_file":
@@ -387,9 +233,9 @@ class Tracer:
                     if not model:
                         raise InvalidArgument(f"trace setting '{name}': a global setting cannot be cleared "
                                               "(a model's can: its global value then holds)")
-                    cleared.append(_FIELDS[name])
+                    cleared.append(FIELDS[name])
                     continue
-                fields[_FIELDS[name]] = _value(name, value)
+                fields[FIELDS[name]] = setting_value(name, value)
             with self._lock:
                 if model:
                     own = {k: v for k, v in self.overrides.get(model, {}).items() if k not in cleared}
