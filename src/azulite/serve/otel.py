@@ -94,11 +94,12 @@ class OtelExporter:
         self._tracer = self._provider.get_tracer("azulite.serve")
         self._server, self._in = SpanKind.SERVER, set_span_in_context
         self._propagator = TraceContextTextMapPropagator()
-        self._offset = time.time_ns() - time.monotonic_ns()  # the trace's clock -> the wall clock
 
     def export(self, trace: Trace) -> None:
         """One top-level trace (its children on ``trace.children``) as its spans."""
-        wall = self._offset
+        # the trace's clock -> the wall clock, read per trace: an offset kept from start would drift from
+        # the wall clock as NTP adjusts it over a long-running server's life
+        wall = time.time_ns() - time.monotonic_ns()
         stamps = trace.stamps
         parent = None if trace.context is None else self._propagator.extract(trace.context)
         root = self._tracer.start_span("InferRequest", context=parent, kind=self._server,
@@ -106,11 +107,10 @@ class OtelExporter:
         for name, ns in stamps:
             if name in _FRONT:
                 root.add_event(name, timestamp=ns + wall)
-        self._model_span(trace, self._in(root))
+        self._model_span(trace, self._in(root), wall)
         root.end(end_time=stamps[-1][1] + wall)
 
-    def _model_span(self, trace: Trace, context: Any) -> None:
-        wall = self._offset
+    def _model_span(self, trace: Trace, context: Any, wall: int) -> None:
         times = {name: ns for name, ns in trace.stamps}
         attributes = {"triton.model_name": trace.model, "triton.model_version": str(trace.version),
                       "triton.trace_id": str(trace.id), "triton.trace_parent_id": str(trace.parent_id)}
@@ -131,7 +131,7 @@ class OtelExporter:
                     compute.add_event(name, timestamp=ns + wall)
             compute.end(end_time=times.get("COMPUTE_END", times["COMPUTE_START"]) + wall)
         for child in trace.children:
-            self._model_span(child, inside)
+            self._model_span(child, inside, wall)
         span.end(end_time=times.get("REQUEST_END", trace.stamps[-1][1]) + wall)
 
     def close(self) -> None:

@@ -27,6 +27,7 @@ grpcio server (``--grpc-impl grpcio``) are not taken. The data plane holds the t
 
 from __future__ import annotations
 
+import itertools
 import json
 import logging
 import os
@@ -72,7 +73,7 @@ class Trace:
         self.front = ""
         self.children: list[Trace] = []  # the opentelemetry mode's: finished children, exported with this
         self.context: dict[str, str] | None = None  # the W3C trace context the request carried (opentelemetry)
-        self.levels: tuple[str, ...] = ("TIMESTAMPS",) if parent is None else parent.levels
+        self.levels: tuple[str, ...] = ("TIMESTAMPS",)  # the settings' trace_level when sampled
         #: TENSORS level: (position among the stamps, activity, tensor) in the order taken
         self.tensors: list[tuple[int, str, dict[str, str]]] = []
 
@@ -176,7 +177,7 @@ class Tracer:
         self.active = False  # any scope traces: the data plane's one check per request
         self._effective: dict[str, TraceSettings] = {}
         self._seen: dict[str, int] = {}  # requests per scope ("" global, else the model)
-        self._next_id = 1
+        self._ids = itertools.count(1)  # trace ids, shared by top-level traces and their children
         self._buffers: dict[str, list[dict]] = {}  # trace file -> traces' objects not yet written
         self._buffered: dict[str, int] = {}  # trace file -> traces in its buffer
         self._index: dict[str, int] = {}  # trace file -> next ${file}.${i}
@@ -270,11 +271,8 @@ class Tracer:
             return None
         scope = model if model in self.overrides else ""
         if context is not None and self.exporter is not None:
-            with self._lock:
-                trace = Trace(self, settings.file, self._next_id, model, version, request_id)
-                self._next_id += 1
-            trace.context, trace.levels = context, settings.level
-            trace.stamps.append(("REQUEST_START", time.monotonic_ns()))
+            trace = self._start(settings.file, model, version, request_id, settings.level)
+            trace.context = context
             return trace
         with self._lock:
             seen = self._seen.get(scope, 0)
@@ -287,16 +285,16 @@ class Tracer:
                 else:
                     self.global_settings = replace(self.global_settings, count=settings.count - 1)
                 self._refresh()
-            trace = Trace(self, settings.file, self._next_id, model, version, request_id)
-            trace.levels = settings.level
-            self._next_id += 1
-        trace.stamps.append(("REQUEST_START", time.monotonic_ns()))
-        return trace
+        return self._start(settings.file, model, version, request_id, settings.level)
 
     def child(self, parent: Trace, model: str, version: int, request_id: str) -> Trace:
-        with self._lock:
-            trace = Trace(self, parent.scope, self._next_id, model, version, request_id, parent)
-            self._next_id += 1
+        return self._start(parent.scope, model, version, request_id, parent.levels, parent)
+
+    def _start(self, scope: str, model: str, version: int, request_id: str, levels: tuple[str, ...],
+               parent: Trace | None = None) -> Trace:
+        """A new trace, its id the next one (itertools.count: atomic, no lock), begun now."""
+        trace = Trace(self, scope, next(self._ids), model, version, request_id, parent)
+        trace.levels = levels
         trace.stamps.append(("REQUEST_START", time.monotonic_ns()))
         return trace
 
