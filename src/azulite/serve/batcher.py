@@ -31,6 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from azulite.errors import Internal, ServeError, Unavailable
+from azulite.serve import deadline_timer
 from azulite.serve.backends.base import ModelInstance, Result, Timing, WorkItem
 from azulite.serve.batch_queue import BatchQueue, Pending, Rejected
 from azulite.serve.batch_settings import BatcherSettings
@@ -54,6 +55,14 @@ INLINE_MAX_WALL_NS = 4 * INLINE_MAX_NS
 #: A model kept off the loop by the wall-clock guard alone runs one batch in this many on the loop again,
 #: and that batch's wall time replaces the average (see Batcher._inline).
 PROBE_EVERY = 64
+#: The last stretch of a queue delay (max_queue_delay_microseconds) is waited out one loop pass at a time, the
+#: rest asleep on a timerfd (serve/deadline_timer.py). Asleep all through, a delay of 100 us left the core
+#: idle, and the batch that followed ran cold, on this 2-core VM: bench_matmul HTTP c=1 1.10x Triton's
+#: throughput against 1.42x (stop 22), gil_py c=1 0.93-0.96x (stop 30); a timer's wake-up lands p50 30-36 us,
+#: p90 57-78 us late here (stop 30), which this covers. Polling all through, a longer delay spun a core for
+#: its whole length: at 500 requests/s with a 900 us delay, 1.33-1.43 ms of server CPU per inference, against
+#: 0.64-0.71 ms asleep (bench_matmul HTTP, stop 35).
+SPIN_NS = 100_000
 #: An inline batch blocks the loop, so other connections' requests wait in their sockets and, once read,
 #: reach this queue a loop pass later: chosen at once, the next batch holds whatever happened to be queued
 #: (DLRM, 1 row per request, HTTP c=32: ~6 rows) and pays the batch's fixed cost for few rows. After a batch
@@ -115,6 +124,7 @@ class Batcher:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._idle: deque[InstanceThread] = deque(self._instances)
         self._waker: asyncio.Future | None = None
+        self._timer: deadline_timer.DeadlineTimer | None = None  # the queue delay's, from _start
         self._drained: asyncio.Event | None = None
 
     # --- the front door ---------------------------------------------------------------------------
@@ -156,6 +166,7 @@ class Batcher:
                     pass
             self._task.cancel()
             self._fail_queued(Unavailable(f"model '{self.model}' was unloaded before the request ran"))
+        self._close_timer()
         loop = asyncio.get_running_loop()
         for inst in self._instances:
             closed = loop.create_future()
@@ -169,9 +180,15 @@ class Batcher:
     def close_now(self) -> None:
         """Finalize without an event loop (a model that never served a request, or interpreter exit)."""
         self._closing = True
+        self._close_timer()
         for inst in self._instances:
             inst.model.close()
             inst.stop()
+
+    def _close_timer(self) -> None:
+        if self._timer is not None:
+            self._timer.close()
+            self._timer = None
 
     @property
     def queued(self) -> int:
@@ -182,6 +199,7 @@ class Batcher:
     def _start(self) -> None:
         self._drained = asyncio.Event()
         self._loop = asyncio.get_running_loop()
+        self._timer = deadline_timer.create(self._loop, self._wake)
         self._task = self._loop.create_task(self._run(), name=f"batcher-{self.model}")
 
     def _wake(self) -> None:
@@ -190,10 +208,12 @@ class Batcher:
             waker.set_result(None)
 
     async def _sleep_until_woken(self, until_ns: int) -> None:
-        if until_ns and until_ns - time.monotonic_ns() < 1_000_000:
-            # Event-loop timers have millisecond resolution (asyncio rounds up to 1 ms, uvloop fires at
-            # once): for a sub-millisecond max_queue_delay, yield one loop pass at a time instead, which
-            # keeps the delay as configured and serves I/O meanwhile.
+        """Wait for a wake-up (a request, an idle instance) or for ``until_ns`` (0: none): asleep on the
+        deadline timer up to its last ``SPIN_NS``, which is waited out one loop pass at a time."""
+        timer = self._timer
+        if until_ns and until_ns - time.monotonic_ns() < (SPIN_NS if timer is not None else 1_000_000):
+            # Without a timerfd (not Linux) for all of a sub-millisecond delay: event-loop timers have
+            # millisecond resolution (asyncio rounds up to 1 ms, uvloop fires at once). A pass serves I/O.
             await asyncio.sleep(0)
             return
         # the loop _start kept, not asyncio.get_running_loop(): Python 3.11 checks it with a getpid() system
@@ -202,14 +222,19 @@ class Batcher:
         self._waker = waker = loop.create_future()  # type: ignore[union-attr]
         handle = None
         if until_ns:
-            delay = max(0.0, (until_ns - time.monotonic_ns()) / 1e9)
-            handle = loop.call_later(delay, lambda: waker.done() or waker.set_result(None))
+            if timer is not None:  # to the microsecond, the loop asleep in its poll meanwhile (deadline_timer.py)
+                timer.arm(until_ns - SPIN_NS)
+            else:
+                delay = max(0.0, (until_ns - time.monotonic_ns()) / 1e9)
+                handle = loop.call_later(delay, lambda: waker.done() or waker.set_result(None))
         try:
             await waker
         finally:
             self._waker = None
             if handle is not None:
                 handle.cancel()
+            elif timer is not None:
+                timer.disarm()  # woken before the deadline (a request, an idle instance): no stale fire
 
     async def _run(self) -> None:
         while True:
