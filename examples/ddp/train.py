@@ -139,7 +139,7 @@ if __name__ == "__main__":
         code = main()
     except AzuliteError as e:  # bad checkpoint URI, unreachable storage: the message, not a traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
-        code = e.exit_code
+        code = train.exit_code(e)  # 78 for what no restart can fix: the job fails at once, not restarted
     # out of the except block the error's traceback, and with it main()'s model and DDP reducer, are gone:
     # the process group can go now rather than at interpreter teardown, where gloo aborts the process
     if torch.distributed.is_initialized():

@@ -299,7 +299,7 @@ if __name__ == "__main__":
         code = main()
     except AzuliteError as e:  # bad flags, data, storage: the message, not a traceback
         print(f"error: {e}", file=sys.stderr, flush=True)
-        code = e.exit_code
+        code = train.exit_code(e)  # 78 for what no restart can fix: the job fails at once, not restarted
     if torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
     sys.exit(code)

@@ -11,6 +11,11 @@ import signal
 #: step, committed a checkpoint and exited cleanly. A launcher marks the job ``preempted`` and requeues it.
 #: 75 is EX_TEMPFAIL of sysexits.h: "a temporary failure; the user is invited to retry".
 EXIT_PREEMPTED = 75
+#: Exit code of a training process that failed on an error no restart can fix: a setting, a URI or
+#: credentials wrong as given (``azulite.train.exit_code`` maps azulite's errors to it). A launcher ends the
+#: job failed at once: no in-job restart (torchrun's max_restarts), no retry (max_retries).
+#: 78 is EX_CONFIG of sysexits.h: "something was found in an unconfigured or misconfigured state".
+EXIT_CONFIG = 78
 
 #: The job's id in the launcher's store (absent when a script runs by hand).
 ENV_JOB_ID = "AZULITE_JOB_ID"

@@ -17,6 +17,9 @@ class AzuliteError(Exception):
     """
 
     exit_code: int = 2
+    #: no retry can fix it (a spec, a URI, a setting or credentials wrong as given): a training process that
+    #: fails on it exits ``contract.EXIT_CONFIG`` (``azulite.train.exit_code``), and its job is not restarted
+    permanent: bool = False
 
     def __init__(self, message: str, *, where: str | None = None, fix: str | None = None) -> None:
         super().__init__(message)
@@ -36,6 +39,8 @@ class AzuliteError(Exception):
 
 class SpecError(AzuliteError):
     """A spec file (job, deployment, cluster) that does not validate."""
+
+    permanent = True
 
     def __init__(
         self,
@@ -71,6 +76,13 @@ class StorageError(AzuliteError):
     """Checkpoint or artifact storage that cannot be reached or written (a bad URI, Blob down)."""
 
     exit_code = 1
+
+
+class StorageConfigError(StorageError):
+    """Storage named or set up wrongly (a malformed URI, no credentials, a file where a folder must be):
+    trying again cannot help, unlike storage that is down."""
+
+    permanent = True
 
 
 class CheckpointError(AzuliteError):

@@ -166,6 +166,8 @@ def test_spot_job_placement_checkpoints_and_preemption(job_file):
     # a rank that committed after SIGTERM exits 75: not a failure of the Job
     rules = job["spec"]["podFailurePolicy"]["rules"]
     assert {"action": "Ignore", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [75]}} in rules
+    # one that exits 78 (azulite.train.exit_code of a bad URI, no credentials) fails the Job without retries
+    assert {"action": "FailJob", "onExitCodes": {"containerName": "trainer", "operator": "In", "values": [78]}} in rules
 
 
 def test_pvc_outputs_and_code_from_blob(job_file):

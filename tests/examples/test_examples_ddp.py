@@ -125,9 +125,12 @@ def test_checkpoints_on_blob_without_credentials_fail_at_start_and_show_says_why
            "--set", "outputs.checkpoints.path=az://ckpt/ddp")
     assert p.returncode == 0, p.stderr
     rec = wait_end(json.loads(p.stdout)["id"])
-    assert rec["state"] == "failed" and rec["exit_code"] == 1  # StorageError, before the first step
+    # StorageConfigError before the first step: exit 78, and the job fails at once -- torchrun's max_restarts
+    # (2 in job.yaml) used to run all four ranks into the same error three times over (71 s here)
+    assert rec["state"] == "failed" and rec["exit_code"] == 78 and rec["attempt"] == 1
     log = "\n".join(rank_logs(rec, 1).values())
     assert "no Azure Storage credentials for az://ckpt/ddp" in log and "Traceback" not in log
+    assert log.count("no Azure Storage credentials for az://ckpt/ddp") < 8  # one run of the 4 ranks, not 3
     assert "step 1 " not in log
     assert rec["checkpoints"] == [] and "no Azure Storage credentials" in rec["checkpoints_error"]
 

@@ -383,6 +383,38 @@ def test_elastic_ranges_are_validated_and_reach_torchrun(tmp_path):
         load_job(bad)
 
 
+# Rank 1 fails on an error no restart can fix (exit 78, EX_CONFIG: what azulite.train.exit_code gives a bad URI
+# or missing credentials); rank 0 waits to be stopped. Each run of rank 1 leaves a line in RUNS.
+CONFIG_ERROR = """
+import os, sys, time
+from pathlib import Path
+if os.environ["RANK"] == "1":
+    with open(os.environ["RUNS"], "a") as f:
+        f.write("run\\n")
+    print("error: az://ckpt/x: no Azure Storage credentials", flush=True)
+    sys.exit(78)
+while True:
+    time.sleep(0.1)
+"""
+
+
+def test_a_rank_exiting_78_fails_the_job_at_once_with_no_restart_and_no_retry(home, tmp_path):
+    runs = tmp_path / "runs"
+    spec = write_job(tmp_path / "cfg", CONFIG_ERROR, spec_2x1(
+        extra=f"max_restarts: 2\n    max_retries: 2\n    environment_variables:\n      RUNS: {runs}", nodes=1, per_node=2))
+    rec = wait_done(backend().submit(load_job(spec)).id)
+    assert (rec.state, rec.exit_code, rec.failed_rank) == (JobState.FAILED, 78, 1), rec.reason
+    assert rec.attempt == 1 and len(rec.attempts) == 1, rec.attempts  # not retried (max_retries: 2)
+    assert "exited 78" in rec.reason and "not retried" in rec.reason
+    assert any("exited 78 (an error no restart can fix): stopping node-0" in e["message"] for e in rec.events), rec.events
+    # torchrun's max_restarts (2) would have run rank 1 three times; the supervisor stops the agent as soon as
+    # the first run's exit is recorded, long before a restarted rank could get that far again
+    assert len(runs.read_text().splitlines()) < 3
+    log = Path(next(p.log for p in rec.processes if p.kind == "rank" and p.rank == 1)).read_text()
+    assert "no Azure Storage credentials" in log
+    assert not job_procs({rec.id})
+
+
 def test_max_retries_starts_a_new_attempt_after_a_failure(home, tmp_path):
     script = "import os, sys\nsys.exit(4 if os.environ['AZULITE_ATTEMPT'] == '1' else 0)\n"
     spec = write_job(tmp_path / "retry", script, spec_2x1(extra="max_retries: 1", nodes=1, per_node=2))

@@ -7,8 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from azulite.errors import StorageError
-from azulite.train import CheckpointConfig, Checkpointer, Progress, StorageSettings, init, parse_uri
+from azulite.contract import EXIT_CONFIG
+from azulite.errors import CheckpointError, SpecError, StorageError
+from azulite.train import CheckpointConfig, Checkpointer, Progress, StorageSettings, exit_code, init, parse_uri
 from azulite.train.storage import CheckpointStorage
 from tests.train.azurite import connection_string, free_port
 
@@ -29,6 +30,7 @@ def test_bad_uris_are_refused_with_a_fix(uri, message):
         parse_uri(uri)
     assert message in info.value.message
     assert info.value.fix
+    assert exit_code(info.value) == EXIT_CONFIG  # a script exits 78: its job is not restarted into it again
 
 
 def test_good_uris_parse():
@@ -51,6 +53,7 @@ def test_unwritable_local_directory_fails_at_start(tmp_path):
     assert info.value.message == (f"checkpoint location {str(blocker / 'ckpt')!r} cannot be created: "
                                   f"{str(blocker)!r} is a file, not a folder")  # was "Not a directory"
     assert info.value.where == str(blocker / "ckpt") and str(blocker) in info.value.fix
+    assert exit_code(info.value) == EXIT_CONFIG
 
 
 def test_a_checkpoint_location_that_is_a_file_is_named_as_one(tmp_path):
@@ -68,6 +71,16 @@ def test_az_without_credentials_fails_at_start():
         _checkpointer("az://checkpoints/run", StorageSettings())
     assert "no Azure Storage credentials for az://checkpoints/run" in info.value.message
     assert "AZURE_STORAGE_CONNECTION_STRING" in info.value.fix
+    assert exit_code(info.value) == EXIT_CONFIG
+
+
+def test_exit_code_is_78_only_for_what_no_restart_can_fix():
+    """Storage that is down, a checkpoint that cannot be read, anything not azulite's: the error's own code
+    (1), which a launcher restarts and retries; a spec or setting wrong as given: 78 (EX_CONFIG)."""
+    assert exit_code(StorageError("Blob is down")) == 1
+    assert exit_code(CheckpointError("no checkpoint verifies")) == 1
+    assert exit_code(RuntimeError("a bug")) == 1
+    assert exit_code(SpecError("bad flag")) == EXIT_CONFIG == 78
 
 
 def test_unreachable_blob_endpoint_fails_at_start_quickly():
@@ -79,6 +92,7 @@ def test_unreachable_blob_endpoint_fails_at_start_quickly():
     assert time.monotonic() - t0 < 60
     assert "cannot reach Azure Blob storage for az://checkpoints/run" in info.value.message
     assert "Azurite" in info.value.fix
+    assert exit_code(info.value) == 1  # down now, maybe up on a restart: restarted and retried as before
 
 
 def test_settings_read_from_an_environ_mapping():

@@ -16,7 +16,7 @@ import shlex
 from pathlib import Path
 from typing import Any
 
-from azulite.contract import CHECKPOINT_OUTPUT, EXIT_PREEMPTED
+from azulite.contract import CHECKPOINT_OUTPUT, EXIT_CONFIG, EXIT_PREEMPTED
 from azulite.deploy.image import code_init_container, container_image
 from azulite.deploy.options import CODE_DIR, NFS_DIR, PVC_DIR, AksOptions
 from azulite.deploy.sku import SkuFacts, check_processes, nccl_env, shm_size, sku_facts
@@ -243,9 +243,12 @@ def indexed_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
     job_spec: dict[str, Any] = {
         "parallelism": spec.nodes, "completions": spec.nodes, "completionMode": "Indexed",
         "backoffLimit": spec.max_retries,
-        # a rank that checkpointed after SIGTERM (exit 75) or a pod evicted from a spot node is not a failure
+        # a rank that checkpointed after SIGTERM (exit 75) or a pod evicted from a spot node is not a failure;
+        # a command that exits 78 (an error no restart can fix) fails the Job at once, backoffLimit left unused
+        # (a command torchrun runs: torchrun exits 1 for any failed worker, so there max_restarts applies)
         "podFailurePolicy": {"rules": [
             {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_PREEMPTED]}},
+            {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_CONFIG]}},
             {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget", "status": "True"}]},
         ]},
         "template": template,

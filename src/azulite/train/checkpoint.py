@@ -48,7 +48,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from azulite.errors import CheckpointError, StorageError
+from azulite.errors import CheckpointError, StorageConfigError, StorageError
 from azulite.train.checkpoint_config import CheckpointConfig
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
@@ -172,8 +172,9 @@ class Checkpointer:
         if err is None and not self.ctx.is_main:
             err = _probe(self.storage)
         errors = [e for e in self._gather(err) if e]
-        if errors:
-            raise StorageError(errors[0][0], where=self.storage.uri, fix=errors[0][1])
+        if errors:  # as the rank saw it: one wrong as given (permanent) stays so on every rank
+            message, fix, permanent = errors[0]
+            raise (StorageConfigError if permanent else StorageError)(message, where=self.storage.uri, fix=fix)
 
     # -- saving -------------------------------------------------------------------------------------------
     def maybe_save(self, step: int) -> bool:
@@ -434,11 +435,11 @@ class Checkpointer:
             log.info("checkpoint step %d was saved by %d ranks, loaded on %d", step, saved_ws, self.ctx.world_size)
         log.info("resumed from checkpoint step %d (%s)", step, where)
 
-def _probe(storage: CheckpointStorage) -> tuple[str, str] | None:
+def _probe(storage: CheckpointStorage) -> tuple[str, str, bool] | None:
     try:
         storage.check()
     except StorageError as e:
-        return (e.message, e.fix or "")
+        return (e.message, e.fix or "", e.permanent)
     return None
 
 

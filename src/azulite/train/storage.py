@@ -23,7 +23,7 @@ from urllib.parse import urlparse
 
 import fsspec
 
-from azulite.errors import StorageError
+from azulite.errors import StorageConfigError, StorageError
 
 _CONTAINER = re.compile(r"^[a-z0-9](?:[a-z0-9]|-(?=[a-z0-9])){2,62}$")
 _EXAMPLE = "a local path such as /data/ckpt or an Azure Blob URI such as az://checkpoints/my-job"
@@ -70,13 +70,13 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
     try:
         return int(raw)
     except ValueError:
-        raise StorageError(f"{name}={raw!r} is not an integer", where="environment", fix=f"e.g. {name}={default}") from None
+        raise StorageConfigError(f"{name}={raw!r} is not an integer", where="environment", fix=f"e.g. {name}={default}") from None
 
 
 def parse_uri(uri: str) -> tuple[str, str]:
     """Split and validate a checkpoint URI into (scheme, path): ("file", "/abs/dir") or ("az", "container/dir")."""
     if not isinstance(uri, str) or not uri.strip():
-        raise StorageError("the checkpoint URI is empty", where="checkpoint uri", fix=f"give {_EXAMPLE}")
+        raise StorageConfigError("the checkpoint URI is empty", where="checkpoint uri", fix=f"give {_EXAMPLE}")
     uri = uri.strip()
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
@@ -88,20 +88,20 @@ def parse_uri(uri: str) -> tuple[str, str]:
         if "@" in container:  # abfs://container@account.dfs.core.windows.net/path
             container = container.split("@", 1)[0]
         if not container:
-            raise StorageError(
+            raise StorageConfigError(
                 f"{uri!r} names no container",
                 where="checkpoint uri",
                 fix="write az://<container>/<path>, e.g. az://checkpoints/my-job",
             )
         if not _CONTAINER.match(container):
-            raise StorageError(
+            raise StorageConfigError(
                 f"{container!r} is not a valid Azure Blob container name",
                 where=f"checkpoint uri {uri!r}",
                 fix="container names are 3-63 lowercase letters, digits and single hyphens, e.g. az://checkpoints/run-1",
             )
         rest = parsed.path.strip("/")
         return "az", f"{container}/{rest}" if rest else container
-    raise StorageError(
+    raise StorageConfigError(
         f"unsupported checkpoint storage scheme {scheme!r}:// in {uri!r}",
         where="checkpoint uri",
         fix=f"use {_EXAMPLE}",
@@ -130,7 +130,7 @@ class CheckpointStorage:
             if self.remote:
                 s = self.settings
                 if not (s.connection_string or s.account_name):
-                    raise StorageError(
+                    raise StorageConfigError(
                         f"no Azure Storage credentials for {self.uri}",
                         where="environment",
                         fix="set AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_NAME and "
@@ -329,6 +329,6 @@ def _check_folder(root: str, uri: str) -> None:
                 return
             what = (f"checkpoint location {str(path)!r} is a file: it must be a folder" if p == path else
                     f"checkpoint location {str(path)!r} cannot be created: {str(p)!r} is a file, not a folder")
-            raise StorageError(what, where=uri,
+            raise StorageConfigError(what, where=uri,
                                fix=f"point the checkpoint location (outputs.checkpoints, or CheckpointConfig(uri=...)) "
                                    f"at a folder, or move the file {str(p)!r} away")

@@ -9,7 +9,8 @@ records what a launcher does not reliably report: which pid ran which rank, and 
 - tees the command's stdout+stderr to ``<logs>/rank-<R>.log`` (appended across elastic restarts),
 - forwards SIGTERM/SIGINT to the command and keeps waiting (so a preempted rank can commit and exit 75),
 - writes ``<records>/rank-<R>.json`` when the command starts and when it ends (atomic rename), and exits
-  with the command's exit code (128+N for a signal N),
+  with the command's exit code (128+N for a signal N); a command that exited ``EXIT_CONFIG`` (78: an error
+  no restart can fix) is also written to ``config-error-rank-<R>.json``, which the supervisor acts on,
 - makes a hang readable: SIGUSR1 prints its own stacks into the rank's log (faulthandler), and a rank still
   running ``AZULITE_STOP_DUMP_S`` (20) seconds after a stop signal gets SIGUSR1 too (``azulite.train``
   prints every thread's stack) along with the runner's own stacks: before torchrun's SIGKILL at 30 s.
@@ -31,7 +32,7 @@ import time
 from pathlib import Path
 from typing import BinaryIO
 
-from azulite.contract import ENV_STOP_DUMP_S, STACK_DUMP_SIGNAL, STOP_DUMP_S_DEFAULT
+from azulite.contract import ENV_STOP_DUMP_S, EXIT_CONFIG, STACK_DUMP_SIGNAL, STOP_DUMP_S_DEFAULT
 from azulite.launch.env import pytorch_env_from_torchrun, rank_identity
 from azulite.launch.local.stacks import descendants, request_dumps
 
@@ -40,6 +41,23 @@ def _write_record(path: Path, record: dict) -> None:
     tmp = path.with_suffix(f".tmp{os.getpid()}")
     tmp.write_text(json.dumps(record))
     os.replace(tmp, path)
+
+
+def config_error_path(records: Path, rank: int) -> Path:
+    """Where a rank whose command exited ``EXIT_CONFIG`` says so: apart from ``rank-R.json``, which the
+    launcher's restart of the rank (torchrun's max_restarts) rewrites before the supervisor may have read it."""
+    return records / f"config-error-rank-{rank}.json"
+
+
+def config_errors(records: Path) -> list[dict]:
+    """The records of this attempt's ranks that exited ``EXIT_CONFIG``, the first to end first."""
+    found = []
+    for p in records.glob("config-error-rank-*.json"):
+        try:
+            found.append(json.loads(p.read_text()))
+        except (OSError, ValueError):  # renamed into place whole: unreadable only if gone meanwhile
+            continue
+    return sorted(found, key=lambda r: (r.get("ended_at") or 0.0, r.get("rank", 0)))
 
 
 def shell_exit_code(returncode: int) -> int:
@@ -170,6 +188,8 @@ def main(argv: list[str]) -> int:
 
     record.update(exit_code=code, ended_at=time.time())
     _write_record(record_path, record)
+    if code == EXIT_CONFIG:
+        _write_record(config_error_path(records, rank), record)
     return code
 
 

@@ -4,7 +4,8 @@ Started detached by ``LocalBackend.submit`` (its own session, re-parented to ini
 the shell that submitted it. It runs attempts until the job ends:
 
     queued -> running (attempt n) -> succeeded
-                                  -> failed      (a rank's non-zero exit; retried while max_retries lasts)
+                                  -> failed      (a rank's non-zero exit; retried while max_retries lasts;
+                                                  never after a rank's exit 78, an error no retry can fix)
                                   -> canceled    (SIGTERM to the supervisor / cancel_requested in the store)
                                   -> preempted   (any rank exited 75, or SIGUSR1 / preempt_requested)
                                      -> requeued -> running (attempt n+1, AZULITE_ATTEMPT=n+1)
@@ -32,12 +33,12 @@ from pathlib import Path
 
 import psutil
 
-from azulite.contract import EXIT_PREEMPTED, STACK_DUMP_SIGNAL
+from azulite.contract import EXIT_CONFIG, EXIT_PREEMPTED, STACK_DUMP_SIGNAL
 from azulite.errors import AzuliteError
 from azulite.launch.local.context import build_context, job_processes
 from azulite.launch.local.nodes import take_requests, write_reply
 from azulite.launch.local.procs import describe, signal_all, terminate_tree, tree, wait_any_exit
-from azulite.launch.local.rank import shell_exit_code
+from azulite.launch.local.rank import config_errors, shell_exit_code
 from azulite.launch.local.stacks import live_rank_pids, request_dumps
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import (
@@ -63,6 +64,7 @@ class AttemptOutcome:
     canceled: bool = False
     preempt_asked: bool = False
     timed_out: bool = False
+    config_error: dict | None = None  # the rank record of the first rank that exited EXIT_CONFIG
 
 
 class Supervisor:
@@ -159,6 +161,13 @@ class Supervisor:
             if out.timed_out:
                 self._end(JobState.FAILED, f"timed out after {spec.timeout:g}s (spec timeout)", exit_code=124)
                 return 0
+            # no restart or retry can fix it: the job fails now (seen in the attempt, or as it ended)
+            if (bad := out.config_error or next(iter(config_errors(ctx.records_dir)), None)) is not None:
+                rank, node = int(bad.get("rank", -1)), int(bad.get("node_rank", -1))
+                self._end(JobState.FAILED, f"rank {rank} (node {node}) exited {EXIT_CONFIG}: an error no restart can "
+                          f"fix (a setting, a URI or credentials); not retried -- its log says what and how to fix it",
+                          exit_code=EXIT_CONFIG, failed_rank=rank)
+                return 0
             codes = [r.exit_code for r in out.results]
             if finished(out):
                 self._end(JobState.SUCCEEDED, f"all {len(codes)} ranks exited 0", exit_code=0)
@@ -247,6 +256,13 @@ class Supervisor:
                 continue
             if deadline and now > deadline and not out.timed_out:
                 out.timed_out = True
+                terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
+                continue
+            if out.config_error is None and preempt_sent is None and (bad := config_errors(ctx.records_dir)):
+                # torchrun restarts a failed group (max_restarts) whatever the exit: stop it before it does
+                out.config_error = bad[0]
+                self.store.event(self.job_id, f"rank {bad[0].get('rank')} exited {EXIT_CONFIG} (an error no restart "
+                                 f"can fix): stopping {', '.join(running)}, no restart, no retry")
                 terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
                 continue
             if preempt and preempt_sent is None:
