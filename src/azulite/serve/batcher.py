@@ -60,8 +60,8 @@ PROBE_EVERY = 64
 #: idle, and the batch that followed ran cold, on this 2-core VM: bench_matmul HTTP c=1 1.10x Triton's
 #: throughput against 1.42x (stop 22), gil_py c=1 0.93-0.96x (stop 30); a timer's wake-up lands p50 30-36 us,
 #: p90 57-78 us late here (stop 30), which this covers. Polling all through, a longer delay spun a core for
-#: its whole length: at 500 requests/s with a 900 us delay, 1.33-1.43 ms of server CPU per inference, against
-#: 0.64-0.71 ms asleep (bench_matmul HTTP, stop 35).
+#: its whole length: at 500 requests/s with a 900 us delay, 1.32-1.43 ms of server CPU per inference, against
+#: 0.59-0.66 ms this way (bench_matmul HTTP, stop 35; docs/perf-serving.md).
 SPIN_NS = 100_000
 #: An inline batch blocks the loop, so other connections' requests wait in their sockets and, once read,
 #: reach this queue a loop pass later: chosen at once, the next batch holds whatever happened to be queued
