@@ -4,6 +4,7 @@ batcher waiting out a sub-millisecond max_queue_delay on it without spinning the
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import numpy as np
@@ -98,8 +99,6 @@ def test_close_stops_watching_and_later_use_is_refused_or_harmless():
 
     fd = run(asyncio.new_event_loop, main)
     with pytest.raises(OSError):  # the descriptor is closed
-        import os
-
         os.fstat(fd)
 
 
