@@ -11,7 +11,6 @@ import typer
 from rich.console import Console
 
 from azulite.bench.nccl_tests import OPS, table
-from azulite.bench.jobs import collectives_job, empty_code_dir, run_collectives
 from azulite.errors import BenchError, BenchInputError
 from azulite.launch.backend import get_backend
 from azulite.launch.settings import Settings
@@ -58,6 +57,8 @@ def collectives(
 
       azulite bench collectives --nodes 2 --procs-per-node 2 -b 1K -e 64M -f 4
     """
+    from azulite.bench.jobs import collectives_job, empty_code_dir, run_collectives  # the job spec (pydantic)
+
     settings = Settings.from_environ()
     b = get_backend(backend or settings.backend, settings)
     with empty_code_dir() as code:

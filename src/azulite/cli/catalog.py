@@ -6,20 +6,24 @@ from __future__ import annotations
 import json
 from dataclasses import asdict, fields
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from azulite.catalog import PRICE_KINDS, Sku, load_catalog
 from azulite.errors import CatalogError
+
+if TYPE_CHECKING:
+    from azulite.catalog import Sku
 
 _HEAD = {"on_demand": "on-demand", "spot": "spot", "reserved_1y": "RI 1y", "reserved_3y": "RI 3y",
          "savings_1y": "SP 1y", "savings_3y": "SP 3y"}
 
 
 def sku_json(s: Sku) -> dict:
+    from azulite.catalog import PRICE_KINDS
+
     d = {f.name: getattr(s, f.name) for f in fields(s) if f.name != "prices"}
     return d | {"prices": {k: (asdict(s.prices[k]) if k in s.prices else None) for k in PRICE_KINDS}}
 
@@ -41,6 +45,8 @@ def catalog(
 
       azulite catalog --json | jq '.[] | select(.gpus >= 8) | .name'
     """
+    from azulite.catalog import PRICE_KINDS, load_catalog  # the catalog (pydantic) only when asked for
+
     cat = load_catalog(str(catalog_file) if catalog_file else None)
     everything = cat.skus()
     # an unknown --gpu/--cloud would print an empty table and exit 0, as if the catalog had no such SKUs

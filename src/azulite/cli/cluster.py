@@ -16,11 +16,8 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from azulite.catalog import Sku, load_catalog
-from azulite.cluster.cost import CostError, serving_cost, training_cost
 from azulite.cli.console import check_output_file
-from azulite.errors import AzuliteError, SpecError, TraceError
-from azulite.spec.job import parse_duration
+from azulite.errors import AzuliteError, CostError, SpecError, TraceError
 
 
 def _console() -> Console:
@@ -31,6 +28,8 @@ def _console() -> Console:
 
 
 def _hours(value: Optional[str], flag: str) -> Optional[float]:
+    from azulite.spec.job import parse_duration
+
     if value is None:
         return None
     try:
@@ -42,6 +41,8 @@ def _hours(value: Optional[str], flag: str) -> Optional[float]:
 
 
 def _seconds(value: Optional[str], flag: str) -> Optional[float]:
+    from azulite.spec.job import parse_duration
+
     if value is None:
         return None
     try:
@@ -108,6 +109,9 @@ def cost(
 
       azulite cost --serve --sku NC4as_T4_v3 --hours-per-month 720
     """
+    from azulite.catalog import load_catalog
+    from azulite.cluster.cost import serving_cost, training_cost
+
     cat = load_catalog(str(catalog_file) if catalog_file else None)
     spec_sku, spec_nodes, spec_spot = (None, 1, False)
     if spec is not None:
@@ -221,6 +225,7 @@ def simulate_cmd(
 
       azulite simulate cluster.yaml cluster_job_log --format philly --json
     """
+    from azulite.catalog import load_catalog
     from azulite.cluster.pools import resolve_pools
     from azulite.cluster.report import plot, summary_table
     from azulite.cluster.sim import Settings, simulate
@@ -307,6 +312,7 @@ def plan_cmd(
 
       azulite plan job.yaml --hours 50 --budget 200 --checkpoints ./ckpt --speedup A100=2.5
     """
+    from azulite.catalog import Sku, load_catalog
     from azulite.cluster.plan import Job, plan
     from azulite.spec.cluster import DEFAULT_EVICTION_RATE_PER_HOUR
 

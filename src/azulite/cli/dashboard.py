@@ -8,8 +8,6 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from azulite.launch.settings import Settings
-from azulite.observe.dashboard import Dashboard, is_loopback, serve
 
 
 def dashboard(
@@ -25,6 +23,9 @@ def dashboard(
 
       azulite dashboard --host 0.0.0.0     # prints the key to open it with
     """
+    from azulite.launch.settings import Settings
+    from azulite.observe.dashboard import Dashboard, is_loopback, serve
+
     console = Console(stderr=True, highlight=False)
     if not is_loopback(host) and not key:
         key = secrets.token_urlsafe(24)

@@ -25,9 +25,6 @@ from azulite.errors import AzuliteError
 from azulite.launch.backend import Backend, get_backend
 from azulite.launch.records import JobRecord, JobState
 from azulite.launch.settings import Settings
-from azulite.spec.job import JobSpec, Output
-from azulite.launch.local.sweeper import read_state as read_sweep_state
-from azulite.spec.sweep import SweepSpec, load_spec
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -157,6 +154,7 @@ def checkpoints_of(rec: JobRecord) -> tuple[list[dict], str | None]:
     raw = (rec.spec.get("outputs") or {}).get(CHECKPOINT_OUTPUT)
     if raw is None:
         return [], None
+    from azulite.spec.job import Output
     from azulite.train.catalog import list_checkpoints  # torch-free; adlfs only for az:// locations
 
     try:
@@ -170,6 +168,7 @@ def checkpoints_of(rec: JobRecord) -> tuple[list[dict], str | None]:
 def metrics_of(rec: JobRecord) -> tuple[dict[str, dict], str | None]:
     """The last value of every metric the job logged to its MLflow store; and why it could not be read."""
     from azulite.launch.tracking import last_metrics  # imports mlflow only when the job has a store
+    from azulite.spec.job import JobSpec
 
     if rec.spec.get("type") == "sweep":
         return {}, None  # a sweep logs nothing itself: its trials do (see its trials table)
@@ -191,6 +190,8 @@ def validate(
 
     Example: azulite job validate examples/ddp/job.yaml --set distribution.process_count_per_instance=1
     """
+    from azulite.spec.sweep import SweepSpec, load_spec
+
     spec = load_spec(file, set_)
     if json_:
         print(json.dumps(spec.model_dump(mode="json"), indent=2))
@@ -223,6 +224,8 @@ def submit(
 
       azulite job submit examples/ddp/job.yaml --set inputs.steps=200 --set max_restarts=2
     """
+    from azulite.spec.sweep import SweepSpec, load_spec
+
     spec = load_spec(file, set_)
     b = _backend(backend, {**os.environ, "AZULITE_K8S_FLAVOR": flavor} if flavor else None)
     if isinstance(spec, SweepSpec):
@@ -352,6 +355,8 @@ def _ranges(ranks: list[int]) -> str:
 
 
 def _world(r: JobRecord) -> int:
+    from azulite.spec.job import JobSpec
+
     try:
         return JobSpec.model_validate(r.spec).world_size
     except Exception:  # an old record whose spec no longer validates: still listable
@@ -375,10 +380,16 @@ def show(
         d["checkpoints"], d["checkpoints_error"] = checkpoints_of(rec)
         d["metrics"], d["metrics_error"] = metrics_of(rec)
         if rec.spec.get("type") == "sweep":
-            d["sweep"] = read_sweep_state(rec.job_dir)
+            d["sweep"] = _sweep_state(rec.job_dir)
         print(json.dumps(d, indent=2))
         return
     _print_show(rec)
+
+
+def _sweep_state(job_dir: str) -> dict | None:
+    from azulite.launch.local.sweeper import read_state  # the sweep driver (numpy's samplers) only for a sweep
+
+    return read_state(job_dir)
 
 
 def _rel(path: str | None, root: str) -> str:
@@ -421,7 +432,7 @@ def _print_show(rec: JobRecord) -> None:
         c.print(t)
     if error:
         c.print(f"[yellow]checkpoints could not be listed:[/] {error}", markup=True)
-    sweep = read_sweep_state(rec.job_dir) if rec.spec.get("type") == "sweep" else None
+    sweep = _sweep_state(rec.job_dir) if rec.spec.get("type") == "sweep" else None
     if sweep:
         t = Table("trial", "state", sweep["primary_metric"], "values", box=None,
                   title=f"trials ({sweep['goal']} {sweep['primary_metric']}; best: {sweep['best_trial'] or '-'})")

@@ -8,12 +8,7 @@ import threading
 from typing import List
 
 import typer
-from prometheus_client import start_http_server
 from rich.console import Console
-
-from azulite.launch.settings import Settings
-from azulite.observe.jobs import JobCollector
-from azulite.observe.telemetry import NodeCollector, registry_for
 
 
 def observe(
@@ -31,6 +26,12 @@ def observe(
 
       curl -s localhost:9400/metrics | grep DCGM_FI_DEV_GPU_UTIL
     """
+    from prometheus_client import start_http_server
+
+    from azulite.launch.settings import Settings
+    from azulite.observe.jobs import JobCollector
+    from azulite.observe.telemetry import NodeCollector, registry_for
+
     console = Console(stderr=True, highlight=False)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     collector = NodeCollector(disk_paths=tuple(disk))

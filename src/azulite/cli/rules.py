@@ -6,15 +6,15 @@ from __future__ import annotations
 import os
 import tempfile
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
 
 import typer
 
 from azulite.cli.console import check_output_file
 from azulite.errors import SpecError
-from azulite.observe.alerts import gpu_rule_groups, training_rule_groups
-from azulite.observe.rules import RuleGroup, prometheus_rule_yaml, rule_file
-from azulite.serve.alerts import latency_rule_groups, serving_rule_groups
+
+if TYPE_CHECKING:
+    from azulite.observe.rules import RuleGroup
 
 PARTS = ("gpu", "training", "serving")
 
@@ -33,6 +33,9 @@ def groups_for(parts: list[str], *, p99_target_ms: float, no_progress_minutes: i
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise SpecError(f"unknown rule part(s): {', '.join(unknown)}", field="--parts", fix=f"choose from {', '.join(PARTS)}")
+    from azulite.observe.alerts import gpu_rule_groups, training_rule_groups  # the rule renderer (yaml)
+    from azulite.serve.alerts import latency_rule_groups, serving_rule_groups
+
     out: list[RuleGroup] = []
     if "gpu" in parts:
         out += gpu_rule_groups()
@@ -58,6 +61,8 @@ def render(
 
       azulite rules render --parts gpu,training -o rules.yml
     """
+    from azulite.observe.rules import prometheus_rule_yaml, rule_file
+
     if format_ not in ("file", "prometheusrule"):
         raise SpecError(f"unknown format {format_!r}", field="--format", fix="file or prometheusrule")
     if p99_target_ms <= 0 or no_progress_minutes < 1 or checkpoint_k <= 0:

@@ -14,12 +14,14 @@ import logging
 import time
 from abc import ABC, abstractmethod
 from enum import Enum
-from typing import Callable, ClassVar, Iterator, Mapping, TypeVar
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterator, Mapping, TypeVar
 
 from azulite.errors import AzuliteError, LaunchError
 from azulite.launch.records import JobRecord
 from azulite.launch.settings import Settings
-from azulite.spec.job import JobSpec
+
+if TYPE_CHECKING:  # the job-spec models (pydantic, yaml) load where a spec is read, not with every backend
+    from azulite.spec.job import JobSpec
 
 log = logging.getLogger("azulite.launch")
 
