@@ -35,3 +35,27 @@ def test_nccl_without_cuda_is_a_clear_error():
     with pytest.raises(LaunchError) as e:
         init({}, backend="nccl")
     assert "backend 'nccl' asked for but CUDA is not available" in e.value.message and "gloo" in e.value.fix
+
+
+
+def test_a_process_that_called_init_skips_the_exit_collection_and_its_exit_handlers_still_run(tmp_path):
+    """init() registers gc.freeze at exit, once: the exit handler registered before it (which runs after
+    it) sees the heap frozen, one registered after it (which runs before it) still runs -- a rank's exit no
+    longer walks torch's objects over and over (1.2-1.4 s of CPU a rank)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "rank.py"
+    script.write_text(
+        "import atexit, gc, sys\n"
+        "atexit.register(lambda: print('last', gc.get_freeze_count() > 0, flush=True))\n"
+        "from azulite.train import init\n"
+        "init({})\n"
+        "n = atexit._ncallbacks()\n"
+        "init({})\n"
+        "print('registered again', atexit._ncallbacks() - n, flush=True)\n"
+        "atexit.register(lambda: print('first', gc.get_freeze_count() > 0, flush=True))\n"
+        "sys.exit(75)\n")
+    p = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 75, p.stderr
+    assert p.stdout.splitlines() == ["registered again 0", "first False", "last True"], p.stdout

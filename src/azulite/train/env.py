@@ -8,7 +8,9 @@ can hand it a plain dict.
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
+import gc
 import os
 import random
 import signal
@@ -130,6 +132,28 @@ def enable_stack_dumps() -> bool:
     return True
 
 
+_exit_hook = False
+
+
+def skip_exit_collection() -> None:
+    """Have the interpreter skip its cyclic garbage collection at exit (registered by :func:`init`).
+
+    A process that has imported torch -- and torch._dynamo, which its optimizers import on their first
+    use, and sympy with it -- tracks some 300,000 objects (0.25 s for one full collection here), and the
+    collections Python runs while it finalises walk them over and over: 1.2-1.4 s of CPU at every exit of
+    a rank here (0.2-0.3 s with this), paid
+    again by each rank of a restarted or preempted group. ``gc.freeze()`` at exit moves what is alive to
+    the permanent generation, which those collections skip; memory goes back to the system as the process
+    ends either way. What it forgoes: ``__del__`` of objects that are only reachable from a reference
+    cycle at exit, which Python does not promise to run anyway; azulite's own writers (checkpoints,
+    metrics) are closed explicitly or by exit handlers, which run as before: what they allocate after the
+    freeze is collected as usual."""
+    global _exit_hook
+    if not _exit_hook:
+        _exit_hook = True
+        atexit.register(gc.freeze)
+
+
 def init(
     environ: Mapping[str, str] | None = None,
     *,
@@ -146,6 +170,7 @@ def init(
     mapping = os.environ if environ is None else environ
     env = DistEnv.from_environ(mapping)
     enable_stack_dumps()
+    skip_exit_collection()
     # rank 0's metrics writer starts connecting now, on its own thread: MLflow's import and the run's
     # creation overlap the rendezvous, the model's build and the restore instead of preceding the first step
     warm_up(mapping, wait=0)
