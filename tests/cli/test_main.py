@@ -66,8 +66,11 @@ def test_the_command_line_loads_only_what_a_command_uses():
     import sys
 
     heavy = ("torch", "numpy", "prometheus_client", "fsspec", "yaml", "azulite.spec.job", "azulite.catalog",
-             "azulite.launch.sampling", "azulite.observe.jobs", "azulite.train.storage", "azulite.bench.jobs")
-    code = "import sys, azulite.cli; print(' '.join(m for m in sys.argv[1:] if m in sys.modules))"
+             "azulite.launch.sampling", "azulite.observe.jobs", "azulite.train.storage", "azulite.bench.jobs",
+             "azulite.launch.local.supervisor", "azulite.launch.local.strategy")
+    # the local backend too: `job wait`, `cancel`, `preempt` and `logs` read its store, nothing more
+    code = ("import sys, azulite.cli, azulite.launch.local.backend; "
+            "print(' '.join(m for m in sys.argv[1:] if m in sys.modules))")
     p = subprocess.run([sys.executable, "-c", code, *heavy], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.split() == []

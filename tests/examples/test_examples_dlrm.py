@@ -99,7 +99,7 @@ def test_on_4_ranks_a_preemption_then_a_kill9_resume_to_the_uninterrupted_parame
     reference = final_hashes(isolated_run(tmp_path_factory, f"inputs.dataset.path={data['tsv']}", *FOUR))
     assert len(set(reference.values())) == 1
     args = ["job", "submit", "examples/dlrm/job.yaml", "--json"]
-    for s in (f"inputs.dataset.path={data['tsv']}", *FOUR, "inputs.checkpoint_every=10", "inputs.step_sleep=0.3",
+    for s in (f"inputs.dataset.path={data['tsv']}", *FOUR, "inputs.checkpoint_every=10", "inputs.step_sleep=0.1",
               "max_restarts=2"):
         args += ["--set", s]
     p = az(*args)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import Enum
 
+from azulite.contract import EXIT_PREEMPTED
+
 
 class JobState(str, Enum):
     """queued -> running -> succeeded | failed | canceled | preempted; preempted -> requeued -> running.
@@ -89,3 +91,8 @@ class JobRecord:
         d = asdict(self)
         d["state"] = self.state.value
         return d
+
+
+def retries_used(rec: JobRecord) -> int:
+    """Attempts that ended in a failure and were retried (preemption requeues, exit 75, do not count)."""
+    return sum(1 for a in rec.attempts if a.state == JobState.REQUEUED.value and a.exit_code != EXIT_PREEMPTED)

@@ -15,22 +15,20 @@ import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 import psutil
 
 from azulite.errors import LaunchError
 from azulite.launch.backend import Backend, register_backend
-from azulite.launch.data import check_inputs
 from azulite.launch.local.nodes import NodeView, node_view, wait_reply, write_request
-from azulite.launch.local.procs import pid_alive, terminate_tree, wait_any_exit
+from azulite.launch.local.procs import job_processes, pid_alive, terminate_tree, wait_any_exit
 from azulite.launch.local.store import JobStore
-from azulite.launch.local.strategy import get_strategy
-from azulite.launch.local.context import build_context, job_processes
-from azulite.launch.local.supervisor import retries_used
-from azulite.launch.records import JobRecord, JobState
-from azulite.spec.job import JobSpec
-from azulite.spec.sweep import SweepSpec
+from azulite.launch.records import JobRecord, JobState, retries_used
+
+if TYPE_CHECKING:
+    from azulite.spec.job import JobSpec
+    from azulite.spec.sweep import SweepSpec
 
 #: a supervisor that has not recorded its pid this long after submit is taken for dead
 _SUPERVISOR_START_S = 120.0
@@ -51,6 +49,11 @@ class LocalBackend(Backend):
 
     # ---- submit --------------------------------------------------------------------------------------
     def _submit_impl(self, spec: JobSpec, *, spec_path: str | None) -> JobRecord:
+        # the launch machinery (strategies, the job-spec models, input checks) loads to submit, not to look
+        from azulite.launch.data import check_inputs
+        from azulite.launch.local.context import build_context
+        from azulite.launch.local.strategy import get_strategy
+
         strategy = get_strategy(spec.distribution_type)
         strategy.preflight(build_context("preflight", 1, spec, self.settings.jobs_dir / "_preflight", self.environ,
                                          make_dirs=False))
@@ -80,6 +83,8 @@ class LocalBackend(Backend):
     def submit_sweep(self, spec: SweepSpec, *, spec_path: str | None = None) -> JobRecord:
         """Submit a sweep: checked as its trials will be (features, inputs), then run by its own detached
         driver (``sweeper.py``), which submits the trials as child jobs."""
+        from azulite.launch.data import check_inputs
+
         template = spec.trial_spec()
         self.check_supported(template)
         check_inputs(template, {**self.environ, **template.environment_variables})
@@ -146,6 +151,8 @@ class LocalBackend(Backend):
         if rec.spec.get("type") == "sweep":  # its trials are jobs of their own; the sweep itself ends here
             self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=why.replace("supervisor", "sweep driver"))
             return
+        from azulite.spec.job import JobSpec
+
         spec = JobSpec.model_validate(rec.spec)
         if rec.state in (JobState.RUNNING, JobState.PREEMPTED):
             used = retries_used(rec)
@@ -202,6 +209,8 @@ class LocalBackend(Backend):
         if rec.spec.get("type") == "sweep":
             raise LaunchError(f"{job_id} is a sweep: its trials are the jobs with nodes",
                               fix=f"look at a trial (`azulite job show {job_id}` lists them)")
+        from azulite.spec.job import JobSpec
+
         spec = JobSpec.model_validate(rec.spec)
         return node_view(rec, spec.node_range, spec.elastic is not None)
 

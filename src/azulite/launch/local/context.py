@@ -13,11 +13,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
 from azulite.contract import ENV_ATTEMPT, ENV_JOB_ID
 from azulite.errors import LaunchError
 from azulite.launch.data import output_location
+from azulite.launch.local.procs import ENV_JOB_DIR
 from azulite.launch.local.strategy import LaunchContext
 from azulite.launch.tracking import tracking_env
 from azulite.spec.job import JobSpec, PathInput
@@ -98,23 +97,3 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
         python=python, attempt_dir=attempt_dir, node_dirs=node_dirs, base_env=env,
         rdzv_port=rdzv_port(spec), gpus=visible_gpus(environ),
     )
-
-
-#: set in every process of a job: its job directory, unique across AZULITE_HOMEs (job ids are not)
-ENV_JOB_DIR = "AZULITE_JOB_DIR"
-
-
-def job_processes(job_dir: str | Path, *, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
-    """Every live process carrying ``AZULITE_JOB_DIR=job_dir`` in its environment: catches what a job's
-    script started and orphaned (re-parented to init), which no tree walk can find."""
-    key = str(job_dir)
-    found = []
-    for p in psutil.process_iter(["pid"]):
-        if p.pid in exclude:
-            continue
-        try:
-            if p.environ().get(ENV_JOB_DIR) == key and p.status() != psutil.STATUS_ZOMBIE:
-                found.append(p)
-        except (psutil.Error, OSError):
-            continue
-    return found

@@ -9,6 +9,7 @@ import os
 import select
 import signal
 import time
+from pathlib import Path
 from typing import Iterable
 
 import psutil
@@ -153,4 +154,25 @@ def port_owner(port: int) -> str | None:
     return None
 
 
-__all__ = ["tree", "describe", "terminate_tree", "signal_all", "pid_alive", "free_port", "port_in_use", "port_owner"]
+#: set in every process of a job: its job directory, unique across AZULITE_HOMEs (job ids are not)
+ENV_JOB_DIR = "AZULITE_JOB_DIR"
+
+
+def job_processes(job_dir: str | Path, *, exclude: tuple[int, ...] = ()) -> list[psutil.Process]:
+    """Every live process carrying ``AZULITE_JOB_DIR=job_dir`` in its environment: catches what a job's
+    script started and orphaned (re-parented to init), which no tree walk can find."""
+    key = str(job_dir)
+    found = []
+    for p in psutil.process_iter(["pid"]):
+        if p.pid in exclude:
+            continue
+        try:
+            if p.environ().get(ENV_JOB_DIR) == key and p.status() != psutil.STATUS_ZOMBIE:
+                found.append(p)
+        except (psutil.Error, OSError):
+            continue
+    return found
+
+
+__all__ = ["tree", "describe", "terminate_tree", "signal_all", "pid_alive", "free_port", "port_in_use", "port_owner",
+           "job_processes", "ENV_JOB_DIR"]

@@ -35,16 +35,16 @@ import psutil
 
 from azulite.contract import EXIT_CONFIG, EXIT_PREEMPTED, STACK_DUMP_SIGNAL
 from azulite.errors import AzuliteError
-from azulite.launch.local.context import build_context, job_processes
+from azulite.launch.local.context import build_context
 from azulite.launch.local.nodes import take_requests, write_reply
-from azulite.launch.local.procs import describe, signal_all, terminate_tree, tree, wait_any_exit
+from azulite.launch.local.procs import describe, job_processes, signal_all, terminate_tree, tree, wait_any_exit
 from azulite.launch.local.rank import config_errors, shell_exit_code
 from azulite.launch.local.stacks import live_rank_pids, request_dumps
 from azulite.launch.local.store import JobStore
 from azulite.launch.local.strategy import (
     LaunchContext, LaunchStrategy, ProcessSpec, RankResult, get_strategy, read_rank_records,
 )
-from azulite.launch.records import JobRecord, JobState, ProcessRecord
+from azulite.launch.records import JobState, ProcessRecord, retries_used
 from azulite.launch.data import fetch_inputs, upload_outputs
 from azulite.launch.settings import Settings
 from azulite.launch.tracking import prepare_store
@@ -424,11 +424,6 @@ def _lost_ranks(ctx: LaunchContext) -> list[int]:
         if code not in (None, 0) or (code is None and not psutil.pid_exists(int(rec.get("pid") or 0) or -1)):
             lost.append(r)
     return sorted(lost)
-
-
-def retries_used(rec: JobRecord) -> int:
-    """Attempts that ended in a failure and were retried (preemption requeues, exit 75, do not count)."""
-    return sum(1 for a in rec.attempts if a.state == JobState.REQUEUED.value and a.exit_code != EXIT_PREEMPTED)
 
 
 def main(argv: list[str]) -> int:
