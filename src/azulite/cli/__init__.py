@@ -1,5 +1,9 @@
 """The ``azulite`` command. Each subcommand group lives in its own module; this one only assembles them
-and maps :class:`~azulite.errors.AzuliteError` to an exit code and a message (never a traceback)."""
+and maps :class:`~azulite.errors.AzuliteError` to an exit code and a message (never a traceback).
+
+Every ``azulite`` call imports all the subcommand modules, so they import typer, rich and light azulite
+modules at the top and the heavy ones (the job-spec models, the price catalog, numpy, prometheus-client,
+fsspec, torch) inside the commands that use them: tests/cli/test_main.py checks a fresh interpreter."""
 
 from __future__ import annotations
 
