@@ -113,7 +113,8 @@ def test_on_4_ranks_a_preemption_then_a_kill9_resume_to_the_uninterrupted_parame
     # attempt 2 resumes; then one of its ranks is killed: the elastic agent restarts the group, which
     # resumes again from the newest checkpoint
     ranks2 = lambda r: {p["rank"]: p for p in r["processes"] if p["kind"] == "rank" and p["attempt"] == 2}  # noqa: E731
-    rec = wait_for(lambda: (r := show(job)) and len(ranks2(r)) == 4 and r, 300, "attempt 2's ranks")
+    # each look is a CLI process: once a second, not back to back, leaves the cores to the job's ranks
+    rec = wait_for(lambda: (r := show(job)) and len(ranks2(r)) == 4 and r, 300, "attempt 2's ranks", every=1.0)
     log0 = Path(ranks2(rec)[0]["log"])
     wait_for(lambda: log0.exists() and "resumed from step" in log0.read_text(), 300, "attempt 2 to resume")
     os.kill(ranks2(rec)[1]["pid"], signal.SIGKILL)
