@@ -37,7 +37,6 @@ def test_nccl_without_cuda_is_a_clear_error():
     assert "backend 'nccl' asked for but CUDA is not available" in e.value.message and "gloo" in e.value.fix
 
 
-
 def test_a_process_that_called_init_skips_the_exit_collection_and_its_exit_handlers_still_run(tmp_path):
     """init() registers gc.freeze at exit, once: the exit handler registered before it (which runs after
     it) sees the heap frozen, one registered after it (which runs before it) still runs -- a rank's exit no

@@ -9,7 +9,6 @@ import typer
 from rich.console import Console
 
 
-
 def dashboard(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to listen on; anything but loopback requires a key."),
     port: int = typer.Option(8265, "--port", help="Port; 0 picks a free one."),
