@@ -7,8 +7,9 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 demo: install
 	bash scripts/demo.sh
 
+# Two workers, a file at a time each, then the `serial` tests alone (scripts/test.sh says why).
 test: install-dev
-	$(VENV)/bin/python -m pytest $(PYTEST_ARGS)
+	VENV=$(VENV) bash scripts/test.sh $(PYTEST_ARGS)
 
 # The full trial counts of the property runs (many kills, 10k fuzz cases): tests marked `soak`, which
 # `make test` runs with their small counts only.

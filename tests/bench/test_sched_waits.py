@@ -18,6 +18,7 @@ SPIN = ("import sys, time\nsys.stdin.read(1)\nwhile time.process_time() < {cpu_s
         "sys.stdout.write('done'); sys.stdout.flush(); sys.stdin.read()\n")
 
 
+@pytest.mark.serial  # a neighbour test busy on the "alone" CPU would make it wait as long as the crowd
 @pytest.mark.skipif(not os.path.exists(f"/proc/{os.getpid()}/schedstat") or len(os.sched_getaffinity(0)) < 2,
                     reason="needs per-task schedstat and two CPUs")
 def test_processes_sharing_one_cpu_wait_for_each_other_and_one_alone_does_not() -> None:

@@ -57,6 +57,7 @@ def test_keys_store_mistakes_and_wording_in_process(capsys, tmp_path, monkeypatc
     from tests.cli.inprocess import exit_code
 
     monkeypatch.setenv("AZULITE_HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("COLUMNS", raising=False)  # piped output, no width asked for (xdist's workers set 80)
     # a directory: was "does not exist" (list) and "unable to open database file" (create)
     for cmd in (("list",), ("create", "a")):
         assert exit_code("keys", *cmd, "--key-store", tmp_path) == 2
