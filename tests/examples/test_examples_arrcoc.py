@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -21,6 +20,7 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 from tritonclient.utils import InferenceServerException, np_to_triton_dtype
 
+from azulite.launch.local.procs import free_ports
 from tests.serve.frontends import running_server
 
 # the module's first test also trains and exports (about a minute on an idle 2-core machine): a generous net
@@ -156,19 +156,13 @@ def test_bad_image_is_a_clear_client_error(built) -> None:
         assert "RAW_IMAGE (500 bytes, starting b'\\x89PNG" in err.value.message(), err.value.message()
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_real_triton_gives_the_same_outputs(built, tmp_path: Path) -> None:
     azulite_repo, triton_repo, _ = built
     assert TRITONSERVER.exists(), "tritonserver missing: `make test` installs it (scripts/anchors.sh)"
     with running_server(azulite_repo) as server:
         client = httpclient.InferenceServerClient(server.http_url)
         ours = {case["image"]: ensemble(httpclient, client, case) for case in CASES}
-    http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     log = (tmp_path / "tritonserver.log").open("w")
     proc = subprocess.Popen([str(TRITONSERVER), f"--model-repository={triton_repo}", "--http-address=127.0.0.1",
                              "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",

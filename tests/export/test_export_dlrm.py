@@ -11,7 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import socket
 import subprocess
 import time
 from pathlib import Path
@@ -28,6 +27,7 @@ from azulite.errors import ExportError
 from azulite.export import ExportOptions, export_checkpoint
 from azulite.export.wrappers import python_backend_copy
 from azulite.export.dlrm import reference_scores
+from azulite.launch.local.procs import free_ports
 from azulite.serve import config as serve_config
 from azulite.workloads.dlrm.model import load_plain_model
 from tests.cli.test_serve import Served
@@ -36,12 +36,6 @@ from tests.export.test_export_ddp import cli
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a safety net: a real job trains first
 TRITON = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "bin" / "tritonserver"  # scripts/anchors.sh
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture(scope="module")
@@ -161,7 +155,7 @@ def test_real_triton_serves_the_exported_repository_with_the_same_scores(exporte
             "-o", str(src / "generated" / "config.pbtxt"))
     assert p.returncode == 0, p.stderr
     triton_repo = python_backend_copy(src, tmp_path / "triton_repo")
-    ports = [free_port() for _ in range(3)]
+    ports = free_ports(3)
     log = (tmp_path / "triton.log").open("w")
     proc = subprocess.Popen([str(TRITON), f"--model-repository={triton_repo}", "--http-address=127.0.0.1",
                              "--grpc-address=127.0.0.1", f"--http-port={ports[0]}", f"--grpc-port={ports[1]}",

@@ -14,7 +14,6 @@ from pathlib import Path
 import psutil
 import pytest
 
-from azulite.launch.local.tensorflow import free_ports
 from azulite.launch.records import JobState
 from azulite.spec.loader import load_job
 from tests.launch.jobkit import REPO, backend, home, job_procs, wait_done, wait_for, write_job
@@ -76,11 +75,6 @@ def _tf_spec(workers: int, ps: int, nodes: int) -> str:
 
 def _tf_config(log: Path) -> dict:
     return json.loads(re.search(r"^tf_config=(.*)$", log.read_text(), re.M).group(1))
-
-
-def test_free_ports_are_distinct():
-    ports = free_ports(8)
-    assert len(set(ports)) == 8 and all(p > 0 for p in ports)
 
 
 def test_each_worker_and_ps_sees_exactly_its_tf_config(home, tmp_path):

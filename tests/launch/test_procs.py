@@ -1,14 +1,16 @@
 """Waiting for a process's end (``procs.wait_any_exit``): woken by the exit itself, for a child and for a
-process of another parent (a sweep's driver waits on its trials' detached supervisors)."""
+process of another parent (a sweep's driver waits on its trials' detached supervisors). Free ports for
+servers started a moment later (``procs.free_ports``)."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import sys
 import threading
 
-from azulite.launch.local.procs import wait_any_exit
+from azulite.launch.local.procs import _ephemeral_range, free_ports, wait_any_exit
 
 # reads a FIFO to its end: it exits when the test closes the writing side, at a moment the test picks
 READER = "import sys; open(sys.argv[1]).read()"
@@ -57,3 +59,14 @@ def test_the_exit_of_a_process_of_another_parent_wakes_the_wait(tmp_path):
 
 def test_no_pids_waits_the_timeout_and_says_no_exit():
     assert wait_any_exit([], 0) is False
+
+
+def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
+    """Below the range the kernel gives outgoing connections, so a neighbour's connection cannot take one
+    between the pick and the server's bind (a port from bind(0) lies inside it)."""
+    lo, _ = _ephemeral_range()
+    ports = free_ports(8)
+    assert len(set(ports)) == 8 and all(0 < p < lo for p in ports), (ports, lo)
+    for port in ports:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", port))

@@ -4,7 +4,6 @@ tests that compare azulite's answers with Triton's own. Always stopped by the co
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from collections.abc import Iterator
@@ -14,13 +13,9 @@ from pathlib import Path
 
 import tritonclient.http as httpclient
 
+from azulite.launch.local.procs import free_ports
+
 TRITONSERVER = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "bin" / "tritonserver"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @dataclass
@@ -34,7 +29,7 @@ class TritonProcess:
 def running_triton(repository: Path, log: Path, start_timeout_s: float = 180,
                    args: tuple[str, ...] = ()) -> Iterator[TritonProcess]:
     assert TRITONSERVER.exists(), "tritonserver missing: `make test` installs it (scripts/anchors.sh)"
-    http_port, grpc_port, metrics_port = _free_port(), _free_port(), _free_port()
+    http_port, grpc_port, metrics_port = free_ports(3)
     with log.open("w") as out:
         proc = subprocess.Popen([str(TRITONSERVER), f"--model-repository={repository}", "--http-address=127.0.0.1",
                                  "--grpc-address=127.0.0.1", f"--http-port={http_port}", f"--grpc-port={grpc_port}",

@@ -19,16 +19,12 @@ from pathlib import Path
 
 import pytest
 
+from azulite.launch.local.procs import free_port
+
 ROOT = Path(__file__).resolve().parents[2]
 ACCOUNT = "devstoreaccount1"
 # Azurite's documented, public development key (not a secret).
 KEY = "Eby8vdM02xNOcqFlqUwJPLlmEtlCDXJ1OUzFT50uSRZ6IFsuFq2UVErCz4I6tq/K1SZFPTOtr/KBHBeksoGMGw=="
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def azurite_binary() -> str | None:

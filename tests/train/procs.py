@@ -14,8 +14,7 @@ from pathlib import Path
 
 import psutil
 
-from azulite.launch.local.procs import signal_all, tree
-from tests.train.azurite import free_port
+from azulite.launch.local.procs import free_port, signal_all, tree
 
 ROOT = Path(__file__).resolve().parents[2]
 TOY = ROOT / "tests" / "train" / "scripts" / "toy_train.py"

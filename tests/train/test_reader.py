@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import logging
 import os
-import socket
 import threading
 import time
 
@@ -16,6 +15,7 @@ import torch.distributed.checkpoint as dcp
 import torch.multiprocessing as mp
 from torch.distributed.checkpoint.stateful import Stateful
 
+from azulite.launch.local.procs import free_port
 from azulite.train import CheckpointConfig, Checkpointer, ModelState, Progress, init, list_checkpoints
 from azulite.train import prefetch as prefetch_module
 from azulite.train import reader as reader_module
@@ -155,10 +155,7 @@ def _two_ranks(rank, port, root, out):
 
 
 def test_ranks_reading_the_same_files_split_the_hashing(tmp_path):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    mp.start_processes(_two_ranks, args=(port, tmp_path / "ckpt", tmp_path), nprocs=2, start_method="spawn")
+    mp.start_processes(_two_ranks, args=(free_port(), tmp_path / "ckpt", tmp_path), nprocs=2, start_method="spawn")
     got = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in (0, 1)]
     manifest = json.loads((tmp_path / "ckpt" / "step-00000001" / "manifest.json").read_text())
     shards = sum(e["bytes"] for n, e in manifest["files"].items() if n.endswith(".distcp"))

@@ -9,9 +9,10 @@ import pytest
 
 from azulite.contract import EXIT_CONFIG
 from azulite.errors import CheckpointError, SpecError, StorageError
+from azulite.launch.local.procs import free_port
 from azulite.train import CheckpointConfig, Checkpointer, Progress, StorageSettings, exit_code, init, parse_uri
 from azulite.train.storage import CheckpointStorage
-from tests.train.azurite import connection_string, free_port
+from tests.train.azurite import connection_string
 
 
 @pytest.mark.parametrize(

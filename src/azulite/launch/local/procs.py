@@ -126,6 +126,17 @@ def free_port(host: str = "127.0.0.1") -> int:
         return s.getsockname()[1]
 
 
+def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
+    """``n`` distinct ports free now, each from :func:`free_port` (below the kernel's ephemeral range, so no
+    outgoing connection takes one before its server binds it)."""
+    ports: list[int] = []
+    while len(ports) < n:
+        port = free_port(host)
+        if port not in ports:
+            ports.append(port)
+    return ports
+
+
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
     """True if something listens on (or holds) ``host:port``: a bind attempt fails. SO_REUSEADDR as the
     rendezvous store binds, so the TIME_WAIT sockets a just-ended attempt leaves do not count as in use."""
@@ -174,5 +185,5 @@ def job_processes(job_dir: str | Path, *, exclude: tuple[int, ...] = ()) -> list
     return found
 
 
-__all__ = ["tree", "describe", "terminate_tree", "signal_all", "pid_alive", "free_port", "port_in_use", "port_owner",
-           "job_processes", "ENV_JOB_DIR"]
+__all__ = ["tree", "describe", "terminate_tree", "signal_all", "pid_alive", "free_port", "free_ports", "port_in_use",
+           "port_owner", "job_processes", "ENV_JOB_DIR"]

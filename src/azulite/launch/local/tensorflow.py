@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from azulite.launch.env import tensorflow_env
-from azulite.launch.local.procs import free_port
+from azulite.launch.local.procs import free_ports
 from azulite.launch.local.strategy import (
     LaunchContext, LaunchStrategy, ProcessSpec, command_argv, read_rank_records, register_strategy,
 )
@@ -33,17 +33,6 @@ from azulite.launch.local.strategy import (
 _GUARD_POLL_S = 0.5
 #: SIGTERM -> SIGKILL for a ps the guard ends (a ps in server.join() may not end on SIGTERM)
 _PS_KILL_GRACE_S = 3.0
-
-
-def free_ports(n: int, host: str = "127.0.0.1") -> list[int]:
-    """``n`` distinct ports free now, from :func:`~azulite.launch.local.procs.free_port` (below the kernel's
-    ephemeral range, so other jobs' outgoing connections cannot take one before its TF server binds it)."""
-    ports: list[int] = []
-    while len(ports) < n:
-        port = free_port(host)
-        if port not in ports:
-            ports.append(port)
-    return ports
 
 
 @register_strategy
