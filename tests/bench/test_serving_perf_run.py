@@ -11,8 +11,6 @@ import stat
 import sys
 from pathlib import Path
 
-import pytest
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 from bench import serving  # noqa: E402
 

@@ -22,8 +22,11 @@ def test_deploy_render_writes_manifests(tmp_path):
     r = run("deploy", "render", str(ROOT / "examples/aks/torchrec/job.yaml"), "--target", "aks",
             "--flavor", "pytorchjob", "--namespace", "train", "--out", str(tmp_path))
     assert r.returncode == 0, r.stderr
-    (pj,) = yaml.safe_load_all((tmp_path / "torchrec-dlrm-training-pytorchjob.yaml").read_text())
+    cm, pj = yaml.safe_load_all((tmp_path / "torchrec-dlrm-training-pytorchjob.yaml").read_text())
     assert pj["kind"] == "PyTorchJob" and pj["metadata"]["namespace"] == "train"
+    # the pod entry torchrun runs under, as one readable block in the file
+    assert cm["kind"] == "ConfigMap" and cm["metadata"]["namespace"] == "train"
+    assert "\n    def agent(" in (tmp_path / "torchrec-dlrm-training-pytorchjob.yaml").read_text()
     r = run("cluster", "render", str(ROOT / "examples/aks/cluster.yaml"), "--resource-group", "rg", "--out", str(tmp_path / "c"))
     assert r.returncode == 0, r.stderr
     assert sorted(p.name for p in (tmp_path / "c").iterdir()) == [

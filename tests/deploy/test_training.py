@@ -14,6 +14,7 @@ from tests.deploy import schemas
 from tests.deploy.conftest import EXAMPLES, docs, quantities, seed
 
 TORCHREC = EXAMPLES / "aks" / "torchrec" / "job.yaml"
+ENTRY = "/azulite/pod_entry.py"
 BASE = {
     "name": "job",
     "command": "python train.py --steps ${{inputs.steps}} --ckpt ${{outputs.checkpoints}}",
@@ -64,7 +65,7 @@ def test_validation_reports_every_error_and_can_fail():
     errs = schemas.errors(job, "1.37")
     assert len(errs) == 3, errs
     assert any("completionsMode" in e for e in errs) and any("'limit'" in e for e in errs)
-    (pj,) = render(TORCHREC, "pytorchjob")
+    pj = the(render(TORCHREC, "pytorchjob"), "PyTorchJob")
     pj["spec"]["elasticPolicy"]["minReplica"] = 1
     pj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "2"
     assert len(schemas.errors(pj, "1.37")) == 2
@@ -74,13 +75,24 @@ def _container(pod_spec: dict) -> dict:
     return pod_spec["containers"][0]
 
 
-def _common_pod_fields(ours: dict, theirs: dict) -> None:
+def launch(c: dict) -> tuple[list[str], list[str], list[str], list[str]]:
+    """A torchrun container's argv as (agent options, torchrun and its flags, rank options, the command):
+    ``python3 /azulite/pod_entry.py agent OPTS -- torchrun FLAGS /azulite/pod_entry.py rank OPTS -- CMD``."""
+    argv = c["command"] + c["args"]
+    assert argv[:3] == ["python3", ENTRY, "agent"], argv
+    agent_end, rank_at = argv.index("--"), argv.index(ENTRY, 3)
+    assert argv[agent_end + 1] == "torchrun" and argv[rank_at + 1] == "rank", argv
+    cmd_at = argv.index("--", rank_at)
+    return argv[3:agent_end], argv[agent_end + 1:rank_at], argv[rank_at + 2:cmd_at], argv[cmd_at + 1:]
+
+
+def _common_pod_fields(ours: dict, theirs: dict, restart_policy: str | None = None) -> None:
     """The fields that matter in seed 002's pod template: placement, image, GPUs, NCCL, volumes."""
     for k, v in theirs["nodeSelector"].items():
         assert ours["nodeSelector"][k] == v
     for t in theirs["tolerations"]:
         assert t in ours["tolerations"]
-    assert ours["restartPolicy"] == theirs["restartPolicy"]
+    assert ours["restartPolicy"] == (restart_policy or theirs["restartPolicy"])
     c, sc = _container(ours), _container(theirs)
     assert c["image"] == sc["image"]
     assert quantities(c["resources"]) == quantities(sc["resources"])
@@ -103,15 +115,22 @@ def test_option_a_reproduces_seed_002_indexed_job():
     pod, spod = job["spec"]["template"]["spec"], s["spec"]["template"]["spec"]
     _common_pod_fields(pod, spod)
     c, sc = _container(pod), _container(spod)
-    assert c["command"] == sc["command"] == ["torchrun"]
+    # the seed's torchrun, under the pod entry (from the ConfigMap, mounted), which makes the pod's exit code
+    # the ranks' 75/78 that the podFailurePolicy reads (tests/deploy/test_pod_entry.py runs it)
+    assert sc["command"] == ["torchrun"]
+    agent, torchrun, rank, command = launch(c)
+    assert agent == [] and torchrun[0] == "torchrun" and rank == ["--python"]
     script = sc["args"].index("train_dlrm.py")
-    assert c["args"][c["args"].index("train_dlrm.py"):] == sc["args"][script:]
+    assert command == sc["args"][script:]
     for flag in sc["args"][:script]:
         if not flag.startswith("--nnodes="):
-            assert flag in c["args"], flag
+            assert flag in torchrun, flag
     # the seed's Option A runs a fixed 2 nodes; the example's spec asks for 1..2 (seed's Option C), so torchrun
     # gets the range
-    assert "--nnodes=1:2" in c["args"] and "--nnodes=2" in sc["args"]
+    assert "--nnodes=1:2" in torchrun and "--nnodes=2" in sc["args"]
+    cm = the(objects, "ConfigMap")
+    assert {"name": "azulite-entry", "mountPath": "/azulite", "readOnly": True} in c["volumeMounts"]
+    assert {"name": "azulite-entry", "configMap": {"name": cm["metadata"]["name"], "defaultMode": 0o555}} in pod["volumes"]
     # c10d on pod 0, reachable through the headless Service the pods' subdomain names
     assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"]
     env = {e["name"]: e["value"] for e in c["env"]}
@@ -122,8 +141,9 @@ def test_option_a_reproduces_seed_002_indexed_job():
 
 
 def test_option_c_reproduces_seed_002_pytorchjob():
-    (pj,) = render(TORCHREC, "pytorchjob")
-    assert_valid([pj])
+    objects = render(TORCHREC, "pytorchjob")
+    assert_valid(objects)
+    pj = the(objects, "PyTorchJob")
     s = seed("torchrec-pytorchjob.yaml")
     assert pj["metadata"]["name"] == s["metadata"]["name"]
     assert pj["spec"]["elasticPolicy"]["rdzvBackend"] == s["spec"]["elasticPolicy"]["rdzvBackend"]
@@ -134,10 +154,15 @@ def test_option_c_reproduces_seed_002_pytorchjob():
     assert ep["maxReplicas"] == s["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2 <= sep["maxReplicas"]
     w, sw = pj["spec"]["pytorchReplicaSpecs"]["Worker"], s["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert w["replicas"] == sw["replicas"]
-    _common_pod_fields(w["template"]["spec"], sw["template"]["spec"])
+    # Kubeflow's ExitCode policy (the seed's OnFailure restarts a config error and counts a preemption as a
+    # failure): the pod entry makes a preempted pod exit 143, which the operator retries, and a 78 fail it
+    assert w["restartPolicy"] == "ExitCode"
+    _common_pod_fields(w["template"]["spec"], sw["template"]["spec"], restart_policy="Never")
     # torchrun reads the operator's PET_* rendezvous variables; the script and its flags are the seed's
     c, sc = _container(w["template"]["spec"]), _container(sw["template"]["spec"])
-    assert c["command"] == ["torchrun"] and c["args"] == sc["command"][1:]
+    agent, torchrun, rank, command = launch(c)
+    assert agent == ["--exit-preempted=143"] and torchrun == ["torchrun"] and rank == ["--python"]
+    assert command == sc["command"][1:]
     assert pj["spec"]["nprocPerNode"] == "8"
 
 
@@ -217,17 +242,18 @@ def test_bad_input_is_refused_before_rendering(job_file, change, where, words):
         assert isinstance(e.value, UnknownSku)
 
 
-@pytest.mark.parametrize("command, args", [
-    ("deepspeed train.py --deepspeed_config ds.json", ["train.py", "--deepspeed_config", "ds.json"]),
-    ("torchrun --nproc_per_node=4 train.py --lr 0.1", ["train.py", "--lr", "0.1"]),
-    ("python -m mypkg.train --x 1", ["-m", "mypkg.train", "--x", "1"]),
-    ("./run.sh 3", ["--no-python", "./run.sh", "3"]),
-    ("python train.py && echo done", ["--no-python", "bash", "-c", "python train.py && echo done"]),
+@pytest.mark.parametrize("command, rank_opts, args", [
+    ("deepspeed train.py --deepspeed_config ds.json", ["--python"], ["train.py", "--deepspeed_config", "ds.json"]),
+    ("torchrun --nproc_per_node=4 train.py --lr 0.1", ["--python"], ["train.py", "--lr", "0.1"]),
+    ("python -m mypkg.train --x 1", ["--python"], ["-m", "mypkg.train", "--x", "1"]),
+    ("./run.sh 3", [], ["./run.sh", "3"]),
+    ("python train.py && echo done", [], ["bash", "-c", "python train.py && echo done"]),
 ])
-def test_commands_become_torchrun_arguments(job_file, command, args):
+def test_commands_become_each_ranks_command(job_file, command, rank_opts, args):
     path = job_file({**BASE, "command": command, "outputs": {}, "priority": "dedicated"})
     c = _container(the(render(path), "Job")["spec"]["template"]["spec"])
-    assert c["args"][c["args"].index("--max_restarts=0") + 1:] == args
+    _, torchrun, rank, cmd = launch(c)
+    assert torchrun[-1] == "--max_restarts=0" and rank == rank_opts and cmd == args
 
 
 def test_dockerfile_from_a_conda_file(job_file, tmp_path):
@@ -240,10 +266,18 @@ def test_dockerfile_from_a_conda_file(job_file, tmp_path):
         "RUN conda env update -n base -f /tmp/conda.yaml && conda clean -afy", "WORKDIR /code"]
 
 
+@pytest.mark.parametrize("restarts, retries, expected", [(0, 0, 3), (2, 0, 2), (2, 1, 3), (0, 2, 5)])
+def test_pytorchjob_retries_are_torchrun_restarts(job_file, restarts, retries, expected):
+    """ExitCode pods never restart in place, so runPolicy.backoffLimit would never count: max_retries
+    becomes more of torchrun's restarts (the operator's default 3 when the spec sets none)."""
+    pj = the(render(job_file({**BASE, "max_restarts": restarts, "max_retries": retries}), "pytorchjob"), "PyTorchJob")
+    assert pj["spec"]["elasticPolicy"]["maxRestarts"] == expected
+
+
 def test_fixed_node_count_renders_fixed_range(job_file):
     job = the(render(job_file(BASE)), "Job")
     assert "--nnodes=2" in _container(job["spec"]["template"]["spec"])["args"]
-    (pj,) = render(job_file(BASE), "pytorchjob")
+    pj = the(render(job_file(BASE), "pytorchjob"), "PyTorchJob")
     assert pj["spec"]["elasticPolicy"]["minReplicas"] == pj["spec"]["elasticPolicy"]["maxReplicas"] == 2
 
 
@@ -258,7 +292,8 @@ def test_no_distribution_runs_the_command_once_per_pod(job_file):
     c = _container(pod)
     # the command itself, no torchrun
     assert [c["command"][0], *c["args"]] == ["python", "train.py", "--steps", "10", "--ckpt", "az://ckpt/run1"]
-    assert not any("torchrun" in a or "nnodes" in a for a in c["command"] + c["args"])
+    assert not any("torchrun" in a or "nnodes" in a or "pod_entry" in a for a in c["command"] + c["args"])
+    assert [o["kind"] for o in objects] == ["Service", "Job"]  # no pod entry: the pod's exit is the command's
     # one process per pod holding the node's GPUs (NC24rs_v3: 4), and its node rank from the pod index
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
     (rank,) = [e for e in c["env"] if e["name"] == "NODE_RANK"]

@@ -1,5 +1,5 @@
 """A local Kubernetes API server for the ``kubernetes`` backend's tests: it answers the calls the official
-client makes for the kinds azulite uses (create, read, list + watch, delete Jobs, Services, PyTorchJobs;
+client makes for the kinds azulite uses (create, read, list + watch, delete Jobs, Services, ConfigMaps, PyTorchJobs;
 list pods, read pod logs, create evictions) and nothing else.
 
 It does not only confirm itself: every request body is validated against the published schemas
@@ -33,6 +33,8 @@ NAME = r"(?P<name>[a-z0-9.-]+)"
 ROUTES = [
     ("POST", rf"/api/v1/namespaces/{NS}/services", "services", "create"),
     ("DELETE", rf"/api/v1/namespaces/{NS}/services/{NAME}", "services", "delete"),
+    ("POST", rf"/api/v1/namespaces/{NS}/configmaps", "configmaps", "create"),
+    ("DELETE", rf"/api/v1/namespaces/{NS}/configmaps/{NAME}", "configmaps", "delete"),
     ("POST", rf"/apis/batch/v1/namespaces/{NS}/jobs", "jobs", "create"),
     ("GET", rf"/apis/batch/v1/namespaces/{NS}/jobs", "jobs", "list"),
     ("GET", rf"/apis/batch/v1/namespaces/{NS}/jobs/{NAME}(?:/status)?", "jobs", "read"),
@@ -45,7 +47,8 @@ ROUTES = [
     ("GET", rf"/api/v1/namespaces/{NS}/pods/{NAME}/log", "pods", "log"),
     ("POST", rf"/api/v1/namespaces/{NS}/pods/{NAME}/eviction", "pods", "evict"),
 ]
-KINDS = {"services": ("v1", "Service"), "jobs": ("batch/v1", "Job"), "pytorchjobs": ("kubeflow.org/v1", "PyTorchJob"),
+KINDS = {"services": ("v1", "Service"), "configmaps": ("v1", "ConfigMap"), "jobs": ("batch/v1", "Job"),
+         "pytorchjobs": ("kubeflow.org/v1", "PyTorchJob"),
          "pods": ("v1", "Pod")}
 LISTS = {"jobs": "joblist-batch-v1.json", "pods": "podlist-v1.json"}
 

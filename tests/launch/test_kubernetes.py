@@ -65,6 +65,7 @@ def test_indexed_job_submit_watch_logs_preempt_cancel(tmp_path, api, spec_file):
     assert rec.backend == "kubernetes" and rec.state == JobState.QUEUED
     name = f"dlrm-{rec.id.rsplit('-', 1)[1]}"
     assert ("default", name) in api.objects["services"] and ("default", name) in api.objects["jobs"]
+    assert list(api.objects["configmaps"]) == [("default", f"{name}-entry")]  # the pod entry torchrun runs under
     job = api.objects["jobs"][("default", name)]
     assert job["spec"]["template"]["spec"]["nodeSelector"]["kubernetes.azure.com/scalesetpriority"] == "spot"
 
@@ -104,7 +105,7 @@ def test_indexed_job_submit_watch_logs_preempt_cancel(tmp_path, api, spec_file):
 
     # cancel deletes what was created (a finished job's record stays succeeded)
     assert b.cancel(rec.id).state == JobState.SUCCEEDED
-    assert api.objects["jobs"] == {} and api.objects["services"] == {}
+    assert api.objects["jobs"] == {} and api.objects["services"] == {} and api.objects["configmaps"] == {}
     assert ("DELETE", f"/apis/batch/v1/namespaces/default/jobs/{name}") in api.requests
 
 
@@ -113,10 +114,11 @@ def test_pytorchjob_flavor_and_cancel(tmp_path, api, spec_file):
     rec = b.submit(load_job(spec_file))
     ((ns, name),) = api.objects["pytorchjobs"]
     assert ns == "train" and api.objects["services"] == {} and api.objects["jobs"] == {}
+    assert list(api.objects["configmaps"]) == [("train", f"{name}-entry")]
     api.set_status("pytorchjobs", name, {"conditions": [{"type": "Running", "status": "True"}]}, ns="train")
     assert b.status(rec.id).state == JobState.RUNNING
     assert b.cancel(rec.id).state == JobState.CANCELED
-    assert api.objects["pytorchjobs"] == {}
+    assert api.objects["pytorchjobs"] == {} and api.objects["configmaps"] == {}
 
 
 def test_the_api_server_refuses_malformed_bodies_and_the_backend_says_so(tmp_path, api, spec_file):

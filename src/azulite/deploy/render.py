@@ -19,8 +19,20 @@ from azulite.spec.serving import ServingSpec, load_model, read_yaml, spec_kind
 Target = Literal["aks", "azureml"]
 
 
+class _Dumper(yaml.SafeDumper):
+    """Multi-line strings (a script in a ConfigMap) as literal blocks, readable and diffable as the file."""
+
+
+def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
+    block = "\n" in value and not any(line != line.rstrip() for line in value.splitlines())
+    return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if block else None)
+
+
+_Dumper.add_representer(str, _str)
+
+
 def dump_all(objects: Iterable[dict]) -> str:
-    return yaml.safe_dump_all(list(objects), sort_keys=False, default_flow_style=False)
+    return yaml.dump_all(list(objects), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.AzureMLOptions,

@@ -7,6 +7,10 @@ Both share one pod template: GPU pool nodeSelector/tolerations (``sku=gpu:NoSche
 ``kubernetes.azure.com/scalesetpriority=spot``), ``nvidia.com/gpu`` = processes per instance, ``/dev/shm``
 as a memory emptyDir, NCCL/UCX from the SKU, a grace period for the preemption checkpoint, outputs on Blob
 (workload identity) or a PVC, and the code either fetched by an init container or baked into the image.
+
+torchrun runs under ``pod_entry.py`` (``agent``, and ``rank`` around each rank), shipped in a ConfigMap
+beside the job and mounted at ``/azulite``: so the pod exits 78 when a rank did (the Job fails at once)
+and 75 when its ranks checkpointed after an eviction (ignored), which torchrun alone reports as 1.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from azulite.contract import CHECKPOINT_OUTPUT, EXIT_CONFIG, EXIT_PREEMPTED
+from azulite.deploy import pod_entry
 from azulite.deploy.image import code_init_container, container_image
 from azulite.deploy.options import CODE_DIR, NFS_DIR, PVC_DIR, AksOptions
 from azulite.deploy.sku import SkuFacts, check_processes, nccl_env, shm_size, sku_facts
@@ -29,6 +34,10 @@ GPU_TAINT = {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSch
 SPOT_KEY = "kubernetes.azure.com/scalesetpriority"
 SPOT_TAINT = {"key": SPOT_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
 _SHELL = re.compile(r"[;&|<>`$()]|\$\(")
+ENTRY_DIR = "/azulite"
+ENTRY = f"{ENTRY_DIR}/pod_entry.py"
+ENTRY_VOLUME = "azulite-entry"
+EXIT_RETRYABLE = 128 + 15  # SIGTERM's exit: one Kubeflow's ExitCode policy retries
 
 
 def k8s_name(name: str) -> str:
@@ -124,23 +133,29 @@ def check_job(spec: JobSpec, opts: AksOptions) -> SkuFacts:
 _LAUNCHERS = ("torchrun", "deepspeed")
 
 
-def _command(spec: JobSpec, plan: _Plan) -> list[str]:
-    """The user's command with pod paths substituted, as an argv for torchrun: a ``python X.py`` command
-    runs X.py under torchrun; a ``torchrun``/``deepspeed X.py`` command has its launcher replaced (the pod's
-    torchrun already sets the env:// contract DeepSpeed reads); anything else (or anything needing a
-    shell) runs with ``--no-python``."""
+def _rank_command(spec: JobSpec, plan: _Plan) -> list[str]:
+    """The user's command with pod paths substituted, as ``pod_entry.py rank`` options: a ``python X.py``
+    command runs X.py with torchrun's interpreter (``--python``, as torchrun runs a script); a
+    ``torchrun``/``deepspeed X.py`` command has its launcher dropped (the pod's torchrun already sets the
+    env:// contract DeepSpeed reads); anything else (or anything needing a shell) runs as it is."""
     cmd = render_command(spec.command, plan.inputs, plan.outputs)
     if _SHELL.search(cmd):
-        return ["--no-python", "bash", "-c", cmd]
+        return ["--", "bash", "-c", cmd]
     argv = shlex.split(cmd)
     if argv and Path(argv[0]).name in ("python", "python3"):
-        return argv[1:]
+        return ["--python", "--", *argv[1:]]
     if argv and Path(argv[0]).name in _LAUNCHERS:
         # the launcher's own options end at the script (or -m module)
         for i, a in enumerate(argv[1:], 1):
             if a == "-m" or a.endswith(".py"):
-                return argv[i:]
-    return ["--no-python", *argv]
+                return ["--python", "--", *argv[i:]]
+    return ["--", *argv]
+
+
+def entry_config_map(name: str, opts: AksOptions, spec: JobSpec) -> dict:
+    """The ConfigMap holding ``pod_entry.py`` (stdlib only), which every pod of job ``name`` mounts."""
+    return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**_meta(name, opts, spec), "name": f"{name}-entry"},
+            "data": {"pod_entry.py": Path(pod_entry.__file__).read_text()}}
 
 
 def _plain_command(spec: JobSpec, plan: _Plan) -> list[str]:
@@ -160,8 +175,11 @@ def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dic
 
 
 def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: list[str], env_extra: dict[str, str],
-                 labels: dict[str, str], restart_policy: str, subdomain: str | None = None) -> dict:
-    """``command`` is the launcher the user's command runs under; empty runs the command itself."""
+                 labels: dict[str, str], restart_policy: str, subdomain: str | None = None,
+                 entry_map: str | None = None, exit_preempted: int = EXIT_PREEMPTED) -> dict:
+    """``command`` is the launcher (torchrun) the user's command runs under, inside ``pod_entry.py`` from the
+    ConfigMap ``entry_map`` (the pod exits ``exit_preempted`` when its ranks checkpointed after a stop);
+    empty runs the command itself."""
     plan = _Plan(spec, opts)
     image = container_image(spec, opts)
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(sku, spec.resources.shm_size)}}]
@@ -172,7 +190,16 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
         mounts.append({"name": "code", "mountPath": CODE_DIR})
         init.append(code_init_container(opts, k8s_name(spec.name)))
         plan.uses_blob = True
-    argv = command + _command(spec, plan) if command else _plain_command(spec, plan)
+    if command:
+        if entry_map is None:  # pragma: no cover - the renderers below always pass it with a launcher
+            raise ValueError("a launcher needs the pod entry's ConfigMap")
+        volumes.append({"name": ENTRY_VOLUME, "configMap": {"name": entry_map, "defaultMode": 0o555}})
+        mounts.append({"name": ENTRY_VOLUME, "mountPath": ENTRY_DIR, "readOnly": True})
+        agent = ["python3", ENTRY, "agent", *([f"--exit-preempted={exit_preempted}"] if exit_preempted != EXIT_PREEMPTED
+                                               else []), "--"]
+        argv = [*agent, *command, ENTRY, "rank", *_rank_command(spec, plan)]
+    else:
+        argv = _plain_command(spec, plan)
     env = _env(spec, sku, plan, opts, env_extra)
     if not command:
         # the rank a once-per-node command reads locally (launch/env.py): the Indexed Job's pod index
@@ -238,14 +265,16 @@ def indexed_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
         "--rdzv_backend=c10d", f"--rdzv_endpoint=$(MASTER_ADDR):{opts.rdzv_port}", f"--rdzv_id={name}",
         f"--max_restarts={spec.max_restarts}",
     ]
+    entry = [] if spec.distribution_type == "none" else [entry_config_map(name, opts, spec)]
     template = pod_template(spec, opts, sku, command=torchrun, labels=selector, restart_policy="Never", subdomain=name,
-                            env_extra={"MASTER_ADDR": master, "MASTER_PORT": str(opts.rdzv_port)})
+                            env_extra={"MASTER_ADDR": master, "MASTER_PORT": str(opts.rdzv_port)},
+                            entry_map=f"{name}-entry" if entry else None)
     job_spec: dict[str, Any] = {
         "parallelism": spec.nodes, "completions": spec.nodes, "completionMode": "Indexed",
         "backoffLimit": spec.max_retries,
-        # a rank that checkpointed after SIGTERM (exit 75) or a pod evicted from a spot node is not a failure;
-        # a command that exits 78 (an error no restart can fix) fails the Job at once, backoffLimit left unused
-        # (a command torchrun runs: torchrun exits 1 for any failed worker, so there max_restarts applies)
+        # a pod whose ranks checkpointed after SIGTERM (exit 75) or evicted from a spot node is not a failure;
+        # a rank that exits 78 (an error no restart can fix) fails the Job at once, backoffLimit left unused
+        # (under torchrun, pod_entry.py makes the pod's exit code say so: torchrun alone would exit 1)
         "podFailurePolicy": {"rules": [
             {"action": "Ignore", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_PREEMPTED]}},
             {"action": "FailJob", "onExitCodes": {"containerName": CONTAINER, "operator": "In", "values": [EXIT_CONFIG]}},
@@ -256,7 +285,7 @@ def indexed_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
     if spec.timeout:
         job_spec["activeDeadlineSeconds"] = int(spec.timeout)
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, opts, spec), "spec": job_spec}
-    return [service, job]
+    return [service, *entry, job]
 
 
 def pytorch_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
@@ -271,15 +300,22 @@ def pytorch_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
     name = name or k8s_name(spec.name)
     # the operator passes min:max to torchrun as PET_NNODES; (n, n) unless the spec has `elastic`
     lo, hi = spec.node_range
+    # Kubeflow's ExitCode policy: a pod that exits 130/137/143/138 (signals: an eviction, a lost node) is
+    # recreated, any other code fails the job; so a pod whose ranks checkpointed after SIGTERM exits 143
+    # (retried), a rank's 78 fails the job at once, and a failure torchrun's restarts did not fix fails it.
+    # The operator counts runPolicy.backoffLimit on in-place container restarts, which ExitCode pods (Never)
+    # do not make: the spec's max_retries is added to torchrun's restarts instead (from the last checkpoint)
     template = pod_template(spec, opts, sku, command=["torchrun"], labels={"azulite.io/job": name},
-                            restart_policy="OnFailure", env_extra={})
+                            restart_policy="Never", env_extra={}, entry_map=f"{name}-entry",
+                            exit_preempted=EXIT_RETRYABLE)
     body: dict[str, Any] = {
         "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": lo, "maxReplicas": hi,
-                          "maxRestarts": spec.max_restarts or 3},
+                          "maxRestarts": (spec.max_restarts or 3) + spec.max_retries},
         "nprocPerNode": str(spec.processes_per_node),
-        "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "OnFailure", "template": template}},
+        "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "ExitCode", "template": template}},
         "runPolicy": {"backoffLimit": spec.max_retries, "cleanPodPolicy": "None"},
     }
     if spec.timeout:
         body["runPolicy"]["activeDeadlineSeconds"] = int(spec.timeout)
-    return [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(name, opts, spec), "spec": body}]
+    return [entry_config_map(name, opts, spec),
+            {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(name, opts, spec), "spec": body}]

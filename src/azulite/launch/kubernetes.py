@@ -173,6 +173,8 @@ class KubernetesBackend(Backend):
         ns = obj["metadata"]["namespace"]
         if obj["kind"] == "Service":
             k.CoreV1Api(client).create_namespaced_service(ns, obj)
+        elif obj["kind"] == "ConfigMap":
+            k.CoreV1Api(client).create_namespaced_config_map(ns, obj)
         elif obj["kind"] == "Job":
             k.BatchV1Api(client).create_namespaced_job(ns, obj)
         elif obj["kind"] == "PyTorchJob":
@@ -310,17 +312,21 @@ class KubernetesBackend(Backend):
         try:
             if where["kind"] == "Job":
                 k.BatchV1Api(self.client).delete_namespaced_job(where["name"], where["namespace"], body=body)
-                try:
-                    k.CoreV1Api(self.client).delete_namespaced_service(where["name"], where["namespace"], body=body)
-                except k.ApiException as e:
-                    if e.status != 404:
-                        raise
             else:
                 k.CustomObjectsApi(self.client).delete_namespaced_custom_object(
                     *PYTORCHJOB[:2], where["namespace"], PYTORCHJOB[2], where["name"], body=body)
         except k.ApiException as e:
             if e.status != 404:
                 raise _api_error(e, f"deleting {where['namespace']}/{where['name']}") from None
+        # what the job's pods used: the Indexed Job's Service, the pod entry's ConfigMap (absent: not made)
+        core = k.CoreV1Api(self.client)
+        for delete, name in ((core.delete_namespaced_service, where["name"]),
+                             (core.delete_namespaced_config_map, f"{where['name']}-entry")):
+            try:
+                delete(name, where["namespace"], body=body)
+            except k.ApiException as e:
+                if e.status != 404:
+                    raise _api_error(e, f"deleting {where['namespace']}/{name}") from None
         if not rec.state.terminal:
             self.store.transition(rec.id, JobState.CANCELED, message="canceled (deleted from the cluster)")
         return self.store.get(job_id)

@@ -1,0 +1,266 @@
+"""The pod's entry point around torchrun on Kubernetes: exit codes that mean what the Job's policy reads.
+
+Under torchrun a rank's exit code is lost: torchrun restarts the group after any failed worker (its
+``--max-restarts``) and, when out of restarts or stopped by SIGTERM, exits 1 whatever the ranks said. So a
+rank's 78 (``EXIT_CONFIG``: an error no restart fixes) would burn every restart and the Job's retries, and
+a rank's 75 (``EXIT_PREEMPTED``: checkpointed after the eviction's SIGTERM) would read as a failure. This
+file runs twice in a pod, both times with the Python the image has and nothing but its standard library
+(the image need not hold azulite: the file is mounted from a ConfigMap beside the manifests):
+
+``python3 pod_entry.py agent [--exit-preempted N] -- torchrun ... pod_entry.py rank [--python] -- CMD...``
+
+- ``agent`` is the container's process (PID 1). It starts torchrun, forwards SIGTERM/SIGINT to it (PID 1
+  gets no default action for them), reaps what is orphaned to it, and exits with what the ranks said:
+  78 if any rank exited 78 (and at that moment it stops torchrun, before a restart runs the same error
+  again); ``--exit-preempted`` (75; 143 for Kubeflow's ExitCode policy, which retries only signal exits)
+  when the last round's ranks exited 75 with no rank failing by itself; otherwise torchrun's own code.
+- ``rank`` is what torchrun starts for each rank: it runs the user's command (``--python``: with torchrun's
+  interpreter and ``-u``, as torchrun runs a script), outlives SIGTERM/SIGINT (torchrun's killpg reaches
+  the command too, which decides how to end: a checkpoint, then 75), writes the exit code to the marks folder
+  (``round-<restart>-rank-<rank>.json``, atomically) and, for a 78, wakes the agent with SIGUSR2.
+
+Pod-local and stdlib only by design: it must not import azulite (``azulite.launch.local.rank`` is the
+local backend's fuller runner, with logs and records). ``tests/deploy/test_pod_entry.py`` runs it around
+real torchrun on loopback.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+EXIT_PREEMPTED = 75  # azulite.contract.EXIT_PREEMPTED (a test keeps them equal)
+EXIT_CONFIG = 78  # azulite.contract.EXIT_CONFIG
+ENV_MARKS = "AZULITE_POD_MARKS"
+ENV_AGENT_PID = "AZULITE_POD_AGENT_PID"
+DEFAULT_MARKS = "/tmp/azulite-pod"  # the container's own disk: a restarted container starts without marks
+WAKE = signal.SIGUSR2
+HOLD_S = 60.0  # how long a rank that exited 78 waits for the agent's stop to reach it
+STOPS = (signal.SIGTERM, signal.SIGINT)
+# exit codes that are not a rank failing by itself: done, checkpointed, stopped by torchrun or the kubelet
+NOT_A_CAUSE = (0, EXIT_PREEMPTED, 128 + signal.SIGINT, 128 + signal.SIGKILL, 128 + signal.SIGTERM)
+USAGE = ("usage: pod_entry.py agent [--marks DIR] [--exit-preempted N] -- CMD...\n"
+         "       pod_entry.py rank [--python] -- CMD...")
+
+
+def say(msg: str) -> None:
+    print(f"azulite pod entry: {msg}", file=sys.stderr, flush=True)
+
+
+def exit_code(status: int) -> int:
+    """A wait status as a shell says it (128+N for signal N)."""
+    code = os.waitstatus_to_exitcode(status)
+    return 128 - code if code < 0 else code
+
+
+def read_marks(folder: str) -> list[dict]:
+    """Every rank's end this pod has seen, in the order (round, rank)."""
+    marks = []
+    try:
+        names = os.listdir(folder)
+    except OSError:
+        return []
+    for name in names:
+        if name.startswith("round-") and name.endswith(".json"):
+            try:
+                with open(os.path.join(folder, name)) as f:
+                    marks.append(json.load(f))
+            except (OSError, ValueError):  # renamed into place whole: unreadable only if removed meanwhile
+                continue
+    return sorted(marks, key=lambda m: (m.get("round", 0), m.get("rank", 0)))
+
+
+def verdict(torchrun_code: int, marks: list[dict], exit_preempted: int = EXIT_PREEMPTED) -> tuple[int, str]:
+    """The pod's exit code, and why, from torchrun's code and the ranks' marks."""
+    config = [m for m in marks if m.get("code") == EXIT_CONFIG]
+    if config:
+        first = min(config, key=lambda m: (m.get("ended_at", 0.0), m.get("rank", 0)))
+        return EXIT_CONFIG, (f"rank {first.get('rank')} exited {EXIT_CONFIG} (an error no restart can fix): "
+                             f"the pod exits {EXIT_CONFIG}, its log says what and how to fix it")
+    if torchrun_code != 0 and marks:
+        last_round = max(m.get("round", 0) for m in marks)
+        last = [m for m in marks if m.get("round", 0) == last_round]
+        codes = [m.get("code") for m in last]
+        if EXIT_PREEMPTED in codes and all(c in NOT_A_CAUSE for c in codes):
+            who = sorted(m.get("rank") for m in last if m.get("code") == EXIT_PREEMPTED)
+            return exit_preempted, (f"rank(s) {', '.join(map(str, who))} exited {EXIT_PREEMPTED} (checkpointed, "
+                                    f"preempted), no rank failed: the pod exits {exit_preempted}")
+    return torchrun_code, f"torchrun exited {torchrun_code}"
+
+
+class UsageError(Exception):
+    """A mistake in the pod's command line (a hand-edited manifest): said in one line, exit 2."""
+
+
+def _options(argv: list[str], flags: tuple[str, ...], valued: tuple[str, ...]) -> tuple[dict, list[str]]:
+    if "--" not in argv:
+        raise UsageError("no '--' before the command")
+    split = argv.index("--")
+    opts: dict[str, str | bool] = {}
+    it = iter(argv[:split])
+    for a in it:
+        name, eq, value = a.partition("=")
+        if a in flags:
+            opts[a] = True
+        elif name in valued:
+            value = value if eq else next(it, None)
+            if value is None:
+                raise UsageError(f"{name} needs a value")
+            opts[name] = value
+        else:
+            raise UsageError(f"unknown option {a!r}")
+    cmd = argv[split + 1:]
+    if not cmd:
+        raise UsageError("no command after '--'")
+    return opts, cmd
+
+
+def agent(argv: list[str]) -> int:
+    opts, cmd = _options(argv, (), ("--marks", "--exit-preempted"))
+    marks = str(opts.get("--marks", DEFAULT_MARKS))
+    raw = str(opts.get("--exit-preempted", EXIT_PREEMPTED))
+    if not raw.isdigit() or not 0 < int(raw) < 256:
+        raise UsageError(f"--exit-preempted takes an exit code from 1 to 255, not {raw!r}")
+    exit_preempted = int(raw)
+    env = {**os.environ, ENV_MARKS: marks, ENV_AGENT_PID: str(os.getpid())}
+    try:
+        os.makedirs(marks, exist_ok=True)
+        for name in os.listdir(marks):  # another container's ends are not this one's
+            if name.startswith("round-"):
+                os.remove(os.path.join(marks, name))
+    except OSError as e:
+        say(f"cannot use {marks} for the ranks' exit codes ({e.strerror or e}): the pod exits as torchrun does")
+        del env[ENV_MARKS]
+    child: list[int] = []  # torchrun's pid while it runs (os.kill, not Popen.send_signal: its poll() could
+    stopping: list[str] = []  # reap torchrun inside a handler, under the wait below)
+    early: list[int] = []  # stop signals that came before torchrun did: sent once it exists
+
+    def send(signum: int) -> None:
+        if not child:
+            early.append(signum)
+            return
+        try:
+            os.kill(child[0], signum)
+        except ProcessLookupError:
+            pass
+
+    def stop(why: str) -> None:
+        if not stopping:
+            stopping.append(why)
+            say(f"{why}: stopping torchrun (SIGTERM to it, which passes it to every rank)")
+            send(signal.SIGTERM)
+
+    def on_stop(signum, _frame):
+        send(signum)  # torchrun stops its ranks with it; they checkpoint and exit 75
+
+    def on_wake(_signum, _frame):
+        bad = [m for m in read_marks(marks) if m.get("code") == EXIT_CONFIG]
+        if bad:
+            stop(f"rank {bad[0].get('rank')} exited {EXIT_CONFIG}, an error no restart can fix")
+
+    for s in STOPS:
+        signal.signal(s, on_stop)
+    signal.signal(WAKE, on_wake)
+    try:
+        proc = subprocess.Popen(cmd, env=env)  # held: a dropped Popen may be polled (reaped) by the next one
+    except OSError as e:
+        say(f"cannot run {cmd[0]!r}: {e.strerror or e}; is it on the image's PATH?")
+        return 127
+    pid = proc.pid
+    child.append(pid)
+    for signum in list(early):
+        send(signum)
+    on_wake(WAKE, None)  # a rank may have ended before the handler could find torchrun
+    code = 1
+    while True:  # reap every child: as PID 1, orphans are ours too
+        try:
+            ended, status = os.waitpid(-1, 0)
+        except ChildProcessError:  # not ours to reap after all (cannot happen: torchrun is our child)
+            break
+        if ended == pid:
+            child.clear()  # nothing is sent to a pid that may be reused
+            code = proc.returncode = exit_code(status)
+            break
+    result, why = verdict(code, read_marks(marks), exit_preempted)
+    say(why if result == code else f"torchrun exited {code}; {why}")
+    return result
+
+
+def _write_mark(folder: str, mark: dict) -> None:
+    path = os.path.join(folder, f"round-{mark['round']}-rank-{mark['rank']}.json")
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w") as f:
+        json.dump(mark, f)
+    os.replace(tmp, path)
+
+
+def rank(argv: list[str]) -> int:
+    opts, cmd = _options(argv, ("--python",), ())
+    if opts.get("--python"):
+        cmd = [sys.executable, "-u", *cmd]
+    started: list[subprocess.Popen] = []
+    caught: list[int] = []
+
+    def note(signum, _frame):
+        # keep waiting: the command decides how to end (a checkpoint, then 75). Not passed on: torchrun
+        # stops a rank with killpg, which reaches the command (in this process's group) directly, and a
+        # second SIGTERM could end a command already past its handler, exiting 143 instead of 75
+        caught.append(signum)
+
+    for s in STOPS:
+        signal.signal(s, note)
+    try:
+        started.append(subprocess.Popen(cmd))
+    except OSError as e:
+        code = 126 if isinstance(e, PermissionError) else 127
+        say(f"cannot run {cmd[0]!r}: {e.strerror or e} (exit {code}); check the job's command")
+    else:
+        for s in caught:  # came before the command existed, so did not reach it: passed on now
+            started[0].send_signal(s)
+        rc = started[0].wait()
+        code = 128 - rc if rc < 0 else rc
+    folder = os.environ.get(ENV_MARKS)
+    if folder:
+        mark = {"rank": int(os.environ.get("RANK", "0")), "round": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
+                "code": code, "pid": os.getpid(), "ended_at": time.time()}
+        try:
+            _write_mark(folder, mark)
+        except OSError as e:  # the agent then goes by torchrun's code alone
+            say(f"cannot record rank {mark['rank']}'s exit in {folder}: {e}")
+        if code == EXIT_CONFIG and os.environ.get(ENV_AGENT_PID, "").isdigit():
+            _hold_until_stopped(int(os.environ[ENV_AGENT_PID]), caught)
+    return code
+
+
+def _hold_until_stopped(agent_pid: int, caught: list[int]) -> None:
+    """Wake the agent and stay until its stop reaches this rank (torchrun's SIGTERM to every rank): torchrun
+    sees the rank fail only when this process ends, so it is stopped before it could restart the group."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOPS)  # from here a stop waits for sigtimedwait below
+    if caught:
+        return  # stopped already (the agent, by another rank's 78, or the kubelet)
+    try:
+        os.kill(agent_pid, WAKE)
+    except OSError:  # no agent to stop torchrun: end now, torchrun goes by its own rules
+        return
+    if signal.sigtimedwait(STOPS, HOLD_S) is None:
+        say(f"no stop reached this rank {HOLD_S:g}s after its exit {EXIT_CONFIG}; ending it anyway")
+
+
+def main(argv: list[str]) -> int:
+    try:
+        if argv and argv[0] == "agent":
+            return agent(argv[1:])
+        if argv and argv[0] == "rank":
+            return rank(argv[1:])
+        raise UsageError("the first word is agent or rank")
+    except UsageError as e:
+        print(f"{USAGE}\nazulite pod entry: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
