@@ -6,6 +6,7 @@ ConfigMap) run the same way, and their exit codes meet the policies that read th
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -14,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import psutil
 import pytest
 import yaml
 
@@ -54,18 +56,31 @@ def torchrun(max_restarts: int) -> list[str]:
             f"--rdzv_endpoint=127.0.0.1:{free_port()}", "--monitor_interval=0.1"]
 
 
-def start(tmp_path: Path, mode: str, *, max_restarts: int = 3, agent: list[str] | None = None) -> subprocess.Popen:
+def command(tmp_path: Path, mode: str, *, max_restarts: int = 3, agent: list[str] | None = None) -> list[str]:
+    """torchrun of two ranks running RANK_SCRIPT through the rank runner; under the agent unless ``agent`` is None."""
     (tmp_path / "w.py").write_text(RANK_SCRIPT)
     (tmp_path / "ready").mkdir(exist_ok=True)
     ranks = [ENTRY, "rank", "--python", "--", "w.py", mode, str(tmp_path / "ready")]
     argv = [*torchrun(max_restarts), *ranks]
     if agent is not None:
         argv = [sys.executable, ENTRY, "agent", "--marks", str(tmp_path / "marks"), *agent, "--", *argv]
-    return subprocess.Popen(argv, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    return argv
+
+
+def start(tmp_path: Path, mode: str, **kw) -> subprocess.Popen:
+    return subprocess.Popen(command(tmp_path, mode, **kw), cwd=tmp_path, env=env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen) -> tuple[int, str]:
-    out, _ = proc.communicate(timeout=240)
+    try:
+        out, _ = proc.communicate(timeout=240)
+    except subprocess.TimeoutExpired:  # a failed test leaves nothing running behind it
+        for p in [*psutil.Process(proc.pid).children(recursive=True), psutil.Process(proc.pid)]:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        out, _ = proc.communicate()
+        raise AssertionError(f"still running after 240 s:\n{out}") from None
     return proc.returncode, out
 
 
@@ -124,6 +139,31 @@ def test_ranks_that_checkpointed_after_the_pods_stop_make_it_exit_75(tmp_path, a
     assert code == expected, out
     assert marks(tmp_path) == {(0, 0): contract.EXIT_PREEMPTED, (0, 1): contract.EXIT_PREEMPTED}
     assert f"the pod exits {expected}" in out
+
+
+def _own_pid_namespace() -> bool:
+    """Whether this machine lets us start a process as PID 1 of a new PID namespace (root, or user namespaces)."""
+    if shutil.which("unshare") is None:
+        return False
+    p = subprocess.run(["unshare", "--pid", "--fork", "--kill-child", sys.executable, "-c",
+                        "import os; raise SystemExit(0 if os.getpid() == 1 else 1)"], capture_output=True, timeout=60)
+    return p.returncode == 0
+
+
+@pytest.mark.skipif(not _own_pid_namespace(), reason="cannot create a PID namespace here (needs root or user namespaces)")
+@pytest.mark.parametrize("mode, expected", [("preempt", contract.EXIT_PREEMPTED), ("config", contract.EXIT_CONFIG)])
+def test_as_pid_1_of_its_own_namespace_as_in_a_container(tmp_path, mode, expected):
+    """In a container the agent is PID 1, which the kernel gives no default action for SIGTERM: only a
+    handler's signal arrives. Run it so (unshare: a PID namespace, the agent its first process) and stop
+    it as the kubelet does, with SIGTERM to that process."""
+    argv = ["unshare", "--pid", "--fork", "--kill-child", *command(tmp_path, mode, agent=[])]
+    proc = subprocess.Popen(argv, cwd=tmp_path, env=env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if mode == "preempt":
+        wait_for(lambda: len(list((tmp_path / "ready").iterdir())) == 2, 120, "both ranks up")
+        (agent,) = psutil.Process(proc.pid).children()  # PID 1 inside, its own pid out here
+        agent.send_signal(signal.SIGTERM)
+    code, out = finish(proc)
+    assert code == expected, out
 
 
 def test_without_the_agent_torchrun_says_1_for_the_same_preemption(tmp_path):
