@@ -5,7 +5,8 @@
   stops at the first error, so the same schemas are walked here with jsonschema's iter_errors.
 - PyTorchJob: the openAPIV3Schema of the Kubeflow training-operator CRD (data/, see data/README.md), made
   strict the way ``kubectl apply --validate=strict`` treats a structural schema: an object with
-  ``properties`` and no ``additionalProperties``/``x-kubernetes-preserve-unknown-fields`` admits no other key.
+  ``properties`` and no ``additionalProperties``/``x-kubernetes-preserve-unknown-fields`` admits no other key;
+  then what the operator's validating webhook refuses (``pytorchjob_admission_errors``).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from __future__ import annotations
 import copy
 import functools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -101,8 +103,51 @@ def pytorchjob_errors(obj: dict) -> list[str]:
     return crd_errors({**obj, "kind": "PyTorchJob"}) if obj.get("kind") == "PyTorchJob" else [f"<root>: not a PyTorchJob ({obj.get('kind')})"]
 
 
+_DNS1035 = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+
+
+def pytorchjob_admission_errors(obj: dict) -> list[str]:
+    """What the training operator's validating webhook refuses in a PyTorchJob that its CRD schema lets
+    through (kubeflow/training-operator pkg/webhooks/pytorch/pytorchjob_webhook.go, read at 06f6008e; its
+    failurePolicy is Fail, so a refusal is the API server's): the name a DNS-1035 label, only Master and
+    Worker replicas, each with containers that all have an image and one named ``pytorch``, Master replicas
+    1 and any other at least 1, a Worker when there is an elasticPolicy, and not both ``nProcPerNode``
+    forms."""
+    errs = []
+    name = obj.get("metadata", {}).get("name", "")
+    if len(name) > 63 or not _DNS1035.fullmatch(name):
+        errs.append(f"metadata.name: {name!r} is not a DNS-1035 label (a letter first)")
+    spec = obj.get("spec") or {}
+    replicas = spec.get("pytorchReplicaSpecs") or {}
+    if "elasticPolicy" in spec:
+        if "Worker" not in replicas:
+            errs.append("spec.pytorchReplicaSpecs[Worker]: must be configured if elastic policy is used")
+        if "nProcPerNode" in spec["elasticPolicy"] and "nprocPerNode" in spec:
+            errs.append("spec.elasticPolicy.nProcPerNode: must not be used with spec.nprocPerNode")
+    for rtype, rspec in replicas.items():
+        where = f"spec.pytorchReplicaSpecs[{rtype}]"
+        if rtype not in ("Master", "Worker"):
+            errs.append(f"{where}: not a replica type (Master, Worker)")
+        containers = ((rspec or {}).get("template") or {}).get("spec", {}).get("containers") or []
+        if not containers:
+            errs.append(f"{where}.template.spec.containers: must be specified")
+        errs += [f"{where}.template.spec.containers[{i}].image: must be required"
+                 for i, c in enumerate(containers) if not c.get("image")]
+        if not any(c.get("name") == "pytorch" for c in containers):
+            errs.append(f"{where}.template.spec.containers: must have at least one container with name pytorch")
+        n = (rspec or {}).get("replicas")
+        if rtype == "Master" and n != 1:
+            errs.append(f"{where}.replicas: must be 1")
+        elif isinstance(n, int) and n < 1:  # another type: the CRD schema's error
+            errs.append(f"{where}.replicas: must be at least 1")
+    return errs
+
+
 def errors(obj: dict, version: str) -> list[str]:
-    """Errors of any rendered object: built-in kinds against Kubernetes, custom resources against their CRD."""
+    """Errors of any rendered object: built-in kinds against Kubernetes, custom resources against their CRD
+    (and a PyTorchJob against the training operator's admission as well)."""
+    if obj.get("kind") == "PyTorchJob":
+        return crd_errors(obj) + pytorchjob_admission_errors(obj)
     if obj.get("kind") in CRDS:
         return crd_errors(obj)
     return k8s_errors(obj, version)

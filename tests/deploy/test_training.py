@@ -7,6 +7,7 @@ import kubernetes_validate
 import pytest
 
 from azulite.deploy.options import AksOptions
+from azulite.deploy.training import k8s_name
 from azulite.deploy.render import render_spec
 from azulite.deploy.azureml import AzureMLOptions
 from azulite.errors import AzuliteError, DeployError, UnknownSku
@@ -69,6 +70,27 @@ def test_validation_reports_every_error_and_can_fail():
     pj["spec"]["elasticPolicy"]["minReplica"] = 1
     pj["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "2"
     assert len(schemas.errors(pj, "1.37")) == 2
+
+
+def test_the_operators_admission_refuses_what_its_crd_lets_through():
+    """The training operator's webhook, beyond the CRD: seed 002's own PyTorchJob names its container
+    "torchrec", which the operator refuses (it wants "pytorch", whose exit code its ExitCode policy reads)."""
+    s = seed("torchrec-pytorchjob.yaml")
+    assert schemas.crd_errors(s) == []
+    assert schemas.pytorchjob_admission_errors(s) == [
+        "spec.pytorchReplicaSpecs[Worker].template.spec.containers: must have at least one container with name pytorch"]
+    pj = the(render(TORCHREC, "pytorchjob"), "PyTorchJob")
+    assert schemas.pytorchjob_admission_errors(pj) == []
+    assert _container(pj["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"])["name"] == "pytorch"
+    pj["metadata"]["name"] = "1-dlrm"
+    pj["spec"]["pytorchReplicaSpecs"]["Master"] = {"replicas": 2, "template": {"spec": {"containers": [{"name": "x"}]}}}
+    assert len(schemas.pytorchjob_admission_errors(pj)) == 4  # name, Master's image, its pytorch container, replicas
+
+
+@pytest.mark.parametrize("name, expected", [("dlrm_Run", "dlrm-run"), ("2024-dlrm", "job-2024-dlrm"), ("__", "job"),
+                                            ("-x-", "x"), ("a" * 60, "a" * 52)])
+def test_k8s_names_are_dns_1035_labels(name, expected):
+    assert k8s_name(name) == expected
 
 
 def _container(pod_spec: dict) -> dict:

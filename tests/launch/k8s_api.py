@@ -120,13 +120,22 @@ class FakeKubernetes:
         obj["status"] = status
         self._record("MODIFIED", collection, (ns, name), obj)
 
-    def add_pod(self, job: str, index: int, log: str, ns: str = "default") -> str:
+    def add_pod(self, job: str, index: int, log: str, ns: str = "default", *, container: str = "trainer",
+                exit_code: int | None = None, finished_at: str = "2026-01-01T00:10:00Z") -> str:
+        """A pod of ``job`` (its index), running, or ended with ``exit_code`` at ``finished_at`` (as the kubelet
+        reports a terminated container)."""
         name = f"{job}-{index}-abcde"
+        status: dict[str, Any] = {"phase": "Running"}
+        if exit_code is not None:
+            status = {"phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": [{
+                "name": container, "image": "x", "imageID": "", "ready": False, "restartCount": 0,
+                "state": {"terminated": {"exitCode": exit_code, "reason": "Completed" if exit_code == 0 else "Error",
+                                         "startedAt": "2026-01-01T00:00:00Z", "finishedAt": finished_at}}}]}
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": name, "namespace": ns, "uid": str(uuid.uuid4()), "creationTimestamp": "2026-01-01T00:00:00Z",
             "labels": {"azulite.io/job": job, "batch.kubernetes.io/job-completion-index": str(index)},
             "annotations": {"batch.kubernetes.io/job-completion-index": str(index)}},
-            "spec": {"containers": [{"name": "trainer", "image": "x"}]}, "status": {"phase": "Running"}}
+            "spec": {"containers": [{"name": container, "image": "x"}]}, "status": status}
         self.objects["pods"][(ns, name)] = pod
         self.logs[(ns, name)] = log
         return name

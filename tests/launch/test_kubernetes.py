@@ -121,6 +121,42 @@ def test_pytorchjob_flavor_and_cancel(tmp_path, api, spec_file):
     assert api.objects["pytorchjobs"] == {} and api.objects["configmaps"] == {}
 
 
+@pytest.mark.parametrize("flavor, container", [("indexed-job", "trainer"), ("pytorchjob", "pytorch")])
+def test_a_failed_job_shows_the_exit_code_its_pods_ended_with(tmp_path, api, spec_file, flavor, container):
+    """The pod entry makes a pod exit 78 for an error no restart fixes (tests/deploy/test_pod_entry.py):
+    `job show` says that code and which pod, not 1, whichever pod ended first."""
+    b = backend(tmp_path, api, AZULITE_K8S_FLAVOR=flavor)
+    rec = b.submit(load_job(spec_file))
+    collection = "jobs" if flavor == "indexed-job" else "pytorchjobs"
+    ((_, name),) = api.objects[collection]
+    api.add_pod(name, 0, "stopped\n", container=container, exit_code=143, finished_at="2026-01-01T00:10:00Z")
+    api.add_pod(name, 1, "bad setting\n", container=container, exit_code=78, finished_at="2026-01-01T00:10:05Z")
+    condition = {"type": "Failed", "status": "True", "reason": "PodFailurePolicy",
+                 "message": f"Container {container} for pod default/{name}-1-abcde failed with exit code 78 matching "
+                            f"FailJob rule at index 1"}
+    api.set_status(collection, name, {"conditions": [condition]})
+    got = b.status(rec.id)
+    assert got.state == JobState.FAILED and got.exit_code == 78
+    assert f"pod {name}-1-abcde exited 78 (an error no restart can fix" in (got.attempts[-1].reason or "")
+
+
+def test_a_failed_job_without_a_pod_that_says_why_exits_1(tmp_path, api, spec_file):
+    b = backend(tmp_path, api)
+    rec = b.submit(load_job(spec_file))
+    ((_, name),) = api.objects["jobs"]
+    api.add_pod(name, 0, "", exit_code=3, finished_at="2026-01-01T00:10:09Z")  # the first to fail, 3
+    api.add_pod(name, 1, "", exit_code=1, finished_at="2026-01-01T00:10:10Z")
+    api.set_status("jobs", name, {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                                  "message": "Job has reached the specified backoff limit"}]})
+    got = b.status(rec.id)
+    assert got.exit_code == 3 and "Job has reached the specified backoff limit; pod " in got.attempts[-1].reason
+    rec2 = b.submit(load_job(spec_file))  # no pods at all: 1, the condition's words alone
+    name2 = next(n for (_, n) in api.objects["jobs"] if n != name)
+    api.set_status("jobs", name2, {"conditions": [{"type": "Failed", "status": "True", "reason": "DeadlineExceeded"}]})
+    got = b.status(rec2.id)
+    assert got.exit_code == 1 and got.attempts[-1].reason == "DeadlineExceeded"
+
+
 def test_the_api_server_refuses_malformed_bodies_and_the_backend_says_so(tmp_path, api, spec_file):
     import json
     import urllib.error

@@ -30,6 +30,7 @@ from azulite.spec.job import JobSpec, PathInput
 from azulite.spec.loader import render_command
 
 CONTAINER = "trainer"
+PYTORCH_CONTAINER = "pytorch"  # the training operator's admission requires it, and its ExitCode policy reads it
 GPU_TAINT = {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
 SPOT_KEY = "kubernetes.azure.com/scalesetpriority"
 SPOT_TAINT = {"key": SPOT_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
@@ -41,10 +42,13 @@ EXIT_RETRYABLE = 128 + 15  # SIGTERM's exit: one Kubeflow's ExitCode policy retr
 
 
 def k8s_name(name: str) -> str:
-    """A DNS-1123 label from a job name (lowercase, '-' for '_'), at most 52 characters so that
-    ``<name>-<index>`` pod hostnames stay valid."""
-    out = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")[:52].strip("-")
-    return out or "job"
+    """A DNS-1035 label from a job name (lowercase, '-' for '_', a letter first: what a Service and the
+    training operator's admission ask), at most 52 characters so that ``<name>-<index>`` pod hostnames and
+    ``<name>-entry`` stay valid."""
+    out = re.sub(r"[^a-z0-9-]", "-", name.lower()).strip("-")
+    if out and not out[0].isalpha():
+        out = f"job-{out}"
+    return out[:52].strip("-") or "job"
 
 
 def _remote(path: str) -> bool:
@@ -176,7 +180,8 @@ def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dic
 
 def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: list[str], env_extra: dict[str, str],
                  labels: dict[str, str], restart_policy: str, subdomain: str | None = None,
-                 entry_map: str | None = None, exit_preempted: int = EXIT_PREEMPTED) -> dict:
+                 entry_map: str | None = None, exit_preempted: int = EXIT_PREEMPTED,
+                 container_name: str = CONTAINER) -> dict:
     """``command`` is the launcher (torchrun) the user's command runs under, inside ``pod_entry.py`` from the
     ConfigMap ``entry_map`` (the pod exits ``exit_preempted`` when its ranks checkpointed after a stop);
     empty runs the command itself."""
@@ -206,7 +211,7 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
         env.insert(0, {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
     container: dict[str, Any] = {
-        "name": CONTAINER,
+        "name": container_name,
         "image": image,
         "workingDir": CODE_DIR,
         "command": argv[:1],
@@ -307,7 +312,7 @@ def pytorch_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
     # do not make: the spec's max_retries is added to torchrun's restarts instead (from the last checkpoint)
     template = pod_template(spec, opts, sku, command=["torchrun"], labels={"azulite.io/job": name},
                             restart_policy="Never", env_extra={}, entry_map=f"{name}-entry",
-                            exit_preempted=EXIT_RETRYABLE)
+                            exit_preempted=EXIT_RETRYABLE, container_name=PYTORCH_CONTAINER)
     body: dict[str, Any] = {
         "elasticPolicy": {"rdzvBackend": "c10d", "minReplicas": lo, "maxReplicas": hi,
                           "maxRestarts": (spec.max_restarts or 3) + spec.max_retries},

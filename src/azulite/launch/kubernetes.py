@@ -24,7 +24,8 @@ from typing import Any, Iterator
 
 from azulite.deploy.image import code_archive_uri
 from azulite.deploy.options import AksOptions, check_namespace
-from azulite.deploy.training import indexed_job, k8s_name, pytorch_job
+from azulite.contract import EXIT_CONFIG
+from azulite.deploy.training import CONTAINER, PYTORCH_CONTAINER, indexed_job, k8s_name, pytorch_job
 from azulite.errors import DeployError, LaunchError, RemoteError
 from azulite.launch.backend import Backend, Feature, register_backend
 from azulite.launch.local.store import JobStore
@@ -218,9 +219,33 @@ class KubernetesBackend(Backend):
                 self.store.transition(rec.id, JobState.RUNNING, attempt=max(rec.attempt, 1))
             if state == JobState.RUNNING:
                 self.store.transition(rec.id, JobState.RUNNING, attempt=max(rec.attempt, 1))
+            elif state == JobState.FAILED:
+                code, why = self._failed_exit(self._where(rec))
+                message = "; ".join(m for m in (reason, why) if m)
+                self.store.transition(rec.id, state, message=message or None, exit_code=code)
             elif state.terminal:
                 self.store.transition(rec.id, state, message=reason, exit_code=0 if state == JobState.SUCCEEDED else 1)
         return self.store.get(rec.id)
+
+    def _failed_exit(self, where: dict) -> tuple[int, str | None]:
+        """The exit code a failed job's pods ended with, as the pod entry made it (deploy/pod_entry.py): a 78
+        (an error no restart fixes) first, else the first pod to fail. 1 when no pod says (gone, unreadable)."""
+        try:
+            pods = self._pods(where)
+        except RemoteError:  # the state is known; the detail is not worth failing `job show` over
+            return 1, None
+        ended = []
+        for i, pod in enumerate(pods):
+            for c in (pod.status.container_statuses or []) if pod.status else []:
+                done = c.state.terminated if c.name in (CONTAINER, PYTORCH_CONTAINER) and c.state else None
+                if done is not None and done.exit_code:
+                    when = done.finished_at.isoformat() if done.finished_at else "~"  # unknown: last
+                    ended.append((done.exit_code != EXIT_CONFIG, when, i, pod.metadata.name, done.exit_code))
+        if not ended:
+            return 1, None
+        *_, name, code = min(ended)
+        what = " (an error no restart can fix; not retried)" if code == EXIT_CONFIG else ""
+        return code, f"pod {name} exited {code}{what}: its log says why (azulite job logs)"
 
     def _status_impl(self, job_id: str) -> JobRecord:
         rec = self.store.get(job_id)
