@@ -65,6 +65,8 @@ def test_gpu_workload_and_hpa_reproduce_seed_001():
     ({"server": "azulite", "image": None}, "image"),
     ({"autoscaling": {"min_replicas": 4, "max_replicas": 2}}, "autoscaling"),
     ({"replicaz": 2}, "replicaz"),
+    ({"name": "2nd-model"}, "name"),  # a Service's name starts with a letter (DNS-1035)
+    ({"name": "Model"}, "name"),
 ])
 def test_bad_serving_specs(tmp_path, change, where):
     data = yaml.safe_load((AKS / "arr-coc-triton.yaml").read_text())

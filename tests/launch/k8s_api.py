@@ -1,12 +1,13 @@
 """A local Kubernetes API server for the ``kubernetes`` backend's tests: it answers the calls the official
-client makes for the kinds azulite uses (create, read, list + watch, delete Jobs, Services, ConfigMaps, PyTorchJobs;
-list pods, read pod logs, create evictions) and nothing else.
+client makes for the kinds azulite uses (create, read, list + watch, delete Jobs, Services, ConfigMaps,
+PyTorchJobs; list pods, read pod logs, create evictions) and nothing else.
 
 It does not only confirm itself: every request body is validated against the published schemas
-(Kubernetes' OpenAPI as kubernetes-validate ships it, strict; the training operator's PyTorchJob CRD) and
-refused with a 422 ``Status`` as the API server would; every response body is validated too, and a
-response that fails is recorded in ``errors`` (tests assert it stays empty). The "controller" is the test:
-``set_status`` changes an object's status (and wakes its watchers), ``add_pod`` adds a pod with a log.
+(Kubernetes' OpenAPI as kubernetes-validate ships it, strict; the training operator's PyTorchJob CRD and
+its admission webhook's rules), and its name against the API server's name rules, and refused with a 422
+``Status`` as the API server would; every response body is validated too, and a response that fails is
+recorded in ``errors`` (tests assert it stays empty). The "controller" is the test: ``set_status`` changes
+an object's status (and wakes its watchers), ``add_pod`` adds a pod with a log (and an exit code).
 
 Not exercised here (no API server runs on this machine): admission (quotas, RBAC, webhooks such as
 workload identity's), the Job and training-operator controllers themselves, scheduling, field selectors
@@ -53,13 +54,28 @@ KINDS = {"services": ("v1", "Service"), "configmaps": ("v1", "ConfigMap"), "jobs
 LISTS = {"jobs": "joblist-batch-v1.json", "pods": "podlist-v1.json"}
 
 
+DNS1035_LABEL = re.compile(r"[a-z]([-a-z0-9]*[a-z0-9])?")
+DNS1123_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+
+
+def name_errors(obj: dict, collection: str) -> list[str]:
+    """The API server's name rules: a Service's is a DNS-1035 label (a letter first, at most 63), a Job's a
+    DNS-1123 label (its pods carry it as a label value), others DNS-1123 subdomains."""
+    name = (obj.get("metadata") or {}).get("name") or ""
+    rule, limit = {"services": (DNS1035_LABEL, 63), "jobs": (DNS1123_SUBDOMAIN, 63)}.get(collection,
+                                                                                      (DNS1123_SUBDOMAIN, 253))
+    if len(name) > limit or not rule.fullmatch(name):
+        return [f"metadata.name: Invalid value: {name!r}: not a valid {collection[:-1]} name"]
+    return []
+
+
 def body_errors(obj: Any, collection: str) -> list[str]:
     if not isinstance(obj, dict):
         return ["<root>: not a JSON object"]
     api_version, kind = KINDS[collection]
     if (obj.get("apiVersion"), obj.get("kind")) != (api_version, kind):
         return [f"<root>: expected {api_version} {kind}, got {obj.get('apiVersion')} {obj.get('kind')}"]
-    return schemas.errors(obj, "1.37")
+    return name_errors(obj, collection) + schemas.errors(obj, "1.37")
 
 
 class FakeKubernetes:

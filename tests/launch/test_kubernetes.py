@@ -157,6 +157,17 @@ def test_a_failed_job_without_a_pod_that_says_why_exits_1(tmp_path, api, spec_fi
     assert got.exit_code == 1 and got.attempts[-1].reason == "DeadlineExceeded"
 
 
+def test_a_job_whose_name_starts_with_a_digit_is_accepted_by_the_api_server(tmp_path, api, spec_file):
+    """Its Service's name must be a DNS-1035 label (the test server refuses others, as the real one)."""
+    spec_file.write_text(yaml.safe_dump({**SPEC, "name": "2024_dlrm"}))
+    for flavor in ("indexed-job", "pytorchjob"):
+        rec = backend(tmp_path, api, AZULITE_K8S_FLAVOR=flavor).submit(load_job(spec_file))
+        assert rec.state == JobState.QUEUED
+    assert [n for (_, n) in api.objects["services"]][0].startswith("job-2024-dlrm-")
+    from tests.launch.k8s_api import name_errors
+    assert name_errors({"metadata": {"name": "2024-dlrm-1"}}, "services") != []  # what it would have been
+
+
 def test_the_api_server_refuses_malformed_bodies_and_the_backend_says_so(tmp_path, api, spec_file):
     import json
     import urllib.error

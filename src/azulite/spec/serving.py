@@ -8,15 +8,16 @@ it has ``pools``, a job spec otherwise.
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, Iterable, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from azulite.errors import SpecError
 
-_NAME = r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$"  # a Kubernetes object name (DNS-1123 label)
+_NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # a Kubernetes Service name (DNS-1035 label)
 
 
 class _Model(BaseModel):
@@ -52,7 +53,7 @@ class ServingSpec(_Model):
     """``model_repository``: a local folder, ``az://container/path`` (downloaded by ``azulite serve``),
     or a URI the server itself reads (``azureml://``, ``as://``, ``s3://`` for Triton)."""
 
-    name: str = Field(pattern=_NAME)
+    name: str
     model_repository: str = Field(min_length=1)
     server: Literal["azulite", "triton"] = "azulite"
     image: str | None = None
@@ -68,6 +69,15 @@ class ServingSpec(_Model):
     auth_mode: Literal["key", "aml_token"] = "key"
     #: Azure ML model asset name/version of the repository (type triton_model)
     model_name: str | None = None
+
+    @field_validator("name")
+    @classmethod
+    def _k8s_name(cls, v: str) -> str:
+        # it names the Deployment, the Service (a DNS-1035 label) and the endpoint
+        if not _NAME.fullmatch(v):
+            raise ValueError(f"{v!r} is not a Kubernetes Service name: lowercase letters, digits and '-', a letter "
+                             f"first, a letter or digit last, at most 63 characters")
+        return v
     model_version: str = "1"
 
 
