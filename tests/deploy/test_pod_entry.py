@@ -84,9 +84,9 @@ def finish(proc: subprocess.Popen) -> tuple[int, str]:
     return proc.returncode, out
 
 
-def marks(tmp_path: Path) -> dict[tuple[int, int], int]:
-    """(round, rank) -> exit code, as the ranks recorded them."""
-    return {(m["round"], m["rank"]): m["code"] for m in pod_entry.read_marks(str(tmp_path / "marks"))}
+def marks(tmp_path: Path, prefix: str = pod_entry.SLOT) -> dict[tuple[int, int], int]:
+    """(round, rank) -> exit code of each rank process's latest end (or of the 78s), as the ranks recorded them."""
+    return {(m["round"], m["rank"]): m["code"] for m in pod_entry.read_marks(str(tmp_path / "marks"), prefix)}
 
 
 def stop_when_ready(tmp_path: Path, proc: subprocess.Popen) -> None:
@@ -100,6 +100,7 @@ def test_a_ranks_78_stops_torchrun_before_a_restart_and_the_pod_exits_78(tmp_pat
     # no second round: rank 1's runner held until the agent's stop reached it, so torchrun never saw a
     # failed group to restart (max_restarts is 3); rank 0 was stopped by that SIGTERM
     assert marks(tmp_path) == {(0, 0): 128 + signal.SIGTERM, (0, 1): contract.EXIT_CONFIG}
+    assert marks(tmp_path, pod_entry.CONFIG) == {(0, 1): contract.EXIT_CONFIG}
     assert "rank 1 exited 78" in out and "the pod exits 78" in out
 
 
@@ -183,25 +184,25 @@ def test_success_and_ordinary_failures_are_torchruns_own(tmp_path):
     # an ordinary failure is left to torchrun's restarts (here 1), then its exit 1 is the pod's
     code, out = finish(start(fail, "fail", max_restarts=1, agent=[]))
     assert code == 1, out
-    got = marks(fail)
-    assert sorted(got) == [(0, 0), (0, 1), (1, 0), (1, 1)] and got[(1, 1)] == 3
+    assert marks(fail) == {(1, 0): 128 + signal.SIGTERM, (1, 1): 3}  # each process's latest end: round 1
 
 
-@pytest.mark.parametrize("torchrun_code, ends, expected", [
-    (1, [(0, 0, 75), (0, 1, 143)], 75),           # checkpointed, and stopped
-    (1, [(0, 0, 75), (0, 1, 3)], 1),              # a real failure beside a 75 is a failure
-    (1, [(0, 0, 3), (1, 0, 75), (1, 1, 75)], 75),  # the last round is what counts
-    (1, [(0, 0, 75), (1, 0, 3), (1, 1, 143)], 1),
-    (1, [(0, 1, 78), (1, 0, 75), (1, 1, 75)], 78),  # a 78 in any round wins
-    (0, [(0, 0, 75), (1, 0, 0), (1, 1, 0)], 0),    # torchrun succeeded (an elastic round ended by a 75)
-    (137, [], 137),                                # no ranks ran: torchrun's own code
-    (1, [(0, 0, 143), (0, 1, 137)], 1),            # stopped, but nothing checkpointed: not a preemption
+@pytest.mark.parametrize("torchrun_code, last, config, expected", [
+    (1, [75, 143], [], 75),       # checkpointed, and stopped
+    (1, [75, 3], [], 1),          # a real failure beside a 75 is a failure
+    (1, [75, 75], [(0, 1)], 78),  # a 78 seen in any round wins
+    (0, [0, 0], [], 0),           # torchrun succeeded
+    (0, [75, 0], [], 0),          # ... whatever a rank said before
+    (137, [], [], 137),           # no ranks ran: torchrun's own code
+    (1, [143, 137], [], 1),       # stopped, but nothing checkpointed: not a preemption
+    (1, [143, 143], [], 1),       # e.g. ranks re-formed after an elastic 75: their latest ends are what count
 ])
-def test_verdict(torchrun_code, ends, expected):
-    marks = [{"round": r, "rank": k, "code": c, "ended_at": float(i)} for i, (r, k, c) in enumerate(ends)]
-    code, why = pod_entry.verdict(torchrun_code, marks)
+def test_verdict(torchrun_code, last, config, expected):
+    ends = [{"round": 0, "rank": k, "code": c, "ended_at": float(k)} for k, c in enumerate(last)]
+    errors = [{"round": r, "rank": k, "code": 78, "ended_at": 0.5} for r, k in config]
+    code, why = pod_entry.verdict(torchrun_code, ends, errors)
     assert code == expected, why
-    assert pod_entry.verdict(torchrun_code, marks, 143)[0] == (143 if expected == 75 else expected)
+    assert pod_entry.verdict(torchrun_code, ends, errors, 143)[0] == (143 if expected == 75 else expected)
 
 
 def test_its_exit_codes_are_the_contracts():

@@ -13,11 +13,12 @@ file runs twice in a pod, both times with the Python the image has and nothing b
   gets no default action for them), reaps what is orphaned to it, and exits with what the ranks said:
   78 if any rank exited 78 (and at that moment it stops torchrun, before a restart runs the same error
   again); ``--exit-preempted`` (75; 143 for Kubeflow's ExitCode policy, which retries only signal exits)
-  when the last round's ranks exited 75 with no rank failing by itself; otherwise torchrun's own code.
+  when the latest ends of its ranks include a 75 and no failure of a rank's own; otherwise torchrun's code.
 - ``rank`` is what torchrun starts for each rank: it runs the user's command (``--python``: with torchrun's
   interpreter and ``-u``, as torchrun runs a script), outlives SIGTERM/SIGINT (torchrun's killpg reaches
   the command too, which decides how to end: a checkpoint, then 75), writes the exit code to the marks folder
-  (``round-<restart>-rank-<rank>.json``, atomically) and, for a 78, wakes the agent with SIGUSR2.
+  (``slot-<local rank>.json``, replaced whole: each rank process's latest end; a 78 also apart, kept) and,
+  for a 78, wakes the agent with SIGUSR2.
 
 Pod-local and stdlib only by design: it must not import azulite (``azulite.launch.local.rank`` is the
 local backend's fuller runner, with logs and records). ``tests/deploy/test_pod_entry.py`` runs it around
@@ -57,38 +58,40 @@ def exit_code(status: int) -> int:
     return 128 - code if code < 0 else code
 
 
-def read_marks(folder: str) -> list[dict]:
-    """Every rank's end this pod has seen, in the order (round, rank)."""
+SLOT = "slot-"  # slot-<LOCAL_RANK>.json: the latest end of each of the pod's rank processes
+CONFIG = "config-error-"  # config-error-<RANK>-<round>.json: a 78, kept whatever ends after it
+
+
+def read_marks(folder: str, prefix: str = SLOT) -> list[dict]:
+    """The ranks' ends recorded under ``prefix`` (each written whole, by rename), in (round, rank) order."""
     marks = []
     try:
         names = os.listdir(folder)
     except OSError:
         return []
     for name in names:
-        if name.startswith("round-") and name.endswith(".json"):
+        if name.startswith(prefix) and name.endswith(".json"):
             try:
                 with open(os.path.join(folder, name)) as f:
                     marks.append(json.load(f))
-            except (OSError, ValueError):  # renamed into place whole: unreadable only if removed meanwhile
+            except (OSError, ValueError):  # unreadable only if removed meanwhile
                 continue
     return sorted(marks, key=lambda m: (m.get("round", 0), m.get("rank", 0)))
 
 
-def verdict(torchrun_code: int, marks: list[dict], exit_preempted: int = EXIT_PREEMPTED) -> tuple[int, str]:
-    """The pod's exit code, and why, from torchrun's code and the ranks' marks."""
-    config = [m for m in marks if m.get("code") == EXIT_CONFIG]
+def verdict(torchrun_code: int, last: list[dict], config: list[dict] | None = None,
+            exit_preempted: int = EXIT_PREEMPTED) -> tuple[int, str]:
+    """The pod's exit code, and why, from torchrun's code, each rank process's latest end (``last``: one per
+    slot, so an end from before an elastic re-formation or a restart is not counted) and the 78s seen."""
     if config:
         first = min(config, key=lambda m: (m.get("ended_at", 0.0), m.get("rank", 0)))
         return EXIT_CONFIG, (f"rank {first.get('rank')} exited {EXIT_CONFIG} (an error no restart can fix): "
                              f"the pod exits {EXIT_CONFIG}, its log says what and how to fix it")
-    if torchrun_code != 0 and marks:
-        last_round = max(m.get("round", 0) for m in marks)
-        last = [m for m in marks if m.get("round", 0) == last_round]
-        codes = [m.get("code") for m in last]
-        if EXIT_PREEMPTED in codes and all(c in NOT_A_CAUSE for c in codes):
-            who = sorted(m.get("rank") for m in last if m.get("code") == EXIT_PREEMPTED)
-            return exit_preempted, (f"rank(s) {', '.join(map(str, who))} exited {EXIT_PREEMPTED} (checkpointed, "
-                                    f"preempted), no rank failed: the pod exits {exit_preempted}")
+    codes = [m.get("code") for m in last]
+    if torchrun_code != 0 and EXIT_PREEMPTED in codes and all(c in NOT_A_CAUSE for c in codes):
+        who = sorted(m.get("rank") for m in last if m.get("code") == EXIT_PREEMPTED)
+        return exit_preempted, (f"rank(s) {', '.join(map(str, who))} exited {EXIT_PREEMPTED} (checkpointed, "
+                                f"preempted), no rank failed: the pod exits {exit_preempted}")
     return torchrun_code, f"torchrun exited {torchrun_code}"
 
 
@@ -130,7 +133,7 @@ def agent(argv: list[str]) -> int:
     try:
         os.makedirs(marks, exist_ok=True)
         for name in os.listdir(marks):  # another container's ends are not this one's
-            if name.startswith("round-"):
+            if name.startswith((SLOT, CONFIG)):
                 os.remove(os.path.join(marks, name))
     except OSError as e:
         say(f"cannot use {marks} for the ranks' exit codes ({e.strerror or e}): the pod exits as torchrun does")
@@ -158,7 +161,7 @@ def agent(argv: list[str]) -> int:
         send(signum)  # torchrun stops its ranks with it; they checkpoint and exit 75
 
     def on_wake(_signum, _frame):
-        bad = [m for m in read_marks(marks) if m.get("code") == EXIT_CONFIG]
+        bad = read_marks(marks, CONFIG)
         if bad:
             stop(f"rank {bad[0].get('rank')} exited {EXIT_CONFIG}, an error no restart can fix")
 
@@ -185,13 +188,12 @@ def agent(argv: list[str]) -> int:
             child.clear()  # nothing is sent to a pid that may be reused
             code = proc.returncode = exit_code(status)
             break
-    result, why = verdict(code, read_marks(marks), exit_preempted)
+    result, why = verdict(code, read_marks(marks), read_marks(marks, CONFIG), exit_preempted)
     say(why if result == code else f"torchrun exited {code}; {why}")
     return result
 
 
-def _write_mark(folder: str, mark: dict) -> None:
-    path = os.path.join(folder, f"round-{mark['round']}-rank-{mark['rank']}.json")
+def _write_mark(path: str, mark: dict) -> None:
     tmp = f"{path}.tmp{os.getpid()}"
     with open(tmp, "w") as f:
         json.dump(mark, f)
@@ -225,10 +227,14 @@ def rank(argv: list[str]) -> int:
         code = 128 - rc if rc < 0 else rc
     folder = os.environ.get(ENV_MARKS)
     if folder:
-        mark = {"rank": int(os.environ.get("RANK", "0")), "round": int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")),
-                "code": code, "pid": os.getpid(), "ended_at": time.time()}
+        env = os.environ
+        mark = {"rank": int(env.get("RANK", "0")), "local_rank": int(env.get("LOCAL_RANK", "0")),
+                "round": int(env.get("TORCHELASTIC_RESTART_COUNT", "0")), "code": code, "pid": os.getpid(),
+                "ended_at": time.time()}
         try:
-            _write_mark(folder, mark)
+            if code == EXIT_CONFIG:  # first: the slot's file is overwritten by whatever ends there next
+                _write_mark(os.path.join(folder, f"{CONFIG}{mark['rank']}-{mark['round']}.json"), mark)
+            _write_mark(os.path.join(folder, f"{SLOT}{mark['local_rank']}.json"), mark)
         except OSError as e:  # the agent then goes by torchrun's code alone
             say(f"cannot record rank {mark['rank']}'s exit in {folder}: {e}")
         if code == EXIT_CONFIG and os.environ.get(ENV_AGENT_PID, "").isdigit():
