@@ -89,8 +89,8 @@ def marks(tmp_path: Path, prefix: str = pod_entry.SLOT) -> dict[tuple[int, int],
     return {(m["round"], m["rank"]): m["code"] for m in pod_entry.read_marks(str(tmp_path / "marks"), prefix)}
 
 
-def stop_when_ready(tmp_path: Path, proc: subprocess.Popen) -> None:
-    wait_for(lambda: len(list((tmp_path / "ready").iterdir())) == 2 or proc.poll() is not None, 120, "both ranks up")
+def stop_when_ready(tmp_path: Path, proc: subprocess.Popen, up: int = 2) -> None:
+    wait_for(lambda: len(list((tmp_path / "ready").iterdir())) == up or proc.poll() is not None, 120, "ranks up")
     proc.send_signal(signal.SIGTERM)  # the kubelet's stop (an eviction, a drain, a spot node going)
 
 
@@ -237,19 +237,32 @@ def test_a_missing_launcher_or_command_exits_as_a_shell_would(tmp_path):
 # ---- the rendered pods ---------------------------------------------------------------------------------
 
 RENDERED_MODE = "rendered-mode"
+PLAIN_SCRIPT = """
+import os, signal, sys
+from pathlib import Path
+
+mode, ready = sys.argv[1], Path(sys.argv[2])
+signal.signal(signal.SIGTERM, lambda *_: sys.exit(75 if mode == "preempt" else 143))
+if mode == "config":
+    sys.exit(78)
+(ready / f"node-{os.environ['NODE_RANK']}").touch()
+signal.pause()
+"""
 
 
-def rendered(tmp_path: Path, flavor: str, port: int) -> tuple[dict, dict, dict]:
-    """(ConfigMap, the job object, its container) for a 2-rank job on one node whose ranks run RANK_SCRIPT."""
+def rendered(tmp_path: Path, flavor: str, port: int, distributed: bool = True) -> tuple[dict, dict, dict]:
+    """(ConfigMap, the job object, its container) for a 2-rank job on one node whose ranks run RANK_SCRIPT,
+    or (``distributed=False``) a command run once per pod, PLAIN_SCRIPT."""
     code = tmp_path / "code"
     code.mkdir()
-    (code / "w.py").write_text(RANK_SCRIPT)
+    (code / "w.py").write_text(RANK_SCRIPT if distributed else PLAIN_SCRIPT)
     spec = {"name": "entry", "code": "code", "command": "python w.py ${{inputs.mode}} ${{inputs.ready}}",
             "inputs": {"mode": RENDERED_MODE, "ready": str(tmp_path / "ready")},
             "environment": {"image": "reg.io/train:1"},
             "resources": {"instance_type": "Standard_NC24rs_v3", "instance_count": 1},
-            "distribution": {"type": "pytorch", "process_count_per_instance": 2},
             "outputs": {"checkpoints": {"path": "az://ckpt/run1"}}}
+    if distributed:
+        spec["distribution"] = {"type": "pytorch", "process_count_per_instance": 2}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     files = render_spec(tmp_path / "job.yaml", "aks", AksOptions(flavor=flavor, rdzv_port=port), AzureMLOptions())
     objects = [d for text in files.values() for d in docs(text)]
@@ -269,20 +282,23 @@ def rendered(tmp_path: Path, flavor: str, port: int) -> tuple[dict, dict, dict]:
     return cm, job, container
 
 
-def run_pod(tmp_path: Path, container: dict, extra_env: dict[str, str], mode: str, stop: bool = False) -> tuple[int, str]:
+def run_pod(tmp_path: Path, container: dict, extra_env: dict[str, str], mode: str, stop: bool = False,
+            up: int = 2) -> tuple[int, str]:
     """The container's command as the kubelet runs it: its env, ``$(VAR)`` expanded from it, in the
     (local) code folder; the image's python3 is this interpreter. ``mode`` replaces the rendered input."""
     values = {e["name"]: e["value"] for e in container["env"] if "value" in e}
+    values.update({e["name"]: "0" for e in container["env"] if "valueFrom" in e})  # the pod's index, here 0
     values.update(extra_env)
     argv = [a.replace("$(MASTER_ADDR)", values.get("MASTER_ADDR", "")) for a in container["argv"]]
     assert argv[0] == "python3" and argv.count(RENDERED_MODE) == 1
     argv = [sys.executable, *(mode if a == RENDERED_MODE else a for a in argv[1:])]
+    argv = [sys.executable if a == "python" else a for a in argv]  # a command's own `python`: this one
     shutil.rmtree(tmp_path / "ready", ignore_errors=True)
     (tmp_path / "ready").mkdir()
     proc = subprocess.Popen(argv, cwd=tmp_path / "code", env={**env(), **values}, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
     if stop:
-        stop_when_ready(tmp_path, proc)
+        stop_when_ready(tmp_path, proc, up)
     return finish(proc)
 
 
@@ -320,3 +336,14 @@ def test_an_unusable_marks_folder_is_said_and_the_pod_exits_as_torchrun_does(tmp
     p = subprocess.run([sys.executable, ENTRY, "agent", "--marks", str(tmp_path / "file" / "marks"), "--",
                         sys.executable, "-c", "raise SystemExit(3)"], capture_output=True, text=True, timeout=60)
     assert p.returncode == 3 and "cannot use" in p.stderr and "Traceback" not in p.stderr, p.stderr
+
+
+def test_a_command_run_once_per_pod_gets_the_stop_and_its_code_is_the_pods(tmp_path):
+    """Without torchrun (no `distribution`), the agent is PID 1 for the command: it passes the kubelet's
+    SIGTERM on (PID 1 itself would get none without a handler) and exits with the command's code."""
+    cm, job, container = rendered(tmp_path, "indexed-job", free_port(), distributed=False)
+    assert container["argv"][2:4] == ["agent", "--"] and "torchrun" not in container["argv"]
+    code, out = run_pod(tmp_path, container, {}, "preempt", stop=True, up=1)
+    assert code == contract.EXIT_PREEMPTED, out
+    code, out = run_pod(tmp_path, container, {}, "config")
+    assert code == contract.EXIT_CONFIG and f"{Path(sys.executable).name} exited 78; it exits 78" in out, out

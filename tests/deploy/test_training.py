@@ -312,10 +312,11 @@ def test_no_distribution_runs_the_command_once_per_pod(job_file):
     assert job["spec"]["parallelism"] == job["spec"]["completions"] == 3
     pod = job["spec"]["template"]["spec"]
     c = _container(pod)
-    # the command itself, no torchrun
-    assert [c["command"][0], *c["args"]] == ["python", "train.py", "--steps", "10", "--ckpt", "az://ckpt/run1"]
-    assert not any("torchrun" in a or "nnodes" in a or "pod_entry" in a for a in c["command"] + c["args"])
-    assert [o["kind"] for o in objects] == ["Service", "Job"]  # no pod entry: the pod's exit is the command's
+    # the command itself, no torchrun, under the pod entry's agent (PID 1: it passes SIGTERM on)
+    argv = c["command"] + c["args"]
+    assert argv == ["python3", ENTRY, "agent", "--", "python", "train.py", "--steps", "10", "--ckpt", "az://ckpt/run1"]
+    assert not any("torchrun" in a or "nnodes" in a for a in argv)
+    assert [o["kind"] for o in objects] == ["Service", "ConfigMap", "Job"]
     # one process per pod holding the node's GPUs (NC24rs_v3: 4), and its node rank from the pod index
     assert c["resources"]["limits"]["nvidia.com/gpu"] == "4"
     (rank,) = [e for e in c["env"] if e["name"] == "NODE_RANK"]

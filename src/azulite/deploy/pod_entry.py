@@ -9,6 +9,9 @@ file runs twice in a pod, both times with the Python the image has and nothing b
 
 ``python3 pod_entry.py agent [--exit-preempted N] -- torchrun ... pod_entry.py rank [--python] -- CMD...``
 
+(and ``python3 pod_entry.py agent -- CMD...`` for a command run once per pod, without torchrun: PID 1's
+signals and orphans are then handled for it, and its exit code is the pod's.)
+
 - ``agent`` is the container's process (PID 1). It starts torchrun, forwards SIGTERM/SIGINT to it (PID 1
   gets no default action for them), reaps what is orphaned to it, and exits with what the ranks said:
   78 if any rank exited 78 (and at that moment it stops torchrun, before a restart runs the same error
@@ -92,7 +95,7 @@ def verdict(torchrun_code: int, last: list[dict], config: list[dict] | None = No
         who = sorted(m.get("rank") for m in last if m.get("code") == EXIT_PREEMPTED)
         return exit_preempted, (f"rank(s) {', '.join(map(str, who))} exited {EXIT_PREEMPTED} (checkpointed, "
                                 f"preempted), no rank failed: the pod exits {exit_preempted}")
-    return torchrun_code, f"torchrun exited {torchrun_code}"
+    return torchrun_code, f"it exits {torchrun_code}"
 
 
 class UsageError(Exception):
@@ -189,7 +192,7 @@ def agent(argv: list[str]) -> int:
             code = proc.returncode = exit_code(status)
             break
     result, why = verdict(code, read_marks(marks), read_marks(marks, CONFIG), exit_preempted)
-    say(why if result == code else f"torchrun exited {code}; {why}")
+    say(f"{os.path.basename(cmd[0])} exited {code}; {why}")
     return result
 
 

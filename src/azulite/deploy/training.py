@@ -10,7 +10,8 @@ as a memory emptyDir, NCCL/UCX from the SKU, a grace period for the preemption c
 
 torchrun runs under ``pod_entry.py`` (``agent``, and ``rank`` around each rank), shipped in a ConfigMap
 beside the job and mounted at ``/azulite``: so the pod exits 78 when a rank did (the Job fails at once)
-and 75 when its ranks checkpointed after an eviction (ignored), which torchrun alone reports as 1.
+and 75 when its ranks checkpointed after an eviction (ignored), which torchrun alone reports as 1. A
+command run once per pod runs under the ``agent`` too (as PID 1 it would get no SIGTERM without a handler).
 """
 
 from __future__ import annotations
@@ -179,12 +180,11 @@ def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dic
 
 
 def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: list[str], env_extra: dict[str, str],
-                 labels: dict[str, str], restart_policy: str, subdomain: str | None = None,
-                 entry_map: str | None = None, exit_preempted: int = EXIT_PREEMPTED,
-                 container_name: str = CONTAINER) -> dict:
-    """``command`` is the launcher (torchrun) the user's command runs under, inside ``pod_entry.py`` from the
-    ConfigMap ``entry_map`` (the pod exits ``exit_preempted`` when its ranks checkpointed after a stop);
-    empty runs the command itself."""
+                 labels: dict[str, str], restart_policy: str, entry_map: str, subdomain: str | None = None,
+                 exit_preempted: int = EXIT_PREEMPTED, container_name: str = CONTAINER) -> dict:
+    """``command`` is the launcher (torchrun) the user's command runs under, empty to run the command itself;
+    either under ``pod_entry.py`` from the ConfigMap ``entry_map`` (the pod exits ``exit_preempted`` when
+    its ranks checkpointed after a stop)."""
     plan = _Plan(spec, opts)
     image = container_image(spec, opts)
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(sku, spec.resources.shm_size)}}]
@@ -195,16 +195,16 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
         mounts.append({"name": "code", "mountPath": CODE_DIR})
         init.append(code_init_container(opts, k8s_name(spec.name)))
         plan.uses_blob = True
+    # the pod entry is the container's process (PID 1): it passes SIGTERM on, reaps orphans, and exits with
+    # what the ranks said (under torchrun) or the command's own code (run once per pod)
+    volumes.append({"name": ENTRY_VOLUME, "configMap": {"name": entry_map, "defaultMode": 0o555}})
+    mounts.append({"name": ENTRY_VOLUME, "mountPath": ENTRY_DIR, "readOnly": True})
+    agent = ["python3", ENTRY, "agent", *([f"--exit-preempted={exit_preempted}"] if exit_preempted != EXIT_PREEMPTED
+                                           else []), "--"]
     if command:
-        if entry_map is None:  # pragma: no cover - the renderers below always pass it with a launcher
-            raise ValueError("a launcher needs the pod entry's ConfigMap")
-        volumes.append({"name": ENTRY_VOLUME, "configMap": {"name": entry_map, "defaultMode": 0o555}})
-        mounts.append({"name": ENTRY_VOLUME, "mountPath": ENTRY_DIR, "readOnly": True})
-        agent = ["python3", ENTRY, "agent", *([f"--exit-preempted={exit_preempted}"] if exit_preempted != EXIT_PREEMPTED
-                                               else []), "--"]
         argv = [*agent, *command, ENTRY, "rank", *_rank_command(spec, plan)]
     else:
-        argv = _plain_command(spec, plan)
+        argv = [*agent, *_plain_command(spec, plan)]
     env = _env(spec, sku, plan, opts, env_extra)
     if not command:
         # the rank a once-per-node command reads locally (launch/env.py): the Indexed Job's pod index
@@ -270,10 +270,9 @@ def indexed_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
         "--rdzv_backend=c10d", f"--rdzv_endpoint=$(MASTER_ADDR):{opts.rdzv_port}", f"--rdzv_id={name}",
         f"--max_restarts={spec.max_restarts}",
     ]
-    entry = [] if spec.distribution_type == "none" else [entry_config_map(name, opts, spec)]
     template = pod_template(spec, opts, sku, command=torchrun, labels=selector, restart_policy="Never", subdomain=name,
                             env_extra={"MASTER_ADDR": master, "MASTER_PORT": str(opts.rdzv_port)},
-                            entry_map=f"{name}-entry" if entry else None)
+                            entry_map=f"{name}-entry")
     job_spec: dict[str, Any] = {
         "parallelism": spec.nodes, "completions": spec.nodes, "completionMode": "Indexed",
         "backoffLimit": spec.max_retries,
@@ -290,7 +289,7 @@ def indexed_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
     if spec.timeout:
         job_spec["activeDeadlineSeconds"] = int(spec.timeout)
     job = {"apiVersion": "batch/v1", "kind": "Job", "metadata": _meta(name, opts, spec), "spec": job_spec}
-    return [service, *entry, job]
+    return [service, entry_config_map(name, opts, spec), job]
 
 
 def pytorch_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
