@@ -108,10 +108,9 @@ STAND_IN_AGENT = """
 import signal, sys
 from pathlib import Path
 out = Path(sys.argv[1])
-signal.signal(signal.SIGUSR2, lambda *_: (out / "woken").touch())
+signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGUSR2})  # held from here: none is lost before the wait
 (out / "ready").touch()
-while not (out / "woken").exists():
-    signal.pause()
+sys.exit(0 if signal.sigtimedwait({signal.SIGUSR2}, 120) else 1)
 """
 
 
