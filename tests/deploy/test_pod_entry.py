@@ -291,6 +291,8 @@ def run_pod(tmp_path: Path, container: dict, extra_env: dict[str, str], mode: st
     argv = [a.replace("$(MASTER_ADDR)", values.get("MASTER_ADDR", "")) for a in container["argv"]]
     assert argv[0] == "python3" and argv.count(RENDERED_MODE) == 1
     argv = [sys.executable, *(mode if a == RENDERED_MODE else a for a in argv[1:])]
+    assert argv[2] == "agent"  # its marks in this test's folder (the pod's default is a volume of its own)
+    argv[3:3] = ["--marks", str(tmp_path / "marks")]
     argv = [sys.executable if a == "python" else a for a in argv]  # a command's own `python`: this one
     shutil.rmtree(tmp_path / "ready", ignore_errors=True)
     (tmp_path / "ready").mkdir()

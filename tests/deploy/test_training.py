@@ -7,6 +7,7 @@ import kubernetes_validate
 import pytest
 
 from azulite.deploy.options import AksOptions
+from azulite.deploy import pod_entry
 from azulite.deploy.training import k8s_name
 from azulite.deploy.render import render_spec
 from azulite.deploy.azureml import AzureMLOptions
@@ -153,6 +154,9 @@ def test_option_a_reproduces_seed_002_indexed_job():
     cm = the(objects, "ConfigMap")
     assert {"name": "azulite-entry", "mountPath": "/azulite", "readOnly": True} in c["volumeMounts"]
     assert {"name": "azulite-entry", "configMap": {"name": cm["metadata"]["name"], "defaultMode": 0o555}} in pod["volumes"]
+    # the agent's marks folder (its default) on a volume: writable under a read-only root filesystem
+    assert {"name": "azulite-marks", "mountPath": pod_entry.DEFAULT_MARKS} in c["volumeMounts"]
+    assert {"name": "azulite-marks", "emptyDir": {"sizeLimit": "1Mi"}} in pod["volumes"]
     # c10d on pod 0, reachable through the headless Service the pods' subdomain names
     assert svc["spec"]["clusterIP"] == "None" and pod["subdomain"] == svc["metadata"]["name"]
     env = {e["name"]: e["value"] for e in c["env"]}
