@@ -63,10 +63,15 @@ def test_no_pids_waits_the_timeout_and_says_no_exit():
 
 def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
     """Below the range the kernel gives outgoing connections, so a neighbour's connection cannot take one
-    between the pick and the server's bind (a port from bind(0) lies inside it)."""
+    between the pick and the server's bind (a port from bind(0) lies inside it). Bindable as the servers
+    they are for bind them (the rendezvous store, uvicorn, Azurite): with SO_REUSEADDR, so that a port whose
+    last server's connections are still in TIME_WAIT counts as free (a plain bind is refused there: a test
+    beside others once failed so)."""
     lo, _ = _ephemeral_range()
     ports = free_ports(8)
     assert len(set(ports)) == 8 and all(0 < p < lo for p in ports), (ports, lo)
     for port in ports:
         with socket.socket() as s:
+            s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
+            s.listen()

@@ -358,8 +358,8 @@ class KubernetesBackend(Backend):
 
     def _preempt_impl(self, job_id: str) -> JobRecord:
         """Evict every pod of the job (policy/v1 Eviction, as a node drain or spot eviction does): each gets
-        SIGTERM and its grace period to checkpoint; its exit 75 is ignored by the Job's podFailurePolicy and
-        the pod is recreated."""
+        SIGTERM and its grace period to checkpoint; the pod then exits 75, which the Job's podFailurePolicy
+        ignores (a PyTorchJob's 143, which Kubeflow's ExitCode policy retries), and the pod is recreated."""
         from kubernetes import client as k
 
         rec = self.store.get(job_id)
