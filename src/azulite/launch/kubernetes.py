@@ -22,9 +22,9 @@ import time
 from pathlib import Path
 from typing import Any, Iterator
 
+from azulite.contract import EXIT_CONFIG
 from azulite.deploy.image import code_archive_uri
 from azulite.deploy.options import AksOptions, check_namespace
-from azulite.contract import EXIT_CONFIG
 from azulite.deploy.training import CONTAINER, PYTORCH_CONTAINER, indexed_job, k8s_name, pytorch_job
 from azulite.errors import DeployError, LaunchError, RemoteError
 from azulite.launch.backend import Backend, Feature, register_backend

@@ -69,6 +69,7 @@ class ServingSpec(_Model):
     auth_mode: Literal["key", "aml_token"] = "key"
     #: Azure ML model asset name/version of the repository (type triton_model)
     model_name: str | None = None
+    model_version: str = "1"
 
     @field_validator("name")
     @classmethod
@@ -78,7 +79,6 @@ class ServingSpec(_Model):
             raise ValueError(f"{v!r} is not a Kubernetes Service name: lowercase letters, digits and '-', a letter "
                              f"first, a letter or digit last, at most 63 characters")
         return v
-    model_version: str = "1"
 
 
 def _line_of(node: yaml.Node | None, path: tuple) -> int | None:
