@@ -21,7 +21,7 @@ from azulite.launch.backend import get_backend
 from azulite.launch.records import JobState
 from azulite.launch.settings import Settings
 from azulite.spec.loader import load_job
-from tests.launch.k8s_api import FakeKubernetes
+from tests.launch.k8s_api import FakeKubernetes, name_errors
 
 pytest.importorskip("kubernetes")
 
@@ -164,7 +164,6 @@ def test_a_job_whose_name_starts_with_a_digit_is_accepted_by_the_api_server(tmp_
         rec = backend(tmp_path, api, AZULITE_K8S_FLAVOR=flavor).submit(load_job(spec_file))
         assert rec.state == JobState.QUEUED
     assert [n for (_, n) in api.objects["services"]][0].startswith("job-2024-dlrm-")
-    from tests.launch.k8s_api import name_errors
     assert name_errors({"metadata": {"name": "2024-dlrm-1"}}, "services") != []  # what it would have been
 
 

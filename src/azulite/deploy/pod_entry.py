@@ -55,10 +55,9 @@ def say(msg: str) -> None:
     print(f"azulite pod entry: {msg}", file=sys.stderr, flush=True)
 
 
-def exit_code(status: int) -> int:
-    """A wait status as a shell says it (128+N for signal N)."""
-    code = os.waitstatus_to_exitcode(status)
-    return 128 - code if code < 0 else code
+def shell_code(returncode: int) -> int:
+    """A process's return code as a shell says it: 128+N for "killed by signal N" (-N)."""
+    return 128 - returncode if returncode < 0 else returncode
 
 
 SLOT = "slot-"  # slot-<LOCAL_RANK>.json: the latest end of each of the pod's rank processes
@@ -189,7 +188,8 @@ def agent(argv: list[str]) -> int:
             break
         if ended == pid:
             child.clear()  # nothing is sent to a pid that may be reused
-            code = proc.returncode = exit_code(status)
+            code = shell_code(os.waitstatus_to_exitcode(status))
+            proc.returncode = code
             break
     result, why = verdict(code, read_marks(marks), read_marks(marks, CONFIG), exit_preempted)
     say(f"{os.path.basename(cmd[0])} exited {code}; {why}")
@@ -226,8 +226,7 @@ def rank(argv: list[str]) -> int:
     else:
         for s in caught:  # came before the command existed, so did not reach it: passed on now
             started[0].send_signal(s)
-        rc = started[0].wait()
-        code = 128 - rc if rc < 0 else rc
+        code = shell_code(started[0].wait())
     folder = os.environ.get(ENV_MARKS)
     if folder:
         env = os.environ

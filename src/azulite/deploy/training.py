@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 import shlex
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -40,7 +41,7 @@ ENTRY_DIR = "/azulite"
 ENTRY = f"{ENTRY_DIR}/pod_entry.py"
 ENTRY_VOLUME = "azulite-entry"
 MARKS_VOLUME = "azulite-marks"
-EXIT_RETRYABLE = 128 + 15  # SIGTERM's exit: one Kubeflow's ExitCode policy retries
+EXIT_RETRYABLE = 128 + signal.SIGTERM  # SIGTERM's exit: one Kubeflow's ExitCode policy retries
 
 
 def k8s_name(name: str) -> str:
