@@ -17,6 +17,13 @@ EXIT_PREEMPTED = 75
 #: 78 is EX_CONFIG of sysexits.h: "something was found in an unconfigured or misconfigured state".
 EXIT_CONFIG = 78
 
+#: What a launcher puts before a command it runs through ``sh -c``/``bash -c`` (shell syntax: ``cd src &&
+#: python train.py``). A stop signal reaches the shell and the command alike (one process group); without it
+#: the shell dies at once (143) while the command still commits its checkpoint, orphaned. With it the shell
+#: waits for the command and exits with its code (75): POSIX runs a trap only once the foreground command
+#: has ended, with ``$?`` its status (measured with dash and bash). Its children keep the default action.
+SHELL_STOP_TRAP = "trap 'exit $?' TERM INT; "
+
 #: The job's id in the launcher's store (absent when a script runs by hand).
 ENV_JOB_ID = "AZULITE_JOB_ID"
 #: 1-based attempt number: 1 for the first run, incremented on each requeue after preemption.

@@ -249,13 +249,18 @@ signal.pause()
 """
 
 
-def rendered(tmp_path: Path, flavor: str, port: int, distributed: bool = True) -> tuple[dict, dict, dict]:
+PLAIN = "python w.py ${{inputs.mode}} ${{inputs.ready}}"
+SHELL = f"{PLAIN} && echo done"  # not the last command: bash cannot exec it in its own place
+
+
+def rendered(tmp_path: Path, flavor: str, port: int, distributed: bool = True,
+             command: str = PLAIN) -> tuple[dict, dict, dict]:
     """(ConfigMap, the job object, its container) for a 2-rank job on one node whose ranks run RANK_SCRIPT,
-    or (``distributed=False``) a command run once per pod, PLAIN_SCRIPT."""
+    or (``distributed=False``) a command run once per pod, PLAIN_SCRIPT; ``command`` SHELL: through bash."""
     code = tmp_path / "code"
     code.mkdir()
     (code / "w.py").write_text(RANK_SCRIPT if distributed else PLAIN_SCRIPT)
-    spec = {"name": "entry", "code": "code", "command": "python w.py ${{inputs.mode}} ${{inputs.ready}}",
+    spec = {"name": "entry", "code": "code", "command": command,
             "inputs": {"mode": RENDERED_MODE, "ready": str(tmp_path / "ready")},
             "environment": {"image": "reg.io/train:1"},
             "resources": {"instance_type": "Standard_NC24rs_v3", "instance_count": 1},
@@ -289,8 +294,8 @@ def run_pod(tmp_path: Path, container: dict, extra_env: dict[str, str], mode: st
     values.update({e["name"]: "0" for e in container["env"] if "valueFrom" in e})  # the pod's index, here 0
     values.update(extra_env)
     argv = [a.replace("$(MASTER_ADDR)", values.get("MASTER_ADDR", "")) for a in container["argv"]]
-    assert argv[0] == "python3" and argv.count(RENDERED_MODE) == 1
-    argv = [sys.executable, *(mode if a == RENDERED_MODE else a for a in argv[1:])]
+    assert argv[0] == "python3" and " ".join(argv).count(RENDERED_MODE) == 1
+    argv = [sys.executable, *(a.replace(RENDERED_MODE, mode) for a in argv[1:])]
     assert argv[2] == "agent"  # its marks in this test's folder (the pod's default is a volume of its own)
     argv[3:3] = ["--marks", str(tmp_path / "marks")]
     argv = [sys.executable if a == "python" else a for a in argv]  # a command's own `python`: this one
@@ -303,9 +308,11 @@ def run_pod(tmp_path: Path, container: dict, extra_env: dict[str, str], mode: st
     return finish(proc)
 
 
-def test_the_indexed_jobs_pod_exits_78_and_its_policy_fails_the_job(tmp_path):
+@pytest.mark.parametrize("cmd", [PLAIN, SHELL])  # SHELL: each rank's bash keeps its script's 75 (the trap)
+def test_the_indexed_jobs_pod_exits_78_and_its_policy_fails_the_job(tmp_path, cmd):
     port = free_port()
-    cm, job, container = rendered(tmp_path, "indexed-job", port)
+    cm, job, container = rendered(tmp_path, "indexed-job", port, command=cmd)
+    assert ("bash" in container["argv"]) == (cmd == SHELL)
     code, out = run_pod(tmp_path, container, {"MASTER_ADDR": "127.0.0.1"}, "config")
     assert code == contract.EXIT_CONFIG, out
     rules = {r["action"]: r for r in job["spec"]["podFailurePolicy"]["rules"] if "onExitCodes" in r}
@@ -339,12 +346,15 @@ def test_an_unusable_marks_folder_is_said_and_the_pod_exits_as_torchrun_does(tmp
     assert p.returncode == 3 and "cannot use" in p.stderr and "Traceback" not in p.stderr, p.stderr
 
 
-def test_a_command_run_once_per_pod_gets_the_stop_and_its_code_is_the_pods(tmp_path):
+@pytest.mark.parametrize("cmd", [PLAIN, SHELL])
+def test_a_command_run_once_per_pod_gets_the_stop_and_its_code_is_the_pods(tmp_path, cmd):
     """Without torchrun (no `distribution`), the agent is PID 1 for the command: it passes the kubelet's
-    SIGTERM on (PID 1 itself would get none without a handler) and exits with the command's code."""
-    cm, job, container = rendered(tmp_path, "indexed-job", free_port(), distributed=False)
+    SIGTERM on to the command's group (PID 1 itself would get none without a handler; through bash, the
+    script gets it too, and bash waits for it) and exits with the command's code."""
+    cm, job, container = rendered(tmp_path, "indexed-job", free_port(), distributed=False, command=cmd)
     assert container["argv"][2:4] == ["agent", "--"] and "torchrun" not in container["argv"]
     code, out = run_pod(tmp_path, container, {}, "preempt", stop=True, up=1)
     assert code == contract.EXIT_PREEMPTED, out
     code, out = run_pod(tmp_path, container, {}, "config")
-    assert code == contract.EXIT_CONFIG and f"{Path(sys.executable).name} exited 78; it exits 78" in out, out
+    name = "bash" if cmd == SHELL else Path(sys.executable).name
+    assert code == contract.EXIT_CONFIG and f"{name} exited 78; it exits 78" in out, out

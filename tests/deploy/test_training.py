@@ -273,7 +273,7 @@ def test_bad_input_is_refused_before_rendering(job_file, change, where, words):
     ("torchrun --nproc_per_node=4 train.py --lr 0.1", ["--python"], ["train.py", "--lr", "0.1"]),
     ("python -m mypkg.train --x 1", ["--python"], ["-m", "mypkg.train", "--x", "1"]),
     ("./run.sh 3", [], ["./run.sh", "3"]),
-    ("python train.py && echo done", [], ["bash", "-c", "python train.py && echo done"]),
+    ("python train.py && echo done", [], ["bash", "-c", "trap 'exit $?' TERM INT; python train.py && echo done"]),
 ])
 def test_commands_become_each_ranks_command(job_file, command, rank_opts, args):
     path = job_file({**BASE, "command": command, "outputs": {}, "priority": "dedicated"})

@@ -146,7 +146,7 @@ signal.signal(signal.SIGTERM, on_term)
 open(os.path.join(out, f"started-{rank}"), "w").close()
 while not stop:
     time.sleep(0.05)
-signal.signal(signal.SIGTERM, signal.SIG_IGN)  # the next notices (several come) must not make this exit 143
+signal.signal(signal.SIGTERM, signal.SIG_IGN)  # a later notice (a kubelet's, an event's) must not make this 143
 open(os.path.join(out, f"committed-{rank}"), "w").close()
 sys.exit(75)
 """

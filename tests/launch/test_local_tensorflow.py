@@ -107,6 +107,40 @@ def test_each_worker_and_ps_sees_exactly_its_tf_config(home, tmp_path):
     assert not job_procs({rec.id})
 
 
+# Preemptible workers (a notice: exit 75) beside a ps that ignores SIGTERM and serves forever.
+PREEMPTIBLE_WITH_PS = """
+import json, os, signal, sys, time
+cfg = json.loads(os.environ["TF_CONFIG"])
+me = f"{cfg['task']['type']}-{cfg['task']['index']}"
+if int(os.environ["AZULITE_ATTEMPT"]) > 1:
+    sys.exit(0)
+stop = []
+signal.signal(signal.SIGTERM, signal.SIG_IGN if me.startswith("ps") else lambda *_: stop.append(1))
+open(os.path.join(os.environ["AZULITE_OUTPUT_STATE"], f"started-{me}"), "w").close()
+while not stop:
+    time.sleep(0.05)
+sys.exit(75)
+"""
+
+
+def test_a_preempted_jobs_ps_that_ignores_the_stop_is_ended_by_its_guard_once_the_workers_are(home, tmp_path):
+    """The stop reaches the ps's group (its guard and the ps), once; the guard passes nothing on and, as
+    at a normal end, ends the ps when both workers have ended (exit 0), not the preempt grace's SIGKILL."""
+    spec = write_job(tmp_path / "pre", PREEMPTIBLE_WITH_PS, _tf_spec(workers=2, ps=1, nodes=1)
+                     + "outputs:\n      state:\n        type: uri_folder\n        path: state\n")
+    state = tmp_path / "pre" / "state"
+    b = backend()
+    rec = b.submit(load_job(spec))
+    wait_for(lambda: len(list(state.glob("started-*"))) == 3 or b.status(rec.id).state.terminal, 120, "all tasks up")
+    b.preempt(rec.id)
+    rec = wait_done(rec.id)
+    assert [(a.attempt, a.state) for a in rec.attempts] == [(1, "requeued"), (2, "succeeded")], rec.reason
+    first = {p.name: p.exit_code for p in rec.processes if p.kind == "agent" and p.attempt == 1}
+    assert first == {"ps-0": 0, "worker-0": 75, "worker-1": 75}, first
+    ps_log = Path(rec.job_dir) / "attempt-1" / "logs" / "ps-0.log"
+    assert "all 2 worker(s) ended; stopping parameter server" in ps_log.read_text()
+
+
 def test_failing_worker_fails_the_job_and_its_waiting_peer_is_killed(home, tmp_path):
     spec = write_job(tmp_path / "fail", FAILING_WORKER, _tf_spec(workers=2, ps=0, nodes=1))
     rec = wait_done(backend().submit(load_job(spec)).id, timeout=120)

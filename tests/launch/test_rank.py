@@ -62,7 +62,7 @@ def test_a_rank_that_ignores_the_stop_has_its_stacks_and_the_runners_in_its_log(
     proc, log = start_runner(tmp_path, IGNORES_THE_STOP, dump_after="0.5")
     try:
         wait_for(lambda: "ready" in text(log), 120, "the rank to start")
-        os.kill(proc.pid, signal.SIGTERM)  # as torchrun or the supervisor stops a rank: forwarded, ignored
+        os.kill(proc.pid, signal.SIGTERM)  # a stop reaches the runner (its group's), and the rank ignores it
         # every thread of both: the runner's main and watchdog threads, the rank's main and reader threads
         out = wait_for(lambda: (t := text(log)) and "in stuck_in_a_step" in t and t.lower().count("thread 0x") >= 4
                        and t, 60, "the rank's stacks in its log")
@@ -89,6 +89,39 @@ def test_a_command_without_the_dump_handler_is_told_so_and_left_running(tmp_path
         wait_for(lambda: "does not print stacks" in text(log), 60, "the runner's note")
         os.kill(child[0], 0)  # still alive: SIGUSR1's default action would have ended it
         assert proc.poll() is None
+    finally:
+        stop(proc)
+
+
+def test_the_runner_passes_no_stop_signal_on(tmp_path):
+    """Whoever stops a rank signals its process group, which the command shares: a SIGTERM the runner passed
+    on would be a second one (a script past its handler then exits 143, not 75). The command counts the
+    SIGTERMs delivered to it until the runner's stop watchdog, woken by the runner's own handler, sends it
+    SIGUSR1 (the forward, if any, went from that same handler half a second before)."""
+    proc, log = start_runner(tmp_path, """
+        import os, signal, sys
+        r, w = os.pipe()
+        os.set_blocking(w, False)
+        os.set_blocking(r, False)
+        signal.set_wakeup_fd(w, warn_on_full_buffer=False)  # a byte per delivery, however close together
+        signal.signal(signal.SIGTERM, lambda *_: None)
+        def report(*_):
+            try:
+                got = os.read(r, 64)
+            except BlockingIOError:
+                got = b""
+            print(f"sigterms={got.count(signal.SIGTERM)}", flush=True)
+            sys.exit(0)
+        signal.signal(signal.SIGUSR1, report)
+        print("ready", flush=True)
+        while True:
+            signal.pause()
+    """, dump_after="0.5")
+    try:
+        wait_for(lambda: "ready" in text(log), 60, "the rank to start")
+        os.kill(proc.pid, signal.SIGTERM)  # the runner alone
+        assert proc.wait(timeout=60) == 0
+        assert "sigterms=0" in text(log), text(log)
     finally:
         stop(proc)
 

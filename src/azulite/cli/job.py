@@ -499,8 +499,8 @@ def preempt(
     job_id: str = typer.Argument(..., help="Job id of a running job."),
     json_: bool = typer.Option(False, "--json", help="Print {id, state, preempt_requested} as JSON."),
 ) -> None:
-    """Simulate a spot eviction: SIGTERM every rank; ranks that commit a checkpoint and exit 75 get the job
-    requeued as a new attempt (AZULITE_ATTEMPT=n+1).  Example: azulite job preempt ddp-1"""
+    """Simulate a spot eviction: one SIGTERM to every process of every rank; ranks that commit a checkpoint
+    and exit 75 get the job requeued as a new attempt (AZULITE_ATTEMPT=n+1).  Example: azulite job preempt ddp-1"""
     rec = _backend_for(job_id).preempt(job_id)
     if json_:
         print(json.dumps({"id": rec.id, "state": rec.state.value, "preempt_requested": True}))

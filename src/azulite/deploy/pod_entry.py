@@ -12,11 +12,13 @@ file runs twice in a pod, both times with the Python the image has and nothing b
 (and ``python3 pod_entry.py agent -- CMD...`` for a command run once per pod, without torchrun: PID 1's
 signals and orphans are then handled for it, and its exit code is the pod's.)
 
-- ``agent`` is the container's process (PID 1). It starts torchrun, forwards SIGTERM/SIGINT to it (PID 1
-  gets no default action for them), reaps what is orphaned to it, and exits with what the ranks said:
-  78 if any rank exited 78 (and at that moment it stops torchrun, before a restart runs the same error
-  again); ``--exit-preempted`` (75; 143 for Kubeflow's ExitCode policy, which retries only signal exits)
-  when the latest ends of its ranks include a 75 and no failure of a rank's own; otherwise torchrun's code.
+- ``agent`` is the container's process (PID 1). It starts torchrun in a process group of its own and
+  forwards SIGTERM/SIGINT to that group (PID 1 gets no default action for them; for a command run once per
+  pod the group is the command's shell and what it runs, each stopped once), reaps what is orphaned to
+  it, and exits with what the ranks said: 78 if any rank exited 78 (and at that moment it stops torchrun,
+  before a restart runs the same error again); ``--exit-preempted`` (75; 143 for Kubeflow's ExitCode
+  policy, which retries only signal exits) when the latest ends of its ranks include a 75 and no failure
+  of a rank's own; otherwise torchrun's code.
 - ``rank`` is what torchrun starts for each rank: it runs the user's command (``--python``: with torchrun's
   interpreter and ``-u``, as torchrun runs a script), outlives SIGTERM/SIGINT (torchrun's killpg reaches
   the command too, which decides how to end: a checkpoint, then 75), writes the exit code to the marks folder
@@ -140,8 +142,8 @@ def agent(argv: list[str]) -> int:
     except OSError as e:
         say(f"cannot use {marks} for the ranks' exit codes ({e.strerror or e}): the pod exits as torchrun does")
         del env[ENV_MARKS]
-    child: list[int] = []  # torchrun's pid while it runs (os.kill, not Popen.send_signal: its poll() could
-    stopping: list[str] = []  # reap torchrun inside a handler, under the wait below)
+    child: list[int] = []  # torchrun's pid (and group) while it runs (os.killpg, not Popen.send_signal: its
+    stopping: list[str] = []  # poll() could reap torchrun inside a handler, under the wait below)
     early: list[int] = []  # stop signals that came before torchrun did: sent once it exists
 
     def send(signum: int) -> None:
@@ -149,7 +151,7 @@ def agent(argv: list[str]) -> int:
             early.append(signum)
             return
         try:
-            os.kill(child[0], signum)
+            os.killpg(child[0], signum)
         except ProcessLookupError:
             pass
 
@@ -171,7 +173,8 @@ def agent(argv: list[str]) -> int:
         signal.signal(s, on_stop)
     signal.signal(WAKE, on_wake)
     try:
-        proc = subprocess.Popen(cmd, env=env)  # held: a dropped Popen may be polled (reaped) by the next one
+        # held: a dropped Popen may be polled (reaped) by the next one
+        proc = subprocess.Popen(cmd, env=env, start_new_session=True)
     except OSError as e:
         say(f"cannot run {cmd[0]!r}: {e.strerror or e}; is it on the image's PATH?")
         return 127

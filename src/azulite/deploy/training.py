@@ -22,7 +22,7 @@ import signal
 from pathlib import Path
 from typing import Any
 
-from azulite.contract import CHECKPOINT_OUTPUT, EXIT_CONFIG, EXIT_PREEMPTED
+from azulite.contract import CHECKPOINT_OUTPUT, EXIT_CONFIG, EXIT_PREEMPTED, SHELL_STOP_TRAP
 from azulite.deploy import pod_entry
 from azulite.deploy.image import code_init_container, container_image
 from azulite.deploy.options import CODE_DIR, NFS_DIR, PVC_DIR, AksOptions
@@ -147,7 +147,7 @@ def _rank_command(spec: JobSpec, plan: _Plan) -> list[str]:
     env:// contract DeepSpeed reads); anything else (or anything needing a shell) runs as it is."""
     cmd = render_command(spec.command, plan.inputs, plan.outputs)
     if _SHELL.search(cmd):
-        return ["--", "bash", "-c", cmd]
+        return ["--", "bash", "-c", SHELL_STOP_TRAP + cmd]
     argv = shlex.split(cmd)
     if argv and Path(argv[0]).name in ("python", "python3"):
         return ["--python", "--", *argv[1:]]
@@ -168,7 +168,7 @@ def entry_config_map(name: str, opts: AksOptions, spec: JobSpec) -> dict:
 def _plain_command(spec: JobSpec, plan: _Plan) -> list[str]:
     """``distribution: none``: the user's command itself, once per pod (as once per node locally)."""
     cmd = render_command(spec.command, plan.inputs, plan.outputs)
-    return ["bash", "-c", cmd] if _SHELL.search(cmd) else shlex.split(cmd)
+    return ["bash", "-c", SHELL_STOP_TRAP + cmd] if _SHELL.search(cmd) else shlex.split(cmd)
 
 
 def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dict[str, str]) -> list[dict]:

@@ -130,7 +130,7 @@ class Preemption:
         self.signals = signals
         self.check_every = max(1, check_every)
         # A plain attribute, not a threading.Event: the SIGTERM handler writes it, and a handler may be
-        # entered again by a second SIGTERM (the supervisor, the rank runner and torchrun each send one)
+        # entered again by a second SIGTERM (a kubelet's and a user's; locally, before stop 39, three came)
         # while the first is inside Event.set() holding its non-reentrant lock: the rank then deadlocks
         # in its own handler and its peers wait in the next collective until torchrun SIGKILLs them all
         # (the CI hang of issue 9). A bool store is atomic under the GIL and needs no lock; nobody waits on

