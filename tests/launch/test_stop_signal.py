@@ -7,6 +7,7 @@ Open MPI for the first one's exit."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -117,7 +118,7 @@ def _mpi_ctx(tmp_path: Path):
 
 
 def _record(ctx, rank: int, pid: int, exit_code: int | None) -> None:
-    ctx.rank_record(rank).write_text(f'{{"rank": {rank}, "pid": {pid}, "exit_code": {"null" if exit_code is None else exit_code}}}')
+    ctx.rank_record(rank).write_text(json.dumps({"rank": rank, "pid": pid, "exit_code": exit_code}))
 
 
 @pytest.fixture

@@ -90,11 +90,12 @@ def ps_guard(argv: list[str]) -> int:
     split = argv.index("--")
     opts, cmd = dict(zip(argv[:split:2], argv[1:split:2])), argv[split + 1:]
     records, n_workers = Path(opts["--records"]), int(opts["--workers"])
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     # A stop (preempt) goes to this process group, which the ps shares: not passed on (a second SIGTERM).
-    # The guard stays to end a ps that ignores it (server.join()) once the workers are done.
+    # The guard stays to end a ps that ignores it (server.join()) once the workers are done. (Caught, not
+    # ignored: the ps starts with the default action, as exec resets a caught signal and keeps an ignored one.)
     signal.signal(signal.SIGTERM, lambda *_: None)
     signal.signal(signal.SIGINT, lambda *_: None)
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL)
     while proc.poll() is None:
         if _workers_done(records, n_workers):
             print(f"azulite: all {n_workers} worker(s) ended; stopping parameter server", flush=True)
