@@ -44,6 +44,19 @@ def test_bad_input_exits_2_with_field_and_fix_and_writes_nothing(tmp_path):
     assert r.returncode == 2 and "--target" in r.stderr
 
 
+def test_a_tensorflow_example_renders_as_a_tfjob_and_an_unknown_flavor_is_named(tmp_path):
+    r = run("deploy", "render", str(ROOT / "examples/tensorflow/job.yaml"), "--target", "aks", "--image",
+            "reg.io/tf:1", "--out", str(tmp_path))
+    assert r.returncode == 0, r.stderr
+    cm, tf = yaml.safe_load_all((tmp_path / "tensorflow-tfjob.yaml").read_text())
+    assert (cm["kind"], tf["kind"]) == ("ConfigMap", "TFJob")
+    assert tf["spec"]["tfReplicaSpecs"]["Worker"]["replicas"] == 2
+    r = run("deploy", "render", str(ROOT / "examples/tensorflow/job.yaml"), "--target", "aks", "--flavor", "tf",
+            "--out", str(tmp_path / "x"))
+    assert r.returncode == 2 and "--flavor" in r.stderr and "indexed-job, pytorchjob, tfjob" in r.stderr
+    assert "Traceback" not in r.stderr and not (tmp_path / "x").exists()
+
+
 def test_help_examples_name_files_that_exist(capsys, monkeypatch):
     from azulite.cli import main
 

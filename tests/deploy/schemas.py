@@ -3,10 +3,11 @@
 - Built-in kinds: the strict JSON schemas kubernetes-validate ships (generated from Kubernetes' published
   OpenAPI, one set per minor version); strict = unknown fields are errors. kubernetes_validate.validate()
   stops at the first error, so the same schemas are walked here with jsonschema's iter_errors.
-- PyTorchJob: the openAPIV3Schema of the Kubeflow training-operator CRD (data/, see data/README.md), made
-  strict the way ``kubectl apply --validate=strict`` treats a structural schema: an object with
+- PyTorchJob, TFJob: the openAPIV3Schema of the Kubeflow training-operator CRDs (data/, see data/README.md),
+  made strict the way ``kubectl apply --validate=strict`` treats a structural schema: an object with
   ``properties`` and no ``additionalProperties``/``x-kubernetes-preserve-unknown-fields`` admits no other key;
-  then what the operator's validating webhook refuses (``pytorchjob_admission_errors``).
+  then what the operator's validating webhooks refuse (``pytorchjob_admission_errors``,
+  ``tfjob_admission_errors``).
 """
 
 from __future__ import annotations
@@ -86,6 +87,7 @@ def _crd_validator(filename: str) -> jsonschema.Validator:
 #: kind -> (apiVersion, the CRD file in data/)
 CRDS = {
     "PyTorchJob": ("kubeflow.org/v1", "kubeflow.org_pytorchjobs-v1.9.0.yaml"),
+    "TFJob": ("kubeflow.org/v1", "kubeflow.org_tfjobs-v1.9.0.yaml"),
     "PrometheusRule": ("monitoring.coreos.com/v1", "monitoring.coreos.com_prometheusrules-v0.82.2.yaml"),
 }
 
@@ -143,11 +145,38 @@ def pytorchjob_admission_errors(obj: dict) -> list[str]:
     return errs
 
 
+def tfjob_admission_errors(obj: dict) -> list[str]:
+    """What the training operator's validating webhook refuses in a TFJob that its CRD schema lets through
+    (kubeflow/training-operator pkg/webhooks/tensorflow/tfjob_webhook.go at v1.9.0, 6f74c7f6; failurePolicy
+    Fail): the name a DNS-1035 label, ``tfReplicaSpecs`` present, each replica type with containers that all
+    have an image and one named ``tensorflow``, at most one Chief or Master."""
+    errs = []
+    name = obj.get("metadata", {}).get("name", "")
+    if len(name) > 63 or not _DNS1035.fullmatch(name):
+        errs.append(f"metadata.name: {name!r} is not a DNS-1035 label (a letter first)")
+    replicas = (obj.get("spec") or {}).get("tfReplicaSpecs")
+    if replicas is None:
+        errs.append("spec.tfReplicaSpecs: must be required")
+    for rtype, rspec in (replicas or {}).items():
+        where = f"spec.tfReplicaSpecs[{rtype}].template.spec.containers"
+        containers = ((rspec or {}).get("template") or {}).get("spec", {}).get("containers") or []
+        if not containers:
+            errs.append(f"{where}: must be specified")
+        errs += [f"{where}[{i}].image: must be required" for i, c in enumerate(containers) if not c.get("image")]
+        if not any(c.get("name") == "tensorflow" for c in containers):
+            errs.append(f"{where}: must have at least one container with name tensorflow")
+    if sum(1 for rtype in replicas or {} if rtype in ("Chief", "Master")) > 1:
+        errs.append("spec.tfReplicaSpecs: must not have more than 1 Chief or Master role")
+    return errs
+
+
 def errors(obj: dict, version: str) -> list[str]:
     """Errors of any rendered object: built-in kinds against Kubernetes, custom resources against their CRD
-    (and a PyTorchJob against the training operator's admission as well)."""
+    (and a PyTorchJob or TFJob against the training operator's admission as well)."""
     if obj.get("kind") == "PyTorchJob":
         return crd_errors(obj) + pytorchjob_admission_errors(obj)
+    if obj.get("kind") == "TFJob":
+        return crd_errors(obj) + tfjob_admission_errors(obj)
     if obj.get("kind") in CRDS:
         return crd_errors(obj)
     return k8s_errors(obj, version)

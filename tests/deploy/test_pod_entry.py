@@ -195,6 +195,8 @@ def test_success_and_ordinary_failures_are_torchruns_own(tmp_path):
     (137, [], [], 137),           # no ranks ran: torchrun's own code
     (1, [143, 137], [], 1),       # stopped, but nothing checkpointed: not a preemption
     (1, [143, 143], [], 1),       # e.g. ranks re-formed after an elastic 75: their latest ends are what count
+    (75, [], [], 75),             # a command run once per pod (a TFJob's task) checkpointed: 143 for Kubeflow
+    (78, [], [], 78),             # ... or met an error no restart fixes
 ])
 def test_verdict(torchrun_code, last, config, expected):
     ends = [{"round": 0, "rank": k, "code": c, "ended_at": float(k)} for k, c in enumerate(last)]
@@ -237,14 +239,15 @@ def test_a_missing_launcher_or_command_exits_as_a_shell_would(tmp_path):
 
 RENDERED_MODE = "rendered-mode"
 PLAIN_SCRIPT = """
-import os, signal, sys
+import json, os, signal, sys
 from pathlib import Path
 
 mode, ready = sys.argv[1], Path(sys.argv[2])
 signal.signal(signal.SIGTERM, lambda *_: sys.exit(75 if mode == "preempt" else 143))
 if mode == "config":
     sys.exit(78)
-(ready / f"node-{os.environ['NODE_RANK']}").touch()
+task = json.loads(os.environ["TF_CONFIG"])["task"] if "TF_CONFIG" in os.environ else None
+(ready / (f"{task['type']}-{task['index']}" if task else f"node-{os.environ['NODE_RANK']}")).touch()
 signal.pause()
 """
 
@@ -267,13 +270,15 @@ def rendered(tmp_path: Path, flavor: str, port: int, distributed: bool = True,
             "outputs": {"checkpoints": {"path": "az://ckpt/run1"}}}
     if distributed:
         spec["distribution"] = {"type": "pytorch", "process_count_per_instance": 2}
+    if flavor == "tfjob":
+        spec["distribution"] = {"type": "tensorflow", "worker_count": 2, "parameter_server_count": 1}
     (tmp_path / "job.yaml").write_text(yaml.safe_dump(spec))
     files = render_spec(tmp_path / "job.yaml", "aks", AksOptions(flavor=flavor, rdzv_port=port), AzureMLOptions())
     objects = [d for text in files.values() for d in docs(text)]
     (cm,) = [o for o in objects if o["kind"] == "ConfigMap"]
     job = objects[-1]
     pod = job["spec"]["template"]["spec"] if job["kind"] == "Job" else \
-        job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
+        job["spec"].get("pytorchReplicaSpecs", job["spec"].get("tfReplicaSpecs"))["Worker"]["template"]["spec"]
     (container,) = pod["containers"]
     (volume,) = [v for v in pod["volumes"] if "configMap" in v]
     assert volume["configMap"]["name"] == cm["metadata"]["name"]
@@ -358,3 +363,19 @@ def test_a_command_run_once_per_pod_gets_the_stop_and_its_code_is_the_pods(tmp_p
     code, out = run_pod(tmp_path, container, {}, "config")
     name = "bash" if cmd == SHELL else Path(sys.executable).name
     assert code == contract.EXIT_CONFIG and f"{name} exited 78; it exits 78" in out, out
+
+
+def test_a_tfjobs_worker_exits_as_kubeflows_exit_code_policy_reads(tmp_path):
+    """A TFJob's task runs once under the agent, with the TF_CONFIG the operator sets: a worker whose script
+    checkpointed after the kubelet's SIGTERM exits 143 (recreated), one that met a 78 fails the job."""
+    cm, job, container = rendered(tmp_path, "tfjob", free_port(), distributed=False)
+    assert container["name"] == "tensorflow" and "torchrun" not in container["argv"]
+    assert container["argv"][2:5] == ["agent", "--exit-preempted=143", "--"]
+    workers = [f"entry-worker-{i}.default.svc:2222" for i in range(2)]
+    tf_config = json.dumps({"cluster": {"worker": workers, "ps": ["entry-ps-0.default.svc:2222"]},
+                            "task": {"type": "worker", "index": 1}, "environment": "cloud"})
+    code, out = run_pod(tmp_path, container, {"TF_CONFIG": tf_config}, "preempt", stop=True, up=1)
+    assert code == 143 and (tmp_path / "ready" / "worker-1").exists(), out
+    assert "exited 75 (checkpointed, preempted): the pod exits 143" in out
+    code, out = run_pod(tmp_path, container, {"TF_CONFIG": tf_config}, "config")
+    assert code == contract.EXIT_CONFIG, out

@@ -1,5 +1,6 @@
-"""Training jobs for AKS: the Indexed Job + Service and the PyTorchJob, validated offline (strict
-Kubernetes 1.30 and 1.37 schemas; the training-operator CRD), compared with seed 002's manifests."""
+"""Training jobs for AKS: the Indexed Job + Service, the PyTorchJob and (tensorflow jobs) the TFJob, validated
+offline (strict Kubernetes 1.30 and 1.37 schemas; the training-operator CRDs and admission rules), compared
+with seed 002's manifests."""
 
 from __future__ import annotations
 
@@ -254,7 +255,8 @@ def test_dockerfile_from_requirements(job_file, tmp_path):
     ({"priority": "spot", "outputs": {}, "command": "python train.py"}, "outputs.checkpoints", "az://"),
     ({"environment": "azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest"}, "environment", "--image"),
     ({"environment": None}, "environment", "environment.image"),
-    ({"distribution": {"type": "tensorflow", "worker_count": 2}}, "distribution.type", "--target azureml"),
+    ({"distribution": {"type": "mpi", "process_count_per_instance": 2}}, "distribution.type", "--target azureml"),
+    ({"distribution": {"type": "tensorflow", "worker_count": 9}}, "distribution.worker_count", "at most 8 workers"),
     ({"outputs": {"checkpoints": {}}}, "outputs.checkpoints.path", "--pvc"),
     ({"inputs": {"steps": 3, "data": {"type": "uri_folder", "path": "azureml://datasets/x"}}}, "inputs.data.path", "az://"),
 ])
@@ -332,3 +334,58 @@ def test_no_distribution_as_pytorchjob_names_the_fix(job_file):
     with pytest.raises(DeployError) as e:
         render(job_file(spec), "pytorchjob")
     assert e.value.where == "distribution" and "indexed-job" in e.value.fix
+
+
+TF = {**BASE, "distribution": {"type": "tensorflow", "worker_count": 4, "parameter_server_count": 2}}
+
+
+@pytest.mark.parametrize("flavor", ["indexed-job", "tfjob"])  # a tensorflow job is a TFJob either way
+@pytest.mark.parametrize("variant", [{}, {"priority": "spot"}, {"timeout": "2h", "max_retries": 1},
+                                     {"distribution": {"type": "tensorflow", "worker_count": 1}}])
+def test_a_tensorflow_job_renders_as_a_tfjob_that_validates_strictly(job_file, flavor, variant):
+    objects = render(job_file({**TF, **variant}), flavor, code_uri="az://code/jobs", storage_account="acct")
+    assert [o["kind"] for o in objects] == ["ConfigMap", "TFJob"]
+    assert_valid(objects)
+
+
+def test_the_tfjob_runs_each_task_once_under_the_pod_entry_with_kubeflows_exit_codes(job_file, tmp_path):
+    files = render_spec(job_file(TF), "aks", AksOptions(), AzureMLOptions())
+    assert list(files) == ["job-tfjob.yaml"]
+    cm, tf = docs(files["job-tfjob.yaml"])
+    spec = tf["spec"]
+    assert spec["successPolicy"] == "AllWorkers" and spec["runPolicy"]["cleanPodPolicy"] == "Running"
+    replicas = spec["tfReplicaSpecs"]
+    assert {k: (v["replicas"], v["restartPolicy"]) for k, v in replicas.items()} == {"PS": (2, "ExitCode"),
+                                                                                    "Worker": (4, "ExitCode")}
+    for rtype, gpus in (("Worker", "2"), ("PS", None)):  # 4 workers on 2 nodes of 4 GPUs: 2 each; a ps none
+        (c,) = replicas[rtype]["template"]["spec"]["containers"]
+        assert c["name"] == "tensorflow" and c["ports"] == [{"name": "tfjob-port", "containerPort": 2222}]
+        assert [c["command"][0], *c["args"]][:5] == ["python3", ENTRY, "agent", "--exit-preempted=143", "--"]
+        assert c["args"][4:] == ["python", "train.py", "--steps", "10", "--ckpt", "az://ckpt/run1"]
+        assert (c.get("resources") or {}).get("limits", {}).get("nvidia.com/gpu") == gpus
+        assert not [e for e in c["env"] if e["name"] in ("NODE_RANK", "TF_CONFIG")]  # the operator's TF_CONFIG
+        volume = next(v for v in replicas[rtype]["template"]["spec"]["volumes"] if "configMap" in v)
+        assert volume["configMap"]["name"] == cm["metadata"]["name"] == "job-entry"
+
+
+def test_tfjob_admission_rules_can_fail(job_file):
+    tf = the(render(job_file(TF)), "TFJob")
+    replicas = tf["spec"]["tfReplicaSpecs"]
+    replicas["Worker"]["template"]["spec"]["containers"][0]["name"] = "trainer"
+    replicas["Chief"] = replicas["Master"] = replicas["PS"]
+    tf["metadata"]["name"] = "2tf"
+    errs = schemas.tfjob_admission_errors(tf)
+    assert len(errs) == 3 and any("name tensorflow" in e for e in errs) and any("Chief or Master" in e for e in errs)
+    assert schemas.crd_errors(tf) == []  # the CRD lets all three through
+    replicas["Worker"]["replicas"] = "4"
+    assert len(schemas.crd_errors(tf)) == 1
+
+
+@pytest.mark.parametrize("flavor, change, words", [
+    ("pytorchjob", TF, "a PyTorchJob runs torchrun"),
+    ("tfjob", BASE, "a TFJob runs TensorFlow"),
+])
+def test_a_flavor_that_cannot_run_the_job_is_refused(job_file, flavor, change, words):
+    with pytest.raises(DeployError, match=words) as e:
+        render(job_file(change), flavor)
+    assert e.value.where == "--flavor" and e.value.fix

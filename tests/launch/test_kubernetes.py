@@ -140,6 +140,56 @@ def test_a_failed_job_shows_the_exit_code_its_pods_ended_with(tmp_path, api, spe
     assert f"pod {name}-1-abcde exited 78 (an error no restart can fix" in (got.attempts[-1].reason or "")
 
 
+def test_a_tensorflow_job_is_a_tfjob_whose_workers_are_its_ranks(tmp_path, api, spec_file):
+    """A tensorflow job goes as a TFJob with the default flavor: the API server (the CRD and the operator's
+    admission rules) takes it, the operator's conditions drive its state, `--rank N` reads worker N (the
+    parameter servers after the workers), a worker's 78 is the failed job's code, cancel deletes it."""
+    data = yaml.safe_load(spec_file.read_text())
+    data["distribution"] = {"type": "tensorflow", "worker_count": 2, "parameter_server_count": 1}
+    spec_file.write_text(yaml.safe_dump(data))
+    b = backend(tmp_path, api)
+    rec = b.submit(load_job(spec_file))
+    ((_, name),) = api.objects["tfjobs"]
+    assert api.objects["jobs"] == {} and api.objects["services"] == {}
+    assert list(api.objects["configmaps"]) == [("default", f"{name}-entry")]
+    tf = api.objects["tfjobs"][("default", name)]["spec"]
+    assert {k: v["replicas"] for k, v in tf["tfReplicaSpecs"].items()} == {"PS": 1, "Worker": 2}
+    api.set_status("tfjobs", name, {"conditions": [{"type": "Running", "status": "True"}]})
+    assert b.status(rec.id).state == JobState.RUNNING
+    api.add_pod(name, 0, "ps serving\n", replica="ps", container="tensorflow")
+    api.add_pod(name, 1, "worker 1 step 5\n", replica="worker", container="tensorflow")
+    api.add_pod(name, 0, "worker 0 step 5\n", replica="worker", container="tensorflow")
+    assert list(b.logs(rec.id)) == [f"[{name}-worker-0] worker 0 step 5", f"[{name}-worker-1] worker 1 step 5",
+                                    f"[{name}-ps-0] ps serving"]
+    assert list(b.logs(rec.id, rank=1)) == [f"[{name}-worker-1] worker 1 step 5"]
+    b.preempt(rec.id)
+    assert sorted(api.evicted) == sorted([f"{name}-ps-0", f"{name}-worker-0", f"{name}-worker-1"])
+    api.add_pod(name, 2, "bad setting\n", replica="worker", container="tensorflow", exit_code=78)
+    api.set_status("tfjobs", name, {"conditions": [{"type": "Failed", "status": "True", "reason": "TFJobFailed",
+                                                    "message": f"TFJob default/{name} has failed"}]})
+    got = b.status(rec.id)
+    assert got.state == JobState.FAILED and got.exit_code == 78
+    assert f"pod {name}-worker-2 exited 78" in (got.attempts[-1].reason or "")
+    b.cancel(rec.id)
+    assert api.objects["tfjobs"] == {} and api.objects["configmaps"] == {}
+    assert ("DELETE", f"/apis/kubeflow.org/v1/namespaces/default/tfjobs/{name}") in api.requests
+
+
+@pytest.mark.parametrize("flavor, distribution, words", [
+    ("pytorchjob", {"type": "tensorflow", "worker_count": 2}, "a PyTorchJob runs torchrun"),
+    ("tfjob", {"type": "pytorch", "process_count_per_instance": 4}, "a TFJob runs TensorFlow"),
+])
+def test_a_flavor_that_cannot_run_the_job_is_refused_before_any_request(tmp_path, api, spec_file, flavor,
+                                                                          distribution, words):
+    data = yaml.safe_load(spec_file.read_text())
+    data["distribution"] = distribution
+    spec_file.write_text(yaml.safe_dump(data))
+    b = backend(tmp_path, api, AZULITE_K8S_FLAVOR=flavor)
+    with pytest.raises(DeployError, match=words) as e:
+        b.submit(load_job(spec_file))
+    assert e.value.where == "--flavor" and api.requests == [] and b.list() == []
+
+
 def test_a_failed_job_without_a_pod_that_says_why_exits_1(tmp_path, api, spec_file):
     b = backend(tmp_path, api)
     rec = b.submit(load_job(spec_file))

@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 from rich.console import Console
 
-from azulite.deploy.options import check_namespace
+from azulite.deploy.options import FLAVORS, check_namespace
 from azulite.errors import AzuliteError
 
 app = typer.Typer(no_args_is_help=True, help=(
@@ -33,7 +33,7 @@ def render(
     spec: Path = typer.Argument(..., help="A job spec or a serving spec (YAML)."),
     target: str = typer.Option("aks", "--target", help="aks or azureml."),
     out: Path = typer.Option(..., "--out", help="Folder to write into (created)."),
-    flavor: str = typer.Option("indexed-job", "--flavor", help="AKS jobs: indexed-job or pytorchjob."),
+    flavor: str = typer.Option("indexed-job", "--flavor", help="AKS jobs: indexed-job or pytorchjob; tfjob for a tensorflow job (also its default)."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace of the rendered objects."),
     image: Optional[str] = typer.Option(None, "--image", help="Image to run (default: the spec's environment.image)."),
     code_uri: Optional[str] = typer.Option(None, "--code-uri", help="az://container/prefix the code snapshot is fetched from (default: baked into the image)."),
@@ -52,8 +52,8 @@ def render(
 
     if target not in ("aks", "azureml"):
         raise AzuliteError(f"unknown target {target!r}", where="--target", fix="use --target aks or --target azureml")
-    if flavor not in ("indexed-job", "pytorchjob"):
-        raise AzuliteError(f"unknown flavor {flavor!r}", where="--flavor", fix="use --flavor indexed-job or --flavor pytorchjob")
+    if flavor not in FLAVORS:
+        raise AzuliteError(f"unknown flavor {flavor!r}", where="--flavor", fix=f"use --flavor {', '.join(FLAVORS)}")
     check_namespace(namespace, "--namespace")
     if image is not None and not _IMAGE.fullmatch(image):
         raise AzuliteError(f"{image!r} is not an image reference", where="--image",

@@ -31,10 +31,16 @@ def check_namespace(value: str, where: str) -> str:
     return value
 
 
+#: how a job runs on Kubernetes: an Indexed Job (+ headless Service), a Kubeflow PyTorchJob, or a Kubeflow
+#: TFJob (a tensorflow job's, which the default indexed-job also renders as)
+FLAVORS = ("indexed-job", "pytorchjob", "tfjob")
+Flavor = Literal["indexed-job", "pytorchjob", "tfjob"]
+
+
 @dataclass(frozen=True)
 class AksOptions:
     namespace: str = "default"
-    flavor: Literal["indexed-job", "pytorchjob"] = "indexed-job"
+    flavor: Flavor = "indexed-job"
     #: the image to run; overrides the spec's environment.image (and names the image the Dockerfile builds)
     image: str | None = None
     #: az://container/prefix: the code snapshot is uploaded there at submit and fetched by an init container;

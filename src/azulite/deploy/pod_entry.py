@@ -10,7 +10,8 @@ file runs twice in a pod, both times with the Python the image has and nothing b
 ``python3 pod_entry.py agent [--exit-preempted N] -- torchrun ... pod_entry.py rank [--python] -- CMD...``
 
 (and ``python3 pod_entry.py agent -- CMD...`` for a command run once per pod, without torchrun: PID 1's
-signals and orphans are then handled for it, and its exit code is the pod's.)
+signals and orphans are then handled for it, and its exit code is the pod's, a 75 said as
+``--exit-preempted``: a TFJob's workers and parameter servers.)
 
 - ``agent`` is the container's process (PID 1). It starts torchrun in a process group of its own and
   forwards SIGTERM/SIGINT to that group (PID 1 gets no default action for them; for a command run once per
@@ -92,6 +93,9 @@ def verdict(torchrun_code: int, last: list[dict], config: list[dict] | None = No
         return EXIT_CONFIG, (f"rank {first.get('rank')} exited {EXIT_CONFIG} (an error no restart can fix): "
                              f"the pod exits {EXIT_CONFIG}, its log says what and how to fix it")
     codes = [m.get("code") for m in last]
+    if not last and torchrun_code == EXIT_PREEMPTED:  # a command run once per pod (a TFJob's task) said it
+        return exit_preempted, (f"the command exited {EXIT_PREEMPTED} (checkpointed, preempted): the pod exits "
+                                f"{exit_preempted}")
     if torchrun_code != 0 and EXIT_PREEMPTED in codes and all(c in NOT_A_CAUSE for c in codes):
         who = sorted(m.get("rank") for m in last if m.get("code") == EXIT_PREEMPTED)
         return exit_preempted, (f"rank(s) {', '.join(map(str, who))} exited {EXIT_PREEMPTED} (checkpointed, "

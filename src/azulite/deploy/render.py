@@ -56,9 +56,10 @@ def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.
     job = load_job(path, overrides)
     if target == "azureml":
         return {f"{training.k8s_name(job.name)}.azureml.yml": dump_all([azureml.command_job(job, aml)])}
-    objects = training.indexed_job(job, aks) if aks.flavor == "indexed-job" else training.pytorch_job(job, aks)
+    objects = training.training_objects(job, aks)
     name = training.k8s_name(job.name)
-    files = {f"{name}-{aks.flavor}.yaml": dump_all(objects)}
+    flavor = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "TFJob": "tfjob"}[objects[-1]["kind"]]
+    files = {f"{name}-{flavor}.yaml": dump_all(objects)}
     docker = dockerfile(job, aks)
     if docker:
         files["Dockerfile"] = docker

@@ -1,9 +1,10 @@
 """A job spec as Kubernetes training objects: (a) an Indexed Job + headless Service with torchrun in each
 pod and the c10d rendezvous on pod 0 (seed 002 "Option A"), (b) a Kubeflow PyTorchJob with an
-``elasticPolicy`` (seed 002 "Option C") over the spec's node range. A job without ``distribution`` runs its
-command itself, one pod per node (the Indexed Job only).
+``elasticPolicy`` (seed 002 "Option C") over the spec's node range, (c) for a ``tensorflow`` job, a Kubeflow
+TFJob: one pod per worker and per parameter server, each with the TF_CONFIG the operator sets. A job without
+``distribution`` runs its command itself, one pod per node (the Indexed Job only).
 
-Both share one pod template: GPU pool nodeSelector/tolerations (``sku=gpu:NoSchedule``; spot pools
+All share one pod template: GPU pool nodeSelector/tolerations (``sku=gpu:NoSchedule``; spot pools
 ``kubernetes.azure.com/scalesetpriority=spot``), ``nvidia.com/gpu`` = processes per instance, ``/dev/shm``
 as a memory emptyDir, NCCL/UCX from the SKU, a grace period for the preemption checkpoint, outputs on Blob
 (workload identity) or a PVC, and the code either fetched by an init container or baked into the image.
@@ -33,6 +34,8 @@ from azulite.spec.loader import render_command
 
 CONTAINER = "trainer"
 PYTORCH_CONTAINER = "pytorch"  # the training operator's admission requires it, and its ExitCode policy reads it
+TF_CONTAINER = "tensorflow"  # the same for a TFJob (TFJobDefaultContainerName)
+TF_PORT = 2222  # the port TF_CONFIG names for every task (the operator's TFJobDefaultPort, as `tfjob-port`)
 GPU_TAINT = {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"}
 SPOT_KEY = "kubernetes.azure.com/scalesetpriority"
 SPOT_TAINT = {"key": SPOT_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
@@ -120,11 +123,11 @@ class _Plan:
 
 def check_job(spec: JobSpec, opts: AksOptions) -> SkuFacts:
     """Everything that must hold before anything is rendered or sent."""
-    if spec.distribution_type not in ("pytorch", "none"):
+    if spec.distribution_type not in ("pytorch", "tensorflow", "none"):
         raise DeployError(
-            f"the Kubernetes targets run torchrun (pytorch, DeepSpeed) or the bare command once per pod (no "
-            f"distribution); this job is {spec.distribution_type}",
-            where="distribution.type", fix="use --target azureml for tensorflow and mpi jobs",
+            f"the Kubernetes targets run torchrun (pytorch, DeepSpeed), a TFJob (tensorflow) or the bare command "
+            f"once per pod (no distribution); this job is {spec.distribution_type}",
+            where="distribution.type", fix="use --target azureml for mpi jobs",
         )
     sku = sku_facts(spec.resources.instance_type)
     check_processes(spec.processes_per_node, sku)
@@ -183,10 +186,12 @@ def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dic
 
 def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: list[str], env_extra: dict[str, str],
                  labels: dict[str, str], restart_policy: str, entry_map: str, subdomain: str | None = None,
-                 exit_preempted: int = EXIT_PREEMPTED, container_name: str = CONTAINER) -> dict:
+                 exit_preempted: int = EXIT_PREEMPTED, container_name: str = CONTAINER, gpus: int | None = None,
+                 indexed: bool = True, ports: list[dict] | None = None) -> dict:
     """``command`` is the launcher (torchrun) the user's command runs under, empty to run the command itself;
     either under ``pod_entry.py`` from the ConfigMap ``entry_map`` (the pod exits ``exit_preempted`` when
-    its ranks checkpointed after a stop)."""
+    its ranks checkpointed after a stop). ``gpus``: the container's GPUs when not one per process (torchrun)
+    or the node's (a command run once per pod); ``indexed``: an Indexed Job's pod (NODE_RANK from its index)."""
     plan = _Plan(spec, opts)
     image = container_image(spec, opts)
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(sku, spec.resources.shm_size)}}]
@@ -211,7 +216,7 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
     else:
         argv = [*agent, *_plain_command(spec, plan)]
     env = _env(spec, sku, plan, opts, env_extra)
-    if not command:
+    if not command and indexed:
         # the rank a once-per-node command reads locally (launch/env.py): the Indexed Job's pod index
         env.insert(0, {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
             "fieldPath": "metadata.annotations['batch.kubernetes.io/job-completion-index']"}}})
@@ -224,9 +229,12 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
         "env": env,
         "volumeMounts": plan.mounts + mounts,
     }
-    if sku.gpus:
+    if ports:
+        container["ports"] = ports
+    if gpus is None and sku.gpus:
         # torchrun: one GPU per process; a bare command (one process per pod) gets the whole node's GPUs
         gpus = spec.processes_per_node if command else sku.gpus
+    if gpus:
         container["resources"] = {"limits": {"nvidia.com/gpu": str(gpus)}}
     node_selector = {"sku": "gpu"} if sku.gpus else {}
     node_selector["node.kubernetes.io/instance-type"] = sku.name
@@ -322,9 +330,66 @@ def pytorch_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
                           "maxRestarts": (spec.max_restarts or 3) + spec.max_retries},
         "nprocPerNode": str(spec.processes_per_node),
         "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "ExitCode", "template": template}},
-        "runPolicy": {"backoffLimit": spec.max_retries, "cleanPodPolicy": "None"},
     }
+    return _kubeflow_job("PyTorchJob", name, opts, spec, body, clean_pods="None")
+
+
+def _kubeflow_job(kind: str, name: str, opts: AksOptions, spec: JobSpec, body: dict, *, clean_pods: str) -> list[dict]:
+    """[the pod entry's ConfigMap, a Kubeflow job of ``kind``]: ``body`` and the runPolicy the kinds share
+    (``backoffLimit`` = max_retries, the spec's timeout as ``activeDeadlineSeconds``)."""
+    run: dict[str, Any] = {"backoffLimit": spec.max_retries, "cleanPodPolicy": clean_pods}
     if spec.timeout:
-        body["runPolicy"]["activeDeadlineSeconds"] = int(spec.timeout)
-    return [entry_config_map(name, opts, spec),
-            {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": _meta(name, opts, spec), "spec": body}]
+        run["activeDeadlineSeconds"] = int(spec.timeout)
+    return [entry_config_map(name, opts, spec), {"apiVersion": "kubeflow.org/v1", "kind": kind,
+                                                 "metadata": _meta(name, opts, spec), "spec": {**body, "runPolicy": run}}]
+
+
+def tf_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
+    """[ConfigMap, TFJob]: a pod per worker (``Worker``, ``worker_count``) and per parameter server (``PS``),
+    each running the command once under the pod entry, with the TF_CONFIG the operator sets (every task at
+    ``<job>-<type>-<i>.<namespace>.svc:2222``, as the local launcher gives each its own address). Workers
+    share a node's GPUs as the local launcher shares its nodes (worker ``i`` on node ``i % instance_count``);
+    parameter servers get none. Kubeflow's ExitCode policy as for the PyTorchJob: a worker whose script
+    checkpointed after SIGTERM exits 143 (recreated), a 78 fails the job, and so does any other failure (the
+    operator counts ``backoffLimit``, the spec's max_retries, only for pods restarted in place); the job
+    succeeds when every worker has (``successPolicy: AllWorkers``, the local rule) and the parameter servers,
+    which never end by themselves, are then deleted (``cleanPodPolicy: Running``)."""
+    sku = check_job(spec, opts)
+    d = spec.distribution
+    workers, ps = getattr(d, "worker_count", 1), getattr(d, "parameter_server_count", 0)
+    name = name or k8s_name(spec.name)
+    per_node = -(-workers // spec.nodes)
+    if sku.gpus and per_node > sku.gpus:
+        raise DeployError(f"{workers} workers on {spec.nodes} node(s) put {per_node} on a node of {sku.name}, which "
+                          f"has {sku.gpus} GPU(s): a worker needs one", where="distribution.worker_count",
+                          fix=f"use at most {sku.gpus * spec.nodes} workers, or more nodes (instance_count)")
+    worker_gpus = sku.gpus // per_node if sku.gpus else 0
+    port = [{"name": "tfjob-port", "containerPort": TF_PORT}]
+
+    def template(gpus: int) -> dict:
+        return pod_template(spec, opts, sku, command=[], labels={"azulite.io/job": name}, restart_policy="Never",
+                            env_extra={}, entry_map=f"{name}-entry", exit_preempted=EXIT_RETRYABLE,
+                            container_name=TF_CONTAINER, gpus=gpus, indexed=False, ports=port)
+
+    replicas: dict[str, Any] = {}
+    if ps:
+        replicas["PS"] = {"replicas": ps, "restartPolicy": "ExitCode", "template": template(0)}
+    replicas["Worker"] = {"replicas": workers, "restartPolicy": "ExitCode", "template": template(worker_gpus)}
+    return _kubeflow_job("TFJob", name, opts, spec, {"tfReplicaSpecs": replicas, "successPolicy": "AllWorkers"},
+                         clean_pods="Running")
+
+
+def training_objects(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
+    """The objects of ``spec`` for ``opts.flavor``: a tensorflow job is a TFJob (flavor ``tfjob``, or the
+    default ``indexed-job``, whose pods could not tell workers from parameter servers); a PyTorchJob flavor
+    for it, or a TFJob for another job, is refused."""
+    tensorflow = spec.distribution_type == "tensorflow"
+    if tensorflow and opts.flavor == "pytorchjob":
+        raise DeployError("a PyTorchJob runs torchrun in each worker; this job is tensorflow",
+                          where="--flavor", fix="use --flavor tfjob (or leave the flavor out)")
+    if not tensorflow and opts.flavor == "tfjob":
+        raise DeployError(f"a TFJob runs TensorFlow's workers and parameter servers; this job is "
+                          f"{spec.distribution_type}", where="--flavor", fix="use --flavor indexed-job or pytorchjob")
+    if tensorflow:
+        return tf_job(spec, opts, name)
+    return indexed_job(spec, opts, name) if opts.flavor == "indexed-job" else pytorch_job(spec, opts, name)

@@ -1,6 +1,6 @@
 """The ``kubernetes`` backend: a job spec rendered by ``azulite.deploy.training`` (an Indexed Job + headless
-Service, or a Kubeflow PyTorchJob) and created, watched, read and deleted through the official
-``kubernetes`` client with the user's kubeconfig.
+Service, a Kubeflow PyTorchJob, or for a tensorflow job a Kubeflow TFJob) and created, watched, read and
+deleted through the official ``kubernetes`` client with the user's kubeconfig.
 
 The job store (SQLite under ``AZULITE_HOME``) records each job with ``backend = kubernetes`` and, in
 ``<job dir>/remote.json``, where it runs (context, namespace, kind and object name), so that ``job show``,
@@ -8,7 +8,7 @@ The job store (SQLite under ``AZULITE_HOME``) records each job with ``backend = 
 the store up to date.
 
 Settings (read once from the environment): ``KUBECONFIG`` (default ~/.kube/config), ``AZULITE_K8S_CONTEXT``,
-``AZULITE_K8S_NAMESPACE`` (default), ``AZULITE_K8S_FLAVOR`` (indexed-job | pytorchjob), ``AZULITE_K8S_IMAGE``,
+``AZULITE_K8S_NAMESPACE`` (default), ``AZULITE_K8S_FLAVOR`` (indexed-job | pytorchjob | tfjob), ``AZULITE_K8S_IMAGE``,
 ``AZULITE_K8S_CODE_URI`` (az://container/prefix: the code snapshot is uploaded there at submit),
 ``AZULITE_K8S_STORAGE_ACCOUNT``, ``AZULITE_K8S_PVC``, ``AZULITE_K8S_SERVICE_ACCOUNT``.
 """
@@ -24,23 +24,27 @@ from typing import Any, Iterator
 
 from azulite.contract import EXIT_CONFIG
 from azulite.deploy.image import code_archive_uri
-from azulite.deploy.options import AksOptions, check_namespace
-from azulite.deploy.training import CONTAINER, PYTORCH_CONTAINER, indexed_job, k8s_name, pytorch_job
+from azulite.deploy.options import FLAVORS, AksOptions, check_namespace
+from azulite.deploy.training import CONTAINER, PYTORCH_CONTAINER, TF_CONTAINER, k8s_name, training_objects
 from azulite.errors import DeployError, LaunchError, RemoteError
 from azulite.launch.backend import Backend, Feature, register_backend
 from azulite.launch.local.store import JobStore
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
 
-PYTORCHJOB = ("kubeflow.org", "v1", "pytorchjobs")
+#: the Kubeflow kinds: (group, version, plural), as CustomObjectsApi takes them
+CUSTOM = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "TFJob": ("kubeflow.org", "v1", "tfjobs")}
+_CONTAINERS = (CONTAINER, PYTORCH_CONTAINER, TF_CONTAINER)  # the training container's name in each kind
+#: the labels the training operator gives each pod of a Kubeflow job (replica type in lower case: worker, ps)
+REPLICA_TYPE, REPLICA_INDEX = "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index"
 _SNAPSHOT_SKIP = {".git", "__pycache__", ".venv", "node_modules", ".azulite"}
 
 
 def aks_options(environ: dict[str, str]) -> AksOptions:
     flavor = environ.get("AZULITE_K8S_FLAVOR", "indexed-job")
-    if flavor not in ("indexed-job", "pytorchjob"):
+    if flavor not in FLAVORS:
         raise LaunchError(f"AZULITE_K8S_FLAVOR={flavor!r} is not a flavor", where="AZULITE_K8S_FLAVOR",
-                          fix="use indexed-job or pytorchjob (or --flavor)")
+                          fix=f"use {', '.join(FLAVORS)} (or --flavor)")
     return AksOptions(
         namespace=check_namespace(environ.get("AZULITE_K8S_NAMESPACE", "default"), "AZULITE_K8S_NAMESPACE"),
         flavor=flavor,  # type: ignore[arg-type]
@@ -114,7 +118,7 @@ def upload_code(code_dir: str, uri: str, environ: dict[str, str]) -> None:
 
 @register_backend("kubernetes")
 class KubernetesBackend(Backend):
-    unsupported = frozenset({Feature.TENSORFLOW, Feature.MPI})
+    unsupported = frozenset({Feature.MPI})
 
     def __init__(self, settings, environ=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(settings, environ)
@@ -165,8 +169,7 @@ class KubernetesBackend(Backend):
         return self.store.get(rec.id)
 
     def _objects(self, spec: JobSpec, name: str) -> list[dict]:
-        render = indexed_job if self.opts.flavor == "indexed-job" else pytorch_job
-        return render(spec, self.opts, name=name)
+        return training_objects(spec, self.opts, name=name)
 
     def _create(self, client: Any, obj: dict) -> None:
         from kubernetes import client as k
@@ -178,8 +181,9 @@ class KubernetesBackend(Backend):
             k.CoreV1Api(client).create_namespaced_config_map(ns, obj)
         elif obj["kind"] == "Job":
             k.BatchV1Api(client).create_namespaced_job(ns, obj)
-        elif obj["kind"] == "PyTorchJob":
-            k.CustomObjectsApi(client).create_namespaced_custom_object(*PYTORCHJOB[:2], ns, PYTORCHJOB[2], obj)
+        elif obj["kind"] in CUSTOM:
+            group, version, plural = CUSTOM[obj["kind"]]
+            k.CustomObjectsApi(client).create_namespaced_custom_object(group, version, ns, plural, obj)
         else:  # pragma: no cover - the renderers make only these
             raise LaunchError(f"cannot create a {obj['kind']}")
 
@@ -191,8 +195,9 @@ class KubernetesBackend(Backend):
             if where["kind"] == "Job":
                 return self.client.sanitize_for_serialization(
                     k.BatchV1Api(self.client).read_namespaced_job_status(where["name"], where["namespace"]))
+            group, version, plural = CUSTOM[where["kind"]]
             return k.CustomObjectsApi(self.client).get_namespaced_custom_object(
-                *PYTORCHJOB[:2], where["namespace"], PYTORCHJOB[2], where["name"])
+                group, version, where["namespace"], plural, where["name"])
         except k.ApiException as e:
             if e.status == 404:
                 return {}
@@ -200,7 +205,7 @@ class KubernetesBackend(Backend):
 
     @staticmethod
     def observed_state(obj: dict) -> tuple[JobState, str | None]:
-        """The job's state from a Job's or PyTorchJob's status (404: the object is gone: canceled)."""
+        """The job's state from a Job's, PyTorchJob's or TFJob's status (404: the object is gone: canceled)."""
         if not obj:
             return JobState.CANCELED, "the object is gone from the cluster"
         status = obj.get("status") or {}
@@ -237,7 +242,7 @@ class KubernetesBackend(Backend):
         ended = []
         for i, pod in enumerate(pods):
             for c in (pod.status.container_statuses or []) if pod.status else []:
-                done = c.state.terminated if c.name in (CONTAINER, PYTORCH_CONTAINER) and c.state else None
+                done = c.state.terminated if c.name in _CONTAINERS and c.state else None
                 if done is not None and done.exit_code:
                     when = done.finished_at.isoformat() if done.finished_at else "~"  # unknown: last
                     ended.append((done.exit_code != EXIT_CONFIG, when, i, pod.metadata.name, done.exit_code))
@@ -264,7 +269,8 @@ class KubernetesBackend(Backend):
             args: tuple = (where["namespace"],)
         else:
             lister = k.CustomObjectsApi(self.client).list_namespaced_custom_object
-            args = (*PYTORCHJOB[:2], where["namespace"], PYTORCHJOB[2])
+            group, version, plural = CUSTOM[where["kind"]]
+            args = (group, version, where["namespace"], plural)
         deadline = time.monotonic() + timeout_s
         last = rec.state
         while not rec.state.terminal and time.monotonic() < deadline:
@@ -297,11 +303,15 @@ class KubernetesBackend(Backend):
         except k.ApiException as e:
             raise _api_error(e, "listing the job's pods") from None
 
-        def index(p: Any) -> int:
-            ann = (p.metadata.annotations or {}).get("batch.kubernetes.io/job-completion-index")
-            return int(ann) if ann is not None and ann.isdigit() else 0
+        def order(p: Any) -> tuple[int, int, str]:
+            """An Indexed Job's pods by index; a Kubeflow job's workers by replica index (``--rank N``: worker
+            N), then its other replicas (a TFJob's parameter servers)."""
+            labels, ann = p.metadata.labels or {}, p.metadata.annotations or {}
+            index = ann.get("batch.kubernetes.io/job-completion-index") or labels.get(REPLICA_INDEX, "")
+            role = labels.get(REPLICA_TYPE, "worker")
+            return (role != "worker", int(index) if index.isdigit() else 0, p.metadata.name)
 
-        return sorted(pods, key=lambda p: (index(p), p.metadata.name))
+        return sorted(pods, key=order)
 
     def _logs_impl(self, job_id: str, *, rank: int | None, follow: bool) -> Iterator[str]:
         """Each pod's log (one pod per node: ``--rank`` picks the node), prefixed with the pod's name."""
@@ -338,8 +348,9 @@ class KubernetesBackend(Backend):
             if where["kind"] == "Job":
                 k.BatchV1Api(self.client).delete_namespaced_job(where["name"], where["namespace"], body=body)
             else:
+                group, version, plural = CUSTOM[where["kind"]]
                 k.CustomObjectsApi(self.client).delete_namespaced_custom_object(
-                    *PYTORCHJOB[:2], where["namespace"], PYTORCHJOB[2], where["name"], body=body)
+                    group, version, where["namespace"], plural, where["name"], body=body)
         except k.ApiException as e:
             if e.status != 404:
                 raise _api_error(e, f"deleting {where['namespace']}/{where['name']}") from None
