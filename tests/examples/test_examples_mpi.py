@@ -33,9 +33,11 @@ def test_mpi_example(home):
 
 
 def test_a_preempted_mpi_run_resumes_and_ends_with_the_uninterrupted_weights(home):
-    reference = set(final_hashes(run_example("mpi", "inputs.steps=30")).values())
-    p = az("job", "submit", "examples/mpi/job.yaml", "--json", "--set", "inputs.steps=30",
-           "--set", "inputs.step_sleep=0.1")
+    reference = set(final_hashes(run_example("mpi", "inputs.steps=60")).values())
+    # 0.2 s a step: the first save comes after ~2 s and the run would end ~10 s later, room for the CLI's
+    # preempt to land on a loaded machine (it must find the job running)
+    p = az("job", "submit", "examples/mpi/job.yaml", "--json", "--set", "inputs.steps=60",
+           "--set", "inputs.step_sleep=0.2")
     assert p.returncode == 0, p.stdout + p.stderr
     job = json.loads(p.stdout)
     log0 = Path(job["job_dir"]) / "attempt-1" / "logs" / "rank-0.log"
@@ -51,6 +53,6 @@ def test_a_preempted_mpi_run_resumes_and_ends_with_the_uninterrupted_weights(hom
     logs = {x["rank"]: Path(x["log"]).read_text() for x in rec["processes"]
             if x["kind"] == "rank" and x["attempt"] == 2}
     stopped = int(log0.read_text().split("preempted after step ", 1)[1].split(":")[0])
-    assert 10 <= stopped < 30 and f"checkpoint: step {stopped} saved" in log0.read_text()
+    assert 10 <= stopped < 60 and f"checkpoint: step {stopped} saved" in log0.read_text()
     assert f"resumed from step {stopped}" in logs[0]
     assert {text.strip().splitlines()[-1].split("=", 1)[1] for text in logs.values()} == reference
