@@ -348,7 +348,7 @@ def test_a_tensorflow_job_renders_as_a_tfjob_that_validates_strictly(job_file, f
     assert_valid(objects)
 
 
-def test_the_tfjob_runs_each_task_once_under_the_pod_entry_with_kubeflows_exit_codes(job_file, tmp_path):
+def test_the_tfjob_runs_each_task_once_under_the_pod_entry_with_kubeflows_exit_codes(job_file):
     files = render_spec(job_file(TF), "aks", AksOptions(), AzureMLOptions())
     assert list(files) == ["job-tfjob.yaml"]
     cm, tf = docs(files["job-tfjob.yaml"])
