@@ -8,6 +8,7 @@ import pytest
 
 from azulite.launch.local.store import JobStore
 from azulite.launch.records import JobState, TRANSITIONS
+from tests.test_sqlite_wal import opened_at_once
 
 
 def _create_many(db: str, n: int, q) -> None:
@@ -16,42 +17,17 @@ def _create_many(db: str, n: int, q) -> None:
            for _ in range(n)])
 
 
-def _open(db: str, barrier, q) -> None:
-    barrier.wait()  # every process opens the fresh file at the same moment
-    try:
-        JobStore(db)
-        q.put("ok")
-    except Exception as e:  # noqa: BLE001 - the test reports what it was
-        q.put(f"{type(e).__name__}: {e}")
-
-
-def _fresh_store_opened_at_once(tmp_path, rounds: int, n: int = 6) -> None:
-    ctx = mp.get_context("fork")
-    for r in range(rounds):
-        db = str(tmp_path / f"jobs-{r}.db")
-        barrier, q = ctx.Barrier(n), ctx.Queue()
-        procs = [ctx.Process(target=_open, args=(db, barrier, q)) for _ in range(n)]
-        for p in procs:
-            p.start()
-        got = [q.get(timeout=120) for _ in procs]
-        for p in procs:
-            p.join()
-        assert got == ["ok"] * n, (r, got)
-        mode = sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0]
-        assert mode == "wal"
-
-
 def test_a_fresh_store_opened_by_several_processes_at_once_opens_for_all(tmp_path):
     """Two shells submitting into a new AZULITE_HOME: SQLite refused the switch to WAL of a fresh file with
     "database is locked" at once (no busy wait) in 10 of 100 rounds of 6 openers before the store retried it
     (a CI run of `test_two_shells_submitting_at_once` hit it). A few rounds here; 500 in `make soak`."""
-    _fresh_store_opened_at_once(tmp_path, 20)
+    opened_at_once(tmp_path, JobStore, 20)
 
 
 @pytest.mark.soak
 @pytest.mark.timeout(1800)
 def test_a_fresh_store_opened_at_once_soak(tmp_path):
-    _fresh_store_opened_at_once(tmp_path, 500 if os.environ.get("AZULITE_SOAK") == "1" else 20)
+    opened_at_once(tmp_path, JobStore, 500 if os.environ.get("AZULITE_SOAK") == "1" else 20)
 
 
 def test_wal_and_ids(tmp_path):

@@ -8,6 +8,7 @@ import pytest
 
 from azulite.errors import KeyStoreError
 from azulite.serve.keystore import CommitWatch, KeyStore, check_token, parse_expiry, parse_quota, split_token
+from tests.test_sqlite_wal import opened_at_once
 
 
 def test_create_stores_only_a_salted_hash(tmp_path):
@@ -94,3 +95,13 @@ def test_commit_watch_sees_every_commit_of_another_connection_and_nothing_else(t
 def test_commit_watch_without_a_wal_index_always_answers_moved(tmp_path):
     for watch in (CommitWatch(None), CommitWatch(tmp_path / "no-such.db")):
         assert not watch.mapped and watch.moved() and watch.moved()
+
+
+def _new_store(path: str) -> None:
+    KeyStore(path).close()
+
+
+def test_a_fresh_key_store_opened_by_several_processes_at_once_opens_for_all(tmp_path):
+    """Several `azulite keys create` into a new store at once: SQLite refused the switch to WAL with "database
+    is locked" in 24 of 100 rounds of 6 before sqlite_wal.py retried it."""
+    opened_at_once(tmp_path, _new_store, 20)

@@ -29,6 +29,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from azulite.errors import KeyStoreError
+from azulite.sqlite_wal import open_wal
 
 PREFIX = "azk_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -148,9 +149,10 @@ class KeyStore:
                                 fix="create a key first: azulite keys create NAME (or pass the right --key-store)")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False)
-            self.journal_mode = str(self._db.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
-            self._db.executescript(_SCHEMA)
+            # a fresh file several `keys create` open at once: sqlite_wal.py retries the switch SQLite refuses
+            self._db, self.journal_mode = open_wal(
+                lambda: sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False),
+                _SCHEMA, retry_s=30.0)
             self._db.execute("SELECT id, name, salt, hash, models, rps, quota_per_day, admin, created, expires, "
                              "revoked FROM keys LIMIT 1").fetchall()
         except sqlite3.Error as exc:

@@ -20,6 +20,7 @@ from typing import Iterator
 
 from azulite.errors import JobNotFound, StorageError
 from azulite.launch.records import AttemptRecord, JobRecord, JobState, ProcessRecord, TRANSITIONS
+from azulite.sqlite_wal import open_wal
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, n INTEGER NOT NULL);
@@ -46,8 +47,8 @@ CREATE INDEX IF NOT EXISTS events_job ON events (job_id, ts);
 """
 
 
-#: how long opening the store retries a fresh file that other processes are opening at the same moment
-#: (as long as a write waits for the lock: ``busy_timeout``)
+#: how long opening the store retries a fresh file other processes open at the same moment (sqlite_wal.py):
+#: as long as a write waits for the lock (``busy_timeout``)
 _OPEN_RETRY_S = 60.0
 
 
@@ -56,32 +57,11 @@ class JobStore:
         self.db_path = Path(db_path)
         try:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
-            self._init()
+            conn, _ = open_wal(self._connect, _SCHEMA, retry_s=_OPEN_RETRY_S)
+            conn.close()
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open the job store: {exc}", where=str(self.db_path),
                                fix="check AZULITE_HOME points at a writable folder") from None
-
-    def _init(self) -> None:
-        """WAL mode and the tables, once per file. A fresh file opened by several processes at once (two
-        shells submitting into a new AZULITE_HOME): switching it to WAL takes an exclusive lock, and SQLite
-        answers "database is locked" at once instead of running the busy handler (measured: 6 processes
-        opening a fresh file together, 35 of 600 opens refused, in 10 of 100 rounds). So a locked switch is
-        tried again, with backoff, for as long as a write would wait; a file already in WAL is not switched."""
-        deadline, delay = time.monotonic() + _OPEN_RETRY_S, 0.005
-        while True:
-            conn = self._connect()
-            try:
-                if conn.execute("PRAGMA journal_mode").fetchone()[0] != "wal":
-                    conn.execute("PRAGMA journal_mode=WAL")
-                conn.executescript(_SCHEMA)
-                return
-            except sqlite3.OperationalError as exc:
-                if "locked" not in str(exc) or time.monotonic() > deadline:
-                    raise
-            finally:
-                conn.close()
-            time.sleep(delay)
-            delay = min(delay * 2, 0.25)
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.db_path, timeout=60, isolation_level=None)
