@@ -6,7 +6,6 @@ from __future__ import annotations
 import asyncio
 import shutil
 import subprocess
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,7 @@ from azulite.serve.dataplane import DataPlaneSettings, TritonDataPlane
 from azulite.serve.types import InferRequest, InferTensor, RequestedOutput
 
 from .frontends import running_server
-
-PERF_ANALYZER = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "bin" / "perf_analyzer"  # scripts/anchors.sh
+from .test_server import COUNT_WINDOWS, PERF_ANALYZER
 
 
 def fp32(name, array) -> InferTensor:
@@ -117,7 +115,7 @@ def test_perf_analyzer_measures_an_ensemble_with_no_version_given(ensemble_repo,
         csv = tmp_path / "out.csv"
         p = subprocess.run([str(PERF_ANALYZER), "-m", "diamond", "-i", protocol, "-u",
                             s.http_url if protocol == "http" else s.grpc_url, "-b", "1", "--concurrency-range", "2",
-                            "-p", "1000", "--max-trials", "3", "--stability-percentage", "999", "-f", str(csv)],
+                            *COUNT_WINDOWS, "--max-trials", "5", "--stability-percentage", "999", "-f", str(csv)],
                            capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout + p.stderr
         assert "Composing models:" in p.stdout and "add_sub_py, version: 1" in p.stdout, p.stdout

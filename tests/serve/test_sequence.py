@@ -120,13 +120,13 @@ def test_perf_analyzer_drives_sequences(repo, tmp_path, protocol):
     """perf_analyzer's sequence mode (sequence ids, START/END, concurrent sequences) finds no error."""
     import subprocess
 
-    from .test_server import PERF_ANALYZER
+    from .test_server import COUNT_WINDOWS, PERF_ANALYZER
 
     assert PERF_ANALYZER.exists(), "perf_analyzer missing: `make test` installs it (scripts/anchors.sh)"
     with running_server(repo) as s:
         url = s.http_url if protocol == "http" else s.grpc_url
         p = subprocess.run([str(PERF_ANALYZER), "-m", "accumulate_py", "-i", protocol, "-u", url,
-                            "--concurrency-range", "4", "--sequence-length", "5", "-p", "1000", "--max-trials", "3",
+                            "--concurrency-range", "4", "--sequence-length", "5", *COUNT_WINDOWS, "--max-trials", "5",
                             "--stability-percentage", "999", "-f", str(tmp_path / "out.csv")],
                            capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout + p.stderr

@@ -16,7 +16,7 @@ import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
 
 from .frontends import running_server
-from .test_server import PERF_ANALYZER
+from .test_server import COUNT_WINDOWS, PERF_ANALYZER
 
 PROTOCOLS = ("http", "grpc")
 
@@ -229,7 +229,7 @@ def test_perf_analyzer_with_system_shared_memory(model_repository, tmp_path, pro
         p = subprocess.run([str(PERF_ANALYZER), "-m", "bench_matmul", "-i", protocol, "-u", url, "-b", "1",
                             "--shape", "x:256", "--input-data", str(data), "--concurrency-range", "2",
                             "--shared-memory", "system", "--output-shared-memory-size", "1024",
-                            "-p", "1000", "--max-trials", "3", "--stability-percentage", "999", "-f", str(csv)],
+                            *COUNT_WINDOWS, "--max-trials", "5", "--stability-percentage", "999", "-f", str(csv)],
                            capture_output=True, text=True, timeout=240)
         assert p.returncode == 0, p.stdout + p.stderr
         header, row = (line.split(",") for line in csv.read_text().splitlines()[:2])
