@@ -153,6 +153,8 @@ def test_a_tensorflow_job_is_a_tfjob_whose_workers_are_its_ranks(tmp_path, api, 
     assert api.objects["jobs"] == {} and api.objects["services"] == {}
     assert list(api.objects["configmaps"]) == [("default", f"{name}-entry")]
     tf = api.objects["tfjobs"][("default", name)]["spec"]
+    remote = json.loads((Path(rec.job_dir) / "remote.json").read_text())
+    assert (remote["kind"], remote["flavor"]) == ("TFJob", "tfjob")  # what runs, not the default it was asked
     assert {k: v["replicas"] for k, v in tf["tfReplicaSpecs"].items()} == {"PS": 1, "Worker": 2}
     api.set_status("tfjobs", name, {"conditions": [{"type": "Running", "status": "True"}]})
     assert b.status(rec.id).state == JobState.RUNNING

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 from azulite.errors import DeployError
 
@@ -33,8 +33,8 @@ def check_namespace(value: str, where: str) -> str:
 
 #: how a job runs on Kubernetes: an Indexed Job (+ headless Service), a Kubeflow PyTorchJob, or a Kubeflow
 #: TFJob (a tensorflow job's, which the default indexed-job also renders as)
-FLAVORS = ("indexed-job", "pytorchjob", "tfjob")
 Flavor = Literal["indexed-job", "pytorchjob", "tfjob"]
+FLAVORS: tuple[str, ...] = get_args(Flavor)
 
 
 @dataclass(frozen=True)

@@ -58,8 +58,7 @@ def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.
         return {f"{training.k8s_name(job.name)}.azureml.yml": dump_all([azureml.command_job(job, aml)])}
     objects = training.training_objects(job, aks)
     name = training.k8s_name(job.name)
-    flavor = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "TFJob": "tfjob"}[objects[-1]["kind"]]
-    files = {f"{name}-{flavor}.yaml": dump_all(objects)}
+    files = {f"{name}-{training.FLAVOR_OF_KIND[objects[-1]['kind']]}.yaml": dump_all(objects)}
     docker = dockerfile(job, aks)
     if docker:
         files["Dockerfile"] = docker

@@ -379,6 +379,10 @@ def tf_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dic
                          clean_pods="Running")
 
 
+#: the flavor each job kind is (a tensorflow job is a TFJob whatever flavor it was asked for by default)
+FLAVOR_OF_KIND = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "TFJob": "tfjob"}
+
+
 def training_objects(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
     """The objects of ``spec`` for ``opts.flavor``: a tensorflow job is a TFJob (flavor ``tfjob``, or the
     default ``indexed-job``, whose pods could not tell workers from parameter servers); a PyTorchJob flavor

@@ -25,7 +25,9 @@ from typing import Any, Iterator
 from azulite.contract import EXIT_CONFIG
 from azulite.deploy.image import code_archive_uri
 from azulite.deploy.options import FLAVORS, AksOptions, check_namespace
-from azulite.deploy.training import CONTAINER, PYTORCH_CONTAINER, TF_CONTAINER, k8s_name, training_objects
+from azulite.deploy.training import (
+    CONTAINER, FLAVOR_OF_KIND, PYTORCH_CONTAINER, TF_CONTAINER, k8s_name, training_objects,
+)
 from azulite.errors import DeployError, LaunchError, RemoteError
 from azulite.launch.backend import Backend, Feature, register_backend
 from azulite.launch.local.store import JobStore
@@ -153,7 +155,7 @@ class KubernetesBackend(Backend):
         Path(rec.job_dir).mkdir(parents=True, exist_ok=True)
         kind = objects[-1]["kind"]
         (Path(rec.job_dir) / "remote.json").write_text(json.dumps(
-            {"namespace": self.opts.namespace, "name": name, "kind": kind, "flavor": self.opts.flavor,
+            {"namespace": self.opts.namespace, "name": name, "kind": kind, "flavor": FLAVOR_OF_KIND[kind],
              "context": self.environ.get("AZULITE_K8S_CONTEXT")}))
         try:
             if self.opts.code_uri:
