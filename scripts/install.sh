@@ -59,6 +59,9 @@ else
   pip install tensorflow-cpu==2.21.0
   # Open MPI from Debian (mpirun + headers) when no mpirun is on PATH (as root); otherwise see issue 17's section.
   apt_need mpirun openmpi-bin libopenmpi-dev
+  # OpenSSH's server and client: tests/deploy/test_pod_mpi.py runs an MPIJob's pods (mpirun reaching each
+  # worker through its sshd) on loopback addresses
+  [[ -x /usr/sbin/sshd ]] || apt_need sshd openssh-server openssh-client
   need="deepspeed tensorflow"
   "$venv/bin/python" -c "import importlib.util as u, sys; m = [n for n in sys.argv[1:] if not u.find_spec(n)]; sys.exit(f'install failed: {m} missing' if m else 0)" $need
   # --- train: Azurite, the real local Azure Blob emulator the checkpoint tests run against ----------

@@ -3,11 +3,13 @@
 - Built-in kinds: the strict JSON schemas kubernetes-validate ships (generated from Kubernetes' published
   OpenAPI, one set per minor version); strict = unknown fields are errors. kubernetes_validate.validate()
   stops at the first error, so the same schemas are walked here with jsonschema's iter_errors.
-- PyTorchJob, TFJob: the openAPIV3Schema of the Kubeflow training-operator CRDs (data/, see data/README.md),
+- PyTorchJob, TFJob, MPIJob: the openAPIV3Schema of the Kubeflow training-operator and mpi-operator CRDs
+  (data/, see data/README.md),
   made strict the way ``kubectl apply --validate=strict`` treats a structural schema: an object with
   ``properties`` and no ``additionalProperties``/``x-kubernetes-preserve-unknown-fields`` admits no other key;
   then what the operator's validating webhooks refuse (``pytorchjob_admission_errors``,
-  ``tfjob_admission_errors``).
+  ``tfjob_admission_errors``), or for an MPIJob what the mpi-operator's controller refuses
+  (``mpijob_validation_errors``).
 """
 
 from __future__ import annotations
@@ -88,6 +90,7 @@ def _crd_validator(filename: str) -> jsonschema.Validator:
 CRDS = {
     "PyTorchJob": ("kubeflow.org/v1", "kubeflow.org_pytorchjobs-v1.9.0.yaml"),
     "TFJob": ("kubeflow.org/v1", "kubeflow.org_tfjobs-v1.9.0.yaml"),
+    "MPIJob": ("kubeflow.org/v2beta1", "kubeflow.org_mpijobs-v0.8.2.yaml"),
     "PrometheusRule": ("monitoring.coreos.com/v1", "monitoring.coreos.com_prometheusrules-v0.82.2.yaml"),
 }
 
@@ -170,6 +173,51 @@ def tfjob_admission_errors(obj: dict) -> list[str]:
     return errs
 
 
+def mpijob_validation_errors(obj: dict) -> list[str]:
+    """What kubeflow/mpi-operator refuses in an MPIJob that its CRD schema lets through
+    (pkg/apis/kubeflow/validation/validation.go at caa3c47, "Prepare v0.8.2"). The operator checks it in its
+    controller, not a webhook: the API server stores such a job and the operator never starts it (a warning
+    event is all). ``<job>-worker-<last>`` a DNS-1035 label; ``slotsPerWorker`` >= 0 and set;
+    ``runPolicy.cleanPodPolicy`` set (None, Running, All), its counts >= 0; ``sshAuthMountPath`` set;
+    ``mpiImplementation`` OpenMPI, Intel or MPICH; a Launcher replica spec with ``replicas`` 1; each replica
+    spec with ``replicas`` (a Worker's >= 1), ``restartPolicy`` Never or OnFailure, and a container."""
+    errs = []
+    spec = obj.get("spec") or {}
+    replicas = spec.get("mpiReplicaSpecs") or {}
+    n = (replicas.get("Worker") or {}).get("replicas") or 1
+    host = f"{obj.get('metadata', {}).get('name', '')}-worker-{max(n, 1) - 1}"
+    if len(host) > 63 or not _DNS1035.fullmatch(host):
+        errs.append(f"metadata.name: the pod hostname {host!r} would not be a DNS-1035 label")
+    if spec.get("slotsPerWorker") is None:
+        errs.append("spec.slotsPerWorker: must have number of slots per worker")
+    elif spec["slotsPerWorker"] < 0:
+        errs.append("spec.slotsPerWorker: must be >= 0")
+    run = spec.get("runPolicy") or {}
+    if run.get("cleanPodPolicy") not in ("None", "Running", "All"):
+        errs.append(f"spec.runPolicy.cleanPodPolicy: {run.get('cleanPodPolicy')!r} is not None, Running or All")
+    errs += [f"spec.runPolicy.{k}: must be >= 0" for k in ("ttlSecondsAfterFinished", "activeDeadlineSeconds",
+                                                            "backoffLimit") if run.get(k, 0) < 0]
+    if not spec.get("sshAuthMountPath"):
+        errs.append("spec.sshAuthMountPath: must have a mount path for SSH credentials")
+    if spec.get("mpiImplementation") not in ("OpenMPI", "Intel", "MPICH"):
+        errs.append(f"spec.mpiImplementation: {spec.get('mpiImplementation')!r} is not OpenMPI, Intel or MPICH")
+    if "Launcher" not in replicas:
+        errs.append("spec.mpiReplicaSpecs[Launcher]: must have Launcher replica spec")
+    for rtype, rspec in replicas.items():
+        where, rspec = f"spec.mpiReplicaSpecs[{rtype}]", rspec or {}
+        if rspec.get("replicas") is None:
+            errs.append(f"{where}.replicas: must define number of replicas")
+        elif rtype == "Launcher" and rspec["replicas"] != 1:
+            errs.append(f"{where}.replicas: must be 1")
+        elif rtype == "Worker" and rspec["replicas"] < 1:
+            errs.append(f"{where}.replicas: must be greater than or equal to 1")
+        if rspec.get("restartPolicy") not in ("Never", "OnFailure"):
+            errs.append(f"{where}.restartPolicy: {rspec.get('restartPolicy')!r} is not Never or OnFailure")
+        if not ((rspec.get("template") or {}).get("spec") or {}).get("containers"):
+            errs.append(f"{where}.template.spec.containers: must define at least one container")
+    return errs
+
+
 def errors(obj: dict, version: str) -> list[str]:
     """Errors of any rendered object: built-in kinds against Kubernetes, custom resources against their CRD
     (and a PyTorchJob or TFJob against the training operator's admission as well)."""
@@ -177,6 +225,8 @@ def errors(obj: dict, version: str) -> list[str]:
         return crd_errors(obj) + pytorchjob_admission_errors(obj)
     if obj.get("kind") == "TFJob":
         return crd_errors(obj) + tfjob_admission_errors(obj)
+    if obj.get("kind") == "MPIJob":
+        return crd_errors(obj) + mpijob_validation_errors(obj)
     if obj.get("kind") in CRDS:
         return crd_errors(obj)
     return k8s_errors(obj, version)

@@ -255,7 +255,7 @@ def test_dockerfile_from_requirements(job_file, tmp_path):
     ({"priority": "spot", "outputs": {}, "command": "python train.py"}, "outputs.checkpoints", "az://"),
     ({"environment": "azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest"}, "environment", "--image"),
     ({"environment": None}, "environment", "environment.image"),
-    ({"distribution": {"type": "mpi", "process_count_per_instance": 2}}, "distribution.type", "--target azureml"),
+    ({"distribution": {"type": "mpi", "process_count_per_instance": 2}}, "distribution.type", "sshd and ssh"),
     ({"distribution": {"type": "tensorflow", "worker_count": 9}}, "distribution.worker_count", "at most 8 workers"),
     ({"outputs": {"checkpoints": {}}}, "outputs.checkpoints.path", "--pvc"),
     ({"inputs": {"steps": 3, "data": {"type": "uri_folder", "path": "azureml://datasets/x"}}}, "inputs.data.path", "az://"),

@@ -1,10 +1,10 @@
 """A local Kubernetes API server for the ``kubernetes`` backend's tests: it answers the calls the official
 client makes for the kinds azulite uses (create, read, list + watch, delete Jobs, Services, ConfigMaps,
-PyTorchJobs, TFJobs; list pods, read pod logs, create evictions) and nothing else.
+PyTorchJobs, TFJobs, MPIJobs; list pods, read pod logs, create evictions) and nothing else.
 
 It does not only confirm itself: every request body is validated against the published schemas
 (Kubernetes' OpenAPI as kubernetes-validate ships it, strict; the training operator's PyTorchJob and TFJob
-CRDs and its admission webhooks' rules), and its name against the API server's name rules, and refused with a 422
+CRDs and its admission webhooks' rules; the mpi-operator's MPIJob CRD and its controller's checks), and its name against the API server's name rules, and refused with a 422
 ``Status`` as the API server would; every response body is validated too, and a response that fails is
 recorded in ``errors`` (tests assert it stays empty). The "controller" is the test: ``set_status`` changes
 an object's status (and wakes its watchers), ``add_pod`` adds a pod with a log (and an exit code).
@@ -48,12 +48,17 @@ ROUTES = [
     ("GET", rf"/apis/kubeflow.org/v1/namespaces/{NS}/tfjobs", "tfjobs", "list"),
     ("GET", rf"/apis/kubeflow.org/v1/namespaces/{NS}/tfjobs/{NAME}", "tfjobs", "read"),
     ("DELETE", rf"/apis/kubeflow.org/v1/namespaces/{NS}/tfjobs/{NAME}", "tfjobs", "delete"),
+    ("POST", rf"/apis/kubeflow.org/v2beta1/namespaces/{NS}/mpijobs", "mpijobs", "create"),
+    ("GET", rf"/apis/kubeflow.org/v2beta1/namespaces/{NS}/mpijobs", "mpijobs", "list"),
+    ("GET", rf"/apis/kubeflow.org/v2beta1/namespaces/{NS}/mpijobs/{NAME}", "mpijobs", "read"),
+    ("DELETE", rf"/apis/kubeflow.org/v2beta1/namespaces/{NS}/mpijobs/{NAME}", "mpijobs", "delete"),
     ("GET", rf"/api/v1/namespaces/{NS}/pods", "pods", "list"),
     ("GET", rf"/api/v1/namespaces/{NS}/pods/{NAME}/log", "pods", "log"),
     ("POST", rf"/api/v1/namespaces/{NS}/pods/{NAME}/eviction", "pods", "evict"),
 ]
 KINDS = {"services": ("v1", "Service"), "configmaps": ("v1", "ConfigMap"), "jobs": ("batch/v1", "Job"),
          "pytorchjobs": ("kubeflow.org/v1", "PyTorchJob"), "tfjobs": ("kubeflow.org/v1", "TFJob"),
+         "mpijobs": ("kubeflow.org/v2beta1", "MPIJob"),
          "pods": ("v1", "Pod")}
 LISTS = {"jobs": "joblist-batch-v1.json", "pods": "podlist-v1.json"}
 
@@ -142,11 +147,15 @@ class FakeKubernetes:
 
     def add_pod(self, job: str, index: int, log: str, ns: str = "default", *, container: str = "trainer",
                 exit_code: int | None = None, finished_at: str = "2026-01-01T00:10:00Z",
-                replica: str | None = None) -> str:
+                replica: str | None = None, role: str | None = None) -> str:
         """A pod of ``job`` (its index), running, or ended with ``exit_code`` at ``finished_at`` (as the kubelet
         reports a terminated container). ``replica``: a Kubeflow job's pod of that replica type (``worker``,
-        ``ps``), named and labelled as the training operator does (``<job>-<type>-<index>``)."""
+        ``ps``), named and labelled as the training operator does (``<job>-<type>-<index>``); ``role``: an
+        MPIJob's (``launcher``: the pod of the launcher Job, ``<job>-launcher-<suffix>``; ``worker``), named and
+        labelled as the mpi-operator does."""
         name = f"{job}-{replica}-{index}" if replica else f"{job}-{index}-abcde"
+        if role:
+            name = f"{job}-launcher-{index}x{uuid.uuid4().hex[:4]}" if role == "launcher" else f"{job}-worker-{index}"
         status: dict[str, Any] = {"phase": "Running"}
         if exit_code is not None:
             status = {"phase": "Succeeded" if exit_code == 0 else "Failed", "containerStatuses": [{
@@ -158,6 +167,12 @@ class FakeKubernetes:
         if replica:
             labels = {"azulite.io/job": job, "training.kubeflow.org/job-name": job,
                       "training.kubeflow.org/replica-type": replica, "training.kubeflow.org/replica-index": str(index)}
+            annotations = {}
+        if role:
+            labels = {"azulite.io/job": job, "training.kubeflow.org/job-name": job,
+                      "training.kubeflow.org/operator-name": "mpi-operator", "training.kubeflow.org/job-role": role}
+            if role == "worker":
+                labels["training.kubeflow.org/replica-index"] = str(index)
             annotations = {}
         pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {
             "name": name, "namespace": ns, "uid": str(uuid.uuid4()), "creationTimestamp": "2026-01-01T00:00:00Z",

@@ -1,5 +1,5 @@
 """The ``kubernetes`` backend end to end through the official client against a local API server that
-validates every request body against Kubernetes' published schemas and the PyTorchJob CRD
+validates every request body against Kubernetes' published schemas and the Kubeflow CRDs
 (tests/launch/k8s_api.py says what that server does not exercise)."""
 
 from __future__ import annotations
@@ -177,9 +177,52 @@ def test_a_tensorflow_job_is_a_tfjob_whose_workers_are_its_ranks(tmp_path, api, 
     assert ("DELETE", f"/apis/kubeflow.org/v1/namespaces/default/tfjobs/{name}") in api.requests
 
 
+def test_an_mpi_job_is_an_mpijob_whose_ranks_speak_through_the_launcher(tmp_path, api, spec_file):
+    """An mpi job goes as an MPIJob (kubeflow.org/v2beta1) with the default flavor: the API server (its CRD,
+    the operator's checks) takes it, the operator's conditions drive its state, the logs are the launcher's
+    (every rank's output, mpirun's --tag-output) and `--rank N` is rank N's lines of it, a preemption
+    evicts the workers only (the launcher runs mpirun again), a launcher's 78 is the failed job's code,
+    cancel deletes it."""
+    data = yaml.safe_load(spec_file.read_text())
+    data["distribution"] = {"type": "mpi", "process_count_per_instance": 2}
+    spec_file.write_text(yaml.safe_dump(data))
+    b = backend(tmp_path, api, AZULITE_K8S_IMAGE="reg.io/mpi:1")
+    rec = b.submit(load_job(spec_file))
+    ((_, name),) = api.objects["mpijobs"]
+    assert api.objects["jobs"] == {} and list(api.objects["configmaps"]) == [("default", f"{name}-entry")]
+    remote = json.loads((Path(rec.job_dir) / "remote.json").read_text())
+    assert (remote["kind"], remote["flavor"]) == ("MPIJob", "mpijob")
+    mj = api.objects["mpijobs"][("default", name)]["spec"]
+    assert (mj["slotsPerWorker"], mj["mpiReplicaSpecs"]["Worker"]["replicas"]) == (2, 2)
+    api.set_status("mpijobs", name, {"conditions": [{"type": "Created", "status": "True"}]})
+    assert b.status(rec.id).state == JobState.QUEUED
+    api.set_status("mpijobs", name, {"conditions": [{"type": "Running", "status": "True"}]})
+    assert b.status(rec.id).state == JobState.RUNNING
+    for i in (1, 0):
+        api.add_pod(name, i, f"azulite pod entry: sshd {i}\n", role="worker", container="mpi")
+    launcher = api.add_pod(name, 0, "[1,0]<stdout>:rank 0/4\n[1,3]<stdout>:rank 3/4\n[1,3]<stderr>:warn 3\n"
+                                    "azulite pod entry: mpirun exited 0\n", role="launcher", container="mpi")
+    assert list(b.logs(rec.id)) == [f"[{launcher}] [1,0]<stdout>:rank 0/4", f"[{launcher}] [1,3]<stdout>:rank 3/4",
+                                    f"[{launcher}] [1,3]<stderr>:warn 3", f"[{launcher}] azulite pod entry: mpirun exited 0"]
+    assert list(b.logs(rec.id, rank=3)) == [f"[{launcher}] rank 3/4", f"[{launcher}] warn 3"]
+    b.preempt(rec.id)
+    assert sorted(api.evicted) == [f"{name}-worker-0", f"{name}-worker-1"]
+    api.add_pod(name, 1, "bad setting\n", role="launcher", container="mpi", exit_code=78)
+    api.set_status("mpijobs", name, {"conditions": [{"type": "Failed", "status": "True", "reason": "BackoffLimitExceeded",
+                                                     "message": "Job has reached the specified backoff limit"}]})
+    got = b.status(rec.id)
+    assert got.state == JobState.FAILED and got.exit_code == 78
+    assert f"pod {name}-launcher-1x" in (got.attempts[-1].reason or "")
+    b.cancel(rec.id)
+    assert api.objects["mpijobs"] == {} and api.objects["configmaps"] == {}
+    assert ("DELETE", f"/apis/kubeflow.org/v2beta1/namespaces/default/mpijobs/{name}") in api.requests
+
+
 @pytest.mark.parametrize("flavor, distribution, words", [
     ("pytorchjob", {"type": "tensorflow", "worker_count": 2}, "a PyTorchJob runs torchrun"),
     ("tfjob", {"type": "pytorch", "process_count_per_instance": 4}, "a TFJob runs TensorFlow"),
+    ("pytorchjob", {"type": "mpi", "process_count_per_instance": 2}, "a PyTorchJob runs torchrun"),
+    ("mpijob", {"type": "pytorch", "process_count_per_instance": 4}, "an MPIJob runs mpirun"),
 ])
 def test_a_flavor_that_cannot_run_the_job_is_refused_before_any_request(tmp_path, api, spec_file, flavor,
                                                                           distribution, words):

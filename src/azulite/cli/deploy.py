@@ -33,7 +33,7 @@ def render(
     spec: Path = typer.Argument(..., help="A job spec or a serving spec (YAML)."),
     target: str = typer.Option("aks", "--target", help="aks or azureml."),
     out: Path = typer.Option(..., "--out", help="Folder to write into (created)."),
-    flavor: str = typer.Option("indexed-job", "--flavor", help="AKS jobs: indexed-job or pytorchjob; tfjob for a tensorflow job (also its default)."),
+    flavor: str = typer.Option("indexed-job", "--flavor", help="AKS jobs: indexed-job or pytorchjob; tfjob for a tensorflow job, mpijob for an mpi job (also their default)."),
     namespace: str = typer.Option("default", "--namespace", "-n", help="Kubernetes namespace of the rendered objects."),
     image: Optional[str] = typer.Option(None, "--image", help="Image to run (default: the spec's environment.image)."),
     code_uri: Optional[str] = typer.Option(None, "--code-uri", help="az://container/prefix the code snapshot is fetched from (default: baked into the image)."),

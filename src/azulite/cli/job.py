@@ -214,7 +214,7 @@ def submit(
     wait: bool = typer.Option(False, "--wait", "-w", help="Block until the job ends; exit 0 only if it succeeded."),
     json_: bool = typer.Option(False, "--json", help="Print the job record as JSON."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Launch backend (default: AZULITE_BACKEND or local)."),
-    flavor: Optional[str] = typer.Option(None, "--flavor", help="kubernetes backend: indexed-job, pytorchjob or tfjob (AZULITE_K8S_FLAVOR)."),
+    flavor: Optional[str] = typer.Option(None, "--flavor", help="kubernetes backend: indexed-job, pytorchjob, tfjob or mpijob (AZULITE_K8S_FLAVOR)."),
 ) -> None:
     """Submit a job. It runs detached (it outlives this shell); --wait follows it to the end.
 

@@ -3,9 +3,10 @@
 - The image: ``--image`` or the spec's ``environment.image``. An Azure ML environment name
   (``azureml:...``) exists only in a workspace, so an AKS target needs an image of its own.
 - A Dockerfile is rendered beside the manifests when the environment names a conda file or the code
-  folder has a requirements.txt (then ``--image`` names the image it builds), or when ``--image`` is given
-  without ``--code-uri`` (the code is baked in): ``docker build -t IMAGE -f Dockerfile CODE`` builds what the
-  manifests run.
+  folder has a requirements.txt, or the job is an MPI job (its pods run sshd and ssh: OpenSSH is added,
+  configured as the mpi-operator's images are), and then ``--image`` names the image it builds; or when
+  ``--image`` is given without ``--code-uri`` (the code is baked in): ``docker build -t IMAGE -f Dockerfile
+  CODE`` builds what the manifests run.
 - The code: with ``--code-uri az://container/prefix`` it is uploaded as ``<prefix>/<job>/code.tar.gz`` at
   submit and fetched by an init container (Azure CLI, logged in through workload identity) into an
   emptyDir at /code; otherwise it is in the image at /code (the Dockerfile's ``COPY``, or an image of
@@ -24,20 +25,39 @@ from azulite.spec.job import Environment, JobSpec
 DEFAULT_BASE = "mcr.microsoft.com/azureml/openmpi4.1.0-cuda12.1-cudnn8-ubuntu22.04"
 AZ_CLI_IMAGE = "mcr.microsoft.com/azure-cli:2.67.0"
 CODE_ARCHIVE = "code.tar.gz"
+#: OpenSSH for an MPIJob, set up as kubeflow/mpi-operator's base image sets it (build/base/Dockerfile): no
+#: host key checks (every pod is new), no known_hosts to write (the key folder is a read-only Secret), no
+#: StrictModes (the Secret's files are not the user's); and the image's PATH/LD_LIBRARY_PATH in
+#: /etc/environment, which sshd's sessions read (else orted and python would not be found over ssh)
+SSH_LAYER = [
+    "RUN apt-get update && apt-get install -y --no-install-recommends openssh-server openssh-client "
+    "&& rm -rf /var/lib/apt/lists/* && mkdir -p /var/run/sshd",
+    "RUN sed -i 's/[ #]\\(.*StrictHostKeyChecking \\).*/ \\1no/g' /etc/ssh/ssh_config "
+    "&& echo '    UserKnownHostsFile /dev/null' >> /etc/ssh/ssh_config "
+    "&& sed -i 's/#\\(StrictModes \\).*/\\1no/g' /etc/ssh/sshd_config "
+    "&& env | grep -E '^(PATH|LD_LIBRARY_PATH)=' >> /etc/environment",
+]
 
 
-def _needs_build(spec: JobSpec) -> bool:
+def _build_reason(spec: JobSpec) -> tuple[str, str] | None:
+    """Why the job's image must be built from the rendered Dockerfile, if it must, and the spec's field."""
     env = spec.environment
-    return bool(isinstance(env, Environment) and env.conda_file) or (Path(spec.code) / "requirements.txt").is_file()
+    if isinstance(env, Environment) and env.conda_file or (Path(spec.code) / "requirements.txt").is_file():
+        return "the environment has a conda file or requirements.txt", "environment"
+    if spec.distribution_type == "mpi":
+        return ("an MPI job's pods run sshd and ssh (mpirun reaches its workers through them), which the base "
+                "image lacks", "distribution.type")
+    return None
 
 
 def container_image(spec: JobSpec, opts: AksOptions) -> str:
     if opts.image:
         return opts.image
-    if _needs_build(spec):
+    build = _build_reason(spec)
+    if build:
         raise DeployError(
-            "the environment has a conda file or requirements.txt: the image to run is built from the rendered Dockerfile",
-            where="environment", fix="pass --image REGISTRY/NAME:TAG, the tag you build and push the Dockerfile as",
+            f"{build[0]}: the image to run is built from the rendered Dockerfile", where=build[1],
+            fix="pass --image REGISTRY/NAME:TAG, the tag you build and push the Dockerfile as",
         )
     env = spec.environment
     if isinstance(env, Environment) and env.image:
@@ -84,7 +104,8 @@ def dockerfile(spec: JobSpec, opts: AksOptions) -> str | None:
     conda = env.conda_file if isinstance(env, Environment) else None
     requirements = (Path(spec.code) / "requirements.txt").is_file()
     bake = opts.code_uri is None and opts.image is not None
-    if not (conda or requirements or bake):
+    ssh = spec.distribution_type == "mpi"
+    if not (conda or requirements or bake or ssh):
         return None
     base = env.image if isinstance(env, Environment) and env.image else DEFAULT_BASE
     lines = [f"# Builds the image of job {spec.name}: docker build -t {opts.image or 'REGISTRY/NAME:TAG'} -f Dockerfile CODE_FOLDER",
@@ -94,6 +115,8 @@ def dockerfile(spec: JobSpec, opts: AksOptions) -> str | None:
                   "RUN conda env update -n base -f /tmp/conda.yaml && conda clean -afy"]
     if requirements:
         lines += ["COPY requirements.txt /tmp/requirements.txt", "RUN pip install --no-cache-dir -r /tmp/requirements.txt"]
+    if ssh:
+        lines += SSH_LAYER
     if bake:
         lines += [f"COPY . {CODE_DIR}"]
     lines += [f"WORKDIR {CODE_DIR}"]

@@ -31,9 +31,9 @@ def check_namespace(value: str, where: str) -> str:
     return value
 
 
-#: how a job runs on Kubernetes: an Indexed Job (+ headless Service), a Kubeflow PyTorchJob, or a Kubeflow
-#: TFJob (a tensorflow job's, which the default indexed-job also renders as)
-Flavor = Literal["indexed-job", "pytorchjob", "tfjob"]
+#: how a job runs on Kubernetes: an Indexed Job (+ headless Service), a Kubeflow PyTorchJob, a Kubeflow
+#: TFJob (a tensorflow job's) or MPIJob (an mpi job's), which the default indexed-job renders those jobs as
+Flavor = Literal["indexed-job", "pytorchjob", "tfjob", "mpijob"]
 FLAVORS: tuple[str, ...] = get_args(Flavor)
 
 

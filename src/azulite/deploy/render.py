@@ -10,7 +10,7 @@ from typing import Iterable, Literal
 
 import yaml
 
-from azulite.deploy import azureml, cluster, serving, training
+from azulite.deploy import azureml, cluster, objects, serving, training
 from azulite.deploy.image import dockerfile
 from azulite.deploy.options import AksOptions
 from azulite.errors import DeployError
@@ -20,7 +20,11 @@ Target = Literal["aks", "azureml"]
 
 
 class _Dumper(yaml.SafeDumper):
-    """Multi-line strings (a script in a ConfigMap) as literal blocks, readable and diffable as the file."""
+    """Multi-line strings (a script in a ConfigMap) as literal blocks, readable and diffable as the file; an
+    object used twice (two pod templates' labels) written out twice, not as a YAML anchor and alias."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
 
 
 def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
@@ -31,8 +35,8 @@ def _str(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
 _Dumper.add_representer(str, _str)
 
 
-def dump_all(objects: Iterable[dict]) -> str:
-    return yaml.dump_all(list(objects), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
+def dump_all(docs: Iterable[dict]) -> str:
+    return yaml.dump_all(list(docs), Dumper=_Dumper, sort_keys=False, default_flow_style=False)
 
 
 def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.AzureMLOptions,
@@ -56,9 +60,9 @@ def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.
     job = load_job(path, overrides)
     if target == "azureml":
         return {f"{training.k8s_name(job.name)}.azureml.yml": dump_all([azureml.command_job(job, aml)])}
-    objects = training.training_objects(job, aks)
+    made = objects.training_objects(job, aks)
     name = training.k8s_name(job.name)
-    files = {f"{name}-{training.FLAVOR_OF_KIND[objects[-1]['kind']]}.yaml": dump_all(objects)}
+    files = {f"{name}-{objects.FLAVOR_OF_KIND[made[-1]['kind']]}.yaml": dump_all(made)}
     docker = dockerfile(job, aks)
     if docker:
         files["Dockerfile"] = docker

@@ -2,7 +2,8 @@
 pod and the c10d rendezvous on pod 0 (seed 002 "Option A"), (b) a Kubeflow PyTorchJob with an
 ``elasticPolicy`` (seed 002 "Option C") over the spec's node range, (c) for a ``tensorflow`` job, a Kubeflow
 TFJob: one pod per worker and per parameter server, each with the TF_CONFIG the operator sets. A job without
-``distribution`` runs its command itself, one pod per node (the Indexed Job only).
+``distribution`` runs its command itself, one pod per node (the Indexed Job only). An ``mpi`` job is an
+MPIJob (``azulite.deploy.mpi_job``, on this module's pod template); ``azulite.deploy.objects`` picks.
 
 All share one pod template: GPU pool nodeSelector/tolerations (``sku=gpu:NoSchedule``; spot pools
 ``kubernetes.azure.com/scalesetpriority=spot``), ``nvidia.com/gpu`` = processes per instance, ``/dev/shm``
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from azulite.contract import CHECKPOINT_OUTPUT, EXIT_CONFIG, EXIT_PREEMPTED, SHELL_STOP_TRAP
-from azulite.deploy import pod_entry
+from azulite.deploy import pod_entry, pod_mpi
 from azulite.deploy.image import code_init_container, container_image
 from azulite.deploy.options import CODE_DIR, NFS_DIR, PVC_DIR, AksOptions
 from azulite.deploy.sku import SkuFacts, check_processes, nccl_env, shm_size, sku_facts
@@ -123,12 +124,6 @@ class _Plan:
 
 def check_job(spec: JobSpec, opts: AksOptions) -> SkuFacts:
     """Everything that must hold before anything is rendered or sent."""
-    if spec.distribution_type not in ("pytorch", "tensorflow", "none"):
-        raise DeployError(
-            f"the Kubernetes targets run torchrun (pytorch, DeepSpeed), a TFJob (tensorflow) or the bare command "
-            f"once per pod (no distribution); this job is {spec.distribution_type}",
-            where="distribution.type", fix="use --target azureml for mpi jobs",
-        )
     sku = sku_facts(spec.resources.instance_type)
     check_processes(spec.processes_per_node, sku)
     if spec.priority == "spot" and CHECKPOINT_OUTPUT not in spec.outputs:
@@ -163,9 +158,11 @@ def _rank_command(spec: JobSpec, plan: _Plan) -> list[str]:
 
 
 def entry_config_map(name: str, opts: AksOptions, spec: JobSpec) -> dict:
-    """The ConfigMap holding ``pod_entry.py`` (stdlib only), which every pod of job ``name`` mounts."""
+    """The ConfigMap holding ``pod_entry.py`` (stdlib only; and for an MPIJob ``pod_mpi.py``, which imports
+    it), which every pod of job ``name`` mounts."""
+    files = [pod_entry.__file__] + ([pod_mpi.__file__] if spec.distribution_type == "mpi" else [])
     return {"apiVersion": "v1", "kind": "ConfigMap", "metadata": {**_meta(name, opts, spec), "name": f"{name}-entry"},
-            "data": {"pod_entry.py": Path(pod_entry.__file__).read_text()}}
+            "data": {Path(f).name: Path(f).read_text() for f in files}}
 
 
 def _plain_command(spec: JobSpec, plan: _Plan) -> list[str]:
@@ -187,11 +184,12 @@ def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dic
 def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: list[str], env_extra: dict[str, str],
                  labels: dict[str, str], restart_policy: str, entry_map: str, subdomain: str | None = None,
                  exit_preempted: int = EXIT_PREEMPTED, container_name: str = CONTAINER, gpus: int | None = None,
-                 indexed: bool = True, ports: list[dict] | None = None) -> dict:
+                 indexed: bool = True, ports: list[dict] | None = None, argv: list[str] | None = None) -> dict:
     """``command`` is the launcher (torchrun) the user's command runs under, empty to run the command itself;
     either under ``pod_entry.py`` from the ConfigMap ``entry_map`` (the pod exits ``exit_preempted`` when
     its ranks checkpointed after a stop). ``gpus``: the container's GPUs when not one per process (torchrun)
-    or the node's (a command run once per pod); ``indexed``: an Indexed Job's pod (NODE_RANK from its index)."""
+    or the node's (a command run once per pod); ``indexed``: an Indexed Job's pod (NODE_RANK from its index);
+    ``argv``: the container's whole command instead (an MPIJob's pods run ``pod_mpi.py``)."""
     plan = _Plan(spec, opts)
     image = container_image(spec, opts)
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(sku, spec.resources.shm_size)}}]
@@ -211,9 +209,9 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
     mounts.append({"name": MARKS_VOLUME, "mountPath": pod_entry.DEFAULT_MARKS})
     agent = ["python3", ENTRY, "agent", *([f"--exit-preempted={exit_preempted}"] if exit_preempted != EXIT_PREEMPTED
                                            else []), "--"]
-    if command:
+    if argv is None and command:
         argv = [*agent, *command, ENTRY, "rank", *_rank_command(spec, plan)]
-    else:
+    elif argv is None:
         argv = [*agent, *_plain_command(spec, plan)]
     env = _env(spec, sku, plan, opts, env_extra)
     if not command and indexed:
@@ -331,16 +329,17 @@ def pytorch_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> lis
         "nprocPerNode": str(spec.processes_per_node),
         "pytorchReplicaSpecs": {"Worker": {"replicas": spec.nodes, "restartPolicy": "ExitCode", "template": template}},
     }
-    return _kubeflow_job("PyTorchJob", name, opts, spec, body, clean_pods="None")
+    return kubeflow_job("PyTorchJob", name, opts, spec, body, clean_pods="None")
 
 
-def _kubeflow_job(kind: str, name: str, opts: AksOptions, spec: JobSpec, body: dict, *, clean_pods: str) -> list[dict]:
+def kubeflow_job(kind: str, name: str, opts: AksOptions, spec: JobSpec, body: dict, *, clean_pods: str,
+                 api_version: str = "kubeflow.org/v1") -> list[dict]:
     """[the pod entry's ConfigMap, a Kubeflow job of ``kind``]: ``body`` and the runPolicy the kinds share
     (``backoffLimit`` = max_retries, the spec's timeout as ``activeDeadlineSeconds``)."""
     run: dict[str, Any] = {"backoffLimit": spec.max_retries, "cleanPodPolicy": clean_pods}
     if spec.timeout:
         run["activeDeadlineSeconds"] = int(spec.timeout)
-    return [entry_config_map(name, opts, spec), {"apiVersion": "kubeflow.org/v1", "kind": kind,
+    return [entry_config_map(name, opts, spec), {"apiVersion": api_version, "kind": kind,
                                                  "metadata": _meta(name, opts, spec), "spec": {**body, "runPolicy": run}}]
 
 
@@ -375,25 +374,5 @@ def tf_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dic
     if ps:
         replicas["PS"] = {"replicas": ps, "restartPolicy": "ExitCode", "template": template(0)}
     replicas["Worker"] = {"replicas": workers, "restartPolicy": "ExitCode", "template": template(worker_gpus)}
-    return _kubeflow_job("TFJob", name, opts, spec, {"tfReplicaSpecs": replicas, "successPolicy": "AllWorkers"},
+    return kubeflow_job("TFJob", name, opts, spec, {"tfReplicaSpecs": replicas, "successPolicy": "AllWorkers"},
                          clean_pods="Running")
-
-
-#: the flavor each job kind is (a tensorflow job is a TFJob whatever flavor it was asked for by default)
-FLAVOR_OF_KIND = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "TFJob": "tfjob"}
-
-
-def training_objects(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
-    """The objects of ``spec`` for ``opts.flavor``: a tensorflow job is a TFJob (flavor ``tfjob``, or the
-    default ``indexed-job``, whose pods could not tell workers from parameter servers); a PyTorchJob flavor
-    for it, or a TFJob for another job, is refused."""
-    tensorflow = spec.distribution_type == "tensorflow"
-    if tensorflow and opts.flavor == "pytorchjob":
-        raise DeployError("a PyTorchJob runs torchrun in each worker; this job is tensorflow",
-                          where="--flavor", fix="use --flavor tfjob (or leave the flavor out)")
-    if not tensorflow and opts.flavor == "tfjob":
-        raise DeployError(f"a TFJob runs TensorFlow's workers and parameter servers; this job is "
-                          f"{spec.distribution_type}", where="--flavor", fix="use --flavor indexed-job or pytorchjob")
-    if tensorflow:
-        return tf_job(spec, opts, name)
-    return indexed_job(spec, opts, name) if opts.flavor == "indexed-job" else pytorch_job(spec, opts, name)

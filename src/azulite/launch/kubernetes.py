@@ -1,6 +1,6 @@
-"""The ``kubernetes`` backend: a job spec rendered by ``azulite.deploy.training`` (an Indexed Job + headless
-Service, a Kubeflow PyTorchJob, or for a tensorflow job a Kubeflow TFJob) and created, watched, read and
-deleted through the official ``kubernetes`` client with the user's kubeconfig.
+"""The ``kubernetes`` backend: a job spec rendered by ``azulite.deploy.objects`` (an Indexed Job + headless
+Service, a Kubeflow PyTorchJob; for a tensorflow job a Kubeflow TFJob, for an mpi job a Kubeflow MPIJob)
+and created, watched, read and deleted through the official ``kubernetes`` client with the user's kubeconfig.
 
 The job store (SQLite under ``AZULITE_HOME``) records each job with ``backend = kubernetes`` and, in
 ``<job dir>/remote.json``, where it runs (context, namespace, kind and object name), so that ``job show``,
@@ -8,7 +8,7 @@ The job store (SQLite under ``AZULITE_HOME``) records each job with ``backend = 
 the store up to date.
 
 Settings (read once from the environment): ``KUBECONFIG`` (default ~/.kube/config), ``AZULITE_K8S_CONTEXT``,
-``AZULITE_K8S_NAMESPACE`` (default), ``AZULITE_K8S_FLAVOR`` (indexed-job | pytorchjob | tfjob), ``AZULITE_K8S_IMAGE``,
+``AZULITE_K8S_NAMESPACE`` (default), ``AZULITE_K8S_FLAVOR`` (indexed-job | pytorchjob | tfjob | mpijob), ``AZULITE_K8S_IMAGE``,
 ``AZULITE_K8S_CODE_URI`` (az://container/prefix: the code snapshot is uploaded there at submit),
 ``AZULITE_K8S_STORAGE_ACCOUNT``, ``AZULITE_K8S_PVC``, ``AZULITE_K8S_SERVICE_ACCOUNT``.
 """
@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 import tarfile
 import time
 from pathlib import Path
@@ -25,9 +26,9 @@ from typing import Any, Iterator
 from azulite.contract import EXIT_CONFIG
 from azulite.deploy.image import code_archive_uri
 from azulite.deploy.options import FLAVORS, AksOptions, check_namespace
-from azulite.deploy.training import (
-    CONTAINER, FLAVOR_OF_KIND, PYTORCH_CONTAINER, TF_CONTAINER, k8s_name, training_objects,
-)
+from azulite.deploy.mpi_job import MPI_CONTAINER
+from azulite.deploy.objects import FLAVOR_OF_KIND, training_objects
+from azulite.deploy.training import CONTAINER, PYTORCH_CONTAINER, TF_CONTAINER, k8s_name
 from azulite.errors import DeployError, LaunchError, RemoteError
 from azulite.launch.backend import Backend, Feature, register_backend
 from azulite.launch.local.store import JobStore
@@ -35,10 +36,15 @@ from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
 
 #: the Kubeflow kinds: (group, version, plural), as CustomObjectsApi takes them
-CUSTOM = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "TFJob": ("kubeflow.org", "v1", "tfjobs")}
-_CONTAINERS = (CONTAINER, PYTORCH_CONTAINER, TF_CONTAINER)  # the training container's name in each kind
-#: the labels the training operator gives each pod of a Kubeflow job (replica type in lower case: worker, ps)
+CUSTOM = {"PyTorchJob": ("kubeflow.org", "v1", "pytorchjobs"), "TFJob": ("kubeflow.org", "v1", "tfjobs"),
+          "MPIJob": ("kubeflow.org", "v2beta1", "mpijobs")}
+_CONTAINERS = (CONTAINER, PYTORCH_CONTAINER, TF_CONTAINER, MPI_CONTAINER)  # the training container in each kind
+#: the labels the training operator gives each pod of a Kubeflow job (replica type in lower case: worker, ps);
+#: the mpi-operator labels a role (launcher, worker) and the workers' index
 REPLICA_TYPE, REPLICA_INDEX = "training.kubeflow.org/replica-type", "training.kubeflow.org/replica-index"
+JOB_ROLE = "training.kubeflow.org/job-role"
+#: mpirun's --tag-output prefix of each line of a rank: [jobid,rank]<stdout>: (or <stderr>:, <stddiag>:)
+_MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<\w+>:")
 _SNAPSHOT_SKIP = {".git", "__pycache__", ".venv", "node_modules", ".azulite"}
 
 
@@ -120,7 +126,7 @@ def upload_code(code_dir: str, uri: str, environ: dict[str, str]) -> None:
 
 @register_backend("kubernetes")
 class KubernetesBackend(Backend):
-    unsupported = frozenset({Feature.MPI})
+    unsupported: frozenset[Feature] = frozenset()
 
     def __init__(self, settings, environ=None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(settings, environ)
@@ -307,11 +313,12 @@ class KubernetesBackend(Backend):
 
         def order(p: Any) -> tuple[int, int, str]:
             """An Indexed Job's pods by index; a Kubeflow job's workers by replica index (``--rank N``: worker
-            N), then its other replicas (a TFJob's parameter servers)."""
+            N), then its other replicas (a TFJob's parameter servers); an MPIJob's launcher first."""
             labels, ann = p.metadata.labels or {}, p.metadata.annotations or {}
             index = ann.get("batch.kubernetes.io/job-completion-index") or labels.get(REPLICA_INDEX, "")
-            role = labels.get(REPLICA_TYPE, "worker")
-            return (role != "worker", int(index) if index.isdigit() else 0, p.metadata.name)
+            role = labels.get(REPLICA_TYPE) or labels.get(JOB_ROLE, "worker")
+            rank = {"launcher": 0, "worker": 1}.get(role, 2)
+            return (rank, int(index) if index.isdigit() else 0, p.metadata.name)
 
         return sorted(pods, key=order)
 
@@ -322,20 +329,29 @@ class KubernetesBackend(Backend):
         rec = self.store.get(job_id)
         where = self._where(rec)
         pods = self._pods(where)
-        if rank is not None:
+        mpi = where["kind"] == "MPIJob"
+        if mpi:  # every rank's output is in the launcher's log (mpirun --tag-output); the workers' is sshd's
+            pods = [p for p in pods if (p.metadata.labels or {}).get(JOB_ROLE) == "launcher"]
+        elif rank is not None:
             pods = pods[rank:rank + 1]
         core = k.CoreV1Api(self.client)
+
+        def lines(pod: str, text: str) -> Iterator[str]:
+            for part in text.splitlines():
+                m = _MPI_TAG.match(part) if mpi and rank is not None else None
+                if m and int(m.group(1)) == rank:
+                    yield f"[{pod}] {part[m.end():]}"
+                elif not (mpi and rank is not None):
+                    yield f"[{pod}] {part}"
+
         for pod in pods:
             try:
                 if follow:
                     resp = core.read_namespaced_pod_log(pod.metadata.name, where["namespace"], follow=True, _preload_content=False)
                     for line in resp.stream():
-                        for part in line.decode("utf-8", "replace").splitlines():
-                            yield f"[{pod.metadata.name}] {part}"
+                        yield from lines(pod.metadata.name, line.decode("utf-8", "replace"))
                 else:
-                    text = core.read_namespaced_pod_log(pod.metadata.name, where["namespace"])
-                    for part in text.splitlines():
-                        yield f"[{pod.metadata.name}] {part}"
+                    yield from lines(pod.metadata.name, core.read_namespaced_pod_log(pod.metadata.name, where["namespace"]))
             except k.ApiException as e:
                 raise _api_error(e, f"reading the log of {pod.metadata.name}") from None
 
@@ -372,13 +388,18 @@ class KubernetesBackend(Backend):
     def _preempt_impl(self, job_id: str) -> JobRecord:
         """Evict every pod of the job (policy/v1 Eviction, as a node drain or spot eviction does): each gets
         SIGTERM and its grace period to checkpoint; the pod then exits 75, which the Job's podFailurePolicy
-        ignores (a PyTorchJob's 143, which Kubeflow's ExitCode policy retries), and the pod is recreated."""
+        ignores (a PyTorchJob's 143, which Kubeflow's ExitCode policy retries), and the pod is recreated.
+        An MPIJob's workers only (the nodes a spot eviction takes): their ranks checkpoint, the operator
+        recreates them, and the launcher runs mpirun again in the same pod."""
         from kubernetes import client as k
 
         rec = self.store.get(job_id)
         where = self._where(rec)
         core = k.CoreV1Api(self.client)
-        for pod in self._pods(where):
+        pods = self._pods(where)
+        if where["kind"] == "MPIJob":
+            pods = [p for p in pods if (p.metadata.labels or {}).get(JOB_ROLE) == "worker"]
+        for pod in pods:
             body = {"apiVersion": "policy/v1", "kind": "Eviction",
                     "metadata": {"name": pod.metadata.name, "namespace": where["namespace"]}}
             try:
