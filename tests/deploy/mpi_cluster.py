@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 
 import psutil
+import pytest
 
 from azulite.deploy import pod_entry, pod_mpi
 from azulite.launch.local.procs import free_port
@@ -44,7 +45,10 @@ class Cluster:
         self.config.write_text(f"HostKey {keys / 'host'}\nAuthorizedKeysFile {keys / 'authorized_keys'}\n"
                                "PermitRootLogin prohibit-password\nPasswordAuthentication no\nStrictModes no\n"
                                "UsePAM no\nPidFile none\n")
-        Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        try:
+            Path("/run/sshd").mkdir(exist_ok=True)  # sshd's privilege separation directory
+        except PermissionError:
+            pytest.skip("sshd needs /run/sshd, its privilege separation directory: create it as root")
         self.hosts = ["127.0.0.2", "127.0.0.3"]
         (tmp / "hostfile").write_text("".join(f"{h} slots={slots}\n" for h in self.hosts))
         self.ssh_args = (f"-p {self.port} -i {keys / 'id'} -o StrictHostKeyChecking=no -o UserKnownHostsFile=/dev/null "

@@ -220,7 +220,10 @@ def test_the_board_stops_every_rank_once_and_releases_the_75s_when_all_have_ende
         assert late.read() == "stop"
         stranger = _Rank(board, 3, token="not-the-token")
         assert stranger.read() == ""  # its connection is closed, nothing recorded
-        assert 3 not in board.conns
+        garbled = _Rank(board, 4)
+        garbled.send(event="end", code="x")
+        assert (garbled.read(), garbled.read()) == ("stop", "")  # closed at a message that does not parse
+        assert 3 not in board.conns and 4 not in board.ends
     finally:
         board.close()
 

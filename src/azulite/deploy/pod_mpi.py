@@ -10,14 +10,15 @@ pod's environment and none of its signals; and Open MPI ends a job on a rank's n
 SIGTERM) by killing every rank within a second (measured: docs/perf-launch.md "Stop 39"), which no
 checkpoint survives. What makes a preemption end in a checkpoint on every rank:
 
-- ``rank`` (what mpirun starts for each rank) runs the command in its own process group (where orted's
-  stop reaches it), connects to the launcher's *board* (``AZULITE_POD_BOARD``, passed with ``mpirun -x``),
+- ``rank`` (what mpirun starts for each rank) runs the command in its own process group (orted gives each
+  rank one; its abort reaches the command there), connects to the launcher's *board* (``AZULITE_POD_BOARD``, passed with ``mpirun -x``),
   and sends the command exactly one SIGTERM when the pod is stopped (SIGUSR1 from the worker) or the board
   says stop; it tells the board when it is stopped and how its command ended, and a 75 (checkpointed) waits
   until every rank has ended (at most ``PEER_HOLD_S``), or mpirun would kill the peers still committing.
 - ``worker`` is PID 1 of a worker pod, around sshd. On the kubelet's SIGTERM (an eviction) it asks each rank
-  running in the pod (its runner wrote ``mpi-running-<rank>.json`` in the marks folder) to stop, waits for
-  them to end, and only then stops sshd: PID 1 ending ends the container, and every rank with it.
+  running in the pod (its runner wrote ``mpi-running-<rank>.json`` in the marks folder) to stop, ends sshd's
+  listener at once (no new session: whatever answers on the pod's name afterwards is its successor), and
+  ends only once the ranks have: PID 1 ending ends the container, and every rank with it.
 - ``launcher`` is PID 1 of the launcher pod, around mpirun. It waits until every worker in the operator's
   hostfile answers on its ssh port (a recreated worker may be pending for minutes), runs mpirun with a
   fresh board, passes a stop to every rank (the board, not mpirun: mpirun's SIGTERM kills them) and, when
@@ -43,10 +44,10 @@ import sys
 import threading
 import time
 
-try:  # in the pod (and run as a script): the file beside this one, from the same ConfigMap
-    import pod_entry as entry  # type: ignore[import-not-found]
-except ImportError:  # imported as part of the package (tests)
+if __package__:  # imported from the package (the renderer, tests)
     from azulite.deploy import pod_entry as entry
+else:  # run as a script, in the pod: the file beside this one (sys.path[0]), from the same ConfigMap
+    import pod_entry as entry  # type: ignore[import-not-found, no-redef]
 
 ENV_BOARD = "AZULITE_POD_BOARD"  # host:port:token of the launcher's board, for each rank (mpirun -x)
 ENV_POD_IP = "AZULITE_POD_IP"  # the launcher pod's IP (downward API): where the ranks reach the board
@@ -100,25 +101,25 @@ class Board:
             for line in lines:
                 try:
                     msg = json.loads(line)
-                    if msg.get("token") != self.token:
+                    if not secrets.compare_digest(str(msg.get("token")), self.token):
                         return  # not one of this run's ranks
                     event = msg.get("event")
                     if event == "start":
-                        rank = int(msg["rank"])
+                        rank, world = int(msg["rank"]), int(msg["world"])
+                    code = int(msg.get("code", 1))
                 except (ValueError, KeyError, TypeError, AttributeError):
                     return
                 if rank is None:
                     return
                 with self.lock:
                     if event == "start":
-                        self.world = max(self.world, int(msg.get("world", 0)))
+                        self.world = max(self.world, world)
                         self.conns[rank] = conn
                         if self.stopped:
                             self._send(conn, "stop")
                     elif event == "stopping":
                         self.stop()
                     elif event == "end":
-                        code = int(msg.get("code", 1))
                         self.ends[rank] = code
                         if code == entry.EXIT_CONFIG:
                             self.stop()
