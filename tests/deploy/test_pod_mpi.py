@@ -33,7 +33,8 @@ pytestmark = [
 
 # A rank: records what it sees, then (mode "wait") waits for a stop and counts the SIGTERMs delivered to it
 # through the wakeup fd (one byte per delivery; the Python-level handler merges close ones), keeps counting
-# for 0.5 + rank seconds (room for a duplicate to land; the ranks also end apart, which is the hold's case),
+# for 0.5 + 3 * rank seconds (room for a duplicate to land; and the ranks end apart, further than Open MPI
+# takes to kill the ranks left when one exits (~2 s measured), which is the hold's case),
 # "commits" and exits 75. A run after a preemption (run >= 1) ends at once.
 RANK = """
 import json, os, signal, sys, time
@@ -54,7 +55,7 @@ if mode == "config" and rank == 1:
     sys.exit(78)
 got = os.read(r, 64)
 t = time.monotonic()
-while time.monotonic() - t < 0.5 + rank:
+while time.monotonic() - t < 0.5 + 3 * rank:
     time.sleep(0.02)
 os.set_blocking(r, False)
 try:
@@ -130,10 +131,10 @@ def test_an_evicted_worker_stops_every_rank_once_and_the_launcher_runs_again_whe
     wait_for(lambda: cluster.out("started-0-0") and cluster.out("started-1-0"), 60, "both ranks' handlers")
     old = cluster.workers[1]
     old.send_signal(signal.SIGTERM)  # the kubelet's stop of an evicted pod
-    code, log = finish(old)
-    # its sshd stopped only after its rank had committed (the rank is sshd's descendant: it would have died)
-    assert cluster.out("committed-1-0") is not None, log
-    assert code == 128 + signal.SIGTERM, log  # not 0: restartPolicy OnFailure brings it back in place
+    code = old.wait(timeout=120)  # the agent's own end (its pipe stays open while the ranks under sshd run)
+    # it ended only after its rank had committed (as PID 1 its end would have killed the rank)
+    assert cluster.out("committed-1-0") is not None
+    assert code == 128 + signal.SIGTERM  # not 0: restartPolicy OnFailure brings it back in place
     cluster.start_worker(1)  # the operator recreates the pod under the same name
     code, log = finish(launcher)
     assert code == 0, log
@@ -143,6 +144,23 @@ def test_an_evicted_worker_stops_every_rank_once_and_the_launcher_runs_again_whe
     assert cluster.out("committed-0-0") is not None
     assert "rerun 1 of at most" in log and "mpirun exited" in log
     assert cluster.out("started-0-1") and cluster.out("started-1-1"), log  # the second run, on both workers
+
+
+def test_a_signal_to_a_ranks_group_reaches_its_command_once_and_the_others_through_the_board(cluster):
+    """As orted signals a rank (its process group): the command gets that one SIGTERM, its runner passes
+    nothing on but tells the board, which stops the other rank; both checkpoint, and mpirun runs again."""
+    for i in (0, 1):
+        cluster.start_worker(i)
+    launcher = cluster.start("wait")
+    mark = cluster.marks(1) / f"{pod_mpi.RUNNING}1.json"
+    wait_for(lambda: mark.exists() and cluster.out("started-0-0") and cluster.out("started-1-0"), 120,
+             "both ranks' handlers")
+    os.killpg(json.loads(mark.read_text())["pid"], signal.SIGTERM)
+    code, log = finish(launcher)
+    assert code == 0, log
+    assert (cluster.out("sigterms-0-0"), cluster.out("sigterms-1-0")) == ("1", "1"), log
+    assert "rerun 1 of at most" in log and cluster.out("started-1-1")
+    assert "not every rank ended" not in log  # rank 1's 75 was released, not timed out: the board stopped rank 0
 
 
 def test_a_stopped_launcher_stops_every_rank_once_and_exits_75_without_a_rerun(cluster):
@@ -225,7 +243,7 @@ def test_the_board_stops_every_rank_once_and_releases_the_75s_when_all_have_ende
         assert (garbled.read(), garbled.read()) == ("stop", "")  # closed at a message that does not parse
         assert 3 not in board.conns and 4 not in board.ends
     finally:
-        board.close()
+        board.close(drain_s=0)
 
 
 def test_a_78_on_the_board_stops_the_others():
@@ -236,7 +254,7 @@ def test_a_78_on_the_board_stops_the_others():
         b.send(event="end", code=78)
         assert a.read() == "stop"
     finally:
-        board.close()
+        board.close(drain_s=0)
 
 
 def test_its_constants_are_the_local_launchers():

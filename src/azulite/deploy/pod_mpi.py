@@ -77,6 +77,7 @@ class Board:
         self.held: set[int] = set()
         self.world = 0
         self.stopped = False
+        self.readers: list[threading.Thread] = []
         if socket.has_dualstack_ipv6():
             self.sock = socket.create_server(("", 0), family=socket.AF_INET6, dualstack_ipv6=True)
         else:
@@ -93,7 +94,10 @@ class Board:
                 conn, _ = self.sock.accept()
             except OSError:  # closed
                 return
-            threading.Thread(target=self._serve, args=(conn,), daemon=True).start()
+            reader = threading.Thread(target=self._serve, args=(conn,), daemon=True)
+            with self.lock:
+                self.readers.append(reader)
+            reader.start()
 
     def _serve(self, conn: socket.socket) -> None:
         rank = None
@@ -154,8 +158,15 @@ class Board:
         with self.lock:
             return [{"rank": r, "code": c} for r, c in sorted(self.ends.items())]
 
-    def close(self) -> None:
+    def close(self, drain_s: float = 10.0) -> None:
+        """Stop accepting, and read what the ranks sent to its end: a rank's last message may still be in
+        flight when mpirun has exited (each connection ends when its rank process has)."""
         self.sock.close()
+        deadline = time.monotonic() + drain_s
+        with self.lock:
+            readers = list(self.readers)
+        for reader in readers:
+            reader.join(max(0.0, deadline - time.monotonic()))
 
 
 def _hosts(path: str) -> list[str]:
