@@ -244,3 +244,17 @@ def test_the_rendered_pods_train_and_a_worker_eviction_resumes_to_the_same_weigh
         for proc in pods.procs:
             if proc.poll() is None:
                 kill_tree(proc)
+
+
+def test_examples_mpi_renders_for_its_hpc_nodes_with_ucx_over_infiniband_and_no_nccl(tmp_path):
+    """examples/mpi names Standard_HB120rs_v3 (HBv3: CPUs, 200 Gb/s HDR InfiniBand): its ranks get UCX over the
+    HCA and shared memory within a node, and no NCCL settings (there is no GPU)."""
+    files = render_spec(EXAMPLES / "mpi" / "job.yaml", "aks", AksOptions(pvc="outputs", **IMAGE), AzureMLOptions())
+    (_, mj) = docs(files["mpi-mpijob.yaml"])
+    assert_valid([mj])
+    (launcher,) = mj["spec"]["mpiReplicaSpecs"]["Launcher"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in launcher["env"]}
+    assert (env["UCX_TLS"], env["UCX_NET_DEVICES"]) == ("rc,sm,self", "mlx5_ib0:1")
+    assert not [k for k in env if k.startswith("NCCL_")]
+    (worker,) = mj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
+    assert "resources" not in worker  # no GPU to ask for

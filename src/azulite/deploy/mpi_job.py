@@ -28,8 +28,10 @@ from __future__ import annotations
 from typing import Any
 
 from azulite.deploy.options import CODE_DIR, AksOptions
+from azulite.deploy.pod_mpi import ENV_BOARD, ENV_POD_IP
 from azulite.deploy.training import (
-    ENTRY_DIR, ENTRY_VOLUME, MARKS_VOLUME, SPOT_KEY, _Plan, _rank_command, check_job, k8s_name, kubeflow_job, pod_template,
+    ENTRY_DIR, ENTRY_VOLUME, MARKS_VOLUME, SPOT_KEY, PodPlan, check_job, job_env, k8s_name, kubeflow_job, pod_template,
+    rank_command,
 )
 from azulite.spec.job import JobSpec
 
@@ -44,14 +46,14 @@ IDENTITY_ENV = ("AZURE_CLIENT_ID", "AZURE_TENANT_ID", "AZURE_FEDERATED_TOKEN_FIL
 LAUNCHER_REQUESTS = {"cpu": "500m", "memory": "512Mi"}
 
 
-def _mpirun(spec: JobSpec, plan: _Plan, env_names: list[str]) -> list[str]:
+def _mpirun(spec: JobSpec, plan: PodPlan, env_names: list[str]) -> list[str]:
     forwarded = [*env_names, "PATH", "LD_LIBRARY_PATH", "PYTHONPATH"]
     if plan.uses_blob:
         forwarded += IDENTITY_ENV
     xs = [w for name in dict.fromkeys(forwarded) for w in ("-x", name)]
     return ["mpirun", "--allow-run-as-root", "-np", str(spec.nodes * spec.processes_per_node), "--map-by", "slot",
-            "--bind-to", "none", "--tag-output", "--wdir", CODE_DIR, *xs, "-x", "AZULITE_POD_BOARD",
-            "python3", POD_MPI, "rank", *_rank_command(spec, plan)]
+            "--bind-to", "none", "--tag-output", "--wdir", CODE_DIR, *xs, "-x", ENV_BOARD,
+            "python3", POD_MPI, "rank", *rank_command(spec, plan)]
 
 
 def _launcher_pod(template: dict) -> dict:
@@ -66,7 +68,7 @@ def _launcher_pod(template: dict) -> dict:
     container["workingDir"] = "/"
     pod.pop("initContainers", None)
     container["resources"] = {"requests": dict(LAUNCHER_REQUESTS)}
-    container["env"].insert(0, {"name": "AZULITE_POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
+    container["env"].insert(0, {"name": ENV_POD_IP, "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}})
     del pod["nodeSelector"]
     pod["affinity"] = {"nodeAffinity": {"preferredDuringSchedulingIgnoredDuringExecution": [{
         "weight": 100, "preference": {"matchExpressions": [{"key": SPOT_KEY, "operator": "NotIn", "values": ["spot"]}]},
@@ -78,7 +80,7 @@ def mpi_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[di
     """[ConfigMap (pod_entry.py, pod_mpi.py), MPIJob]."""
     sku = check_job(spec, opts)
     name = name or k8s_name(spec.name)
-    plan = _Plan(spec, opts)
+    plan = PodPlan(spec, opts)
     labels = {"azulite.io/job": name}
     common: dict[str, Any] = dict(labels=labels, env_extra={}, entry_map=f"{name}-entry", container_name=MPI_CONTAINER,
                                   indexed=False)
@@ -87,9 +89,8 @@ def mpi_job(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[di
                           ports=[{"name": "ssh", "containerPort": SSH_PORT}],
                           argv=["python3", POD_MPI, "worker", "--", "/usr/sbin/sshd", "-De"], **common)
     worker["spec"]["containers"][0]["readinessProbe"] = {"tcpSocket": {"port": SSH_PORT}, "periodSeconds": 2}
-    # the launcher's environment is the job's: built once without mpirun's -x list, then with it
-    probe = pod_template(spec, opts, sku, command=[], restart_policy="Never", gpus=0, argv=["true"], **common)
-    names = [e["name"] for e in probe["spec"]["containers"][0]["env"] if "value" in e]
+    # the launcher's environment is the job's, and mpirun passes all of it on
+    names = [e["name"] for e in job_env(spec, sku, plan, opts, {})]
     launcher = _launcher_pod(pod_template(
         spec, opts, sku, command=[], restart_policy="Never", gpus=0,
         argv=["python3", POD_MPI, "launcher", "--", *_mpirun(spec, plan, names)], **common))

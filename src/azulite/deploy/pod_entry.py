@@ -27,7 +27,8 @@ signals and orphans are then handled for it, and its exit code is the pod's, a 7
   for a 78, wakes the agent with SIGUSR2.
 
 Pod-local and stdlib only by design: it must not import azulite (``azulite.launch.local.rank`` is the
-local backend's fuller runner, with logs and records). ``tests/deploy/test_pod_entry.py`` runs it around
+local backend's fuller runner, with logs and records). An MPIJob's pods run ``pod_mpi.py`` instead, which
+imports this file (beside it in the ConfigMap) for the verdict, the option parsing and the marks. ``tests/deploy/test_pod_entry.py`` runs it around
 real torchrun on loopback.
 """
 

@@ -45,7 +45,10 @@ def sku_facts(name: str | None, *, field: str = "resources.instance_type") -> Sk
 
 def nccl_env(sku: SkuFacts) -> dict[str, str]:
     """NCCL/UCX settings for ``sku``: InfiniBand over the mlx5 HCAs where the VM has it (seed 002's
-    "Optimal NCCL settings for Azure InfiniBand"), plain sockets on eth0 elsewhere."""
+    "Optimal NCCL settings for Azure InfiniBand"), plain sockets on eth0 elsewhere. A CPU VM with InfiniBand
+    (HPC sizes, for MPI jobs) has no NCCL to set: UCX over the HCA, and shared memory within the node."""
+    if sku.infiniband and not sku.gpus:
+        return {"UCX_TLS": "rc,sm,self", "UCX_NET_DEVICES": "mlx5_ib0:1"}
     if sku.infiniband:
         return {
             "NCCL_DEBUG": "INFO",

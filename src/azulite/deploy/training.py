@@ -62,7 +62,7 @@ def _remote(path: str) -> bool:
     return "://" in path or path.startswith("azureml:")
 
 
-class _Plan:
+class PodPlan:
     """Paths as the pod sees them, and the volumes that make them so."""
 
     def __init__(self, spec: JobSpec, opts: AksOptions) -> None:
@@ -138,7 +138,7 @@ def check_job(spec: JobSpec, opts: AksOptions) -> SkuFacts:
 _LAUNCHERS = ("torchrun", "deepspeed")
 
 
-def _rank_command(spec: JobSpec, plan: _Plan) -> list[str]:
+def rank_command(spec: JobSpec, plan: PodPlan) -> list[str]:
     """The user's command with pod paths substituted, as ``pod_entry.py rank`` options: a ``python X.py``
     command runs X.py with torchrun's interpreter (``--python``, as torchrun runs a script); a
     ``torchrun``/``deepspeed X.py`` command has its launcher dropped (the pod's torchrun already sets the
@@ -165,13 +165,13 @@ def entry_config_map(name: str, opts: AksOptions, spec: JobSpec) -> dict:
             "data": {Path(f).name: Path(f).read_text() for f in files}}
 
 
-def _plain_command(spec: JobSpec, plan: _Plan) -> list[str]:
+def _plain_command(spec: JobSpec, plan: PodPlan) -> list[str]:
     """``distribution: none``: the user's command itself, once per pod (as once per node locally)."""
     cmd = render_command(spec.command, plan.inputs, plan.outputs)
     return ["bash", "-c", SHELL_STOP_TRAP + cmd] if _SHELL.search(cmd) else shlex.split(cmd)
 
 
-def _env(spec: JobSpec, sku: SkuFacts, plan: _Plan, opts: AksOptions, extra: dict[str, str]) -> list[dict]:
+def job_env(spec: JobSpec, sku: SkuFacts, plan: PodPlan, opts: AksOptions, extra: dict[str, str]) -> list[dict]:
     env = {**nccl_env(sku), **extra, "AZUREML_NODE_COUNT": str(spec.nodes)}
     for name, path in plan.outputs.items():
         env[f"AZULITE_OUTPUT_{name.upper()}"] = path
@@ -190,7 +190,7 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
     its ranks checkpointed after a stop). ``gpus``: the container's GPUs when not one per process (torchrun)
     or the node's (a command run once per pod); ``indexed``: an Indexed Job's pod (NODE_RANK from its index);
     ``argv``: the container's whole command instead (an MPIJob's pods run ``pod_mpi.py``)."""
-    plan = _Plan(spec, opts)
+    plan = PodPlan(spec, opts)
     image = container_image(spec, opts)
     volumes = [{"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": shm_size(sku, spec.resources.shm_size)}}]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
@@ -210,10 +210,10 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
     agent = ["python3", ENTRY, "agent", *([f"--exit-preempted={exit_preempted}"] if exit_preempted != EXIT_PREEMPTED
                                            else []), "--"]
     if argv is None and command:
-        argv = [*agent, *command, ENTRY, "rank", *_rank_command(spec, plan)]
+        argv = [*agent, *command, ENTRY, "rank", *rank_command(spec, plan)]
     elif argv is None:
         argv = [*agent, *_plain_command(spec, plan)]
-    env = _env(spec, sku, plan, opts, env_extra)
+    env = job_env(spec, sku, plan, opts, env_extra)
     if not command and indexed:
         # the rank a once-per-node command reads locally (launch/env.py): the Indexed Job's pod index
         env.insert(0, {"name": "NODE_RANK", "valueFrom": {"fieldRef": {
