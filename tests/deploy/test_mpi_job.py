@@ -7,7 +7,6 @@ second mpirun in the same launcher pod, and the weights of a run that never stop
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import re
 import shutil
@@ -26,7 +25,7 @@ from azulite.deploy.render import render_spec
 from azulite.errors import DeployError
 from tests.deploy import schemas
 from tests.deploy.conftest import EXAMPLES, docs
-from tests.deploy.mpi_cluster import SSHD, Cluster, kill_tree
+from tests.deploy.mpi_cluster import SSHD, Cluster
 from tests.deploy.test_training import BASE, assert_valid, render, the
 from tests.launch.jobkit import wait_for
 
@@ -237,13 +236,9 @@ def test_the_rendered_pods_train_and_a_worker_eviction_resumes_to_the_same_weigh
         assert 10 <= stopped < 60 and f"resumed from step {stopped}" in out, out
         assert "rerun 1 of at most" in out and f"checkpoint: step {stopped} saved" in out
         assert _final(out) == reference, out
-        saved = json.dumps(sorted(p.name for p in (pods.mnt / "outputs" / "state").iterdir()))
-        assert "weights.npz" in saved
+        assert (pods.mnt / "outputs" / "state" / "weights.npz").is_file()  # on the claim, as in the pods
     finally:
         pods.close()
-        for proc in pods.procs:
-            if proc.poll() is None:
-                kill_tree(proc)
 
 
 def test_examples_mpi_renders_for_its_hpc_nodes_with_ucx_over_infiniband_and_no_nccl(tmp_path):
