@@ -253,3 +253,6 @@ def test_examples_mpi_renders_for_its_hpc_nodes_with_ucx_over_infiniband_and_no_
     assert not [k for k in env if k.startswith("NCCL_")]
     (worker,) = mj["spec"]["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     assert "resources" not in worker  # no GPU to ask for
+    # its image: the base, mpi4py and numpy from the example's requirements.txt, then OpenSSH
+    docker = files["Dockerfile"]
+    assert docker.index("pip install --no-cache-dir -r /tmp/requirements.txt") < docker.index(SSH_LAYER[0])
