@@ -15,8 +15,8 @@ from azulite.spec.job import JobSpec
 
 #: the flavor each job kind is
 FLAVOR_OF_KIND = {"Job": "indexed-job", "PyTorchJob": "pytorchjob", "TFJob": "tfjob", "MPIJob": "mpijob"}
-#: the distribution type each Kubeflow flavor runs (indexed-job: pytorch or none; pytorchjob: pytorch)
-_OWN = {"tfjob": "tensorflow", "mpijob": "mpi"}
+#: the flavor a distribution type always renders as (the others: indexed-job or pytorchjob)
+_OWN = {"tensorflow": "tfjob", "mpi": "mpijob"}
 _WHAT = {"pytorchjob": "a PyTorchJob runs torchrun in each worker",
          "tfjob": "a TFJob runs TensorFlow's workers and parameter servers",
          "mpijob": "an MPIJob runs mpirun over its workers"}
@@ -25,10 +25,13 @@ _WHAT = {"pytorchjob": "a PyTorchJob runs torchrun in each worker",
 def training_objects(spec: JobSpec, opts: AksOptions, name: str | None = None) -> list[dict]:
     """The objects of ``spec`` for ``opts.flavor``."""
     kind = spec.distribution_type
-    own = next((f for f, t in _OWN.items() if t == kind), None)  # the flavor this job must be, if any
-    if opts.flavor != "indexed-job" and opts.flavor != own and (own or opts.flavor in _OWN):
-        fix = f"use --flavor {own} (or leave the flavor out)" if own else "use --flavor indexed-job or pytorchjob"
-        raise DeployError(f"{_WHAT[opts.flavor]}; this job is {kind}", where="--flavor", fix=fix)
+    own = _OWN.get(kind)
+    if own and opts.flavor not in ("indexed-job", own):
+        raise DeployError(f"{_WHAT[opts.flavor]}; this job is {kind}", where="--flavor",
+                          fix=f"use --flavor {own} (or leave the flavor out)")
+    if not own and opts.flavor in _OWN.values():
+        raise DeployError(f"{_WHAT[opts.flavor]}; this job is {kind}", where="--flavor",
+                          fix="use --flavor indexed-job or pytorchjob")
     if kind == "tensorflow":
         return tf_job(spec, opts, name)
     if kind == "mpi":

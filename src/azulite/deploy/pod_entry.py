@@ -104,6 +104,21 @@ def verdict(torchrun_code: int, last: list[dict], config: list[dict] | None = No
     return torchrun_code, f"it exits {torchrun_code}"
 
 
+def reap_until(proc: subprocess.Popen, forget: list | dict | None = None) -> int:
+    """Reap every child (as PID 1, orphans are ours too) until ``proc`` ends; its code as a shell says it.
+    ``forget`` is cleared at that moment: nothing is sent to a pid that may be reused."""
+    while True:
+        try:
+            ended, status = os.waitpid(-1, 0)
+        except ChildProcessError:  # not ours to reap after all (cannot happen: proc is our child)
+            return 1
+        if ended == proc.pid:
+            if forget is not None:
+                forget.clear()
+            proc.returncode = shell_code(os.waitstatus_to_exitcode(status))
+            return proc.returncode
+
+
 class UsageError(Exception):
     """A mistake in the pod's command line (a hand-edited manifest): said in one line, exit 2."""
 
@@ -188,17 +203,7 @@ def agent(argv: list[str]) -> int:
     for signum in list(early):
         send(signum)
     on_wake(WAKE, None)  # a rank may have ended before the handler could find torchrun
-    code = 1
-    while True:  # reap every child: as PID 1, orphans are ours too
-        try:
-            ended, status = os.waitpid(-1, 0)
-        except ChildProcessError:  # not ours to reap after all (cannot happen: torchrun is our child)
-            break
-        if ended == pid:
-            child.clear()  # nothing is sent to a pid that may be reused
-            code = shell_code(os.waitstatus_to_exitcode(status))
-            proc.returncode = code
-            break
+    code = reap_until(proc, forget=child)
     result, why = verdict(code, read_marks(marks), read_marks(marks, CONFIG), exit_preempted)
     say(f"{os.path.basename(cmd[0])} exited {code}; {why}")
     return result

@@ -242,8 +242,6 @@ def launcher(argv: list[str]) -> int:
         first = not stopping
         stopping.append(signal.Signals(signum).name)
         board, pid = run.get("board"), run.get("pid")
-        if board is not None or pid is not None:
-            run["sent"] = True
         if board is not None and board.stop():
             if first:
                 say(f"{stopping[0]}: every rank is told to stop (checkpoint, then exit {entry.EXIT_PREEMPTED})")
@@ -284,19 +282,9 @@ def launcher(argv: list[str]) -> int:
             say(f"cannot run {cmd[0]!r}: {e.strerror or e}; is it on the image's PATH?")
             return 127
         run["pid"] = proc.pid
-        if stopping and not run.get("sent"):  # a stop that came before there was a run to pass it to
+        if stopping and not board.stopped:  # a stop that came before there was a board to pass it to
             on_stop(signal.SIGTERM, None)
-        code = 1
-        while True:  # reap every child: as PID 1, orphans are ours too
-            try:
-                ended, status = os.waitpid(-1, 0)
-            except ChildProcessError:
-                break
-            if ended == proc.pid:
-                code = entry.shell_code(os.waitstatus_to_exitcode(status))
-                proc.returncode = code
-                break
-        run.clear()
+        code = entry.reap_until(proc, forget=run)
         board.close()
         last = board.last()
         result, why = entry.verdict(code, last, [m for m in last if m["code"] == entry.EXIT_CONFIG])
@@ -374,17 +362,7 @@ def worker(argv: list[str]) -> int:
     child.append(proc.pid)
     if stopping:  # a stop before sshd existed
         os.kill(proc.pid, signal.SIGTERM)
-    code = 1
-    while True:  # reap every child (as PID 1, orphans are ours) until sshd's listener has ended
-        try:
-            ended, status = os.waitpid(-1, 0)
-        except ChildProcessError:
-            break
-        if ended == proc.pid:
-            child.clear()
-            code = entry.shell_code(os.waitstatus_to_exitcode(status))
-            proc.returncode = code
-            break
+    code = entry.reap_until(proc, forget=child)  # until sshd's listener has ended
     say(f"{os.path.basename(cmd[0])} exited {code}")
     if not stopping:
         return code

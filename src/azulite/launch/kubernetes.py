@@ -336,13 +336,13 @@ class KubernetesBackend(Backend):
             pods = pods[rank:rank + 1]
         core = k.CoreV1Api(self.client)
 
+        one_rank = mpi and rank is not None  # rank N's lines of the launcher's log, their tag dropped
+
         def lines(pod: str, text: str) -> Iterator[str]:
             for part in text.splitlines():
-                m = _MPI_TAG.match(part) if mpi and rank is not None else None
-                if m and int(m.group(1)) == rank:
-                    yield f"[{pod}] {part[m.end():]}"
-                elif not (mpi and rank is not None):
-                    yield f"[{pod}] {part}"
+                m = _MPI_TAG.match(part) if one_rank else None
+                if not one_rank or (m and int(m.group(1)) == rank):
+                    yield f"[{pod}] {part[m.end():] if m else part}"
 
         for pod in pods:
             try:
