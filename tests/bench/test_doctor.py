@@ -31,7 +31,10 @@ def test_doctor_here_skips_what_needs_a_gpu_and_measures_the_rest(tmp_path):
         assert checks[name]["detail"], name  # the reason
     assert checks["checkpoint_write"]["status"] in ("pass", "warn")
     assert checks["checkpoint_write"]["measured"] > 0
-    assert not list((tmp_path / "ck").iterdir()), "the probe's file is removed"
+    assert not (tmp_path / "ck").exists(), "the probe's file, and the folder it made for it, are removed"
+    (tmp_path / "kept").mkdir()  # a folder that was there stays, empty as it was
+    assert az("doctor", "--checkpoint", str(tmp_path / "kept"), "--json").returncode == 0
+    assert (tmp_path / "kept").is_dir() and not list((tmp_path / "kept").iterdir())
     assert checks["host_mem_gbps"]["measured"] > 0
     assert checks["dev_shm_free"]["measured"] == pytest.approx(shutil.disk_usage("/dev/shm").free, rel=0.2)
     assert out["ok"] is True and out["counts"]["fail"] == 0

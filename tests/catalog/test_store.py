@@ -120,3 +120,17 @@ def test_override_path_that_is_a_directory_is_an_error(tmp_path):
 
 def test_cloud_filter_ignores_case():
     assert [s.name for s in skus(cloud="AWS")] == [s.name for s in skus(cloud="aws")] != []
+
+
+def test_a_retired_size_says_so_from_its_date(tmp_path):
+    import datetime as dt
+
+    nc6 = get_sku("NC6s_v3")
+    assert nc6.retired == "2025-09-30" and nc6.retired_by(dt.date(2025, 9, 30)) and not nc6.retired_by(dt.date(2025, 9, 29))
+    assert "Standard_NC6s_v3 was retired on 2025-09-30" in nc6.retirement() and get_sku("NC24rs_v3").retirement() == ""
+    f = tmp_path / "mine.toml"  # a user's file may retire a size
+    f.write_text('[[sku]]\nname = "NC24rs_v3"\nretired = 2026-01-31\n')
+    assert Catalog.load(f).get("NC24rs_v3").retired == "2026-01-31"
+    f.write_text('[[sku]]\nname = "NC24rs_v3"\nretired = "soon"\n')
+    with pytest.raises(CatalogError, match="field 'retired': must be a date as YYYY-MM-DD"):
+        Catalog.load(f)

@@ -42,3 +42,15 @@ def test_catalog_unknown_filter_value_is_an_error_listing_the_known_ones(capsys,
 def test_catalog_directory_as_file_is_an_error_not_a_traceback(capsys, tmp_path):
     assert run("catalog", "--catalog", str(tmp_path)) == 2
     assert "is a directory" in capsys.readouterr().err
+
+
+def test_catalog_filters_that_match_nothing_together_are_an_error(capsys):
+    assert run("catalog", "--gpu", "T4", "--cloud", "gcp") == 2  # was an empty table, exit 0
+    err = " ".join(capsys.readouterr().err.split())
+    assert "no T4 SKU on gcp in the catalog" in err and "T4 SKUs are on: azure" in err
+
+
+def test_catalog_table_marks_a_retired_size(capsys):
+    assert run("catalog", "--gpu", "V100") == 0
+    out = capsys.readouterr().out
+    assert "NC6s_v3 (retired 2025-09-30)" in out and "NC24rs_v3 (retired" not in out

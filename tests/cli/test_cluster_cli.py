@@ -211,3 +211,145 @@ def test_plan_of_the_readme_says_one_candidate_in_the_singular(capsys, monkeypat
     assert run("plan", tmp_path / "examples" / "dlrm" / "job.yaml", "--hours", "50", "--deadline", "48") == 0
     out = capsys.readouterr().out
     assert "; 1 candidate simulated" in out, out  # was "1 candidates simulated"
+
+
+@pytest.mark.parametrize("curve, args, words", [
+    # a NaN / inf rate was a ValueError / OverflowError traceback from the cost model
+    ("hour,rps\n0,nan\n", ("--mode", "autoscale", "--capacity", "5"), "row 2: request rate must be a finite number >= 0, got 'nan'"),
+    ("hour,rps\n0,inf\n", ("--mode", "autoscale", "--capacity", "5"), "row 2: request rate must be a finite number >= 0"),
+    # inputs a mode does not use were dropped without a word
+    ("hour,rps\n0,10\n", ("--capacity", "5"), "always-on runs every replica all month"),
+    ("hour,rps\n0,10\n", ("--mode", "autoscale", "--capacity", "5", "--utilization", "0.5"), "not both"),
+    (None, ("--mode", "autoscale", "--capacity", "5"), "--capacity is the req/s of one replica against a request-rate curve"),
+    (None, ("--hours-per-month", "10000"), "at most 744 (31 days), got 10000"),
+])
+def test_cost_serving_inputs_that_would_be_dropped_or_crash_are_named(capsys, tmp_path, curve, args, words):
+    extra = ()
+    if curve is not None:
+        (tmp_path / "day.csv").write_text(curve)
+        extra = ("--curve", tmp_path / "day.csv")
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", *extra, *args) == 2
+    err = err_of(capsys)
+    assert words in err and "Traceback" not in err
+
+
+def test_cost_curve_header_names_its_columns_and_a_spreadsheet_bom_is_read(capsys, tmp_path):
+    swapped = tmp_path / "swapped.csv"
+    swapped.write_text("rps,hour\n100,0\n0,1\n")  # was read by position: the hours became the rates
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbfhour,rps\r\n0,100\r\n1,0\r\n")
+    for f in (swapped, bom):
+        assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "scale-to-zero", "--curve", f, "--capacity", "50",
+                   "--json") == 0
+        assert json.loads(capsys.readouterr().out)["hourly_replicas"] == [2, 0]
+
+
+def test_cost_serving_nodes_cap_a_curve_and_the_hours_over_it_are_said(capsys, tmp_path):
+    day = tmp_path / "day.csv"
+    day.write_text("0,100\n1,300\n")
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", day, "--capacity", "50",
+               "--nodes", "3", "--json") == 0  # --nodes was ignored with a curve
+    d = json.loads(capsys.readouterr().out)
+    assert d["hourly_replicas"] == [2, 3]
+    assert any("1 of 2 hours need more than 3 replicas (up to 6)" in a for a in d["assumptions"])
+
+
+def test_cost_table_of_other_prices_uses_the_same_inputs_and_says_why_one_has_no_figure(capsys):
+    args = ("cost", "--sku", "NC24rs_v3", "--nodes", "2", "--hours", "50", "--spot", "--checkpoint-interval", "10m", "--json")
+    assert run(*args) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["alternatives_usd"]["spot"] == pytest.approx(d["total_usd"])  # was priced at Young/Daly's interval
+    assert run("cost", "--sku", "NC24rs_v3", "--nodes", "100000", "--hours", "1000", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["alternatives_usd"]["spot"] is None and "expected never to finish" in d["alternatives_not_priced"]["spot"]
+    assert "reserved_1y" not in d["alternatives_not_priced"]  # no source: a price that is unknown, said as such
+
+
+def test_cost_of_a_spot_spec_can_be_priced_on_demand(capsys, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python t.py\npriority: spot\nresources: {instance_type: Standard_NC24rs_v3, instance_count: 1}\n")
+    assert run("cost", spec, "--hours", "10", "--eviction-rate", "0", "--json") == 0
+    assert json.loads(capsys.readouterr().out)["pricing"] == "spot"
+    assert run("cost", spec, "--hours", "10", "--pricing", "on_demand", "--json") == 0  # was still spot
+    assert json.loads(capsys.readouterr().out)["total_usd"] == pytest.approx(30.6)
+
+
+@pytest.mark.parametrize("args, words", [
+    (("--hours", "1e3"), None),  # scientific notation was "must be > 0, got '1e3'"
+    (("--samples-per-second", "nan", "--samples", "1000"), "--samples-per-second, --samples and --epochs must be > 0"),
+    (("--hours", "1", "--spot", "--save-seconds", "-5"), "--save-seconds must be > 0, got -5"),
+    (("--hours", "1", "--spot", "--eviction-rate", "1000"), "on 1 node the job is expected never to finish (an eviction every 3.6 s"),
+])
+def test_cost_numbers_are_read_and_refused_naming_what_is_wrong(capsys, args, words):
+    assert run("cost", "--sku", "NC24rs_v3", *args) == (0 if words is None else 2)
+    if words is not None:
+        assert words in err_of(capsys)
+
+
+def test_a_retired_size_is_priced_with_a_warning_and_never_planned(capsys, tmp_path):
+    assert run("cost", "--sku", "NC6s_v3", "--hours", "2", "--json") == 0
+    captured = capsys.readouterr()
+    assert "Standard_NC6s_v3 was retired on 2025-09-30" in captured.err
+    assert json.loads(captured.out)["warnings"] == [captured.err.split("warning: ")[1].strip()]
+    assert run("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", "--runs", "2", "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["pick"]["sku"] != "Standard_NC6s_v3" and all(c["sku"] != "Standard_NC6s_v3" for c in d["alternatives"])
+    assert "not weighed, no longer available: NC6s_v3 (retired 2025-09-30)" in d["assumptions"]
+
+
+@pytest.mark.parametrize("speedup, words", [
+    (("B200=2",), "--speedup B200=2: no SKU in the catalog has GPU type 'B200'"),
+    (("V100=2",), "V100 is the GPU type the run time was measured on"),
+    (("A100=2", "a100=3"), "--speedup gives A100 twice"),
+    (("A100=0",), "the factor must be > 0"),
+    (("A100",), "takes TYPE=FACTOR"),
+])
+def test_plan_speedup_names_a_type_the_catalog_has(capsys, speedup, words):
+    args = [a for s in speedup for a in ("--speedup", s)]
+    assert run("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", *args) == 2
+    assert words in err_of(capsys)
+
+
+def test_plan_speedup_ignores_case_like_catalog_gpu(capsys):
+    assert run("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", "--runs", "2", "--speedup", "a100=2.5",
+               "--json") == 0
+    d = json.loads(capsys.readouterr().out)
+    assert "GPU types weighed: A100 (x2.5), V100 (x1)" in d["assumptions"]
+    assert any("A100" in c["sku"] for c in d["alternatives"])
+
+
+def test_plan_with_no_priced_candidate_says_so(capsys, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python t.py\nresources: {instance_type: Standard_ND96isr_H100_v5, instance_count: 1}\n")
+    assert run("plan", spec, "--hours", "5") == 1
+    assert "no candidate could be weighed: no price is known for any candidate" in " ".join(capsys.readouterr().out.split())
+
+
+def test_simulate_refuses_a_plot_format_before_running(capsys, tmp_path):
+    assert run("simulate", CLUSTER, TRACE, "--plot", tmp_path / "sim.txt", "--json") == 2
+    captured = capsys.readouterr()
+    assert "cannot write a plot as .txt" in " ".join(captured.err.split()) and captured.out == ""
+    assert run("simulate", CLUSTER, TRACE, "--plot", tmp_path / "sim.svg", "--json") == 0
+    assert (tmp_path / "sim.svg").read_text().lstrip().startswith("<?xml")
+
+
+@pytest.mark.parametrize("pools, autoscaler, words", [
+    ("{name: cpu, sku: Standard_D4s_v3, min_nodes: 1, max_nodes: 4}", "", "no pool has GPUs (cpu: Standard_D4s_v3)"),
+    ("{name: a, sku: Standard_NC24rs_v3, min_nodes: 0, max_nodes: 4}", "autoscaler: {enabled: false}\n",
+     "start with at most 0 GPUs and the autoscaler is off"),
+    ("{name: s, sku: Standard_NC24rs_v3, spot: true, pricing: savings_1y}", "", "a spot pool pays the spot price, not savings_1y"),
+    ("{name: s, sku: Standard_NC24rs_v3, spot: true, eviction_rate_per_hour: -0.1}", "",
+     "-0.1 is too small: must be >= 0 fix: set pools[0].eviction_rate_per_hour to a number >= 0"),
+])
+def test_simulate_cluster_mistakes_say_what_they_are(capsys, tmp_path, pools, autoscaler, words):
+    spec = tmp_path / "c.yaml"
+    spec.write_text(f"name: c\n{autoscaler}pools:\n  - {pools}\n")
+    assert run("simulate", spec, TRACE, "--json") == 2
+    assert words in err_of(capsys)
+
+
+def test_simulate_reads_a_trace_saved_by_a_spreadsheet(capsys, tmp_path):
+    trace = tmp_path / "bom.csv"
+    trace.write_bytes(b"\xef\xbb\xbfjob_id,submit_time,gpus,duration\r\na,0,4,2h\r\n")  # Excel's "CSV UTF-8"
+    assert run("simulate", CLUSTER, trace, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["finished"] == 1

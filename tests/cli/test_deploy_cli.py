@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import yaml
 from tests.cli.inprocess import exit_code as _exit_code
 
@@ -99,3 +101,14 @@ def test_bad_namespace_and_negative_numbers_are_refused_before_writing(tmp_path,
 def test_render_a_directory_says_so(tmp_path, capsys):
     assert _exit_code("deploy", "render", str(tmp_path), "--target", "aks", "--out", str(tmp_path / "out")) == 2
     assert "is a directory, not a spec file" in capsys.readouterr().err  # was "cannot read the spec (IsADirectoryError)"
+
+
+@pytest.mark.parametrize("target", ["aks", "azureml"])
+def test_a_retired_vm_size_is_refused_before_anything_is_written(tmp_path, target):
+    shutil.copytree(ROOT / "examples/ddp", tmp_path / "ddp")
+    spec = tmp_path / "ddp" / "job.yaml"
+    spec.write_text(spec.read_text().replace("Standard_NC24rs_v3", "Standard_NC6s_v3"))
+    r = run("deploy", "render", str(spec), "--target", target, "--out", str(tmp_path / "out"))
+    assert r.returncode == 2, r.stdout + r.stderr
+    assert "resources.instance_type: Standard_NC6s_v3 was retired on 2025-09-30" in r.stderr and "fix:" in r.stderr
+    assert not (tmp_path / "out").exists()

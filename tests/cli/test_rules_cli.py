@@ -39,11 +39,20 @@ def test_prometheusrule_holds_the_same_groups():
     assert [g["name"] for g in file_doc["groups"]] == ["gpu.rules", "azulite-training"]
 
 
-@pytest.mark.parametrize("args, where", [(["--parts", "gpu,disks"], "--parts"), (["--format", "json"], "--format"),
-                                         (["--checkpoint-k", "0"], "--checkpoint-k")])
+@pytest.mark.parametrize("args, where", [
+    (["--parts", "gpu,disks"], "--parts"), (["--format", "json"], "--format"), (["--checkpoint-k", "0"], "--checkpoint-k"),
+    # each rendered a file promtool accepts: an alert that can never fire, a rule file with no rules
+    (["--p99-target-ms", "nan"], "--p99-target-ms"), (["--parts", ","], "--parts: no rule part given"),
+    (["--format", "prometheusrule", "--namespace", "Bad_NS!"], "--namespace: namespace 'Bad_NS!' is not"),
+    (["--namespace", "ops"], "--name and --namespace name the PrometheusRule object"),  # ignored by --format file
+])
 def test_bad_flags_are_named(args, where):
     p = az("rules", "render", *args)
-    assert p.returncode == 2 and where in p.stderr and "Traceback" not in p.stderr
+    assert p.returncode == 2 and where in p.stderr and "Traceback" not in p.stderr and p.stdout == ""
+
+
+def test_parts_ignore_case_like_the_other_filters():
+    assert az("rules", "render", "--parts", "GPU", check=0).stdout == az("rules", "render", "--parts", "gpu", check=0).stdout
 
 
 def test_out_that_is_a_directory_or_in_a_missing_folder_is_named_and_leaves_nothing(tmp_path, capsys):

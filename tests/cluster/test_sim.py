@@ -146,7 +146,7 @@ def test_taints_and_selectors_steer_jobs():
     assert eligible([spot, od], (), ("kubernetes.azure.com/scalesetpriority=spot:NoSchedule",)) == [0, 1]
     assert eligible([spot, od], (("agentpool", "spot"),), ("kubernetes.azure.com/scalesetpriority:NoSchedule",)) == [0]
     t = trace([("a", 0, 8, 10)])
-    with pytest.raises(SimulationError, match="no pool matches"):
+    with pytest.raises(SimulationError, match="no GPU pool matches"):
         t.selectors = [(), (("agentpool", "gpu"),)]
         t.selector = np.array([1])
         simulate(t, [spot, od], Settings())
@@ -164,3 +164,20 @@ def test_progress_reports_reach_the_end():
     t = trace([(f"j{i}", i, 1, 10) for i in range(50)])
     simulate(t, [pool(node_gpus=1, nodes=2)], Settings(autoscale=False), progress=lambda d, n, now: seen.append((d, n)))
     assert seen[0] == (0, 50) and seen[-1] == (50, 50)
+
+
+def test_series_hold_the_state_after_each_instant():
+    # sparse events (every one sampled): each sample is the state from its time on, so the series' step
+    # integrals are the busy GPU-seconds and node-seconds the run billed, and a node removed at 1900 is gone
+    # in the sample at 1900 (sampling before the instant's events showed it until the next event at 2000)
+    s = Settings(scale_up_delay=300, scale_down_unneeded_time=600, scale_down_delay_after_add=0)
+    t = trace([("a", 0, 8, 1000), ("b", 2000, 8, 1000)])
+    r = simulate(t, [pool(nodes=0, min_nodes=0, max_nodes=2)], s)
+    ts, busy, nodes = r.series["t"], r.series["busy_gpus"], r.series["nodes"]
+
+    def at(series, x):
+        return series[np.searchsorted(ts, x, side="right") - 1]
+
+    assert at(busy, 300) == 8 and at(busy, 1300) == 0 and at(nodes, 1900) == 0 and at(nodes, 2000) == 1
+    assert float(np.sum(busy[:-1] * np.diff(ts))) == pytest.approx(8 * 1000 * 2)
+    assert float(np.sum(nodes[:-1] * np.diff(ts))) == pytest.approx(r.node_hours_by_pool["p"] * 3600)

@@ -221,9 +221,14 @@ def probe_write(location: str, exp: Expectations, nbytes: int = 64 << 20, enviro
 
     rel = f".azulite-doctor-{uuid.uuid4().hex[:8]}"
     data = os.urandom(1 << 20) * (nbytes >> 20)
+    made: list[str] = []  # the folders the probe created, deepest first: removed after it (a probe leaves nothing)
     try:
         st = CheckpointStorage(location, StorageSettings.from_environ(environ if environ is not None else os.environ))
-        st.check()
+        folder = None if st.remote else os.path.abspath(st.path())
+        while folder is not None and not os.path.exists(folder):
+            made.append(folder)
+            folder = os.path.dirname(folder)
+        st.check()  # creates a local folder
         t0 = time.perf_counter()
         if st.remote:
             st.write_exclusive(rel, data)
@@ -237,6 +242,12 @@ def probe_write(location: str, exp: Expectations, nbytes: int = 64 << 20, enviro
         st.remove_file(rel)
     except (AzuliteError, OSError) as exc:
         return Check("checkpoint_write", "fail", f"cannot write to {location}: {str(exc).splitlines()[0]}")
+    finally:
+        for folder in made:
+            try:
+                os.rmdir(folder)
+            except OSError:  # not empty: something else wrote there meanwhile; not ours to remove
+                break
     gbps = len(data) / 1e9 / dt
     return Check("checkpoint_write", "pass" if gbps >= exp.write_gbps else "warn",
                  f"{gbps:.3f} GB/s durable write of {len(data) >> 20} MB to {location} (floor {exp.write_gbps:g})",

@@ -6,6 +6,7 @@ planner) says so instead of guessing.
 
 from __future__ import annotations
 
+import datetime as dt
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Mapping
@@ -50,6 +51,8 @@ class Sku:
     spec_source: str = ""
     notes: str = ""
     prices: Mapping[str, Price] = field(default_factory=lambda: MappingProxyType({}))
+    #: the day the cloud retired the size (ISO date; its notes name the notice): no new VM of it can be made
+    retired: str | None = None
 
     @property
     def short(self) -> str:
@@ -59,6 +62,17 @@ class Sku:
     @property
     def total_gpu_memory_gb(self) -> float:
         return self.gpus * self.gpu_memory_gb
+
+    def retired_by(self, day: dt.date | None = None) -> bool:
+        """Whether the size is retired on ``day`` (today by default)."""
+        return self.retired is not None and dt.date.fromisoformat(self.retired) <= (day or dt.date.today())
+
+    def retirement(self) -> str:
+        """What to tell a user who names a retired size (empty when it is not retired)."""
+        if not self.retired_by():
+            return ""
+        return (f"{self.name} was retired on {self.retired}: no new VM of this size can be created, and its "
+                "prices are the last ones published")
 
     def price(self, kind: str) -> Price | None:
         """The price of ``kind`` (see PRICE_KINDS) or None when no source gives it."""

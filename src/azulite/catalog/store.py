@@ -63,6 +63,12 @@ class SkuEntry(_Entry):
     ib_links: int | None = Field(default=None, ge=0)
     spec_source: str | None = None
     notes: str | None = None
+    retired: str | None = None
+
+    @field_validator("retired", mode="before")
+    @classmethod
+    def _retired(cls, v: Any) -> Any:
+        return _iso_date(v)
 
 
 class PriceEntry(_Entry):
@@ -78,17 +84,21 @@ class PriceEntry(_Entry):
 
     @field_validator("date", mode="before")
     @classmethod
-    def _iso_date(cls, v: Any) -> Any:
-        # TOML's own date (date = 2026-01-05, unquoted) arrives as a datetime.date; a free-text date
-        # ("last week", "05/01/26") would be printed beside the price as if it were one
-        if isinstance(v, dt.date):
-            return v.isoformat()
-        if isinstance(v, str):
-            try:
-                dt.date.fromisoformat(v)
-            except ValueError:
-                raise ValueError("must be a date as YYYY-MM-DD, e.g. \"2026-01-05\"") from None
-        return v
+    def _date(cls, v: Any) -> Any:
+        return _iso_date(v)
+
+
+def _iso_date(v: Any) -> Any:
+    # TOML's own date (date = 2026-01-05, unquoted) arrives as a datetime.date; a free-text date
+    # ("last week", "05/01/26") would be printed beside the price as if it were one
+    if isinstance(v, dt.date):
+        return v.isoformat()
+    if isinstance(v, str):
+        try:
+            dt.date.fromisoformat(v)
+        except ValueError:
+            raise ValueError("must be a date as YYYY-MM-DD, e.g. \"2026-01-05\"") from None
+    return v
 
 
 class _Rule(_Entry):
@@ -121,6 +131,15 @@ def _num(row: dict[str, str], col: str, where: str, kind: type = float) -> Any:
         return kind(raw)
     except ValueError:
         raise CatalogError(f"column {col!r} must be a number, got {raw!r}", where=where, fix=f"write {col} as a number") from None
+
+
+def _day(row: dict[str, str], col: str, where: str) -> str | None:
+    raw = (row.get(col) or "").strip()
+    try:
+        return dt.date.fromisoformat(raw).isoformat() if raw else None
+    except ValueError:
+        raise CatalogError(f"column {col!r} must be a date as YYYY-MM-DD, got {raw!r}", where=where,
+                           fix=f"write {col} as e.g. 2025-09-30, or leave it empty") from None
 
 
 def _pydantic_error(exc: ValidationError, where: str, model: type[BaseModel]) -> CatalogError:
@@ -191,6 +210,7 @@ class Catalog:
                 vcpus=_num(row, "vcpus", where, int), ram_gb=_num(row, "ram_gb", where),
                 infiniband_gbps=_num(row, "infiniband_gbps", where), ib_links=_num(row, "ib_links", where, int),
                 spec_source=row.get("spec_source") or "", notes=row.get("notes") or "",
+                retired=_day(row, "retired", where),
             )
         return skus
 

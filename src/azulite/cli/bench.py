@@ -60,7 +60,7 @@ def collectives(
     from azulite.bench.jobs import collectives_job, empty_code_dir, run_collectives  # the job spec (pydantic)
 
     settings = Settings.from_environ()
-    b = get_backend(backend or settings.backend, settings)
+    b = get_backend(backend or settings.backend, settings, where=f"--backend {backend}" if backend else "AZULITE_BACKEND")
     with empty_code_dir() as code:
         spec = collectives_job(
             nodes=nodes, procs_per_node=procs_per_node, ops=[o.strip() for o in ops.split(",") if o.strip()],

@@ -56,6 +56,10 @@ def catalog(
             raise CatalogError(f"{flag}: no SKU in the catalog has {value!r}",
                                fix=f"use one of: {', '.join(sorted(known))}; or add SKUs with --catalog FILE")
     rows = cat.skus(gpu, cloud)
+    if not rows:  # each filter matches some SKU, but not together
+        clouds = sorted({s.cloud for s in cat.skus(gpu)})
+        raise CatalogError(f"no {gpu} SKU on {cloud} in the catalog", where="--gpu/--cloud",
+                           fix=f"{gpu} SKUs are on: {', '.join(clouds)}; or add SKUs with --catalog FILE")
     if as_json:
         print(json.dumps([sku_json(s) for s in rows], indent=2))
         return
@@ -73,7 +77,7 @@ def catalog(
         for kind in PRICE_KINDS:
             p = s.price(kind)
             cells.append("-" if p is None else f"{p.usd_per_hour:.3f}{'*' if p.derived else ''}")
-        table.add_row(s.short, s.cloud, gpus, f"{s.gpu_memory_gb:g} GB" if s.gpus else "-", str(s.vcpus),
+        table.add_row(s.short + (f" (retired {s.retired})" if s.retired_by() else ""), s.cloud, gpus, f"{s.gpu_memory_gb:g} GB" if s.gpus else "-", str(s.vcpus),
                       f"{s.ram_gb:g}", f"{s.infiniband_gbps:g}" if s.infiniband_gbps else "-", *cells)
     out.print(table)
     if sources:

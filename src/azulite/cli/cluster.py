@@ -17,7 +17,8 @@ from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from azulite.cli.console import check_output_file
-from azulite.errors import AzuliteError, CostError, SpecError, TraceError
+from azulite.cli.console import err as err_console
+from azulite.errors import CostError, PriceUnknown, SpecError, TraceError
 
 
 def _console() -> Console:
@@ -34,7 +35,12 @@ def _hours(value: Optional[str], flag: str) -> Optional[float]:
         return None
     try:
         text = value.strip()
-        return parse_duration(text if text[-1:].isalpha() else text + "h") / 3600.0
+        number = _number(text)  # 50, 2.5, 1e3 (hours)
+        if number is not None:
+            if not 0 < number < math.inf:
+                raise ValueError(text)
+            return number
+        return parse_duration(text) / 3600.0
     except (ValueError, IndexError):
         raise SpecError(f"{flag} takes hours (50, 2.5) or a duration (90m, 2d), and must be > 0, got {value!r}",
                         field=flag, fix=f"e.g. {flag} 48") from None
@@ -68,7 +74,7 @@ def _work_hours(hours: Optional[str], sps: Optional[float], samples: Optional[fl
                             fix="drop one: --hours is the wall time; the samples flags compute it")
         return _hours(hours, "--hours")
     if sps is not None and samples is not None:
-        if sps <= 0 or samples <= 0 or epochs <= 0:
+        if not all(0 < v < math.inf for v in (sps, samples, epochs)):
             raise CostError("--samples-per-second, --samples and --epochs must be > 0", fix="e.g. --samples-per-second 1200 --samples 443757 --epochs 100")
         return samples * epochs / sps / 3600.0
     raise CostError("how long does the job run? give --hours, or --samples-per-second with --samples and --epochs",
@@ -84,7 +90,7 @@ def cost(
     samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
     epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
     spot: bool = typer.Option(False, "--spot", help="Spot (low-priority) VMs, with the expected eviction overhead."),
-    pricing: str = typer.Option("on_demand", "--pricing", help="on_demand, reserved_1y, reserved_3y, savings_1y, savings_3y."),
+    pricing: Optional[str] = typer.Option(None, "--pricing", help="on_demand (default; spot for a spot job spec), reserved_1y, reserved_3y, savings_1y, savings_3y.", show_default=False),
     eviction_rate: Optional[float] = typer.Option(None, "--eviction-rate", help="Spot evictions per node-hour (0: none)."),
     save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration (s)."),
     checkpoint_interval: Optional[str] = typer.Option(None, "--checkpoint-interval", help="Default: Young/Daly."),
@@ -121,20 +127,26 @@ def cost(
         raise CostError("which VM size? " + ("the spec has no resources.instance_type" if spec is not None else "no --sku and no job spec"),
                         fix="pass --sku, e.g. --sku Standard_NC24rs_v3, or a job spec: azulite cost examples/ddp/job.yaml --hours 10")
     the_sku = cat.get(name)
-    if spot and pricing not in ("on_demand", "spot"):  # --spot won and --pricing was dropped without a word
+    if spot and pricing not in (None, "spot"):  # --spot won and --pricing was dropped without a word
         raise CostError(f"--spot and --pricing {pricing} ask for two prices", fix=f"pick one: --spot, or --pricing {pricing}")
-    kind = "spot" if (spot or (spec_spot and pricing == "on_demand")) else pricing
+    # a spot job spec is priced as spot unless --pricing says otherwise (then that price, on-demand included)
+    kind = "spot" if spot else pricing or ("spot" if spec_spot else "on_demand")
     out = _console()
+    warnings = [w for w in (the_sku.retirement(),) if w]
+    for w in warnings:  # priced all the same (a what-if, or a bill to check), but said
+        err_console().print(f"warning: {w}", markup=False)
     if serve:
         if hours is not None or samples_per_second is not None or samples is not None:  # they were ignored
             raise CostError("--hours and the samples flags price a training run, not an endpoint",
                             fix="for --serve give --hours-per-month (730 or 720), or drop --serve to price training")
         rates = _read_curve(curve) if curve else None
         # `nodes or 1` would price `--nodes 0` as one replica without a word; 0 is the user's typo to report
+        # with a curve, --nodes is the most replicas the autoscaler may run (unbounded when not given)
         result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=1 if nodes is None else nodes, hours_per_month=hours_per_month,
-                              utilization=utilization, curve=rates, capacity_rps=capacity)
+                              utilization=utilization, curve=rates, capacity_rps=capacity,
+                              max_replicas=nodes if rates is not None else None)
         if as_json:
-            print(json.dumps(result.to_json(), indent=2))
+            print(json.dumps(result.to_json() | {"warnings": warnings}, indent=2))
             return
         out.print(f"[bold]{result.sku}[/] endpoint, {mode}: [bold]${result.monthly_usd:,.2f}[/] per month")
         out.print(f"  = {result.computation}")
@@ -148,16 +160,21 @@ def cost(
         return
     n = spec_nodes if nodes is None else nodes
     h = _work_hours(hours, samples_per_second, samples, epochs)
-    est = training_cost(the_sku, n, h, pricing=kind, eviction_rate=eviction_rate,
-                        checkpoint_interval_s=_seconds(checkpoint_interval, "--checkpoint-interval"), save_seconds=save_seconds)
-    alternatives = {}
+    same = dict(eviction_rate=eviction_rate, checkpoint_interval_s=_seconds(checkpoint_interval, "--checkpoint-interval"),
+                save_seconds=save_seconds)
+    est = training_cost(the_sku, n, h, pricing=kind, **same)
+    alternatives: dict[str, Optional[float]] = {}
+    why_not: dict[str, str] = {}  # a price that exists but cannot be applied (spot that never finishes)
     for k in ("on_demand", "spot", "savings_1y", "savings_3y", "reserved_1y", "reserved_3y"):
         try:
-            alternatives[k] = training_cost(the_sku, n, h, pricing=k, eviction_rate=eviction_rate, save_seconds=save_seconds).total_usd
-        except AzuliteError:
+            alternatives[k] = training_cost(the_sku, n, h, pricing=k, **same).total_usd
+        except PriceUnknown:
             alternatives[k] = None
+        except CostError as exc:  # its reason, without the figures the headline's own error gives in full
+            alternatives[k], why_not[k] = None, exc.message.split(" (")[0]
     if as_json:
-        print(json.dumps(est.to_json() | {"alternatives_usd": alternatives}, indent=2))
+        print(json.dumps(est.to_json() | {"alternatives_usd": alternatives, "alternatives_not_priced": why_not,
+                                          "warnings": warnings}, indent=2))
         return
     out.print(f"[bold]{n} x {est.sku}[/], {h:g} h, {kind}: [bold]${est.total_usd:,.2f}[/]")
     out.print(f"  compute {n} x {h:g} h x ${est.usd_per_node_hour:g}/node-hour = ${est.compute_usd:,.2f}  ({est.price_source})")
@@ -170,28 +187,35 @@ def cost(
     table.add_column("pricing")
     table.add_column("total", justify="right")
     for k, v in alternatives.items():
-        table.add_row(k, "unknown (no source)" if v is None else f"${v:,.2f}")
+        table.add_row(k, f"${v:,.2f}" if v is not None else why_not.get(k, "unknown (no source)"))
     out.print(table)
 
 
 def _read_curve(path: Path) -> list[float]:
+    """The request rates of a CSV of hour,rps rows (a header optional; with one, its columns are found by
+    name, so rps,hour reads as well); "utf-8-sig": a spreadsheet's CSV starts with a byte-order mark."""
     rates: list[float] = []
+    hour_col, rate_col = 0, -1
     try:
-        with open(path, newline="") as f:
+        with open(path, newline="", encoding="utf-8-sig") as f:
             for row_no, row in enumerate(csv.reader(f), start=1):
-                if not row or row[0].strip().startswith("#") or (row_no == 1 and not row[-1].strip().replace(".", "").isdigit()):
+                if not row or row[0].strip().startswith("#"):
                     continue
-                try:
-                    rates.append(float(row[-1]))
-                except ValueError:
-                    raise TraceError(f"request rate must be a number, got {row[-1]!r}", where=f"{path}: row {row_no}",
-                                     fix="rows of hour,rps") from None
-                try:  # the rate is what counts; a non-number hour means a shifted or foreign column, not a curve
-                    if len(row) > 1:
-                        float(row[0])
-                except ValueError:
-                    raise TraceError(f"hour must be a number, got {row[0]!r}", where=f"{path}: row {row_no}",
-                                     fix="rows of hour,rps, e.g. 13,42.5") from None
+                if row_no == 1 and not _number(row[-1]):  # a header
+                    names = [c.strip().lower() for c in row]
+                    if len(names) == 2 and "hour" in names:
+                        hour_col = names.index("hour")
+                        rate_col = 1 - hour_col
+                    continue
+                rate = _number(row[rate_col])
+                if rate is None or not 0 <= rate < math.inf:
+                    raise TraceError(f"request rate must be a finite number >= 0, got {row[rate_col]!r}",
+                                     where=f"{path}: row {row_no}", fix="rows of hour,rps, e.g. 13,42.5")
+                # the rate is what counts; a non-number hour means a shifted or foreign column, not a curve
+                if len(row) > 1 and _number(row[hour_col]) is None:
+                    raise TraceError(f"hour must be a number, got {row[hour_col]!r}", where=f"{path}: row {row_no}",
+                                     fix="rows of hour,rps, e.g. 13,42.5")
+                rates.append(rate)
     except FileNotFoundError:
         raise TraceError("request-rate curve not found", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
     except IsADirectoryError:
@@ -200,6 +224,13 @@ def _read_curve(path: Path) -> list[float]:
         raise TraceError(f"cannot read the request-rate curve ({type(exc).__name__})", where=str(path),
                          fix="pass a readable CSV of hour,rps rows to --curve") from None
     return rates
+
+
+def _number(text: str) -> Optional[float]:
+    try:
+        return float(text)
+    except ValueError:
+        return None
 
 
 def simulate_cmd(
@@ -227,7 +258,7 @@ def simulate_cmd(
     """
     from azulite.catalog import load_catalog
     from azulite.cluster.pools import resolve_pools
-    from azulite.cluster.report import plot, summary_table
+    from azulite.cluster.report import check_plot_path, plot, summary_table
     from azulite.cluster.sim import Settings, simulate
     from azulite.cluster.trace import FORMATS, read_trace
     from azulite.spec.cluster import load_cluster
@@ -236,8 +267,13 @@ def simulate_cmd(
         raise TraceError(f"unknown trace format {fmt!r}", fix=f"use one of: {', '.join(FORMATS)}")
     if plot_path is not None:
         check_output_file(plot_path, "--plot", "sim.png")  # before the run, not after it
+        check_plot_path(plot_path)
     spec = load_cluster(cluster)
-    pools = resolve_pools(spec, catalog=load_catalog(str(catalog_file) if catalog_file else None), spec_file=cluster)
+    cat = load_catalog(str(catalog_file) if catalog_file else None)
+    pools = resolve_pools(spec, catalog=cat, spec_file=cluster)
+    for sku in sorted({p.sku for p in pools}):
+        if cat.get(sku).retirement():
+            err_console().print(f"warning: {cat.get(sku).retirement()}", markup=False)
     jobs = read_trace(trace, fmt, job_table=job_table)
     a = spec.autoscaler
     settings = Settings(autoscale=a.enabled, scale_up_delay=a.scale_up_delay, scale_down_unneeded_time=a.scale_down_unneeded_time,
@@ -335,15 +371,14 @@ def plan_cmd(
     if delta is None:
         delta = 60.0
         source = (source + "; " if checkpoints else "") + "default 60 s"
-    ups = {}
-    for item in speedup or []:
+    ups: dict[str, float] = {}
+    for item in speedup or []:  # the types and factors are checked against the catalog by the planner
         k, _, v = item.partition("=")
-        try:
-            ups[k.strip()] = float(v)
-        except ValueError:
-            raise SpecError(f"--speedup takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5") from None
-        if not ups[k.strip()] > 0:
-            raise SpecError(f"--speedup factor must be > 0, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
+        if not k.strip() or _number(v) is None:
+            raise SpecError(f"takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
+        if k.strip() in ups:
+            raise SpecError(f"--speedup gives {k.strip()} twice", field="--speedup", fix="give each GPU type once")
+        ups[k.strip()] = _number(v)
     if not 0 < scaling_efficiency <= 1:
         raise SpecError(f"must be in (0, 1], got {scaling_efficiency:g}", field="--scaling-efficiency", fix="e.g. --scaling-efficiency 0.9")
     if runs < 1:
@@ -363,7 +398,12 @@ def plan_cmd(
         return
     out = _console()
     p = result.pick
-    if p is None:
+    if p is None and not result.simulated:  # nothing could be weighed: say why, not "misses the constraints"
+        unpriced = all("price unknown" in c.note for c in result.candidates)
+        out.print("[bold red]no candidate could be weighed[/]: " + (
+            "no price is known for any candidate (see the notes below); add prices with --catalog FILE, or weigh "
+            "other GPU types with --speedup TYPE=FACTOR" if unpriced else "each is ruled out by the note beside it below"))
+    elif p is None:
         out.print(f"[bold red]no candidate meets the constraints[/] ({result.objective})")
     else:
         ck = f"checkpoint every {p.checkpoint_interval_s / 60:.0f} min (Young/Daly)" if p.checkpoint_interval_s else "no evictions modelled: checkpoint as your failure rate needs"

@@ -22,6 +22,7 @@ def dashboard(
 
       azulite dashboard --host 0.0.0.0     # prints the key to open it with
     """
+    from azulite.cli.listen import listen
     from azulite.launch.settings import Settings
     from azulite.observe.dashboard import Dashboard, is_loopback, serve
 
@@ -29,7 +30,7 @@ def dashboard(
     if not is_loopback(host) and not key:
         key = secrets.token_urlsafe(24)
     dash = Dashboard(Settings.from_environ().db_path, serving_urls=serve_metrics, key=key if not is_loopback(host) or key else None)
-    server = serve(dash, host, port)
+    server = listen(lambda: serve(dash, host, port), host, port)
     shown = "127.0.0.1" if host in ("0.0.0.0", "::") else host
     url = f"http://{shown}:{server.server_address[1]}/"
     console.print(f"azulite dashboard: {url}" + (f"?key={key}" if dash.key else ""), markup=False)

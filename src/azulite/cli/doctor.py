@@ -74,14 +74,17 @@ def _check_checkpoint_folder(location: str) -> None:
 
     from azulite.train.storage import parse_uri
 
-    scheme, root = parse_uri(location)
+    try:
+        scheme, root = parse_uri(location)
+    except AzuliteError as exc:  # a scheme azulite does not write to: the flag's mistake (exit 2), not a failure
+        raise AzuliteError(exc.message, where="--checkpoint", fix=exc.fix) from None
     if scheme != "file":
         return
     for p in (Path(root), *Path(root).parents):
         if p.exists() and not p.is_dir():
             what = "is a file, not a folder" if p == Path(root) else f"cannot be a folder: {str(p)!r} is a file"
             raise AzuliteError(f"{location!r} {what}", where="--checkpoint",
-                               fix="give the folder checkpoints are written into (it is created if missing), "
+                               fix="give the folder checkpoints are written into (a missing one is created for the probe and removed after it), "
                                    "e.g. --checkpoint /mnt/checkpoints/run1, or az://container/dir")
         if p.exists():
             return

@@ -62,10 +62,7 @@ def _backend(name: Optional[str] = None, environ: Optional[dict] = None) -> Back
     settings = _settings()
     if name is None:
         return get_backend(settings.backend, settings, environ)
-    try:
-        return get_backend(name, settings, environ)
-    except AzuliteError as e:  # name what the user typed, not the environment variable it overrides
-        raise AzuliteError(e.message, where=f"--backend {name}", fix=e.fix) from None
+    return get_backend(name, settings, environ, where=f"--backend {name}")  # what the user typed
 
 
 def _backend_for(job_id: str) -> Backend:

@@ -4,11 +4,14 @@ endpoint, loopback by default."""
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import List
 
 import typer
 from rich.console import Console
+
+from azulite.errors import SpecError
 
 
 def observe(
@@ -28,17 +31,22 @@ def observe(
     """
     from prometheus_client import start_http_server
 
+    from azulite.cli.listen import listen
     from azulite.launch.settings import Settings
     from azulite.observe.jobs import JobCollector
     from azulite.observe.telemetry import NodeCollector, registry_for
 
     console = Console(stderr=True, highlight=False)
+    for path in disk:  # a typo'd mount would just be absent from /metrics, with no word why
+        if not os.path.isdir(path):
+            raise SpecError(f"no folder {path!r} on this machine", field="--disk",
+                            fix="name a mounted filesystem's path, e.g. --disk / --disk /mnt/checkpoints")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s: %(message)s")
     collector = NodeCollector(disk_paths=tuple(disk))
     registry = registry_for(collector)
     if jobs:
         registry.register(JobCollector(Settings.from_environ().db_path))
-    server, _ = start_http_server(port, addr=host, registry=registry)
+    server, _ = listen(lambda: start_http_server(port, addr=host, registry=registry), host, port)
     console.print(f"azulite observe: metrics on http://{host}:{server.server_port}/metrics", markup=False)
     list(collector.collect())  # say what is (not) exported now, not at the first scrape
     try:

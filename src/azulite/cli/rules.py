@@ -3,6 +3,7 @@ Prometheus rule file or a prometheus-operator PrometheusRule."""
 
 from __future__ import annotations
 
+import math
 import os
 import tempfile
 from pathlib import Path
@@ -30,6 +31,9 @@ app = typer.Typer(
 
 
 def groups_for(parts: list[str], *, p99_target_ms: float, no_progress_minutes: int, checkpoint_k: float) -> list[RuleGroup]:
+    parts = [p.lower() for p in parts]
+    if not parts:  # an empty rule file would load, and alert on nothing
+        raise SpecError("no rule part given", field="--parts", fix=f"name one or more of: {', '.join(PARTS)}")
     unknown = [p for p in parts if p not in PARTS]
     if unknown:
         raise SpecError(f"unknown rule part(s): {', '.join(unknown)}", field="--parts", fix=f"choose from {', '.join(PARTS)}")
@@ -65,12 +69,20 @@ def render(
 
     if format_ not in ("file", "prometheusrule"):
         raise SpecError(f"unknown format {format_!r}", field="--format", fix="file or prometheusrule")
-    if p99_target_ms <= 0 or no_progress_minutes < 1 or checkpoint_k <= 0:
+    if format_ == "file" and (name, namespace) != ("azulite", "monitoring"):  # they name a Kubernetes object
+        raise SpecError("--name and --namespace name the PrometheusRule object", field="--format",
+                        fix="add --format prometheusrule, or drop --name/--namespace")
+    if not (0 < p99_target_ms < math.inf and no_progress_minutes >= 1 and 0 < checkpoint_k < math.inf):  # nan too
         raise SpecError("thresholds must be positive", field="--p99-target-ms/--no-progress-minutes/--checkpoint-k",
                         fix="e.g. --p99-target-ms 250 --no-progress-minutes 15 --checkpoint-k 3")
     groups = groups_for([p.strip() for p in parts.split(",") if p.strip()], p99_target_ms=p99_target_ms,
                         no_progress_minutes=no_progress_minutes, checkpoint_k=checkpoint_k)
-    text = rule_file(groups) if format_ == "file" else prometheus_rule_yaml(groups, name=name, namespace=namespace)
+    try:
+        text = rule_file(groups) if format_ == "file" else prometheus_rule_yaml(groups, name=name, namespace=namespace)
+    except SpecError as exc:  # the object's name or namespace: said as the flag that gave it
+        if exc.field not in ("name", "namespace"):
+            raise
+        raise SpecError(exc.message, field=f"--{exc.field}", fix=exc.fix) from None
     if out is None:
         typer.echo(text, nl=False)
         return

@@ -19,6 +19,7 @@ import typer
 from rich.table import Table
 
 from azulite.cli import console as consoles
+from azulite.cli.listen import check_address, check_port
 from azulite.errors import AzuliteError, SpecError, StartupError
 
 _STYLE = {"READY": "bold green", "UNLOADED": "dim", "UNAVAILABLE": "bold red"}
@@ -215,8 +216,7 @@ def serve(
                             "every model)")
     ports = {"--http-port": http_port, "--grpc-port": grpc_port, "--metrics-port": metrics_port}
     for flag, port in ports.items():
-        if not 0 <= port <= 65535:
-            raise SpecError(f"{port} is not a port (0-65535)", field=flag, fix=f"e.g. {flag} 0 (any free port)")
+        check_port(port, flag)
     for flag, other in (("--http-port", "--grpc-port"), ("--http-port", "--metrics-port"),
                         ("--grpc-port", "--metrics-port")):
         if ports[flag] and ports[flag] == ports[other]:  # the second listener would fail with "address in use"
@@ -224,7 +224,7 @@ def serve(
                             fix="give each endpoint its own port (0: any free port)")
     for flag, address in (("--http-address", http_address), ("--grpc-address", grpc_address),
                           ("--metrics-address", metrics_address)):
-        _check_address(address, flag)
+        check_address(address, flag)
     if grpc_impl not in ("h2", "grpcio"):
         raise SpecError(f"unknown --grpc-impl {grpc_impl!r}", field="--grpc-impl", fix="use h2 or grpcio")
     if repository_poll_secs <= 0:
@@ -366,21 +366,6 @@ def serve(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
-
-
-def _check_address(address: str, flag: str) -> None:
-    """An address that does not resolve would fail at bind with "Name or service not known" and a fix about
-    ports; said here, naming its flag."""
-    import socket
-
-    if not address:  # asyncio's "every interface"
-        return
-    try:
-        socket.getaddrinfo(address, None, type=socket.SOCK_STREAM)
-    except (socket.gaierror, UnicodeError) as exc:
-        raise SpecError(f"cannot listen on {address!r}: {exc}", field=flag,
-                        fix=f"give an address of this machine, e.g. {flag} 127.0.0.1 (this machine only) or "
-                            "0.0.0.0 (every interface)") from None
 
 
 def _rate(item: str) -> tuple[str, float]:

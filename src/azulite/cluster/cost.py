@@ -30,9 +30,12 @@ HOURS_PER_MONTH = 730.0  # 8,760 h / 12; the other common convention is 720 (30 
 
 def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
     """Young/Daly's first-order optimum checkpoint interval tau = sqrt(2 x delta x MTBF) (seconds)."""
-    if save_seconds <= 0 or mtbf_seconds <= 0:
-        raise CostError("Young/Daly needs a save duration > 0 and an MTBF > 0",
-                        fix="pass --save-seconds (measured in the checkpoint manifest) and an eviction rate > 0")
+    if not save_seconds > 0:
+        raise CostError(f"a checkpoint save takes time: --save-seconds must be > 0, got {save_seconds:g}",
+                        fix="pass the save duration measured in the checkpoint manifests, e.g. --save-seconds 60")
+    if not mtbf_seconds > 0:
+        raise CostError(f"Young/Daly needs a mean time between evictions > 0, got {mtbf_seconds:g} s",
+                        fix="an eviction rate > 0 per node-hour, e.g. --eviction-rate 0.01")
     return math.sqrt(2.0 * save_seconds * mtbf_seconds)
 
 
@@ -120,8 +123,8 @@ def training_cost(
     denom = 1.0 - big_l * (tau / 2.0 + restart)
     if denom <= 0:
         raise CostError(
-            f"with {lam:g} evictions per node-hour on {nodes} nodes the job is expected never to finish "
-            f"(an eviction every {1 / big_l / 60:.0f} min loses {tau / 120 + restart / 60:.0f} min on average)",
+            f"with {lam:g} evictions per node-hour on {nodes} node{'' if nodes == 1 else 's'} the job is expected never to finish "
+            f"(an eviction every {_minutes(1 / big_l)} loses {_minutes(tau / 2 + restart)} on average)",
             fix="use fewer nodes, on-demand nodes, or checkpoint more often (--checkpoint-interval)",
         )
     base = t0 * (1.0 + delta / tau)
@@ -136,6 +139,14 @@ def training_cost(
         expected_evictions=n_evict, evictions_per_node_hour=lam, checkpoint_interval_s=tau, save_seconds=delta,
         restart_seconds=restart, hours_sd=sd, assumptions=assumptions,
     )
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.2g} s"
+
+
+#: the longest month (31 days): more hours per month is a typo, not a convention
+MAX_HOURS_PER_MONTH = 744.0
 
 
 @dataclass
@@ -172,8 +183,19 @@ def serving_cost(
       the ``capacity_rps`` of one replica, or from a mean ``utilization`` (the share of hours a replica runs);
     - ``scale-to-zero``: like autoscale with min 0: hours with no traffic cost nothing.
     """
-    if hours_per_month <= 0:
-        raise CostError(f"hours per month must be > 0, got {hours_per_month:g}", fix="730 (8,760/12) or 720 (30 days)")
+    if not 0 < hours_per_month <= MAX_HOURS_PER_MONTH:
+        raise CostError(f"hours per month must be > 0 and at most {MAX_HOURS_PER_MONTH:g} (31 days), got {hours_per_month:g}",
+                        fix="730 (8,760/12) or 720 (30 days)")
+    # an input the mode does not use would be dropped without a word: the user meant something else
+    if mode == "always-on" and (curve is not None or utilization is not None or capacity_rps is not None):
+        raise CostError("always-on runs every replica all month: a curve, a capacity or a utilization would not count",
+                        fix="add --mode autoscale (or scale-to-zero) to price by them, or drop them")
+    if curve is not None and utilization is not None:
+        raise CostError("give a request-rate curve or a utilization, not both",
+                        fix="--curve FILE --capacity RPS prices hour by hour; --utilization a mean share of hours")
+    if capacity_rps is not None and curve is None:
+        raise CostError("--capacity is the req/s of one replica against a request-rate curve, and there is none",
+                        fix="add --curve FILE (rows of hour,rps), or drop --capacity")
     if replicas < 1:
         raise CostError(f"replicas must be >= 1, got {replicas}", fix="e.g. --nodes 1 (replicas)")
     rate = price_of(sku, pricing)
@@ -186,15 +208,21 @@ def serving_cost(
     elif mode in ("autoscale", "scale-to-zero"):
         floor_ = 1 if mode == "autoscale" else 0
         if curve is not None:
-            if not curve or any(r < 0 for r in curve):
-                raise CostError("the request-rate curve needs one rate >= 0 per hour", fix="a CSV of hour,rps rows")
-            if not capacity_rps or capacity_rps <= 0:
-                raise CostError("a request-rate curve needs the capacity of one replica", fix="pass --capacity RPS (> 0)")
-            cap = max_replicas or 10**9
-            hourly = [min(cap, max(floor_, math.ceil(r / capacity_rps - 1e-9))) for r in curve]
+            if not curve or not all(0 <= r < math.inf for r in curve):
+                raise CostError("the request-rate curve needs one finite rate >= 0 per hour", fix="a CSV of hour,rps rows")
+            if capacity_rps is None or not 0 < capacity_rps < math.inf:
+                raise CostError("a request-rate curve needs the capacity of one replica (req/s, > 0)",
+                                fix="pass --capacity RPS, e.g. --capacity 50")
+            need = [max(floor_, math.ceil(r / capacity_rps - 1e-9)) for r in curve]
+            cap = max_replicas or max(need)
+            hourly = [min(cap, n) for n in need]
             rh = sum(hourly) / len(hourly) * hours_per_month
             comp = f"mean {sum(hourly) / len(hourly):.3g} replicas over the {len(hourly)}-hour curve x {hours_per_month:g} h x ${rate:g}/h"
-            notes.append(f"one replica serves {capacity_rps:g} req/s; min {floor_} replica(s)")
+            notes.append(f"one replica serves {capacity_rps:g} req/s; min {floor_} replica(s), max {cap}")
+            short = sum(1 for n in need if n > cap)
+            if short:
+                notes.append(f"{short} of {len(need)} hours need more than {cap} replicas (up to {max(need)}): "
+                             "priced at the max, and those hours are over capacity")
         elif utilization is not None:
             if not 0 <= utilization <= 1:
                 raise CostError(f"utilization must be within [0, 1], got {utilization:g}", fix="e.g. --utilization 0.5")

@@ -84,18 +84,44 @@ class Plan:
     assumptions: list[str] = field(default_factory=list)
 
 
+def gpu_speeds(ref: Sku, speedup: dict[str, float] | None, catalog: Catalog,
+               clouds: tuple[str, ...] = ("azure",)) -> dict[str, float]:
+    """Per-GPU speed of each GPU type weighed, relative to ``ref``'s (1): ``speedup``'s types matched to the
+    catalog's names ignoring case. A type no SKU has, the reference's own type, or one type given twice is an
+    error (each would be weighed silently otherwise, or halve every cost)."""
+    if not ref.gpus:
+        raise CostError(f"the reference SKU {ref.name} has no GPUs", fix="plan from a GPU SKU (resources.instance_type)")
+    known = {s.gpu_type.lower(): s.gpu_type for s in catalog.skus() if s.gpus and s.gpu_type and s.cloud in clouds}
+    others = ", ".join(sorted(set(known.values()) - {ref.gpu_type})) or "none"
+    speeds = {ref.gpu_type: 1.0}
+    for given, factor in (speedup or {}).items():
+        name = known.get(given.strip().lower())
+        if name is None:
+            raise CostError(f"--speedup {given}={factor:g}: no SKU in the catalog has GPU type {given!r}",
+                            fix=f"use one of: {others}; or add SKUs with --catalog FILE")
+        if name == ref.gpu_type:
+            raise CostError(f"--speedup {given}={factor:g}: {name} is the GPU type the run time was measured on "
+                            "(speed 1 by definition)", fix=f"give other types' speed relative to it: {others}")
+        if name in speeds:
+            raise CostError(f"--speedup gives {name} twice", fix=f"give each GPU type once, e.g. --speedup {name}={factor:g}")
+        if not 0 < factor < math.inf:
+            raise CostError(f"--speedup {given}={factor:g}: the factor must be > 0", fix=f"e.g. --speedup {name}=2.5")
+        speeds[name] = factor
+    return speeds
+
+
 def candidates(job: Job, catalog: Catalog, *, speedup: dict[str, float] | None = None, scaling_efficiency: float = 0.9,
                node_counts: tuple[int, ...] = NODE_COUNTS, clouds: tuple[str, ...] = ("azure",)) -> list[Candidate]:
     if not job.hours > 0:
         raise CostError(f"the job's hours must be > 0, got {job.hours:g}", fix="e.g. --hours 50")
     ref = job.ref_sku
-    if not ref.gpus:
-        raise CostError(f"the reference SKU {ref.name} has no GPUs", fix="plan from a GPU SKU (resources.instance_type)")
-    speeds = {ref.gpu_type: 1.0, **(speedup or {})}
+    speeds = gpu_speeds(ref, speedup, catalog, clouds)
     ref_gpus = ref.gpus * job.ref_nodes
     out: list[Candidate] = []
     for sku in catalog.skus():
         if sku.cloud not in clouds or not sku.gpus or sku.gpu_type not in speeds:
+            continue
+        if sku.retired_by():  # no node of it can be had; the reference may be one (where the time was measured)
             continue
         for n in node_counts:
             g = sku.gpus * n
@@ -162,6 +188,7 @@ def plan(job: Job, *, deadline_h: float | None = None, budget_usd: float | None 
     if budget_usd is not None and not budget_usd > 0:
         raise CostError(f"the budget must be > 0 USD, got {budget_usd:g}", fix="e.g. --budget 500")
     cat = catalog or load_catalog()
+    speeds = gpu_speeds(job.ref_sku, speedup, cat)  # for the assumptions; candidates() checks the same
     cands = candidates(job, cat, speedup=speedup, scaling_efficiency=scaling_efficiency, node_counts=node_counts)
     by_time = deadline_h is None and budget_usd is not None
     objective = ("fastest expected completion within the budget" if by_time else "lowest expected cost"
@@ -204,6 +231,9 @@ def plan(job: Job, *, deadline_h: float | None = None, budget_usd: float | None 
         f"checkpoint save delta = {job.save_seconds:g} s ({job.save_source}); restart {job.restart_seconds:g} s; "
         f"replacement node after {scale_up_delay:g} s",
         f"spot evictions {eviction_rate:g} per node-hour; scaling efficiency {scaling_efficiency:g} per doubling of GPUs",
-        "GPU types weighed: " + ", ".join(sorted({job.ref_sku.gpu_type or "", *(speedup or {})})),
+        "GPU types weighed: " + ", ".join(f"{t} (x{v:g})" for t, v in sorted(speeds.items())),
     ]
+    retired = [f"{s.short} (retired {s.retired})" for s in cat.skus() if s.gpu_type in speeds and s.retired_by()]
+    if retired:
+        assumptions.append("not weighed, no longer available: " + ", ".join(retired))
     return Plan(best, cands, objective, simulated, assumptions)

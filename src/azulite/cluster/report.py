@@ -44,6 +44,21 @@ def summary_table(result: Result, pools: list[Pool], title: str = "Simulation") 
     return t
 
 
+def check_plot_path(path: Path, flag: str = "--plot") -> None:
+    """Refuse, before a run, a file name whose extension matplotlib cannot write (the run would be lost)."""
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    from azulite.errors import SpecError
+
+    kinds = FigureCanvasBase.get_supported_filetypes()
+    ext = path.suffix.lower().lstrip(".")
+    if ext not in kinds:
+        raise SpecError(f"cannot write a plot as {('.' + ext) if ext else 'a file without an extension'}",
+                        file=str(path), field=flag,
+                        fix=f"name a .png (or {', '.join('.' + k for k in sorted(kinds) if k != 'png')}) file, "
+                            f"e.g. {flag} {path.with_suffix('.png').name}")
+
+
 def plot(result: Result, path: str | Path, title: str = "azulite simulate") -> Path:
     """Utilization, queue length and node count over time, one panel each."""
     import matplotlib

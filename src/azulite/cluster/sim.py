@@ -55,7 +55,7 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
     cfg = settings or Settings()
     wall0 = time.perf_counter()
     rng = random.Random(cfg.seed)
-    sig_pools = check_fits(trace, pools)
+    sig_pools = check_fits(trace, pools, cfg.autoscale)
     n_jobs = len(trace)
     P = len(pools)
 
@@ -424,8 +424,9 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
         t_ev = heap[0][0] if heap else math.inf
         t = t_arr if t_arr <= t_ev else t_ev
         if t == math.inf:
-            raise SimulationError(  # pragma: no cover - check_fits rules this out
-                f"{n_jobs - finished} jobs can never start", fix="check pools and the autoscaler")
+            raise SimulationError(  # check_fits rules this out unless spot evictions took nodes nothing replaces
+                f"{n_jobs - finished} jobs can never start: spot evictions removed nodes and the autoscaler, which is "
+                "off, does not replace them", fix="turn the autoscaler on (autoscaler.enabled: true), or use on-demand pools")
         # integrate busy/ready GPU-seconds over [last_t, t)
         dt = t - last_t
         if dt > 0:
@@ -433,13 +434,6 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
             t_acc += busy * dt
             last_t = t
         now = t
-        if now >= next_rec:
-            s_t.append(now)
-            s_busy.append(busy)
-            s_queue.append(pending)
-            s_nodes.append(sum(pool_nodes))
-            s_ready.append(ready_gpus)
-            next_rec = now + dt_rec
         # every event at this instant, then one scheduling pass
         while ptr < n_jobs and submit[ptr] == now:
             enqueue(ptr)
@@ -487,6 +481,13 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
         idle_checks.clear()
         dirty_keys.clear()
         capacity_changed = False
+        if now >= next_rec:  # the state from now on (a step plot's "post"), once this instant's events are done
+            s_t.append(now)
+            s_busy.append(busy)
+            s_queue.append(pending)
+            s_nodes.append(sum(pool_nodes))
+            s_ready.append(ready_gpus)
+            next_rec = now + dt_rec
         if progress is not None and events >= next_progress:
             progress(finished, n_jobs, now)
             next_progress = events + 16384

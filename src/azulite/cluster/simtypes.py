@@ -65,25 +65,37 @@ class Result:
         }
 
 
-def check_fits(trace: Trace, pools: list[Pool]) -> dict[tuple[int, int], tuple[int, ...]]:
+def check_fits(trace: Trace, pools: list[Pool], autoscale: bool = True) -> dict[tuple[int, int], tuple[int, ...]]:
     """Eligible pools per (selector, toleration) signature; raises SimulationError naming the first job
-    that no pool can ever hold (even at max_nodes)."""
+    that no pool can ever hold (at max_nodes; without the autoscaler, at the nodes a pool starts with)."""
     sig_pools: dict[tuple[int, int], tuple[int, ...]] = {}
     for s, t in set(zip(trace.selector.tolist(), trace.toleration.tolist())):
         sig_pools[(s, t)] = tuple(eligible(pools, trace.selectors[s], trace.tolerations[t]))
-    cap = {sig: max((pools[p].node_gpus * pools[p].max_nodes for p in ps), default=0) for sig, ps in sig_pools.items()}
+    most = [p.max_nodes if autoscale else p.start_nodes for p in pools]
+    cap = {sig: max((pools[p].node_gpus * most[p] for p in ps), default=0) for sig, ps in sig_pools.items()}
     need = np.fromiter((cap[(s, t)] for s, t in zip(trace.selector.tolist(), trace.toleration.tolist())), np.int64, len(trace))
     bad = np.nonzero(trace.gpus > need)[0]
     if len(bad):
         j = int(bad[0])
         sig = (int(trace.selector[j]), int(trace.toleration[j]))
         names = [pools[p].name for p in sig_pools[sig]]
-        detail = (f"its eligible pools ({', '.join(names)}) hold at most {need[j]} GPUs" if names else
-                  f"no pool matches its node selector {dict(trace.selectors[sig[0]])} and tolerations {list(trace.tolerations[sig[1]])}")
+        cpu_only = [p.name for p in pools if p.node_gpus < 1]
+        if names and not autoscale:
+            detail = (f"its eligible pools ({', '.join(names)}) start with at most {need[j]} GPUs and the autoscaler "
+                      "is off (autoscaler.enabled: false)")
+        elif names:
+            detail = f"its eligible pools ({', '.join(names)}) hold at most {need[j]} GPUs"
+        elif len(cpu_only) == len(pools):
+            detail = f"no pool has GPUs ({', '.join(f'{p.name}: {p.sku}' for p in pools)})"
+        else:
+            detail = (f"no GPU pool matches its node selector {dict(trace.selectors[sig[0]])} and tolerations "
+                      f"{list(trace.tolerations[sig[1]])}")
         raise SimulationError(
             f"job {trace.ids[j]!r} needs {int(trace.gpus[j])} GPUs and can never fit: {detail}"
             + (f" ({len(bad)} such jobs)" if len(bad) > 1 else ""),
             where=trace.source or None,
-            fix="raise max_nodes of a pool, add a pool it may use (labels/taints), or fix the job's gpus",
+            fix=("turn the autoscaler on, or raise min_nodes (initial_nodes) of a pool" if names and not autoscale else
+                 "add a pool of a GPU VM size (`azulite catalog --gpu A100` lists them)" if len(cpu_only) == len(pools) else
+                 "raise max_nodes of a pool, add a pool it may use (labels/taints), or fix the job's gpus"),
         )
     return sig_pools

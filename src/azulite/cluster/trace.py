@@ -116,7 +116,7 @@ def read_csv(path: str | Path) -> Trace:
     """Read azulite's trace CSV (format in the module docstring)."""
     shown = str(path)
     try:
-        f = open(path, newline="")
+        f = open(path, newline="", encoding="utf-8-sig")
     except (FileNotFoundError, IsADirectoryError):
         raise TraceError("trace not found", where=shown, fix="pass a CSV with columns job_id,submit_time,gpus,duration") from None
     with f:
@@ -353,7 +353,7 @@ def read_pai2020(task_table: str | Path, job_table: str | Path | None = None) ->
 def _headerless(path: str | Path, columns: Sequence[str]) -> Iterable[tuple[int, list[str]]]:
     shown = str(path)
     try:
-        f = open(path, newline="")
+        f = open(path, newline="", encoding="utf-8-sig")
     except FileNotFoundError:
         raise TraceError("trace table not found", where=shown) from None
     with f:
@@ -379,7 +379,7 @@ def read_pai2023(path: str | Path) -> Trace:
     and pods never scheduled (``Pending``, no ``scheduled_time``) are skipped and counted."""
     shown = str(path)
     try:
-        f = open(path, newline="")
+        f = open(path, newline="", encoding="utf-8-sig")
     except FileNotFoundError:
         raise TraceError("trace not found", where=shown) from None
     ids, submit, gpus, dur = [], [], [], []

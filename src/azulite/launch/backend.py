@@ -146,12 +146,15 @@ def available_backends() -> list[str]:
     return sorted(set(_REGISTRY) | set(_BACKEND_MODULES))
 
 
-def get_backend(name: str, settings: Settings, environ: Mapping[str, str] | None = None) -> Backend:
+def get_backend(name: str, settings: Settings, environ: Mapping[str, str] | None = None, *,
+                where: str = "AZULITE_BACKEND") -> Backend:
+    """The backend named ``name``; an unknown name is an error at ``where`` (what gave it: the environment
+    variable, or a flag)."""
     if name not in _REGISTRY and name in _BACKEND_MODULES:
         importlib.import_module(_BACKEND_MODULES[name])
     if name not in _REGISTRY:
         raise AzuliteError(
-            f"unknown launch backend {name!r}", where="AZULITE_BACKEND",
+            f"unknown launch backend {name!r}", where=where,
             fix=f"use one of: {', '.join(available_backends())}",
         )
     return _REGISTRY[name](settings, environ)

@@ -233,14 +233,14 @@ class Dashboard:
                 # the page loads the list once, then polls ?since=CURSOR for the jobs changed since: a
                 # 10,000-job store costs one full read, not one every poll
                 since = query.get("since", [None])[0]
-                cursor, recs, full = self.store.changes(int(since) if since not in (None, "") else None, MAX_JOBS)
+                cursor, recs, full = self.store.changes(_whole(since, "since"), MAX_JOBS)
                 return 200, {"jobs": [job_summary(r) for r in recs], "cursor": cursor, "full": full, "error": None}
             if len(parts) == 2 and parts[0] == "jobs":
                 return 200, job_detail(self.store, parts[1])
             if len(parts) == 3 and parts[0] == "jobs" and parts[2] == "log":
-                rank = int(query.get("rank", ["0"])[0])
-                off = query.get("offset", [None])[0]
-                return 200, log_chunk(self.store, parts[1], rank, int(off) if off not in (None, "") else None)
+                rank = _whole(query.get("rank", ["0"])[0], "rank") or 0
+                off = _whole(query.get("offset", [None])[0], "offset")
+                return 200, log_chunk(self.store, parts[1], rank, off)
             if parts == ["serving"]:
                 return 200, {"servers": self.serving.read()}
             if parts == ["gpus"]:
@@ -301,6 +301,16 @@ def make_handler(dash: Dashboard) -> type[BaseHTTPRequestHandler]:
                 self._send(404, b'{"error": "not found"}', "application/json")
 
     return Handler
+
+
+def _whole(raw: str | None, name: str) -> int | None:
+    """A whole-number query parameter (absent or empty: None); anything else is the client's 400."""
+    if raw in (None, ""):
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError(f"?{name}= must be a whole number, got {raw!r}") from None
 
 
 def serve(dash: Dashboard, host: str, port: int) -> ThreadingHTTPServer:

@@ -22,6 +22,7 @@ _NAME = re.compile(r"^[a-zA-Z_:][a-zA-Z0-9_:]*$")
 _LABEL = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 _K8S_NAME = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]{0,61}[a-z0-9])?$")  # RFC 1123 label: a namespace's name
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,6 +135,9 @@ def prometheus_rule(groups: Iterable[RuleGroup], *, name: str, namespace: str = 
     if not _K8S_NAME.match(name) or len(name) > 253:
         raise SpecError(f"PrometheusRule name {name!r} is not a Kubernetes object name", field="name",
                         fix="lower-case letters, digits, '-' and '.', e.g. azulite-serving")
+    if not _DNS_LABEL.match(namespace):
+        raise SpecError(f"namespace {namespace!r} is not a Kubernetes namespace name", field="namespace",
+                        fix="lower-case letters, digits and '-', at most 63, e.g. monitoring")
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
             "spec": {"groups": [g.to_dict() for g in validate(groups)]}}

@@ -100,6 +100,8 @@ class NodePool(_Model):
             raise ValueError(f"initial_nodes ({self.initial_nodes}) must lie in [min_nodes, max_nodes]")
         if self.eviction_rate_per_hour is not None and not self.spot and self.eviction_rate_per_hour > 0:
             raise ValueError("eviction_rate_per_hour applies to spot pools only (set spot: true)")
+        if self.spot and self.pricing != "on_demand":  # the spot price would apply, and pricing be dropped unsaid
+            raise ValueError(f"a spot pool pays the spot price, not {self.pricing} (drop pricing, or set spot: false)")
         return self
 
     @property

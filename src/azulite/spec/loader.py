@@ -208,6 +208,9 @@ def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
         )
     if t in ("greater_than_equal", "greater_than"):
         bound = ctx.get("ge", ctx.get("gt"))
+        if isinstance(bound, float):  # a rate, a duration: not counted in whole numbers
+            op = ">=" if t == "greater_than_equal" else ">"
+            return (f"{value!r} is too small: must be {op} {bound:g}", f"set {field} to a number {op} {bound:g}")
         least = bound if t == "greater_than_equal" else bound + 1
         return (f"{value!r} is too small: must be >= {least}", f"set {field} to a whole number >= {least}, e.g. {least}")
     if t in ("int_parsing", "int_type", "int_from_float"):
