@@ -224,6 +224,13 @@ class ResourceExhausted(ServeError):
         self.retry_after_s = retry_after_s
 
 
+class PayloadTooLarge(ServeError):
+    """A request larger than the server takes, counted after decompression (HTTP 413; gRPC
+    RESOURCE_EXHAUSTED, as gRPC answers a message past its receive limit)."""
+
+    status = "RESOURCE_EXHAUSTED"
+
+
 class IntegrityError(AzuliteError):
     """A model repository whose files do not match its manifest, or a manifest or signature that does not
     verify. Names the file."""

@@ -6,6 +6,7 @@ the stated tolerance; the seed's vlm_ensemble config.pbtxt loads as written in b
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import signal
@@ -154,6 +155,17 @@ def test_bad_image_is_a_clear_client_error(built) -> None:
             call(httpclient, client, "arrcoc", {"RAW_IMAGE": truncated, "TEXT_QUERY": text_tensor("red")}, OUTPUTS)
         assert err.value.status() == "400"
         assert "RAW_IMAGE (500 bytes, starting b'\\x89PNG" in err.value.message(), err.value.message()
+        # a 24 KB PNG declaring 14000 x 14000 pixels: Pillow's DecompressionBombError was not caught, a 500 that
+        # failed every request batched with it; 8000 x 8000 (186 KB) was decoded whole, 64 MP for a 64 x 64 input
+        for side, words in ((14000, "exceeds limit"), (8000, "RAW_IMAGE is 8000 x 8000 pixels, more than the 16,777,216")):
+            from PIL import Image
+
+            png = io.BytesIO()
+            Image.new("1", (side, side)).save(png, "PNG")
+            big = np.frombuffer(png.getvalue(), dtype=np.uint8)[None]
+            with pytest.raises(InferenceServerException) as err:
+                call(httpclient, client, "arrcoc", {"RAW_IMAGE": big, "TEXT_QUERY": text_tensor("red")}, OUTPUTS)
+            assert err.value.status() == "400" and words in err.value.message(), err.value.message()
 
 
 def test_real_triton_gives_the_same_outputs(built, tmp_path: Path) -> None:

@@ -10,6 +10,7 @@ import gzip
 import http.client
 import json
 import time
+import uuid
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -265,7 +266,7 @@ def test_a_planned_http_request_still_sees_its_key_expire_and_its_models(server,
     between to send it through the full check), and an infer path already routed for one key is still
     refused to a key outside it."""
     store = keys["store"]
-    record, token = store.create("brief", expires=time.time() + 2.0)
+    record, token = store.create(f"brief-{uuid.uuid4().hex[:6]}", expires=time.time() + 2.0)  # one per transport
     live, expired = 0, 0
     deadline = time.monotonic() + 120  # a safety net only: the loop ends once a request starts past expiry
     while not expired and time.monotonic() < deadline:
@@ -280,7 +281,7 @@ def test_a_planned_http_request_still_sees_its_key_expire_and_its_models(server,
             expired += 1
         time.sleep(0.05)  # pacing, not synchronisation: each answer is checked against the clock
     assert live >= 2 and expired == 1
-    _, other = store.create("py-only", models=["add_sub_py"])
+    _, other = store.create(f"py-only-{uuid.uuid4().hex[:6]}", models=["add_sub_py"])
     assert raw(server, "POST", "/v2/models/add_sub_onnx/infer", INFER_JSON, bearer(keys["onnx"]))[0] == 200
     for _ in range(2):  # the route is cached by now; the key check still comes first
         status, _, payload = raw(server, "POST", "/v2/models/add_sub_onnx/infer", INFER_JSON, bearer(other))

@@ -98,6 +98,10 @@ def test_syntax_error_names_file_and_line(tmp_path):
         (lambda t: t + "sequence_batching { }", "sequence_batching.* along with field \"dynamic_batching\""),
         (lambda t: t + "version_policy { latest { num_versions: 0 } }", "num_versions must be >= 1"),
         (lambda t: t + "model_transaction_policy { decoupled: true }", "decoupled models .* are not supported"),
+        # as Triton's ValidateIOShape: loaded before, with requests of any rank accepted
+        (lambda t: t.replace("dims: [ 16 ] } ]\noutput", "} ]\noutput"), "input 'INPUT0': must specify 'dims'"),
+        # was loaded as count 1, and the config reported 1
+        (lambda t: t + "instance_group [ { count: -2 } ]", "instance_group 0 has count -2"),
     ],
 )
 def test_validation_names_model_and_field(change, message):
@@ -121,3 +125,8 @@ def test_json_renders_int64_as_numbers():
 def test_datatype_tables():
     assert cfg.wire_datatype(mc.TYPE_STRING) == "BYTES" and cfg.wire_datatype(mc.TYPE_FP32) == "FP32"
     assert cfg.numpy_to_wire(cfg.WIRE_TO_NUMPY["INT64"]) == "INT64"
+
+
+def test_a_batched_scalar_is_dims_1_reshaped():
+    config = load(GOOD.replace('dims: [ 16 ] } ]\noutput', 'dims: [ 1 ] reshape: { shape: [ ] } } ]\noutput'))
+    assert list(config.input[0].dims) == [1] and list(config.input[0].reshape.shape) == []

@@ -236,7 +236,7 @@ def test_the_load_api_answers_a_failed_load_with_its_fix(broken_model_repository
     asyncio.run(main())
 
 
-def test_model_errors_are_per_request(tmp_path):
+def test_model_errors_are_per_request(tmp_path, caplog):
     (tmp_path / "picky" / "1").mkdir(parents=True)
     (tmp_path / "picky" / "config.pbtxt").write_text(
         'backend: "python" max_batch_size: 4 dynamic_batching { max_queue_delay_microseconds: 100000 }\n'
@@ -264,8 +264,12 @@ def test_model_errors_are_per_request(tmp_path):
         assert isinstance(results[1], InvalidArgument) and "negative input" in str(results[1])
         from azulite.errors import Internal
 
-        with pytest.raises(Internal, match="Failed to process the request.*ValueError: far too negative"):
+        with pytest.raises(Internal, match="Failed to process the request.*ValueError: far too negative") as info:
             await dp.infer(InferRequest("picky", [fp32("x", [[-20]])]))
+        # the model's own frame, as Triton's "At:" (no frame of azulite's), and the same message in the log
+        model_py = str(tmp_path / "picky" / "1" / "model.py")
+        assert f"\n\nAt:\n  {model_py}(9): execute\n" in info.value.message and "azulite/serve" not in info.value.message
+        assert [r.getMessage() for r in caplog.records if r.name == "azulite.serve.python"] == [info.value.message]
         stats = dp.model_statistics("picky").model_stats[0].inference_stats
         assert stats.fail.count == 2 and stats.success.count == 2
         assert 'reason="BACKEND"} 2' in dp.metrics.metrics_text().decode()

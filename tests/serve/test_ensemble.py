@@ -140,9 +140,13 @@ ensemble_scheduling {{ step [
 def test_steps_go_to_the_composing_batchers_checked_and_counted(tmp_path, model_repository):
     """Steps skip the wire-shaped request (serve/ensemble.py step_item), yet a step's tensors are still held
     against the composing model's config (an earlier step's INT64 into an FP32 input fails naming the model
-    and input), BYTES flow between steps, and each composing model counts its own requests as Triton does."""
+    and input), BYTES flow between steps, and each composing model counts its own requests as Triton does.
+    The configs agree (a disagreement fails the load: test_ensemble_mistakes_fail_the_load_not_every_request);
+    what a model answers may not: string_py's copy declares LENGTH FP32 and answers INT64."""
     for name in ("string_py", "add_sub_py"):
         shutil.copytree(model_repository / name, tmp_path / name)
+    config = tmp_path / "string_py" / "config.pbtxt"
+    config.write_text(config.read_text().replace('"LENGTH" data_type: TYPE_INT64', '"LENGTH" data_type: TYPE_FP32'))
     for name, out_type, second, second_in, fed, second_out in (
             ("shout", "TYPE_STRING", "string_py", "TEXT", "u", "UPPER"),
             ("mistyped", "TYPE_FP32", "add_sub_py", "INPUT0", "n", "OUTPUT0")):
@@ -242,3 +246,32 @@ def test_a_steps_text_reaches_the_next_step_as_bytes_whatever_the_instance_place
             await dp.shutdown(30)
 
     asyncio.run(run())
+
+
+def test_ensemble_mistakes_fail_the_load_not_every_request(ensemble_repo):
+    """A data type two steps disagree on, a pinned version that did not load, a composing model the repository
+    lacks: each loaded READY and failed every request (the last as a 404 for a model never asked for, and a
+    model listed that the repository never had)."""
+    variants = {
+        "dtype": ENSEMBLE.format(name="dtype", diff_key="OUTPUT1", second="d").replace(
+            '{ name: "A" data_type: TYPE_FP32', '{ name: "A" data_type: TYPE_INT32'),
+        "version": ENSEMBLE.format(name="version", diff_key="OUTPUT1", second="d").replace("model_version: 1", "model_version: 7"),
+        "missing": ENSEMBLE.format(name="missing", diff_key="OUTPUT1", second="d").replace(
+            'model_name: "add_sub_pt"', 'model_name: "does_not_exist"'),
+        "out_dtype": ENSEMBLE.format(name="out_dtype", diff_key="OUTPUT1", second="d").replace(
+            '{ name: "FINAL" data_type: TYPE_FP32', '{ name: "FINAL" data_type: TYPE_FP64'),
+    }
+    for name, text in variants.items():
+        (ensemble_repo / name / "1").mkdir(parents=True)
+        (ensemble_repo / name / "config.pbtxt").write_text(text)
+    dp = TritonDataPlane(DataPlaneSettings(repository=ensemble_repo, strict_readiness=False))
+    index = {m.name: m for m in dp.repository_index().models}
+    assert index["dtype"].state == "UNAVAILABLE" and (
+        "step 0: tensor 'A' (ensemble input) is TYPE_INT32, but input 'INPUT0' of model 'add_sub_onnx' takes TYPE_FP32"
+        in index["dtype"].reason)
+    assert "step 1: model 'add_sub_pt' has no version 7 loaded (loaded: 1)" in index["version"].reason
+    assert "steps to model 'does_not_exist', which is not in the model repository" in index["missing"].reason
+    assert "output 'FINAL' is TYPE_FP64 in its config, but output 'OUTPUT0' of model 'add_sub_py' is TYPE_FP32" in (
+        index["out_dtype"].reason)
+    assert "does_not_exist" not in index  # no phantom entry
+    asyncio.run(dp.shutdown())

@@ -551,3 +551,15 @@ def test_alternating_methods_on_one_channel_each_reach_their_own_handler(stub):
         assert stub.ServerReady(service_pb2.ServerReadyRequest()).ready is True
         model = stub.ModelMetadata(service_pb2.ModelMetadataRequest(name="add_sub_onnx"))
         assert model.name == "add_sub_onnx"
+
+
+def test_a_compressed_message_is_held_to_the_limit_once_inflated(stub, client):
+    """80 MiB of zeros gzip to ~80 KiB: the server's 64 MiB message limit holds for what the message inflates
+    to (it was inflated whole, with no limit), and the server goes on serving."""
+    request = service_pb2.ModelInferRequest(model_name="add_sub_onnx", raw_input_contents=[bytes(80 << 20)])
+    request.inputs.add(name="INPUT0", datatype="FP32", shape=[1, 16])
+    with pytest.raises(grpc.RpcError) as info:
+        stub.ModelInfer(request, timeout=120, compression=grpc.Compression.Gzip)
+    assert info.value.code() == grpc.StatusCode.RESOURCE_EXHAUSTED, info.value.details()
+    x = np.ones((1, 16), np.float32)
+    np.testing.assert_array_equal(client.infer("add_sub_onnx", add_sub_inputs(x, x)).as_numpy("OUTPUT0"), 2 * x)

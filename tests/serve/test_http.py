@@ -422,3 +422,35 @@ def test_large_bytes_tensor(client):
     i.set_data_from_numpy(big)
     result = client.infer("string_py", [i])
     assert result.as_numpy("UPPER")[0, 0] == b"ABC" * 1_000_000
+
+
+@pytest.mark.parametrize("encoding", ["gzip", "deflate"])
+def test_a_compressed_body_is_held_to_the_limit_once_inflated(server, client, encoding):
+    """200 MiB of spaces compress to ~200 KiB: the body was inflated whole (gzip.decompress has no limit),
+    taking the server's memory; now inflating stops past --http-max-input-size (64 MiB) with a 413."""
+    import gzip
+    import zlib
+
+    bomb = (gzip.compress if encoding == "gzip" else zlib.compress)(b" " * (200 << 20))
+    status, _, body = raw(server, "POST", "/v2/models/add_sub_onnx/infer", bomb, {"Content-Encoding": encoding})
+    assert status == 413 and "inflates past the server's limit of 67108864 bytes" in json.loads(body)["error"]
+    assert "--http-max-input-size" in json.loads(body)["error"]
+    x = np.ones((1, 16), np.float32)
+    np.testing.assert_array_equal(client.infer("add_sub_onnx", add_sub_inputs(x, x)).as_numpy("OUTPUT0"), 2 * x)
+
+
+@pytest.mark.parametrize("path", ["/v2/models/add_sub_onnx/infer", "/v2/repository/index", "/v2/logging",
+                                  "/v2/models/add_sub_onnx/generate"])
+def test_json_nested_thousands_deep_is_a_400(server, path):
+    # orjson refuses past 1024 levels and the standard library's parser recursed until RecursionError: a 500
+    deep = b'{"inputs":[{"name":"INPUT0","datatype":"FP32","shape":[1,16],"data":' + b"[" * 100_000 + b"]" * 100_000 + b"}]}"
+    status, _, body = raw(server, "POST", path, deep)
+    assert status == 400, body[:300]
+    assert "nested" in json.loads(body)["error"]
+
+
+def test_classification_of_a_bytes_output_is_a_400(client):
+    text = httpclient.InferInput("TEXT", [1, 2], "BYTES")
+    text.set_data_from_numpy(np.array([[b"a", b"b"]], dtype=np.object_))
+    err = error_of(lambda: client.infer("string_py", [text], outputs=[httpclient.InferRequestedOutput("UPPER", class_count=1)]))
+    assert err.status() == "400" and "output 'UPPER': classification needs a numeric output, and this one is BYTES" in err.message()

@@ -45,6 +45,19 @@ def test_revoke_and_rotate(tmp_path):
         store.revoke("svc")
 
 
+def test_a_name_a_live_key_has_is_refused_and_free_again_once_revoked(tmp_path):
+    # two live keys of one name: `keys revoke NAME` (every live key of that name) cut off both
+    store = KeyStore(tmp_path / "keys.db")
+    first, _ = store.create("team-a")
+    with pytest.raises(KeyStoreError, match="a live key is already named 'team-a'") as info:
+        store.create("team-a")
+    assert "azulite keys rotate team-a" in info.value.fix
+    assert [r.id for r in store.find("team-a")] == [first.id]  # nothing was written
+    store.revoke("team-a")
+    again, _ = store.create("team-a")
+    assert [r.id for r in store.find("team-a")] == [again.id]
+
+
 def test_bad_inputs_are_named(tmp_path):
     store = KeyStore(tmp_path / "keys.db")
     with pytest.raises(KeyStoreError, match="key name"):

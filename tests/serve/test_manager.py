@@ -268,6 +268,26 @@ def test_model_warmup_runs_before_ready_and_failing_warmup_fails_the_load(tmp_pa
     asyncio.run(main())
 
 
+def test_warmup_inputs_and_instance_settings_are_checked_at_load(tmp_path):
+    """A warmup sample for an input the model lacks, or none for one it has, failed inside the model
+    ('NoneType' object has no attribute 'as_numpy'); a wrong azulite_instance_nice loaded while the
+    instances were threads, and failed the same repository under --workers N."""
+    config = ('backend: "python" max_batch_size: 4\n'
+              'input [ { name: "x" data_type: TYPE_FP32 dims: [ 2 ] } ] output [ { name: "n" data_type: TYPE_INT64 dims: [ 1 ] } ]\n')
+    sample = 'model_warmup [ {{ name: "w" batch_size: 1 inputs {{ key: "{key}" value: {{ data_type: TYPE_FP32 dims: [ 2 ] zero_data: true }} }} }} ]'
+    for name, text in (("nope", config + sample.format(key="NOPE")), ("fine", config + sample.format(key="x")),
+                       ("nice", config + 'parameters { key: "azulite_instance_nice" value: { string_value: "50" } }')):
+        (tmp_path / name / "1").mkdir(parents=True)
+        (tmp_path / name / "1" / "model.py").write_text("import numpy as np\n" + WARM)
+        (tmp_path / name / "config.pbtxt").write_text(text)
+    dp = plane(tmp_path, strict_readiness=False)
+    index = {m.name: m for m in dp.repository_index().models}
+    assert "warmup 'w': 'NOPE' is not an input of the model (its inputs: x)" in index["nope"].reason
+    assert index["fine"].state == "READY"
+    assert "parameter 'azulite_instance_nice' must be an integer from -20 to 19" in index["nice"].reason
+    asyncio.run(dp.shutdown())
+
+
 def test_load_failures_name_the_config_file_or_the_missing_version_folder(tmp_path):
     (tmp_path / "flat").mkdir()
     (tmp_path / "flat" / "config.pbtxt").write_text('name: "flat" backend: "python"')

@@ -150,3 +150,10 @@ def test_planned_quota_follows_a_wall_clock_stepped_back_over_midnight():
         wait = twin.take_locked("k", 1, wall)
         assert got == ((2, wait) if wait else (0, 0.0)), wall
     assert got[0] == 2  # the last one: the quota of 1 used that day
+
+
+@pytest.mark.parametrize("wait_s, said, header", [(0.25, "retry in 0.25 s", 1), (49_900, "retry in 13.9 h", 49_900),
+                                                  (840, "retry in 14 min", 840)])
+def test_the_wait_is_said_in_a_unit_a_person_reads(wait_s, said, header):
+    err = refuse("quota spent", wait_s, "wait")
+    assert said in err.message and err.retry_after_s == header  # was "retry in 4.99e+04 s"

@@ -165,3 +165,21 @@ def test_oldest_strategy_batches_across_sequences(repo):
         model = stats["model_stats"][0]
         assert int(model["inference_count"]) == 8 and int(model["execution_count"]) == 2
         client.close()
+
+
+def test_ids_out_of_range_and_batches_of_more_than_one_are_the_clients_mistake(repo):
+    """A negative sequence_id was a 500 (numpy's OverflowError casting it to the UINT64 CORRID); a request of
+    two rows was run, and applied the sequence's state to both (Triton refuses it: batch-size 1)."""
+    with running_server(repo) as s:
+        for lib, url, bad in ((httpclient, s.http_url, "400"), (grpcclient, s.grpc_url, "StatusCode.INVALID_ARGUMENT")):
+            client = lib.InferenceServerClient(url)
+            status, message = error_status(lambda: one(client, lib, "accumulate_py", 1, sequence_id=-7,
+                                                       sequence_start=True))
+            assert status == bad and "correlation ID (request parameter 'sequence_id') -7 is not an unsigned 64-bit" in message
+            one(client, lib, "accumulate_py", 1, sequence_id=77, sequence_start=True)
+            two = lib.InferInput("INPUT", [2, 1], "INT32")
+            two.set_data_from_numpy(np.array([[5], [6]], dtype=np.int32))
+            status, message = error_status(lambda: client.infer("accumulate_py", [two], sequence_id=77))
+            assert status == bad and "must specify batch-size 1 due to requirements of sequence batcher, got 2" in message
+            assert one(client, lib, "accumulate_py", 3, sequence_id=77, sequence_end=True)[0] == 4  # the state is 1 + 3
+            client.close()

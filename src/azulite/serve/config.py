@@ -217,7 +217,10 @@ def fill_defaults(config: mc.ModelConfig, *, model: str) -> None:
     for index, group in enumerate(config.instance_group):
         if not group.name:
             group.name = f"{config.name}_{index}"
-        if group.count < 1:
+        if group.count < 0:
+            raise _invalid(model, f"model '{model}': instance_group {index} has count {group.count}",
+                           fix="count: 1 or more (unset means 1)")
+        if group.count == 0:  # unset (protobuf's 0): one instance, as Triton
             group.count = 1
         # No GPU here: KIND_AUTO and KIND_GPU instances run on the CPU (documented in the README), so a
         # repository written for a GPU Triton still loads.
@@ -257,11 +260,12 @@ def _validate_tensors(model: str, kind: str, tensors: Any, max_batch_size: int) 
                 fix="e.g. data_type: TYPE_FP32",
             )
         dims = list(tensor.reshape.shape) if tensor.HasField("reshape") else list(tensor.dims)
-        if not tensor.dims and max_batch_size == 0 and not tensor.HasField("reshape"):
+        if not tensor.dims:  # as Triton's: a batched scalar is dims [1] reshaped to []
             raise _invalid(
                 model,
-                f"model '{model}', {kind} '{tensor.name}': must specify 'dims' "
-                "(a model without batching needs at least one dimension)",
+                f"model '{model}', {kind} '{tensor.name}': must specify 'dims'",
+                fix="list the sizes without the batch dimension, e.g. dims: [ 16 ]; a scalar per batch item is "
+                    "dims: [ 1 ] with reshape: { shape: [ ] }",
             )
         for dim in tensor.dims:
             if dim < -1 or dim == 0:

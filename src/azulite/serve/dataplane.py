@@ -437,7 +437,7 @@ class TritonDataPlane(ModelControl):
                 raise Internal(f"model '{model.name}' did not produce the requested output '{name}'")
             array = output_array(model, item.batch_size, name, array)
             if name in classes:
-                array = bytes_objects(classify(array, classes[name], model.labels.get(name), batched))
+                array = bytes_objects(classify(array, classes[name], model.labels.get(name), batched, name))
             datatype = _DTYPE_TO_WIRE.get(array.dtype) or output_datatype(model.name, name, array.dtype)
             tensors.append(InferTensor(name=name, datatype=datatype, shape=array.shape, data=array))
         response = InferResponse(model_name=model.name, model_version=model.version_str, outputs=tensors, id=request.id)

@@ -28,16 +28,23 @@ if TYPE_CHECKING:
 StepRunner = Callable[[str, str, dict[str, np.ndarray], list[str]], Awaitable[dict[str, np.ndarray]]]
 
 
-def check_ensemble(config: mc.ModelConfig, composing: Callable[[str], mc.ModelConfig]) -> None:
-    """Every step's tensors exist on its model, every step input is produced, every output is made."""
+def check_ensemble(config: mc.ModelConfig, composing: Callable[[str], mc.ModelConfig],
+                   versions: Callable[[str], set[int]] | None = None) -> None:
+    """Every step's tensors exist on its model with the data type the ensemble gives them, every step input
+    is produced, every output is made, and a step's pinned ``model_version`` is one that loaded: each would
+    otherwise load READY and fail every request (naming a model the client never asked for)."""
     name = config.name
-    available = {t.name for t in config.input}
+    dtypes = {t.name: (t.data_type, "ensemble input") for t in config.input}  # tensor -> (type, where from)
     steps = list(config.ensemble_scheduling.step)
-    produced: set[str] = set()
     for index, step in enumerate(steps):
         model = composing(step.model_name)
+        if step.model_version > 0 and versions is not None and step.model_version not in versions(step.model_name):
+            have = ", ".join(map(str, sorted(versions(step.model_name)))) or "none"
+            raise ModelLoadError(f"ensemble '{name}' step {index}: model '{step.model_name}' has no version "
+                                 f"{step.model_version} loaded (loaded: {have})",
+                                 fix="set the step's model_version to a loaded version, or -1 for the latest")
         model_inputs = {t.name for t in model.input}
-        model_outputs = {t.name for t in model.output}
+        model_outputs = {t.name: t.data_type for t in model.output}
         for key in step.input_map:
             if key not in model_inputs:
                 raise ModelLoadError(
@@ -50,17 +57,32 @@ def check_ensemble(config: mc.ModelConfig, composing: Callable[[str], mc.ModelCo
                     f"ensemble '{name}' step {index}: '{key}' is not an output of model '{step.model_name}' "
                     f"(its outputs: {sorted(model_outputs)})"
                 )
-            produced.add(value)
+            dtypes.setdefault(value, (model_outputs[key], f"output '{key}' of model '{step.model_name}'"))
     for index, step in enumerate(steps):
-        for value in step.input_map.values():
-            if value not in available and value not in produced:
+        wants = {t.name: t.data_type for t in composing(step.model_name).input}
+        for key, value in step.input_map.items():
+            if value not in dtypes:
                 raise ModelLoadError(
                     f"ensemble '{name}' step {index}: input tensor '{value}' is neither an ensemble input nor "
                     "produced by any step"
                 )
+            have, source = dtypes[value]
+            if have != wants[key]:
+                raise ModelLoadError(
+                    f"ensemble '{name}' step {index}: tensor '{value}' ({source}) is {_dtype(have)}, but input "
+                    f"'{key}' of model '{step.model_name}' takes {_dtype(wants[key])}",
+                    fix="make the two data types agree (a step cannot convert between them)")
     for output in config.output:
-        if output.name not in produced:
+        if output.name not in dtypes or dtypes[output.name][1] == "ensemble input":
             raise ModelLoadError(f"ensemble '{name}': output '{output.name}' is not produced by any step")
+        have, source = dtypes[output.name]
+        if have != output.data_type:
+            raise ModelLoadError(f"ensemble '{name}': output '{output.name}' is {_dtype(output.data_type)} in its "
+                                 f"config, but {source} is {_dtype(have)}", fix="make the two data types agree")
+
+
+def _dtype(value: int) -> str:
+    return mc.DataType.Name(value)
 
 
 class EnsembleStep:

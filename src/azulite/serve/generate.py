@@ -37,6 +37,8 @@ def request_from_json(dp, name: str, version: str, body: bytes) -> InferRequest:
         doc = json.loads(body or b"{}")
     except ValueError as exc:
         raise InvalidArgument(f"generate request for model '{name}' is not JSON: {exc}") from None
+    except RecursionError:
+        raise InvalidArgument(f"generate request for model '{name}' is nested too deep to be one") from None
     if not isinstance(doc, dict):
         raise InvalidArgument(f"generate request for model '{name}' must be a JSON object")
     config = dp.model_config(name, version)  # NotFound / Unavailable for an unknown model

@@ -8,9 +8,7 @@ connection protocol (frames, SETTINGS, HEADERS/DATA intake, GOAWAY) and this as 
 from __future__ import annotations
 
 import asyncio
-import gzip
 import struct
-import zlib
 from collections import deque
 from functools import partial
 from time import monotonic_ns
@@ -19,9 +17,11 @@ from typing import Any
 import grpc
 from google.protobuf.message import DecodeError
 
+from azulite.errors import InvalidArgument, PayloadTooLarge
 from azulite.serve.grpc import InferenceServicer, _status, _trailers, decode_infer_request, encode_infer_response
 from azulite.serve.h2_frames import (DATA, END_HEADERS, END_STREAM, HEADERS, SERVICE, _GRPC_PREFIX, _OK_TRAILERS,
                                      _RESPONSE_HEADERS, _frame, _status_block)
+from azulite.serve.inflate import inflate
 from azulite.serve.proto import service_pb2 as pb
 
 
@@ -139,13 +139,16 @@ class H2Calls:
             message = bytes(body[pos + 5:pos + 5 + n])
             pos += 5 + n
             if compressed:
-                if stream.encoding == b"gzip":
-                    message = gzip.decompress(message)
-                elif stream.encoding == b"deflate":
-                    message = zlib.decompress(message)
-                else:
+                if stream.encoding not in (b"gzip", b"deflate"):
                     raise _Abort(grpc.StatusCode.UNIMPLEMENTED,
                                  f"grpc-encoding {stream.encoding.decode() or 'none'} is not supported")
+                try:  # the message limit holds for what it inflates to (a few KiB can inflate to GiB)
+                    message = inflate(message, stream.encoding, self.limits.max_message_bytes, what="message",
+                                      flag="--grpc-max-message-bytes")
+                except PayloadTooLarge as exc:
+                    raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, exc.message) from None
+                except InvalidArgument as exc:
+                    raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"bad compressed message: {exc.message}") from None
             out.append(message)
         if pos:
             del body[:pos]
@@ -155,12 +158,10 @@ class H2Calls:
         try:
             for message in self._messages(stream):
                 stream.queue.put_nowait(message)
-        except (_Abort, OSError, zlib.error) as exc:
-            code, details = (exc.code, exc.details) if isinstance(exc, _Abort) else (
-                grpc.StatusCode.INVALID_ARGUMENT, f"bad compressed message: {exc}")
+        except _Abort as exc:
             if stream.task is not None:
                 stream.task.cancel()
-            self._finish(stream, code, details)
+            self._finish(stream, exc.code, exc.details)
 
     def _end_of_request(self, stream: _Stream) -> None:
         stream.closed_remote = True
@@ -174,9 +175,6 @@ class H2Calls:
             messages = self._messages(stream)
         except _Abort as exc:
             self._finish(stream, exc.code, exc.details)
-            return
-        except (OSError, zlib.error) as exc:
-            self._finish(stream, grpc.StatusCode.INVALID_ARGUMENT, f"bad compressed message: {exc}")
             return
         if len(messages) != 1 or stream.body:
             self._finish(stream, grpc.StatusCode.INVALID_ARGUMENT,

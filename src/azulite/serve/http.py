@@ -31,8 +31,8 @@ from azulite.serve import http_codec as codec
 from azulite.serve import log_settings
 from azulite.serve.api_routes import http_route
 from azulite.serve.auth import Guard
-from azulite.serve.http_replies import (EMPTY_OK, JSON, MethodNotAllowed, Reply, decompress, error_reply, json_reply,
-                                        ok_reply, parse_json_body, traced_reply)
+from azulite.serve.http_replies import (DEFAULT_MAX_INPUT_SIZE, EMPTY_OK, JSON, MethodNotAllowed, Reply, decompress,
+                                        error_reply, json_reply, ok_reply, parse_json_body, traced_reply)
 from azulite.serve.http_stream import is_stream
 from azulite.serve.otel import traceparent_of
 from azulite.serve.types import DataPlane, InferRequest, InferResponse
@@ -47,11 +47,12 @@ def _header(headers: dict[bytes, bytes], name: str) -> str | None:
     return None if value is None else value.decode("latin-1")
 
 
-def _decode(name: str, version: str, headers: dict[bytes, bytes], body: bytes) -> InferRequest:
-    """An infer request's body, decompressed and decoded (raises InvalidArgument)."""
+def _decode(name: str, version: str, headers: dict[bytes, bytes], body: bytes, limit: int) -> InferRequest:
+    """An infer request's body, decompressed (at most ``limit`` bytes) and decoded (raises InvalidArgument,
+    PayloadTooLarge)."""
     encoding = headers.get(b"content-encoding")
     if encoding is not None:
-        body = decompress(body, encoding)
+        body = decompress(body, encoding, limit)
     raw_len = headers.get(b"inference-header-content-length")
     header_length = None
     if raw_len is not None:
@@ -107,9 +108,12 @@ class HttpApp:
     """The route table: (method, path, headers, body) -> Reply. Separate from the socket code so the
     metrics port reuses the protocol with its own app."""
 
-    def __init__(self, dataplane: DataPlane, guard: Guard | None = None) -> None:
+    def __init__(self, dataplane: DataPlane, guard: Guard | None = None, *,
+                 max_input_size: int = DEFAULT_MAX_INPUT_SIZE) -> None:
         self.dp = dataplane
         self.guard = guard
+        #: --http-max-input-size, for a body once inflated (the transport checks it as sent)
+        self.max_input_size = max_input_size
         #: path -> (model, version) of infer paths already routed: an infer request skips the split and
         #: unquote of its path (bounded: a client sending endless distinct paths only stops the caching)
         self._infer_routes: dict[str, tuple[str, str]] = {}
@@ -167,7 +171,7 @@ class HttpApp:
         and no second tracked object per request (each tracked object held in flight doubled a guarded
         server's young-generation collections at c=32: docs/guard.md, stop 28)."""
         try:
-            request = _decode(name, version, headers, body)
+            request = _decode(name, version, headers, body, self.max_input_size)
             then = (partial(_encoded, request, reply) if audited is None else
                     partial(_encoded_audited, self, request, reply, headers, name, version, audited))
             if self._infer_then(request, then) is None:  # type: ignore[misc]
@@ -338,7 +342,7 @@ class HttpApp:
         guarded request with an audit log, whose line is packed here once answered."""
         response = None
         try:
-            request = _decode(name, version, headers, body)
+            request = _decode(name, version, headers, body, self.max_input_size)
             response = await self.dp.infer(request)
             out, hlen = codec.encode_infer_response(response, request)
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer

@@ -312,6 +312,9 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"malformed JSON in the infer request: {exc}",
                               fix="send a KServe v2 infer request object") from None
+    except RecursionError:  # nested thousands deep (orjson refuses past 1024 levels; json recurses)
+        raise InvalidArgument("malformed JSON in the infer request: nested deeper than 1024 levels",
+                              fix="send a KServe v2 infer request object: tensor data flat or nested by its shape") from None
     if not isinstance(doc, dict):
         raise InvalidArgument("the infer request must be a JSON object")
     raw_inputs = doc.get("inputs")

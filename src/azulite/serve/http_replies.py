@@ -5,13 +5,12 @@ request-body helpers (JSON object bodies, Content-Encoding)."""
 
 from __future__ import annotations
 
-import gzip
 import json
 import logging
-import zlib
 from typing import Any
 
-from azulite.errors import InvalidArgument, ServeError, Unsupported
+from azulite.errors import InvalidArgument, PayloadTooLarge, ServeError
+from azulite.serve.inflate import inflate
 from azulite.serve.trace import TracedReply
 
 log = logging.getLogger("azulite.serve.http")
@@ -34,6 +33,7 @@ REASONS = {200: b"OK", 400: b"Bad Request", 401: b"Unauthorized", 403: b"Forbidd
             408: b"Request Timeout", 413: b"Payload Too Large", 429: b"Too Many Requests", 431: b"Request Header Fields Too Large", 500: b"Internal Server Error", 501: b"Not Implemented",
             503: b"Service Unavailable"}
 JSON = b"application/json"
+NESTING_LIMIT = 1024  # orjson's: deeper JSON falls to the standard library, which recurses until it fails
 DEFAULT_MAX_INPUT_SIZE = 64 * 1024 * 1024  # Triton's --http-max-input-size default
 Reply = tuple[int, bytes, bytes, tuple[tuple[bytes, bytes], ...]]  # status, content type, body, headers
 
@@ -67,6 +67,8 @@ def error_reply(exc: BaseException) -> Reply:
     else is the server's fault (500) and is logged with its traceback."""
     if isinstance(exc, MethodNotAllowed):
         return 405, JSON, json.dumps({"error": str(exc)}).encode(), ()
+    if isinstance(exc, PayloadTooLarge):  # RESOURCE_EXHAUSTED over gRPC, but no 429: retrying cannot help
+        return 413, JSON, json.dumps({"error": str(exc)}).encode(), ()
     extra: tuple[tuple[bytes, bytes], ...] = ()
     if isinstance(exc, ServeError):
         status, message = HTTP_STATUS.get(exc.status, 500), str(exc)
@@ -94,20 +96,15 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
         doc = json.loads(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"malformed JSON body: {exc}") from None
+    except RecursionError:  # arrays or objects nested thousands deep: no request of the protocol is
+        raise InvalidArgument(f"malformed JSON body: nested deeper than {NESTING_LIMIT} levels") from None
     if not isinstance(doc, dict):
         raise InvalidArgument("the request body must be a JSON object")
     return doc
 
 
-def decompress(body: bytes, encoding: bytes | None) -> bytes:
+def decompress(body: bytes, encoding: bytes | None, limit: int = DEFAULT_MAX_INPUT_SIZE) -> bytes:
+    """The body as sent, inflated (gzip, deflate) up to ``limit`` bytes (--http-max-input-size)."""
     if not encoding or encoding in (b"identity",):
         return body
-    try:
-        if encoding == b"gzip":
-            return gzip.decompress(body)
-        if encoding == b"deflate":
-            return zlib.decompress(body)
-    except (OSError, zlib.error, EOFError) as exc:
-        raise InvalidArgument(f"the body is not valid {encoding.decode()} data: {exc}") from None
-    raise Unsupported(f"Content-Encoding {encoding.decode(errors='replace')!r} is not supported",
-                      fix="send gzip, deflate or an uncompressed body")
+    return inflate(body, encoding, limit, flag="--http-max-input-size")

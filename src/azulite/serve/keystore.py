@@ -175,9 +175,24 @@ class KeyStore:
     def create(self, name: str, *, models: Iterable[str] | None = None, rps: float | None = None,
                quota_per_day: int | None = None, admin: bool = False, expires: float | None = None,
                now: float | None = None) -> tuple[KeyRecord, str]:
-        """A new key; returns its record and the token (shown once, never stored)."""
+        """A new key; returns its record and the token (shown once, never stored). A name a live key has is
+        refused: `keys revoke NAME` revokes every live key of a name, so two of one name would go together."""
         now = time.time() if now is None else now
         check_key(name, rps=rps, quota_per_day=quota_per_day, expires=expires, now=now)
+        self._db.execute("BEGIN IMMEDIATE")  # the check and the insert as one: two shells creating at once
+        try:
+            if self._db.execute("SELECT 1 FROM keys WHERE name = ? AND revoked IS NULL", (name,)).fetchone():
+                raise KeyStoreError(f"a live key is already named {name!r} in {self.path}",
+                                    fix=f"rotate it (azulite keys rotate {name}), revoke it first, or pick another name")
+            created = self._insert(name, models, rps, quota_per_day, admin, expires, now)
+            self._db.execute("COMMIT")
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        return created
+
+    def _insert(self, name: str, models: Iterable[str] | None, rps: float | None, quota_per_day: int | None,
+                admin: bool, expires: float | None, now: float) -> tuple[KeyRecord, str]:
         model_list = sorted(set(models)) if models else None
         key_id, secret, salt = secrets.token_hex(6), secrets.token_urlsafe(32), secrets.token_bytes(16)
         self._db.execute(
@@ -229,11 +244,11 @@ class KeyStore:
             raise KeyStoreError(f"{len(found)} live keys are named {name_or_id!r}",
                                 fix="rotate one by its id (azulite keys list)")
         old = found[0]
+        now = time.time() if now is None else now
         self._db.execute("BEGIN IMMEDIATE")
         try:
-            record, token = self.create(old.name, models=old.models, rps=old.rps, quota_per_day=old.quota_per_day,
-                                        admin=old.admin, expires=old.expires, now=now)
-            self._db.execute("UPDATE keys SET revoked = ? WHERE id = ?", (time.time() if now is None else now, old.id))
+            self._db.execute("UPDATE keys SET revoked = ? WHERE id = ?", (now, old.id))
+            record, token = self._insert(old.name, old.models, old.rps, old.quota_per_day, old.admin, old.expires, now)
             self._db.execute("COMMIT")
         except BaseException:
             self._db.execute("ROLLBACK")

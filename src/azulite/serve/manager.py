@@ -193,6 +193,11 @@ class ModelManager:
                     if dep in _chain or dep == name:
                         raise ModelLoadError(f"ensemble '{name}' has a cycle through '{dep}'")
                     dep_entry = self.entries.get(dep)
+                    if (dep_entry is None or not dep_entry.ready) and not (self.root / dep).is_dir():
+                        # loading it would list a model the repository never had (index, unload, metadata)
+                        raise ModelLoadError(f"ensemble '{name}' steps to model '{dep}', which is not in the "
+                                             f"model repository", fix=f"add {dep}/ to the repository, or correct "
+                                             "the step's model_name")
                     if (dep_entry is None or not dep_entry.ready) and dep not in (self._failed_at_start or ()):
                         self.load(dep, _chain=(*_chain, name))
                     if not self.entries[dep].ready:
@@ -204,7 +209,7 @@ class ModelManager:
                             f"ensemble '{name}' depends on '{dep}' which is not available: "
                             f"{self.entries[dep].reason or 'not loaded'}"
                         )
-                check_ensemble(config, lambda dep: self.entries[dep].config)
+                check_ensemble(config, lambda dep: self.entries[dep].config, lambda dep: set(self.entries[dep].ready))
             if cfg.backend_of(config) == "ensemble" and not source.versions:
                 versions = [1]  # Triton wants an empty 1/ directory; azulite does not insist
             else:
@@ -290,7 +295,8 @@ class ModelManager:
                         "cached (start with --cache-config local,size=BYTES)", name)
         window_of(config)
         instances.placement(config)
-        return config
+        instances.instance_nice(config)  # checked even where the instances run as threads: the same
+        return config                     # repository then loads alike under --workers N
 
     def _load_version(self, source: repo.ModelSource, config: mc.ModelConfig, version: int,
                       labels: dict[str, list[str]]) -> LoadedModel:

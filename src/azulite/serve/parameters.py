@@ -24,8 +24,14 @@ def shape_text(shape) -> str:
     return "[" + ",".join(str(d) for d in shape) + "]"
 
 
-def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool) -> np.ndarray:
+def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool, output: str = "") -> np.ndarray:
     """Triton's classification extension: the top-k of each batch item as BYTES "value:index[:label]"."""
+    if array.dtype.kind == "b":
+        array = array.astype(np.uint8)
+    elif array.dtype.kind not in "iuf":  # BYTES: no order of classes to take the top of
+        raise InvalidArgument(f"output '{output}': classification needs a numeric output, and this one is "
+                              f"{'BYTES' if array.dtype.kind in 'OSU' else array.dtype}",
+                              fix=f"drop the 'classification' parameter of output '{output}'")
     rows = array.reshape(array.shape[0], -1) if batched else array.reshape(1, -1)
     k = min(k, rows.shape[1])
     order = np.argsort(-rows, axis=1, kind="stable")[:, :k]

@@ -185,4 +185,13 @@ def planned_take(key: list[float] | None, quota: list[int] | None, per_day: int,
 
 def refuse(what: str, wait_s: float, fix: str) -> ResourceExhausted:
     """The 429 / RESOURCE_EXHAUSTED, with Retry-After rounded up to whole seconds (HTTP's unit)."""
-    return ResourceExhausted(f"{what}; retry in {wait_s:.3g} s", retry_after_s=max(1, math.ceil(wait_s)), fix=fix)
+    return ResourceExhausted(f"{what}; retry in {_wait(wait_s)}", retry_after_s=max(1, math.ceil(wait_s)), fix=fix)
+
+
+def _wait(seconds: float) -> str:
+    """3.2 s, 14 min, 13.9 h: not 4.99e+04 s."""
+    if seconds < 60:
+        return f"{seconds:.3g} s"
+    if seconds < 3600:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"

@@ -107,12 +107,21 @@ class Sequencer:
         if isinstance(sid, bool) or sid in (None, 0, "") or not isinstance(sid, (int, str, np.integer)):
             raise InvalidArgument(
                 f"inference request to model '{self.model}' must specify a non-zero or non-empty correlation ID "
-                f"(request parameter 'sequence_id'), got {sid!r}", fix="set sequence_id on every request of a sequence")
-        return int(sid) if isinstance(sid, np.integer) else sid
+                f"(request parameter 'sequence_id'), got {_shown(sid)}", fix="set sequence_id on every request of a sequence")
+        sid = int(sid) if isinstance(sid, np.integer) else sid
+        if isinstance(sid, int) and not 0 < sid < 2**64:  # Triton's correlation IDs are UINT64 (or strings)
+            raise InvalidArgument(
+                f"inference request to model '{self.model}': correlation ID (request parameter 'sequence_id') "
+                f"{sid} is not an unsigned 64-bit integer", fix="use an ID in 1..18446744073709551615, or a string")
+        return sid
 
     async def run(self, params: dict[str, Any], item: WorkItem,
                   submit: Callable[[WorkItem], Awaitable[Result]]) -> Result:
         sid = self._sequence_id(params)
+        if self.batched and item.batch_size != 1:  # one request is one step of one sequence (Triton's words)
+            raise InvalidArgument(f"inference request to model '{self.model}' must specify batch-size 1 due to "
+                                  f"requirements of sequence batcher, got {item.batch_size}",
+                                  fix="send one step of one sequence per request: inputs with a leading dimension of 1")
         start = _flag(params.get("sequence_start"), "sequence_start")
         end = _flag(params.get("sequence_end"), "sequence_end")
         controls = self._control_inputs(sid, start, end)  # before any bookkeeping: it may refuse the id
@@ -172,8 +181,23 @@ class Sequencer:
                     if isinstance(sid, str):
                         raise InvalidArgument(f"model '{self.model}' takes integer correlation IDs "
                                               f"(its CORRID control is {wire}), got sequence_id {sid!r}")
-                    value = np.array([sid], dtype=cfg.WIRE_TO_NUMPY[wire])
+                    dtype = cfg.WIRE_TO_NUMPY[wire]
+                    if np.issubdtype(dtype, np.integer) and not np.iinfo(dtype).min <= sid <= np.iinfo(dtype).max:
+                        raise InvalidArgument(f"model '{self.model}' takes correlation IDs its CORRID control ({wire}) "
+                                              f"can hold, got sequence_id {sid}",
+                                              fix=f"use an ID in 1..{np.iinfo(dtype).max}")
+                    value = np.array([sid], dtype=dtype)
             else:
                 continue
             out[name] = value[None] if self.batched else value
         return out
+
+
+def _shown(value: Any) -> str:
+    """A parameter as the client wrote it (JSON), not Python's repr."""
+    import json
+
+    try:
+        return json.dumps(value)
+    except (TypeError, ValueError):
+        return repr(value)

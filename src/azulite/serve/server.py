@@ -130,7 +130,8 @@ class Server:
             disable_auto_complete_config=s.disable_auto_complete_config, cache=s.cache))
         try:
             if s.http_port >= 0:
-                self.http = HttpServer(HttpApp(self.dataplane, guard), max_input_size=s.http_max_input_size,
+                self.http = HttpServer(HttpApp(self.dataplane, guard, max_input_size=s.http_max_input_size),
+                                       max_input_size=s.http_max_input_size,
                                        limits=s.limits)
                 self.http.reuse_port = s.reuse_port
                 self.ports["http"] = await self.http.start(s.http_address, s.http_port)
@@ -158,6 +159,8 @@ class Server:
         if self._stopped is not None and self._stopped.is_set():
             return
         timeout = self.settings.drain_timeout_s if drain_timeout_s is None else drain_timeout_s
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout  # one --exit-timeout-secs for the whole stop, not one per stage
         fronts = []
         if self.http is not None:
             fronts.append(self.http.drain(timeout))
@@ -167,8 +170,9 @@ class Server:
         if self.dataplane is not None:
             # As Triton's --exit-timeout-secs: the server stops even if an execution is still running (a
             # batcher's close waits for it, then finalizes); its request stays counted in dataplane.in_flight.
+            left = max(0.0, deadline - loop.time())
             try:
-                await asyncio.wait_for(self.dataplane.shutdown(timeout), timeout + FINALIZE_GRACE_S)
+                await asyncio.wait_for(self.dataplane.shutdown(left), left + FINALIZE_GRACE_S)
             except asyncio.TimeoutError:
                 log.warning("stopping with %d request(s) still executing after %.1f s", self.dataplane.in_flight,
                             timeout)

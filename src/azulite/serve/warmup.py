@@ -42,8 +42,19 @@ def _input(model: str, warmup: mc.ModelWarmup, name: str, spec: mc.ModelWarmup.I
 def warm_up(config: mc.ModelConfig, instance: ModelInstance, model_dir: Path) -> None:
     """Run each warmup sample ``count`` times (at least once) on one instance."""
     rng = np.random.default_rng(0)
+    names = {t.name for t in config.input}
     for warmup in config.model_warmup:
         batch = max(1, warmup.batch_size) if config.max_batch_size > 0 else 0
+        unknown = sorted(set(warmup.inputs) - names)
+        if unknown:  # else the model meets a missing input and fails in its own words
+            raise ModelLoadError(f"model '{config.name}' warmup '{warmup.name}': '{unknown[0]}' is not an input of "
+                                 f"the model (its inputs: {', '.join(sorted(names))})",
+                                 where=f"model '{config.name}' config.pbtxt", fix="name the model's inputs in the warmup")
+        missing = sorted({t.name for t in config.input if not t.optional} - set(warmup.inputs))
+        if missing:
+            raise ModelLoadError(f"model '{config.name}' warmup '{warmup.name}': no sample for input '{missing[0]}'",
+                                 where=f"model '{config.name}' config.pbtxt",
+                                 fix="give every input of the model in each warmup (zero_data: true is enough)")
         inputs = {name: _input(config.name, warmup, name, spec, batch, model_dir, rng)
                   for name, spec in warmup.inputs.items()}
         for _ in range(max(1, warmup.count)):

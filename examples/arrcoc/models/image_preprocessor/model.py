@@ -7,6 +7,7 @@ that is an exact 2x2 mean, the same as the training data went through (build_rep
 """
 
 import io
+import warnings
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -17,6 +18,9 @@ except ImportError:  # imported by the training script for to_model_input(), out
     pb_utils = None
 
 SIZE = 64
+#: the most pixels an image may have: a 24 KB PNG can declare 14000 x 14000 (196 MP), and decoding it costs
+#: hundreds of MB and seconds for a 64 x 64 input; 16 MP takes any camera photo of today
+MAX_PIXELS = 4096 * 4096
 
 
 def to_model_input(image: Image.Image) -> np.ndarray:
@@ -29,12 +33,24 @@ def decode(data: bytes) -> np.ndarray:
     if not data:
         raise ValueError("RAW_IMAGE is empty: send the encoded image file's bytes (PNG or JPEG) as UINT8")
     try:
-        with Image.open(io.BytesIO(data)) as image:
-            image.load()
-            return to_model_input(image)
+        with warnings.catch_warnings():  # Pillow's own bomb check: a warning past 89 MP, an error past 179
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as image:  # reads the header only
+                width, height = image.size
+                if width * height > MAX_PIXELS:
+                    raise ValueError(f"RAW_IMAGE is {width} x {height} pixels, more than the {MAX_PIXELS:,} this "
+                                     f"model decodes: send it scaled down (the model sees {SIZE} x {SIZE})")
+                image.load()
+                return to_model_input(image)
     except UnidentifiedImageError:
         reason = "no image format Pillow reads starts so"
-    except (OSError, SyntaxError, ValueError) as exc:  # a known format, broken (truncated, bad chunk...)
+    except (Image.DecompressionBombWarning, Image.DecompressionBombError) as exc:
+        reason = str(exc)
+    except ValueError as exc:
+        if str(exc).startswith("RAW_IMAGE is"):
+            raise
+        reason = str(exc)
+    except (OSError, SyntaxError) as exc:  # a known format, broken (truncated, bad chunk...)
         reason = str(exc)
     raise ValueError(f"RAW_IMAGE ({len(data)} bytes, starting {data[:8]!r}) is not an image Pillow can decode "
                      f"({reason}): send the bytes of a PNG or JPEG file as UINT8")

@@ -14,9 +14,11 @@ import asyncio
 import importlib.util
 import inspect
 import json
+import logging
 import sys
 import threading
 import time
+import traceback
 from pathlib import Path
 
 from azulite.errors import Internal, InvalidArgument, ModelLoadError, NotFound, ServeError, Unavailable, Unsupported
@@ -34,6 +36,16 @@ _ERROR_CLASSES: dict[int, type[ServeError]] = {
     pb_utils.TritonError.UNSUPPORTED: Unsupported,
 }
 _import_lock = threading.Lock()
+log = logging.getLogger("azulite.serve.python")
+_OURS = str(Path(__file__).resolve().parents[2])  # azulite's own files: not the model's frames
+
+
+def _model_frames(exc: BaseException) -> str:
+    """The traceback's frames outside azulite, innermost first, as Triton's Python backend prints them."""
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith(_OURS)]
+    if not frames:
+        return ""
+    return "\n\nAt:\n" + "".join(f"  {f.filename}({f.lineno}): {f.name}\n" for f in reversed(frames))
 _counter = 0
 
 
@@ -140,10 +152,12 @@ class PythonInstance:
         try:
             responses = self._with_bls(self._call_execute, requests)
         except Exception as exc:
-            raise Internal(
-                f"Failed to process the request(s) for model instance '{self.instance_name}', message: "
-                f"{type(exc).__name__}: {exc}"
-            ) from None
+            # Triton's wording, with the model's own frames ("At:") so its author can find the line; logged
+            # too: the client's 500 is not where the person running the server looks
+            message = (f"Failed to process the request(s) for model instance '{self.instance_name}', message: "
+                       f"{type(exc).__name__}: {exc}{_model_frames(exc)}")
+            log.error("%s", message)
+            raise Internal(message) from None
         t2 = time.perf_counter_ns()
         if self.decoupled:  # the answers go through the senders; Triton ignores what execute returns
             return [{} for _ in items], Timing(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
@@ -188,8 +202,9 @@ class PythonInstance:
         if hasattr(self.impl, "finalize"):
             try:
                 self._with_bls(self.impl.finalize)
-            except Exception:  # a model failing to clean up must not stop the unload
-                pass
+            except Exception as exc:  # a model failing to clean up must not stop the unload; but it is said
+                log.warning("model instance '%s': finalize() raised %s: %s%s", self.instance_name,
+                            type(exc).__name__, exc, _model_frames(exc))
         if self._aloop is not None:
             self._aloop.close()
 
