@@ -150,7 +150,8 @@ class UnknownSku(CatalogError):
         hint = f"did you mean {', '.join(suggestions)}? " if suggestions else ""
         super().__init__(
             f"unknown SKU {name!r}", where=where,
-            fix=f"{hint}list the known SKUs with `azulite catalog`, or add it in a catalog file (--catalog FILE)",
+            fix=f"{hint}list the known SKUs with `azulite catalog`; catalog, cost, simulate and plan also read "
+                "your own SKUs from a catalog file (--catalog FILE)",
         )
 
 

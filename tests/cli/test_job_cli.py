@@ -72,6 +72,10 @@ def test_failed_rank_shows_exit_code_and_log_tail(home, tmp_path):
         (["job", "show", "nope-1"], "no job 'nope-1'"),
         (["job", "logs", "nope-1"], "no job 'nope-1'"),
         (["job", "wait", "nope-1", "--timeout", "-5"], "'--timeout'"),  # was read as 0: wait forever
+        # blamed AZULITE_K8S_FLAVOR; and without --backend kubernetes the job ran locally, the flag dropped
+        (["job", "submit", "examples/ddp/job.yaml", "--backend", "kubernetes", "--flavor", "pytorchjb"],
+         "--flavor: 'pytorchjb' is not a flavor"),
+        (["job", "submit", "examples/ddp/job.yaml", "--flavor", "pytorchjob"], "--flavor chooses the Kubernetes objects"),
     ],
 )
 def test_user_errors_exit_2_without_traceback(home, args, expect):
@@ -236,3 +240,77 @@ def test_azulite_home_that_is_a_file_is_an_error(tmp_path, monkeypatch):
     for args in (("list",), ("show", "x-1")):
         p = az("job", *args, check=2)  # was a FileExistsError traceback, exit 1
         assert "the azulite home is a file, not a folder" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_azulite_home_that_cannot_be_created_is_an_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("AZULITE_HOME", str(tmp_path / "file" / "home"))
+    (tmp_path / "file").write_text("")  # a folder under a file cannot be made (as /proc/x for anyone)
+    p = az("job", "list", check=2)  # was mkdir's traceback
+    assert "cannot create the azulite home" in p.stderr and "Traceback" not in p.stderr
+
+
+@pytest.mark.parametrize("command, said", [
+    # each passed validate and failed at run time with the shell's "Bad substitution"
+    ("python a.py ${{input.x}}", "'${{input.x}}', which is not a reference azulite fills in"),
+    ("python a.py ${{inputs.x}", "'${{inputs.x}', which is not a reference azulite fills in"),
+    ("python a.py ${{search_space.y}}", "belongs in a sweep job's trial"),
+])
+def test_validate_refuses_a_reference_azulite_cannot_fill(home, tmp_path, command, said):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"command: {command}\ninputs: {{x: 1}}\n")
+    p = az("job", "validate", str(spec), check=2)
+    assert said in p.stderr and "job.yaml:1 (command)" in p.stderr
+    spec.write_text("command: echo ${HOME} ${{inputs.x}} $((1+1))\ninputs: {x: 1}\n")  # the shell's own ${...} stay
+    az("job", "validate", str(spec), check=0)
+
+
+@pytest.mark.parametrize("outputs, said", [
+    ("{o: {type: uri_folder, path: afile}}", "afile is a file, and a uri_folder output is a folder"),
+    ("{o: {type: uri_folder, path: afile/sub}}", "cannot be created:"),
+    ("{o: {type: uri_folder, path: az://results/run1, mode: uplaod}}", "(outputs.o.mode): 'uplaod' is not allowed"),
+])
+def test_validate_refuses_an_output_that_cannot_be_written(home, tmp_path, outputs, said):
+    (tmp_path / "afile").write_text("")
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"command: python a.py\noutputs: {outputs}\n")
+    p = az("job", "validate", str(spec), check=2)  # a FileExistsError at run time; azure-ai-ml refused the mode
+    assert said in p.stderr, p.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_while_waiting_leaves_the_job_running_and_says_so(home, tmp_path):
+    import signal
+
+    from tests.launch.jobkit import wait_for
+
+    spec = write_job(tmp_path / "s", SLEEPER, spec_2x1(nodes=1, per_node=1))
+    p = subprocess.Popen([*AZULITE, "job", "submit", str(spec), "--wait"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+    try:
+        wait_for(lambda: json.loads(az("job", "list", "--json", check=0).stdout.splitlines()[0])["state"] == "running"
+                 if az("job", "list", "--json", check=0).stdout.strip() else False, 120, "the job to run")
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    job = json.loads(az("job", "list", "--json", check=0).stdout.splitlines()[0])
+    assert p.returncode == 130 and f"stopped waiting; {job['id']} goes on (azulite job cancel {job['id']}" in err, err
+    assert job["state"] == "running"
+    az("job", "cancel", job["id"], check=0)
+
+
+def test_validate_says_the_shape_the_launcher_will_run(home):
+    # a TF job was "2 node(s) x 1 process(es) = 5 rank(s)"; an elastic one showed no range
+    p = az("job", "validate", "examples/tensorflow/job.yaml", "--set", "distribution.worker_count=5", check=0)
+    assert "tensorflow 5 worker(s) on 2 node(s)" in p.stdout
+    p = az("job", "validate", "examples/ddp/job.yaml", "--set", "elastic.min_nodes=1", check=0)
+    assert "1-2 node(s) (elastic) x 2 process(es) = 2-4 rank(s)" in p.stdout
+
+
+@pytest.mark.parametrize("kind, said", [("commnd", "did you mean type: command?"),
+                                        ("pipeline", "job type 'pipeline' is not one azulite runs")])
+def test_a_job_type_azulite_does_not_run_is_named(home, tmp_path, kind, said):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"type: {kind}\ncommand: python a.py\n")  # commnd ran, and rendered, as a command job
+    p = az("job", "validate", str(spec), check=2)
+    assert said in p.stderr and "job.yaml:1 (type)" in p.stderr

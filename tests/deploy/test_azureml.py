@@ -45,6 +45,23 @@ def test_spot_job_with_blob_outputs_round_trips(job_file, tmp_path):
     assert job.environment.image == "myregistry.azurecr.io/train:1"
 
 
+def test_azure_ml_keys_of_the_spec_go_through_and_code_is_relative_to_the_file(job_file, tmp_path):
+    """description, identity, services, queue_settings, limits and properties were accepted and dropped (a
+    native spot request rendered as dedicated capacity); code was this machine's absolute path."""
+    spec = {**BASE, "compute": "gpu-cluster", "description": "nightly", "identity": {"type": "managed"},
+            "queue_settings": {"job_tier": "Spot"}, "limits": {"timeout": 3600}, "properties": {"team": "recsys"},
+            "services": {"shell": {"type": "ssh", "nodes": "all"}}}
+    out = tmp_path / "build" / "aml"
+    files = {p.name: p for p in write_files(out, render_spec(job_file(spec), "azureml", AksOptions(),
+                                                              AzureMLOptions(datastore="ckptstore"), out=out))}
+    doc = yaml.safe_load(files["job.azureml.yml"].read_text())
+    assert doc["code"] == "../../code"
+    job = ml.load_job(files["job.azureml.yml"])
+    assert job.description == "nightly" and job.identity.type == "managed_identity" and job.queue_settings.job_tier == "spot"
+    assert job.limits.timeout == 3600 and job.properties["team"] == "recsys" and job.services["shell"].type == "ssh"
+    assert str(job.code).endswith("code")
+
+
 def test_load_job_rejects_a_broken_document(tmp_path):
     """The round trip can fail: the SDK's schema refuses what azure ML would."""
     files = render_to(EXAMPLES / "azureml" / "arr-coc" / "job.yaml", tmp_path / "out")

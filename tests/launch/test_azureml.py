@@ -123,6 +123,14 @@ def test_missing_workspace_settings_and_bad_specs(tmp_path, aml):
     with pytest.raises(DeployError) as e:
         b.submit(load_job(ROOT / "examples/azureml/arr-coc/job.yaml"))
     assert e.value.where == "AZULITE_AML_RESOURCE_GROUP"
+    import shutil
+
+    shutil.copytree(ROOT / "examples/azureml/arr-coc", tmp_path / "arr-coc")
+    job = tmp_path / "arr-coc" / "job.yaml"
+    job.write_text(job.read_text().replace("compute: azureml:gpu-cluster\n", ""))
+    with pytest.raises(DeployError) as e:  # the render's fix named --compute, which job submit does not have
+        backend(tmp_path).submit(load_job(job))
+    assert "set AZULITE_AML_COMPUTE=gpu-cluster" in e.value.fix and "--compute" not in str(e.value)
     with pytest.raises(AzuliteError, match="has 4 GPU"):
         backend(tmp_path).submit(load_job(ROOT / "examples/azureml/arr-coc/job.yaml",
                                           ["distribution.process_count_per_instance=8"]))

@@ -306,6 +306,17 @@ def test_kubeconfig_errors_before_anything_is_sent(tmp_path, api, spec_file, kub
     assert api.requests == [] and b.list() == []
 
 
+def test_render_errors_name_the_settings_job_submit_takes(tmp_path, api, spec_file):
+    # the render's errors named `deploy render`'s flags (--pvc, --image): `job submit` has none of them
+    data = yaml.safe_load(spec_file.read_text())
+    data["outputs"]["model"] = {"type": "uri_folder"}  # no az:// path, no volume
+    spec_file.write_text(yaml.safe_dump(data))
+    with pytest.raises(AzuliteError) as e:
+        backend(tmp_path, api).submit(load_job(spec_file))
+    assert "set AZULITE_K8S_PVC=CLAIM" in e.value.fix and "--pvc" not in str(e.value)
+    assert api.requests == []
+
+
 def test_bad_spec_refused_before_anything_is_recorded(tmp_path, api, spec_file):
     b = backend(tmp_path, api)
     data = yaml.safe_load(spec_file.read_text())

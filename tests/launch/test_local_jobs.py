@@ -337,7 +337,11 @@ dist.destroy_process_group()
 """
 
 
-def test_an_elastic_job_that_loses_a_node_goes_on_with_the_nodes_left(home, tmp_path, monkeypatch):
+@pytest.mark.parametrize("lost", ["node", "agent"])
+def test_an_elastic_job_that_loses_a_node_goes_on_with_the_nodes_left(home, tmp_path, monkeypatch, lost):
+    """``lost``: the whole node (agent and ranks) is killed, or its torchrun agent alone: the supervisor then
+    ends the agent's ranks as a lost node's (left running, the orphan went on alone and held the survivor in
+    torchrun's exit barrier for 300 s)."""
     monkeypatch.setenv("AZULITE_NODE_RETURN_S", "-1")  # the node stays lost (test_local_elastic: it returns)
     spec = write_job(tmp_path / "shrink", SHRINKS, spec_2x1(extra="max_restarts: 2\n    elastic: {min_nodes: 1}"))
     b = backend()
@@ -348,7 +352,7 @@ def test_an_elastic_job_that_loses_a_node_goes_on_with_the_nodes_left(home, tmp_
     wait_for(lambda: list((job_dir / "nodes/node-1").glob("started-*")), 120, "node 1's rank to start")
     agent = next(p for p in b.status(rec.id).processes if p.kind == "agent" and p.name == "node-1")
     node = psutil.Process(agent.pid)
-    for p in [node, *node.children(recursive=True)]:  # the whole node goes: agent and ranks
+    for p in [node, *(node.children(recursive=True) if lost == "node" else [])]:
         p.kill()
     rec = wait_done(rec.id, timeout=400)
     assert rec.state == JobState.SUCCEEDED and "elastic" in rec.reason, rec.reason
@@ -356,6 +360,28 @@ def test_an_elastic_job_that_loses_a_node_goes_on_with_the_nodes_left(home, tmp_
     logs = "\n".join(Path(p.log).read_text() for p in rec.processes if p.kind == "rank" and p.log and Path(p.log).exists())
     assert "continued on world size 1" in logs, logs[-3000:]
     assert any("node-1 lost" in e["message"] for e in rec.events)
+    if lost == "agent":
+        assert any("node-1's agent exited 137: its rank(s) [" in e["message"] and "ended with it" in e["message"]
+                   for e in rec.events), rec.events
+    assert not job_procs({rec.id})
+
+
+def test_a_fixed_size_job_whose_agent_is_killed_fails_naming_the_lost_node(home, tmp_path):
+    """kill -9 of one node's torchrun agent: its peers are stopped and exit 75, which was read as a preemption
+    (requeued, max_retries bypassed up to AZULITE_MAX_PREEMPTIONS times, the 137 hidden). It is the failure
+    of that node, retried as max_retries says (0 here), and its orphaned rank ends with it."""
+    spec = write_job(tmp_path / "lost", SHRINKS, spec_2x1())
+    b = backend()
+    rec = b.submit(load_job(spec))
+    job_dir = Path(rec.job_dir)
+    wait_for(lambda: list((job_dir / "nodes/node-0").glob("started-*")) and list((job_dir / "nodes/node-1").glob("started-*")),
+             120, "both nodes' ranks to start")
+    agent = next(p for p in b.status(rec.id).processes if p.kind == "agent" and p.name == "node-1")
+    psutil.Process(agent.pid).kill()
+    rec = wait_done(rec.id, timeout=400)
+    assert rec.state == JobState.FAILED and rec.attempt == 1, (rec.state, rec.reason, rec.attempts)
+    assert rec.exit_code == 137 and "node-1's agent exited 137 (SIGKILL): the node was lost" in rec.reason, rec.reason
+    assert not job_procs({rec.id})
 
 
 def test_elastic_ranges_are_validated_and_reach_torchrun(tmp_path):

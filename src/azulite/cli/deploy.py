@@ -7,8 +7,8 @@ from pathlib import Path
 from typing import List, Optional
 
 import typer
-from rich.console import Console
 
+from azulite.cli import console
 from azulite.deploy.options import FLAVORS, check_namespace
 from azulite.errors import AzuliteError
 
@@ -61,9 +61,9 @@ def render(
     aks = AksOptions(namespace=namespace, flavor=flavor, image=image, code_uri=code_uri, storage_account=storage_account,
                      pvc=pvc, service_account=service_account, termination_grace_s=grace)
     aml = AzureMLOptions(compute=compute, datastore=datastore, storage_account=storage_account)
-    files = render_spec(spec, target, aks, aml, set_)
+    files = render_spec(spec, target, aks, aml, set_, out=out)
     for p in write_files(out, files):
-        Console(highlight=False).print(f"wrote {p}")
+        console.out().print(f"wrote {p}", markup=False)
 
 
 @cluster_app.command("render")
@@ -85,4 +85,4 @@ def cluster_render(
     aks = AksCluster(resource_group=resource_group, cluster_name=cluster_name, monitoring_namespace=namespace,
                      gpu_memory_free_mb=gpu_memory_free_mb, gpu_temperature_c=gpu_temperature_c, alert_for=alert_for)
     for p in write_files(out, render_cluster(spec, aks)):
-        Console(highlight=False).print(f"wrote {p}")
+        console.out().print(f"wrote {p}", markup=False)

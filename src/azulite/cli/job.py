@@ -7,6 +7,7 @@ turns them into a message and exit code 2 (a user's mistake) or 1.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -55,6 +56,11 @@ def _settings() -> Settings:
     if settings.home.exists() and not settings.home.is_dir():  # else a FileExistsError traceback from mkdir
         raise AzuliteError("the azulite home is a file, not a folder", where=str(settings.home),
                            fix="point AZULITE_HOME at a folder (or unset it for ~/.azulite)")
+    try:  # the store makes it too: a place it cannot be made is said here, not as mkdir's traceback
+        settings.home.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise AzuliteError(f"cannot create the azulite home: {exc.strerror}", where=str(settings.home),
+                           fix="point AZULITE_HOME at a folder you may write (or unset it for ~/.azulite)") from None
     return settings
 
 
@@ -198,10 +204,21 @@ def validate(
                      f"{', '.join(spec.search_space)}, up to {spec.limits.max_total_trials} trial(s), "
                      f"{spec.objective.goal} {spec.objective.primary_metric}")
         return
-    _out().print(
-        f"[green]ok[/] {file}: {spec.name}, {spec.distribution_type} {spec.nodes} node(s) x "
-        f"{spec.processes_per_node} process(es) = {spec.world_size} rank(s)"
-    )
+    _out().print(f"[green]ok[/] {file}: {spec.name}, {spec.distribution_type} {_shape(spec)}", highlight=False)
+
+
+def _shape(spec) -> str:
+    """How the ranks are laid out, as the launcher will: TF workers and parameter servers, an elastic range."""
+    from azulite.spec.job import TensorFlowDistribution
+
+    d = spec.distribution
+    if isinstance(d, TensorFlowDistribution):
+        ps = f" + {d.parameter_server_count} parameter server(s)" if d.parameter_server_count else ""
+        return f"{d.worker_count} worker(s){ps} on {spec.nodes} node(s)"
+    low, high = spec.node_range
+    nodes = f"{low}-{high} node(s) (elastic)" if low != high else f"{spec.nodes} node(s)"
+    ranks = f"{low * spec.processes_per_node}-{spec.world_size}" if low != high else f"{spec.world_size}"
+    return f"{nodes} x {spec.processes_per_node} process(es) = {ranks} rank(s)"
 
 
 @app.command()
@@ -224,6 +241,14 @@ def submit(
     from azulite.spec.sweep import SweepSpec, load_spec
 
     spec = load_spec(file, set_)
+    if flavor is not None:  # said here as the flag typed, not as the setting it is passed on as
+        from azulite.deploy.options import FLAVORS
+
+        if flavor not in FLAVORS:
+            raise AzuliteError(f"{flavor!r} is not a flavor", where="--flavor", fix=f"use one of: {', '.join(FLAVORS)}")
+        if (backend or _settings().backend) != "kubernetes":  # it would be dropped without a word
+            raise AzuliteError("--flavor chooses the Kubernetes objects of --backend kubernetes", where="--flavor",
+                               fix="add --backend kubernetes, or drop --flavor")
     b = _backend(backend, {**os.environ, "AZULITE_K8S_FLAVOR": flavor} if flavor else None)
     if isinstance(spec, SweepSpec):
         if not hasattr(b, "submit_sweep"):
@@ -250,11 +275,22 @@ WAIT_LOOK_S = 1.0  # a waiter's look at the job (state, progress); the job's end
 PROGRESS_EVERY_S = 10.0  # not a terminal (a CI log): a progress line at most this often, when it changed
 
 
+@contextlib.contextmanager
+def _still_running_on_interrupt(job_id: str):
+    """Ctrl-C while waiting stops the waiting, not the job: say so (exit 130, as for any SIGINT)."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.err().print(f"stopped waiting; {job_id} goes on (azulite job cancel {job_id} stops it, "
+                            f"azulite job wait {job_id} follows it again)", markup=False)
+        raise typer.Exit(130) from None
+
+
 def _wait(b: Backend, rec: JobRecord, *, quiet: bool) -> JobRecord:
     err = console.err()
     last = None
     shown, shown_at = None, float("-inf")
-    with err.status(f"{rec.id}: {rec.state.value}", spinner="dots") as status:
+    with err.status(f"{rec.id}: {rec.state.value}", spinner="dots") as status, _still_running_on_interrupt(rec.id):
         while True:
             rec = b.status(rec.id)
             key = (rec.state, rec.attempt)
@@ -297,6 +333,11 @@ def wait_(
                                where="--checkpoint",
                                fix=f"declare outputs.{CHECKPOINT_OUTPUT} in the spec, or wait without --checkpoint")
     deadline = time.monotonic() + timeout if timeout > 0 else None
+    with _still_running_on_interrupt(job_id):
+        _wait_for(b, job_id, checkpoint, json_, deadline, timeout)
+
+
+def _wait_for(b: Backend, job_id: str, checkpoint: bool, json_: bool, deadline: float | None, timeout: float) -> None:
     while True:
         rec = b.status(job_id)
         if checkpoint and any(c["committed"] for c in checkpoints_of(rec)[0]):
@@ -308,6 +349,8 @@ def wait_(
                 print(json.dumps(rec.to_json()))
             elif not checkpoint:
                 _print_show(rec)
+            else:
+                console.err().print(f"{job_id} ended ({rec.state.value}) without a committed checkpoint", markup=False)
             raise typer.Exit(1 if checkpoint else outcome_exit_code(rec))
         if deadline is not None and time.monotonic() > deadline:
             what = f"a committed checkpoint of {job_id}" if checkpoint else f"{job_id} to end"
@@ -336,12 +379,14 @@ def list_(
     for col in ("id", "state", "attempt", "ranks", "created", "duration", "exit"):
         width = {"id": max([len(r.id) for r in recs] + [2]), "state": 9}.get(col, len(col))
         t.add_column(col, no_wrap=True, min_width=width)
-    t.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=40)
+    out = _out()
+    whole = out.width >= console.UNBOUNDED  # not a terminal: a CI log or a pipe gets the reason whole
+    t.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=None if whole else 40)
     for r in recs:
         world = _world(r)
         t.add_row(r.id, _state(r.state), str(r.attempt), str(world), _ts(r.created_at)[5:16], _dur(r),
-                  "-" if r.exit_code is None else str(r.exit_code), (r.reason or "")[:60])
-    _out().print(t)
+                  "-" if r.exit_code is None else str(r.exit_code), (r.reason or "") if whole else (r.reason or "")[:60])
+    out.print(t)
 
 
 def _ranges(ranks: list[int]) -> str:

@@ -123,12 +123,20 @@ def command_job(spec: JobSpec, opts: AzureMLOptions) -> dict:
     dist = _distribution(spec)
     if dist:
         doc["distribution"] = dist
+    # Azure ML's own keys the spec carries go through as written (the service sets status, id, ...)
+    for key in ("description", "tags", "properties", "identity", "services", "is_deterministic"):
+        if spec.azureml.get(key) is not None:
+            doc[key] = spec.azureml[key]
+    limits = dict(spec.azureml.get("limits") or {})
     if spec.timeout:
-        doc["limits"] = {"timeout": int(spec.timeout)}
+        limits["timeout"] = int(spec.timeout)
+    if limits:
+        doc["limits"] = limits
+    queue = dict(spec.azureml.get("queue_settings") or {})
     if spec.priority == "spot":
-        doc["queue_settings"] = {"job_tier": "spot"}  # low-priority (evictable) capacity
-    if spec.azureml.get("tags"):
-        doc["tags"] = spec.azureml["tags"]
+        queue["job_tier"] = "spot"  # low-priority (evictable) capacity
+    if queue:
+        doc["queue_settings"] = queue
     return doc
 
 

@@ -40,8 +40,10 @@ def dump_all(docs: Iterable[dict]) -> str:
 
 
 def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.AzureMLOptions,
-                overrides: Iterable[str] = ()) -> dict[str, str]:
-    """File name -> content for a job or serving spec. Every check runs before anything is returned."""
+                overrides: Iterable[str] = (), out: str | Path | None = None) -> dict[str, str]:
+    """File name -> content for a job or serving spec. Every check runs before anything is returned.
+    ``out``: the folder the files go to (an Azure ML job's ``code`` is written relative to it, as ``az ml job
+    create -f`` reads it, not as this machine's absolute path)."""
     from azulite.spec.loader import load_job
 
     data, _ = read_yaml(path)
@@ -59,7 +61,10 @@ def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.
                 f"{spec.name}-deployment.yml": dump_all([azureml.online_deployment(spec, aml)])}
     job = load_job(path, overrides)
     if target == "azureml":
-        return {f"{training.k8s_name(job.name)}.azureml.yml": dump_all([azureml.command_job(job, aml)])}
+        doc = azureml.command_job(job, aml)
+        if out is not None:
+            doc["code"] = os.path.relpath(job.code, Path(out).resolve())
+        return {f"{training.k8s_name(job.name)}.azureml.yml": dump_all([doc])}
     made = objects.training_objects(job, aks)
     name = training.k8s_name(job.name)
     files = {f"{name}-{objects.FLAVOR_OF_KIND[made[-1]['kind']]}.yaml": dump_all(made)}

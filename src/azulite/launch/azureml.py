@@ -22,9 +22,9 @@ from typing import Any, Iterator, Mapping
 import yaml
 
 from azulite.deploy.azureml import AzureMLOptions, command_job
-from azulite.errors import DeployError, LaunchError, RemoteError
+from azulite.errors import AzuliteError, DeployError, LaunchError, RemoteError
 from azulite.launch.azureml_logs import RunLogs
-from azulite.launch.backend import Backend, Feature, register_backend
+from azulite.launch.backend import Backend, Feature, register_backend, restated
 from azulite.launch.local.store import JobStore
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
@@ -108,7 +108,11 @@ class AzureMLBackend(Backend):
 
     # ---- submit --------------------------------------------------------------------------------------
     def _submit_impl(self, spec: JobSpec, *, spec_path: str | None) -> JobRecord:
-        doc = command_job(spec, self.opts)  # every spec check first
+        try:
+            doc = command_job(spec, self.opts)  # every spec check first
+        except AzuliteError as e:
+            raise restated(e, {"--compute": "AZULITE_AML_COMPUTE", "--datastore": "AZULITE_AML_DATASTORE",
+                               "--storage-account": "AZULITE_AML_STORAGE_ACCOUNT"}) from None
         client = self.client  # then the workspace settings and the credentials
         rec = self.store.create(name=spec.name, backend=self.name, spec=spec.model_dump(mode="json"), spec_path=spec_path,
                                 environment=spec.environment_label, jobs_dir=self.settings.jobs_dir)

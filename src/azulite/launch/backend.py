@@ -9,6 +9,7 @@ methods (``submit``, ``status``, ``list``, ``logs``, ``cancel``, ``preempt``) ch
 from __future__ import annotations
 
 import importlib
+import re
 import os
 import logging
 import time
@@ -140,6 +141,22 @@ def register_backend(name: str) -> Callable[[B], B]:
         return cls
 
     return deco
+
+
+def restated(exc: AzuliteError, settings: Mapping[str, str]) -> AzuliteError:
+    """A render error as a backend's user meets it: the render's flags (``--pvc``) named as the settings
+    that give them to ``job submit`` (``AZULITE_K8S_PVC``), which has no such flags."""
+    def swap(text: str | None) -> str | None:
+        if text is None:
+            return None
+        # "pass --pvc CLAIM" -> "set AZULITE_K8S_PVC=CLAIM"; any other mention of a flag -> its setting's name
+        text = re.sub(r"\bpass (--[a-z][a-z-]*) ([^\s,;)]+)",
+                      lambda m: f"set {settings[m.group(1)]}={m.group(2)}" if m.group(1) in settings else m.group(0), text)
+        return re.sub(r"(?<![\w-])(--[a-z][a-z-]*)\b", lambda m: settings.get(m.group(1), m.group(1)), text)
+
+    exc.message, exc.where, exc.fix = swap(exc.message), swap(exc.where), swap(exc.fix)
+    exc.args = (exc.message,)
+    return exc
 
 
 def available_backends() -> list[str]:

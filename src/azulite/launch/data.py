@@ -18,7 +18,7 @@ account, or the URI names none), ``AZURE_STORAGE_ACCOUNT_KEY`` / ``AZURE_STORAGE
 ``AZURE_STORAGE_ACCOUNT_NAME``, else anonymous access (public containers), else azure-identity's
 ``DefaultAzureCredential`` chain. Errors name the input, the URI and the credentials tried.
 
-Outputs with a remote ``path`` and ``mode: upload`` or ``rw_mount`` are written locally
+Outputs with a remote ``path`` and ``mode: upload``, ``rw_mount`` or ``mount`` are written locally
 (``<job dir>/outputs/<name>``) and uploaded after every attempt — success, failure or preemption — so
 nothing the job wrote is lost. A remote output without a mode (or ``direct``) is handed to the command as
 the URI, which writes there itself (checkpoints do).
@@ -41,7 +41,7 @@ from urllib.parse import urlparse
 from azulite.errors import InputError
 from azulite.spec.job import JobSpec, Output, PathInput
 
-UPLOAD_MODES = ("upload", "rw_mount")
+UPLOAD_MODES = ("upload", "rw_mount", "mount")  # Azure ML writes a mounted output back too
 _BLOB_HOST = re.compile(r"^(?P<account>[a-z0-9]{3,24})\.(?:blob|dfs)\.core\.windows\.net$")
 _ASSET = re.compile(r"^azureml:(?P<name>[A-Za-z0-9_.-]+)(?:(?::(?P<version>[A-Za-z0-9_.-]+))|@(?P<label>[A-Za-z0-9_.-]+))?$")
 

@@ -29,8 +29,8 @@ from azulite.deploy.options import FLAVORS, AksOptions, check_namespace
 from azulite.deploy.mpi_job import MPI_CONTAINER
 from azulite.deploy.objects import FLAVOR_OF_KIND, training_objects
 from azulite.deploy.training import CONTAINER, PYTORCH_CONTAINER, TF_CONTAINER, k8s_name
-from azulite.errors import DeployError, LaunchError, RemoteError
-from azulite.launch.backend import Backend, Feature, register_backend
+from azulite.errors import AzuliteError, DeployError, LaunchError, RemoteError
+from azulite.launch.backend import Backend, Feature, register_backend, restated
 from azulite.launch.local.store import JobStore
 from azulite.launch.records import JobRecord, JobState
 from azulite.spec.job import JobSpec
@@ -46,6 +46,12 @@ JOB_ROLE = "training.kubeflow.org/job-role"
 #: mpirun's --tag-output prefix of each line of a rank: [jobid,rank]<stdout>: (or <stderr>:, <stddiag>:)
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<\w+>:")
 _SNAPSHOT_SKIP = {".git", "__pycache__", ".venv", "node_modules", ".azulite"}
+
+
+#: what `deploy render`'s flags are to `job submit --backend kubernetes` (the render's errors name the flags)
+SETTINGS_OF_FLAGS = {"--image": "AZULITE_K8S_IMAGE", "--pvc": "AZULITE_K8S_PVC", "--code-uri": "AZULITE_K8S_CODE_URI",
+                     "--storage-account": "AZULITE_K8S_STORAGE_ACCOUNT", "--namespace": "AZULITE_K8S_NAMESPACE",
+                     "--service-account": "AZULITE_K8S_SERVICE_ACCOUNT"}
 
 
 def aks_options(environ: dict[str, str]) -> AksOptions:
@@ -177,7 +183,10 @@ class KubernetesBackend(Backend):
         return self.store.get(rec.id)
 
     def _objects(self, spec: JobSpec, name: str) -> list[dict]:
-        return training_objects(spec, self.opts, name=name)
+        try:
+            return training_objects(spec, self.opts, name=name)
+        except AzuliteError as e:
+            raise restated(e, SETTINGS_OF_FLAGS) from None
 
     def _create(self, client: Any, obj: dict) -> None:
         from kubernetes import client as k

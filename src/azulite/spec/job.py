@@ -37,7 +37,8 @@ class PathInput(_Model):
 
     type: Literal["uri_file", "uri_folder", "mlflow_model", "custom_model", "mltable"] = "uri_folder"
     path: str = Field(min_length=1)
-    mode: str | None = None  # ro_mount, download, ...: recorded for cloud targets
+    #: Azure ML's input modes (azure-ai-ml's InputSchema): a typo would pass here and be refused there
+    mode: Literal["ro_mount", "download", "direct", "eval_mount", "eval_download"] | None = None
 
 
 class Output(_Model):
@@ -45,7 +46,8 @@ class Output(_Model):
 
     type: Literal["uri_folder", "uri_file", "mlflow_model", "custom_model"] = "uri_folder"
     path: str | None = None
-    mode: str | None = None
+    #: Azure ML's output modes (OutputSchema); locally, upload / rw_mount / mount copy a remote output up
+    mode: Literal["rw_mount", "upload", "mount", "direct"] | None = None
 
     def location(self, job_dir: str | Path, name: str) -> str:
         """Where this output goes for a job whose directory is ``job_dir``."""
@@ -166,6 +168,9 @@ class JobSpec(_Model):
             limits = kept.get("limits")
             if isinstance(limits, dict) and "timeout" in limits and "timeout" not in data:
                 data["timeout"] = limits["timeout"]
+            queue = kept.get("queue_settings")  # Azure ML's own way to ask for spot capacity
+            if isinstance(queue, dict) and str(queue.get("job_tier", "")).lower() == "spot" and "priority" not in data:
+                data["priority"] = "spot"
         dist = data.get("distribution")
         if isinstance(dist, dict) and isinstance(dist.get("type"), str):
             data["distribution"] = {**dist, "type": dist["type"].lower()}

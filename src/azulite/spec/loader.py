@@ -10,6 +10,7 @@ pydantic error's location onto it.
 from __future__ import annotations
 
 import difflib
+import os
 import re
 from pathlib import Path
 from typing import Any, Iterable, Mapping
@@ -268,6 +269,12 @@ def load_job(path: str | Path, overrides: Iterable[str] = ()) -> JobSpec:
     if data.get("type") == "sweep":
         raise src.error("this is a sweep job, not a command job", ("type",), "sweep",
                         fix="submit it with `azulite job submit` (sweeps run their trials as command jobs)")
+    if data.get("type", "command") != "command":  # a typo (commnd) ran as a command job and rendered as one
+        kind = data["type"]
+        close = difflib.get_close_matches(str(kind), ["command", "sweep"], n=1)
+        raise src.error(f"job type {kind!r} is not one azulite runs: command and sweep jobs are", ("type",), kind,
+                        fix=(f"did you mean type: {close[0]}? " if close else "")
+                            + "a pipeline's steps can each be submitted as a command job")
     try:
         spec = JobSpec.model_validate(data)
     except ValidationError as exc:
@@ -318,7 +325,37 @@ def read_spec(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict, "_
     return data, src, base
 
 
-def _check_and_resolve(spec: JobSpec, base: Path, src: _Source) -> JobSpec:
+_ANY_REF_RE = re.compile(r"\$\{\{(?:[^}]|\}(?!\}))*(?:\}\})?")  # from ${{ to the next }} (or the end)
+
+
+def _stray_reference(command: str, kinds: tuple[str, ...]) -> str | None:
+    """The first ``${{...`` in the command that is not a reference to ``kinds`` (``${{input.x}}``, a missing
+    brace, ``${{search_space.y}}`` outside a sweep): left in, the shell fails it as "Bad substitution"."""
+    for m in _ANY_REF_RE.finditer(command):
+        ref = re.fullmatch(r"\$\{\{\s*([A-Za-z_]+)\.[A-Za-z0-9_.-]+?\s*\}\}", m.group(0))
+        if ref is None or ref.group(1) not in kinds:
+            return m.group(0)
+    return None
+
+
+def _unwritable(path: Path, kind: str) -> str | None:
+    """Why a local output path cannot be what its type says (the job would fail at start with a bare
+    FileExistsError), or None."""
+    if path.exists():
+        if kind == "uri_file":
+            return "a uri_file output must not be a folder" if path.is_dir() else None
+        return None if path.is_dir() else f"{path} is a file, and a {kind} output is a folder"
+    parent = path.parent
+    while not parent.exists():
+        parent = parent.parent
+    if not parent.is_dir():
+        return f"{path} cannot be created: {parent} is a file"
+    if not os.access(parent, os.W_OK | os.X_OK):
+        return f"{path} cannot be created: {parent} is not writable"
+    return None
+
+
+def _check_and_resolve(spec: JobSpec, base: Path, src: _Source, kinds: tuple[str, ...] = ("inputs", "outputs")) -> JobSpec:
     code = (base / spec.code).resolve()
     if not code.is_dir():
         raise src.error(
@@ -344,6 +381,11 @@ def _check_and_resolve(spec: JobSpec, base: Path, src: _Source) -> JobSpec:
         name: (o.model_copy(update={"path": str((base / o.path).resolve())}) if o.path and not _is_remote(o.path) else o)
         for name, o in spec.outputs.items()
     }
+    for name, o in outputs.items():
+        if o.path and not _is_remote(o.path) and (problem := _unwritable(Path(o.path), o.type)):
+            raise src.error(problem, ("outputs", name, "path"), spec.outputs[name].path,
+                            fix="point it at a folder the job may create or write (relative to the spec file), "
+                                "or leave `path:` out for <job dir>/outputs/" + name)
     for m in _REF_RE.finditer(spec.command):
         kind, name = m.group(1), m.group(2)
         known = spec.inputs if kind == "inputs" else spec.outputs
@@ -355,6 +397,17 @@ def _check_and_resolve(spec: JobSpec, base: Path, src: _Source) -> JobSpec:
                 ("command",), m.group(0),
                 fix=f"{hint}declare it under `{kind}:`" + (f" (known: {', '.join(known)})" if known else ""),
             )
+    if (stray := _stray_reference(spec.command, kinds)) is not None:
+        head = re.match(r"\$\{\{\s*([A-Za-z_]*)", stray)
+        close = difflib.get_close_matches(head.group(1) if head else "", list(kinds), n=1)
+        raise src.error(
+            f"the command has {stray!r}, which is not a reference azulite fills in",
+            ("command",), stray,
+            fix=(f"did you mean ${{{{{close[0]}.NAME}}}}? " if close else "") + "references are "
+                + " or ".join(f"${{{{{k}.NAME}}}}" for k in kinds) + ", closed by }}"
+                + ("; ${{search_space.NAME}} belongs in a sweep job's trial (type: sweep)"
+                   if head and head.group(1) == "search_space" else ""),
+        )
     if spec.distribution is not None and spec.distribution.type not in DISTRIBUTION_TYPES:  # pragma: no cover
         raise src.error("unknown distribution type", ("distribution", "type"), spec.distribution.type)
     env = spec.environment

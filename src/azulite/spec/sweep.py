@@ -216,7 +216,7 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> SweepSpec:
     sub = _Source(src.file, lines, {p[1:]: v for p, v in src.overrides.items() if p[:1] == ("trial",)})
     try:
         job = JobSpec.model_validate(trial)
-        job = _check_and_resolve(job, base, sub)
+        job = _check_and_resolve(job, base, sub, kinds=("inputs", "outputs", "search_space"))
     except ValidationError as exc:
         raise _trial_error(_validation_error(exc, trial, sub)) from None
     except SpecError as e:

@@ -65,6 +65,9 @@ class AttemptOutcome:
     preempt_asked: bool = False
     timed_out: bool = False
     config_error: dict | None = None  # the rank record of the first rank that exited EXIT_CONFIG
+    #: the first agent that died of a signal before anything was stopped (a lost node: kill -9, the OOM
+    #: killer): (name, exit code). Its peers, stopped after it, exit 75: that is a failure, not a preemption
+    lost_agent: tuple[str, int] | None = None
 
 
 class Supervisor:
@@ -207,12 +210,21 @@ class Supervisor:
         itself: a real failure beside a 75 is a failure, and retried as one."""
         if out.preempt_asked:
             return True
+        if out.lost_agent is not None:  # its peers' 75s answer the stop sent after it: a failure
+            return False
         codes = [r.exit_code for r in out.results]
         return EXIT_PREEMPTED in codes and all(c in _NOT_A_CAUSE for c in codes)
 
     @staticmethod
     def _root_cause(ctx: LaunchContext, out: AttemptOutcome) -> tuple[int | None, int, str]:
         """The rank that failed first (a rank we killed after its peer died is an effect, not a cause)."""
+        if out.lost_agent is not None:  # it came first (nothing had failed): what failed after is its effect
+            name, code = out.lost_agent
+            try:
+                how = f" ({signal.Signals(code - 128).name})"
+            except ValueError:
+                how = ""
+            return None, code, f"{name}'s agent exited {code}{how}: the node was lost (see {ctx.process_log(name)})"
         bad = [r for r in out.results if r.exit_code not in (0, None)]
         own = [r for r in bad if r.exit_code not in _NOT_A_CAUSE]
         pool = own or bad
@@ -246,6 +258,17 @@ class Supervisor:
                     ProcessRecord(ctx.attempt, "agent", n, specs[n].node, None, None, procs[n].pid, exits[n],
                                   str(specs[n].log)) for n in ended])
                 noted.update({n: procs[n].pid for n in ended})
+                for n in ended:
+                    if exits[n] not in (0, None) and (orphans := _end_orphans(ctx, procs[n].pid)):
+                        # a node that is lost takes its ranks with it; left running, they went on training
+                        # alone and held the survivors in torchrun's exit barrier for its 300 s
+                        self.store.event(self.job_id, f"{n}'s agent exited {exits[n]}: its rank(s) {orphans} "
+                                         "ended with it, as on a lost node")
+                    if (exits[n] or 0) > 128 and exits[n] != 128 + signal.SIGTERM and out.lost_agent is None \
+                            and first_failure is None and preempt_sent is None \
+                            and not (spec.elastic and len(running) >= spec.node_range[0]) \
+                            and not (out.canceled or out.timed_out or out.config_error):
+                        out.lost_agent = (n, exits[n])
             if not running:
                 break
             cancel, preempt = self._flags()
@@ -416,6 +439,20 @@ def finished(out: AttemptOutcome) -> bool:
 def _has_ranks(ctx: LaunchContext, agent_pid: int) -> bool:
     """Whether the agent ``agent_pid`` started ranks in this attempt (it joined a round)."""
     return any(rec.get("agent_pid") == agent_pid for rec in read_rank_records(ctx.records_dir).values())
+
+
+def _end_orphans(ctx: LaunchContext, agent_pid: int) -> list[int]:
+    """SIGKILL the unfinished ranks an agent that died had started (they outlive it: nothing ties a rank to
+    its agent's life); their ranks."""
+    mine = {r: rec for r, rec in read_rank_records(ctx.records_dir).items()  # started by it, or it (no launcher)
+            if agent_pid in (rec.get("agent_pid"), rec.get("pid")) and rec.get("exit_code") is None}
+    pids = live_rank_pids(mine)
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+    return sorted(mine) if pids else []
 
 
 def _lost_ranks(ctx: LaunchContext) -> list[int]:
