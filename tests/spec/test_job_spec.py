@@ -225,3 +225,24 @@ def test_directory_and_empty_file_say_so(tmp_path):
         load_job(empty)
     assert e.value.message == "the job spec is empty" and "command:" in e.value.fix
     assert load_job(empty, ["command=echo hi"]).command == "echo hi"  # all from --set is still a spec
+
+
+@pytest.mark.parametrize("old, new, line, field, words", [
+    # each was accepted: true as 1 node; the last of two keys silently; max_restarts doing nothing
+    ("  instance_count: 2", "  instance_count: true", 24, "resources.instance_count", "True is not a whole number"),
+    ("max_retries: 1", "max_retries: 1\nmax_retries: 2", 31, None, "max_retries is given twice (lines 30 and 31)"),
+    ("type: PyTorch\n  process_count_per_instance: 4", "type: mpi\n  process_count_per_instance: 4", 31,
+     "max_restarts", "a mpi job is retried whole: use max_retries"),
+    ("timeout: 2h", "timeout: 1h30m", 29, "timeout", "90s, 30m, 2h, 1.5h, 2d"),
+    ("  SEED: 1", "  SEED:", 21, "environment_variables.SEED", "has no value"),
+    ("type: PyTorch", "type: none", 26, "distribution.type", "remove `distribution:`"),
+])
+def test_spec_mistakes_that_passed_or_said_too_little(tmp_path, old, new, line, field, words):
+    e = error(tmp_path, GOOD.replace(old, new))
+    assert (e.line, e.field) == (line, field), (e.line, e.field, str(e))
+    assert words in e.message + (e.fix or ""), str(e)
+
+
+def test_a_check_across_fields_is_placed_at_the_field_it_names(tmp_path):
+    e = error(tmp_path, GOOD.replace("max_restarts: 3", "max_restarts: 3\nelastic: {min_nodes: 3}"))
+    assert (e.line, e.field) == (32, "elastic.min_nodes") and "is above max_nodes (2)" in e.message

@@ -29,6 +29,7 @@ _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    # counts (nodes, processes, retries) are strict: YAML's `true` is not 1 node
 
 
 class PathInput(_Model):
@@ -72,7 +73,7 @@ class Environment(_Model):
 
 class Resources(_Model):
     instance_type: str | None = None
-    instance_count: int | None = Field(default=None, ge=1)
+    instance_count: int | None = Field(default=None, ge=1, strict=True)
     shm_size: str | None = None
     properties: dict | None = None
 
@@ -82,20 +83,20 @@ class PyTorchDistribution(_Model):
     DeepSpeed jobs use this too (seed 001 §1.3), passing ``--deepspeed_config FILE`` in the command."""
 
     type: Literal["pytorch"]
-    process_count_per_instance: int = Field(default=1, ge=1)
+    process_count_per_instance: int = Field(default=1, ge=1, strict=True)
 
 
 class TensorFlowDistribution(_Model):
     """MultiWorkerMirroredStrategy / ParameterServerStrategy: one process per worker, TF_CONFIG set."""
 
     type: Literal["tensorflow"]
-    worker_count: int = Field(default=1, ge=1)
-    parameter_server_count: int = Field(default=0, ge=0)
+    worker_count: int = Field(default=1, ge=1, strict=True)
+    parameter_server_count: int = Field(default=0, ge=0, strict=True)
 
 
 class MpiDistribution(_Model):
     type: Literal["mpi"]
-    process_count_per_instance: int = Field(default=1, ge=1)
+    process_count_per_instance: int = Field(default=1, ge=1, strict=True)
 
 
 class Elastic(_Model):
@@ -105,8 +106,8 @@ class Elastic(_Model):
     ``elasticPolicy.minReplicas``/``maxReplicas``). Bitwise equality with an uninterrupted run holds at a
     fixed world size only: a job that asks for a range trades it for progress."""
 
-    min_nodes: int = Field(ge=1)
-    max_nodes: int | None = Field(default=None, ge=1)
+    min_nodes: int = Field(ge=1, strict=True)
+    max_nodes: int | None = Field(default=None, ge=1, strict=True)
 
 
 Distribution = Annotated[
@@ -145,14 +146,14 @@ class JobSpec(_Model):
     environment: Union[str, Environment, None] = None
     environment_variables: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
-    instance_count: int | None = Field(default=None, ge=1)
+    instance_count: int | None = Field(default=None, ge=1, strict=True)
     distribution: Distribution | None = None
     #: a range of nodes instead of exactly ``instance_count`` (pytorch only); see :class:`Elastic`
     elastic: Elastic | None = None
     priority: Literal["dedicated", "spot"] = "dedicated"
     timeout: float | None = None
-    max_retries: int = Field(default=0, ge=0)
-    max_restarts: int = Field(default=0, ge=0)
+    max_retries: int = Field(default=0, ge=0, strict=True)
+    max_restarts: int = Field(default=0, ge=0, strict=True)
     #: Azure ML keys kept as-is (see AZUREML_KEYS)
     azureml: dict[str, Any] = Field(default_factory=dict, exclude=False)
 
@@ -201,6 +202,13 @@ class JobSpec(_Model):
             raise ValueError(
                 f"instance_count ({top}) and resources.instance_count ({res}) disagree; set one of them"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _restarts_are_torchruns(self) -> "JobSpec":
+        if self.max_restarts and self.distribution_type != "pytorch":  # nothing would restart: said, not dropped
+            raise ValueError(f"max_restarts ({self.max_restarts}) restarts torchrun's workers in place (distribution "
+                             f"type pytorch); a {self.distribution_type} job is retried whole: use max_retries")
         return self
 
     @model_validator(mode="after")

@@ -55,6 +55,24 @@ def _line_map(node: yaml.Node | None, path: Path_ = ()) -> dict[Path_, int]:
     return lines
 
 
+def _duplicate_key(node: yaml.Node | None, path: Path_ = ()) -> tuple[str, int, int] | None:
+    """The first key a mapping gives twice: (its dotted path, first line, second line)."""
+    if isinstance(node, yaml.MappingNode):
+        seen: dict[Any, int] = {}
+        for key_node, value_node in node.value:
+            line = key_node.start_mark.line + 1
+            if key_node.value in seen:
+                return _dotted(path + (key_node.value,)), seen[key_node.value], line
+            seen[key_node.value] = line
+            if (found := _duplicate_key(value_node, path + (key_node.value,))) is not None:
+                return found
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            if (found := _duplicate_key(item, path + (i,))) is not None:
+                return found
+    return None
+
+
 class _Source:
     """Where each field came from: a line of the file, or a ``--set`` flag."""
 
@@ -203,9 +221,11 @@ def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
         example = _EXAMPLES.get(field) or _EXAMPLES.get(str(path[-1]), f"{path[-1]}: ...")
         return (f"required field '{field}' is missing", f"add it, e.g. `{example}`")
     if t in ("union_tag_invalid", "union_tag_not_found"):
+        none = str(ctx.get("tag", value)).lower() in ("none", "null", "")
         return (
             f"unknown distribution type {ctx.get('tag', value)!r}" if t == "union_tag_invalid" else "distribution needs a type",
-            "use `type: pytorch` (also DeepSpeed), `type: tensorflow` or `type: mpi`",
+            "use `type: pytorch` (also DeepSpeed), `type: tensorflow` or `type: mpi`"
+            + ("; to run the command once per node without a launcher, remove `distribution:`" if none else ""),
         )
     if t in ("greater_than_equal", "greater_than"):
         bound = ctx.get("ge", ctx.get("gt"))
@@ -222,9 +242,13 @@ def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
         return (f"{value!r} is not a valid job name", "use letters, digits, '-' and '_' (starting with a letter or digit), e.g. my-job")
     if t in ("dict_type", "model_type", "model_attributes_type"):
         return (f"expected a mapping, got {value!r}", f"write {field} as `key: value` lines")
+    if t in ("string_type", "string_too_short") and path[:1] == ("environment_variables",) and value is None:
+        return ("has no value (YAML reads an empty value as null)", f'give it one, e.g. {path[-1]}: "" for empty')
     if t in ("string_type", "string_too_short"):
         return (f"{value!r} is not a valid text value", f"set {field} to a non-empty string")
     msg = err["msg"].removeprefix("Value error, ")
+    if path and path[-1] == "timeout":
+        return (f"{value!r} is not a duration", "write seconds (5400) or one number with a unit: 90s, 30m, 2h, 1.5h, 2d")
     if "instance_count" in msg and "disagree" in msg:
         return (msg, "give the node count once: set resources.instance_count (e.g. --set resources.instance_count=1) "
                      "and drop the top-level instance_count, or make the two equal")
@@ -250,6 +274,11 @@ def _validation_error(exc: ValidationError, data: Any, src: _Source) -> SpecErro
     problems = []
     for path, (_, err, value) in best.items():
         message, fix = _describe(err, path, value, data)
+        if not path and (named := re.match(r"([a-z_]+(?:\.[a-z_]+)*)\b", message)):
+            # a check across fields ("elastic.min_nodes (3) is above ..."): at the line of the field it names
+            candidate = tuple(named.group(1).split("."))
+            if any(candidate[:n] in src.lines or candidate[:n] in src.overrides for n in range(len(candidate), 0, -1)):
+                path = candidate
         problems.append(src.error(message, path, value, fix))
     first = problems[0]
     if len(problems) > 1:
@@ -307,6 +336,10 @@ def read_spec(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict, "_
             f"not valid YAML: {exc.problem or exc}", file=shown, line=mark.line + 1 if mark else None,
             fix="check indentation and quoting around this line",
         ) from None
+    if (twice := _duplicate_key(node)) is not None:  # YAML keeps the last silently: one of them is lost
+        where, first, again = twice
+        raise SpecError(f"{where} is given twice (lines {first} and {again}); YAML would keep only the last",
+                        file=shown, line=again, fix="keep one of them")
     if data is None:
         if not overrides:  # else it reads as "required field 'command' is missing", as if one line were lost
             raise SpecError("the job spec is empty", file=shown,
