@@ -50,6 +50,10 @@ def test_good_spec_and_resolved_pools(tmp_path):
     ("pools: []\n", "pools", "at least 1"),
     # was "not a valid job name ... e.g. my-job"
     (GOOD.replace("name: gpuspot", "name: GPU_spot"), "pools[1].name", "'GPU_spot' is not a valid pool name"),
+    # the spec's own fix allowed '-' and 40 characters, and cluster render then refused the name (AKS: 1-12
+    # lowercase letters and digits)
+    (GOOD.replace("name: gpuspot", "name: gpu-pool"), "pools[1].name", "1-12 lowercase letters and digits"),
+    (GOOD.replace("name: gpuspot", "name: gpuspotpoolnumber1"), "pools[1].name", "not a valid pool name"),
 ])
 def test_bad_specs_name_line_and_field(tmp_path, text, where, words):
     with pytest.raises(SpecError) as e:

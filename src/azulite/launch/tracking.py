@@ -53,6 +53,20 @@ def prepare_store(spec: JobSpec, job_dir: str | Path) -> Path | None:
     return dest
 
 
+def drop_if_empty(job_dir: str | Path) -> bool:
+    """At the job's end: remove its store if no run was ever logged to it (a job that logs nothing keeps no
+    store, and no megabyte of MLflow's empty schema per job). True if removed."""
+    dest = Path(job_dir) / STORE_FILE
+    if not dest.exists():
+        return False
+    rows = _query_store(str(dest), "SELECT COUNT(*) FROM runs", ())
+    if rows is None or rows[0][0]:
+        return False
+    for path in (dest, dest.with_name(dest.name + "-wal"), dest.with_name(dest.name + "-shm")):
+        path.unlink(missing_ok=True)
+    return True
+
+
 def _template() -> Path:
     """An empty MLflow SQLite store for this machine and MLflow version, made once (under a file lock)."""
     try:

@@ -71,7 +71,9 @@ class Taint(_Model):
 
 
 class NodePool(_Model):
-    name: str = Field(pattern=r"^[a-z0-9][a-z0-9-]{0,39}$")
+    #: an AKS Linux node pool name (1-12 lowercase letters and digits, a letter first): `cluster render`
+    #: makes pools by it, so a name that simulates but cannot be created is refused here
+    name: str = Field(pattern=r"^[a-z][a-z0-9]{0,11}$")
     sku: str = Field(min_length=1)
     min_nodes: int = Field(default=0, ge=0)
     max_nodes: int = Field(default=1, ge=1)
@@ -165,7 +167,8 @@ def _cluster_error(exc: ValidationError, data: Any, src: _Source) -> SpecError:
     if err["type"] == "string_pattern_mismatch" and path and path[0] == "pools" and path[-1] == "name":
         # the job spec's wording ("not a valid job name", '_' allowed) is wrong for a pool
         return src.error(f"{value!r} is not a valid pool name", path, value if found else None,
-                         fix="use lowercase letters, digits and '-' (starting with a letter or digit, at most 40), e.g. gpupool")
+                         fix="use 1-12 lowercase letters and digits, starting with a letter (AKS's rule for a node "
+                             "pool name), e.g. gpupool")
     message, fix = _describe(err, path, value if found else None, data)
     if fix.startswith("correct ") and "README" in fix:
         fix = f"correct {_dotted(path) or 'the cluster spec'} (see the cluster spec format in README.md)"

@@ -47,7 +47,7 @@ from azulite.launch.local.strategy import (
 from azulite.launch.records import JobState, ProcessRecord, retries_used
 from azulite.launch.data import fetch_inputs, upload_outputs
 from azulite.launch.settings import Settings
-from azulite.launch.tracking import prepare_store
+from azulite.launch.tracking import drop_if_empty, prepare_store
 from azulite.spec.job import JobSpec
 
 POLL_S = 0.2
@@ -116,6 +116,11 @@ class Supervisor:
         finally:
             self._refuse_node_requests("the job has ended")
             self._sweep()
+            if self.store.get(self.job_id).state.terminal:  # not a requeue handed to the next supervisor
+                try:
+                    drop_if_empty(job_dir)
+                except OSError:
+                    pass
 
     def _refuse_node_requests(self, why: str) -> None:
         if self.job_dir is not None:
