@@ -67,6 +67,9 @@ def test_the_ddp_example_runs_as_a_grid_sweep_and_the_best_trial_is_the_lowest_l
     assert trial["metrics"]["loss"]["value"] == metrics[state["best_trial"]] and trial["metrics"]["loss"]["step"] == 6
     text = az("job", "show", sweep_id).stdout
     assert "best: " + state["best_trial"] in text
+    logs = az("job", "logs", sweep_id)  # printed nothing: a sweep's logs are its trials'
+    assert logs.returncode == 2 and f"{sweep_id} is a sweep: its trials have the logs (" in logs.stderr
+    assert all(t in logs.stderr for t in metrics)
 
 
 FOREVER = """

@@ -11,8 +11,6 @@ import contextlib
 import json
 import os
 import time
-from collections import deque
-from dataclasses import asdict
 from pathlib import Path
 from typing import List, Optional
 
@@ -21,6 +19,9 @@ from rich.markup import escape
 from rich.table import Table
 
 from azulite.cli import console
+from azulite.cli.job_view import (checkpoints_of, duration, failed_rank_log, log_tail, metrics_of, outcome_exit_code,
+                                  print_show, progress_of, rank_ranges, styled_state, sweep_state, timestamp,
+                                  world_size_of)
 from azulite.contract import CHECKPOINT_OUTPUT
 from azulite.errors import AzuliteError
 from azulite.launch.backend import Backend, get_backend
@@ -40,13 +41,6 @@ app = typer.Typer(
         "  azulite job cancel ddp-1"
     ),
 )
-
-_STYLE = {
-    "queued": "cyan", "running": "bold blue", "succeeded": "bold green", "failed": "bold red",
-    "canceled": "yellow", "preempted": "magenta", "requeued": "magenta",
-}
-LOG_TAIL_LINES = 20
-
 
 _out = console.out
 
@@ -81,106 +75,6 @@ def _backend_for(job_id: str) -> Backend:
     except AzuliteError:
         name = settings.backend
     return get_backend(name, settings)
-
-
-def _state(s: JobState | str) -> str:
-    v = s.value if isinstance(s, JobState) else s
-    return f"[{_STYLE.get(v, 'white')}]{v}[/]"
-
-
-def _ts(t: float | None) -> str:
-    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
-
-
-def _dur(rec: JobRecord) -> str:
-    if not rec.started_at:
-        return "-"
-    return f"{(rec.ended_at or time.time()) - rec.started_at:.1f}s"
-
-
-def outcome_exit_code(rec: JobRecord) -> int:
-    """What ``submit --wait`` exits with: 0 succeeded; a failed job's exit code (1 if unknown); 130 canceled."""
-    if rec.state == JobState.SUCCEEDED:
-        return 0
-    if rec.state == JobState.CANCELED:
-        return 130
-    code = rec.exit_code or 1
-    return code if 0 < code < 256 else 1
-
-
-def last_log_line(path: str | None, chunk: int = 8192) -> str | None:
-    """The last non-empty line of a log, reading only its end (logs grow to gigabytes)."""
-    if not path:
-        return None
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - chunk))
-            tail = f.read()
-    except OSError:
-        return None
-    lines = [line for line in tail.decode("utf-8", "replace").splitlines() if line.strip()]
-    return lines[-1].strip() if lines else None
-
-
-def progress_of(rec: JobRecord) -> str | None:
-    """What ``--wait`` shows as a running job's progress: rank 0's last log line. The one place to switch
-    to recorded training metrics (step, loss, samples/s) once jobs record them."""
-    for p in rec.processes:
-        if p.kind == "rank" and p.rank == 0 and p.attempt == rec.attempt:
-            return last_log_line(p.log)
-    return None
-
-
-def log_tail(path: str | None, n: int = LOG_TAIL_LINES) -> list[str]:
-    if not path:
-        return []
-    try:
-        with open(path, "rb") as f:
-            return [l.decode("utf-8", "replace").rstrip("\n") for l in deque(f, maxlen=n)]
-    except OSError:
-        return []
-
-
-def failed_rank_log(rec: JobRecord) -> tuple[int | None, str | None]:
-    if rec.failed_rank is None:
-        return None, None
-    for p in rec.processes:
-        if p.kind == "rank" and p.rank == rec.failed_rank and p.attempt == rec.attempt:
-            return p.rank, p.log
-    return rec.failed_rank, None
-
-
-def checkpoints_of(rec: JobRecord) -> tuple[list[dict], str | None]:
-    """The committed and partial checkpoints under the job's ``outputs.checkpoints`` (oldest first), read
-    from storage with the job's own environment (its Azure credentials); and why they could not be read."""
-    raw = (rec.spec.get("outputs") or {}).get(CHECKPOINT_OUTPUT)
-    if raw is None:
-        return [], None
-    from azulite.spec.job import Output
-    from azulite.train.catalog import list_checkpoints  # torch-free; adlfs only for az:// locations
-
-    try:
-        location = Output.model_validate(raw).location(rec.job_dir, CHECKPOINT_OUTPUT)
-        infos = list_checkpoints(location, environ={**os.environ, **rec.spec.get("environment_variables", {})})
-    except AzuliteError as e:
-        return [], str(e)
-    return [asdict(i) for i in infos], None
-
-
-def metrics_of(rec: JobRecord) -> tuple[dict[str, dict], str | None]:
-    """The last value of every metric the job logged to its MLflow store; and why it could not be read."""
-    from azulite.launch.tracking import last_metrics  # imports mlflow only when the job has a store
-    from azulite.spec.job import JobSpec
-
-    if rec.spec.get("type") == "sweep":
-        return {}, None  # a sweep logs nothing itself: its trials do (see its trials table)
-    try:
-        return last_metrics(JobSpec.model_validate(rec.spec), rec.job_dir, job_id=rec.id), None
-    except AzuliteError as e:
-        return {}, str(e)
-    except ValueError as e:  # an old record whose spec no longer validates
-        return {}, f"spec does not validate: {str(e).splitlines()[0]}"
 
 
 @app.command()
@@ -260,14 +154,17 @@ def submit(
         if json_:
             print(json.dumps(rec.to_json()))
         else:
-            what = "sweep" if isinstance(spec, SweepSpec) else f"{spec.world_size} ranks"
-            _out().print(f"submitted [bold]{rec.id}[/] ({what})  ->  azulite job logs {rec.id} --follow")
+            if isinstance(spec, SweepSpec):  # a sweep has no log of its own: its trials do
+                _out().print(f"submitted [bold]{rec.id}[/] (sweep)  ->  azulite job show {rec.id} (its trials, best so "
+                             f"far), azulite job wait {rec.id}")
+            else:
+                _out().print(f"submitted [bold]{rec.id}[/] ({spec.world_size} ranks)  ->  azulite job logs {rec.id} --follow")
         return
     rec = _wait(b, rec, quiet=json_)
     if json_:
         print(json.dumps(rec.to_json()))
     else:
-        _print_show(rec)
+        print_show(rec)
     raise typer.Exit(outcome_exit_code(rec))
 
 
@@ -295,14 +192,14 @@ def _wait(b: Backend, rec: JobRecord, *, quiet: bool) -> JobRecord:
             rec = b.status(rec.id)
             key = (rec.state, rec.attempt)
             if key != last and not quiet:
-                err.print(f"{_ts(time.time())}  {rec.id}  {_state(rec.state)}"
+                err.print(f"{timestamp(time.time())}  {rec.id}  {styled_state(rec.state)}"
                           + (f"  (attempt {rec.attempt})" if rec.attempt else ""))
                 last = key
             progress = progress_of(rec) if rec.state == JobState.RUNNING else None
-            status.update(f"{rec.id}: {rec.state.value}  {_dur(rec)}" + (f"  rank 0: {escape(progress)}" if progress else ""))
+            status.update(f"{rec.id}: {rec.state.value}  {duration(rec)}" + (f"  rank 0: {escape(progress)}" if progress else ""))
             if (progress and progress != shown and not quiet and not err.is_terminal
                     and time.monotonic() - shown_at >= PROGRESS_EVERY_S):
-                err.print(f"{_ts(time.time())}  {rec.id}  rank 0: {progress}", markup=False)
+                err.print(f"{timestamp(time.time())}  {rec.id}  rank 0: {progress}", markup=False)
                 shown, shown_at = progress, time.monotonic()
             if rec.state.terminal:
                 return rec
@@ -348,7 +245,7 @@ def _wait_for(b: Backend, job_id: str, checkpoint: bool, json_: bool, deadline: 
             if json_:
                 print(json.dumps(rec.to_json()))
             elif not checkpoint:
-                _print_show(rec)
+                print_show(rec)
             else:
                 console.err().print(f"{job_id} ended ({rec.state.value}) without a committed checkpoint", markup=False)
             raise typer.Exit(1 if checkpoint else outcome_exit_code(rec))
@@ -383,26 +280,10 @@ def list_(
     whole = out.width >= console.UNBOUNDED  # not a terminal: a CI log or a pipe gets the reason whole
     t.add_column("reason", overflow="ellipsis", no_wrap=True, max_width=None if whole else 40)
     for r in recs:
-        world = _world(r)
-        t.add_row(r.id, _state(r.state), str(r.attempt), str(world), _ts(r.created_at)[5:16], _dur(r),
+        world = world_size_of(r)
+        t.add_row(r.id, styled_state(r.state), str(r.attempt), str(world), timestamp(r.created_at)[5:16], duration(r),
                   "-" if r.exit_code is None else str(r.exit_code), (r.reason or "") if whole else (r.reason or "")[:60])
     out.print(t)
-
-
-def _ranges(ranks: list[int]) -> str:
-    """[0, 1, 2, 3] -> '0-3'; [0, 2] -> '0, 2'."""
-    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
-        return f"{ranks[0]}-{ranks[-1]}"
-    return ", ".join(map(str, ranks))
-
-
-def _world(r: JobRecord) -> int:
-    from azulite.spec.job import JobSpec
-
-    try:
-        return JobSpec.model_validate(r.spec).world_size
-    except Exception:  # an old record whose spec no longer validates: still listable
-        return 0
 
 
 @app.command()
@@ -422,80 +303,10 @@ def show(
         d["checkpoints"], d["checkpoints_error"] = checkpoints_of(rec)
         d["metrics"], d["metrics_error"] = metrics_of(rec)
         if rec.spec.get("type") == "sweep":
-            d["sweep"] = _sweep_state(rec.job_dir)
+            d["sweep"] = sweep_state(rec.job_dir)
         print(json.dumps(d, indent=2))
         return
-    _print_show(rec)
-
-
-def _sweep_state(job_dir: str) -> dict | None:
-    from azulite.launch.local.sweeper import read_state  # the sweep driver (numpy's samplers) only for a sweep
-
-    return read_state(job_dir)
-
-
-def _rel(path: str | None, root: str) -> str:
-    if not path:
-        return ""
-    try:
-        return str(Path(path).relative_to(root))
-    except ValueError:
-        return path
-
-
-def _print_show(rec: JobRecord) -> None:
-    c = _out()
-    c.print(f"[bold]{rec.id}[/]  {_state(rec.state)}  attempt {rec.attempt}  backend {rec.backend}")
-    c.print(f"  created {_ts(rec.created_at)}  started {_ts(rec.started_at)}  ended {_ts(rec.ended_at)}  "
-            f"duration {_dur(rec)}")
-    if rec.exit_code is not None or rec.reason:
-        c.print(f"  exit code {rec.exit_code if rec.exit_code is not None else '-'}  {rec.reason or ''}")
-    c.print(f"  spec {rec.spec_path or '-'}  environment {rec.environment or '-'}  dir {rec.job_dir}")
-    if len(rec.attempts) > 1 or any(a.state != rec.state.value for a in rec.attempts):
-        t = Table("attempt", "state", "started", "ended", "exit", "reason", box=None, title="attempts")
-        for a in rec.attempts:
-            t.add_row(str(a.attempt), _state(a.state), _ts(a.started_at), _ts(a.ended_at),
-                      "-" if a.exit_code is None else str(a.exit_code), a.reason or "")
-        c.print(t)
-    procs = [p for p in rec.processes if p.attempt == rec.attempt]
-    if procs:
-        t = Table("process", "node", "rank", "local", "pid", "exit", "log (under the job dir)", box=None,
-                  title=f"processes (attempt {rec.attempt})")
-        for p in sorted(procs, key=lambda p: (p.kind != "agent", p.node, p.rank if p.rank is not None else -1)):
-            t.add_row(p.name, str(p.node), "-" if p.rank is None else str(p.rank),
-                      "-" if p.local_rank is None else str(p.local_rank), str(p.pid or "-"),
-                      "-" if p.exit_code is None else str(p.exit_code), _rel(p.log, rec.job_dir))
-        c.print(t)
-    cks, error = checkpoints_of(rec)
-    if cks:
-        t = Table("step", "committed", "bytes", "uri", box=None, title="checkpoints")
-        for ck in cks:
-            t.add_row(str(ck["step"]), "yes" if ck["committed"] else "[yellow]partial[/]", str(ck["bytes"]), ck["uri"])
-        c.print(t)
-    if error:
-        c.print(f"[yellow]checkpoints could not be listed:[/] {error}", markup=True)
-    sweep = _sweep_state(rec.job_dir) if rec.spec.get("type") == "sweep" else None
-    if sweep:
-        t = Table("trial", "state", sweep["primary_metric"], "values", box=None,
-                  title=f"trials ({sweep['goal']} {sweep['primary_metric']}; best: {sweep['best_trial'] or '-'})")
-        for tr in sweep["trials"]:
-            mark = " [green]best[/]" if tr["id"] == sweep["best_trial"] else ""
-            t.add_row(tr["id"] + mark, tr["state"], "-" if tr["metric"] is None else f"{tr['metric']:.6g}",
-                      json.dumps(tr["values"]))
-        c.print(t)
-    metrics, error = metrics_of(rec)
-    if metrics:
-        t = Table("metric", "last value", "step", box=None, title="metrics (MLflow)")
-        for name, m in sorted(metrics.items()):
-            t.add_row(name, f"{m['value']:.6g}", str(m["step"]))
-        c.print(t)
-    if error:
-        c.print(f"[yellow]metrics could not be read:[/] {error}", markup=True)
-    rank, path = failed_rank_log(rec)
-    if rec.state == JobState.FAILED and path:
-        c.print(f"[red]last {LOG_TAIL_LINES} lines of rank {rank}[/] ({path}):")
-        for line in log_tail(path):
-            c.print(f"  {line}", markup=False)
+    print_show(rec)
 
 
 @app.command()
@@ -506,12 +317,17 @@ def logs(
 ) -> None:
     """Print the latest attempt's rank logs.  Example: azulite job logs ddp-1 --rank 0 --follow"""
     b = _backend_for(job_id)
+    rec = b.status(job_id)
+    if rec.spec.get("type") == "sweep":  # it printed nothing: the logs are the trials'
+        trials = [t["id"] for t in ((sweep_state(rec.job_dir) or {}).get("trials") or [])]
+        raise AzuliteError(f"{job_id} is a sweep: its trials have the logs" + (f" ({', '.join(trials)})" if trials else
+                           " (none started yet)"), where=job_id,
+                           fix=f"azulite job logs {trials[0] if trials else 'TRIAL'}; azulite job show {job_id} lists them")
     if rank is not None:
-        rec = b.status(job_id)
-        ranks = sorted({p.rank for p in rec.processes if p.rank is not None} | set(range(_world(rec))))
+        ranks = sorted({p.rank for p in rec.processes if p.rank is not None} | set(range(world_size_of(rec))))
         if rank not in ranks:
             raise AzuliteError(f"job {job_id} has no rank {rank}", where="--rank",
-                               fix=f"its ranks are {_ranges(ranks)}" if ranks else "its ranks are not known yet")
+                               fix=f"its ranks are {rank_ranges(ranks)}" if ranks else "its ranks are not known yet")
     for line in b.logs(job_id, rank=rank, follow=follow):
         print(line, flush=follow)
 
@@ -531,9 +347,9 @@ def cancel(
     if json_:
         print(json.dumps({"id": rec.id, "state": rec.state.value, "already_ended": before.state.terminal}))
     elif before.state.terminal:
-        _out().print(f"{rec.id} had already ended ({_state(rec.state)}): nothing to cancel")
+        _out().print(f"{rec.id} had already ended ({styled_state(rec.state)}): nothing to cancel")
     else:
-        _out().print(f"{rec.id}: {_state(rec.state)}")
+        _out().print(f"{rec.id}: {styled_state(rec.state)}")
 
 
 @app.command()
@@ -547,4 +363,4 @@ def preempt(
     if json_:
         print(json.dumps({"id": rec.id, "state": rec.state.value, "preempt_requested": True}))
     else:
-        _out().print(f"{rec.id}: preemption requested (state {_state(rec.state)})")
+        _out().print(f"{rec.id}: preemption requested (state {styled_state(rec.state)})")

@@ -15,7 +15,8 @@ import typer
 from rich.table import Table
 
 from azulite.cli import console
-from azulite.cli.job import _backend_for, _state
+from azulite.cli.job import _backend_for
+from azulite.cli.job_view import styled_state
 from azulite.errors import AzuliteError
 
 _NODE_STYLE = {"running": "bold blue", "lost": "bold red", "finished": "green", "starting": "cyan"}
@@ -54,7 +55,7 @@ def nodes(
         return
     c = console.out()
     kind = f"elastic {view.min_nodes}-{view.max_nodes} nodes" if view.elastic else f"{view.max_nodes} node(s), fixed"
-    c.print(f"[bold]{view.job_id}[/]  {_state(view.job_state)}  attempt {view.attempt}  {kind}")
+    c.print(f"[bold]{view.job_id}[/]  {styled_state(view.job_state)}  attempt {view.attempt}  {kind}")
     t = Table("node", "state", "agent pid", "exit", box=None)
     for n in view.nodes:
         t.add_row(n.name, f"[{_NODE_STYLE.get(n.state, 'white')}]{n.state}[/]", str(n.pid or "-"),

@@ -1,0 +1,213 @@
+"""What a job record shows: its state in colour, times, the exit code ``--wait`` gives, rank 0's progress,
+a failed rank's log tail, its checkpoints and metrics, and ``job show``'s whole view. Read-only helpers of
+``azulite job`` (cli/job.py: the commands) and ``job nodes``."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from dataclasses import asdict
+from pathlib import Path
+
+from rich.table import Table
+
+from azulite.cli import console
+from azulite.contract import CHECKPOINT_OUTPUT
+from azulite.errors import AzuliteError
+from azulite.launch.records import JobRecord, JobState
+
+_out = console.out
+
+_STYLE = {
+    "queued": "cyan", "running": "bold blue", "succeeded": "bold green", "failed": "bold red",
+    "canceled": "yellow", "preempted": "magenta", "requeued": "magenta",
+}
+LOG_TAIL_LINES = 20
+
+
+def styled_state(s: JobState | str) -> str:
+    v = s.value if isinstance(s, JobState) else s
+    return f"[{_STYLE.get(v, 'white')}]{v}[/]"
+
+
+def timestamp(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(t)) if t else "-"
+
+
+def duration(rec: JobRecord) -> str:
+    if not rec.started_at:
+        return "-"
+    return f"{(rec.ended_at or time.time()) - rec.started_at:.1f}s"
+
+
+def outcome_exit_code(rec: JobRecord) -> int:
+    """What ``submit --wait`` exits with: 0 succeeded; a failed job's exit code (1 if unknown); 130 canceled."""
+    if rec.state == JobState.SUCCEEDED:
+        return 0
+    if rec.state == JobState.CANCELED:
+        return 130
+    code = rec.exit_code or 1
+    return code if 0 < code < 256 else 1
+
+
+def last_log_line(path: str | None, chunk: int = 8192) -> str | None:
+    """The last non-empty line of a log, reading only its end (logs grow to gigabytes)."""
+    if not path:
+        return None
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - chunk))
+            tail = f.read()
+    except OSError:
+        return None
+    lines = [line for line in tail.decode("utf-8", "replace").splitlines() if line.strip()]
+    return lines[-1].strip() if lines else None
+
+
+def progress_of(rec: JobRecord) -> str | None:
+    """What ``--wait`` shows as a running job's progress: rank 0's last log line. The one place to switch
+    to recorded training metrics (step, loss, samples/s) once jobs record them."""
+    for p in rec.processes:
+        if p.kind == "rank" and p.rank == 0 and p.attempt == rec.attempt:
+            return last_log_line(p.log)
+    return None
+
+
+def log_tail(path: str | None, n: int = LOG_TAIL_LINES) -> list[str]:
+    if not path:
+        return []
+    try:
+        with open(path, "rb") as f:
+            return [l.decode("utf-8", "replace").rstrip("\n") for l in deque(f, maxlen=n)]
+    except OSError:
+        return []
+
+
+def failed_rank_log(rec: JobRecord) -> tuple[int | None, str | None]:
+    if rec.failed_rank is None:
+        return None, None
+    for p in rec.processes:
+        if p.kind == "rank" and p.rank == rec.failed_rank and p.attempt == rec.attempt:
+            return p.rank, p.log
+    return rec.failed_rank, None
+
+
+def checkpoints_of(rec: JobRecord) -> tuple[list[dict], str | None]:
+    """The committed and partial checkpoints under the job's ``outputs.checkpoints`` (oldest first), read
+    from storage with the job's own environment (its Azure credentials); and why they could not be read."""
+    raw = (rec.spec.get("outputs") or {}).get(CHECKPOINT_OUTPUT)
+    if raw is None:
+        return [], None
+    from azulite.spec.job import Output
+    from azulite.train.catalog import list_checkpoints  # torch-free; adlfs only for az:// locations
+
+    try:
+        location = Output.model_validate(raw).location(rec.job_dir, CHECKPOINT_OUTPUT)
+        infos = list_checkpoints(location, environ={**os.environ, **rec.spec.get("environment_variables", {})})
+    except AzuliteError as e:
+        return [], str(e)
+    return [asdict(i) for i in infos], None
+
+
+def metrics_of(rec: JobRecord) -> tuple[dict[str, dict], str | None]:
+    """The last value of every metric the job logged to its MLflow store; and why it could not be read."""
+    from azulite.launch.tracking import last_metrics  # imports mlflow only when the job has a store
+    from azulite.spec.job import JobSpec
+
+    if rec.spec.get("type") == "sweep":
+        return {}, None  # a sweep logs nothing itself: its trials do (see its trials table)
+    try:
+        return last_metrics(JobSpec.model_validate(rec.spec), rec.job_dir, job_id=rec.id), None
+    except AzuliteError as e:
+        return {}, str(e)
+    except ValueError as e:  # an old record whose spec no longer validates
+        return {}, f"spec does not validate: {str(e).splitlines()[0]}"
+
+
+def rank_ranges(ranks: list[int]) -> str:
+    """[0, 1, 2, 3] -> '0-3'; [0, 2] -> '0, 2'."""
+    if ranks == list(range(ranks[0], ranks[-1] + 1)) and len(ranks) > 2:
+        return f"{ranks[0]}-{ranks[-1]}"
+    return ", ".join(map(str, ranks))
+
+
+def world_size_of(r: JobRecord) -> int:
+    from azulite.spec.job import JobSpec
+
+    try:
+        return JobSpec.model_validate(r.spec).world_size
+    except Exception:  # an old record whose spec no longer validates: still listable
+        return 0
+
+
+def sweep_state(job_dir: str) -> dict | None:
+    from azulite.launch.local.sweeper import read_state  # the sweep driver (numpy's samplers) only for a sweep
+
+    return read_state(job_dir)
+
+
+def _rel(path: str | None, root: str) -> str:
+    if not path:
+        return ""
+    try:
+        return str(Path(path).relative_to(root))
+    except ValueError:
+        return path
+
+
+def print_show(rec: JobRecord) -> None:
+    c = _out()
+    c.print(f"[bold]{rec.id}[/]  {styled_state(rec.state)}  attempt {rec.attempt}  backend {rec.backend}")
+    c.print(f"  created {timestamp(rec.created_at)}  started {timestamp(rec.started_at)}  ended {timestamp(rec.ended_at)}  "
+            f"duration {duration(rec)}")
+    if rec.exit_code is not None or rec.reason:
+        c.print(f"  exit code {rec.exit_code if rec.exit_code is not None else '-'}  {rec.reason or ''}")
+    c.print(f"  spec {rec.spec_path or '-'}  environment {rec.environment or '-'}  dir {rec.job_dir}")
+    if len(rec.attempts) > 1 or any(a.state != rec.state.value for a in rec.attempts):
+        t = Table("attempt", "state", "started", "ended", "exit", "reason", box=None, title="attempts")
+        for a in rec.attempts:
+            t.add_row(str(a.attempt), styled_state(a.state), timestamp(a.started_at), timestamp(a.ended_at),
+                      "-" if a.exit_code is None else str(a.exit_code), a.reason or "")
+        c.print(t)
+    procs = [p for p in rec.processes if p.attempt == rec.attempt]
+    if procs:
+        t = Table("process", "node", "rank", "local", "pid", "exit", "log (under the job dir)", box=None,
+                  title=f"processes (attempt {rec.attempt})")
+        for p in sorted(procs, key=lambda p: (p.kind != "agent", p.node, p.rank if p.rank is not None else -1)):
+            t.add_row(p.name, str(p.node), "-" if p.rank is None else str(p.rank),
+                      "-" if p.local_rank is None else str(p.local_rank), str(p.pid or "-"),
+                      "-" if p.exit_code is None else str(p.exit_code), _rel(p.log, rec.job_dir))
+        c.print(t)
+    cks, error = checkpoints_of(rec)
+    if cks:
+        t = Table("step", "committed", "bytes", "uri", box=None, title="checkpoints")
+        for ck in cks:
+            t.add_row(str(ck["step"]), "yes" if ck["committed"] else "[yellow]partial[/]", str(ck["bytes"]), ck["uri"])
+        c.print(t)
+    if error:
+        c.print(f"[yellow]checkpoints could not be listed:[/] {error}", markup=True)
+    sweep = sweep_state(rec.job_dir) if rec.spec.get("type") == "sweep" else None
+    if sweep:
+        t = Table("trial", "state", sweep["primary_metric"], "values", box=None,
+                  title=f"trials ({sweep['goal']} {sweep['primary_metric']}; best: {sweep['best_trial'] or '-'})")
+        for tr in sweep["trials"]:
+            mark = " [green]best[/]" if tr["id"] == sweep["best_trial"] else ""
+            t.add_row(tr["id"] + mark, tr["state"], "-" if tr["metric"] is None else f"{tr['metric']:.6g}",
+                      json.dumps(tr["values"]))
+        c.print(t)
+    metrics, error = metrics_of(rec)
+    if metrics:
+        t = Table("metric", "last value", "step", box=None, title="metrics (MLflow)")
+        for name, m in sorted(metrics.items()):
+            t.add_row(name, f"{m['value']:.6g}", str(m["step"]))
+        c.print(t)
+    if error:
+        c.print(f"[yellow]metrics could not be read:[/] {error}", markup=True)
+    rank, path = failed_rank_log(rec)
+    if rec.state == JobState.FAILED and path:
+        c.print(f"[red]last {LOG_TAIL_LINES} lines of rank {rank}[/] ({path}):")
+        for line in log_tail(path):
+            c.print(f"  {line}", markup=False)
