@@ -112,3 +112,14 @@ def test_a_retired_vm_size_is_refused_before_anything_is_written(tmp_path, targe
     assert r.returncode == 2, r.stdout + r.stderr
     assert "resources.instance_type: Standard_NC6s_v3 was retired on 2025-09-30" in r.stderr and "fix:" in r.stderr
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("target, args, named", [
+    ("azureml", ["--image", "reg.io/x:1", "--pvc", "claim"], "--image, --pvc do not apply to --target azureml"),
+    ("azureml", ["--flavor", "pytorchjob", "--namespace", "ml"], "--flavor, --namespace do not apply"),
+    ("aks", ["--compute", "gpu", "--datastore", "ds"], "--compute, --datastore do not apply to --target aks"),
+])
+def test_flags_the_target_does_not_read_are_refused(tmp_path, target, args, named):
+    # each was dropped without a word
+    r = run("deploy", "render", str(ROOT / "examples/ddp/job.yaml"), "--target", target, *args, "--out", str(tmp_path / "o"))
+    assert r.returncode == 2 and named in r.stderr and not (tmp_path / "o").exists()

@@ -54,6 +54,17 @@ def render(
         raise AzuliteError(f"unknown target {target!r}", where="--target", fix="use --target aks or --target azureml")
     if flavor not in FLAVORS:
         raise AzuliteError(f"unknown flavor {flavor!r}", where="--flavor", fix=f"use --flavor {', '.join(FLAVORS)}")
+    # a flag the target does not read would be dropped without a word
+    given = {"--image": image, "--code-uri": code_uri, "--pvc": pvc, "--compute": compute, "--datastore": datastore,
+             "--flavor": flavor != "indexed-job", "--namespace": namespace != "default",
+             "--service-account": service_account != "azulite", "--termination-grace": grace != 120}
+    other = {"aks": ("--compute", "--datastore"),
+             "azureml": ("--image", "--code-uri", "--pvc", "--flavor", "--namespace", "--service-account",
+                         "--termination-grace")}[target]
+    unused = [f for f in other if given[f]]
+    if unused:
+        raise AzuliteError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply to --target {target}",
+                           where=unused[0], fix=f"drop {' '.join(unused)}, or render for the other target")
     check_namespace(namespace, "--namespace")
     if image is not None and not _IMAGE.fullmatch(image):
         raise AzuliteError(f"{image!r} is not an image reference", where="--image",
