@@ -454,3 +454,12 @@ def test_classification_of_a_bytes_output_is_a_400(client):
     text.set_data_from_numpy(np.array([[b"a", b"b"]], dtype=np.object_))
     err = error_of(lambda: client.infer("string_py", [text], outputs=[httpclient.InferRequestedOutput("UPPER", class_count=1)]))
     assert err.status() == "400" and "output 'UPPER': classification needs a numeric output, and this one is BYTES" in err.message()
+
+
+def test_a_region_named_by_a_number_is_a_400(server):
+    # it was looked up as a region named '5' and answered 404
+    region = {"shared_memory_region": 5, "shared_memory_byte_size": 64}
+    body = json.dumps({"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "parameters": region}
+                                  for n in ("INPUT0", "INPUT1")]}).encode()
+    status, _, reply = raw(server, "POST", "/v2/models/add_sub_onnx/infer", body)
+    assert status == 400 and "'shared_memory_region' must be a region's name (a string), got 5" in json.loads(reply)["error"]

@@ -165,7 +165,10 @@ class SystemSharedMemory:
         self.unregister("")
 
     def _get(self, name: Any, what: str) -> Region:
-        region = self._regions.get(name) if isinstance(name, str) else None
+        if not isinstance(name, str):  # a number is the client's mistake, not a lookup
+            raise InvalidArgument(f"{what}: '{REGION}' must be a region's name (a string), got {name!r}",
+                                  fix="name the region as it was registered")
+        region = self._regions.get(name)
         if region is None:
             raise NotFound(f"{what}: unable to find system shared memory region '{name}'",
                                   fix="register the region first (register_system_shared_memory)")
