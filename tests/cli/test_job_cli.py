@@ -284,8 +284,11 @@ def test_ctrl_c_while_waiting_leaves_the_job_running_and_says_so(home, tmp_path)
     from tests.launch.jobkit import wait_for
 
     spec = write_job(tmp_path / "s", SLEEPER, spec_2x1(nodes=1, per_node=1))
+    # SIGINT as a terminal's Ctrl-C gives it: a shell's background job (CI runs `make test` under one) starts
+    # with SIGINT ignored, and Python then installs no KeyboardInterrupt handler
     p = subprocess.Popen([*AZULITE, "job", "submit", str(spec), "--wait"], stdout=subprocess.PIPE,
-                         stderr=subprocess.PIPE, text=True, cwd=REPO)
+                         stderr=subprocess.PIPE, text=True, cwd=REPO,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     try:
         wait_for(lambda: json.loads(az("job", "list", "--json", check=0).stdout.splitlines()[0])["state"] == "running"
                  if az("job", "list", "--json", check=0).stdout.strip() else False, 120, "the job to run")
