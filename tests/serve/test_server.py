@@ -219,3 +219,43 @@ def test_perf_analyzer_drives_the_server(model_repository, tmp_path, protocol):
         assert float(row[header.index("Inferences/Second")]) > 0
         stats = httpclient.InferenceServerClient(s.http_url).get_inference_statistics("bench_matmul")
         assert stats["model_stats"][0]["inference_stats"]["success"]["count"] > 0
+
+
+def test_the_exit_timeout_is_one_budget_for_the_whole_stop(tmp_path):
+    """A request stuck in a model: the front-ends wait for it up to the timeout, and the data plane's own
+    drain gets what is left of that one budget (it got the whole timeout again: 70 s to stop at the default
+    30). The data plane's shutdown is wrapped to see the budget it is given, and when."""
+    import asyncio
+
+    from .conftest import Gate
+    from .frontends import ServerThread
+
+    with Gate(tmp_path) as gate:
+        server = ServerThread(gate.repository).start()
+        dp = server.server.dataplane
+        given: list[tuple[float, float]] = []
+        shutdown = dp.shutdown
+
+        async def watched(timeout_s: float = 30.0) -> None:
+            given.append((timeout_s, time.monotonic()))
+            await shutdown(timeout_s)
+
+        dp.shutdown = watched
+        client = httpclient.InferenceServerClient(server.http_url, network_timeout=300)
+        i = httpclient.InferInput("INPUT0", [1], "FP32")
+        i.set_data_from_numpy(np.ones(1, np.float32))
+        def call():
+            try:
+                client.infer("gate_py", [i])
+            except Exception:  # noqa: BLE001 - never answered: the server stops without it
+                pass
+
+        thread = threading.Thread(target=call, daemon=True)
+        thread.start()
+        assert gate.entered(1)
+        began = time.monotonic()
+        server.stop(drain_timeout_s=2.0)
+        (budget, at), = given
+        # the front-ends held the stuck request until the deadline: what the data plane got is what was left
+        assert budget <= 2.0 - (at - began) + 0.05, (budget, at - began)
+        client.close()

@@ -369,3 +369,14 @@ def test_limits_quotas_and_audit_hold_across_front_ends(tmp_path):
     lines = [json.loads(line) for line in audit.read_text().splitlines()]
     statuses = sorted(line["status"] for line in lines if line.get("model") == "add_sub_py")
     assert statuses == sorted([200] * 4 + [429] * 5), lines
+
+
+def test_the_model_host_drains_in_what_the_front_ends_left_of_the_exit_timeout(tmp_path):
+    # the host drained a whole --exit-timeout-secs again after the front-ends had spent theirs
+    from azulite.serve.workers import STOP_BY, _time_left
+
+    assert _time_left(tmp_path, 30.0) == 30.0  # no deadline written (the supervisor died): all of it
+    (tmp_path / STOP_BY).write_text(repr(time.time() + 5.0))
+    assert 0.0 < _time_left(tmp_path, 30.0) <= 5.0
+    (tmp_path / STOP_BY).write_text(repr(time.time() - 1.0))
+    assert _time_left(tmp_path, 30.0) == 0.0

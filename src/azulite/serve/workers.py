@@ -30,6 +30,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -224,8 +225,11 @@ class Pool:
 
     def stop(self) -> None:
         timeout = self.settings.drain_timeout_s  # type: ignore[attr-defined]
+        # one --exit-timeout-secs for the whole stop: the host drains in what the front-ends left of it
+        deadline = time.time() + timeout
+        (Path(self.run_dir) / STOP_BY).write_text(repr(deadline))
         self._stop_frontends(timeout)
-        self._stop(self.host, timeout + 15.0)
+        self._stop(self.host, max(0.0, deadline - time.time()) + 15.0)
         if self.host is not None:
             self.host.sock.close()
         for sock in self.reserved:
@@ -296,6 +300,18 @@ def worker_metrics(run_dir: Path, workers: int):
     return collect
 
 
+#: the wall-clock time by which a stopping server is to be done (the supervisor writes it in the run folder)
+STOP_BY = "stop-by"
+
+
+def _time_left(run_dir: Path, timeout_s: float) -> float:
+    """What is left of the stop's --exit-timeout-secs (all of it when the supervisor wrote no deadline: it died)."""
+    try:
+        return max(0.0, min(timeout_s, float((run_dir / STOP_BY).read_text()) - time.time()))
+    except (OSError, ValueError):
+        return timeout_s
+
+
 async def _until_stopped(sock: socket.socket) -> None:
     """SIGTERM, or the supervisor gone (its end of the socketpair closed)."""
     loop = asyncio.get_running_loop()
@@ -330,8 +346,9 @@ async def _host_main(sock: socket.socket, settings, run_dir: str, workers: int) 
     ipc.send_frame(sock, ("ready", dp.startup_table(), dp.ready()))
     await _until_stopped(sock)
     await host.stop_accepting()
+    left = _time_left(Path(run_dir), s.drain_timeout_s)
     try:
-        await asyncio.wait_for(dp.shutdown(s.drain_timeout_s), s.drain_timeout_s + FINALIZE_GRACE_S)
+        await asyncio.wait_for(dp.shutdown(left), left + FINALIZE_GRACE_S)
     except asyncio.TimeoutError:
         log.warning("model host: stopping with %d request(s) still executing", dp.in_flight)
     await host.close()
