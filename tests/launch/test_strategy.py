@@ -24,14 +24,14 @@ def test_context_dirs_env_and_command(tmp_path):
     job_dir = tmp_path / "home" / "jobs" / "s-1"
     (job_dir / "code").mkdir(parents=True)
     (job_dir / "code" / "train.py").write_text("x")
-    environ = {"PATH": "/usr/bin", "RANK": "7", "HOME": "/root", "TORCHELASTIC_RUN_ID": "x"}
+    environ = {"PATH": "/usr/bin:/venv/bin", "RANK": "7", "HOME": "/root", "TORCHELASTIC_RUN_ID": "x"}
     ctx = build_context("s-1", 2, spec, job_dir, environ, python="/venv/bin/python")
     assert ctx.command == f"python train.py --n 5 --out {job_dir / 'outputs' / 'ckpt'}"
     assert (job_dir / "outputs" / "ckpt").is_dir()
     assert [d.name for d in ctx.node_dirs] == ["node-0", "node-1"] and all((d / "train.py").exists() for d in ctx.node_dirs)
     env = ctx.base_env
     assert env["AZULITE_JOB_ID"] == "s-1" and env["AZULITE_ATTEMPT"] == "2" and env["FOO"] == "bar"
-    assert env["PATH"].split(":")[0] == "/venv/bin" and env["PYTHONUNBUFFERED"] == "1"
+    assert env["PATH"] == "/venv/bin:/usr/bin" and env["PYTHONUNBUFFERED"] == "1"  # first, and once
     assert "RANK" not in env and "TORCHELASTIC_RUN_ID" not in env  # inherited ids would confuse the ranks
     assert env["AZULITE_OUTPUT_CKPT"] == str(job_dir / "outputs" / "ckpt")
     assert ctx.logs_dir.is_dir() and ctx.records_dir.is_dir() and ctx.attempt_dir.name == "attempt-2"

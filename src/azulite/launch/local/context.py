@@ -82,7 +82,9 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
         (attempt_dir / "logs").mkdir(parents=True, exist_ok=True)
         (attempt_dir / "ranks").mkdir(parents=True, exist_ok=True)
     env = {k: v for k, v in environ.items() if k not in _STRIP_ENV and not k.startswith("TORCHELASTIC_")}
-    env["PATH"] = os.pathsep.join([str(Path(python).parent), env.get("PATH", "/usr/bin:/bin")])
+    # this interpreter's bin first, once (the submitting shell's PATH often has it already)
+    parts = [str(Path(python).parent), *env.get("PATH", "/usr/bin:/bin").split(os.pathsep)]
+    env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
     env.update(tracking_env(spec, job_dir))  # the job's MLflow store, unless its spec names another
     env.update(spec.environment_variables)
     env.pop("MASTER_PORT", None)  # a pinned rendezvous port, handed to the strategy instead
