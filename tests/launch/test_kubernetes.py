@@ -317,6 +317,23 @@ def test_render_errors_name_the_settings_job_submit_takes(tmp_path, api, spec_fi
     assert api.requests == []
 
 
+def test_an_api_server_that_does_not_answer_is_said_as_such(tmp_path, api, spec_file):
+    # connection refused was answered with a fix about RBAC rights and the training operator
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    kubeconfig = yaml.safe_load(open(api.kubeconfig(tmp_path / "kc")))
+    kubeconfig["clusters"][0]["cluster"]["server"] = f"http://127.0.0.1:{port}"
+    (tmp_path / "kc").write_text(yaml.safe_dump(kubeconfig))
+    b = get_backend("kubernetes", Settings.from_environ({"AZULITE_HOME": str(tmp_path / "home")}),
+                    {"HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "kc")})
+    with pytest.raises(AzuliteError) as e:
+        b.submit(load_job(spec_file))
+    assert "the API server did not answer" in e.value.message and "kubectl cluster-info" in e.value.fix
+
+
 def test_bad_spec_refused_before_anything_is_recorded(tmp_path, api, spec_file):
     b = backend(tmp_path, api)
     data = yaml.safe_load(spec_file.read_text())

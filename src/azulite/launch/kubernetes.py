@@ -102,8 +102,24 @@ def _api_error(e: Exception, what: str) -> RemoteError:
         detail = json.loads(body).get("message", "") if body else ""
     except (ValueError, AttributeError):
         detail = str(body)[:300]
+    if status is None and _unreachable(e):  # no answer at all: the cluster, not its rights, is the problem
+        return RemoteError(f"{what}: the API server did not answer ({type(e).__name__}: {str(e).splitlines()[0][:200]})",
+                           where="kubernetes API",
+                           fix="check the cluster is up and the kubeconfig's server address (kubectl cluster-info)")
     return RemoteError(f"{what}: {status or type(e).__name__} {detail or e}".strip(), where="kubernetes API",
                        fix="check the namespace, your RBAC rights (kubectl auth can-i create jobs) and the training operator")
+
+
+def _unreachable(e: BaseException) -> bool:
+    """A connection that never got an HTTP answer (refused, reset, no route, name not resolved)."""
+    seen: set[int] = set()
+    while e is not None and id(e) not in seen:
+        seen.add(id(e))
+        if isinstance(e, (ConnectionError, TimeoutError)) or type(e).__name__ in (
+                "MaxRetryError", "NewConnectionError", "NameResolutionError", "ProtocolError"):
+            return True
+        e = e.__cause__ or e.__context__  # type: ignore[assignment]
+    return False
 
 
 def upload_code(code_dir: str, uri: str, environ: dict[str, str]) -> None:
