@@ -289,6 +289,9 @@ def test_a_dead_supervisor_is_noticed_and_its_job_cleaned_up(home, tmp_path):
     psutil.Process(b.status(rec.id).supervisor_pid).kill()
     rec = wait_for(lambda: (r := b.status(rec.id)).state.terminal and r, 30, "the job to be marked failed")
     assert rec.state == JobState.FAILED and "supervisor died" in rec.reason
+    # the reason sent the reader to supervisor.log even when the kill left it empty
+    said = (job_dir / "supervisor.log").exists() and (job_dir / "supervisor.log").stat().st_size > 0
+    assert ("see " in rec.reason) == said and ("without a word" in rec.reason) == (not said), rec.reason
     assert not job_procs({rec.id})
 
 

@@ -343,7 +343,12 @@ def cancel(
     """
     b = _backend_for(job_id)
     before = b.status(job_id)
-    rec = before if before.state.terminal else b.cancel(job_id)
+    if before.state.terminal:
+        rec = before
+    else:  # a process that ignores SIGTERM holds this for the grace period: say what is happening meanwhile
+        with console.err().status(f"{job_id}: stopping its processes (SIGTERM; SIGKILL after "
+                                  f"{_settings().kill_grace_s:g} s for any left)", spinner="dots"):
+            rec = b.cancel(job_id)
     if json_:
         print(json.dumps({"id": rec.id, "state": rec.state.value, "already_ended": before.state.terminal}))
     elif before.state.terminal:

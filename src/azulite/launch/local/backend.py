@@ -147,7 +147,13 @@ class LocalBackend(Backend):
             return  # another command is recovering it
         for p in job_processes(rec.job_dir):
             terminate_tree([p.pid], self.settings.kill_grace_s)
-        why = f"supervisor died (see {Path(rec.job_dir) / 'supervisor.log'})"
+        log = Path(rec.job_dir) / "supervisor.log"
+        try:
+            said = log.stat().st_size > 0
+        except OSError:
+            said = False
+        # killed (kill -9, the OOM killer, a reboot) it says nothing: do not send the reader to an empty file
+        why = f"supervisor died (see {log})" if said else "supervisor died without a word (killed: its log is empty)"
         if rec.spec.get("type") == "sweep":  # its trials are jobs of their own; the sweep itself ends here
             self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=why.replace("supervisor", "sweep driver"))
             return
