@@ -48,6 +48,8 @@ def test_csv_reads_every_column(tmp_path):
         ("job_id,submit_time,gpus,duration\na,0,two,5\n", "row 2", "'gpus' must be a whole number"),
         ("job_id,submit_time,gpus,duration\na,x,1,5\n", "row 2", "'submit_time' must be seconds"),
         ("job_id,submit_time,gpus,duration\n", "trace.csv", "no jobs"),
+        # was "must be >= 0" for a time past float's range
+        ("job_id,submit_time,gpus,duration\na,1e400,1,5\n", "row 2", "'submit_time' must be a finite number of seconds"),
     ],
 )
 def test_csv_errors_name_row_and_column(tmp_path, text, where, words):

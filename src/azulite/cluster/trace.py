@@ -106,7 +106,10 @@ def _seconds(raw: str, where: str, col: str, *, allow_zero: bool = False) -> flo
         if math.isnan(v):
             raise TraceError(f"column {col!r} must be seconds or a duration like 30m, got {raw!r}", where=where,
                              fix=f"write {col} as a number of seconds, e.g. 3600") from None
-    if not math.isfinite(v) or v < 0 or (v == 0 and not allow_zero):
+    if not math.isfinite(v):  # 1e400, inf: "must be >= 0" would not say what is wrong
+        raise TraceError(f"column {col!r} must be a finite number of seconds, got {raw!r}", where=where,
+                         fix=f"give {col} in seconds, e.g. 3600")
+    if v < 0 or (v == 0 and not allow_zero):
         bound = ">= 0" if allow_zero else "> 0"
         raise TraceError(f"column {col!r} must be {bound}, got {raw!r}", where=where, fix=f"give {col} {bound} seconds")
     return v
