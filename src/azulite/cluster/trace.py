@@ -166,7 +166,10 @@ def read_csv(path: str | Path) -> Trace:
                 t = float(row[i_sub])
             except ValueError:
                 raise TraceError(f"column 'submit_time' must be seconds, got {row[i_sub]!r}", where=where, fix="write seconds from the trace start") from None
-            if not math.isfinite(t) or t < 0:
+            if not math.isfinite(t):
+                raise TraceError(f"column 'submit_time' must be a finite number of seconds, got {row[i_sub]!r}",
+                                 where=where, fix="seconds from the trace start")
+            if t < 0:
                 raise TraceError(f"column 'submit_time' must be >= 0, got {row[i_sub]!r}", where=where, fix="seconds from the trace start")
             if t < last:
                 raise TraceError(f"submit_time {t:g} is earlier than the row before ({last:g}): the trace is not sorted",
