@@ -134,3 +134,17 @@ def test_a_retired_size_says_so_from_its_date(tmp_path):
     f.write_text('[[sku]]\nname = "NC24rs_v3"\nretired = "soon"\n')
     with pytest.raises(CatalogError, match="field 'retired': must be a date as YYYY-MM-DD"):
         Catalog.load(f)
+
+
+def test_every_bad_field_of_an_entry_is_named_at_once(tmp_path):
+    # only the first was reported: a round of edits per field
+    f = tmp_path / "mine.toml"
+    f.write_text('[[price]]\nsku = "NC24rs_v3"\nkind = "cheap"\nusd_per_hour = "a lot"\nsource = "x"\ndate = "soon"\n')
+    with pytest.raises(CatalogError) as e:
+        Catalog.load(f)
+    assert "also wrong in this entry: " in e.value.fix and all(k in e.value.fix or k in e.value.message
+                                                               for k in ("kind", "usd_per_hour", "date"))
+    f.write_text('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hr = 0.5\nsource = "x"\n')
+    with pytest.raises(CatalogError) as e:  # the misspelt key, said once (not also as usd_per_hour missing)
+        Catalog.load(f)
+    assert "unknown field 'usd_per_hr'" in str(e.value) and "also wrong" not in str(e.value)

@@ -143,8 +143,20 @@ def _day(row: dict[str, str], col: str, where: str) -> str | None:
 
 
 def _pydantic_error(exc: ValidationError, where: str, model: type[BaseModel]) -> CatalogError:
-    # an unknown field first: a misspelt key also shows up as the real key missing
-    err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+    """The entry's first problem (an unknown field first: a misspelt key also shows up as the real key
+    missing), with the others named after its fix, so one edit round fixes them all."""
+    errors = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+    first = _one_error(errors[0], where, model)
+    unknown = [".".join(str(p) for p in e["loc"]) for e in errors if e["type"] == "extra_forbidden"]
+    others = [".".join(str(p) for p in e["loc"]) for e in errors[1:]
+              # a required field missing because its name was misspelt is the same problem, said once
+              if not (e["type"] == "missing" and difflib.get_close_matches(str(e["loc"][-1]), unknown, n=1))]
+    if others:
+        first.fix = (first.fix or "") + f"; also wrong in this entry: {', '.join(others)}"
+    return first
+
+
+def _one_error(err: dict, where: str, model: type[BaseModel]) -> CatalogError:
     field = ".".join(str(p) for p in err["loc"])
     msg = err["msg"].removeprefix("Value error, ")
     if err["type"] == "extra_forbidden":
