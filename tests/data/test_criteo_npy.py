@@ -59,3 +59,21 @@ def test_conversion_keeps_the_bad_line_limit(tmp_path):
         convert(tmp_path / "day_0", tmp_path / "out")
     assert "day_0" in str(e.value) and "malformed" in str(e.value)
     assert not list((tmp_path / "out").glob("*.npy"))  # nothing half-written
+
+
+def test_a_file_of_no_rows_is_refused(tmp_path):
+    # converted as "0 rows", rc 0: the empty day broke training later
+    (tmp_path / "day_0").write_text("")
+    with pytest.raises(DataError, match="holds no Criteo rows"):
+        convert(tmp_path / "day_0", tmp_path / "out")
+    assert not list((tmp_path / "out").glob("*.npy"))
+
+
+def test_the_synth_tool_says_a_mistake_without_a_traceback(tmp_path, capsys):
+    from azulite.data.criteo_synth import main
+
+    assert main([str(tmp_path / "s"), "--rows", "0"]) == 2
+    (tmp_path / "f").write_text("")
+    assert main([str(tmp_path / "f"), "--rows", "10"]) == 2  # was FileExistsError's traceback
+    err = capsys.readouterr().err
+    assert "rows=0 files=1: both must be >= 1" in err and "is a file, not a folder" in err

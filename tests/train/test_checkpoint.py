@@ -439,3 +439,31 @@ def test_max_failed_saves_in_a_row_escalates_to_an_error(tmp_path):
         ck.save(4)
     assert [c.step for c in list_checkpoints(str(tmp_path)) if c.committed] == [2]
     ck.close()
+
+
+def test_a_step_that_is_not_a_whole_number_is_refused_before_anything_is_written(tmp_path):
+    # "5" failed inside the failure's own log line; 2.5 was logged as step 2; -1 wrote step--0000001/
+    ctx = init({})
+    model, opt = _tiny()
+    ck = Checkpointer(CheckpointConfig(uri=tmp_path, interval=0), ctx, _state(ctx, model, opt))  # a Path works
+    for bad in ("5", 2.5, -1, True):
+        with pytest.raises(CheckpointError, match="a checkpoint step is a whole number >= 0"):
+            ck.save(bad)
+    assert not list(tmp_path.iterdir())
+    assert ck.save(torch.tensor(4).item()) and (tmp_path / "step-00000004" / "manifest.json").exists()
+
+
+def test_resuming_into_a_different_model_names_the_mismatch(tmp_path):
+    # torch's CheckpointException (a BaseException) escaped a user's `except Exception` as a nested traceback
+    ctx = init({})
+    model, opt = _tiny()
+    assert Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt)).save(2)
+    wider = torch.nn.Linear(5, 2)
+    other = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx,
+                         _state(ctx, wider, torch.optim.SGD(wider.parameters(), lr=0.1)))
+    with pytest.raises(CheckpointError) as e:
+        other.load_latest()
+    assert "checkpoint step 2 does not fit this script's state" in e.value.message and "Size mismatch" in e.value.message
+    assert (tmp_path / "step-00000002" / "manifest.json").exists()  # not quarantined: the checkpoint is fine
+    with pytest.raises(CheckpointError, match="Missing key in checkpoint"):
+        Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, {"modle": ModelState(model)}).load_latest()

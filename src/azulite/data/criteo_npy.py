@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from azulite.data.criteo import CAT_FEATURE_COUNT, INT_FEATURE_COUNT
+from azulite.errors import DataError
 from azulite.data.criteo_reader import CriteoTSVReader
 from azulite.data.criteo_stream import list_files
 
@@ -59,6 +60,9 @@ def convert_file(path: str, out_dir: str | os.PathLike, *, max_bad_fraction: flo
             parts["sparse"].write(np.ascontiguousarray(rows.sparse[keep], np.int64).tobytes())
             parts["labels"].write(np.ascontiguousarray(rows.labels[keep], np.int32).tobytes())
             n += int(keep.sum())
+        if n == 0:  # a day of no rows converts to arrays that break training later, far from here
+            raise DataError(f"{path} holds no Criteo rows", where=str(path),
+                            fix="check the file (an empty or cut download?) or leave it out of the dataset")
         for f in parts.values():
             f.close()
         shapes = {"dense": ((n, INT_FEATURE_COUNT), np.float32), "sparse": ((n, CAT_FEATURE_COUNT), np.int64),

@@ -17,6 +17,7 @@ import argparse
 import gzip
 import json
 import os
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -45,6 +46,8 @@ def generate(out_dir: str | os.PathLike, *, rows: int, files: int = 1, seed: int
     if rows < 1 or files < 1:
         raise DataError(f"rows={rows} files={files}: both must be >= 1", where="criteo_synth", fix="e.g. --rows 20000")
     out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise DataError(f"{out} is a file, not a folder", where="criteo_synth", fix="name a folder to write day_0, day_1, ... into")
     out.mkdir(parents=True, exist_ok=True)
     rng = np.random.default_rng(seed)
     vocab = [VOCAB_SIGNAL if i in SIGNAL_CATS else VOCAB_NOISE for i in range(CAT_FEATURE_COUNT)]
@@ -138,7 +141,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--gzip", action="store_true")
     args = ap.parse_args(argv)
-    paths = generate(args.out_dir, rows=args.rows, files=args.files, seed=args.seed, gzip_files=args.gzip)
+    try:
+        paths = generate(args.out_dir, rows=args.rows, files=args.files, seed=args.seed, gzip_files=args.gzip)
+    except DataError as e:  # a user's mistake: the message, not a traceback
+        print(f"error: {e}", file=sys.stderr)
+        return e.exit_code
     print(f"wrote {len(paths)} file(s), {args.rows * len(paths)} rows, to {args.out_dir}")
     return 0
 

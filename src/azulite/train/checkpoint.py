@@ -190,6 +190,11 @@ class Checkpointer:
         next step) and written in the background, and the commit is reaped at a later call. Failures follow ``on_save_error`` unless
         ``raise_on_error`` says otherwise (preemption saves raise: exiting 'preempted' must mean committed).
         """
+        if isinstance(step, bool) or not hasattr(step, "__index__") or int(step) < 0:
+            # "5", 2.5 or -1 was written as step--0000001/ (listed nowhere) or failed in the failure's own log line
+            raise CheckpointError(f"a checkpoint step is a whole number >= 0, got {step!r}",
+                                  fix="pass the training step, e.g. ckpt.save(step) with step an int")
+        step = int(step)
         t0 = time.perf_counter()
         try:
             return self._save(step, sync, raise_on_error, t0)
@@ -396,6 +401,12 @@ class Checkpointer:
             try:
                 self._load(step, manifest)
             except BaseException as e:  # noqa: BLE001 - DCP gathers every rank's read failure into one
+                if _state_mismatch(e):  # torch's CheckpointException is no Exception: a user's except missed it
+                    raise CheckpointError(
+                        f"checkpoint step {step} does not fit this script's state: {_root_cause(e)}",
+                        where=self.storage.display(step_dir(step)),
+                        fix="resume with the model and state names it was saved with (same architecture, same "
+                            "keys of `state=`), or train into a new checkpoint location") from None
                 if not _integrity_failure(e):
                     raise
                 # every rank got the same failure: the checkpoint is corrupt; the previous one is next
@@ -452,6 +463,15 @@ def _integrity_failure(exc: BaseException) -> bool:
     if isinstance(failures, dict):
         return any(isinstance(v[0] if isinstance(v, tuple) else v, IntegrityError) for v in failures.values())
     return False
+
+
+def _state_mismatch(exc: BaseException) -> bool:
+    """Whether DCP refused the load because the saved tensors and the script's state disagree (a tensor's
+    shape, a key the script has and the checkpoint lacks): torch says so in a ValueError / RuntimeError."""
+    failures = getattr(exc, "failures", None)
+    inners = [v[0] if isinstance(v, tuple) else v for v in failures.values()] if isinstance(failures, dict) else [exc]
+    return any(isinstance(e, (ValueError, RuntimeError)) and not isinstance(e, IntegrityError)
+               and ("Size mismatch" in str(e) or "Missing key in checkpoint" in str(e)) for e in inners)
 
 
 def _root_cause(exc: BaseException) -> str:

@@ -75,7 +75,12 @@ def _int(environ: Mapping[str, str], name: str, default: int) -> int:
 
 def parse_uri(uri: str) -> tuple[str, str]:
     """Split and validate a checkpoint URI into (scheme, path): ("file", "/abs/dir") or ("az", "container/dir")."""
-    if not isinstance(uri, str) or not uri.strip():
+    if isinstance(uri, os.PathLike):  # a pathlib.Path is a local folder
+        uri = os.fspath(uri)
+    if not isinstance(uri, str):
+        raise StorageConfigError(f"the checkpoint URI must be text or a path, got {type(uri).__name__} {uri!r}",
+                                 where="checkpoint uri", fix=f"give {_EXAMPLE}")
+    if not uri.strip():
         raise StorageConfigError("the checkpoint URI is empty", where="checkpoint uri", fix=f"give {_EXAMPLE}")
     uri = uri.strip()
     parsed = urlparse(uri)
