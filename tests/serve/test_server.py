@@ -225,8 +225,6 @@ def test_the_exit_timeout_is_one_budget_for_the_whole_stop(tmp_path):
     """A request stuck in a model: the front-ends wait for it up to the timeout, and the data plane's own
     drain gets what is left of that one budget (it got the whole timeout again: 70 s to stop at the default
     30). The data plane's shutdown is wrapped to see the budget it is given, and when."""
-    import asyncio
-
     from .conftest import Gate
     from .frontends import ServerThread
 
