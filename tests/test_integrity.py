@@ -109,6 +109,11 @@ def test_update_for_an_exporter(repo, keys):
     integrity.update_manifest(repo, ["b/2", "a/1/model.onnx"], private_key=private)
     manifest = integrity.verify_repository(repo, public)
     assert "b/2/model.onnx" in manifest.files and "a/1/model.onnx" not in manifest.files
+    # signing a signed repository without its key would drop the signature: refused (the fixes said
+    # "re-sign: azulite repo sign REPO"); unsigning is removing the signature on purpose
+    with pytest.raises(IntegrityError, match="signing it again without the key would drop its signature"):
+        integrity.sign_repository(repo)
+    (repo / integrity.SIGNATURE).unlink()
     # unsigned repositories update without a key; a repository without a manifest gets one
     integrity.sign_repository(repo)
     (repo / "b/2/model.onnx").write_bytes(b"v2 again")

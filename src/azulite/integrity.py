@@ -123,7 +123,7 @@ class Manifest:
         for rel in sorted(present - listed):
             raise IntegrityError(f"model '{name}': file '{rel}' is not in the manifest",
                                  where=str(root / MANIFEST),
-                                 fix="remove the file, or re-sign the repository: azulite repo sign REPO")
+                                 fix="remove the file, or re-sign the repository: azulite repo sign REPO [--key PRIVATE.pem]")
         for rel in sorted(listed):
             path = root / rel
             if rel not in present:
@@ -132,7 +132,7 @@ class Manifest:
             if sha256_file(path) != self.files[rel]:
                 raise IntegrityError(f"model '{name}': file '{rel}' does not match its sha256 in the manifest "
                                      "(tampered or changed since signing)", where=str(root / MANIFEST),
-                                     fix="restore the signed file, or re-sign: azulite repo sign REPO")
+                                     fix="restore the signed file, or re-sign: azulite repo sign REPO [--key PRIVATE.pem]")
 
     def problems(self) -> list[str]:
         """Every mismatch of the whole repository, one line each (``azulite repo verify``)."""
@@ -178,6 +178,10 @@ def sign_repository(root: Path, private_key: Path | None = None) -> Path:
     root = Path(root)
     if not root.is_dir():
         raise IntegrityError(f"model repository {str(root)!r} is not a directory")
+    if private_key is None and (root / SIGNATURE).is_file():  # re-signing as a fix said would drop the signature
+        raise IntegrityError("the repository is signed: signing it again without the key would drop its signature",
+                             where=str(root / SIGNATURE),
+                             fix="pass --key PRIVATE.pem, or remove azulite-manifest.sig first to unsign it on purpose")
     return _write(root, {rel: sha256_file(root / rel) for rel in repository_files(root)}, private_key)
 
 
@@ -195,16 +199,16 @@ def load_manifest(root: Path, public_key: Path | None = None, *, require_signatu
         doc = json.loads(data)
     except OSError as exc:
         raise IntegrityError(f"cannot read the manifest: {exc}", where=str(path),
-                             fix="write one with: azulite repo sign REPO") from None
+                             fix="write one with: azulite repo sign REPO [--key PRIVATE.pem]") from None
     except ValueError as exc:
         raise IntegrityError(f"the manifest is not valid JSON: {exc}", where=str(path),
-                             fix="re-sign the repository: azulite repo sign REPO") from None
+                             fix="re-sign the repository: azulite repo sign REPO [--key PRIVATE.pem]") from None
     files = doc.get("files") if isinstance(doc, dict) else None
     if (not isinstance(doc, dict) or doc.get("format") != FORMAT or doc.get("algorithm") != "sha256"
             or not isinstance(files, dict)
             or not all(isinstance(k, str) and isinstance(v, str) and len(v) == 64 for k, v in files.items())):
         raise IntegrityError(f"the manifest is not an {FORMAT} manifest of sha256 hashes", where=str(path),
-                             fix="re-sign the repository: azulite repo sign REPO")
+                             fix="re-sign the repository: azulite repo sign REPO [--key PRIVATE.pem]")
     sig_path = root / SIGNATURE
     signed = sig_path.is_file()
     if public_key is not None and not signed:
@@ -234,7 +238,7 @@ def verify_repository(root: Path, public_key: Path | None = None) -> Manifest:
     if problems:
         raise IntegrityError(f"{len(problems)} file(s) do not match the manifest:\n  " + "\n  ".join(problems),
                              where=str(Path(root) / MANIFEST),
-                             fix="restore the files, or re-sign: azulite repo sign REPO")
+                             fix="restore the files, or re-sign: azulite repo sign REPO [--key PRIVATE.pem]")
     return manifest
 
 
