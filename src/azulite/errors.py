@@ -80,8 +80,10 @@ class StorageError(AzuliteError):
 
 class StorageConfigError(StorageError):
     """Storage named or set up wrongly (a malformed URI, no credentials, a file where a folder must be):
-    trying again cannot help, unlike storage that is down."""
+    trying again cannot help, unlike storage that is down. The user's to fix: the CLI exits 2 (a training
+    process exits 78 for it, ``permanent``)."""
 
+    exit_code = 2
     permanent = True
 
 

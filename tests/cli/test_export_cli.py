@@ -54,6 +54,10 @@ def test_export_source_and_to_mistakes(capsys, tmp_path):
     assert "does not exist" in err_of(capsys)
     assert run("export", tmp_path / "f", "--to", tmp_path / "repo") == 2
     assert "is a file, not a checkpoint directory" in err_of(capsys)
+    # storage named wrongly (a scheme azulite does not write, no credentials) is the user's to fix: exit 2, not
+    # the 1 of storage that is down
+    assert run("export", "s3://bucket/run", "--to", tmp_path / "repo") == 2
+    assert "unsupported checkpoint storage scheme 's3'" in err_of(capsys)
     assert not (tmp_path / "repo").exists()
 
 
