@@ -467,3 +467,24 @@ def test_resuming_into_a_different_model_names_the_mismatch(tmp_path):
     assert (tmp_path / "step-00000002" / "manifest.json").exists()  # not quarantined: the checkpoint is fine
     with pytest.raises(CheckpointError, match="Missing key in checkpoint"):
         Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, {"modle": ModelState(model)}).load_latest()
+
+
+def test_wrong_arguments_to_the_state_objects_are_named(tmp_path):
+    # each was accepted and failed later inside torch (or as 'NoneType' has no attribute 'distributed')
+    ctx = init({})
+    model, opt = _tiny()
+    with pytest.raises(TypeError, match="model must be a torch.nn.Module, got str"):
+        ModelState("model")
+    with pytest.raises(TypeError, match="optimizer must be a torch.optim.Optimizer or None, got str"):
+        ModelState(model, "adam")
+    with pytest.raises(TypeError, match="dataset_len must be a whole number >= 0, got -5"):
+        ResumableSampler(-5, ctx)
+    with pytest.raises(TypeError, match="ctx must be the TrainContext"):
+        ResumableSampler(100, None)
+    with pytest.raises(TypeError, match=r"state must map names to savable objects .*got list"):
+        Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, [ModelState(model)])  # cannot convert dictionary update...
+    with pytest.raises(TypeError, match=r"got 'rng': int; wrap a module as ModelState"):
+        Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, {"model": ModelState(model), "rng": 7})
+    with pytest.raises(TypeError, match="ctx must be the TrainContext"):
+        Checkpointer(CheckpointConfig(uri=str(tmp_path)), None, {"model": ModelState(model)})
+    assert ResumableSampler(torch.tensor(8).numpy(), ctx).dataset_len == 8  # a numpy whole number is one

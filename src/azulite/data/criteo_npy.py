@@ -90,11 +90,17 @@ def convert_file(path: str, out_dir: str | os.PathLike, *, max_bad_fraction: flo
 def convert(dataset_path: str | os.PathLike, out_dir: str | os.PathLike, *, max_bad_fraction: float = 0.001) -> list[str]:
     """Convert every TSV file of ``dataset_path``; returns the output prefixes."""
     _kind, files = list_files(dataset_path)
+    made = not Path(out_dir).exists()
     prefixes = []
-    for f in files:
-        prefix, n = convert_file(f, out_dir, max_bad_fraction=max_bad_fraction)
-        log.info("%s -> %s_{dense,sparse,labels}.npy (%d rows)", f, prefix, n)
-        prefixes.append(prefix)
+    try:
+        for f in files:
+            prefix, n = convert_file(f, out_dir, max_bad_fraction=max_bad_fraction)
+            log.info("%s -> %s_{dense,sparse,labels}.npy (%d rows)", f, prefix, n)
+            prefixes.append(prefix)
+    except BaseException:
+        if made and not prefixes:  # a failed first file leaves no empty folder behind
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     return prefixes
 
 

@@ -104,6 +104,13 @@ class Checkpointer:
         environ: Mapping[str, str] | None = None,
         phase_hook: PhaseHook | None = None,
     ) -> None:
+        if not isinstance(ctx, TrainContext):
+            raise TypeError(f"Checkpointer: ctx must be the TrainContext of azulite.train.init(), got {type(ctx).__name__}")
+        if not isinstance(state, Mapping) or not all(isinstance(v, Stateful) for v in state.values()):
+            bad = type(state).__name__ if not isinstance(state, Mapping) else \
+                next(f"{k!r}: {type(v).__name__}" for k, v in state.items() if not isinstance(v, Stateful))
+            raise TypeError(f"Checkpointer: state must map names to savable objects (ModelState, Progress, "
+                            f"RNGState, ObjectState, ...), got {bad}; wrap a module as ModelState(model, optimizer)")
         self.config = config
         self.ctx = ctx
         self.state = dict(state)

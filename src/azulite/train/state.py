@@ -35,6 +35,11 @@ class ModelState(Stateful):
     one deduplicated copy for DDP, and reshard on load when the world size changes."""
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        if not isinstance(model, torch.nn.Module):  # else a torch error deep inside the first save
+            raise TypeError(f"ModelState(model, optimizer): model must be a torch.nn.Module, got {type(model).__name__}")
+        if optimizer is not None and not isinstance(optimizer, torch.optim.Optimizer):
+            raise TypeError(f"ModelState(model, optimizer): optimizer must be a torch.optim.Optimizer or None, "
+                            f"got {type(optimizer).__name__}")
         self.model = model
         self.optimizer = optimizer
         self._options = StateDictOptions(strict=True)
@@ -130,7 +135,12 @@ class ResumableSampler(torch.utils.data.Sampler[int], Stateful):
     """
 
     def __init__(self, dataset_len: int, ctx: TrainContext, *, seed: int = 0, shuffle: bool = True) -> None:
-        self.dataset_len = dataset_len
+        if isinstance(dataset_len, bool) or not hasattr(dataset_len, "__index__") or dataset_len < 0:
+            raise TypeError(f"ResumableSampler: dataset_len must be a whole number >= 0, got {dataset_len!r}")
+        if not isinstance(ctx, TrainContext):
+            raise TypeError(f"ResumableSampler: ctx must be the TrainContext of azulite.train.init(), got "
+                            f"{type(ctx).__name__}")
+        self.dataset_len = int(dataset_len)
         self.rank = ctx.rank
         self.world_size = ctx.world_size
         self.seed = seed
