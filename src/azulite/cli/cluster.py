@@ -132,7 +132,8 @@ def cost(
     # a spot job spec is priced as spot unless --pricing says otherwise (then that price, on-demand included)
     kind = "spot" if spot else pricing or ("spot" if spec_spot else "on_demand")
     out = _console()
-    warnings = [w for w in (the_sku.retirement(),) if w]
+    retired = the_sku.retirement()
+    warnings = [retired] if retired else []
     for w in warnings:  # priced all the same (a what-if, or a bill to check), but said
         err_console().print(f"warning: {w}", markup=False)
     if serve:
@@ -272,8 +273,8 @@ def simulate_cmd(
     cat = load_catalog(str(catalog_file) if catalog_file else None)
     pools = resolve_pools(spec, catalog=cat, spec_file=cluster)
     for sku in sorted({p.sku for p in pools}):
-        if cat.get(sku).retirement():
-            err_console().print(f"warning: {cat.get(sku).retirement()}", markup=False)
+        if retired := cat.get(sku).retirement():
+            err_console().print(f"warning: {retired}", markup=False)
     jobs = read_trace(trace, fmt, job_table=job_table)
     a = spec.autoscaler
     settings = Settings(autoscale=a.enabled, scale_up_delay=a.scale_up_delay, scale_down_unneeded_time=a.scale_down_unneeded_time,

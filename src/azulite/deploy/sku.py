@@ -36,8 +36,8 @@ def sku_facts(name: str | None, *, field: str = "resources.instance_type") -> Sk
     except UnknownSku as e:
         e.where = field
         raise
-    if sku.retirement():  # AKS cannot add such nodes, nor Azure ML such compute: the job would never be placed
-        raise DeployError(sku.retirement(), where=field,
+    if retired := sku.retirement():  # AKS cannot add such nodes, nor Azure ML such compute: never placed
+        raise DeployError(retired, where=field,
                           fix="pick a current VM size (`azulite catalog --sources` lists them, and names the notice)")
     if sku.cloud != "azure":
         raise DeployError(f"{sku.name} is a {sku.cloud} instance type; AKS and Azure ML run Azure VM sizes", where=field,
