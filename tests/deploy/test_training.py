@@ -8,6 +8,7 @@ import kubernetes_validate
 import pytest
 
 from azulite.deploy.options import AksOptions
+from azulite.deploy.image import curated_image
 from azulite.deploy import pod_entry
 from azulite.deploy.training import k8s_name
 from azulite.deploy.render import render_spec
@@ -292,6 +293,35 @@ def test_dockerfile_from_a_conda_file(job_file, tmp_path):
     assert files["Dockerfile"].splitlines()[1:] == [
         "FROM mcr.microsoft.com/azureml/curated/acpt:1", "COPY conda.yaml /tmp/conda.yaml",
         "RUN conda env update -n base -f /tmp/conda.yaml && conda clean -afy", "WORKDIR /code"]
+
+
+@pytest.mark.parametrize("ref, image", [
+    ("azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest", "mcr.microsoft.com/azureml/curated/acpt-pytorch-2.2-cuda12.1:latest"),
+    ("azureml:AzureML-ACPT-pytorch-1.13-py38-cuda11.7-gpu:7", "mcr.microsoft.com/azureml/curated/acpt-pytorch-1.13-py38-cuda11.7-gpu:7"),
+    ("azureml://registries/azureml/environments/acpt-pytorch-2.8-cuda12.6/versions/12",
+     "mcr.microsoft.com/azureml/curated/acpt-pytorch-2.8-cuda12.6:12"),
+    ("azureml://registries/azureml/environments/tensorflow-2.16-cuda12/labels/latest",
+     "mcr.microsoft.com/azureml/curated/tensorflow-2.16-cuda12:latest"),
+    ("azureml:my-env:3", None), ("azureml:AzureML-x@stable", None), ("reg.io/train:1", None),
+])
+def test_curated_environments_name_their_mcr_image(ref, image):
+    assert curated_image(ref) == image
+
+
+def test_a_curated_environment_is_the_image_or_the_dockerfile_base(job_file, tmp_path):
+    """A curated environment's image holds the framework (the openmpi base does not): the pod runs it when the
+    code is fetched at start, and the Dockerfile builds on it when the code or requirements are baked in."""
+    path = job_file({**BASE, "environment": "azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest"})
+    with pytest.raises(DeployError) as e:
+        render(path)
+    assert "does not hold the job's code" in str(e.value) and "--code-uri" in e.value.fix
+    fetched = render_spec(path, "aks", AksOptions(code_uri="az://code/jobs", storage_account="a"), AzureMLOptions())
+    assert "image: mcr.microsoft.com/azureml/curated/acpt-pytorch-2.2-cuda12.1:latest" in fetched["job-indexed-job.yaml"]
+    assert "Dockerfile" not in fetched
+    (tmp_path / "code" / "requirements.txt").write_text("numpy\n")
+    baked = render_spec(path, "aks", AksOptions(image="reg.io/train:4"), AzureMLOptions())
+    assert baked["Dockerfile"].splitlines()[1] == "FROM mcr.microsoft.com/azureml/curated/acpt-pytorch-2.2-cuda12.1:latest"
+    assert "image: reg.io/train:4" in baked["job-indexed-job.yaml"]
 
 
 @pytest.mark.parametrize("restarts, retries, expected", [(0, 0, 3), (2, 0, 2), (2, 1, 3), (0, 2, 5)])

@@ -1,7 +1,10 @@
 """How a job's code, environment and image reach a pod.
 
-- The image: ``--image`` or the spec's ``environment.image``. An Azure ML environment name
-  (``azureml:...``) exists only in a workspace, so an AKS target needs an image of its own.
+- The image: ``--image`` or the spec's ``environment.image``. An Azure ML curated environment
+  (``azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest``, or the ``azureml://registries/azureml/...`` form)
+  is published as an image on MCR (``mcr.microsoft.com/azureml/curated/<name>:<version>``, the image
+  Azure ML itself runs): it is the pod's image, or the base the Dockerfile builds on. A workspace's own
+  environment (``azureml:my-env:3``) exists only there, so an AKS target needs an image of its own.
 - A Dockerfile is rendered beside the manifests when the environment names a conda file or the code
   folder has a requirements.txt, or the job is an MPI job (its pods run sshd and ssh: OpenSSH is added,
   configured as the mpi-operator's images are), and then ``--image`` names the image it builds; or when
@@ -15,6 +18,7 @@
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 from azulite.deploy.options import CODE_DIR, AksOptions
@@ -37,6 +41,40 @@ SSH_LAYER = [
     "&& sed -i 's/#\\(StrictModes \\).*/\\1no/g' /etc/ssh/sshd_config "
     "&& env | grep -E '^(PATH|LD_LIBRARY_PATH)=' >> /etc/environment",
 ]
+
+
+#: where Azure ML publishes its curated environments' images (azureml-assets: ``image.name:
+#: azureml/curated/<asset>``, ``publish.location: mcr``), tagged with the asset's version and ``latest``
+CURATED_REGISTRY = "mcr.microsoft.com/azureml/curated"
+_CURATED = (
+    # azureml:AzureML-<name>@latest | azureml:AzureML-<name>:<version>  (the curated names in every workspace)
+    re.compile(r"azureml:AzureML-(?P<name>[A-Za-z0-9][\w.-]*?)(?:@(?P<label>latest)|:(?P<version>\d+))?"),
+    # azureml://registries/azureml/environments/<name>/versions/<v> | /labels/latest  (the registry's own URI)
+    re.compile(r"azureml://registries/azureml/environments/(?P<name>[A-Za-z0-9][\w.-]*)"
+               r"(?:/versions/(?P<version>\d+)|/labels/(?P<label>latest))?"),
+)
+
+
+def curated_image(environment: str) -> str | None:
+    """The MCR image of an Azure ML curated environment reference, or None for any other reference.
+
+    ``azureml:AzureML-acpt-pytorch-2.2-cuda12.1@latest`` ->
+    ``mcr.microsoft.com/azureml/curated/acpt-pytorch-2.2-cuda12.1:latest`` (image names are lowercase)."""
+    for pattern in _CURATED:
+        m = pattern.fullmatch(environment.strip())
+        if m:
+            return f"{CURATED_REGISTRY}/{m['name'].lower()}:{m['version'] or 'latest'}"
+    return None
+
+
+def _base_image(spec: JobSpec) -> str:
+    """What the rendered Dockerfile builds on: the spec's image, its curated environment's, or DEFAULT_BASE."""
+    env = spec.environment
+    if isinstance(env, Environment) and env.image:
+        return env.image
+    if isinstance(env, str):
+        return curated_image(env) or (env if not env.startswith("azureml:") and "/" in env else DEFAULT_BASE)
+    return DEFAULT_BASE
 
 
 def _build_reason(spec: JobSpec) -> tuple[str, str] | None:
@@ -62,13 +100,24 @@ def container_image(spec: JobSpec, opts: AksOptions) -> str:
     env = spec.environment
     if isinstance(env, Environment) and env.image:
         return env.image
-    if isinstance(env, str) and not env.startswith("azureml:") and "/" in env:
+    if isinstance(env, str) and not env.startswith("azureml") and "/" in env:
         return env  # a plain image reference
+    curated = curated_image(env) if isinstance(env, str) else None
+    if curated:
+        if opts.code_uri:
+            return curated  # the code comes from the init container; the curated image runs as it is
+        raise DeployError(
+            f"{env!r} is Azure ML's curated image {curated}, which does not hold the job's code",
+            where="environment",
+            fix="pass --image REGISTRY/NAME:TAG (the rendered Dockerfile builds it FROM that image with the code "
+                "at /code), or --code-uri az://container/prefix --storage-account ACCOUNT to fetch the code at start",
+        )
     shown = env if isinstance(env, str) else (env.conda_file or env.name) if env else None
     raise DeployError(
-        "no image to run" + (f": {shown!r} is not an image a pod can pull" if shown else ""),
+        "no image to run" + (f": {shown!r} is not an image a pod can pull (a workspace's own environment "
+                             "exists only in Azure ML)" if shown else ""),
         where="environment",
-        fix="set environment.image (e.g. mcr.microsoft.com/azureml/openmpi4.1.0-cuda12.1-cudnn8-ubuntu22.04), "
+        fix="set environment.image (e.g. mcr.microsoft.com/azureml/curated/acpt-pytorch-2.2-cuda12.1:latest), "
             "or pass --image REGISTRY/NAME:TAG and build it from the rendered Dockerfile",
     )
 
@@ -107,7 +156,7 @@ def dockerfile(spec: JobSpec, opts: AksOptions) -> str | None:
     ssh = spec.distribution_type == "mpi"
     if not (conda or requirements or bake or ssh):
         return None
-    base = env.image if isinstance(env, Environment) and env.image else DEFAULT_BASE
+    base = _base_image(spec)
     lines = [f"# Builds the image of job {spec.name}: docker build -t {opts.image or 'REGISTRY/NAME:TAG'} -f Dockerfile CODE_FOLDER",
              f"FROM {base}"]
     if conda:
