@@ -5,6 +5,7 @@ assets without a workspace."""
 from __future__ import annotations
 
 import http.server
+import socket
 import json
 import ssl
 import subprocess
@@ -153,5 +154,18 @@ def test_https_file_input_is_downloaded_into_the_cache(home, tmp_path, https_ser
     assert rec.state.value == "succeeded", rec.reason
     log = next(p.log for p in rec.processes if p.kind == "rank")
     assert "LABELS 2" in Path(log).read_text()
-    with pytest.raises(InputError, match="does not exist or cannot be read"):
+    with pytest.raises(InputError, match="does not exist or cannot be read") as e:
         fetch("x", PathInput(type="uri_file", path=f"{base}/missing.csv"), home / "cache", {"SSL_CERT_FILE": str(cert)})
+    assert "plain HTTP(S)): not found" in str(e.value)  # a 404 is "not found" (the connection worked)
+
+
+def test_an_http_server_that_does_not_answer_is_not_called_a_missing_file(home):
+    """fsspec's HTTP file system raises FileNotFoundError for a refused connection too: the reason given is
+    the connection's, so a user looks at the server, not at the path."""
+    with socket.socket() as held:  # bound, never listening: a connection to it is refused
+        held.bind(("127.0.0.1", 0))
+        uri = f"http://127.0.0.1:{held.getsockname()[1]}/labels.csv"
+        with pytest.raises(InputError) as e:
+            fetch("labels", PathInput(type="uri_file", path=uri), home / "cache", {})
+    msg = str(e.value)
+    assert "input 'labels'" in msg and "ClientConnectorError" in msg and "not found" not in msg, msg

@@ -174,8 +174,12 @@ def _open(loc_list: list[_Location], name: str, kind: str) -> tuple[_Location, l
             return loc, _listing(loc, kind)
         except InputError as e:
             raise InputError(f"input {name!r}: {e.message}", where=e.where, fix=e.fix) from None
-        except FileNotFoundError:
-            tried.append(f"{loc.credential}: not found")
+        except FileNotFoundError as e:
+            # fsspec's HTTP file system says "not found" for a server that does not answer too: its cause
+            # (aiohttp's ClientConnectorError: connection refused, no such host) is the real reason
+            cause = e.__cause__
+            tried.append(f"{loc.credential}: " + ("not found" if cause is None else
+                                                  f"{type(cause).__name__}: {(str(cause).splitlines() or [''])[0][:160]}"))
         except Exception as e:  # noqa: BLE001 - auth, network, SDK errors: try the next credential
             tried.append(f"{loc.credential}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:160]}")
     uri = loc_list[0].uri
