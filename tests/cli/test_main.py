@@ -33,6 +33,15 @@ def test_help_and_success_exit_0_and_an_azulite_error_keeps_its_code(capsys, tmp
     assert "error:" in capsys.readouterr().err
 
 
+def test_a_flag_shows_no_value_to_pass_in_help(capsys, monkeypatch):
+    """typer 0.2x printed ``--wait <bool>``: a user typed ``--wait true`` and was refused."""
+    monkeypatch.setenv("COLUMNS", "160")
+    assert run("job", "submit", "--help") == 0
+    lines = {line.split()[1]: line for line in capsys.readouterr().out.splitlines() if line.startswith("│ --")}
+    assert "<bool>" not in lines["--wait"] and "<bool>" not in lines["--json"]
+    assert "<str>" in lines["--backend"]  # an option that takes a value still shows its type
+
+
 def test_a_commands_own_exit_code_comes_through(capsys, tmp_path):
     spec = tmp_path / "job.yaml"
     spec.write_text("command: python train.py\nresources: {instance_type: Standard_NC24rs_v3, instance_count: 2}\n")

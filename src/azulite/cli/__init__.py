@@ -30,6 +30,26 @@ from azulite.cli import dashboard as _dashboard
 from azulite.cli import agent as _agent
 from azulite.cli import job_nodes as _job_nodes
 
+
+
+def _flags_show_no_type() -> None:
+    """typer 0.2x's help prints every option's type, a flag's as ``<bool>``, which reads as a value to pass
+    (``--wait true`` is then refused as an extra argument). A flag takes none: its type is not shown. A
+    typer without ``display_type_rich`` (older help, which shows no type for flags) is left as it is."""
+    option = getattr(typer.core, "TyperOption", None)
+    shown = getattr(option, "display_type_rich", None)
+    if shown is None or getattr(shown, "azulite", False):
+        return
+
+    def display_type_rich(self, ctx):  # type: ignore[no-untyped-def]
+        return None if getattr(self, "is_flag", False) else shown(self, ctx)
+
+    display_type_rich.azulite = True  # type: ignore[attr-defined]
+    option.display_type_rich = display_type_rich  # type: ignore[union-attr]
+
+
+_flags_show_no_type()
+
 app = typer.Typer(
     name="azulite",
     no_args_is_help=True,
