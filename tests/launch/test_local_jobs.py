@@ -63,6 +63,9 @@ def test_cancel_ends_every_process_including_orphans(home, tmp_path):
     wait_for(lambda: not job_procs({rec.id}), 20, "all job processes to end")
     for p in before + [sup]:
         assert not p.is_running() or p.status() == psutil.STATUS_ZOMBIE, p
+    # the stopped agents say how they ended: the supervisor's tree kill reaped them, and they read as 0
+    agents = [p.exit_code for p in b.status(rec.id).processes if p.kind == "agent"]
+    assert len(agents) == 2 and 0 not in agents and None not in agents, agents
 
 
 def test_preempt_requeues_and_the_next_attempt_succeeds(home, tmp_path):

@@ -1,4 +1,5 @@
-"""Waiting for a process's end (``procs.wait_any_exit``): woken by the exit itself, for a child and for a
+"""Ending a child's tree keeps the child's own exit status (``procs.terminate_tree``, ``procs.exit_status``).
+Waiting for a process's end (``procs.wait_any_exit``): woken by the exit itself, for a child and for a
 process of another parent (a sweep's driver waits on its trials' detached supervisors). Free ports for
 servers started a moment later (``procs.free_ports``)."""
 
@@ -10,7 +11,11 @@ import subprocess
 import sys
 import threading
 
-from azulite.launch.local.procs import _ephemeral_range, free_ports, wait_any_exit
+import signal
+
+import pytest
+
+from azulite.launch.local.procs import _ephemeral_range, exit_status, free_ports, terminate_tree, wait_any_exit
 
 # reads a FIFO to its end: it exits when the test closes the writing side, at a moment the test picks
 READER = "import sys; open(sys.argv[1]).read()"
@@ -75,3 +80,21 @@ def test_free_ports_are_distinct_bindable_and_below_the_ephemeral_range():
             s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             s.bind(("127.0.0.1", port))
             s.listen()
+
+
+# prints once its SIGTERM disposition is set, then waits for its stdin to close (never, here)
+STOPPABLE = "import signal, sys; signal.signal(signal.SIGTERM, {}); print('ready', flush=True); sys.stdin.read()"
+
+
+@pytest.mark.parametrize("on_term, status", [("signal.SIG_DFL", -signal.SIGTERM), ("signal.SIG_IGN", -signal.SIGKILL)])
+def test_a_child_ended_by_terminate_tree_keeps_its_own_status(on_term, status):
+    """psutil's wait reaps the child, after which Popen.poll() reads 0: a stopped or killed agent read as
+    one that finished (a canceled TF job listed its workers as exit 0)."""
+    child = subprocess.Popen([sys.executable, "-c", STOPPABLE.format(on_term)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, text=True)
+    assert child.stdout.readline() == "ready\n"
+    terminate_tree([child.pid], 0.5 if on_term == "signal.SIG_IGN" else 60)
+    assert exit_status(child) == status
+    assert exit_status(child) == status  # read twice, the same
+    child.stdin.close()
+    child.stdout.close()

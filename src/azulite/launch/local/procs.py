@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import select
 import signal
+import subprocess
 import time
 from pathlib import Path
 from typing import Iterable
@@ -49,16 +50,39 @@ def signal_groups(pgids: Iterable[int], sig: int) -> list[int]:
     return reached
 
 
+#: exit statuses of this process's own children that :func:`terminate_tree` reaped: psutil's wait collects a
+#: child's status, and its ``subprocess.Popen`` then reads 0 (waitpid's ECHILD), so a stopped or killed agent
+#: read as one that finished. :func:`exit_status` gives them back.
+_reaped: dict[int, int] = {}
+
+
+def _keep_statuses(gone: Iterable[psutil.Process]) -> None:
+    for p in gone:
+        if getattr(p, "returncode", None) is not None:  # set only for our own children (psutil reaped them)
+            _reaped[p.pid] = p.returncode
+
+
+def exit_status(proc: subprocess.Popen) -> int | None:
+    """``proc.poll()``, right for a child :func:`terminate_tree` reaped: its own status (-N for signal N),
+    not the 0 Popen reads for a child already reaped."""
+    if proc.returncode is None and proc.pid in _reaped:
+        proc.returncode = _reaped.pop(proc.pid)
+    return proc.poll()
+
+
 def terminate_tree(pids: Iterable[int], grace_s: float, *, extra: Iterable[psutil.Process] = ()) -> list[int]:
     """SIGTERM every process in the trees of ``pids`` (and ``extra``), SIGKILL what is left after
-    ``grace_s``. Returns the pids that had to be killed."""
+    ``grace_s``. Returns the pids that had to be killed. The statuses of this process's own children it
+    reaps are kept for :func:`exit_status`."""
     procs = {p.pid: p for p in [*tree(pids), *extra]}
     signal_all(procs.values(), signal.SIGTERM)
-    _, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
+    gone, alive = psutil.wait_procs(list(procs.values()), timeout=grace_s)
+    _keep_statuses(gone)
     # a process may have forked while we waited: take its new children too
     alive = {p.pid: p for p in [*alive, *tree(p.pid for p in alive)]}
     signal_all(alive.values(), signal.SIGKILL)
-    psutil.wait_procs(list(alive.values()), timeout=5)
+    gone, _ = psutil.wait_procs(list(alive.values()), timeout=5)
+    _keep_statuses(gone)
     return sorted(alive)
 
 
@@ -198,5 +222,5 @@ def job_processes(job_dir: str | Path, *, exclude: tuple[int, ...] = ()) -> list
     return found
 
 
-__all__ = ["tree", "describe", "terminate_tree", "signal_all", "signal_groups", "pid_alive", "free_port",
+__all__ = ["tree", "describe", "terminate_tree", "exit_status", "signal_all", "signal_groups", "pid_alive", "free_port",
            "free_ports", "port_in_use", "port_owner", "job_processes", "ENV_JOB_DIR"]

@@ -37,7 +37,9 @@ from azulite.contract import EXIT_CONFIG, EXIT_PREEMPTED, STACK_DUMP_SIGNAL
 from azulite.errors import AzuliteError
 from azulite.launch.local.context import build_context
 from azulite.launch.local.nodes import take_requests, write_reply
-from azulite.launch.local.procs import describe, job_processes, signal_groups, terminate_tree, tree, wait_any_exit
+from azulite.launch.local.procs import (
+    describe, exit_status, job_processes, signal_groups, terminate_tree, tree, wait_any_exit,
+)
 from azulite.launch.local.rank import config_errors, shell_exit_code
 from azulite.launch.local.stacks import live_rank_pids, request_dumps
 from azulite.launch.local.store import JobStore
@@ -255,7 +257,7 @@ class Supervisor:
         finished_at: float | None = None  # when the first node ended 0: the job is done, nothing may join
         noted: dict[str, int] = {}  # agents whose exit is in the store (by pid: a replacement is another)
         while True:
-            exits = {n: (None if p.poll() is None else shell_exit_code(p.returncode)) for n, p in procs.items()}
+            exits = {n: (None if exit_status(p) is None else shell_exit_code(p.returncode)) for n, p in procs.items()}
             running = [n for n, c in exits.items() if c is None]
             ended = [n for n, c in exits.items() if c is not None and noted.get(n) != procs[n].pid]
             if ended:  # as soon as seen: `job nodes` reads which nodes are lost from the store
@@ -422,7 +424,7 @@ class Supervisor:
 
     def _sweep(self) -> None:
         """No orphans: end whatever is left of this job's processes (by tree, then by env marker)."""
-        live = [p.pid for p in self._procs if p.poll() is None]  # reaped pids may be reused: skip them
+        live = [p.pid for p in self._procs if exit_status(p) is None]  # reaped pids may be reused: skip them
         if self.job_dir is None:
             return
         left = job_processes(self.job_dir, exclude=(os.getpid(),))
