@@ -121,6 +121,14 @@ class Unavailable(ServeError):
     status = "UNAVAILABLE"
 
 
+class ModelNotReady(Unavailable):
+    """A model the repository has, with no ready version (unloaded, failed to load, loading): unavailable to
+    a fallback policy, answered as Triton does, 404 / NOT_FOUND (a gRPC client's retry policy retries
+    UNAVAILABLE, and a 503 told it to come back in a second for a model that was unloaded)."""
+
+    status = "NOT_FOUND"
+
+
 class Unsupported(ServeError):
     """A protocol extension or feature azulite does not implement."""
 

@@ -42,7 +42,9 @@ def conversation(grpc_url: str, empty_final: bool) -> list:
             out.append(("error", error.message()))
             continue
         response = result.get_response()
-        final = response.parameters["triton_final_response"].bool_param if empty_final else None
+        # Triton marks every streamed response, asked for the empty final one or not
+        final = response.parameters["triton_final_response"].bool_param if "triton_final_response" in \
+            response.parameters else None
         values = result.as_numpy("OUT")
         out.append((response.id, None if values is None or values.size == 0 else int(values[0]),
                     None if values is None or values.size == 0 else int(result.as_numpy("IDX")[0]), final))
@@ -65,9 +67,9 @@ def check(seen: list, empty_final: bool) -> None:
         assert grouped["b"] == [("b", None, None, True)]
         assert grouped["c"] == [("c", 4, 0, False)]
     else:
-        assert grouped["a"] == [("a", 1, 0, None), ("a", 2, 1, None), ("a", 3, 2, None)]
+        assert grouped["a"] == [("a", 1, 0, False), ("a", 2, 1, False), ("a", 3, 2, False)]
         assert "b" not in grouped  # zero responses
-        assert grouped["c"] == [("c", 4, 0, None)]
+        assert grouped["c"] == [("c", 4, 0, False)]
     assert len(grouped["error"]) == 1 and "element 1 is negative: -1" in grouped["error"][0][1]
 
 
@@ -106,6 +108,7 @@ def test_decoupled_model_streams_0_to_n_responses(repo, grpc_impl):
         client.stop_stream()
         result, error = seen.get_nowait()
         assert error is None and seen.empty() and result.as_numpy("OUTPUT0").tolist() == (2 * x).tolist()
+        assert result.get_response().parameters["triton_final_response"].bool_param is True
         client.close()
         stats = httpclient.InferenceServerClient(s.http_url).get_inference_statistics("repeat_py")
         inference = stats["model_stats"][0]["inference_stats"]

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import threadpoolctl
 
-from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable
+from azulite.errors import InvalidArgument, ServeError, Unavailable
 from azulite.serve import config as cfg
 from azulite.serve import instances
 from azulite.serve.backends.base import Timing, WorkItem
@@ -26,7 +26,7 @@ from azulite.serve.batcher import Batcher
 from azulite.serve.bls import bls_call
 from azulite.serve.checks import bytes_objects, check_inputs, check_outputs, output_array, output_datatype
 from azulite.serve.counted import Counted
-from azulite.serve.decoupled import stream, stream_with_policies, unary_refused
+from azulite.serve.decoupled import FINAL_FLAG, stream, stream_with_policies, unary_refused
 from azulite.serve.ensemble import run_ensemble, step_item, step_outputs
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
 from azulite.serve.sharedstate import SharedDriftStore, drift_key
@@ -35,7 +35,7 @@ from azulite.serve.manager import ControlMode, ManagerSettings, ModelManager
 from azulite.serve.metrics import ServerMetrics
 from azulite.serve.model_control import ModelControl
 from azulite.serve.models import LoadedModel
-from azulite.serve.parameters import classify, request_int, top_k
+from azulite.serve.parameters import classify, for_model, request_int, requested_names, top_k
 from azulite.serve.proto import model_config_pb2 as mc
 from azulite.serve.proto import service_pb2 as pb
 from azulite.serve.response_cache import CacheSettings, ResponseCache, cache_metrics
@@ -170,6 +170,8 @@ class TritonDataPlane(ModelControl):
     def model_ready(self, name: str, version: str = "") -> bool:
         try:
             self.manager.get(name, version)
+        except InvalidArgument:  # a version that is no number is a mistake to name, not a model not ready
+            raise
         except ServeError:
             return False
         return True
@@ -341,10 +343,14 @@ class TritonDataPlane(ModelControl):
         response = await self._infer(request)
         if places:
             self.shm.place_outputs(response, places)
+        response.parameters[FINAL_FLAG] = True
         yield response
 
     async def _one(self, request: InferRequest) -> AsyncIterator[InferResponse]:
-        yield await self.infer(request)
+        """A model that answers once: its response is the stream's final one (Triton marks it so)."""
+        response = await self.infer(request)
+        response.parameters[FINAL_FLAG] = True
+        yield response
 
     async def _infer(self, request: InferRequest, parent: Trace | None = None, sample: bool = True) -> InferResponse:
         """infer without the shutdown check: ensemble steps and BLS calls of requests in flight (``parent``:
@@ -398,7 +404,7 @@ class TritonDataPlane(ModelControl):
         item = self._prepare(model, request)
         priority = request_int(request, "priority") if "priority" in request.parameters else 0
         timeout = request_int(request, "timeout") if "timeout" in request.parameters else 0
-        wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
+        wanted = list(model.outputs) if item.outputs is None else requested_names(request)
         counted.reason = "BACKEND"
         trace = None
         if parent is not None:
@@ -417,7 +423,7 @@ class TritonDataPlane(ModelControl):
         inputs, batch = check_inputs(model, ((t.name, t.datatype, tuple(t.shape), t.data) for t in request.inputs))
         outputs = None if request.outputs is None else check_outputs(model, (o.name for o in request.outputs))
         return WorkItem(inputs=inputs, outputs=outputs, batch_size=max(batch, 0), request_id=request.id,
-                        parameters=request.parameters)
+                        parameters=for_model(request.parameters))
 
     def _respond(self, model: LoadedModel, request: InferRequest, item: WorkItem,
                  outputs: dict[str, np.ndarray], wanted: list[str]) -> InferResponse:
@@ -431,10 +437,8 @@ class TritonDataPlane(ModelControl):
         batched = model.max_batch_size > 0
         for name in wanted:
             array = outputs.get(name)
-            if array is None:
-                if item.outputs is None:
-                    continue  # a Python model may leave an output out
-                raise Internal(f"model '{model.name}' did not produce the requested output '{name}'")
+            if array is None:  # a Python model may leave an output out, requested or not: Triton answers
+                continue          # without it (checked against 2.51 in tests/serve/test_protocol_triton.py)
             array = output_array(model, item.batch_size, name, array)
             if name in classes:
                 array = bytes_objects(classify(array, classes[name], model.labels.get(name), batched, name))

@@ -7,8 +7,10 @@ WorkItem carries a ``sink`` that hands each response to this request's queue on 
 :func:`stream` yields them as :class:`InferResponse` until the final one. gRPC ``ModelStreamInfer`` sends
 each as a stream message; unary infer (HTTP or gRPC) refuses a decoupled model, as Triton does.
 
-As Triton: a request parameter ``triton_enable_empty_final_response`` (bool) makes every response carry
-``triton_final_response`` and sends an empty final response when the model closes without one.
+As Triton: every streamed response carries ``triton_final_response`` (true on the one the model sent with
+the final flag, on a non-decoupled model's single response and on an error); a request parameter
+``triton_enable_empty_final_response`` (bool) also sends an empty final response when the model closes
+without one (checked against real Triton 2.51 in tests/serve/test_decoupled.py).
 
 A decoupled model's fallback and output monitor (serve/fallback.py, serve/drift.py) apply as they do to
 unary requests: :func:`stream_with_policies` adds each streamed response to the drift windows, and sends
@@ -28,7 +30,7 @@ from typing import TYPE_CHECKING
 from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable, Unsupported
 from azulite.serve.batcher import Rejected
 from azulite.serve.counted import Counted
-from azulite.serve.parameters import request_int
+from azulite.serve.parameters import request_int, requested_names
 from azulite.serve.types import InferRequest, InferResponse
 
 if TYPE_CHECKING:
@@ -73,7 +75,7 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
         item.sink = sink
         if dp.tracer.active:  # serve/trace.py: the trace ends with the final response
             item.trace = counted.trace = dp.tracer.sample(model.name, model.version, request.id, request.trace_context)
-        wanted = list(model.outputs) if item.outputs is None else [o.name for o in request.outputs or ()]
+        wanted = list(model.outputs) if item.outputs is None else requested_names(request)
         future = model.batcher.submit(item, priority=request_int(request, "priority"),
                                       timeout_us=request_int(request, "timeout"))
         future.add_done_callback(executed)
@@ -87,8 +89,7 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
                 response = InferResponse(model.name, model.version_str, [], id=request.id)
             else:
                 break  # the final flag alone
-            if empty_final:
-                response.parameters[FINAL_FLAG] = final
+            response.parameters[FINAL_FLAG] = final
             yield response
             if final:
                 break

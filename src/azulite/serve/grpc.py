@@ -19,10 +19,11 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from azulite.errors import InvalidArgument, ResourceExhausted, ServeError, Unsupported
+from azulite.errors import InvalidArgument, NotFound, ResourceExhausted, ServeError, Unsupported
 from azulite.serve import log_settings
 from azulite.serve.batcher import Rejected
 from azulite.serve.config import WIRE_TO_NUMPY
+from azulite.serve.decoupled import FINAL_FLAG
 from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
 from azulite.serve.otel import traceparent_of
 from azulite.serve.proto import service_pb2 as pb
@@ -156,8 +157,6 @@ def decode_infer_request(req: pb.ModelInferRequest) -> InferRequest:
     req_inputs = req.inputs
     if n_raw and n_raw != len(req_inputs):
         _check_raw_count(req)
-    if not req_inputs:
-        raise InvalidArgument("the infer request needs at least one input")
     inputs: list[InferTensor] = []
     for t in req_inputs:
         name, datatype = t.name, t.datatype
@@ -321,9 +320,9 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
                 queue.put_nowait(pb.ModelStreamInferResponse(infer_response=encode_infer_response(response)))
         except Exception as exc:  # noqa: BLE001 - a stream reports errors per response, as Triton
             _, message = _status(exc)
-            queue.put_nowait(pb.ModelStreamInferResponse(
-                error_message=message, infer_response=pb.ModelInferResponse(id=request.id,
-                                                                            model_name=request.model_name)))
+            error = pb.ModelInferResponse(id=request.id, model_name=request.model_name)  # as Triton's, marked final
+            error.parameters[FINAL_FLAG].bool_param = True
+            queue.put_nowait(pb.ModelStreamInferResponse(error_message=message, infer_response=error))
 
     async def ModelStreamInfer(self, request_iterator, context):
         """Requests of a stream run concurrently; each response is sent when ready (match them by id). A
@@ -424,6 +423,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # --- extensions azulite does not implement ------------------------------------------------------
 
     async def CudaSharedMemoryStatus(self, request, context):
+        if request.name:  # a region by name: none is ever registered (as Triton answers it)
+            await self._abort(context, NotFound(f"Unable to find cuda shared memory region: '{request.name}'"))
         return pb.CudaSharedMemoryStatusResponse()
 
     async def CudaSharedMemoryRegister(self, request, context):

@@ -296,6 +296,9 @@ class HttpApp:
         name, version, tail = rest[0], "", rest[1:]
         if len(tail) >= 2 and tail[0] == "versions":
             version, tail = tail[1], tail[2:]
+            if not (version.isascii() and version.isdigit()):  # Triton's routes take digits only (no -1, +1)
+                raise NotFound(f"no such endpoint: {method.decode()} {path}",
+                               fix="name a version by its number: /v2/models/NAME/versions/N")
         if tail == ["trace", "setting"]:
             return self._trace_setting(name, method, path, body)
         action = tail[0] if len(tail) == 1 else ("" if not tail else None)
@@ -311,7 +314,9 @@ class HttpApp:
             return json_reply(codec.model_metadata_json(self.dp.model_metadata(name, version)))
         if action == "ready":
             self._method(get, method, path)
-            return (200 if self.dp.model_ready(name, version) else 400), JSON, b"", ()
+            if self.dp.model_ready(name, version):
+                return EMPTY_OK
+            return 400, JSON, b'{"error":"Model version not ready"}', ()  # Triton's body
         if action == "config":
             self._method(get, method, path)
             return json_reply(codec.message_to_json(self.dp.model_config(name, version)))
@@ -420,6 +425,8 @@ class HttpApp:
     @staticmethod
     def _shared_memory(kind: str, rest: list[str], method: bytes, path: str):
         if rest and rest[-1] == "status":
+            if len(rest) == 3 and rest[0] == "region":  # a region by name: none is ever registered (as Triton)
+                raise NotFound(f"Unable to find cuda shared memory region: '{rest[1]}'")
             return json_reply([])
         if rest and rest[-1] == "unregister":
             return EMPTY_OK  # nothing is ever registered: unregistering leaves nothing registered

@@ -318,8 +318,8 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
     if not isinstance(doc, dict):
         raise InvalidArgument("the infer request must be a JSON object")
     raw_inputs = doc.get("inputs")
-    if not isinstance(raw_inputs, list) or not raw_inputs:
-        raise InvalidArgument("the infer request needs a non-empty 'inputs' array")
+    if not isinstance(raw_inputs, list):  # empty is fine: a model whose inputs are all optional (as Triton)
+        raise InvalidArgument("the infer request needs an 'inputs' array")
     offset = header_length
     inputs: list[InferTensor] = []
     offsets: list[tuple[int, int]] = []  # where each binary input lies in the body (for a plan)
@@ -397,6 +397,9 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
                 raise InvalidArgument(f"output '{item['name']}': 'parameters' must be an object")
             if "binary_data" in oparams:
                 _flag(oparams["binary_data"], "binary_data", f"output '{item['name']}': ")
+                if oparams["binary_data"] and "shared_memory_region" in oparams:  # Triton's words: one place
+                    raise InvalidArgument(f"output '{item['name']}': Output can't set both 'shared_memory_region' "
+                                          "and 'binary_data'", fix="drop 'binary_data': the output lands in the region")
             outputs.append(RequestedOutput(item["name"], oparams))
     request_id = doc.get("id", "")
     request = InferRequest(model_name=model_name, inputs=inputs, model_version=model_version,

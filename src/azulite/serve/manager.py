@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from azulite.errors import ModelLoadError, NotFound, ServeError, Unavailable
+from azulite.errors import InvalidArgument, ModelLoadError, ModelNotReady, NotFound, ServeError, Unavailable
 from azulite.serve import config as cfg
 from azulite.serve import instances
 from azulite.serve import repository as repo
@@ -85,10 +85,14 @@ class ModelManager:
         entry = self.entries.get(name)
         if entry is None:
             raise NotFound(f"Request for unknown model: '{name}' is not found")
+        if version and version != "-1" and not (version.isascii() and version.isdigit()):
+            raise InvalidArgument(f"model '{name}': version '{version}' is not a version number (Triton refuses it too)",
+                                  fix="name a version by its number (a folder of the model), or leave it out for the "
+                                      "latest ready version")
         if not version or version == "-1":
             model = entry.default()
             if model is None:
-                raise Unavailable(
+                raise ModelNotReady(
                     f"Request for unknown model: '{name}' has no available versions"
                     + (f" ({entry.reason})" if entry.reason else "")
                 )
@@ -101,7 +105,7 @@ class ModelManager:
         if model is None:
             state = entry.states.get(number)
             if state is not None and state.state != READY:
-                raise Unavailable(f"Request for unknown model: '{name}' version {version} is not at ready state"
+                raise ModelNotReady(f"Request for unknown model: '{name}' version {version} is not at ready state"
                                   + (f" ({state.reason})" if state.reason else ""))
             raise NotFound(f"Request for unknown model: '{name}' version {version} is not found")
         return model

@@ -1,6 +1,6 @@
-"""Request parameters as the data plane reads them: integers (priority, timeout), the classification
-parameter's top-k and the extension's answer (top-k of an output as BYTES "value:index[:label]"), and shape
-text for messages."""
+"""Request parameters as the data plane reads them: the ones a model sees, integers (priority, timeout),
+the classification parameter's top-k and the extension's answer (top-k of an output as BYTES
+"value:index[:label]"), and shape text for messages."""
 
 from __future__ import annotations
 
@@ -8,6 +8,20 @@ import numpy as np
 
 from azulite.errors import InvalidArgument
 from azulite.serve.types import InferRequest
+
+
+#: what the protocol itself reads (sequence batching, the scheduler, the HTTP and gRPC front-ends): Triton
+#: consumes them and hands a model only the rest (its ``request.parameters()``, checked against 2.51 in
+#: tests/serve/test_protocol_triton.py)
+RESERVED = frozenset({"sequence_id", "sequence_start", "sequence_end", "priority", "timeout",
+                      "binary_data_output", "triton_enable_empty_final_response"})
+
+
+def for_model(parameters: dict) -> dict:
+    """The request's parameters a model sees: all but the protocol's own (:data:`RESERVED`)."""
+    if not parameters or RESERVED.isdisjoint(parameters):
+        return parameters
+    return {k: v for k, v in parameters.items() if k not in RESERVED}
 
 
 def request_int(request: InferRequest, key: str) -> int:
@@ -18,6 +32,12 @@ def request_int(request: InferRequest, key: str) -> int:
         except (TypeError, ValueError):
             raise InvalidArgument(f"request parameter '{key}' must be an integer, got {value!r}") from None
     return int(value)
+
+
+def requested_names(request: InferRequest) -> list[str]:
+    """The outputs a request asks for, in its order, each once (Triton answers an output named twice once)."""
+    names = [o.name for o in request.outputs or ()]
+    return names if len(names) < 2 or len(set(names)) == len(names) else list(dict.fromkeys(names))
 
 
 def shape_text(shape) -> str:

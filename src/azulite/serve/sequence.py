@@ -104,6 +104,11 @@ class Sequencer:
 
     def _sequence_id(self, params: dict[str, Any]) -> Any:
         sid = params.get("sequence_id")
+        if isinstance(sid, float) and sid >= 2**64:  # a JSON number past UINT64 parses as a float
+            raise InvalidArgument(
+                f"inference request to model '{self.model}': correlation ID (request parameter 'sequence_id') "
+                f"{sid:.0f} is past the largest unsigned 64-bit integer",
+                fix="use an ID in 1..18446744073709551615, or a string")
         if isinstance(sid, bool) or sid in (None, 0, "") or not isinstance(sid, (int, str, np.integer)):
             raise InvalidArgument(
                 f"inference request to model '{self.model}' must specify a non-zero or non-empty correlation ID "

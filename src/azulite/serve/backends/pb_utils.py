@@ -171,6 +171,11 @@ class Tensor:
         return f"Tensor(name={self._name!r}, shape={self.shape()}, dtype={self._array.dtype})"
 
 
+def _json(parameters: dict | str) -> str:
+    """Parameters as Triton's ``parameters()`` gives them: a compact JSON object."""
+    return parameters if isinstance(parameters, str) else json.dumps(parameters, separators=(",", ":"))
+
+
 class InferenceResponse:
     __slots__ = ("_outputs", "_error", "_parameters")
 
@@ -190,7 +195,7 @@ class InferenceResponse:
         return self._error
 
     def parameters(self) -> str:
-        return self._parameters if isinstance(self._parameters, str) else json.dumps(self._parameters)
+        return _json(self._parameters)
 
 
 class InferenceResponseSender:
@@ -289,7 +294,7 @@ class InferenceRequest:
         return self._model_name
 
     def parameters(self) -> str:
-        return self._parameters if isinstance(self._parameters, str) else json.dumps(self._parameters)
+        return _json(self._parameters)
 
     def is_cancelled(self) -> bool:
         return False
