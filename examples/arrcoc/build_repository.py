@@ -335,15 +335,32 @@ def _check_free(out: Path, overwrite: bool) -> None:
                          "or choose another --out")
 
 
+def _check_integrity(target: Path, sign_key: Path | None) -> None:
+    """A repository with a signed integrity manifest (``azulite repo sign --key``) takes new models only
+    re-signed: refused before the minutes of training, or the server would refuse every ARR-COC model."""
+    from azulite.export.repository import check_integrity_before
+    from azulite.errors import AzuliteError
+
+    try:
+        check_integrity_before(target, sign_key)
+    except AzuliteError as exc:
+        raise SystemExit(f"{exc}\n  fix: pass --sign-key PRIVATE.pem (the key `azulite repo sign --key` used), "
+                         f"or write into another --out") from None
+
+
 def build(out: Path, *, triton_python: bool = False, also_triton_python: Path | None = None, seed: int = 0,
-          overwrite: bool = False, trained: Trained | None = None, log=print) -> dict:
+          overwrite: bool = False, trained: Trained | None = None, log=print, sign_key: Path | None = None) -> dict:
     """Write the ARR-COC models into the repository ``out`` (created if missing; other models in it are
-    left alone), and the --triton-python variant into ``also_triton_python`` if given. Returns the summary
-    the command line prints as JSON."""
+    left alone), and the --triton-python variant into ``also_triton_python`` if given. A repository with an
+    integrity manifest gets its entries for the models written (re-signed with ``sign_key``), as
+    ``azulite export`` does. Returns the summary the command line prints as JSON."""
+    from azulite.export.repository import update_integrity
+
     out = out.resolve()
     targets = [out] + ([also_triton_python.resolve()] if also_triton_python else [])
     for target in targets:
         _check_free(target, overwrite)
+        _check_integrity(target, sign_key)
     t = trained or train(seed, log=log)
     stages = []
     try:
@@ -359,6 +376,7 @@ def build(out: Path, *, triton_python: bool = False, also_triton_python: Path | 
             to_triton_python(stages[0])
         for stage, target in zip(stages, targets):  # only now, with everything built, into place
             _place(stage, target)
+        integrity = [update_integrity(target, [target / n for n in ALL_MODELS], sign_key) for target in targets]
     finally:
         for stage in stages:
             shutil.rmtree(stage, ignore_errors=True)
@@ -368,6 +386,8 @@ def build(out: Path, *, triton_python: bool = False, also_triton_python: Path | 
                "onnx_max_abs_error": errors, "train_seconds": round(t.train_seconds, 1)}
     if also_triton_python:
         summary["triton_python_repository"] = str(targets[1])
+    if any(integrity):
+        summary["integrity"] = [i for i in integrity if i]
     return summary
 
 
@@ -397,6 +417,8 @@ def main(argv: list[str] | None = None) -> None:
                     help="also write the --triton-python variant of the same trained models into DIR")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--overwrite", action="store_true", help="replace ARR-COC models already in --out")
+    ap.add_argument("--sign-key", type=Path, metavar="PRIVATE.pem",
+                    help="re-sign the repository's integrity manifest (a repository `azulite repo sign --key` signed)")
     ap.add_argument("--images", action="store_true", help="redraw examples/arrcoc/images/ (and queries.json)")
     args = ap.parse_args(argv)
     if args.images:
@@ -406,7 +428,7 @@ def main(argv: list[str] | None = None) -> None:
         ap.error("--out DIR is required (or --images)")
     log = lambda msg: print(msg, file=sys.stderr, flush=True)  # noqa: E731 - stdout's last line is the JSON
     summary = build(args.out, triton_python=args.triton_python, also_triton_python=args.also_triton_python,
-                    seed=args.seed, overwrite=args.overwrite, log=log)
+                    seed=args.seed, overwrite=args.overwrite, log=log, sign_key=args.sign_key)
     print(json.dumps(summary))
 
 

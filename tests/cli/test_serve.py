@@ -302,25 +302,39 @@ def test_exit_timeout_expires_with_a_request_in_flight(tmp_path):
             s.stop()
 
 
-def test_open_model_control_warning_names_the_bound_port_not_0(repo):
-    # 127.0.0.2 is loopback (nothing outside reaches it) but not an address the warning trusts
-    proc = subprocess.Popen(
-        [AZULITE, "serve", str(repo), "--model-control-mode", "explicit", "--http-address", "127.0.0.2",
-         "--http-port", "0", "--allow-grpc", "false", "--allow-metrics", "false"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "400"})
+def _start_up_lines(*args: str) -> str:
+    """``azulite serve ARGS``'s own lines up to its ready line (or its exit); then it is stopped."""
+    proc = subprocess.Popen([AZULITE, "serve", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, "COLUMNS": "400"})
     lines = []
     try:
-        for line in proc.stdout:  # the server's own lines, up to its ready line (or its exit)
+        for line in proc.stdout:
             lines.append(line)
             if "azulite serve ready" in line:
                 break
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.communicate(timeout=120)
-    out = "".join(lines)
+    return "".join(lines)
+
+
+def test_open_model_control_warning_names_the_bound_port_not_0(repo):
+    # 127.0.0.2 is loopback (nothing outside reaches it) but not an address the warning trusts
+    out = _start_up_lines(str(repo), "--model-control-mode", "explicit", "--http-address", "127.0.0.2",
+                          "--http-port", "0", "--allow-grpc", "false", "--allow-metrics", "false")
     port = int(re.search(r"Started HTTPService at 127\.0\.0\.2:(\d+)", out).group(1))
     assert port != 0 and f"model control is open on http 127.0.0.2:{port} with no guard" in out, out
     assert "127.0.0.2:0 " not in out, out  # was "open on http 127.0.0.2:0"
+
+
+def test_a_rate_limit_for_a_model_the_repository_lacks_is_warned(repo):
+    """A typo in --model-rate-limit limited nothing, silently."""
+    out = _start_up_lines(str(repo), "--http-address", "127.0.0.1", "--http-port", "0", "--allow-grpc", "false",
+                          "--allow-metrics", "false", "--model-rate-limit", "string_pyy=5",
+                          "--model-rate-limit", "string_py=5")
+    assert "azulite serve ready" in out, out
+    assert "--model-rate-limit string_pyy=5: the repository has no model 'string_pyy'" in out, out
+    assert "no model 'string_py'" not in out, out
 
 
 def test_a_config_syntax_error_is_logged_once_with_its_fix(tmp_path):

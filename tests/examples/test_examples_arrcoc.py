@@ -30,6 +30,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "arrcoc"
 TRITONSERVER = ROOT / ".cache" / "anchors" / "bin" / "tritonserver"  # scripts/anchors.sh
+AZULITE = str(Path(sys.executable).with_name("azulite"))  # the console script beside this interpreter
 CASES = json.loads((EXAMPLE / "images" / "queries.json").read_text())
 # azulite vs Triton: the ONNX steps run the same onnxruntime build with one thread on both sides and the
 # opponent processor computes in float64, so the floats agree to the last bit in practice; the test allows
@@ -44,6 +45,12 @@ def built(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path, dict]:
     """Both repositories from one training run: ONNX steps as onnxruntime_onnx (azulite) and as
     Python-backend wrappers (the Triton anchor has no onnxruntime backend)."""
     root = tmp_path_factory.mktemp("arrcoc")
+    # azulite's repository has an integrity manifest (unsigned) before the build: the build must add its
+    # models to it, or the server refuses every one of them as "not in the manifest"
+    (root / "azulite").mkdir()
+    sign = subprocess.run([AZULITE, "repo", "sign", str(root / "azulite")],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert sign.returncode == 0, sign.stderr
     p = subprocess.run([sys.executable, str(EXAMPLE / "build_repository.py"), "--out", str(root / "azulite"),
                         "--also-triton-python", str(root / "triton")],
                        capture_output=True, text=True, timeout=1200, cwd=ROOT)
@@ -115,6 +122,21 @@ def test_build_trains_and_verifies_every_export(built) -> None:
         (EXAMPLE / "models" / "vlm_ensemble" / "config.pbtxt").read_bytes()
     assert 'platform: "onnxruntime_onnx"' in (azulite_repo / "decoder" / "config.pbtxt").read_text()
     assert 'backend: "python"' in (triton_repo / "decoder" / "config.pbtxt").read_text()
+    assert summary["integrity"] == [f"azulite-manifest.json updated for {', '.join(summary['models'])}"]
+
+
+def test_a_signed_repository_is_refused_without_its_key_before_training(tmp_path) -> None:
+    """A repository `azulite repo sign --key` signed takes new models only re-signed: the build says so
+    before its minutes of training (it wrote models the server then refused, and said nothing)."""
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    for args in (("repo", "keygen", str(tmp_path / "k.pem"), str(tmp_path / "k.pub.pem")),
+                 ("repo", "sign", str(repo), "--key", str(tmp_path / "k.pem"))):
+        assert subprocess.run([AZULITE, *args], capture_output=True, cwd=ROOT).returncode == 0
+    p = subprocess.run([sys.executable, str(EXAMPLE / "build_repository.py"), "--out", str(repo)],
+                       capture_output=True, text=True, timeout=600, cwd=ROOT)
+    assert p.returncode != 0 and "--sign-key PRIVATE.pem" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    assert sorted(f.name for f in repo.iterdir()) == ["azulite-manifest.json", "azulite-manifest.sig"]
 
 
 @pytest.mark.parametrize("protocol", ["http", "grpc"])

@@ -68,10 +68,12 @@ def exported(dlrm_job, tmp_path_factory) -> dict:
     assert p.returncode == 0, p.stdout + p.stderr
     result = json.loads(p.stdout)
     # the same checkpoint as an ensemble beside it, under another name
-    p = cli("export", dlrm_job["id"], "--to", str(repo), "--name", "dlrm_ens", "--pipeline", "ensemble", "--json",
+    p = cli("export", dlrm_job["id"], "--to", str(repo), "--name", "dlrm_ens", "--pipeline", "ensemble",
             env={"AZULITE_HOME": dlrm_job["home"]})
     assert p.returncode == 0, p.stdout + p.stderr
-    assert json.loads(p.stdout)["pipeline"] == "ensemble"
+    # the text says what serves it: the ensemble clients call, and where its ONNX step lies
+    assert "served behind an ensemble" in p.stdout and "-> ensemble 'dlrm_ens' version 1 (the onnx step in " in p.stdout
+    assert result["pipeline"] == "fused"
     step_dir = Path(result["checkpoint"])
     model, mc = load_plain_model(step_dir)  # the DLRM engineer's own unsharded loader: independent weights
     rows = held_out_rows(dlrm_job["data"], 24)

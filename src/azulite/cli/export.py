@@ -121,9 +121,13 @@ def export(
         return
     out = Console(highlight=False, soft_wrap=True)
     why = "" if not result.skipped else " (" + "; ".join(f"{f} not possible: {r}" for f, r in result.skipped) + ")"
-    out.print(f"exported {result.checkpoint} as [bold]{result.format}[/]{why}", markup=True)
-    out.print(f"  -> {result.model_dir}/{result.version}  model '{result.name}' version {result.version}; "
-              f"inputs {', '.join(result.inputs)}; outputs {', '.join(result.outputs)}", markup=False)
+    served = {"fused": ", served by one Python step that parses raw records and runs it",
+              "ensemble": ", served behind an ensemble: a parsing step, then the model"}.get(result.pipeline or "", "")
+    out.print(f"exported {result.checkpoint} as [bold]{result.format}[/]{served}{why}", markup=True)
+    where = (f"ensemble '{result.name}' version {result.version} (the {result.format} step in "
+             f"{result.model_dir}/{result.version})" if result.pipeline == "ensemble" else
+             f"{result.model_dir}/{result.version}  model '{result.name}' version {result.version}")
+    out.print(f"  -> {where}; inputs {', '.join(result.inputs)}; outputs {', '.join(result.outputs)}", markup=False)
     v = result.verification
     out.print(f"  verified: max abs error {v.max_abs:.3g}, max rel error {v.max_rel:.3g} over {v.rows} rows "
               f"(atol {v.tolerance.atol:g}, rtol {v.tolerance.rtol:g})", markup=False)

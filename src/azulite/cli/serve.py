@@ -302,8 +302,8 @@ def serve(
         running.append(server)
         rows = server.dataplane.startup_table()
         console.print(_table(rows))
-        for warning in exposure_warnings(settings, server.ports):  # the bound ports (was "port 0")
-            console.print(f"[bold yellow]warning:[/] {warning}")
+        for warning in [*exposure_warnings(settings, server.ports), *_unknown_limited(settings)]:
+            console.print(f"[bold yellow]warning:[/] {warning}")  # (the bound ports, was "port 0")
         failed = sorted({name for name, _, status in rows if status.startswith("UNAVAILABLE")})
         serving = sorted({name for name, _, status in rows if status.startswith("READY")})
         if failed and exit_on_error_:
@@ -366,6 +366,19 @@ def serve(
         sys.stdout.flush()
         sys.stderr.flush()
         os._exit(0)
+
+
+def _unknown_limited(settings) -> list[str]:
+    """A --model-rate-limit naming a model the repository lacks (a typo limits nothing, silently)."""
+    from azulite.serve.repository import list_models
+
+    try:
+        models = set(list_models(Path(settings.repository)))
+    except Exception:  # noqa: BLE001 - the server said what is wrong with the repository already
+        return []
+    return [f"--model-rate-limit {name}={rps:g}: the repository has no model '{name}' (its models: "
+            f"{', '.join(sorted(models)) or 'none'}); the limit applies if one of that name appears"
+            for name, rps in settings.guard.model_rps if name not in models]
 
 
 def _rate(item: str) -> tuple[str, float]:
