@@ -3,7 +3,7 @@ anchors installer's, Python backend) and of azulite serve, the answers compared:
 request's parameters, a request with no inputs to a model whose inputs are all optional, an output the
 model left out or one requested twice, a model that was unloaded, an output placed in a region and asked
 as binary data too, a CUDA region asked for by name, a version that is not a number, a model that is not
-ready, and a streamed response's final flag. Each exchange returns what a client sees (status codes,
+ready, a streamed response's final flag, and an answer asked compressed. Each exchange returns what a client sees (status codes,
 bodies, output names and values) so one comparison covers it.
 
 Known and kept (azulite answers differently on purpose, README "Serving"): a client's malformed request is a
@@ -115,7 +115,27 @@ def exchanges(http: str, grpc_url: str) -> dict:
     g.load_model("string_py")
     out["stream"] = _stream(grpc_url)
     g.close()
+    out["compressed answers"] = _compressed(http)
     return out
+
+
+def _compressed(http: str) -> list:
+    """An infer answer asked compressed (tritonclient's response_compression_algorithm; Accept-Encoding):
+    the encoding the server answered with, and the answer as tritonclient reads it."""
+    import tritonclient.http as th
+
+    client = th.InferenceServerClient(http)
+    x = th.InferInput("X", [2], "FP32")
+    x.set_data_from_numpy(np.array([1, 2], np.float32))
+    seen = [client.infer("params_py", [x], response_compression_algorithm=algorithm).as_numpy("Y").tolist()
+            for algorithm in ("gzip", "deflate")]
+    client.close()
+    for accept in ("gzip", "deflate", "br, deflate", "gzip;q=0, deflate", "br"):
+        req = urllib.request.Request(f"http://{http}/v2/models/params_py/infer", method="POST",
+                                     data=json.dumps({"inputs": [X]}).encode(), headers={"Accept-Encoding": accept})
+        with urllib.request.urlopen(req, timeout=60) as r:
+            seen.append((accept, r.headers.get("Content-Encoding")))
+    return seen
 
 
 def _stream(grpc_url: str) -> list:
@@ -159,7 +179,7 @@ def answers(tmp_path_factory):
     "left-out output over HTTP", "left-out output over gRPC", "output named twice over HTTP",
     "output named twice over gRPC", "region and binary_data", "CUDA region by name over HTTP",
     "CUDA region by name over gRPC", "version abc over gRPC", "version not digits over HTTP", "not ready",
-    "unloaded over HTTP", "unloaded over gRPC", "stream",
+    "unloaded over HTTP", "unloaded over gRPC", "stream", "compressed answers",
 ])
 def test_answers_as_triton(answers, case):
     theirs, ours = answers
@@ -175,3 +195,4 @@ def test_the_answers_compared_are_the_ones_expected(answers):
     assert theirs["output named twice over gRPC"] == ["Y"]
     assert theirs["unloaded over HTTP"] == [404, 404, 404]
     assert theirs["stream"] == [("bad", True, "params_py", True), ("ok", True, "params_py", False)]
+    assert theirs["compressed answers"][:4] == [[2.0, 4.0], [2.0, 4.0], ("gzip", "gzip"), ("deflate", "deflate")]

@@ -32,7 +32,8 @@ from azulite.serve import log_settings
 from azulite.serve.api_routes import http_route
 from azulite.serve.auth import Guard
 from azulite.serve.http_replies import (DEFAULT_MAX_INPUT_SIZE, EMPTY_OK, JSON, MethodNotAllowed, Reply, decompress,
-                                        error_reply, json_reply, ok_reply, parse_json_body, traced_reply)
+                                        error_reply, json_reply, ok_reply, parse_json_body, response_encoding,
+                                        traced_reply)
 from azulite.serve.http_stream import is_stream
 from azulite.serve.otel import traceparent_of
 from azulite.serve.types import DataPlane, InferRequest, InferResponse
@@ -69,13 +70,14 @@ def _decode(name: str, version: str, headers: dict[bytes, bytes], body: bytes, l
     return request
 
 
-def _encoded(request: InferRequest, reply: asyncio.Future, response: InferResponse | None,
+def _encoded(request: InferRequest, reply: asyncio.Future, encoding: bytes | None, response: InferResponse | None,
              error: BaseException | None) -> None:
     """The data plane's answer to an infer request (HttpApp._infer_now): its reply set on ``reply``, as
-    _infer would return it (a cancelled one as the transport answers a cancelled task)."""
+    _infer would return it (a cancelled one as the transport answers a cancelled task); compressed with
+    ``encoding`` (serve/http_replies.response_encoding)."""
     if error is None:
         try:
-            ok = ok_reply(*codec.encode_infer_response(response, request))
+            ok = ok_reply(*codec.encode_infer_response(response, request), encoding)
         except Exception as exc:  # noqa: BLE001
             error = exc
         else:
@@ -89,7 +91,7 @@ def _encoded_audited(app: HttpApp, request: InferRequest, reply: asyncio.Future,
                      name: str, version: str, audited: tuple, response: InferResponse | None,
                      error: BaseException | None) -> None:
     """_encoded, then the guarded request's audit line (HttpApp._infer_start)."""
-    _encoded(request, reply, response, error)
+    _encoded(request, reply, response_encoding(headers), response, error)
     app._audit_line(headers, name, version, audited, reply.result())
 
 
@@ -172,7 +174,7 @@ class HttpApp:
         server's young-generation collections at c=32: docs/guard.md, stop 28)."""
         try:
             request = _decode(name, version, headers, body, self.max_input_size)
-            then = (partial(_encoded, request, reply) if audited is None else
+            then = (partial(_encoded, request, reply, response_encoding(headers)) if audited is None else
                     partial(_encoded_audited, self, request, reply, headers, name, version, audited))
             if self._infer_then(request, then) is None:  # type: ignore[misc]
                 task = self._loop.create_task(self.dp.infer(request))  # type: ignore[union-attr]
@@ -353,7 +355,7 @@ class HttpApp:
         except Exception as exc:  # noqa: BLE001 - every failure becomes an HTTP answer
             reply = error_reply(exc)
         else:
-            reply = ok_reply(out, hlen)
+            reply = ok_reply(out, hlen, response_encoding(headers))
         if response is not None and response.trace is not None:
             reply = traced_reply(reply, response.trace)
         if audited is not None:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import logging
+import zlib
 from typing import Any
 
 from azulite.errors import InvalidArgument, PayloadTooLarge, ServeError
@@ -50,9 +51,33 @@ OCTETS = b"application/octet-stream"
 HLEN = b"Inference-Header-Content-Length"
 
 
-def ok_reply(out, hlen: int | None) -> Reply:
-    """An infer request's 200: JSON, or binary tensors after a JSON header of ``hlen`` bytes."""
-    return (200, JSON, out, ()) if hlen is None else (200, OCTETS, out, ((HLEN, b"%d" % hlen),))
+def ok_reply(out, hlen: int | None, encoding: bytes | None = None) -> Reply:
+    """An infer request's 200: JSON, or binary tensors after a JSON header of ``hlen`` bytes; compressed
+    with ``encoding`` (b"gzip" / b"deflate", from :func:`response_encoding`): ``hlen`` stays the length of
+    the header as it is once inflated, as Triton sends it and tritonclient reads it."""
+    headers: tuple[tuple[bytes, bytes], ...] = () if hlen is None else ((HLEN, b"%d" % hlen),)
+    if encoding is not None:
+        if encoding == b"gzip":
+            out = zlib.compress(out, 6, 31)  # the gzip wrapper, no file name or time
+        else:  # HTTP's "deflate" is the zlib format (RFC 9110), which tritonclient inflates
+            out = zlib.compress(out, 6)
+        headers = (*headers, (b"Content-Encoding", encoding))
+    return 200, (JSON if hlen is None else OCTETS), out, headers
+
+
+def response_encoding(headers: dict[bytes, bytes]) -> bytes | None:
+    """The compression an infer response takes from the request's Accept-Encoding (tritonclient's
+    ``response_compression_algorithm``), as Triton offers it: gzip or deflate, the client's first choice
+    that is not refused (``;q=0``); None for none (most requests: one dict lookup)."""
+    accept = headers.get(b"accept-encoding")
+    if accept is None:
+        return None
+    for item in accept.lower().split(b","):
+        name, _, params = item.partition(b";")
+        name, params = name.strip(), params.replace(b" ", b"")
+        if name in (b"gzip", b"deflate") and params not in (b"q=0", b"q=0.0", b"q=0.00", b"q=0.000"):
+            return name
+    return None
 
 
 def traced_reply(reply: Reply, trace: Any) -> TracedReply:
