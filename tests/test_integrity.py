@@ -119,3 +119,29 @@ def test_update_for_an_exporter(repo, keys):
     (repo / "b/2/model.onnx").write_bytes(b"v2 again")
     integrity.update_manifest(repo, ["b/2/model.onnx"])
     integrity.verify_repository(repo)
+
+
+def test_a_version_added_as_a_link_is_listed_and_refused(repo, tmp_path):
+    """A symlinked folder was not walked: a version added as a link to unsigned code passed `repo verify`
+    and the server's check, and its code ran."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "model.onnx").write_bytes(b"unsigned")
+    integrity.sign_repository(repo)
+    (repo / "a" / "3").symlink_to(outside, target_is_directory=True)
+    with pytest.raises(IntegrityError, match="a/3/model.onnx' is not in the manifest"):
+        integrity.load_manifest(repo).check_model("a")
+    with pytest.raises(IntegrityError, match="unlisted: a/3/model.onnx"):
+        integrity.verify_repository(repo)
+
+
+def test_a_link_signed_with_the_repository_is_checked_and_a_loop_ends(repo, tmp_path):
+    (repo / "b" / "2").symlink_to(repo / "b" / "1", target_is_directory=True)  # a version that is a link
+    (repo / "b" / "1" / "up").symlink_to(repo / "b", target_is_directory=True)  # a link back up: a loop
+    doc = json.loads(integrity.sign_repository(repo).read_text())
+    assert [f for f in sorted(doc["files"]) if f.startswith("b/")] == [  # the loop is not followed
+        "b/1/model.onnx", "b/2/model.onnx", "b/config.pbtxt"]
+    integrity.load_manifest(repo).check_model("b")
+    (repo / "b" / "1" / "model.onnx").write_bytes(b"changed")  # seen through both paths
+    with pytest.raises(IntegrityError, match="b/1/model.onnx' does not match"):
+        integrity.load_manifest(repo).check_model("b")

@@ -11,7 +11,9 @@ before it loads a model (:meth:`Manifest.check_model`), and the exporter after i
 repository (:func:`update_manifest`). No serve/ dependency on purpose: the exporter must not import the
 server. Signing is ``cryptography``'s Ed25519 (the field's well-kept library; nothing hand-rolled).
 
-Python's ``__pycache__`` folders are not listed or checked: the Python backend writes them at load.
+Python's ``__pycache__`` folders are not listed or checked (Python writes them): the Python backend never
+runs bytecode from a repository (serve/backends/python.py compiles the signed source). Symlinked folders
+are followed (each real folder once): a version added as a link is listed, and refused when unsigned.
 """
 
 from __future__ import annotations
@@ -40,13 +42,26 @@ def sha256_file(path: Path) -> str:
     return h.hexdigest()
 
 
+def _real_ancestors(base: Path, folder: Path) -> set[str]:
+    """The real paths of ``folder`` and of every folder between it and ``base`` (as walked, links and all)."""
+    out = {os.path.realpath(base)}
+    walked = base
+    for part in folder.relative_to(base).parts:
+        walked = walked / part
+        out.add(os.path.realpath(walked))
+    return out
+
+
 def repository_files(root: Path, model: str | None = None) -> list[str]:
     """Every file of the repository (or of one model), as sorted ``/`` paths relative to ``root``."""
     root = Path(root)
     base = root / model if model else root
     out = []
-    for folder, dirs, files in os.walk(base):  # symlinked folders are not followed (no loops)
-        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS)
+    for folder, dirs, files in os.walk(base, followlinks=True):  # a linked folder's files are the model's too
+        ancestors = _real_ancestors(Path(base), Path(folder))
+        # a link back to a folder above it would loop: not followed
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS
+                         and os.path.realpath(os.path.join(folder, d)) not in ancestors)
         for name in files:
             rel = Path(folder, name).relative_to(root).as_posix()
             if rel in (MANIFEST, SIGNATURE) or name.endswith(".tmp-manifest"):

@@ -347,3 +347,41 @@ def test_onnx_string_tensors_round_trip_as_bytes(tmp_path):
         await dp.shutdown()
 
     asyncio.run(main())
+
+
+def _plant_bytecode(source, evil: str) -> None:
+    """A ``__pycache__`` .pyc for ``source`` whose header matches it (mtime, size): Python's own loader
+    runs it instead of the source."""
+    import importlib.util
+    import marshal
+    import os
+    import struct
+
+    st = source.stat()
+    cached = importlib.util.cache_from_source(str(source))
+    os.makedirs(os.path.dirname(cached), exist_ok=True)
+    with open(cached, "wb") as f:
+        f.write(importlib.util.MAGIC_NUMBER + struct.pack("<III", 0, int(st.st_mtime) & 0xFFFFFFFF,
+                                                          st.st_size & 0xFFFFFFFF))
+        f.write(marshal.dumps(compile(evil, str(source), "exec")))
+
+
+def test_a_models_python_runs_from_its_source_never_planted_bytecode(tmp_path):
+    """The integrity manifest signs sources, not bytecode (Python writes it): a .pyc planted beside a
+    signed model.py, or beside a module it imports, ran in their place. Nothing is written there either."""
+    from azulite.serve.backends.python import _load_module
+
+    folder = tmp_path / "m" / "1"
+    folder.mkdir(parents=True)
+    (folder / "helper_for_bytecode_test.py").write_text("VALUE = 'source'\n")
+    (folder / "model.py").write_text("import helper_for_bytecode_test as helper\n\n\n"
+                                     "class TritonPythonModel:\n    VALUE = helper.VALUE\n    MINE = 'source'\n")
+    _plant_bytecode(folder / "helper_for_bytecode_test.py", "VALUE = 'planted'\n")
+    _plant_bytecode(folder / "model.py", "class TritonPythonModel:\n    VALUE = MINE = 'planted'\n")
+    try:
+        module = _load_module(folder / "model.py", "m")
+        assert (module.TritonPythonModel.MINE, module.TritonPythonModel.VALUE) == ("source", "source")
+    finally:
+        sys.modules.pop("helper_for_bytecode_test", None)
+    assert sorted(p.name for p in (folder / "__pycache__").iterdir()) == sorted(  # only the planted two
+        ["helper_for_bytecode_test.cpython-%d%d.pyc" % sys.version_info[:2], "model.cpython-%d%d.pyc" % sys.version_info[:2]])

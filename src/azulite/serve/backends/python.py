@@ -11,10 +11,12 @@ interpreter, so a model.py that mutates module globals shares them across its in
 from __future__ import annotations
 
 import asyncio
+import importlib.machinery
 import importlib.util
 import inspect
 import json
 import logging
+import os
 import sys
 import threading
 import time
@@ -49,6 +51,30 @@ def _model_frames(exc: BaseException) -> str:
 _counter = 0
 
 
+class _SourceOnly(importlib.machinery.SourceFileLoader):
+    """A repository's Python files are compiled from their source, never from bytecode (``__pycache__``):
+    the integrity manifest does not list bytecode (Python writes it), so a planted ``.pyc`` whose header
+    matched the signed source's mtime and size ran in its place. Nothing is written either."""
+
+    def get_code(self, fullname: str):
+        path = self.get_filename(fullname)
+        return self.source_to_code(self.get_data(path), path)
+
+
+#: folders whose modules load source-only (model folders, and any package below one)
+_model_folders: set[str] = set()
+
+
+def _source_only_finder(path: str):
+    """sys.path_hooks entry: a finder for a model folder (or below one) that loads source and extension
+    modules, not bytecode; other paths are left to the default hooks."""
+    if path in _model_folders or any(path.startswith(f + os.sep) for f in _model_folders):
+        return importlib.machinery.FileFinder(
+            path, (_SourceOnly, importlib.machinery.SOURCE_SUFFIXES),
+            (importlib.machinery.ExtensionFileLoader, importlib.machinery.EXTENSION_SUFFIXES))
+    raise ImportError(path)
+
+
 def _load_module(model_file: Path, model: str):
     """A fresh module object per call (Triton gives each instance its own process and module)."""
     global _counter
@@ -56,9 +82,15 @@ def _load_module(model_file: Path, model: str):
         _counter += 1
         module_name = f"azulite_python_model_{_counter}"
         folder = str(model_file.parent)
+        if _source_only_finder not in sys.path_hooks:
+            sys.path_hooks.insert(0, _source_only_finder)
+        if folder not in _model_folders:
+            _model_folders.add(folder)
+            sys.path_importer_cache.pop(folder, None)
         if folder not in sys.path:  # model.py may import its sibling files, as in Triton's stub
             sys.path.insert(0, folder)
-        spec = importlib.util.spec_from_file_location(module_name, model_file)
+        spec = importlib.util.spec_from_file_location(module_name, model_file,
+                                                      loader=_SourceOnly(module_name, str(model_file)))
         module = importlib.util.module_from_spec(spec)  # type: ignore[arg-type]
         try:
             spec.loader.exec_module(module)  # type: ignore[union-attr]
