@@ -334,6 +334,48 @@ def test_guard_sees_each_commit_on_the_next_check_and_caches_between(tmp_path):
         store.close()
 
 
+def test_a_key_store_replaced_at_its_path_is_read_again(tmp_path):
+    """A store replaced at its path (a Secret's symlink swap, a restore, a copy over it) was never read again:
+    a revocation in the new file was missed until a restart. Gone or unreadable, every key is refused until
+    it is back. The reload backstop is what looks (a replaced file's commits do not move the old watch)."""
+    import os
+    import shutil
+
+    clock = SteppedClock()
+    path = tmp_path / "keys.db"
+    store = KeyStore(path)
+    record, token = store.create("a")
+    store.close()
+    guard = Guard(GuardSettings(auth=True, key_store=path, reload_interval_s=1.0), clock=clock)
+    try:
+        assert guard.check("http", "metadata", "", token).key_id == record.id
+        copy = tmp_path / "keys-new.db"
+        shutil.copy(path, copy)
+        other = KeyStore(copy)
+        other.revoke("a")
+        other.close()
+        os.replace(copy, path)  # the deploy's atomic swap
+        assert guard.check("http", "metadata", "", token).key_id == record.id  # before the backstop
+        clock.now += 1.5
+        with pytest.raises(Unauthenticated):
+            guard.check("http", "metadata", "", token)
+        os.rename(path, tmp_path / "elsewhere.db")  # gone: refused, whatever it held
+        fresh = KeyStore(tmp_path / "fresh.db")
+        back, back_token = fresh.create("b")
+        fresh.close()
+        clock.now += 1.5
+        with pytest.raises(Unauthenticated):
+            guard.check("http", "metadata", "", back_token)
+        path.write_bytes(b"not a key store")  # unreadable: refused
+        with pytest.raises(Unauthenticated):
+            guard.check("http", "metadata", "", back_token)
+        os.replace(tmp_path / "fresh.db", path)  # back, with key b
+        clock.now += 1.5
+        assert guard.check("http", "metadata", "", back_token).key_id == back.id
+    finally:
+        guard.close()
+
+
 class SteppedClock:
     """Time that moves only when the test says."""
 

@@ -22,18 +22,24 @@ revocation committed by the CLI takes effect on the very next request — in eve
 server alike. ``reload_interval_s`` is only a backstop (data_version asked that often whatever the header
 says). With ``shared_state_dir`` the buckets and quotas are those of all the workers together
 (serve/sharedstate.py); without it, this process's own.
+
+A key store replaced at its path (a Kubernetes Secret's symlink swap, a restore, a deploy copying a new
+file) is reopened at the next reload: the open connection kept reading the old file, revocations and
+all. A store gone from its path, or that cannot be read, refuses every key until it is back (logged).
 """
 
 from __future__ import annotations
 
 import hmac
+import logging
+import os
 import threading
 import time
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from azulite.errors import PermissionDenied, ServeError, SpecError, Unauthenticated
+from azulite.errors import KeyStoreError, PermissionDenied, ServeError, SpecError, Unauthenticated
 # the route tables are re-exported: importers of azulite.serve.auth keep finding them here
 from azulite.serve.api_routes import (ADMIN_CATEGORIES, CATEGORIES, GRPC_ROUTES, OPEN, bearer,  # noqa: F401
                                       http_route, http_route_infer)
@@ -104,6 +110,19 @@ class GuardSettings:
         return bool(self.auth or self.model_rps or any(self.restricted.values()) or self.audit_log)
 
 
+log = logging.getLogger("azulite.serve.auth")
+_NO_STORE = -2  # the keys' version while the store is gone or unreadable
+
+
+def _file_id(path: Path | None) -> tuple[int, int] | None:
+    """The file at ``path`` (device, inode; links followed), or None when there is none."""
+    try:
+        st = os.stat(path)  # type: ignore[arg-type]
+    except (OSError, TypeError):
+        return None
+    return st.st_dev, st.st_ino
+
+
 class Guard:
     """``check(...)`` answers a Principal or raises Unauthenticated / PermissionDenied / ResourceExhausted.
     Thread-safe (grpcio may call from its own threads)."""
@@ -122,6 +141,8 @@ class Guard:
         self._verified: dict[str, tuple[KeyRecord, Principal]] = {}
         self._watch: CommitWatch | None = None
         self._wal = None  # the key store's mapped WAL-index header (keystore.CommitWatch), under --auth
+        self._store_id: tuple[int, int] | None = None  # the open store's file (device, inode)
+        self._retired: list[tuple] = []  # stores (and watches) replaced at their path, closed with the guard
         self._next_reload = 0.0
         #: (authorization as sent, protocol, category, model) -> the plan of
         #: requests that passed the whole check and need no restricted-API header: a repeat costs one
@@ -143,6 +164,7 @@ class Guard:
             if settings.key_store is None:
                 raise SpecError("--auth needs a key store", field="--key-store",
                                 fix="create a key (azulite keys create NAME) or pass --key-store FILE")
+            self._store_id = _file_id(settings.key_store)
             self.store = KeyStore(settings.key_store, create=False)
             self._watch = self.store.watch()  # before the first load: a commit in between is seen
             # the hot paths compare the mapped header with the one last seen themselves (CommitWatch.moved
@@ -175,11 +197,12 @@ class Guard:
     def close(self) -> None:
         if self.audit is not None:
             self.audit.close()
-        if self._watch is not None:
-            self._wal = b"\0"  # its map closes with it
-            self._watch.close()
-        if self.store is not None:
-            self.store.close()
+        for store, watch in [*self._retired, (self.store, self._watch)]:
+            if watch is not None:
+                self._wal = b"\0"  # its map closes with it
+                watch.close()
+            if store is not None:
+                store.close()
         if self.table is not None:
             self.table.close()
 
@@ -187,6 +210,13 @@ class Guard:
 
     def _reload(self) -> None:
         with self._lock:
+            if _file_id(self.settings.key_store) != self._store_id:
+                self._reopen()
+            if self.store is None:  # gone or unreadable: no key is valid until it is back
+                if self._version != _NO_STORE:
+                    self._keys, self._verified, self._plans, self._http_plans = {}, {}, {}, {}
+                    self._version = _NO_STORE
+                return
             version = self.store.data_version()
             if version != self._version:
                 self._keys = {r.id: r for r in self.store.records() if r.revoked is None}
@@ -194,6 +224,28 @@ class Guard:
                 self._plans = {}
                 self._http_plans = {}
                 self._version = version
+
+    def _reopen(self) -> None:
+        """The key store's path names another file now (or none): open that one (under ``_lock``)."""
+        path = self.settings.key_store
+        self._store_id = _file_id(path)
+        retired = (self.store, self._watch)
+        try:
+            store = KeyStore(path, create=False) if self._store_id is not None else None
+        except KeyStoreError as exc:
+            log.error("the key store %s cannot be read (%s): every key is refused until it can", path, exc.message)
+            store = None
+        else:
+            if store is None:
+                log.error("the key store %s is gone: every key is refused until it is back", path)
+            else:
+                log.warning("the key store %s was replaced: reopened, its keys read again", path)
+        self.store = store
+        # unmapped (no store), a value never equal to the watch's ``seen`` sends each request to _reload
+        self._watch = store.watch() if store is not None else CommitWatch(None)
+        self._wal = self._watch.mm if self._watch.mapped else b"\0"
+        self._version = -1
+        self._retired.append(retired)  # closed with the guard: a thread may still read the old map now
 
     def principal(self, token: str | None) -> Principal:
         return self._authenticate(token, self.clock.monotonic(), self.clock.time())[1]
