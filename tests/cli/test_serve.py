@@ -181,6 +181,9 @@ def test_bad_flags_exit_2_without_traceback(repo, args, message):
     (["--key-store", "/tmp/keys.db"], "error: --key-store: is only read with --auth\n  fix: add --auth"),
     (["--auth", "--key-store", "/"], "error: --key-store: key store '/' is a directory"),
     (["--audit-log", "/"], "error: / (--audit-log): is a directory"),  # served, every audit line lost
+    (["--audit-log", "/proc/nope/a.jsonl"], "error: /proc/nope/a.jsonl (--audit-log): its folder cannot be made"),
+    (["--audit-log-max-bytes", "0"], "error: --audit-log-max-bytes: must be a positive number of bytes, got 0"),
+    (["--quota-ledger", "/tmp/q.db"], "error: --quota-ledger: is only used with --auth"),
 ])
 def test_flags_refused_before_serving_say_the_flag_once_and_the_fix(capsys, monkeypatch, repo, args, says):
     # in-process: these are refused before a model loads or a port opens; a flag let through fails the test

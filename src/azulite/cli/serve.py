@@ -101,6 +101,9 @@ def serve(
                               "(Authorization: Bearer; see azulite keys)."),
     key_store: Optional[Path] = typer.Option(None, "--key-store", help="Key store for --auth "
                                              "(default $AZULITE_HOME/keys.db)."),
+    quota_ledger: Optional[Path] = typer.Option(None, "--quota-ledger",
+                                                help="Where the day's quota usage outlives a restart (SQLite; "
+                                                "default: KEY_STORE.usage beside the key store)."),
     model_rate_limit: Optional[List[str]] = typer.Option(None, "--model-rate-limit",
                                                          help="MODEL=RPS: inference requests per second for a "
                                                          "model, all keys together (repeatable)."),
@@ -249,6 +252,17 @@ def serve(
         raise SpecError("is a directory" if audit_log.is_dir() else "lies under a file, not a folder",
                         file=str(audit_log), field="--audit-log", fix="name a file in a folder, e.g. --audit-log "
                         f"{audit_log / 'audit.jsonl' if audit_log.is_dir() else 'audit.jsonl'}")
+    if audit_log is not None:
+        try:  # a folder that cannot be made was reported as the ports failing to listen
+            audit_log.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SpecError(f"its folder cannot be made: {exc.strerror or exc}", file=str(audit_log),
+                            field="--audit-log", fix="name a file in a folder this user can write") from None
+    if audit_log_max_bytes < 1:  # 0 or less never rotated: the log grew without bound
+        raise SpecError(f"must be a positive number of bytes, got {audit_log_max_bytes}", field="--audit-log-max-bytes",
+                        fix="e.g. --audit-log-max-bytes 67108864 (64 MiB; 5 rotated files are kept)")
+    if quota_ledger is not None and not auth:
+        raise SpecError("is only used with --auth", field="--quota-ledger", fix="add --auth, or drop --quota-ledger")
     if key_store is not None and not auth:  # the server would run open while the user thinks it is guarded
         raise SpecError("is only read with --auth", field="--key-store",
                         fix=f"add --auth (every endpoint but health then needs a key from {key_store})")
@@ -286,7 +300,7 @@ def serve(
             model_rps=tuple(_rate(item) for item in model_rate_limit or ()),
             restricted={"http": tuple(parse_restricted(t, "--http-restricted-api") for t in http_restricted_api or ()),
                         "grpc": tuple(parse_restricted(t, "--grpc-restricted-api") for t in grpc_restricted_api or ())},
-            audit_log=audit_log, audit_max_bytes=audit_log_max_bytes),
+            audit_log=audit_log, audit_max_bytes=audit_log_max_bytes, quota_ledger=quota_ledger),
         server_name=server_name,
         verify=verify,
         manifest_key=manifest_key,

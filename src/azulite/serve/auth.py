@@ -45,6 +45,7 @@ from azulite.serve.api_routes import (ADMIN_CATEGORIES, CATEGORIES, GRPC_ROUTES,
                                       http_route, http_route_infer)
 from azulite.serve.audit import AuditLog
 from azulite.serve.keystore import WAL_HEADER, CommitWatch, KeyRecord, KeyStore, check_token, split_token
+from azulite.serve.quota_ledger import LedgerWriter, QuotaLedger, ledger_path
 from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, planned_take, refuse
 from azulite.serve.sharedstate import LIMITS_FILE, SharedDailyQuotas, SharedTokenBuckets, SlotTable
 
@@ -104,6 +105,8 @@ class GuardSettings:
     audit_max_bytes: int = 64 * 1024 * 1024
     audit_backups: int = 5
     reload_interval_s: float = 0.2
+    #: where the day's quota usage outlives a restart (serve/quota_ledger.py); None: beside the key store
+    quota_ledger: Path | None = None
 
     @property
     def active(self) -> bool:
@@ -181,6 +184,10 @@ class Guard:
             self.buckets = SharedTokenBuckets(self.table, "key:", self.clock)
             self.model_buckets = SharedTokenBuckets(self.table, "model:", self.clock)
             self.quotas = SharedDailyQuotas(self.table, "quota:", self.clock)
+        self.ledger: QuotaLedger | None = None
+        self._ledger_writer: LedgerWriter | None = None
+        if settings.auth:
+            self._open_ledger()
         self.model_rps = dict(settings.model_rps)
         self.headers: dict[str, dict[str, tuple[str, str]]] = {}
         self.admin_categories = set(ADMIN_CATEGORIES)
@@ -194,7 +201,42 @@ class Guard:
                       if settings.audit_log else None)
         self.rejected: dict[str, int] = {}  # status -> count, for metrics
 
+    def _open_ledger(self) -> None:
+        """The day's quota usage as the last run left it, and the thread keeping it (serve/quota_ledger.py).
+        A ledger named with --quota-ledger must open; the default one beside the key store may not (a
+        read-only Secret volume): then today's quotas start again with the server, said once."""
+        path = self.settings.quota_ledger or ledger_path(self.settings.key_store)
+        try:
+            self.ledger = QuotaLedger(path)
+        except KeyStoreError as exc:
+            if self.settings.quota_ledger is not None:
+                raise SpecError(exc.message, field="--quota-ledger", fix=exc.fix) from None
+            log.warning("%s: daily quotas count from this start (pass --quota-ledger FILE on a writable volume)",
+                        exc.message)
+            return
+        day = int(self.clock.time() // 86400)
+        for name, used in self.ledger.load(day).items():
+            self.quotas.seed(name, day, used)
+        self._ledger_writer = LedgerWriter(self.ledger, self._quota_counts)
+
+    def _quota_counts(self) -> tuple[int, list[tuple[str, int]]]:
+        """(today, [(key name, requests used today)]) of the keys with a quota (the ledger writer's thread)."""
+        day = int(self.clock.time() // 86400)
+        counts = []
+        for record in list(self._keys.values()):
+            if record.quota_per_day:
+                used_day, used = self.quotas.read(record.name)
+                if used_day == day:
+                    counts.append((record.name, used))
+        return day, counts
+
     def close(self) -> None:
+        if self._ledger_writer is not None:
+            self._ledger_writer.stop()
+            self._ledger_writer = None
+        if self.ledger is not None:
+            self.ledger.close()
+            self.ledger = None
         if self.audit is not None:
             self.audit.close()
         for store, watch in [*self._retired, (self.store, self._watch)]:
@@ -350,24 +392,25 @@ class Guard:
         if self.auth and record is None:
             return principal  # verified by a reload in between: plan it next time
         model_rps = self.model_rps.get(model) if self.model_rps and category == "inference" else None
-        limited = record is not None and bool(record.rps or record.quota_per_day)
+        quota = record.quota_per_day if record is not None and category == "inference" else None
+        limited = record is not None and bool(record.rps or quota)
         local = None
         if self.table is None and (limited or model_rps):  # this process's buckets: drawn from directly
             now, wall = self.clock.monotonic(), self.clock.time()
-            local = (self.buckets.bucket(record.id, record.rps, None, now) if limited and record.rps else None,
-                     self.quotas.counter(record.id, wall) if limited and record.quota_per_day else None,
-                     record.quota_per_day if limited and record.quota_per_day else 0,
+            local = (self.buckets.bucket(record.name, record.rps, None, now) if limited and record.rps else None,
+                     self.quotas.counter(record.name, wall) if limited and quota else None,
+                     quota if limited and quota else 0,
                      self.model_buckets.bucket(model, model_rps, None, now) if model_rps else None)
         if len(plans) >= 4096:
             plans.clear()
         expires = record.expires if record is not None else None
-        take = (self._take_closure(record if limited else None, model, model_rps, expires, local)
+        take = (self._take_closure(record if limited else None, model, model_rps, expires, local, bool(quota))
                 if limited or model_rps or expires is not None else None)
         plans[(authorization, protocol, category, model)] = (principal, take)
         return principal
 
     def _take_closure(self, record: KeyRecord | None, model: str, model_rps: float | None, expires: float | None,
-                      local: tuple | None):
+                      local: tuple | None, quota: bool):
         """What a planned request still does each time, as one closure over the objects it needs (no
         attribute lookups, no argument unpacking: this runs on every guarded request). ``take(now)``:
         False when granted; True when the key expired (the caller checks in full, which refuses); raises
@@ -384,7 +427,7 @@ class Guard:
                     return True
                 if limits is not None:
                     try:
-                        limits(record, model, model_rps, now, wall)
+                        limits(record, model, model_rps, now, wall, quota)
                     except ServeError as exc:
                         rejected[exc.status] = rejected.get(exc.status, 0) + 1
                         raise
@@ -431,28 +474,30 @@ class Guard:
             if model and principal.models is not None and model not in principal.models:
                 raise PermissionDenied(f"this key does not reach model '{model}'",
                                        fix="use a key created with --models including it")
-            limited = record.rps or record.quota_per_day
+            limited = record.rps or (record.quota_per_day and category == "inference")
         else:
             limited = None
         model_rps = self.model_rps.get(model) if self.model_rps and category == "inference" else None
         if limited or model_rps:
-            self._limits(record, model, model_rps, now, wall)
+            self._limits(record, model, model_rps, now, wall, category == "inference")
         return principal
 
     def _limits(self, record: KeyRecord | None, model: str, model_rps: float | None, now: float,
-                wall: float) -> None:
-        """The key's bucket and quota, then the model's bucket: in that order, under one lock when
-        the workers share them (one flock pair a request), none in one process (the event loop)."""
+                wall: float, quota: bool = True) -> None:
+        """The key's bucket and quota (``quota``: an inference request, the only kind a quota counts), then
+        the model's bucket: in that order, under one lock when the workers share them (one flock pair a
+        request), none in one process (the event loop). Buckets and quotas are the key's name's: a rotated
+        key (a new id, the same name) goes on with its day's count."""
         lock = self.table.lock if self.table is not None else None
         if lock is not None:
             lock.__enter__()
         try:
             if record is not None and record.rps:
-                wait = self.buckets.take_locked(record.id, record.rps, None, now)
+                wait = self.buckets.take_locked(record.name, record.rps, None, now)
                 if wait:
                     raise self._refusal(1, wait, record, model, model_rps)
-            if record is not None and record.quota_per_day:
-                wait = self.quotas.take_locked(record.id, record.quota_per_day, wall)
+            if quota and record is not None and record.quota_per_day:
+                wait = self.quotas.take_locked(record.name, record.quota_per_day, wall)
                 if wait:
                     raise self._refusal(2, wait, record, model, model_rps)
             if model_rps:

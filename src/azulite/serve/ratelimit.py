@@ -118,6 +118,19 @@ class DailyQuotas:
 
     take_locked = _take  #: as TokenBuckets.take_locked
 
+    def read(self, name: str) -> tuple[int, int]:
+        """(day, requests used that day) of ``name``'s counter ((-1, 0) if none)."""
+        used = self._used.get(name)
+        return (-1, 0) if used is None else (used[0], used[1])
+
+    def seed(self, name: str, day: int, used: int) -> None:
+        """At least ``used`` requests of ``day`` counted for ``name`` (a restart's ledger, serve/quota_ledger.py)."""
+        counter = self._used.get(name)
+        if counter is None or counter[0] != day:
+            self._used[name] = [day, used]
+        elif counter[1] < used:
+            counter[1] = used
+
     def counter(self, name: str, now: float) -> list[int]:
         """The [day, used] pair ``take_locked(name, ...)`` counts in (made if new), for :func:`planned_take`."""
         used = self._used.get(name)

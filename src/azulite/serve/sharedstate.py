@@ -198,6 +198,24 @@ class SharedDailyQuotas:
         _VALUES.pack_into(table.mm, at, float(day), used + 1.0, 0.0, now)
         return 0.0
 
+    def read(self, name: str) -> tuple[int, int]:
+        """(day, requests used that day) of ``name``'s counter ((-1, 0) if none)."""
+        with self.table.lock:
+            off, new = self.table.slot(self.prefix + name)
+            used_day, used, _, _ = _VALUES.unpack_from(self.table.mm, off + _KEY)
+        return (-1, 0) if new else (int(used_day), int(used))
+
+    def seed(self, name: str, day: int, used: int) -> None:
+        """At least ``used`` requests of ``day`` counted for ``name`` (a restart's ledger)."""
+        with self.table.lock:
+            off, new = self.table.slot(self.prefix + name)
+            at = off + _KEY
+            used_day, count, _, stamp = _VALUES.unpack_from(self.table.mm, at)
+            if new or int(used_day) != day:
+                count = 0.0
+            if count < used:  # stamped with the day's start at least: not the stalest slot to reuse
+                _VALUES.pack_into(self.table.mm, at, float(day), float(used), 0.0, max(stamp, day * 86400.0))
+
 
 # --- drift windows ----------------------------------------------------------------------------------
 
