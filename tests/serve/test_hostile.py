@@ -150,6 +150,76 @@ def test_slowloris_heads_are_cut_off(server):
     well_behaved(server)
 
 
+def test_a_body_that_stops_arriving_is_cut_off(server):
+    """A head sent whole, then a body that never ends (or a byte now and then, slower than the timeout):
+    it held its connection forever, and enough of them every connection a server allows."""
+    socks = []
+    for _ in range(10):
+        s = connect(server.http_url)
+        s.sendall(b"POST /v2/models/add_sub_onnx/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 196\r\n\r\n{")
+        socks.append(s)
+    well_behaved(server)  # served while 10 bodies hang
+    for s in socks:
+        answer = read_until_closed(s)
+        assert b"408 Request Timeout" in answer and b"request body stopped arriving" in answer
+    well_behaved(server)
+
+
+def test_a_head_gets_its_whole_timeout(server):
+    """The sweep cut heads off after half a timeout to one (two ticks of half a timeout each): never before
+    the timeout now. Heads begun at five points of a tick (the sweep's phase is unknown), each answer
+    timed as it comes. (A lower bound only: a slow machine makes it later, never earlier.)"""
+    import selectors
+
+    sel = selectors.DefaultSelector()
+    began = {}
+    for i in range(5):
+        s = connect(server.http_url)
+        began[s] = time.monotonic()
+        s.sendall(b"GET /v2 HTTP/1.1\r\nHost: x\r\n")  # the server's clock starts after this reaches it
+        sel.register(s, selectors.EVENT_READ)
+        time.sleep(LIMITS.header_timeout_s / 10)  # staggering the heads across a tick, not waiting on one
+    took, answers = {}, {s: b"" for s in began}
+    while len(took) < len(began):
+        events = sel.select(timeout=60)
+        assert events, "the server did not answer the heads in 60 s"
+        for key, _ in events:
+            chunk = key.fileobj.recv(4096)
+            answers[key.fileobj] += chunk
+            if not chunk:
+                took[key.fileobj] = time.monotonic() - began[key.fileobj]
+                sel.unregister(key.fileobj)
+                key.fileobj.close()
+    assert all(b"408 Request Timeout" in a for a in answers.values())
+    assert min(took.values()) >= LIMITS.header_timeout_s, sorted(took.values())
+
+
+def test_idle_connections_make_room_at_max_connections(tmp_path):
+    """At --max-connections, a new connection was refused (503) while the ones held open sat idle: a client
+    keeping idle keep-alive connections kept everyone out, liveness probes included. The idle one goes."""
+    import dataclasses
+
+    repo = build_model_repository(tmp_path / "repo", ("add_sub_onnx",))
+    limits = dataclasses.replace(LIMITS, max_connections=2)
+    with running_server(repo, limits=limits) as s:
+        idle = []
+        for _ in range(2):  # each answered once, then held open doing nothing
+            c = connect(s.http_url)
+            c.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert c.recv(4096).startswith(b"HTTP/1.1 200 ")
+            idle.append(c)
+        probes = []
+        for _ in range(2):  # each evicts the connection idle longest: the two held first, in turn
+            probe = connect(s.http_url)
+            probe.sendall(b"GET /v2/health/live HTTP/1.1\r\nHost: x\r\n\r\n")
+            assert probe.recv(4096).startswith(b"HTTP/1.1 200 ")
+            probes.append(probe)
+        closed = [read_until_closed(c) for c in idle]  # the server closed them (each without a word)
+        assert closed == [b"", b""]
+        for probe in probes:
+            probe.close()
+
+
 @pytest.mark.parametrize("attack, answer", [
     (b"GET /v2 HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * (100 * 1024) + b"\r\n\r\n", b"431 "),
     (b"POST /v2/models/add_sub_onnx/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 1000000000000\r\n\r\n", b"413 "),

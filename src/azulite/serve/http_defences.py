@@ -1,6 +1,6 @@
 """The HTTP/1.1 transport's defences against hostile clients (see azulite.serve.limits), mixed into its
 connection class: a request head that does not arrive in time (slowloris; the server's sweep calls
-``_head_timeout``), clients that do not read their answers (reading pauses, then the connection is
+``_head_timeout``; a body that stops arriving, ``_body_timeout``), clients that do not read their answers (reading pauses, then the connection is
 aborted), pipelining far ahead of the answers (reading pauses)."""
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ log = logging.getLogger("azulite.serve.http")
 
 class HttpDefences:
     """Needs of the connection: ``transport``, ``server`` (``limits``, ``tick``), ``replies``, ``peer``,
-    ``head_tick``, ``stall_timer``, ``read_paused``, ``write_paused``, ``deferred`` and ``_fail``."""
+    ``head_tick``, ``body_tick``, ``stall_timer``, ``read_paused``, ``write_paused``, ``deferred`` and ``_fail``."""
 
     __slots__ = ()
 
@@ -21,6 +21,11 @@ class HttpDefences:
         if self.transport is not None:
             log.info("HTTP connection from %s closed: request head not complete in time", self.peer)
             self._fail(408, "the request head did not arrive in time")
+
+    def _body_timeout(self) -> None:
+        if self.transport is not None:
+            log.info("HTTP connection from %s closed: request body stopped arriving", self.peer)
+            self._fail(408, "the request body stopped arriving (no byte within --header-timeout-secs)")
 
     def pause_writing(self) -> None:
         self.write_paused = True
@@ -52,6 +57,8 @@ class HttpDefences:
             self.read_paused = False
             if self.head_tick >= 0:  # a head cut by our pause gets a whole timeout again
                 self.head_tick = self.server.tick
+            if self.body_tick >= 0:  # a body too
+                self.body_tick = self.server.tick
             self.transport.resume_reading()
         elif not want and not self.read_paused:
             self.read_paused = True

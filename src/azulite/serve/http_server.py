@@ -7,6 +7,7 @@ Why by hand and not a framework: see serve/http.py.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
 import logging
 from collections import deque
@@ -48,7 +49,8 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
     reply goes into a FIFO; replies are written as soon as every earlier one is."""
 
     __slots__ = ("server", "transport", "parser", "url", "headers", "body", "body_size", "too_large",
-                 "replies", "closing", "peer", "head_size", "head_tick", "stall_timer", "read_paused",
+                 "replies", "closing", "peer", "head_size", "head_tick", "body_tick", "last_active",
+                 "stall_timer", "read_paused",
                  "write_paused", "streaming", "deferred", "max_head", "loop", "head_reads", "recv_start")
 
     def __init__(self, server: "HttpServer") -> None:
@@ -65,6 +67,8 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         self.peer = ""
         self.head_size = 0
         self.head_tick = -1  # server tick at which the current request head began; -1: none pending
+        self.body_tick = -1  # server tick of the current request body's last bytes; -1: no body pending
+        self.last_active = next(server.order)  # when its last request began, in order: the idle one longest goes first
         self.stall_timer: asyncio.TimerHandle | None = None
         self.read_paused = False  # too many pipelined requests ahead of their answers
         self.write_paused = False  # the client does not read its answers
@@ -87,8 +91,8 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         peer = transport.get_extra_info("peername")
         self.peer = f"{peer[0]}:{peer[1]}" if isinstance(peer, tuple) and len(peer) >= 2 else str(peer or "")
         limit = self.server.limits.max_connections
-        if limit and len(self.server.connections) >= limit:  # a connection flood: refuse, keep the others
-            self.closing = True
+        if limit and len(self.server.connections) >= limit and not self.server.evict_idle():
+            self.closing = True  # a connection flood: refuse, keep the others (none of them was idle)
             transport.write(_TOO_MANY_CONNECTIONS)
             transport.close()
             return
@@ -137,7 +141,8 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         self.body_size = 0
         self.head_size = 0
         self.head_reads = -1
-        self.head_tick = self.server.tick  # the server's sweep closes heads older than two ticks
+        self.head_tick = self.server.tick  # the sweep closes heads three ticks old
+        self.last_active = next(self.server.order)
         self.recv_start = monotonic_ns()
 
     def on_url(self, url: bytes) -> None:
@@ -159,6 +164,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
 
     def on_headers_complete(self) -> None:
         self.head_tick = -1
+        self.body_tick = self.server.tick  # a body that stops arriving is cut off as a head is
         length = self.headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.server.max_input_size:
             self._too_large(int(length))
@@ -167,6 +173,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
             self.transport.write(b"HTTP/1.1 100 Continue\r\n\r\n")  # curl waits for it on large bodies
 
     def on_body(self, body: bytes) -> None:
+        self.body_tick = self.server.tick  # progress: the timeout counts from the last bytes
         if self.too_large:
             return
         self.body_size += len(body)
@@ -176,6 +183,7 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
         self.body.append(body)
 
     def on_message_complete(self) -> None:
+        self.body_tick = -1
         if self.too_large or self.closing:
             return
         method = self.parser.get_method()
@@ -314,6 +322,7 @@ class HttpServer:
         self._server: asyncio.base_events.Server | None = None
         self._idle: asyncio.Event | None = None
         self.tick = 0
+        self.order = itertools.count()  # the order requests began in (which idle connection is oldest)
         self._sweeper: asyncio.TimerHandle | None = None
 
     async def start(self, host: str, port: int) -> int:
@@ -325,13 +334,33 @@ class HttpServer:
         return self._server.sockets[0].getsockname()[1]
 
     def _sweep(self) -> None:
-        """Slowloris: every half header timeout, close connections whose request head began two ticks
-        ago (so after between one and 1.5 timeouts). One timer per server, not one per request."""
+        """Slowloris: every half header timeout, close connections whose request head began three ticks
+        ago, or whose request body has not moved for three (so after between one and 1.5 timeouts; it was
+        two ticks, between a half and one). One timer per server, not one per request."""
         self.tick += 1
         for conn in list(self.connections):
-            if conn.head_tick >= 0 and self.tick - conn.head_tick >= 2 and not conn.read_paused:
+            if conn.read_paused:
+                continue
+            if conn.head_tick >= 0 and self.tick - conn.head_tick >= 3:
                 conn._head_timeout()
+            elif conn.body_tick >= 0 and self.tick - conn.body_tick >= 3:
+                conn._body_timeout()
         self._sweeper = asyncio.get_running_loop().call_later(self.limits.header_timeout_s / 2, self._sweep)
+
+    def evict_idle(self) -> bool:
+        """At --max-connections: close the connection idle longest (kept alive, no request under way, no
+        answer pending) to make room, as a server short of connections does; False when none is idle. A
+        client holding idle connections no longer keeps everyone else out (liveness probes included)."""
+        idle = [c for c in self.connections if c.transport is not None and not c.closing and c.head_tick < 0
+                and c.body_tick < 0 and not c.replies and not c.deferred and not c.streaming]
+        if not idle:
+            return False
+        oldest = min(idle, key=lambda c: c.last_active)
+        log.info("HTTP connection from %s closed: idle, and a new one came at --max-connections", oldest.peer)
+        self.connections.discard(oldest)
+        oldest.closing = True
+        oldest.transport.close()
+        return True
 
     def check_idle(self) -> None:
         if self.in_flight == 0 and self._idle is not None:

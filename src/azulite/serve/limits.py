@@ -16,10 +16,12 @@ from azulite.errors import SpecError
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ConnectionLimits:
     #: connection floods: open connections per listener (HTTP and gRPC each) past which a new one is
-    #: answered 503 (HTTP/1.1) / GOAWAY (HTTP/2) and closed; 0: no limit (Triton has none)
+    #: answered 503 (HTTP/1.1, when no keep-alive connection is idle to close instead) / GOAWAY (HTTP/2)
+    #: and closed; 0: no limit (Triton has none)
     max_connections: int = 0
     #: slowloris: a request's head (HTTP/1.1 request line + headers; HTTP/2 connection preface and first
-    #: SETTINGS) must arrive within this many seconds of its first byte / of the connection
+    #: SETTINGS) must arrive within this many seconds of its first byte / of the connection, and an
+    #: HTTP/1.1 body may not pause longer
     header_timeout_s: float = 30.0
     #: a request head larger than this (bytes) answers 431 and closes (HTTP/1.1); HTTP/2 header blocks
     #: (compressed, CONTINUATION included) past it close the connection
