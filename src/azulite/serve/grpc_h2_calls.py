@@ -134,6 +134,9 @@ class H2Calls:
         body, out, pos = stream.body, [], 0
         while len(body) - pos >= 5:
             compressed, n = _GRPC_PREFIX.unpack_from(body, pos)
+            if n > self.limits.max_message_bytes:  # said by its prefix: refused whole, however small the body
+                raise _Abort(grpc.StatusCode.RESOURCE_EXHAUSTED, f"message of {n} bytes is larger than the "
+                             f"server's limit of {self.limits.max_message_bytes} bytes (--grpc-max-message-bytes)")
             if len(body) - pos - 5 < n:
                 break
             message = bytes(body[pos + 5:pos + 5 + n])
