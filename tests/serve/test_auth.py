@@ -157,6 +157,26 @@ def test_every_http_endpoint_needs_a_valid_key(server, keys):
         assert raw(server, method, path)[0] == 200
 
 
+def test_a_request_with_two_credentials_is_refused(server, stub, keys):
+    """Two Authorization headers: HTTP took the last and gRPC the first, so a proxy adding its own key in
+    front of (or behind) the client's decided which key a request ran as. Neither now, in either order."""
+    import socket
+
+    good, bad = f"Bearer {keys['all']}", "Bearer azk_nothere_x"
+    host, port = server.http_url.split(":")
+    for first, second in ((good, bad), (bad, good)):
+        with socket.create_connection((host, int(port)), timeout=60) as s:
+            s.sendall(f"GET /v2 HTTP/1.1\r\nHost: x\r\nAuthorization: {first}\r\nAuthorization: {second}\r\n"
+                      "Connection: close\r\n\r\n".encode())
+            answer = b""
+            while chunk := s.recv(65536):
+                answer += chunk
+        assert answer.startswith(b"HTTP/1.1 401 ") and b"more than one Authorization header" in answer, answer
+        code, details = grpc_call(stub, "ServerMetadata", (("authorization", first), ("authorization", second)))
+        assert code == grpc.StatusCode.UNAUTHENTICATED and "more than one" in details, (code, details)
+    assert raw(server, "GET", "/v2", headers=bearer(keys["all"]))[0] == 200  # one is served
+
+
 def test_every_grpc_rpc_needs_a_valid_key(server, stub, keys):
     assert set(GRPC_REQUESTS) == set(GRPC_ROUTES) == {
         m.name for m in pb.DESCRIPTOR.services_by_name["GRPCInferenceService"].methods}

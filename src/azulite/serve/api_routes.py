@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
+from azulite.errors import Unauthenticated
+
 CATEGORIES = ("health", "metadata", "inference", "shared-memory", "model-config", "model-repository",
               "statistics", "trace", "logging")
 #: admin-only under --auth even when no flag names them: they load code, or act on the whole server
@@ -16,12 +18,21 @@ ADMIN_CATEGORIES = frozenset({"model-repository", "shared-memory", "trace", "log
 OPEN = "open"
 
 
+#: what a transport puts for the credentials of a request that carries two (HTTP headers, gRPC metadata):
+#: the last one won over HTTP and the first over gRPC; now neither
+TWO_CREDENTIALS = "\x00two"
+
+
 def bearer(value: str | bytes | None) -> str | None:
-    """``Authorization: Bearer <key>`` -> the key (None when absent or another scheme)."""
+    """``Authorization: Bearer <key>`` -> the key (None when absent or another scheme). Two of them
+    (:data:`TWO_CREDENTIALS`) are refused: Unauthenticated."""
     if value is None:
         return None
     if isinstance(value, bytes):
         value = value.decode("latin-1")
+    if value == TWO_CREDENTIALS:
+        raise Unauthenticated("the request carries more than one Authorization header (gRPC: authorization "
+                              "metadata entry)", fix="send exactly one: Authorization: Bearer <key>")
     scheme, _, token = value.strip().partition(" ")
     return token.strip() or None if scheme.lower() == "bearer" else None
 

@@ -10,7 +10,7 @@ import time
 from time import perf_counter as _perf
 
 from azulite.errors import ServeError
-from azulite.serve.api_routes import GRPC_ROUTES
+from azulite.serve.api_routes import GRPC_ROUTES, TWO_CREDENTIALS
 from azulite.serve.auth import Guard, Principal
 from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
@@ -31,11 +31,15 @@ def _metadata(context, name: str) -> str | None:
 
 
 def _authorization(context) -> str | None:
-    """``_metadata(context, "authorization")``, the one every guarded call asks for."""
+    """``_metadata(context, "authorization")``, the one every guarded call asks for; two entries are
+    TWO_CREDENTIALS (refused: the first one was taken, where HTTP took the last)."""
+    found = None
     for key, value in context.invocation_metadata() or ():
         if key == b"authorization" or key == "authorization":
-            return value.decode("latin-1") if isinstance(value, bytes) else value
-    return None
+            if found is not None:
+                return TWO_CREDENTIALS
+            found = value.decode("latin-1") if isinstance(value, bytes) else value
+    return found
 
 
 def _code_of(exc: BaseException) -> str:

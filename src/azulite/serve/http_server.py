@@ -17,6 +17,7 @@ from time import monotonic_ns
 import httptools
 
 from azulite.errors import ServeError
+from azulite.serve.api_routes import TWO_CREDENTIALS
 from azulite.serve.http_defences import HttpDefences
 from azulite.serve.http_replies import DEFAULT_MAX_INPUT_SIZE, JSON, REASONS, Reply, Stop, error_reply
 from azulite.serve.http_stream import StreamedReplies, is_stream
@@ -24,6 +25,7 @@ from azulite.serve.limits import ConnectionLimits, close_soon
 from azulite.serve.trace import TracedReply
 
 log = logging.getLogger("azulite.serve.http")
+_TWO_CREDENTIALS = TWO_CREDENTIALS.encode("latin-1")
 
 _BUSY = json.dumps({"error": "the server has too many open connections; retry later"}).encode()
 _TOO_MANY_CONNECTIONS = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: application/json\r\nRetry-After: 1\r\n"
@@ -152,7 +154,10 @@ class _Connection(HttpDefences, StreamedReplies, asyncio.Protocol):
             self._head_too_large()
 
     def on_header(self, name: bytes, value: bytes) -> None:
-        self.headers[name.lower()] = value
+        name = name.lower()
+        if name == b"authorization" and name in self.headers:  # two credentials: refused (api_routes.bearer)
+            value = _TWO_CREDENTIALS
+        self.headers[name] = value
         size = self.head_size = self.head_size + len(name) + len(value) + 4
         if size > self.max_head:
             self._head_too_large()
