@@ -108,6 +108,10 @@ def test_keys_create_refuses_bad_limits_as_typed_before_creating_the_store(capsy
                         (("--rps", "0"), "error: --rps 0 is not a positive rate"),
                         (("--rps", "inf"), "error: --rps inf is not a positive rate"),  # was created, unlimited
                         (("--quota", "0/day"), "error: --quota '0/day' must be at least 1 request a day"),
+                        # was SQLite's OverflowError, as a traceback
+                        (("--quota", "99999999999999999999999/day"), "is more than 1000000000000 requests a day"),
+                        # was FileNotFoundError's traceback
+                        (("--key-store", "/proc/nope/k.db"), "its folder cannot be made"),
                         # was "--expires is in the past", not naming the date
                         (("--expires", "2020-01-31"), "error: --expires 2020-01-31 is in the past (now: ")):
         assert exit_code("keys", "create", "team-a", *flags) == 2, flags

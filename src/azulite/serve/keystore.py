@@ -104,6 +104,9 @@ def parse_expiry(text: str) -> float:
     return when.timestamp()
 
 
+MAX_QUOTA = 10**12  #: requests a day; more is no quota at all (and SQLite keeps 64-bit integers)
+
+
 def parse_quota(text: str) -> int:
     """``1000/day`` or ``1000`` -> 1000 requests per UTC day."""
     number = text.strip().lower().removesuffix("/day").strip()
@@ -113,6 +116,9 @@ def parse_quota(text: str) -> int:
     if not number.isdigit():
         raise KeyStoreError(f"--quota {text!r} is not a daily quota", fix="give a whole number of requests "
                             "per UTC day, e.g. --quota 10000/day")
+    if int(number) > MAX_QUOTA:  # SQLite's INTEGER is 64-bit: past it, an OverflowError's traceback
+        raise KeyStoreError(f"--quota {text!r} is more than {MAX_QUOTA} requests a day",
+                            fix="give at most 1000000000000/day, or omit --quota for no daily quota")
     return int(number)
 
 
@@ -127,8 +133,8 @@ def check_key(name: str, *, rps: float | None = None, quota_per_day: int | None 
     if rps is not None and not (math.isfinite(rps) and rps > 0):
         raise KeyStoreError(f"--rps {rps:g} is not a positive rate",
                             fix="give requests per second above 0, e.g. --rps 50, or omit --rps for no rate limit")
-    if quota_per_day is not None and quota_per_day < 1:
-        raise KeyStoreError(f"--quota {quota_per_day} must be at least 1 request a day",
+    if quota_per_day is not None and not 1 <= quota_per_day <= MAX_QUOTA:
+        raise KeyStoreError(f"--quota {quota_per_day} must be 1 to {MAX_QUOTA} requests a day",
                             fix="e.g. --quota 10000/day, or omit --quota for no daily quota")
     now = time.time() if now is None else now
     if expires is not None and expires <= now:
@@ -148,7 +154,11 @@ class KeyStore:
             raise KeyStoreError(f"key store {str(self.path)!r} does not exist",
                                 fix="create a key first: azulite keys create NAME (or pass the right --key-store)")
         try:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError as exc:  # was FileNotFoundError's traceback (/proc/nope/keys.db)
+                raise KeyStoreError(f"key store {str(self.path)!r}: its folder cannot be made: {exc.strerror or exc}",
+                                    fix="point --key-store at a file in a folder this user can write") from None
             # a fresh file several `keys create` open at once: sqlite_wal.py retries the switch SQLite refuses
             self._db, self.journal_mode = open_wal(
                 lambda: sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False),
