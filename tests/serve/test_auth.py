@@ -501,6 +501,25 @@ def test_audit_log_records_requests_without_secrets(server, stub, keys):
     assert "azulite_audit_lines_written" in metrics and 'azulite_requests_rejected{status="UNAUTHENTICATED"}' in metrics
 
 
+def test_a_refused_key_is_named_in_the_audit_log(server, stub, keys):
+    """A 403 for a key that authenticated, and a 401 for a live key's id with a wrong secret, were logged
+    with key_id null: who was denied, and whose key was being guessed at, were lost."""
+    onnx_id = keys["onnx"].split("_")[1]
+    guess = f"{PREFIX}{onnx_id}_{'x' * 43}"
+    raw(server, "GET", "/v2/models/add_sub_py", headers={**bearer(keys["onnx"]), "X-Request-ID": "audit-403"})
+    raw(server, "GET", "/v2", headers={**bearer(guess), "X-Request-ID": "audit-401"})
+    request = pb.ModelMetadataRequest(name="add_sub_py")
+    with pytest.raises(grpc.RpcError):
+        stub.ModelMetadata(request, metadata=tuple(bearer(keys["onnx"]).items()), timeout=60)
+    assert server.server.guard.audit.flush()
+    lines = [json.loads(x) for x in server.audit_path.read_text().splitlines()]
+    by_id = {x["request_id"]: x for x in lines}
+    assert (by_id["audit-403"]["status"], by_id["audit-403"]["key_id"]) == (403, onnx_id)
+    assert (by_id["audit-401"]["status"], by_id["audit-401"]["key_id"]) == (401, onnx_id)
+    denied = [x for x in lines if x["protocol"] == "grpc" and x["status"] == "PERMISSION_DENIED"]
+    assert denied and denied[-1]["key_id"] == onnx_id
+
+
 def raw_metrics(server) -> str:
     host, port = server.metrics_url.split("//")[1].split("/")[0].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)

@@ -117,6 +117,19 @@ log = logging.getLogger("azulite.serve.auth")
 _NO_STORE = -2  # the keys' version while the store is gone or unreadable
 
 
+def _of(record: KeyRecord | None, exc: ServeError) -> ServeError:
+    """A refusal for a key that authenticated, naming it for the audit log (``refused_key``)."""
+    if record is not None:
+        exc.key_id = record.id  # type: ignore[attr-defined]
+    return exc
+
+
+def refused_key(exc: BaseException) -> str | None:
+    """The key a refusal was for: the key of a 403 / 429, or the live key a 401's wrong secret was tried
+    against (who is being guessed at); None when no key was known."""
+    return getattr(exc, "key_id", None)
+
+
 def _file_id(path: Path | None) -> tuple[int, int] | None:
     """The file at ``path`` (device, inode; links followed), or None when there is none."""
     try:
@@ -305,8 +318,11 @@ class Guard:
             parts = split_token(token)
             record = self._keys.get(parts[0]) if parts else None
             if record is None or not check_token(record, parts[1]):
-                raise Unauthenticated("the key is not valid (unknown, revoked or expired)",
+                exc = Unauthenticated("the key is not valid (unknown, revoked or expired)",
                                       fix="use a live key: azulite keys list")
+                if record is not None:  # a live key's id with a wrong secret: whose key was tried, for the audit
+                    exc.key_id = record.id  # type: ignore[attr-defined]
+                raise exc
             hit = (record, Principal(record.id, record.models, record.admin))
             if len(verified) >= 4096:  # only verified keys get here; the bound is for rotations
                 verified.clear()
@@ -465,15 +481,15 @@ class Guard:
             name, value = restricted[category]
             got = get_header(headers, name) if get_header is not None else None
             if got is None or not hmac.compare_digest(got.encode("utf-8", "replace"), value.encode("utf-8", "replace")):
-                raise PermissionDenied(f"this API is restricted (category {category}), expecting header '{name}'",
-                                       fix=f"send the '{name}' header the server was started with")
+                raise _of(record, PermissionDenied(f"this API is restricted (category {category}), expecting header "
+                                                   f"'{name}'", fix=f"send the '{name}' header the server was started with"))
         if record is not None:
             if category in self.admin_categories and not principal.admin:
-                raise PermissionDenied(f"the {category} API needs an admin key",
-                                       fix="use a key made with: azulite keys create NAME --admin")
+                raise _of(record, PermissionDenied(f"the {category} API needs an admin key",
+                                                   fix="use a key made with: azulite keys create NAME --admin"))
             if model and principal.models is not None and model not in principal.models:
-                raise PermissionDenied(f"this key does not reach model '{model}'",
-                                       fix="use a key created with --models including it")
+                raise _of(record, PermissionDenied(f"this key does not reach model '{model}'",
+                                                   fix="use a key created with --models including it"))
             limited = record.rps or (record.quota_per_day and category == "inference")
         else:
             limited = None
@@ -512,13 +528,13 @@ class Guard:
     def _refusal(which: int, wait: float, record: KeyRecord | None, model: str, model_rps: float | None):
         """The 429 of the key's bucket (1), its quota (2) or the model's bucket (3)."""
         if which == 1:
-            return refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s", wait,
-                          "slow down, or raise the key's --rps")
+            return _of(record, refuse(f"key '{record.name}' is over its rate limit of {record.rps:g} requests/s",
+                                      wait, "slow down, or raise the key's --rps"))
         if which == 2:
-            return refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests today (UTC)", wait,
-                          "wait for the next UTC day, or raise the key's --quota")
-        return refuse(f"model '{model}' is over its rate limit of {model_rps:g} requests/s", wait,
-                      "slow down, or raise --model-rate-limit for this model")
+            return _of(record, refuse(f"key '{record.name}' used its quota of {record.quota_per_day} requests today "
+                                      "(UTC)", wait, "wait for the next UTC day, or raise the key's --quota"))
+        return _of(record, refuse(f"model '{model}' is over its rate limit of {model_rps:g} requests/s", wait,
+                                  "slow down, or raise --model-rate-limit for this model"))
 
 
 def visible(principal: Principal, names: Iterable[str]) -> set[str]:

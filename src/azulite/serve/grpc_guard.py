@@ -11,7 +11,7 @@ from time import perf_counter as _perf
 
 from azulite.errors import ServeError
 from azulite.serve.api_routes import GRPC_ROUTES, TWO_CREDENTIALS
-from azulite.serve.auth import Guard, Principal
+from azulite.serve.auth import Guard, Principal, refused_key
 from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
 
@@ -113,15 +113,16 @@ class GuardedServicer:
         return guard.check_request("grpc", category, model, _authorization(context) if guard.auth else None,
                                    context, _metadata)
 
-    def _audit(self, start: float, principal: Principal | None, request, context, status: str) -> None:
-        """The audit line of one request of a stream (the unary RPCs': ``unary_parts``)."""
+    def _audit(self, start: float, principal: Principal | str | None, request, context, status: str) -> None:
+        """The audit line of one request of a stream (the unary RPCs': ``unary_parts``); ``principal``: the
+        caller's, or the key id a refusal was for."""
         audit = self.guard.audit
         if audit is None:
             return
         fields = _FIELDS.get(type(request)) or _fields_of(request)
         n_in, n_out = _sizes(context, request, None)
         audit.record((getattr(request, "id") or None) if fields[2] else None,
-                     principal.key_id if principal is not None else None, context.peer(),
+                     principal if principal is None or isinstance(principal, str) else principal.key_id, context.peer(),
                      getattr(request, fields[0]) if fields[0] else "",
                      getattr(request, fields[1]) if fields[1] else "", "grpc", status, time.perf_counter() - start,
                      n_in, n_out)
@@ -178,7 +179,7 @@ class GuardedServicer:
                                   context, _metadata)
             except ServeError as exc:
                 if record is not None:
-                    audit(start, None, model, request, context, None, exc.status)
+                    audit(start, refused_key(exc), model, request, context, None, exc.status)
                 raise
             if record is None:
                 return start, principal, model
@@ -195,12 +196,11 @@ class GuardedServicer:
                        getattr(request, audit_model_field) if audit_model_field else state[2], state[4], "grpc",
                        "OK" if exc is None else _code_of(exc), _perf() - state[0], n_in, n_out)
 
-        def audit(start: float, principal: Principal | None, model: str, request, context, response,
-                  status: str) -> None:
+        def audit(start: float, key_id: str | None, model: str, request, context, response, status: str) -> None:
             if audit_model_field:
                 model = getattr(request, audit_model_field)
             n_in, n_out = _sizes(context, request, response)
-            record((request.id or None) if has_id else None, principal.key_id if principal is not None else None,
+            record((request.id or None) if has_id else None, key_id,
                    context.peer(), model, getattr(request, version_field) if version_field else "", "grpc",
                    status, _perf() - start, n_in, n_out)
 
@@ -225,7 +225,7 @@ class GuardedServicer:
             try:
                 principal = self._check("inference", "", context)  # the key itself, once per stream
             except ServeError as exc:
-                self._audit(start, None, pb.ModelInferRequest(), context, exc.status)
+                self._audit(start, refused_key(exc), pb.ModelInferRequest(), context, exc.status)
                 await context.abort(*_status(exc), _trailers(exc))
                 return
 

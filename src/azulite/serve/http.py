@@ -30,7 +30,7 @@ from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
 from azulite.serve import http_codec as codec
 from azulite.serve import log_settings
 from azulite.serve.api_routes import http_route
-from azulite.serve.auth import Guard
+from azulite.serve.auth import Guard, refused_key
 from azulite.serve.http_replies import (DEFAULT_MAX_INPUT_SIZE, EMPTY_OK, JSON, MethodNotAllowed, Reply, decompress,
                                         error_reply, json_reply, ok_reply, parse_json_body, response_encoding,
                                         traced_reply)
@@ -244,7 +244,8 @@ class HttpApp:
         if audit is not None:
             out = reply[2]
             end = _perf()  # one read: the latency's end and the line's time
-            audit.record(headers.get(b"x-request-id") or None, principal.key_id if principal is not None else None,
+            audit.record(headers.get(b"x-request-id") or None,
+                         principal.key_id if principal is not None else refused_key(refused) if refused else None,
                          client, model, version, "http", reply[0], end - start, len(body),
                          len(out) if type(out) is bytes else 0 if is_stream(out) else len(out), end)
         return reply
