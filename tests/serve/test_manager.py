@@ -206,6 +206,24 @@ def test_poll_mode_broken_edit_keeps_the_loaded_model_serving(repository_copy, c
     asyncio.run(main())
 
 
+def test_a_model_refused_at_start_then_removed_is_forgotten(repository_copy):
+    """Poll mode: a model that failed to load stayed in the index as UNAVAILABLE after its folder was removed,
+    and strict readiness kept answering not ready."""
+    shutil.copytree(repository_copy / "add_sub_py", repository_copy / "broken")
+    (repository_copy / "broken" / "config.pbtxt").write_text("this is not protobuf text")
+    dp = plane(repository_copy, control_mode="poll")  # strict readiness (the default)
+
+    async def main():
+        assert not dp.ready() and "broken" in {m.name for m in dp.repository_index().models}
+        shutil.rmtree(repository_copy / "broken")
+        await dp.poll()
+        assert dp.ready() and "broken" not in {m.name for m in dp.repository_index().models}
+        assert dp.model_ready("add_sub_py")
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
 def test_version_policy_latest_n_serves_only_those(tmp_path, model_repository):
     shutil.copytree(model_repository / "versioned_py", tmp_path / "versioned_py")
     shutil.copytree(tmp_path / "versioned_py" / "2", tmp_path / "versioned_py" / "3")

@@ -393,9 +393,14 @@ class ModelManager:
         retired: list[Batcher] = []
         present = set(repo.list_models(self.root))
         for name in list(self.entries):
-            if name not in present and self.entries[name].ready:
+            if name in present:
+                continue
+            if self.entries[name].ready:
                 retired += self.unload(name, check_mode=False)
                 poll_log.info("poll: model '%s' left the repository: unloaded", name)
+            else:  # one that never loaded (refused, failed) or was unloaded: no longer listed, nor waited for
+                del self.entries[name]
+                poll_log.info("poll: model '%s' left the repository", name)
         changed = [
             n for n in sorted(present, key=self._is_ensemble_dir)
             if n not in self.entries or repo.fingerprint(self.root / n) != self.entries[n].fingerprint

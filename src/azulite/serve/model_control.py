@@ -91,6 +91,9 @@ class ModelControl:
         """Poll mode: one rescan of the repository (see :meth:`start_polling`)."""
         async with self._control_lock():
             retired = await asyncio.to_thread(self.manager.poll)
+            # a start-up model that left the repository is no longer waited for by readiness (one refused
+            # at start, then removed, kept /v2/health/ready at 400 for good)
+            self._initial = [name for name in self._initial if name in self.manager.entries]
             self._limit_threads()
             await self._retire(retired)
 
