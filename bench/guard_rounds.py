@@ -67,7 +67,7 @@ def children_cpu_s(pid: int) -> float:
 
 def counted(metrics_port: int) -> dict[str, int]:
     """The server's counts for the model: requests (success, failure), model executions, and the
-    guard's refusals (``azulite_requests_rejected``, any model)."""
+    guard's refusals (``azulite_requests_rejected_total``, any model)."""
     text = urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30).read().decode()
 
     def total(name: str, model: bool = True) -> int:
@@ -75,8 +75,8 @@ def counted(metrics_port: int) -> dict[str, int]:
         return sum(int(float(m.group(1))) for m in re.finditer(rf"^{name}{label} ([0-9.e+]+)$", text, re.M))
 
     return {"success": total("nv_inference_request_success"), "failure": total("nv_inference_request_failure"),
-            "executions": total("nv_inference_exec_count"), "rejected": total("azulite_requests_rejected", False),
-            "audit_lost": total("azulite_audit_write_errors", False) + total("azulite_audit_dropped", False)}
+            "executions": total("nv_inference_exec_count"), "rejected": total("azulite_requests_rejected_total", False),
+            "audit_lost": total("azulite_audit_write_errors_total", False) + total("azulite_audit_dropped_total", False)}
 
 
 def wait_metrics(metrics_port: int, proc, timeout_s: float = 60.0) -> None:

@@ -44,8 +44,8 @@ TESTS = {
                 {"series": 'nv_inference_request_success{model="m",version="1"}', "values": "0+90x40"},
                 {"series": 'nv_inference_request_failure{model="ok",version="1",reason="BACKEND"}', "values": "0x40"},
                 {"series": 'nv_inference_request_success{model="ok",version="1"}', "values": "0+90x40"},
-                {"series": "azulite_audit_write_errors", "values": "0x10 1x30"},
-                {"series": "azulite_audit_dropped", "values": "0x40"},
+                {"series": "azulite_audit_write_errors_total", "values": "0x10 1x30"},
+                {"series": "azulite_audit_dropped_total", "values": "0x40"},
             ],
             "alert_rule_test": [
                 {"eval_time": "30m", "alertname": "AzuliteInferenceErrors", "exp_alerts": [

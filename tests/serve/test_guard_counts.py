@@ -36,14 +36,14 @@ def test_counts_of_every_front_end_are_summed(tmp_path):
     b.rejected["RESOURCE_EXHAUSTED"] = 6
     pb.publish()
     lines = set(_scrape(folder).splitlines())
-    assert {'azulite_requests_rejected{status="UNAUTHENTICATED"} 6', 'azulite_requests_rejected{status="RESOURCE_EXHAUSTED"} 6',
-            "azulite_audit_lines_written 9", "azulite_audit_write_errors 2", "azulite_audit_dropped 1"} <= lines, lines
+    assert {'azulite_requests_rejected_total{status="UNAUTHENTICATED"} 6', 'azulite_requests_rejected_total{status="RESOURCE_EXHAUSTED"} 6',
+            "azulite_audit_lines_written_total 9", "azulite_audit_write_errors_total 2", "azulite_audit_dropped_total 1"} <= lines, lines
 
 
 def test_no_audit_log_no_audit_families(tmp_path):
     folder = tmp_path / "guard"
     guard_counts.Publisher(_guard({"PERMISSION_DENIED": 1}), folder, name="only").publish()
     text = _scrape(folder)
-    assert 'azulite_requests_rejected{status="PERMISSION_DENIED"} 1' in text.splitlines()
+    assert 'azulite_requests_rejected_total{status="PERMISSION_DENIED"} 1' in text.splitlines()
     assert "azulite_audit" not in text
-    assert "azulite_requests_rejected" in _scrape(tmp_path / "never_written")  # no front-end yet: empty family
+    assert "# TYPE azulite_requests_rejected counter" in _scrape(tmp_path / "never_written")  # no front-end yet: empty family

@@ -350,16 +350,16 @@ def test_limits_quotas_and_audit_hold_across_front_ends(tmp_path):
         wait_for(lambda: audit.exists() and audit.read_text().count('"model":"add_sub_py"') >= 6, "six audit lines")
         # the guard's counters are the whole server's, whichever front-end the scrape reaches (and the
         # killed front-end's published counts stay in the sum)
-        wait_for(lambda: s.metric("azulite_audit_lines_written") == len(audit.read_text().splitlines()),
+        wait_for(lambda: s.metric("azulite_audit_lines_written_total") == len(audit.read_text().splitlines()),
                  "every audit line (health checks too) counted")
-        assert s.metric("azulite_requests_rejected", '{status="RESOURCE_EXHAUSTED"}') == 2
+        assert s.metric("azulite_requests_rejected_total", '{status="RESOURCE_EXHAUSTED"}') == 2
         # a front-end killed and replaced starts from the shared counts, not a fresh quota
         os.kill(a_pid, signal.SIGKILL)
         pids = wait_for(lambda: (p := s.frontends()) and len(p) == 2 and a_pid not in p and p, "a new front-end")
         new = s.conn_on(next(p for p in pids if p != b_pid))
         assert [infer_with(new, quota), infer_with(b, quota), infer_with(new, slow)] == [429, 429, 429]
-        wait_for(lambda: s.metric("azulite_requests_rejected", '{status="RESOURCE_EXHAUSTED"}') == 5
-                 and s.metric("azulite_audit_lines_written") == len(audit.read_text().splitlines()),
+        wait_for(lambda: s.metric("azulite_requests_rejected_total", '{status="RESOURCE_EXHAUSTED"}') == 5
+                 and s.metric("azulite_audit_lines_written_total") == len(audit.read_text().splitlines()),
                  "the new front-end's counts in the sum")
         for c in (a, b, new):
             c.close()

@@ -12,7 +12,7 @@ longer than audit_writer.RID_MAX bytes is cut, and its line marked ``...(truncat
 
 Rotation by size is the standard library's ``RotatingFileHandler.doRollover`` (it renames
 ``audit.log`` -> ``audit.log.1``...). A write that fails (disk full, file removed, permissions) never
-reaches a request: it is counted in ``write_errors`` (exported as ``azulite_audit_write_errors``) and
+reaches a request: it is counted in ``write_errors`` (exported as ``azulite_audit_write_errors_total``) and
 the line is dropped. When the ring is full (the writer fell behind ``max_pending`` lines: a disk slower
 than the traffic, or a writer that died) the record is dropped and counted in ``dropped``, never waited
 for. A writer process that died is started again when the ring fills (at the latest every 4096 records)

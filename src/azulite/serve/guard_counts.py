@@ -95,21 +95,23 @@ def merged(folder: Path) -> dict:
     return {"rejected": rejected, "audit": audit}
 
 
+def families(counts: dict):
+    """The guard's counts (:func:`snapshot`'s shape) as Prometheus counter families: named as Prometheus
+    names counters (``azulite_requests_rejected_total``, ...: promtool flagged them without ``_total``)."""
+    from prometheus_client.core import Metric
+
+    rejected = Metric("azulite_requests_rejected", "Requests refused by the guard, by status", "counter")
+    for status, n in sorted(counts["rejected"].items()):
+        rejected.add_sample("azulite_requests_rejected_total", {"status": status}, n)
+    yield rejected
+    if counts["audit"] is not None:
+        for key, name, doc in _AUDIT:
+            metric = Metric(name, doc, "counter")
+            metric.add_sample(name + "_total", {}, counts["audit"][key])
+            yield metric
+
+
 def merged_metrics(folder: Path):
     """A collector for the model host's registry: the same families a single-process server's guard
     exports (serve/server.py guard_metrics), summed over every front-end."""
-    from prometheus_client.core import Metric
-
-    def collect():
-        counts = merged(folder)
-        rejected = Metric("azulite_requests_rejected", "Requests refused by the guard, by status", "counter")
-        for status, n in sorted(counts["rejected"].items()):
-            rejected.add_sample("azulite_requests_rejected", {"status": status}, n)
-        yield rejected
-        if counts["audit"] is not None:
-            for key, name, doc in _AUDIT:
-                metric = Metric(name, doc, "counter")
-                metric.add_sample(name, {}, counts["audit"][key])
-                yield metric
-
-    return collect
+    return lambda: families(merged(folder))

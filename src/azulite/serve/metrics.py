@@ -113,8 +113,11 @@ def _escape(v: str) -> str:
 def render(metrics: Iterable[Metric]) -> bytes:
     lines: list[str] = []
     for m in metrics:
-        lines.append(f"# HELP {m.name} {m.documentation}")
-        lines.append(f"# TYPE {m.name} {m.type}")
+        name = m.name
+        if m.type == "counter" and m.samples and m.samples[0].name == name + "_total":
+            name += "_total"  # a counter named as Prometheus names them (prometheus-client's families do)
+        lines.append(f"# HELP {name} {m.documentation}")
+        lines.append(f"# TYPE {name} {m.type}")
         for s in m.samples:
             labels = ",".join(f'{k}="{_escape(v)}"' for k, v in s.labels.items())
             lines.append(f"{s.name}{{{labels}}} {_value(s.value)}" if labels else f"{s.name} {_value(s.value)}")

@@ -209,25 +209,10 @@ def _manifest_check(repository: Path, verify: bool, public_key: Path | None):
 
 
 def guard_metrics(guard: Guard):
-    """The guard's counters as Prometheus metrics (read at scrape time)."""
-    from prometheus_client.core import Metric
+    """The guard's counters as Prometheus metrics (read at scrape time; serve/guard_counts.families)."""
+    from azulite.serve.guard_counts import families, snapshot
 
-    def collect():
-        rejected = Metric("azulite_requests_rejected", "Requests refused by the guard, by status", "counter")
-        for status, n in sorted(guard.rejected.items()):
-            rejected.add_sample("azulite_requests_rejected", {"status": status}, n)
-        yield rejected
-        if guard.audit is not None:
-            for name, doc, value in (
-                ("azulite_audit_lines_written", "Audit log lines written", guard.audit.written),
-                ("azulite_audit_write_errors", "Audit log lines lost to a failed write", guard.audit.write_errors),
-                ("azulite_audit_dropped", "Audit log lines dropped because the writer fell behind", guard.audit.dropped),
-            ):
-                metric = Metric(name, doc, "counter")
-                metric.add_sample(name, {}, value)
-                yield metric
-
-    return collect
+    return lambda: families(snapshot(guard))
 
 
 def new_event_loop() -> asyncio.AbstractEventLoop:
