@@ -10,6 +10,7 @@ switched. Used by the local job store (``launch/local/store.py``) and the key st
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import time
 from collections.abc import Callable
@@ -38,3 +39,13 @@ def open_wal(connect: Callable[[], sqlite3.Connection], schema: str, *,
             raise
         time.sleep(delay)
         delay = min(delay * 2, 0.25)
+
+
+def create_private(path: str | os.PathLike) -> None:
+    """Create the file (if missing) readable and writable by its owner only (0600), before SQLite opens it:
+    SQLite gives its -wal and -shm files the database file's mode. For files that name clients or hold
+    key hashes (the key store, the quota ledger), which the umask (022) would leave readable by all."""
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600))
+    except FileExistsError:
+        pass

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 import subprocess
 import sys
 import textwrap
@@ -46,13 +47,18 @@ def test_a_line_takes_the_time_its_caller_read(tmp_path):
 
 
 def test_rotates_by_size(tmp_path):
-    log = AuditLog(tmp_path / "audit.jsonl", max_bytes=2000, backups=2)
+    old = os.umask(0o022)  # the writer process inherits it: its files were left readable by every local user
+    try:
+        log = AuditLog(tmp_path / "audit.jsonl", max_bytes=2000, backups=2)
+    finally:
+        os.umask(old)
     for i in range(200):
         _record(log, i)
     assert log.flush()
     log.close()
     files = sorted(p.name for p in tmp_path.iterdir())
     assert files == ["audit.jsonl", "audit.jsonl.1", "audit.jsonl.2"]
+    assert {stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()} == {0o600}  # clients and keys: the owner's
     assert all(p.stat().st_size <= 2000 for p in tmp_path.iterdir())
     last = json.loads((tmp_path / "audit.jsonl").read_text().splitlines()[-1])
     assert last["request_id"] == "r199"

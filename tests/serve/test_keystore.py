@@ -118,3 +118,19 @@ def test_a_fresh_key_store_opened_by_several_processes_at_once_opens_for_all(tmp
     """Several `azulite keys create` into a new store at once: SQLite refused the switch to WAL with "database
     is locked" in 24 of 100 rounds of 6 before sqlite_wal.py retried it."""
     opened_at_once(tmp_path, _new_store, 20)
+
+
+def test_the_store_and_its_sqlite_files_are_its_owners_only(tmp_path):
+    """Key hashes, names and ids: under umask 022 the store was readable by every local user."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        store = KeyStore(tmp_path / "keys.db")
+        store.create("team")
+        modes = {p.name: stat.S_IMODE(p.stat().st_mode) for p in tmp_path.iterdir()}
+        store.close()
+    finally:
+        os.umask(old)
+    assert modes["keys.db"] == 0o600 and all(m & 0o077 == 0 for m in modes.values()), modes

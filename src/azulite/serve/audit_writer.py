@@ -64,6 +64,15 @@ _TEMPLATE = b'{"time":%.6f,"request_id":%s,%s"latency_ms":%.3f,"bytes_in":%d,"by
 _str = json.encoder.encode_basestring_ascii  # C: a JSON string literal, quotes included
 
 
+class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
+    """The standard rotation, each new file readable by its owner only (0600): the lines name clients'
+    addresses and keys, which the umask (022) left readable by every local user."""
+
+    def _open(self):
+        fd = os.open(self.baseFilename, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        return open(fd, self.mode, encoding=self.encoding, errors=self.errors)
+
+
 class Writer:
     """Formats, rotates and writes; counts what it wrote and what a failed write lost."""
 
@@ -79,8 +88,8 @@ class Writer:
         self.write_errors = 0
         # delay=True: the file opens at the first line, so a missing folder later is a counted failure;
         # the standard library's rotation (renames, backup count); lines are written in batches below
-        self._handler = logging.handlers.RotatingFileHandler(str(self.path), maxBytes=max_bytes, backupCount=backups,
-                                                             delay=True, encoding="utf-8")
+        self._handler = _PrivateRotatingFile(str(self.path), maxBytes=max_bytes, backupCount=backups, delay=True,
+                                             encoding="utf-8")
         self._middles: dict[int, bytes] = {}  # define id -> b'"key_id":...,"status":...,'
         self._define = bytearray()  # a define's bytes read so far (it may span slots)
         self._next_id = 1

@@ -29,7 +29,7 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from azulite.errors import KeyStoreError
-from azulite.sqlite_wal import open_wal
+from azulite.sqlite_wal import create_private, open_wal
 
 PREFIX = "azk_"
 _NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
@@ -159,6 +159,7 @@ class KeyStore:
             except OSError as exc:  # was FileNotFoundError's traceback (/proc/nope/keys.db)
                 raise KeyStoreError(f"key store {str(self.path)!r}: its folder cannot be made: {exc.strerror or exc}",
                                     fix="point --key-store at a file in a folder this user can write") from None
+            create_private(self.path)  # key hashes and names: its owner's only (0600)
             # a fresh file several `keys create` open at once: sqlite_wal.py retries the switch SQLite refuses
             self._db, self.journal_mode = open_wal(
                 lambda: sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False),

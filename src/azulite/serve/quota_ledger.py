@@ -22,6 +22,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from azulite.errors import KeyStoreError
+from azulite.sqlite_wal import create_private
 
 log = logging.getLogger("azulite.serve.auth")
 
@@ -42,6 +43,7 @@ class QuotaLedger:
         self.path = Path(path)
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
+            create_private(self.path)  # key names and their use: the owner's only (0600)
             self._db = sqlite3.connect(str(self.path), timeout=30, isolation_level=None, check_same_thread=False)
             self._db.execute("PRAGMA journal_mode=WAL")
             self._db.execute(_SCHEMA)
