@@ -413,6 +413,36 @@ def test_a_message_declared_past_the_limit_is_refused_by_its_prefix(server):
     assert b"--grpc-max-message-bytes" in trailers[b"grpc-message"]
 
 
+@pytest.mark.parametrize("extra", [[(":foo", "1")], [("connection", "close")], [("X-Upper", "1")],
+                                   [("te", "gzip")]], ids=["pseudo", "connection", "upper", "te"])
+def test_a_malformed_request_is_reset_with_protocol_error(server, extra):
+    """RFC 9113 8.2-8.3: an unknown pseudo-header, a connection-specific field, an upper-case name, a ``te``
+    other than trailers make a request malformed, a stream error PROTOCOL_ERROR; they were served."""
+    config = h2.config.H2Configuration(client_side=True, header_encoding=None, validate_outbound_headers=False,
+                                       normalize_outbound_headers=False)
+    conn = h2.connection.H2Connection(config)
+    conn.initiate_connection()
+    s = connect(server.grpc_url)
+    sid = conn.get_next_available_stream_id()
+    # a pseudo-header among the request's own (before the regular fields), a field after them
+    headers = GRPC_HEADERS[:4] + extra + GRPC_HEADERS[4:] if extra[0][0].startswith(":") else GRPC_HEADERS + extra
+    conn.send_headers(sid, headers)
+    conn.send_data(sid, infer_message(), end_stream=True)
+    s.sendall(conn.data_to_send())
+    s.settimeout(60)
+    reset = None
+    while reset is None:
+        chunk = s.recv(1 << 16)
+        assert chunk, "closed without answering the stream"
+        for e in conn.receive_data(chunk):
+            assert not isinstance(e, h2.events.ResponseReceived), "the malformed request was answered"
+            if isinstance(e, h2.events.StreamReset):
+                reset = e.error_code
+    s.close()
+    assert reset == 1  # PROTOCOL_ERROR
+    well_behaved(server)
+
+
 def test_too_many_concurrent_streams_are_refused(server):
     encoder = Encoder()
     s = connect(server.grpc_url)

@@ -36,6 +36,31 @@ from azulite.serve.otel import traceparent_of
 log = logging.getLogger("azulite.serve.grpc")
 
 
+#: RFC 9113 8.2.2: connection-specific fields, which an HTTP/2 request must not carry
+_CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connection", b"transfer-encoding", b"upgrade"})
+_REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":authority", b":path"})
+
+
+def _malformed(headers: list) -> str | None:
+    """Why a request's header list is malformed (RFC 9113 8.2, 8.3), or None: an upper-case field name, a
+    connection-specific field, ``te`` other than ``trailers``, a pseudo-header not of a request, repeated,
+    or after a regular field. (Trailers, checked here too, carry no pseudo-headers.)"""
+    regular = False
+    seen: set[bytes] = set()
+    for name, value in headers:
+        if name[:1] == b":":
+            if regular or name not in _REQUEST_PSEUDO or name in seen:
+                return f"pseudo-header {name.decode('latin-1')!r} is unknown, repeated or after a regular field"
+            seen.add(name)
+            continue
+        regular = True
+        if name != name.lower():
+            return f"field name {name.decode('latin-1')!r} has upper-case letters"
+        if name in _CONNECTION_SPECIFIC or (name == b"te" and value != b"trailers"):
+            return f"field {name.decode('latin-1')!r} is connection-specific"
+    return None
+
+
 class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
     def __init__(self, server: "GrpcH2Server") -> None:
         self.server = server
@@ -246,9 +271,10 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             self.header_block, self.header_sid, self.header_end_stream = bytearray(block), sid, end_stream
             self.continuations = 0
 
-    def _decode(self, block: bytes) -> tuple[list, str, bytes, dict | None]:
-        """The block's headers, with its ``:path``, ``grpc-encoding`` (b"" when absent) and W3C trace context
-        (None when absent; serve/otel.py) picked out once per distinct block: a call whose block was seen
+    def _decode(self, block: bytes) -> tuple[list, str, bytes, dict | None, str | None]:
+        """The block's headers, with its ``:path``, ``grpc-encoding`` (b"" when absent), W3C trace context
+        (None when absent; serve/otel.py) and what makes it malformed (None: nothing) picked out once per
+        distinct block: a call whose block was seen
         before skips the scan of its headers."""
         cached = self.cache.get(block)
         if cached is not None:
@@ -267,7 +293,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
                 encoding = value
             elif name == b"traceparent":
                 traced = True
-        decoded = (headers, path, encoding, traceparent_of(headers) if traced else None)
+        decoded = (headers, path, encoding, traceparent_of(headers) if traced else None, _malformed(headers))
         if before[0] == after[0] and before[1] is after[1] and before[2] == after[2]:
             if len(self.cache) < 64:
                 self.cache[block] = decoded  # valid while the table stays as it is
@@ -277,7 +303,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
 
     def _headers_complete(self, sid: int, block: bytes, end_stream: bool) -> None:
         try:
-            headers, path, encoding, trace_context = self._decode(block)
+            headers, path, encoding, trace_context, malformed = self._decode(block)
         except HPACKError as exc:
             self._goaway(0x9, f"bad header block: {exc}")
             return
@@ -291,6 +317,10 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             return
         self.last_sid = sid
         self.control = 0
+        if malformed is not None:  # RFC 9113 8.1.1: a malformed request is a stream error, PROTOCOL_ERROR
+            log.info("gRPC (h2) stream %d from %s reset: %s", sid, self.peer, malformed)
+            self.transport.write(_frame(RST_STREAM, 0, sid, _U32.pack(0x1)))
+            return
         if len(self.streams) >= self.limits.max_streams:
             self.transport.write(_frame(RST_STREAM, 0, sid, _U32.pack(0x7)))  # REFUSED_STREAM: retry later
             return
