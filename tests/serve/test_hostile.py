@@ -389,6 +389,30 @@ def test_oversized_messages_are_refused_and_buffering_is_bounded(server):
     well_behaved(server)
 
 
+def test_a_unary_request_that_stops_arriving_is_answered_and_forgotten(server):
+    """HEADERS, then a message prefix announcing one byte that never comes, no END_STREAM: the stream and its
+    buffer were held for good (HTTP/1.1's body timeout had no gRPC counterpart)."""
+    conn = h2_client()
+    s = connect(server.grpc_url)
+    sid = conn.get_next_available_stream_id()
+    conn.send_headers(sid, GRPC_HEADERS)
+    conn.send_data(sid, struct.pack(">BL", 0, 1))
+    s.sendall(conn.data_to_send())
+    well_behaved(server)  # served meanwhile
+    s.settimeout(60)
+    trailers = None
+    while trailers is None:
+        chunk = s.recv(1 << 16)
+        assert chunk, "closed without answering the stream"
+        for e in conn.receive_data(chunk):
+            if isinstance(e, (h2.events.TrailersReceived, h2.events.ResponseReceived)) and \
+                    any(k == b"grpc-status" for k, _ in e.headers):
+                trailers = dict(e.headers)
+    s.close()
+    assert trailers[b"grpc-status"] == b"4", trailers  # DEADLINE_EXCEEDED
+    well_behaved(server)
+
+
 def test_a_message_declared_past_the_limit_is_refused_by_its_prefix(server):
     """A message's 5-byte prefix declaring more than --grpc-max-message-bytes, its body far smaller: the size
     was checked only on bodies past 64 KiB (a 12 KB message passed a 4 KiB limit), and this one was

@@ -325,6 +325,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             self.transport.write(_frame(RST_STREAM, 0, sid, _U32.pack(0x7)))  # REFUSED_STREAM: retry later
             return
         stream = _Stream(sid, self.peer_initial_window)
+        stream.tick = self.server.tick
         self.streams[sid] = stream
         stream.path, stream.encoding, stream.headers, stream.trace_context = path, encoding, headers, trace_context
         if self.going_away or self.server.stopping:
@@ -354,6 +355,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         stream = self.streams.get(sid)
         if stream is None or stream.closed_remote:
             return
+        stream.tick = self.server.tick  # progress: the sweep counts from the last bytes
         stream.body += payload
         if len(stream.body) > (1 << 16):  # big bodies only: the check sums over the streams (below: bounded
             # by max_streams x 64 KiB)
@@ -428,6 +430,8 @@ class GrpcH2Server:
         self.stopping = False
         self._server: asyncio.base_events.Server | None = None
         self._idle: asyncio.Event | None = None
+        self.tick = 0
+        self._sweeper: asyncio.TimerHandle | None = None
 
     def request_done(self) -> None:
         self.in_flight -= 1
@@ -439,10 +443,30 @@ class GrpcH2Server:
         self._server = await loop.create_server(lambda: _H2Connection(self), host, port, reuse_address=True,
                                                 reuse_port=self.reuse_port or None,
                                                 backlog=1024)
+        self._sweeper = loop.call_later(self.limits.header_timeout_s / 2, self._sweep)
         return self._server.sockets[0].getsockname()[1]
+
+    def _sweep(self) -> None:
+        """A unary call whose request message stopped arriving (no DATA, no END_STREAM for three ticks of
+        half the header timeout: between one and 1.5 timeouts) is answered DEADLINE_EXCEEDED and forgotten:
+        held open, it kept its stream and buffer for good (HTTP/1.1's body timeout, for gRPC). Streaming
+        calls may sit idle by design and are left alone."""
+        self.tick += 1
+        for conn in list(self.connections):
+            stale = [s for s in conn.streams.values() if s.queue is None and not s.closed_remote
+                     and self.tick - s.tick >= 3]
+            for stream in stale:
+                log.info("gRPC (h2) stream %d from %s: the request stopped arriving", stream.sid, conn.peer)
+                stream.closed_remote = True
+                stream.body = bytearray()
+                conn._finish(stream, grpc.StatusCode.DEADLINE_EXCEEDED, "the request message stopped arriving "
+                             "(no byte within --header-timeout-secs)")
+        self._sweeper = asyncio.get_running_loop().call_later(self.limits.header_timeout_s / 2, self._sweep)
 
     async def drain(self, timeout_s: float) -> None:
         self.stopping = True
+        if self._sweeper is not None:
+            self._sweeper.cancel()
         if self._server is not None:
             self._server.close()
         for conn in list(self.connections):

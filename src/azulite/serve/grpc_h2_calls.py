@@ -99,7 +99,7 @@ def _methods(servicer: InferenceServicer) -> dict[str, tuple[Any, Any, bool, tup
 class _Stream:
     __slots__ = ("sid", "path", "headers", "body", "send_window", "out", "trailers", "headers_sent",
                  "task", "queue", "encoding", "closed_remote", "recv_consumed", "recv_start", "recv_end",
-                 "trace_context")
+                 "trace_context", "tick")
 
     def __init__(self, sid: int, send_window: int) -> None:
         self.sid = sid
@@ -115,6 +115,7 @@ class _Stream:
         self.encoding = b""
         self.closed_remote = False
         self.recv_consumed = 0  # DATA bytes received since this stream's last WINDOW_UPDATE
+        self.tick = 0  # the server's sweep tick of its last request bytes (a unary request that stops is cut off)
         # when its headers came and its request ended: a traced call's GRPC_WAITREAD_START/END
         self.recv_start = monotonic_ns()
         self.recv_end = 0
