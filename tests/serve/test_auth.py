@@ -525,6 +525,29 @@ def test_a_refused_key_is_named_in_the_audit_log(server, stub, keys):
     assert denied and denied[-1]["key_id"] == onnx_id
 
 
+def test_calls_the_transport_refuses_are_audited_too(server, stub, keys):
+    """An unknown method, or a message that does not parse, is answered by azulite's HTTP/2 transport before
+    any method (and so the guard) runs: those calls had no audit line, where HTTP's 400 / 404 had one."""
+    if server.server.settings.grpc_impl != "h2":
+        pytest.skip("grpc.aio answers these itself, before azulite sees them")
+    channel = grpc.insecure_channel(server.grpc_url)
+    meta = tuple(bearer(keys["all"]).items())
+    try:
+        with pytest.raises(grpc.RpcError) as unknown:
+            channel.unary_unary("/inference.GRPCInferenceService/Nope")(b"", metadata=meta, timeout=60)
+        with pytest.raises(grpc.RpcError) as garbled:
+            channel.unary_unary("/inference.GRPCInferenceService/ModelMetadata")(b"\xff\xff", metadata=meta,
+                                                                                  timeout=60)
+    finally:
+        channel.close()
+    assert (unknown.value.code(), garbled.value.code()) == (grpc.StatusCode.UNIMPLEMENTED,
+                                                            grpc.StatusCode.INVALID_ARGUMENT)
+    assert server.server.guard.audit.flush()
+    statuses = [x["status"] for x in map(json.loads, server.audit_path.read_text().splitlines())
+                if x["protocol"] == "grpc"]
+    assert "UNIMPLEMENTED" in statuses and "INVALID_ARGUMENT" in statuses
+
+
 def raw_metrics(server) -> str:
     host, port = server.metrics_url.split("//")[1].split("/")[0].split(":")
     conn = http.client.HTTPConnection(host, int(port), timeout=60)

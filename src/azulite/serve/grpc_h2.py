@@ -333,7 +333,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             return
         method = self.server.methods.get(stream.path)
         if method is None:
-            self._finish(stream, grpc.StatusCode.UNIMPLEMENTED, f"unknown method {stream.path}")
+            self._refuse_unrouted(stream, grpc.StatusCode.UNIMPLEMENTED, f"unknown method {stream.path}")
             return
         request_type, handler, streaming, _ = method
         if streaming:
@@ -425,6 +425,8 @@ class GrpcH2Server:
         if self.infer_guard is not None and guard.audit is None:  # no audit line: nothing to keep for the answer
             self.infer_guard = (self.infer_guard[0], None)
         self.infer_then = getattr(dataplane, "infer_then", None)
+        #: the guard's audit log, for the calls the transport answers before any method runs
+        self.audit = guard.audit if guard is not None else None
         self.connections: set[_H2Connection] = set()
         self.in_flight = 0
         self.stopping = False

@@ -167,6 +167,16 @@ class H2Calls:
                 stream.task.cancel()
             self._finish(stream, exc.code, exc.details)
 
+    def _refuse_unrouted(self, stream: _Stream, code: grpc.StatusCode, details: str) -> None:
+        """A call answered by the transport before any method ran (an unknown method, a message that does
+        not parse or is too large, not exactly one message): answered, and on a guarded server with an
+        audit log given its line (the guard audits the calls it sees; these it never saw)."""
+        self._finish(stream, code, details)
+        audit = self.server.audit
+        if audit is not None:
+            audit.record(None, None, self.peer, "", "", "grpc", code.name,
+                         (monotonic_ns() - stream.recv_start) / 1e9, len(stream.body), 0)
+
     def _end_of_request(self, stream: _Stream) -> None:
         stream.closed_remote = True
         stream.recv_end = monotonic_ns()
@@ -178,11 +188,11 @@ class H2Calls:
         try:
             messages = self._messages(stream)
         except _Abort as exc:
-            self._finish(stream, exc.code, exc.details)
+            self._refuse_unrouted(stream, exc.code, exc.details)
             return
         if len(messages) != 1 or stream.body:
-            self._finish(stream, grpc.StatusCode.INVALID_ARGUMENT,
-                         f"a unary call carries exactly one message, got {len(messages)}")
+            self._refuse_unrouted(stream, grpc.StatusCode.INVALID_ARGUMENT,
+                                  f"a unary call carries exactly one message, got {len(messages)}")
             return
         request_type, handler, _, guard = self.server.methods[stream.path]
         self.server.in_flight += 1
@@ -306,7 +316,8 @@ class H2Calls:
             try:
                 request = request_type.FromString(message)
             except DecodeError as exc:
-                raise _Abort(grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse the request message: {exc}") from None
+                self._refuse_unrouted(stream, grpc.StatusCode.INVALID_ARGUMENT, f"cannot parse the request message: {exc}")
+                return
             context = _Context(stream.headers, self.peer, len(message), stream)
             if guard is None:
                 response = await handler(request, context)
