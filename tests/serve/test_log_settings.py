@@ -159,9 +159,10 @@ def test_which_lines_each_setting_shows():
     assert not default.shows(logging.INFO, "azulitex")
     with pytest.raises(InvalidArgument, match="'log_warning' must be a boolean"):
         log_settings.checked_update({"log_warning": 1})
-    with pytest.raises(Unsupported):
-        log_settings.checked_update({"log_file": "x.log"})
-    assert log_settings.checked_update({"log_file": "", "unknown": 1, "log_verbose_level": 3}) == {"log_verbose_level": 3}
+    for value in ("x.log", ""):  # any value, the current one too: Triton 2.51 answers 501 to both
+        with pytest.raises(Unsupported):
+            log_settings.checked_update({"log_file": value})
+    assert log_settings.checked_update({"unknown": 1, "log_verbose_level": 3}) == {"log_verbose_level": 3}
 
 
 def test_back_to_back_updates_are_each_seen(tmp_path, monkeypatch):

@@ -105,6 +105,8 @@ def exchanges(http: str, grpc_url: str) -> dict:
                                            for v in ("abc", "-1", "+1")]
     # a model that is not ready says so in the body
     out["not ready"] = _http(http, "GET", "/v2/models/nope/ready")
+    # the log file is never set over the network, whatever the value (the current one included)
+    out["log_file"] = _http(http, "POST", "/v2/logging", {"log_file": ""})[0]
     # an unloaded model is not found (404 / NOT_FOUND, not a 503 to retry)
     g.unload_model("string_py")
     out["unloaded over HTTP"] = [_http(http, m, f"/v2/models/string_py{p}", b)[0] for m, p, b in (
@@ -179,7 +181,7 @@ def answers(tmp_path_factory):
     "left-out output over HTTP", "left-out output over gRPC", "output named twice over HTTP",
     "output named twice over gRPC", "region and binary_data", "CUDA region by name over HTTP",
     "CUDA region by name over gRPC", "version abc over gRPC", "version not digits over HTTP", "not ready",
-    "unloaded over HTTP", "unloaded over gRPC", "stream", "compressed answers",
+    "unloaded over HTTP", "unloaded over gRPC", "stream", "compressed answers", "log_file",
 ])
 def test_answers_as_triton(answers, case):
     theirs, ours = answers

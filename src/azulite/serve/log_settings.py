@@ -79,11 +79,9 @@ def checked_update(changes: dict[str, Any]) -> dict[str, Any]:
             if value not in FORMATS:
                 raise InvalidArgument(f"log setting 'log_format' must be one of {', '.join(FORMATS)}, got "
                                       f"{json.dumps(value)}")
-        elif key == "log_file":
-            if value != current().log_file:
-                raise Unsupported("log file location can not be updated through network protocol",
-                                  fix="start the server with its standard error sent where the log should go")
-            continue
+        elif key == "log_file":  # any value, as Triton 2.51 answers it (501; tests/serve/test_protocol_triton.py)
+            raise Unsupported("log file location can not be updated through network protocol",
+                              fix="start the server with its standard error sent where the log should go")
         else:
             continue
         out[key] = value
