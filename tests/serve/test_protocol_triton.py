@@ -13,7 +13,6 @@ integers out of their datatype's range are refused, not wrapped."""
 from __future__ import annotations
 
 import json
-import queue
 import urllib.error
 import urllib.request
 
