@@ -123,6 +123,21 @@ def infer_message() -> bytes:
     return struct.pack(">BL", 0, len(body)) + body
 
 
+def grpc_status_of(conn: h2.connection.H2Connection, s: socket.socket) -> dict:
+    """The headers carrying the one stream's grpc-status (trailers, or a trailers-only answer); closes ``s``."""
+    s.settimeout(60)
+    try:
+        while True:
+            chunk = s.recv(1 << 16)
+            assert chunk, "closed without answering the stream"
+            for e in conn.receive_data(chunk):
+                if isinstance(e, (h2.events.TrailersReceived, h2.events.ResponseReceived)) and \
+                        any(k == b"grpc-status" for k, _ in e.headers):
+                    return dict(e.headers)
+    finally:
+        s.close()
+
+
 def h2_client(settings: dict | None = None) -> h2.connection.H2Connection:
     conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding=None))
     conn.initiate_connection()
@@ -138,30 +153,23 @@ def rss_mb(server) -> float:
 # --- HTTP/1.1 ---------------------------------------------------------------------------------------------
 
 
-def test_slowloris_heads_are_cut_off(server):
+@pytest.mark.parametrize("start, says", [
+    (b"POST /v2/models/add_sub_onnx/infer HTTP/1.1\r\nHost: x\r\nX-Slow: ", b"request head did not arrive"),
+    # a head sent whole, then a body that never ends (or a byte now and then, slower than the timeout): it
+    # held its connection forever, and enough of them every connection a server allows
+    (b"POST /v2/models/add_sub_onnx/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 196\r\n\r\n{",
+     b"request body stopped arriving"),
+], ids=["head", "body"])
+def test_slow_requests_are_cut_off(server, start, says):
     socks = []
     for _ in range(20):
         s = connect(server.http_url)
-        s.sendall(b"POST /v2/models/add_sub_onnx/infer HTTP/1.1\r\nHost: x\r\nX-Slow: ")
+        s.sendall(start)
         socks.append(s)
-    well_behaved(server)  # served while 20 heads hang
-    for s in socks:
-        assert b"408 Request Timeout" in read_until_closed(s)
-    well_behaved(server)
-
-
-def test_a_body_that_stops_arriving_is_cut_off(server):
-    """A head sent whole, then a body that never ends (or a byte now and then, slower than the timeout):
-    it held its connection forever, and enough of them every connection a server allows."""
-    socks = []
-    for _ in range(10):
-        s = connect(server.http_url)
-        s.sendall(b"POST /v2/models/add_sub_onnx/infer HTTP/1.1\r\nHost: x\r\nContent-Length: 196\r\n\r\n{")
-        socks.append(s)
-    well_behaved(server)  # served while 10 bodies hang
+    well_behaved(server)  # served while 20 requests hang
     for s in socks:
         answer = read_until_closed(s)
-        assert b"408 Request Timeout" in answer and b"request body stopped arriving" in answer
+        assert b"408 Request Timeout" in answer and says in answer
     well_behaved(server)
 
 
@@ -399,16 +407,7 @@ def test_a_unary_request_that_stops_arriving_is_answered_and_forgotten(server):
     conn.send_data(sid, struct.pack(">BL", 0, 1))
     s.sendall(conn.data_to_send())
     well_behaved(server)  # served meanwhile
-    s.settimeout(60)
-    trailers = None
-    while trailers is None:
-        chunk = s.recv(1 << 16)
-        assert chunk, "closed without answering the stream"
-        for e in conn.receive_data(chunk):
-            if isinstance(e, (h2.events.TrailersReceived, h2.events.ResponseReceived)) and \
-                    any(k == b"grpc-status" for k, _ in e.headers):
-                trailers = dict(e.headers)
-    s.close()
+    trailers = grpc_status_of(conn, s)
     assert trailers[b"grpc-status"] == b"4", trailers  # DEADLINE_EXCEEDED
     well_behaved(server)
 
@@ -423,16 +422,7 @@ def test_a_message_declared_past_the_limit_is_refused_by_its_prefix(server):
     conn.send_headers(sid, GRPC_HEADERS)
     conn.send_data(sid, struct.pack(">BL", 0, LIMITS.max_message_bytes + 1) + b"abc", end_stream=True)
     s.sendall(conn.data_to_send())
-    s.settimeout(60)
-    trailers = None
-    while trailers is None:
-        chunk = s.recv(1 << 16)
-        assert chunk, "closed without answering the stream"
-        for e in conn.receive_data(chunk):
-            if isinstance(e, (h2.events.TrailersReceived, h2.events.ResponseReceived)) and \
-                    any(k == b"grpc-status" for k, _ in e.headers):
-                trailers = dict(e.headers)
-    s.close()
+    trailers = grpc_status_of(conn, s)
     assert trailers[b"grpc-status"] == b"8", trailers  # RESOURCE_EXHAUSTED
     assert b"--grpc-max-message-bytes" in trailers[b"grpc-message"]
 
