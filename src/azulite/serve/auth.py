@@ -199,6 +199,7 @@ class Guard:
             self.quotas = SharedDailyQuotas(self.table, "quota:", self.clock)
         self.ledger: QuotaLedger | None = None
         self._ledger_writer: LedgerWriter | None = None
+        self._ledger_quotas = self.quotas
         if settings.auth:
             self._open_ledger()
         self.model_rps = dict(settings.model_rps)
@@ -230,6 +231,10 @@ class Guard:
         day = int(self.clock.time() // 86400)
         for name, used in self.ledger.load(day).items():
             self.quotas.seed(name, day, used)
+        # the writer's thread reads the workers' shared counts through a table of its own (sharedstate's
+        # SharedDailyQuotas.read); one process's plain counters it reads as they are (whole ints)
+        self._ledger_quotas = self.quotas if self.table is None else SharedDailyQuotas(
+            SlotTable(self.table.path), "quota:", self.clock)
         self._ledger_writer = LedgerWriter(self.ledger, self._quota_counts)
 
     def _quota_counts(self) -> tuple[int, list[tuple[str, int]]]:
@@ -238,7 +243,7 @@ class Guard:
         counts = []
         for record in list(self._keys.values()):
             if record.quota_per_day:
-                used_day, used = self.quotas.read(record.name)
+                used_day, used = self._ledger_quotas.read(record.name)
                 if used_day == day:
                     counts.append((record.name, used))
         return day, counts
@@ -250,6 +255,8 @@ class Guard:
         if self.ledger is not None:
             self.ledger.close()
             self.ledger = None
+            if self._ledger_quotas is not self.quotas:
+                self._ledger_quotas.table.close()
         if self.audit is not None:
             self.audit.close()
         for store, watch in [*self._retired, (self.store, self._watch)]:

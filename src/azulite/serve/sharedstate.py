@@ -101,6 +101,20 @@ class SlotTable:
         self.mm = mmap.mmap(self.fd, _HEADER_BYTES + slots * _SLOT_BYTES)
         self._where: dict[str, tuple[bytes, int]] = {}  # name -> (digest, offset): found once, then checked
 
+    def find(self, name: str) -> int | None:
+        """The offset of ``name``'s slot, or None when it has none (nothing is made). Call under ``lock``."""
+        digest = hashlib.blake2b(name.encode("utf-8", "surrogatepass"), digest_size=_KEY).digest()
+        home = int.from_bytes(digest[:8], "little") % self.slots
+        mm = self.mm
+        for i in range(min(PROBE, self.slots)):
+            off = _HEADER_BYTES + ((home + i) % self.slots) * _SLOT_BYTES
+            key = mm[off:off + _KEY]
+            if key == digest:
+                return off
+            if key == _EMPTY:
+                return None
+        return None
+
     def slot(self, name: str) -> tuple[int, bool]:
         """The offset of ``name``'s slot and whether it is new (zeroed values). Call under ``lock``."""
         mm = self.mm
@@ -199,11 +213,15 @@ class SharedDailyQuotas:
         return 0.0
 
     def read(self, name: str) -> tuple[int, int]:
-        """(day, requests used that day) of ``name``'s counter ((-1, 0) if none)."""
+        """(day, requests used that day) of ``name``'s counter ((-1, 0) if none; none is made). From another
+        thread than the takes', through a SlotTable of its own (its own open file, so its flock excludes
+        theirs: one description's lock does not exclude the threads sharing it)."""
         with self.table.lock:
-            off, new = self.table.slot(self.prefix + name)
+            off = self.table.find(self.prefix + name)
+            if off is None:
+                return -1, 0
             used_day, used, _, _ = _VALUES.unpack_from(self.table.mm, off + _KEY)
-        return (-1, 0) if new else (int(used_day), int(used))
+        return int(used_day), int(used)
 
     def seed(self, name: str, day: int, used: int) -> None:
         """At least ``used`` requests of ``day`` counted for ``name`` (a restart's ledger)."""
