@@ -274,8 +274,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
     def _decode(self, block: bytes) -> tuple[list, str, bytes, dict | None, str | None]:
         """The block's headers, with its ``:path``, ``grpc-encoding`` (b"" when absent), W3C trace context
         (None when absent; serve/otel.py) and what makes it malformed (None: nothing) picked out once per
-        distinct block: a call whose block was seen
-        before skips the scan of its headers."""
+        distinct block: a call whose block was seen before skips the scan of its headers."""
         cached = self.cache.get(block)
         if cached is not None:
             return cached
