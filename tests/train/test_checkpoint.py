@@ -152,6 +152,27 @@ def test_all_checkpoints_corrupt_is_an_error_not_a_fresh_start(tmp_path):
             Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt)).load_latest()
 
 
+def test_a_damaged_manifest_is_corruption_not_an_interrupted_save(tmp_path, caplog):
+    """A manifest cut in half (written whole or not at all: this is damage) was read as an interrupted save:
+    with every step's damaged, training started over and its saves then removed the good shards."""
+    ctx = init({})
+    model, opt = _tiny()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    ck.save(1)
+    ck.save(2)
+    damaged = tmp_path / "step-00000002" / "manifest.json"
+    damaged.write_bytes(damaged.read_bytes()[: len(damaged.read_bytes()) // 2])
+    with caplog.at_level(logging.WARNING, logger="azulite.train"):
+        assert Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, *_tiny())).load_latest() == 1
+    assert "checkpoint step 2 is corrupt: its manifest.json is not a valid manifest" in caplog.text
+    assert (tmp_path / "step-00000002" / "manifest.corrupt.json").is_file()  # the evidence, un-committed
+    first = tmp_path / "step-00000001" / "manifest.json"
+    first.write_text("{")
+    with pytest.raises(CheckpointError, match="none of the 2 committed checkpoint"):
+        Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, *_tiny())).load_latest()
+    assert next((tmp_path / "step-00000001").glob("*.distcp")).is_file()  # nothing of it removed
+
+
 def test_fresh_directory_starts_from_scratch(tmp_path):
     ctx = init({})
     model, opt = _tiny()

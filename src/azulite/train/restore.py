@@ -51,7 +51,15 @@ class Restorer:
         for step, rel in reversed(scan_steps(self.storage)):
             manifest = read_manifest(self.storage, rel, step)
             if manifest is None:
-                if self.storage.exists(f"{rel}/manifest.corrupt.json"):
+                if self.storage.exists(f"{rel}/{MANIFEST}"):
+                    # there but not a manifest of this step: the manifest is written whole (an atomic link)
+                    # or not at all, so this is damage, not an interrupted save (it was taken for one: the
+                    # run started over, and its saves then removed the good shards)
+                    log.warning("checkpoint step %d is corrupt: its %s is not a valid manifest; falling back to "
+                                "the previous one", step, MANIFEST)
+                    self.quarantine(rel)
+                    corrupt += 1
+                elif self.storage.exists(f"{rel}/manifest.corrupt.json"):
                     log.warning("ignoring %s: found corrupt earlier", self.storage.display(rel))
                     corrupt += 1
                 else:
