@@ -93,6 +93,15 @@ class CheckpointError(AzuliteError):
     exit_code = 1
 
 
+class CheckpointUsageError(CheckpointError):
+    """A checkpoint used wrongly as the script is written (a bad CheckpointConfig, a step that is no whole
+    number, state that does not fit the checkpoint, a location another job writes): the same on every
+    restart, so a training process exits 78 for it (``permanent``) and its job fails at once."""
+
+    exit_code = 2
+    permanent = True
+
+
 class ServeError(AzuliteError):
     """An error answered to an inference client. ``status`` names the KServe v2 / Triton class of error;
     the HTTP and gRPC front-ends map it once to their own codes."""

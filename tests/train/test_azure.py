@@ -37,6 +37,19 @@ def test_blob_manifest_commit_is_if_none_match(azurite):
     assert storage.read_bytes("step-00000001/manifest.json") == b'{"first": 1}'
 
 
+def test_credentials_the_account_refuses_are_a_mistake_no_restart_fixes(azurite):
+    """A wrong account key: the account answers 403. It was a StorageError (exit 1): the job was restarted
+    and retried into the same refusal; now the script exits 78 and the job fails at once."""
+    from azulite.errors import StorageConfigError
+    from azulite.train import EXIT_CONFIG, exit_code
+
+    wrong = azurite.connection_string.replace("AccountKey=", "AccountKey=AAAA", 1)
+    storage = CheckpointStorage("az://ckpts/refused", StorageSettings(connection_string=wrong))
+    with pytest.raises(StorageConfigError, match="refused the credentials") as e:
+        storage.check()
+    assert exit_code(e.value) == EXIT_CONFIG and "account key" in e.value.fix
+
+
 @pytest.fixture
 def own_azurite(tmp_path):
     az = Azurite(tmp_path / "azurite-data").start()

@@ -16,6 +16,7 @@ import torch
 
 from azulite.errors import CheckpointError, StorageError
 from azulite.train import (
+    EXIT_CONFIG,
     CheckpointConfig,
     Checkpointer,
     ModelState,
@@ -23,6 +24,7 @@ from azulite.train import (
     Progress,
     ResumableSampler,
     RNGState,
+    exit_code,
     init,
     list_checkpoints,
 )
@@ -485,6 +487,7 @@ def test_resuming_into_a_different_model_names_the_mismatch(tmp_path):
     with pytest.raises(CheckpointError) as e:
         other.load_latest()
     assert "checkpoint step 2 does not fit this script's state" in e.value.message and "Size mismatch" in e.value.message
+    assert exit_code(e.value) == EXIT_CONFIG  # the same on every restart: the job fails at once (it exited 1)
     assert (tmp_path / "step-00000002" / "manifest.json").exists()  # not quarantined: the checkpoint is fine
     with pytest.raises(CheckpointError, match="Missing key in checkpoint"):
         Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, {"modle": ModelState(model)}).load_latest()

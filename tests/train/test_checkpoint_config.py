@@ -27,6 +27,7 @@ def test_bad_counts_are_named(field, value):
     assert field in str(e.value) and repr(value) in str(e.value)
     assert e.value.where == f"CheckpointConfig.{field}" and e.value.fix
     assert isinstance(e.value, AzuliteError)
+    assert e.value.permanent  # a script exits 78 for it (train.exit_code): no restart fixes it (it exited 1)
 
 
 def test_unknown_on_save_error():

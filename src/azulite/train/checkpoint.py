@@ -48,7 +48,7 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from azulite.errors import CheckpointError, StorageConfigError, StorageError
+from azulite.errors import CheckpointError, CheckpointUsageError, StorageConfigError, StorageError
 from azulite.train.checkpoint_config import CheckpointConfig
 from azulite.train.catalog import read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
@@ -199,7 +199,7 @@ class Checkpointer:
         """
         if isinstance(step, bool) or not hasattr(step, "__index__") or int(step) < 0:
             # "5", 2.5 or -1 was written as step--0000001/ (listed nowhere) or failed in the failure's own log line
-            raise CheckpointError(f"a checkpoint step is a whole number >= 0, got {step!r}",
+            raise CheckpointUsageError(f"a checkpoint step is a whole number >= 0, got {step!r}",
                                   fix="pass the training step, e.g. ckpt.save(step) with step an int")
         step = int(step)
         t0 = time.perf_counter()
@@ -409,7 +409,7 @@ class Checkpointer:
                 self._load(step, manifest)
             except BaseException as e:  # noqa: BLE001 - DCP gathers every rank's read failure into one
                 if _state_mismatch(e):  # torch's CheckpointException is no Exception: a user's except missed it
-                    raise CheckpointError(
+                    raise CheckpointUsageError(
                         f"checkpoint step {step} does not fit this script's state: {_root_cause(e)}",
                         where=self.storage.display(step_dir(step)),
                         fix="resume with the model and state names it was saved with (same architecture, same "

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from azulite.errors import CheckpointError
+from azulite.errors import CheckpointUsageError
 
 __all__ = ["CheckpointConfig"]
 
@@ -48,13 +48,13 @@ class CheckpointConfig:
                           ("max_failed_saves", 1)):
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
-                raise CheckpointError(f"{name}={value!r} must be an integer >= {low}", where=f"{where}.{name}",
+                raise CheckpointUsageError(f"{name}={value!r} must be an integer >= {low}", where=f"{where}.{name}",
                                       fix=f"e.g. {name}={max(low, 1)}")
         if self.on_save_error not in ("continue", "stop"):
-            raise CheckpointError(f"on_save_error={self.on_save_error!r} is not one of 'continue', 'stop'",
+            raise CheckpointUsageError(f"on_save_error={self.on_save_error!r} is not one of 'continue', 'stop'",
                                   where=f"{where}.on_save_error", fix="on_save_error='continue'")
         try:
             json.dumps(dict(self.model_config))
         except (TypeError, ValueError) as e:
-            raise CheckpointError(f"model_config is not JSON-serialisable: {e}", where=f"{where}.model_config",
+            raise CheckpointUsageError(f"model_config is not JSON-serialisable: {e}", where=f"{where}.model_config",
                                   fix="pass plain numbers, strings, lists and dicts") from None

@@ -210,6 +210,14 @@ class CheckpointStorage:
         except StorageError:
             raise
         except Exception as e:  # noqa: BLE001 - any SDK/network failure is the same user problem
+            if getattr(e, "status_code", None) in (401, 403) or type(e).__name__ == "ClientAuthenticationError":
+                # the account answered and refused: credentials wrong as given, which no restart fixes
+                raise StorageConfigError(
+                    f"Azure Blob storage refused the credentials for {self.uri}: {type(e).__name__}: {first_line(e)}",
+                    where=self.uri,
+                    fix="check the account key, SAS token or identity (AZURE_STORAGE_CONNECTION_STRING, "
+                        "AZURE_STORAGE_KEY, ...) and that it may write to the container",
+                ) from None
             raise StorageError(
                 f"cannot reach Azure Blob storage for {self.uri}: {type(e).__name__}: {first_line(e)}",
                 where=self.uri,
