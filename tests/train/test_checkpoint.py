@@ -121,6 +121,10 @@ def test_list_checkpoints_reports_partial_ones(tmp_path):
     assert infos[0].bytes > 1000 and infos[1].bytes == 100
     assert infos[0].uri == str(tmp_path / "step-00000005")
     assert list_checkpoints(str(tmp_path / "nothing-here")) == []
+    # a file named like a step is no step: it failed listing and every resume with NotADirectoryError
+    (tmp_path / "step-00000099").write_text("junk")
+    assert [c.step for c in list_checkpoints(str(tmp_path))] == [5, 7]
+    assert Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, *_tiny())).load_latest() == 5
 
 
 def test_two_rank_checkpoint_loads_on_one_rank(baseline, caplog):

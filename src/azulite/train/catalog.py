@@ -57,9 +57,10 @@ def read_manifest(storage: CheckpointStorage, rel: str, step: int) -> dict[str, 
 
 
 def scan_steps(storage: CheckpointStorage) -> list[tuple[int, str]]:
-    """(step, directory name) of every step directory, committed or not, oldest first."""
+    """(step, directory name) of every step directory, committed or not, oldest first (a file named like
+    one is not: it broke resume and listing with NotADirectoryError)."""
     steps = []
-    for name in storage.list_dir():
+    for name in storage.list_dir(folders_only=True):
         m = _STEP_DIR.match(name)
         if m:
             steps.append((int(m.group(1)), name))

@@ -226,13 +226,15 @@ class CheckpointStorage:
             ) from None
 
     # -- listing and reading -------------------------------------------------------------------------------
-    def list_dir(self, rel: str = "") -> list[str]:
-        """Names (not paths) of the entries directly under ``rel``; [] if it does not exist."""
+    def list_dir(self, rel: str = "", *, folders_only: bool = False) -> list[str]:
+        """Names (not paths) of the entries directly under ``rel`` (only its folders: ``folders_only``);
+        [] if it does not exist."""
         try:
-            entries = self.fs.ls(self.path(rel), detail=False)
+            entries = self.fs.ls(self.path(rel), detail=True)
         except FileNotFoundError:
             return []
-        return sorted({e.rstrip("/").rsplit("/", 1)[-1] for e in entries})
+        return sorted({e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries
+                       if not folders_only or e.get("type") == "directory"})
 
     def exists(self, rel: str) -> bool:
         return bool(self.fs.exists(self.path(rel)))
