@@ -246,3 +246,19 @@ def test_spec_mistakes_that_passed_or_said_too_little(tmp_path, old, new, line, 
 def test_a_check_across_fields_is_placed_at_the_field_it_names(tmp_path):
     e = error(tmp_path, GOOD.replace("max_restarts: 3", "max_restarts: 3\nelastic: {min_nodes: 3}"))
     assert (e.line, e.field) == (32, "elastic.min_nodes") and "is above max_nodes (2)" in e.message
+
+
+@pytest.mark.parametrize("command", [
+    "python s.py ${{outputs.o}} ${{inputs.d}}",
+    'python s.py "${{outputs.o}}" "${{inputs.d}}"',
+    "python s.py '${{outputs.o}}' '${{inputs.d}}'",
+    'sh -c "echo x" && python s.py ${{outputs.o}} ${{inputs.d}}',
+])
+def test_a_path_with_spaces_and_quotes_stays_one_word(command):
+    """An AZULITE_HOME with a space ("My Files") split every job's output path into two arguments."""
+    import shlex
+
+    out, data = "/tmp/sp ace/home x/jobs/o-1/outputs/o", "/tmp/it's here/d"
+    rendered = render_command(command, {"d": PathInput(type="uri_folder", path=data)}, {"o": out})
+    assert shlex.split(rendered)[-2:] == [out, data], rendered
+    assert render_command("python s.py ${{outputs.o}}", {}, {"o": "/tmp/plain/o"}) == "python s.py /tmp/plain/o"

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 import os
 import re
+import shlex
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -454,17 +455,53 @@ def _check_and_resolve(spec: JobSpec, base: Path, src: _Source, kinds: tuple[str
     return spec.model_copy(update={"code": str(code), "inputs": inputs, "outputs": outputs, "environment": env})
 
 
+def _quote_state(command: str, end: int) -> str:
+    """The shell's quoting at ``command[end]``: "" (none), "'" or '"' (inside such quotes)."""
+    state, i = "", 0
+    while i < end:
+        c = command[i]
+        if state == "'":
+            if c == "'":
+                state = ""
+        elif c == "\\":
+            i += 1  # an escaped character (outside single quotes)
+        elif state == '"':
+            if c == '"':
+                state = ""
+        elif c in "'\"":
+            state = c
+        i += 1
+    return state
+
+
+def _shell_word(path: str, state: str) -> str:
+    """``path`` written so the shell reads it as one word where it stands (unquoted, or inside the user's
+    own quotes): a path with a space (an AZULITE_HOME under "My Files") split the command."""
+    if not path or _SAFE_WORD.fullmatch(path):
+        return path
+    if state == '"':
+        return re.sub(r'(["\\$`])', r"\\\1", path)
+    if state == "'":
+        return path.replace("'", "'\\''")
+    return shlex.quote(path)
+
+
+_SAFE_WORD = re.compile(r"[\w@%+=:,./-]+")
+
+
 def render_command(command: str, inputs: Mapping[str, Any], outputs: Mapping[str, str]) -> str:
     """Substitute ``${{inputs.NAME}}`` (a literal, or a path input's path) and ``${{outputs.NAME}}``
-    (the output's resolved path). Names were checked by :func:`load_job`."""
+    (the output's resolved path). Names were checked by :func:`load_job`. A path is written as one shell
+    word where the reference stands (quoted as it needs: a space in it no longer splits the command); a
+    literal is put as given, as Azure ML puts it."""
 
     def one(m: re.Match) -> str:
         kind, name = m.group(1), m.group(2)
         if kind == "outputs":
-            return str(outputs[name])
+            return _shell_word(str(outputs[name]), _quote_state(command, m.start()))
         v = inputs[name]
         if isinstance(v, PathInput):
-            return v.path
+            return _shell_word(v.path, _quote_state(command, m.start()))
         if isinstance(v, bool):
             return "true" if v else "false"
         return str(v)
