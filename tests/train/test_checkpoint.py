@@ -179,6 +179,23 @@ def test_a_damaged_manifest_is_corruption_not_an_interrupted_save(tmp_path, capl
     assert next((tmp_path / "step-00000001").glob("*.distcp")).is_file()  # nothing of it removed
 
 
+def test_a_tampered_metadata_file_falls_back_to_the_previous_step(tmp_path, caplog):
+    """DCP reads .metadata catching every error and raises an AssertionError of their text: the integrity
+    failure inside was not recognised, and the resume stopped with a traceback instead of falling back."""
+    ctx = init({})
+    model, opt = _tiny()
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
+    ck.save(1)
+    ck.save(2)
+    meta = tmp_path / "step-00000002" / ".metadata"
+    data = bytearray(meta.read_bytes())
+    data[len(data) // 2] ^= 0xFF  # the same size: only its hash tells
+    meta.write_bytes(bytes(data))
+    with caplog.at_level(logging.WARNING, logger="azulite.train"):
+        assert Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, *_tiny())).load_latest() == 1
+    assert "checkpoint step 2 is corrupt" in caplog.text and "falling back to the previous one" in caplog.text
+
+
 def test_fresh_directory_starts_from_scratch(tmp_path):
     ctx = init({})
     model, opt = _tiny()

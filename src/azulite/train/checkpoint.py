@@ -468,8 +468,20 @@ def _integrity_failure(exc: BaseException) -> bool:
         return True
     failures = getattr(exc, "failures", None)
     if isinstance(failures, dict):
-        return any(isinstance(v[0] if isinstance(v, tuple) else v, IntegrityError) for v in failures.values())
+        return any(_integrity_inner(v[0] if isinstance(v, tuple) else v) for v in failures.values())
     return False
+
+
+def _integrity_inner(exc: BaseException) -> bool:
+    """One rank's failure: an IntegrityError, or torch's AssertionError that joined one into its text (DCP
+    reads the metadata catching every error: a tampered ``.metadata`` came back as "metadata is None; global
+    metadata read failed: file .metadata does not match the manifest ...", which stopped the resume with a
+    traceback instead of falling back to the previous checkpoint)."""
+    if isinstance(exc, IntegrityError):
+        return True
+    text = str(exc)
+    return isinstance(exc, AssertionError) and "global metadata read failed: file .metadata " in text and (
+        "does not match the manifest" in text or "is missing" in text)
 
 
 def _state_mismatch(exc: BaseException) -> bool:
