@@ -196,6 +196,25 @@ def test_a_tampered_metadata_file_falls_back_to_the_previous_step(tmp_path, capl
     assert "checkpoint step 2 is corrupt" in caplog.text and "falling back to the previous one" in caplog.text
 
 
+def test_a_second_job_saving_into_the_location_stops_the_first(tmp_path):
+    """Two jobs saving into one location removed each other's saves in progress and skipped their own steps
+    as "already committed" by the other, both exiting 0. The job that started writing there last keeps it;
+    the other's next save is refused, naming it, with the exit of a mistake no restart fixes."""
+    from azulite.errors import CheckpointUsageError
+
+    first_ctx, second_ctx = init({"AZULITE_JOB_ID": "first-1"}), init({"AZULITE_JOB_ID": "second-1"})
+    first = Checkpointer(CheckpointConfig(uri=str(tmp_path)), first_ctx, _state(first_ctx, *_tiny()))
+    assert first.save(1, sync=True)
+    second = Checkpointer(CheckpointConfig(uri=str(tmp_path)), second_ctx, _state(second_ctx, *_tiny()))
+    with pytest.raises(CheckpointUsageError, match="job second-1 is saving checkpoints to") as e:
+        first.save(2, sync=True)
+    assert exit_code(e.value) == EXIT_CONFIG and not (tmp_path / "step-00000002").exists()
+    assert second.save(2, sync=True)
+    again = init({"AZULITE_JOB_ID": "second-1", "AZULITE_ATTEMPT": "2"})  # the same job's next attempt
+    assert Checkpointer(CheckpointConfig(uri=str(tmp_path)), again, _state(again, *_tiny())).save(3, sync=True)
+    assert second.save(4, sync=True)
+
+
 def test_fresh_directory_starts_from_scratch(tmp_path):
     ctx = init({})
     model, opt = _tiny()

@@ -4,6 +4,7 @@ importing torch and DCP to list a directory).
 
     <uri>/step-00000040/   one committed checkpoint: DCP's shards and .metadata, one hashes-rankNNNNN.json
                            per rank, and manifest.json (written last; no valid manifest: no checkpoint)
+    <uri>/writer.json      the azulite job writing the location now (a second job saving there is refused)
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from azulite.errors import StorageError
 from azulite.train.storage import CheckpointStorage, StorageSettings, first_line
 
 MANIFEST = "manifest.json"
+#: at the location's top: the job that writes it now (train/checkpoint.py, Checkpointer._claim)
+WRITER = "writer.json"
 MANIFEST_FORMAT = "azulite.checkpoint/1"
 _STEP_DIR = re.compile(r"^step-(\d{8,})$")
 

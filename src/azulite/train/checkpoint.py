@@ -30,6 +30,7 @@ cheap, hashing a blob means downloading it), uploads them, then the coordinator 
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 import shutil
@@ -50,7 +51,7 @@ from torch.distributed.checkpoint.stateful import Stateful
 
 from azulite.errors import CheckpointError, CheckpointUsageError, StorageConfigError, StorageError
 from azulite.train.checkpoint_config import CheckpointConfig
-from azulite.train.catalog import read_manifest, step_dir
+from azulite.train.catalog import WRITER, read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
 from azulite.train.metrics import checkpoint_committed, warm_up
@@ -121,6 +122,7 @@ class Checkpointer:
         self._pg = (dist.new_group(backend="gloo", timeout=timedelta(minutes=30))
                     if ctx.distributed else None)
         self._check_storage()
+        self._claim()
         base = settings.staging_dir or os.path.join(tempfile.gettempdir(), "azulite-staging")
         self._staging = Path(base) / hashlib.sha1(self.storage.uri.encode()).hexdigest()[:12]
         self._stager = CachedStager()
@@ -254,23 +256,60 @@ class Checkpointer:
         self._pending = (self._thread.submit(write), step, t0)
         return True
 
+    def _claim(self) -> None:
+        """This job writes the location now: ``writer.json`` names it (the main rank; an azulite job only,
+        one with an id). A job started later on the same location takes it over, and this one's next save
+        stops with the other's name (:meth:`_writer_now`): two jobs saving into one location deleted each
+        other's saves in progress and skipped their own steps as "already committed", both exiting 0."""
+        env = self.ctx.env
+        if env.job_id is None or not self.ctx.is_main:
+            return
+        try:
+            self.storage.write_bytes(WRITER, json.dumps({"job_id": env.job_id, "attempt": env.attempt,
+                                                         "since": time.time()}).encode())
+        except Exception as e:  # noqa: BLE001 - storage was just checked: a failure here is said, not fatal
+            log.warning("could not mark %s as written by job %s: %s", self.storage.uri, env.job_id, e)
+
+    def _writer_now(self) -> str | None:
+        """Another job that took the location over since this one claimed it (main rank), or None."""
+        mine = self.ctx.env.job_id
+        if mine is None or not self.ctx.is_main:
+            return None
+        try:
+            other = json.loads(self.storage.read_bytes(WRITER)).get("job_id")
+        except Exception:  # noqa: BLE001 - gone or unreadable: no claim to compare with
+            return None
+        return other if isinstance(other, str) and other != mine else None
+
     def _already_committed(self, step: int, failed: str | None = None) -> bool:
         """Before DCP starts, on every rank: is ``step`` committed already (then nothing is saved), and can
         every rank reach the storage (and did it stage the state: ``failed`` says why not)? Decided
         together, so no rank waits in a collective the others skipped; a leftover of an interrupted save
         of the same step is removed."""
         rel = step_dir(step)
-        committed, err = False, failed
+        committed, err, other = False, failed, None
         try:
+            other = self._writer_now() if failed is None else None
+            if other is not None:  # before anything of another job's is removed below
+                raise CheckpointUsageError(
+                    f"job {other} is saving checkpoints to {self.storage.uri} too (it started writing there after "
+                    f"job {self.ctx.env.job_id}): two jobs saving into one location remove each other's saves",
+                    where=self.storage.uri, fix="give each job its own checkpoint location (outputs.checkpoints.path"
+                    ", or CheckpointConfig(uri=...)); resume a job by resubmitting it once the other has ended")
             committed = failed is None and read_manifest(self.storage, rel, step) is not None
             if failed is None and not committed and self.ctx.is_main and self.storage.exists(rel):
                 log.warning("removing %s: an interrupted save of the same step", self.storage.display(rel))
                 self.storage.remove_tree(rel)
+        except CheckpointUsageError as e:
+            err = e
         except Exception as e:  # noqa: BLE001 - any storage failure
             err = f"rank {self.ctx.rank}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
-        verdicts = self._gather((committed, err))
+        verdicts = self._gather((committed, err if isinstance(err, str) or err is None else
+                                 (err.message, err.where, err.fix)))
         errors = [e for _, e in verdicts if e]
         if errors:
+            if isinstance(errors[0], tuple):  # the location is another job's now: no restart fixes it
+                raise CheckpointUsageError(errors[0][0], where=errors[0][1], fix=errors[0][2])
             raise CheckpointError(errors[0])
         if verdicts[0][0]:
             log.info("checkpoint step %d is already committed; not saving it again", step)
@@ -353,6 +392,9 @@ class Checkpointer:
             checkpoint_committed(step, seconds)
 
     def _failed(self, step: int, exc: BaseException, raise_on_error: bool | None) -> bool:
+        if isinstance(exc, CheckpointUsageError):  # never counted and gone on from; nothing removed
+            log.error("CHECKPOINT SAVE REFUSED at step %d: %s", step, exc.message)
+            raise exc
         self._failed_in_a_row += 1
         reason = _root_cause(exc)
         prev = f"step {self.last_committed}" if self.last_committed is not None else "none yet"

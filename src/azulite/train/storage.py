@@ -313,6 +313,18 @@ class CheckpointStorage:
         finally:
             os.close(fd)
 
+    def write_bytes(self, rel: str, data: bytes) -> None:
+        """Write ``data`` at ``rel``, replacing what is there, never half visible (a small file: Put Blob; a
+        local temporary file renamed over it)."""
+        if self.remote:
+            self.fs.pipe_file(self.path(rel), data)
+            return
+        target = Path(self.path(rel))
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = target.with_name(f".{target.name}.{uuid.uuid4().hex}.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, target)
+
     def remove_tree(self, rel: str) -> None:
         if self.remote:
             try:
