@@ -412,6 +412,17 @@ def test_a_script_that_ends_without_close_still_commits_its_last_async_save(tmp_
     assert [c.step for c in list_checkpoints(str(tmp_path)) if c.committed] == [1], res.stderr[-3000:]
 
 
+def test_a_script_that_destroys_its_process_group_without_close_still_commits(runner, tmp_path):
+    res = runner.run([str(tmp_path / "ck")], script=ROOT / "tests" / "train" / "scripts" / "exit_after_destroy.py")
+    assert res.returncode == 0, res.output[-3000:]
+    # each rank had gone on alone ("torch.distributed is disabled ... save in a single process"), and one
+    # failed its commit: what was left was no checkpoint of the two ranks
+    assert "SAVE FAILED" not in res.output and "torch.distributed is disabled" not in res.output, res.output[-3000:]
+    assert [c.step for c in list_checkpoints(str(tmp_path / "ck")) if c.committed] == [1], res.output[-3000:]
+    manifest = json.loads((tmp_path / "ck" / "step-00000001" / "manifest.json").read_text())
+    assert manifest["world_size"] == 2
+
+
 @pytest.mark.slow
 def test_fsdp2_sharded_state_saves_async_and_loads_on_two_ranks_and_on_one(runner, tmp_path):
     """FSDP2 on 2 CPU ranks: parameters and Adam state are DTensor shards; an async save copies them in

@@ -66,6 +66,40 @@ log = logging.getLogger("azulite.train.checkpoint")
 __all__ = ["CheckpointConfig", "Checkpointer", "PhaseHook"]
 
 
+#: every Checkpointer alive in the process, for :func:`commit_pending` (weakly: it never keeps one alive)
+_live: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
+
+
+def commit_pending() -> None:
+    """Wait for every live Checkpointer's pending async save to commit (a failure is logged, not raised).
+    Called before the process group is destroyed: the commit's collectives need it."""
+    for ck in list(_live):
+        if ck._pending is not None:
+            log.info("waiting for the checkpoint of step %d to commit before the process group goes", ck._pending[1])
+            try:
+                ck.wait()
+            except Exception as e:  # noqa: BLE001 - the failure is logged; the caller goes on
+                log.error("%s", e)
+
+
+def _commit_before_destroy() -> None:
+    """``torch.distributed.destroy_process_group`` waits for pending async saves first. A script that ends
+    without ``close()`` but destroys its process group (examples/ddp does, as torch's tutorials do) lost
+    its last save: the commit's gather ran on a destroyed group ("rank 1 wrote no hashes") and the job
+    still exited 0. Wrapped once, for every caller (the user's script, azulite's own shutdown)."""
+    original = dist.destroy_process_group
+    if getattr(original, "azulite_commits_first", False):
+        return
+
+    def destroy_process_group(*args, **kwargs):
+        commit_pending()
+        return original(*args, **kwargs)
+
+    destroy_process_group.azulite_commits_first = True  # type: ignore[attr-defined]
+    destroy_process_group.__wrapped__ = original  # type: ignore[attr-defined]
+    dist.destroy_process_group = destroy_process_group
+
+
 def _commit_before_exit(checkpointer: Checkpointer) -> None:
     """A script that ends without ``close()`` still gets its last async save committed: wait for it when
     the main thread ends, before the interpreter joins threads and refuses new thread pools (which the
@@ -141,6 +175,8 @@ class Checkpointer:
                     self._waiting_optimizers.append(opt)
                     self._hooks.append(opt.register_step_pre_hook(wait_staged_hook(self)))
         _commit_before_exit(self)
+        _live.add(self)
+        _commit_before_destroy()
         if ctx.is_main:
             warm_up(wait=0)  # the metrics writer connects on its thread (train.init started it already)
         self._failed_in_a_row = 0
