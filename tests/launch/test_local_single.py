@@ -47,3 +47,19 @@ def test_a_job_without_distribution_runs_the_command_once_per_node_without_a_pro
     assert len({env["cwd"] for env in seen.values()}) == 2  # each node in its own working dir
     ranks = sorted((p.rank, p.node, p.exit_code) for p in rec.processes if p.kind == "rank")
     assert ranks == [(0, 0, 0), (1, 1, 0)]
+
+
+KILLED = """
+import os, signal
+if os.environ["AZULITE_RANK"] == "1":
+    os.kill(os.getpid(), signal.SIGKILL)  # as the OOM killer ends a process
+"""
+
+
+def test_a_command_killed_by_a_signal_is_its_ranks_failure_not_a_lost_node(home, tmp_path):
+    """Without distribution (as under mpi and tensorflow) each node's agent is its rank's runner, which exits
+    with its command's code: a command killed with SIGKILL was reported as node-1's agent lost."""
+    spec = write_job(tmp_path / "k", KILLED, SPEC.replace("name: plain", "name: killed"))
+    rec = wait_done(backend().submit(load_job(spec)).id)
+    assert rec.state.value == "failed" and rec.exit_code == 137, (rec.state, rec.exit_code, rec.reason)
+    assert rec.reason.startswith("rank 1 (node 1) exited 137") and "lost" not in rec.reason, rec.reason

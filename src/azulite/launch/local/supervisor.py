@@ -274,7 +274,8 @@ class Supervisor:
                     if (exits[n] or 0) > 128 and exits[n] != 128 + signal.SIGTERM and out.lost_agent is None \
                             and first_failure is None and preempt_sent is None \
                             and not (spec.elastic and len(running) >= spec.node_range[0]) \
-                            and not (out.canceled or out.timed_out or out.config_error):
+                            and not (out.canceled or out.timed_out or out.config_error) \
+                            and not _rank_said_so(ctx, procs[n].pid):
                         out.lost_agent = (n, exits[n])
             if not running:
                 break
@@ -446,6 +447,15 @@ def finished(out: AttemptOutcome) -> bool:
 def _has_ranks(ctx: LaunchContext, agent_pid: int) -> bool:
     """Whether the agent ``agent_pid`` started ranks in this attempt (it joined a round)."""
     return any(rec.get("agent_pid") == agent_pid for rec in read_rank_records(ctx.records_dir).values())
+
+
+def _rank_said_so(ctx: LaunchContext, agent_pid: int) -> bool:
+    """Whether an agent that died of a signal passed on its rank's own end: a rank it started (or it, a
+    rank runner: TF workers, ``none``, mpirun's ranks) recorded a failing exit first. A user's process
+    killed with SIGKILL (the OOM killer's signal) was reported as a lost node under mpi, tensorflow and
+    ``none``, whose agents exit with their rank's code; a lost node's ranks record nothing."""
+    return any(agent_pid in (rec.get("agent_pid"), rec.get("pid")) and rec.get("exit_code") not in (None, 0)
+               for rec in read_rank_records(ctx.records_dir).values())
 
 
 def _end_orphans(ctx: LaunchContext, agent_pid: int) -> list[int]:
