@@ -267,6 +267,8 @@ def test_validate_refuses_a_reference_azulite_cannot_fill(home, tmp_path, comman
 @pytest.mark.parametrize("outputs, said", [
     ("{o: {type: uri_folder, path: afile}}", "afile is a file, and a uri_folder output is a folder"),
     ("{o: {type: uri_folder, path: afile/sub}}", "cannot be created:"),
+    # os.access says yes to root there: the job failed in its supervisor with a bare FileNotFoundError
+    ("{o: {type: uri_folder, path: /proc/nope}}", "/proc/nope cannot be created: /proc takes no new folder"),
     ("{o: {type: uri_folder, path: az://results/run1, mode: uplaod}}", "(outputs.o.mode): 'uplaod' is not allowed"),
 ])
 def test_validate_refuses_an_output_that_cannot_be_written(home, tmp_path, outputs, said):
@@ -275,6 +277,20 @@ def test_validate_refuses_an_output_that_cannot_be_written(home, tmp_path, outpu
     spec.write_text(f"command: python a.py\noutputs: {outputs}\n")
     p = az("job", "validate", str(spec), check=2)  # a FileExistsError at run time; azure-ai-ml refused the mode
     assert said in p.stderr, p.stderr
+
+
+@pytest.mark.parametrize("variables, said", [
+    ('{"A=B": y}', "'A=B' is not an environment variable name"),  # failed inside the supervisor
+    ('{FOO: "${{inputs.x}}"}', "azulite fills no ${{...}} in environment_variables"),  # the process saw the text
+    ("{MASTER_PORT: abc}", "MASTER_PORT 'abc' is not a TCP port"),  # refused only at submit
+])
+def test_validate_refuses_environment_variables_a_process_cannot_have(home, tmp_path, variables, said):
+    spec = tmp_path / "job.yaml"
+    spec.write_text(f"command: python a.py\ninputs: {{x: 1}}\nenvironment_variables: {variables}\n")
+    p = az("job", "validate", str(spec), check=2)
+    assert said in p.stderr and "job.yaml:3 (environment_variables)" in p.stderr, p.stderr
+    spec.write_text("command: python a.py\nenvironment_variables: {1: x, MASTER_PORT: 29500}\n")  # 1 is a name
+    az("job", "validate", str(spec), check=0)
 
 
 @pytest.mark.slow

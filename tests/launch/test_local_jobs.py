@@ -68,6 +68,23 @@ def test_cancel_ends_every_process_including_orphans(home, tmp_path):
     assert len(agents) == 2 and 0 not in agents and None not in agents, agents
 
 
+def test_a_preemption_whose_save_fails_is_a_failure_not_a_preemption(home, tmp_path):
+    """A rank that cannot commit its preemption save exits 1 (azulite.train raises): the attempt was recorded
+    as preempted (exit 75) and requeued outside max_retries; "preempted" must mean committed."""
+    failing = PREEMPTIBLE.replace("sys.exit(75)", "sys.exit(1 if rank == 1 else 75)  # rank 1's save failed")
+    spec_text = spec_2x1(extra="outputs:\n      state:\n        type: uri_folder\n        path: state")
+    spec = write_job(tmp_path / "pf", failing, spec_text)
+    state = tmp_path / "pf" / "state"
+    b = backend()
+    rec = b.submit(load_job(spec))
+    wait_for(lambda: (state / "started-0").exists() and (state / "started-1").exists(), 120, "ranks to start")
+    b.preempt(rec.id)
+    rec = wait_done(rec.id)
+    assert rec.state == JobState.FAILED and rec.exit_code == 1, (rec.state, rec.reason)  # max_retries 0
+    assert "rank 1" in rec.reason and "after the preempt request" in rec.reason, rec.reason
+    assert [(a.attempt, a.exit_code) for a in rec.attempts] == [(1, 1)]
+
+
 def test_preempt_requeues_and_the_next_attempt_succeeds(home, tmp_path):
     spec_text = spec_2x1(extra="outputs:\n      state:\n        type: uri_folder\n        path: state")
     spec = write_job(tmp_path / "pre", PREEMPTIBLE, spec_text)

@@ -186,8 +186,30 @@ class JobSpec(_Model):
     @field_validator("environment_variables", mode="before")
     @classmethod
     def _env_values_as_strings(cls, v: Any) -> Any:
-        if isinstance(v, dict):
-            return {k: (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float, bool)) else x for k, x in v.items()}
+        if isinstance(v, dict):  # YAML's numbers as names too (`1: x` was refused as if its value were wrong)
+            return {(str(k) if isinstance(k, (int, float)) and not isinstance(k, bool) else k):
+                    (str(x).lower() if isinstance(x, bool) else str(x)) if isinstance(x, (int, float, bool)) else x
+                    for k, x in v.items()}
+        return v
+
+    @field_validator("environment_variables", mode="after")
+    @classmethod
+    def _env_names_the_os_takes(cls, v: dict[str, str]) -> dict[str, str]:
+        """Names and values a process environment can hold, checked here (they failed inside the supervisor:
+        "illegal environment variable name"); no ``${{...}}`` (azulite fills none here, and the process saw
+        the text); MASTER_PORT a port (refused only at submit before)."""
+        for name, value in v.items():
+            if not name or "=" in name or "\0" in name:
+                raise ValueError(f"{name!r} is not an environment variable name (empty, or with '=' or NUL)")
+            if "\0" in value:
+                raise ValueError(f"{name}'s value holds a NUL character, which no process environment can hold")
+            if "${{" in value:
+                raise ValueError(f"{name}: {value!r}: azulite fills no ${{{{...}}}} in environment_variables (the "
+                                 "process would see the text); pass the value in the command instead, e.g. "
+                                 "command: python train.py --lr ${{inputs.lr}}")
+        port = v.get("MASTER_PORT")
+        if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
+            raise ValueError(f"MASTER_PORT {port!r} is not a TCP port (1-65535)")
         return v
 
     @field_validator("timeout", mode="before")

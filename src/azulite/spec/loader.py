@@ -13,6 +13,7 @@ import difflib
 import os
 import re
 import shlex
+import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -386,6 +387,10 @@ def _unwritable(path: Path, kind: str) -> str | None:
         return f"{path} cannot be created: {parent} is a file"
     if not os.access(parent, os.W_OK | os.X_OK):
         return f"{path} cannot be created: {parent} is not writable"
+    try:  # access() answers yes to root everywhere (/proc too): a folder made and removed says for sure
+        os.rmdir(tempfile.mkdtemp(prefix=".azulite-probe-", dir=parent))
+    except OSError as e:
+        return f"{path} cannot be created: {parent} takes no new folder ({e.strerror or e})"
     return None
 
 

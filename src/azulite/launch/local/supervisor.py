@@ -201,6 +201,8 @@ class Supervisor:
                     return 0
                 continue
             rank, code, why = self._root_cause(ctx, out)
+            if out.preempt_asked:
+                why += " after the preempt request (its checkpoint was not committed: see the rank's log)"
             failures += 1
             if failures <= spec.max_retries:
                 self.store.transition(
@@ -213,13 +215,15 @@ class Supervisor:
 
     @staticmethod
     def _preempted(out: AttemptOutcome) -> bool:
-        """We asked for it, or a rank said so (exit 75: its own eviction notice) while no rank failed by
-        itself: a real failure beside a 75 is a failure, and retried as one."""
+        """We asked for it, or a rank said so (exit 75: its own eviction notice), while no rank failed by
+        itself: a real failure beside a 75 is a failure, and retried as one. Asked for too: a rank that
+        exited 1 after the request did not commit its save (Blob down), and "preempted" means committed
+        (it was requeued as preempted, not counted against max_retries)."""
+        codes = [r.exit_code for r in out.results]
         if out.preempt_asked:
-            return True
+            return all(c in _NOT_A_CAUSE for c in codes)
         if out.lost_agent is not None:  # its peers' 75s answer the stop sent after it: a failure
             return False
-        codes = [r.exit_code for r in out.results]
         return EXIT_PREEMPTED in codes and all(c in _NOT_A_CAUSE for c in codes)
 
     @staticmethod
