@@ -85,3 +85,38 @@ def test_preempt_is_flagged_only_on_a_running_job(tmp_path):
     s.transition(j, JobState.RUNNING, attempt=2)
     assert s.flags(j) == (False, False)
     assert not s.request_preempt("nope-1")
+
+
+def test_a_store_of_an_older_azulite_gets_the_columns_added_since(tmp_path):
+    """A store from before preempt_requested and restarts: `job show` was an IndexError's traceback and a
+    submit failed in its supervisor ("no such column")."""
+    s = JobStore(tmp_path / "jobs.db")
+    job = s.create(name="old", backend="local", spec={}, spec_path=None, environment=None, jobs_dir=tmp_path)
+    db = sqlite3.connect(tmp_path / "jobs.db")
+    db.executescript("ALTER TABLE processes DROP COLUMN restarts; ALTER TABLE jobs DROP COLUMN preempt_requested;"
+                     "PRAGMA user_version = 0;")
+    db.close()
+    s = JobStore(tmp_path / "jobs.db")
+    assert s.get(job.id).name == "old" and [j.id for j in s.list()] == [job.id]
+    assert s.flags(job.id) == (False, False)  # preempt_requested is back: no OperationalError
+    db = sqlite3.connect(tmp_path / "jobs.db")
+    assert db.execute("PRAGMA user_version").fetchone()[0] >= 1
+    assert "restarts" in {r[1] for r in db.execute("PRAGMA table_info(processes)")}
+    db.close()
+
+
+def test_a_store_of_a_newer_azulite_is_refused_with_that_said(tmp_path):
+    from azulite.errors import StorageError
+
+    s = JobStore(tmp_path / "jobs.db")
+    job = s.create(name="new", backend="local", spec={}, spec_path=None, environment=None, jobs_dir=tmp_path)
+    db = sqlite3.connect(tmp_path / "jobs.db")
+    db.execute("UPDATE jobs SET state = 'paused' WHERE id = ?", (job.id,))  # a state this azulite does not know
+    db.commit()
+    with pytest.raises(StorageError, match=f"job {job.id} is in state 'paused', which this azulite does not know"):
+        s.list()  # was ValueError's traceback: no job could be listed
+    db.execute("PRAGMA user_version = 99")
+    db.commit()
+    db.close()
+    with pytest.raises(StorageError, match="written by a newer azulite"):
+        JobStore(tmp_path / "jobs.db")

@@ -47,6 +47,20 @@ CREATE INDEX IF NOT EXISTS events_job ON events (job_id, ts);
 """
 
 
+#: the store's layout, in SQLite's ``user_version``: a store of an older azulite (0: before it was counted) gets
+#: the columns added since; one of a newer azulite is refused with that said (it was a traceback)
+SCHEMA_VERSION = 1
+#: the columns a store may lack, written by an azulite from before they came, with what they take
+_ADDED_COLUMNS = {
+    "jobs": {"attempt": "INTEGER NOT NULL DEFAULT 0", "started_at": "REAL", "ended_at": "REAL",
+             "exit_code": "INTEGER", "reason": "TEXT", "failed_rank": "INTEGER", "spec_path": "TEXT",
+             "environment": "TEXT", "supervisor_pid": "INTEGER", "cancel_requested": "INTEGER NOT NULL DEFAULT 0",
+             "preempt_requested": "INTEGER NOT NULL DEFAULT 0"},
+    "attempts": {"started_at": "REAL", "ended_at": "REAL", "exit_code": "INTEGER", "reason": "TEXT"},
+    "processes": {"rank": "INTEGER", "local_rank": "INTEGER", "pid": "INTEGER", "exit_code": "INTEGER",
+                  "log": "TEXT", "restarts": "INTEGER NOT NULL DEFAULT 0"},
+}
+
 #: how long opening the store retries a fresh file other processes open at the same moment (sqlite_wal.py):
 #: as long as a write waits for the lock (``busy_timeout``)
 _OPEN_RETRY_S = 60.0
@@ -58,10 +72,36 @@ class JobStore:
         try:
             self.db_path.parent.mkdir(parents=True, exist_ok=True)
             conn, _ = open_wal(self._connect, _SCHEMA, retry_s=_OPEN_RETRY_S)
-            conn.close()
+            try:
+                self._migrate(conn)
+            finally:
+                conn.close()
         except sqlite3.Error as exc:
             raise StorageError(f"cannot open the job store: {exc}", where=str(self.db_path),
                                fix="check AZULITE_HOME points at a writable folder") from None
+
+    def _migrate(self, conn: sqlite3.Connection) -> None:
+        """An older store gets the columns added since (and its version); a newer one is refused."""
+        version = conn.execute("PRAGMA user_version").fetchone()[0]
+        if version > SCHEMA_VERSION:
+            raise StorageError(
+                f"the job store was written by a newer azulite (store layout {version}; this one reads up to "
+                f"{SCHEMA_VERSION})", where=str(self.db_path),
+                fix="use that azulite, or point AZULITE_HOME at another folder for this one")
+        if version == SCHEMA_VERSION:
+            return
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for table, columns in _ADDED_COLUMNS.items():
+                have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
+                for name, decl in columns.items():
+                    if name not in have:
+                        conn.execute(f"ALTER TABLE {table} ADD COLUMN {name} {decl}")
+            conn.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
 
     def _connect(self) -> sqlite3.Connection:
         conn = sqlite3.connect(self.db_path, timeout=60, isolation_level=None)
@@ -230,10 +270,15 @@ class JobStore:
                               "ORDER BY created_at, rowid", ended).fetchall()
         return [self._job(r) for r in rows]
 
-    @staticmethod
-    def _job(row: sqlite3.Row) -> JobRecord:
+    def _job(self, row: sqlite3.Row) -> JobRecord:
+        try:
+            state = JobState(row["state"])
+        except ValueError:  # one row of a newer azulite broke every listing with a traceback
+            raise StorageError(f"job {row['id']} is in state {row['state']!r}, which this azulite does not know",
+                               where=str(self.db_path), fix="use the azulite that wrote it, or point AZULITE_HOME "
+                               "at another folder for this one") from None
         return JobRecord(
-            id=row["id"], name=row["name"], backend=row["backend"], state=JobState(row["state"]),
+            id=row["id"], name=row["name"], backend=row["backend"], state=state,
             attempt=row["attempt"], created_at=row["created_at"], started_at=row["started_at"],
             ended_at=row["ended_at"], exit_code=row["exit_code"], reason=row["reason"], spec=json.loads(row["spec"]),
             spec_path=row["spec_path"], environment=row["environment"], job_dir=row["job_dir"],
