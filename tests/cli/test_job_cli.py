@@ -333,3 +333,15 @@ def test_a_job_type_azulite_does_not_run_is_named(home, tmp_path, kind, said):
     spec.write_text(f"type: {kind}\ncommand: python a.py\n")  # commnd ran, and rendered, as a command job
     p = az("job", "validate", str(spec), check=2)
     assert said in p.stderr and "job.yaml:1 (type)" in p.stderr
+
+
+def test_a_log_tail_is_read_from_the_end_cut_and_shown_not_obeyed(tmp_path):
+    """A rank that wrote 20 MB without a newline made `job show` print all of it, and a rank's escape
+    sequences and NULs went to the terminal as they were."""
+    from azulite.cli.job_view import log_tail
+
+    log = tmp_path / "rank-1.log"
+    log.write_bytes(b"early\n" * 5 + b"x" * 5_000_000 + b"\n" + b"y" * 3000 + b"\n\x1b[2J\x00gone\n")
+    tail = log_tail(str(log))
+    assert tail == ["y" * 1000 + " ... (2000 more characters)", "\\x1b[2J\\x00gone"]
+    assert sum(len(line) for line in log_tail(str(log))) < 2000

@@ -6,8 +6,8 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import time
-from collections import deque
 from dataclasses import asdict
 from pathlib import Path
 
@@ -76,14 +76,34 @@ def progress_of(rec: JobRecord) -> str | None:
     return None
 
 
+_TAIL_BYTES = 64 * 1024  # read from the end of a log (a rank's log may be GBs)
+_LINE_CHARS = 1000  # a line is shown up to this long (a 20 MB line without a newline was printed whole)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")  # escapes and NULs of a rank's output: shown, not obeyed
+
+
 def log_tail(path: str | None, n: int = LOG_TAIL_LINES) -> list[str]:
+    """The last ``n`` lines of a log, read from its last 64 KiB, each cut at 1000 characters and its control
+    characters shown escaped (``\\x1b``): a terminal does not run a rank's escape sequences."""
     if not path:
         return []
     try:
         with open(path, "rb") as f:
-            return [l.decode("utf-8", "replace").rstrip("\n") for l in deque(f, maxlen=n)]
+            size = f.seek(0, os.SEEK_END)
+            f.seek(max(0, size - _TAIL_BYTES))
+            data = f.read()
     except OSError:
         return []
+    lines = data.decode("utf-8", "replace").split("\n")
+    if size > _TAIL_BYTES:
+        lines = lines[1:] or [""]  # the first was cut by where the read began
+    if lines and lines[-1] == "":
+        lines.pop()
+    out = []
+    for line in lines[-n:]:
+        line = _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", line.rstrip("\r"))
+        out.append(line if len(line) <= _LINE_CHARS else f"{line[:_LINE_CHARS]} ... ({len(line) - _LINE_CHARS} more "
+                   "characters)")
+    return out
 
 
 def failed_rank_log(rec: JobRecord) -> tuple[int | None, str | None]:
