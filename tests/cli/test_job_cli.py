@@ -345,3 +345,20 @@ def test_a_log_tail_is_read_from_the_end_cut_and_shown_not_obeyed(tmp_path):
     tail = log_tail(str(log))
     assert tail == ["y" * 1000 + " ... (2000 more characters)", "\\x1b[2J\\x00gone"]
     assert sum(len(line) for line in log_tail(str(log))) < 2000
+
+
+def test_wait_for_a_checkpoint_counts_only_the_jobs_own(home, tmp_path):
+    """A job that failed at once, its checkpoint location holding another job's checkpoint: `job wait
+    --checkpoint` exited 0 as if it had committed one."""
+    from azulite.train import CheckpointConfig, Checkpointer, ModelState, init
+
+    location = tmp_path / "shared-ck"
+    other = init({"AZULITE_JOB_ID": "other-1"})
+    import torch
+
+    Checkpointer(CheckpointConfig(uri=str(location)), other, {"m": ModelState(torch.nn.Linear(2, 2))}).save(1, sync=True)
+    spec = write_job(tmp_path / "f", "raise SystemExit(3)\n", spec_2x1(
+        nodes=1, per_node=1, extra=f"outputs: {{checkpoints: {{type: uri_folder, path: '{location}'}}}}"))
+    job = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
+    p = az("job", "wait", job, "--checkpoint", "--timeout", "600", check=1)
+    assert f"{job} ended (failed) without a committed checkpoint" in p.stderr

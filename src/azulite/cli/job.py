@@ -237,7 +237,8 @@ def wait_(
 def _wait_for(b: Backend, job_id: str, checkpoint: bool, json_: bool, deadline: float | None, timeout: float) -> None:
     while True:
         rec = b.status(job_id)
-        if checkpoint and any(c["committed"] for c in checkpoints_of(rec)[0]):
+        # one this job committed (a checkpoint of another job at its location is not this job's progress)
+        if checkpoint and any(c["committed"] and c.get("job_id") in (None, job_id) for c in checkpoints_of(rec)[0]):
             if json_:
                 print(json.dumps(rec.to_json()))
             return

@@ -37,6 +37,8 @@ class CheckpointInfo:
     #: a valid manifest is present (the checkpoint exists); False for an interrupted save
     committed: bool
     bytes: int
+    #: the azulite job that committed it (its manifest's ``job_id``; None: not committed, or saved outside one)
+    job_id: str | None = None
 
 
 def read_manifest(storage: CheckpointStorage, rel: str, step: int) -> dict[str, Any] | None:
@@ -87,7 +89,8 @@ def list_checkpoints(
                 size = sum(int(f.get("bytes", 0)) for f in manifest["files"].values())
             else:
                 size = storage.du(rel)
-            out.append(CheckpointInfo(step=step, uri=storage.display(rel), committed=manifest is not None, bytes=size))
+            out.append(CheckpointInfo(step=step, uri=storage.display(rel), committed=manifest is not None, bytes=size,
+                                      job_id=manifest.get("job_id") if manifest is not None else None))
     except StorageError:
         raise
     except Exception as e:  # noqa: BLE001 - any SDK, network or OS failure is the same user problem
