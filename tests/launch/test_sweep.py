@@ -105,6 +105,31 @@ def test_bandit_stops_a_trial_far_worse_than_the_best_and_the_sweep_goes_on(home
     assert [(t["values"]["x"], t["state"]) for t in state["trials"]] == [
         (0.5, "succeeded"), (5.0, "early_terminated"), (0.7, "succeeded")]
     assert state["best_trial"] == state["trials"][0]["id"]
+    stopped = backend().status(state["trials"][1]["id"])  # its own record says why ("canceled by user" before)
+    assert stopped.reason.startswith(f"stopped early by sweep {rec.id}'s bandit policy after"), stopped.reason
+
+
+def test_trials_stopped_by_the_sweeps_timeout_keep_what_they_reported(home, tmp_path):
+    """limits.timeout cancels the running trials; the loss they had logged was dropped and the sweep failed
+    with "no trial reported 'err'". (The trial logs from its first second; 30 s leaves a loaded machine
+    room to start it.)"""
+    _sweep(tmp_path, "err")
+    spec = load_sweep(_one_trial_timed_out(tmp_path))
+    rec = wait_done(backend().submit_sweep(spec).id, timeout=400)
+    state = read_state(rec.job_dir)
+    assert rec.state.value == "succeeded" and "best" in rec.reason, rec.reason
+    (trial,) = state["trials"]
+    assert trial["state"] == "canceled" and trial["metric"] == 5.0 and state["best_trial"] == trial["id"]
+    assert "the sweep's timeout (30s) passed" in backend().status(trial["id"]).reason
+
+
+def _one_trial_timed_out(tmp_path: Path) -> Path:
+    """_sweep's file with one trial that would run forever, and a sweep timeout."""
+    text = (tmp_path / "sweep.yaml").read_text()
+    text = text.replace("values: [0.5, 5.0, 0.7]", "values: [5.0]").replace(
+        "trial_timeout: 4m", "trial_timeout: 4m, timeout: 30s")
+    (tmp_path / "sweep.yaml").write_text(text)
+    return tmp_path / "sweep.yaml"
 
 
 def test_a_primary_metric_no_trial_logs_fails_the_sweep_after_the_first_trial(home, tmp_path):

@@ -100,7 +100,7 @@ class Sweeper:
                 self._early_stop(spec)
             timed_out = deadline is not None and time.monotonic() > deadline
             if timed_out:
-                self._cancel_running(f"the sweep's timeout ({limits.timeout:g}s) passed")
+                self._cancel_running(f"the sweep's timeout ({limits.timeout:g}s) passed", spec.objective.primary_metric)
             running = [t for t in self.trials if t.state == "running"]
             while (not timed_out and not exhausted and len(running) < limits.max_concurrent_trials
                    and len(self.trials) < limits.max_total_trials):
@@ -171,18 +171,31 @@ class Sweeper:
                 self.store.event(self.sweep_id, f"trial {t.id} stopped early ({spec.early_termination.type}) "
                                  f"after {len(t.reports)} report(s)")
                 self.backend.cancel(t.id)
+                # its own record says why (it read "canceled by user", as if someone had)
+                self.store.set_fields(t.id, reason=f"stopped early by sweep {self.sweep_id}'s "
+                                                   f"{spec.early_termination.type} policy after {len(t.reports)} report(s)")
 
-    def _cancel_running(self, why: str) -> None:
+    def _cancel_running(self, why: str, metric: str | None = None) -> None:
+        """Stop the running trials (``why`` in their records too); with ``metric``, what each reported of
+        it so far is kept as its result (a sweep's timeout: the trials stopped then had logged their loss,
+        and the sweep said "no trial reported 'loss'")."""
         for t in self.trials:
             if t.state == "running":
                 self.store.event(self.sweep_id, f"canceling trial {t.id}: {why}")
                 self.backend.cancel(t.id)
-                t.state = self.backend.status(t.id).state.value
+                self.store.set_fields(t.id, reason=f"canceled by sweep {self.sweep_id}: {why}")
+                rec = self.backend.status(t.id)
+                t.state = rec.state.value
+                if metric is not None:
+                    t.reports = metric_history(JobSpec.model_validate(rec.spec), rec.job_dir, metric)
+                    t.metric = t.reports[-1] if t.reports else None
 
     def _best(self, spec: SweepSpec) -> Trial | None:
+        """The best metric of the trials that reported one and did not fail: succeeded, stopped early, or
+        stopped by the sweep's timeout (as Azure ML picks its best child run)."""
         best = None
         for t in self.trials:
-            if t.state == JobState.SUCCEEDED.value and t.metric is not None:
+            if t.state != JobState.FAILED.value and t.metric is not None:
                 if best is None or better(spec.objective, t.metric, best.metric):
                     best = t
         return best
