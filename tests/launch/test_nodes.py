@@ -57,3 +57,11 @@ def test_the_view_reads_each_agents_state_from_its_recorded_exit():
         ("node-0", "running", 20), ("node-1", "lost", 21), ("node-2", "finished", 23), ("node-3", "starting", None)]
     assert view.lost == ["node-1"] and view.running == ["node-0"]
     assert view.to_json()["lost"] == ["node-1"] and view.to_json()["nodes"][1]["exit_code"] == 137
+    # the same job once it has ended: nothing is lost any more (nothing could bring a node back); it was
+    # "lost" for every failed, canceled or timed-out job's nodes
+    rec.state = JobState.FAILED
+    rec.processes[1] = ProcessRecord(2, "agent", "node-0", 0, None, None, 20, 3, None)
+    ended = node_view(rec, (1, 4), True)
+    assert [(n.name, n.state) for n in ended.nodes] == [
+        ("node-0", "failed"), ("node-1", "stopped"), ("node-2", "finished"), ("node-3", "never started")]
+    assert ended.lost == []

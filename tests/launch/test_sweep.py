@@ -105,6 +105,8 @@ def test_bandit_stops_a_trial_far_worse_than_the_best_and_the_sweep_goes_on(home
     assert [(t["values"]["x"], t["state"]) for t in state["trials"]] == [
         (0.5, "succeeded"), (5.0, "early_terminated"), (0.7, "succeeded")]
     assert state["best_trial"] == state["trials"][0]["id"]
+    p = az("job", "preempt", rec.id)  # accepted before, and nothing happened to the trials
+    assert p.returncode == 2 and f"{rec.id} is a sweep: its trials are the jobs that run" in p.stderr, p.stderr
     stopped = backend().status(state["trials"][1]["id"])  # its own record says why ("canceled by user" before)
     assert stopped.reason.startswith(f"stopped early by sweep {rec.id}'s bandit policy after"), stopped.reason
 

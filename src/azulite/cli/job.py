@@ -365,7 +365,11 @@ def preempt(
 ) -> None:
     """Simulate a spot eviction: one SIGTERM to every process of every rank; ranks that commit a checkpoint
     and exit 75 get the job requeued as a new attempt (AZULITE_ATTEMPT=n+1).  Example: azulite job preempt ddp-1"""
-    rec = _backend_for(job_id).preempt(job_id)
+    b = _backend_for(job_id)
+    if b.status(job_id).spec.get("type") == "sweep":  # accepted, and nothing happened to its trials
+        raise AzuliteError(f"{job_id} is a sweep: its trials are the jobs that run", where=job_id,
+                           fix=f"preempt a trial (azulite job show {job_id} lists them), or cancel the sweep")
+    rec = b.preempt(job_id)
     if json_:
         print(json.dumps({"id": rec.id, "state": rec.state.value, "preempt_requested": True}))
     else:

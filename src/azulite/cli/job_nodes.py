@@ -19,7 +19,8 @@ from azulite.cli.job import _backend_for
 from azulite.cli.job_view import styled_state
 from azulite.errors import AzuliteError
 
-_NODE_STYLE = {"running": "bold blue", "lost": "bold red", "finished": "green", "starting": "cyan"}
+_NODE_STYLE = {"running": "bold blue", "lost": "bold red", "finished": "green", "starting": "cyan",
+               "failed": "red", "stopped": "yellow", "ended": "dim", "never started": "dim"}
 
 
 def nodes(

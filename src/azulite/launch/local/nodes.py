@@ -70,19 +70,29 @@ class NodeView:
 
 def node_view(rec: JobRecord, node_range: tuple[int, int], elastic: bool) -> NodeView:
     """The nodes of ``rec``'s current attempt from its agents' process records: an agent with an exit code
-    recorded has ended (0: finished; else lost); one without is running (its supervisor records the exit
+    recorded has ended (0: finished; else lost while the job runs, stopped or failed once it has ended);
+    one without is running (its supervisor records the exit
     within a poll of seeing it). Launchers named otherwise than per node (``mpirun``, TF's ``worker-i``)
     are listed under their own names."""
     agents = sorted((p for p in rec.processes if p.kind == "agent" and p.attempt == rec.attempt),
                     key=lambda p: (p.node, p.name))
     per_node = all(a.name.startswith("node-") for a in agents)
+    ended = rec.state.terminal  # a node of a job that ended is not lost (nothing would bring it back)
     nodes = []
     for a in agents:
-        state = "running" if a.exit_code is None else "finished" if a.exit_code == 0 else "lost"
+        if a.exit_code is None:
+            state = "ended" if ended else "running"
+        elif a.exit_code == 0:
+            state = "finished"
+        elif not ended:
+            state = "lost"
+        else:  # stopped by the supervisor (a cancel, a timeout, a peer's failure), or failed by itself
+            state = "stopped" if a.exit_code in (128 + 15, 128 + 9, 130) else "failed"
         nodes.append(NodeState(a.name, a.node, state, a.pid, a.exit_code))
     if per_node:  # not started yet: each node's agent is recorded as it starts
         seen = {a.name for a in agents}
-        nodes += [NodeState(f"node-{k}", k, "starting", None, None) for k in range(node_range[1]) if f"node-{k}" not in seen]
+        nodes += [NodeState(f"node-{k}", k, "never started" if ended else "starting", None, None)
+                  for k in range(node_range[1]) if f"node-{k}" not in seen]
         nodes.sort(key=lambda n: n.node)
     return NodeView(rec.id, rec.state.value, rec.attempt, node_range[0], node_range[1], elastic, tuple(nodes))
 
