@@ -279,6 +279,13 @@ def test_validate_refuses_an_output_that_cannot_be_written(home, tmp_path, outpu
     assert said in p.stderr, p.stderr
 
 
+def test_a_timeout_of_0_says_it_must_be_more(home, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python a.py\ntimeout: 0\n")
+    p = az("job", "validate", str(spec), check=2)  # was "0 is not a duration"
+    assert "job.yaml:2 (timeout): 0 must be more than 0 seconds" in p.stderr and "leave it out" in p.stderr
+
+
 @pytest.mark.parametrize("variables, said", [
     ('{"A=B": y}', "'A=B' is not an environment variable name"),  # failed inside the supervisor
     ('{FOO: "${{inputs.x}}"}', "azulite fills no ${{...}} in environment_variables"),  # the process saw the text

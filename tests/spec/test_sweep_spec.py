@@ -87,3 +87,17 @@ def test_trial_errors_name_the_trial_field_and_unknown_search_refs(tmp_path):
     with pytest.raises(SpecError) as e:
         load_sweep(write(tmp_path, text.replace("${{search_space.k}}", "${{search_space.kk}}")))
     assert e.value.field == "trial.command" and "'kk'" in e.value.message
+
+
+@pytest.mark.parametrize("field, said, fix", [
+    # it offered the trial's fields as the sweep's, max_retries among them: "did you mean 'max_retries'?"
+    ("max_retries: 2", "unknown field 'max_retries' of a sweep: it is a field of the sweep's trial",
+     "--set trial.max_retries="),
+    ("timeout: 1h", "unknown field 'timeout' of a sweep", "limits.timeout"),
+    ("bogus: 1", "unknown field 'bogus'", "use one of: early_termination,"),
+])
+def test_a_field_of_the_trial_at_the_sweeps_top_is_placed(tmp_path, field, said, fix):
+    text = sweep_text("random", "{type: uniform, min_value: 0.01, max_value: 0.1}") + field + "\n"
+    with pytest.raises(SpecError) as e:
+        load_sweep(write(tmp_path, text))
+    assert said in str(e.value) and fix in e.value.fix, str(e.value)

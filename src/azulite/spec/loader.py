@@ -213,7 +213,20 @@ def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
     """(message, fix) for one pydantic error, in the user's words."""
     t, field, ctx = err["type"], _dotted(path), err.get("ctx") or {}
     if t == "extra_forbidden":
-        model = _model_at(path[:-1], data)
+        sweep = isinstance(data, dict) and str(data.get("type", "")).lower() == "sweep"
+        if sweep and len(path) == 1:  # a sweep's own fields, not its trial's (it offered the trial's as its)
+            from azulite.spec import job as m
+            from azulite.spec.sweep import SweepSpec
+
+            if str(path[-1]) == "timeout":
+                return ("unknown field 'timeout' of a sweep", "the whole sweep's: limits.timeout; each trial's: "
+                        "limits.trial_timeout (on the command line: --set limits.timeout=...)")
+            if str(path[-1]) in m.JobSpec.model_fields:
+                return (f"unknown field '{path[-1]}' of a sweep: it is a field of the sweep's trial",
+                        f"move it under `trial:` (on the command line: --set trial.{path[-1]}=...)")
+            model = SweepSpec
+        else:
+            model = _model_at(path[:-1], data)
         known = _known_fields(model) if model else []
         known = [k for k in known if k != "azureml"]
         close = difflib.get_close_matches(str(path[-1]), known, n=1)
@@ -250,7 +263,9 @@ def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
         return (f"{value!r} is not a valid text value", f"set {field} to a non-empty string")
     msg = err["msg"].removeprefix("Value error, ")
     if path and path[-1] == "timeout":
-        return (f"{value!r} is not a duration", "write seconds (5400) or one number with a unit: 90s, 30m, 2h, 1.5h, 2d")
+        said = "must be more than 0 seconds" if "> 0" in msg else "is not a duration"  # 0 was "not a duration"
+        return (f"{value!r} {said}", "write seconds (5400) or one number with a unit: 90s, 30m, 2h, 1.5h, 2d "
+                                     "(no timeout: leave it out)")
     if "instance_count" in msg and "disagree" in msg:
         return (msg, "give the node count once: set resources.instance_count (e.g. --set resources.instance_count=1) "
                      "and drop the top-level instance_count, or make the two equal")
