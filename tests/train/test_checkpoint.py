@@ -215,6 +215,24 @@ def test_a_second_job_saving_into_the_location_stops_the_first(tmp_path):
     assert second.save(4, sync=True)
 
 
+def test_a_sampler_resumed_over_another_dataset_is_refused(tmp_path):
+    """Saved over 1000 samples, resumed over 100: the saved position was past the end, and the sampler
+    yielded an empty epoch without a word."""
+    from azulite.errors import CheckpointUsageError
+
+    ctx = init({})
+    model, opt = _tiny()
+    sampler = ResumableSampler(1000, ctx)
+    sampler.advance(160)
+    Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt, data=sampler)).save(1, sync=True)
+    smaller = ResumableSampler(100, ctx)
+    with pytest.raises(CheckpointUsageError, match="over 1000 samples; this script's has 100"):
+        Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, *_tiny(), data=smaller)).load_latest()
+    same = ResumableSampler(1000, ctx)
+    assert Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, *_tiny(), data=same)).load_latest() == 1
+    assert same.consumed == 160
+
+
 def test_fresh_directory_starts_from_scratch(tmp_path):
     ctx = init({})
     model, opt = _tiny()

@@ -10,6 +10,7 @@ and a single blob keeps DCP's key flattening away from tuples such as python's R
 
 from __future__ import annotations
 
+import logging
 import math
 import pickle
 import random
@@ -25,7 +26,10 @@ from torch.distributed.checkpoint.state_dict import (
 )
 from torch.distributed.checkpoint.stateful import Stateful
 
+from azulite.errors import CheckpointUsageError
 from azulite.train.env import TrainContext
+
+log = logging.getLogger("azulite.train.checkpoint")
 
 __all__ = ["ModelState", "ObjectState", "Progress", "RNGState", "ResumableSampler", "Stateful"]
 
@@ -171,8 +175,20 @@ class ResumableSampler(torch.utils.data.Sampler[int], Stateful):
             self.consumed = 0
 
     def state_dict(self) -> dict[str, Any]:
-        return {"pickle": pickle.dumps({"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed})}
+        return {"pickle": pickle.dumps({"epoch": self.epoch, "consumed": self.consumed, "seed": self.seed,
+                                        "dataset_len": self.dataset_len})}
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         values = pickle.loads(state_dict["pickle"])
+        saved_len = values.get("dataset_len")  # None: saved before it was recorded
+        if saved_len is not None and saved_len != self.dataset_len:
+            # the saved position and order are over another dataset: resumed, it yielded an empty epoch (or
+            # indexes past the end) without a word
+            raise CheckpointUsageError(
+                f"the checkpoint's ResumableSampler was over {saved_len} samples; this script's has "
+                f"{self.dataset_len}", where="ResumableSampler(dataset_len)",
+                fix="resume with the dataset it was saved with, or train into a new checkpoint location")
+        if values["seed"] != self.seed:
+            log.warning("ResumableSampler: the checkpoint's seed %s replaces this script's %s (the saved order "
+                        "goes on)", values["seed"], self.seed)
         self.epoch, self.consumed, self.seed = values["epoch"], values["consumed"], values["seed"]
