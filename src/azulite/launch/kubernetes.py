@@ -27,6 +27,7 @@ from azulite.contract import EXIT_CONFIG
 from azulite.deploy.image import code_archive_uri
 from azulite.deploy.options import FLAVORS, AksOptions, check_namespace
 from azulite.deploy.mpi_job import MPI_CONTAINER
+from azulite.launch.snapshot import tar_filter
 from azulite.deploy.objects import FLAVOR_OF_KIND, training_objects
 from azulite.deploy.training import CONTAINER, PYTORCH_CONTAINER, TF_CONTAINER, k8s_name
 from azulite.errors import AzuliteError, DeployError, LaunchError, RemoteError
@@ -45,7 +46,6 @@ REPLICA_TYPE, REPLICA_INDEX = "training.kubeflow.org/replica-type", "training.ku
 JOB_ROLE = "training.kubeflow.org/job-role"
 #: mpirun's --tag-output prefix of each line of a rank: [jobid,rank]<stdout>: (or <stderr>:, <stddiag>:)
 _MPI_TAG = re.compile(r"^\[\d+,(\d+)\]<\w+>:")
-_SNAPSHOT_SKIP = {".git", "__pycache__", ".venv", "node_modules", ".azulite"}
 
 
 #: what `deploy render`'s flags are to `job submit --backend kubernetes` (the render's errors name the flags)
@@ -128,7 +128,7 @@ def upload_code(code_dir: str, uri: str, environ: dict[str, str]) -> None:
 
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(code_dir, arcname=".", filter=lambda ti: None if Path(ti.name).name in _SNAPSHOT_SKIP else ti)
+        tar.add(code_dir, arcname=".", filter=tar_filter(code_dir))  # as a local job's snapshot (launch/snapshot.py)
     opts: dict[str, Any] = {}
     if environ.get("AZURE_STORAGE_CONNECTION_STRING"):
         opts["connection_string"] = environ["AZURE_STORAGE_CONNECTION_STRING"]

@@ -25,6 +25,7 @@ from azulite.launch.local.nodes import NodeView, node_view, wait_reply, write_re
 from azulite.launch.local.procs import job_processes, pid_alive, terminate_tree, wait_any_exit
 from azulite.launch.local.store import JobStore
 from azulite.launch.records import JobRecord, JobState, retries_used
+from azulite.launch.snapshot import copytree_ignore
 
 if TYPE_CHECKING:
     from azulite.spec.job import JobSpec
@@ -34,7 +35,6 @@ if TYPE_CHECKING:
 _SUPERVISOR_START_S = 120.0
 SUPERVISOR = "azulite.launch.local.supervisor"
 SWEEPER = "azulite.launch.local.sweeper"
-_SNAPSHOT_IGNORE = shutil.ignore_patterns(".git", "__pycache__", "*.pyc", ".venv", "node_modules", ".azulite")
 # double fork: the supervisor ends up re-parented to init, in its own session, never a zombie of ours
 _DETACH = "import os,sys; os.setsid(); os._exit(0) if os.fork() else os.execv(sys.argv[1], sys.argv[1:])"
 
@@ -67,12 +67,12 @@ class LocalBackend(Backend):
             job_dir.mkdir(parents=True, exist_ok=True)
             home = self.settings.home.resolve()
 
-            def ignore(folder: str, names: list[str]) -> set[str]:
+            def own_state(folder: str, names: list[str]) -> set[str]:
                 # never copy azulite's own state (AZULITE_HOME inside the code folder would copy itself)
-                skip = set(_SNAPSHOT_IGNORE(folder, names))
-                return skip | {n for n in names if (Path(folder) / n).resolve() == home}
+                return {n for n in names if (Path(folder) / n).resolve() == home}
 
-            shutil.copytree(spec.code, job_dir / "code", symlinks=True, ignore=ignore)
+            # what the folder's .amlignore (else .gitignore) lists stays out, as Azure ML leaves it out
+            shutil.copytree(spec.code, job_dir / "code", symlinks=True, ignore=copytree_ignore(spec.code, own_state))
             self._start_supervisor(rec.id, job_dir)
         except (OSError, subprocess.CalledProcessError) as exc:
             self.store.transition(rec.id, JobState.FAILED, message=f"could not start: {exc}", exit_code=1)
