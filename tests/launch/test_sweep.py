@@ -134,6 +134,35 @@ def _one_trial_timed_out(tmp_path: Path) -> Path:
     return tmp_path / "sweep.yaml"
 
 
+def test_a_sweep_whose_driver_dies_cancels_its_running_trials(home, tmp_path):
+    """kill -9 of a sweep's driver: the sweep failed for good and its trials ran on unwatched, `job show`
+    listing them as running from the driver's last write."""
+    import signal
+
+    from tests.launch.jobkit import wait_for
+
+    _sweep(tmp_path, "err")
+    b = backend()
+    sweep = b.submit_sweep(load_sweep(_forever(tmp_path))).id
+    wait_for(lambda: (read_state(b.status(sweep).job_dir) or {}).get("trials"), 120, "the first trial")
+    trial = read_state(b.status(sweep).job_dir)["trials"][0]["id"]
+    wait_for(lambda: b.status(trial).state.value == "running", 120, "the trial to run")
+    os.kill(b.status(sweep).supervisor_pid, signal.SIGKILL)
+    wait_for(lambda: b.status(sweep).state.terminal, 120, "the sweep's recovery")  # a look notices the death
+    rec = b.status(sweep)
+    assert rec.state.value == "failed" and f"its running trial(s) {trial} canceled" in rec.reason, rec.reason
+    ended = wait_done(trial, timeout=120)
+    assert ended.state.value == "canceled" and f"sweep {sweep}'s driver died" in ended.reason, ended.reason
+    assert read_state(rec.job_dir)["trials"][0]["state"] == "canceling"
+
+
+def _forever(tmp_path: Path) -> Path:
+    """_sweep's file with one trial that runs until it is stopped, and no sweep timeout."""
+    text = (tmp_path / "sweep.yaml").read_text().replace("values: [0.5, 5.0, 0.7]", "values: [5.0]")
+    (tmp_path / "sweep.yaml").write_text(text)
+    return tmp_path / "sweep.yaml"
+
+
 def test_a_primary_metric_no_trial_logs_fails_the_sweep_after_the_first_trial(home, tmp_path):
     spec = load_sweep(_sweep(tmp_path, "accuracy"))
     rec = wait_done(backend().submit_sweep(spec).id, timeout=300)

@@ -10,6 +10,8 @@ supervisor's; this class only reads the store and writes requests into it (cance
 from __future__ import annotations
 
 import dataclasses
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -19,7 +21,7 @@ from typing import TYPE_CHECKING, Iterator
 
 import psutil
 
-from azulite.errors import LaunchError
+from azulite.errors import AzuliteError, LaunchError
 from azulite.launch.backend import Backend, register_backend
 from azulite.launch.local.nodes import NodeView, node_view, wait_reply, write_request
 from azulite.launch.local.procs import job_processes, pid_alive, terminate_tree, wait_any_exit
@@ -155,7 +157,9 @@ class LocalBackend(Backend):
         # killed (kill -9, the OOM killer, a reboot) it says nothing: do not send the reader to an empty file
         why = f"supervisor died (see {log})" if said else "supervisor died without a word (killed: its log is empty)"
         if rec.spec.get("type") == "sweep":  # its trials are jobs of their own; the sweep itself ends here
-            self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=why.replace("supervisor", "sweep driver"))
+            stopped = self._end_sweep_trials(rec)
+            self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=why.replace("supervisor", "sweep driver")
+                                  + (f"; its running trial(s) {', '.join(stopped)} canceled" if stopped else ""))
             return
         from azulite.spec.job import JobSpec
 
@@ -172,6 +176,34 @@ class LocalBackend(Backend):
             self._start_supervisor(rec.id, Path(rec.job_dir), claim=token)
         except (OSError, subprocess.CalledProcessError) as exc:
             self.store.transition(rec.id, JobState.FAILED, exit_code=1, message=f"{why}; could not restart it: {exc}")
+
+    def _end_sweep_trials(self, rec: JobRecord) -> list[str]:
+        """A sweep whose driver died: its running trials are canceled (they ran on with nothing to read their
+        results, and `job show` kept listing them as running from the driver's last write), and its state
+        file says how each ended."""
+        from azulite.launch.local.sweeper import STATE_FILE, read_state
+
+        state = read_state(rec.job_dir)
+        if not state:
+            return []
+        stopped = []
+        for trial in state.get("trials", []):
+            if trial.get("state") == "running":
+                try:
+                    now = self.store.get(trial["id"]).state
+                except AzuliteError:  # a trial the store lost: left as the file says
+                    continue
+                if now.terminal:
+                    trial["state"] = now.value
+                else:  # asked, not waited for: its own supervisor ends it (this runs inside `job show`)
+                    self.store.set_fields(trial["id"], cancel_requested=1,
+                                          reason=f"canceled: sweep {rec.id}'s driver died")
+                    trial["state"] = "canceling"
+                    stopped.append(trial["id"])
+        tmp = Path(rec.job_dir) / f".{STATE_FILE}.recovered"
+        tmp.write_text(json.dumps(state, indent=1, default=str))
+        os.replace(tmp, Path(rec.job_dir) / STATE_FILE)
+        return stopped
 
     def _list_impl(self, limit: int) -> list[JobRecord]:
         # looking is when a dead supervisor's job is noticed and requeued

@@ -166,7 +166,9 @@ class Supervisor:
             for uri in upload_outputs(spec, job_dir, data_env)[-1:]:
                 self.store.event(self.job_id, f"outputs uploaded (last: {uri})")
             if out.canceled:
-                self._end(JobState.CANCELED, "canceled by user")
+                # who asked, when it was not the user (a sweep's driver, or its death) left its reason
+                asked = self.store.get(self.job_id).reason or ""
+                self._end(JobState.CANCELED, asked if asked.startswith("canceled") else "canceled by user")
                 return 0
             if out.timed_out:
                 self._end(JobState.FAILED, f"timed out after {spec.timeout:g}s (spec timeout)", exit_code=124)
