@@ -157,6 +157,8 @@ def test_wait_times_out_with_124_then_reports_the_outcome(home, tmp_path):
     job = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
     p = az("job", "wait", job, "--checkpoint", "--timeout", "1", check=124)
     assert f"timed out after 1 s waiting for a committed checkpoint of {job}" in p.stderr
+    p = az("job", "wait", job, "--timeout", "1", "--json", check=124)  # a script gets the record as it stands
+    assert json.loads(p.stdout)["state"] in ("queued", "running")
     az("job", "cancel", job, check=0)
     p = az("job", "wait", job, "--json", check=130)  # the outcome's exit code, as submit --wait
     assert json.loads(p.stdout)["state"] == "canceled"

@@ -251,6 +251,8 @@ def _wait_for(b: Backend, job_id: str, checkpoint: bool, json_: bool, deadline: 
                 console.err().print(f"{job_id} ended ({rec.state.value}) without a committed checkpoint", markup=False)
             raise typer.Exit(1 if checkpoint else outcome_exit_code(rec))
         if deadline is not None and time.monotonic() > deadline:
+            if json_:  # a script reads the record as it stands (it got nothing on stdout)
+                print(json.dumps(rec.to_json()))
             what = f"a committed checkpoint of {job_id}" if checkpoint else f"{job_id} to end"
             console.err().print(f"[yellow]timed out[/] after {timeout:g} s waiting for {what} "
                                 f"(state {rec.state.value})")

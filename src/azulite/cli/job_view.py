@@ -126,7 +126,9 @@ def checkpoints_of(rec: JobRecord) -> tuple[list[dict], str | None]:
 
     try:
         location = Output.model_validate(raw).location(rec.job_dir, CHECKPOINT_OUTPUT)
-        infos = list_checkpoints(location, environ={**os.environ, **rec.spec.get("environment_variables", {})})
+        env = {**os.environ, **rec.spec.get("environment_variables", {})}
+        env.setdefault("AZULITE_STORAGE_RETRIES", "1")  # a look, not a save: Blob down took `job show` 18 s
+        infos = list_checkpoints(location, environ=env)
     except AzuliteError as e:
         return [], str(e)
     return [asdict(i) for i in infos], None

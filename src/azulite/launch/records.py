@@ -90,6 +90,8 @@ class JobRecord:
     def to_json(self) -> dict:
         d = asdict(self)
         d["state"] = self.state.value
+        if isinstance(d.get("supervisor_pid"), int) and d["supervisor_pid"] < 0:
+            d["supervisor_pid"] = None  # a recovery's claim token (-time), not a process
         return d
 
 
