@@ -158,14 +158,20 @@ def test_all_checkpoints_corrupt_is_an_error_not_a_fresh_start(tmp_path):
             Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt)).load_latest()
 
 
+def _two_steps(tmp_path):
+    """Steps 1 and 2 of the tiny model committed under ``tmp_path``; the context they were saved in."""
+    ctx = init({})
+    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, *_tiny()))
+    ck.save(1)
+    ck.save(2)
+    ck.wait()
+    return ctx
+
+
 def test_a_damaged_manifest_is_corruption_not_an_interrupted_save(tmp_path, caplog):
     """A manifest cut in half (written whole or not at all: this is damage) was read as an interrupted save:
     with every step's damaged, training started over and its saves then removed the good shards."""
-    ctx = init({})
-    model, opt = _tiny()
-    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
-    ck.save(1)
-    ck.save(2)
+    ctx = _two_steps(tmp_path)
     damaged = tmp_path / "step-00000002" / "manifest.json"
     damaged.write_bytes(damaged.read_bytes()[: len(damaged.read_bytes()) // 2])
     with caplog.at_level(logging.WARNING, logger="azulite.train"):
@@ -182,11 +188,7 @@ def test_a_damaged_manifest_is_corruption_not_an_interrupted_save(tmp_path, capl
 def test_a_tampered_metadata_file_falls_back_to_the_previous_step(tmp_path, caplog):
     """DCP reads .metadata catching every error and raises an AssertionError of their text: the integrity
     failure inside was not recognised, and the resume stopped with a traceback instead of falling back."""
-    ctx = init({})
-    model, opt = _tiny()
-    ck = Checkpointer(CheckpointConfig(uri=str(tmp_path)), ctx, _state(ctx, model, opt))
-    ck.save(1)
-    ck.save(2)
+    ctx = _two_steps(tmp_path)
     meta = tmp_path / "step-00000002" / ".metadata"
     data = bytearray(meta.read_bytes())
     data[len(data) // 2] ^= 0xFF  # the same size: only its hash tells
