@@ -92,9 +92,13 @@ def _until(condition, what: str, timeout_s: float = 60.0) -> None:
 def test_connections_past_the_limit_are_refused_the_others_served(repo):
     with running_server(repo, limits=ConnectionLimits(max_connections=2)) as s:
         held = [_http_open(s.http_url), _http_open(s.http_url)]
+        for sock in held:  # each with a request under way: an idle one would make room (the longest idle goes)
+            sock.sendall(GET_LIVE[:-2])
         answer = read_until_closed(connect(s.http_url))
         assert answer.startswith(b"HTTP/1.1 503") and b"Retry-After: 1" in answer and b"too many open connections" in answer
-        assert all(_live(sock) for sock in held)  # the two served connections still are
+        for sock in held:  # the two connections are still served
+            sock.sendall(b"\r\n")
+            assert _read(sock, lambda d: b"\r\n\r\n" in d).startswith(b"HTTP/1.1 200")
         held.pop().close()
 
         def http_accepts() -> bool:
