@@ -79,3 +79,22 @@ def test_a_local_waiter_is_woken_by_the_supervisors_exit(tmp_path):
     supervisor.stdin.close()  # the supervisor ends
     assert woken.wait(120), "the waiter slept on after the supervisor exited"
     supervisor.wait()
+
+
+def test_logs_of_a_job_no_rank_of_which_ran_say_why(tmp_path):
+    """A job that failed in its supervisor before any rank ran: `job logs` printed nothing and exited 0."""
+    from pathlib import Path
+
+    from azulite.launch.records import JobState
+
+    b = get_backend("local", Settings(home=tmp_path))
+    rec = b.store.create(name="early", backend="local", spec={}, spec_path=None, environment=None,
+                         jobs_dir=tmp_path / "jobs")
+    Path(rec.job_dir).mkdir(parents=True)
+    (Path(rec.job_dir) / "supervisor.log").write_text("Traceback (most recent call last):\nValueError: boom\n")
+    b.store.transition(rec.id, JobState.RUNNING, message="attempt 1")
+    b.store.transition(rec.id, JobState.FAILED, message="supervisor error: ValueError('boom')", exit_code=1)
+    lines = list(b.logs(rec.id))
+    assert lines[0] == f"azulite: no rank of {rec.id} wrote a log (the job is failed: supervisor error: ValueError('boom'))"
+    assert lines[-1] == "ValueError: boom"
+    assert list(b.logs(rec.id, follow=True))[-1] == "ValueError: boom"

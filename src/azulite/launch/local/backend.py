@@ -338,6 +338,22 @@ def rank_log_paths(job_dir: Path, attempt: int, rank: int | None) -> list[tuple[
     return sorted(found)
 
 
+def _no_rank_ran(rec: JobRecord, rank: int | None) -> Iterator[str]:
+    """What `job logs` says of an ended job no rank of which wrote a log (it failed before any ran, in its
+    supervisor): why, and the supervisor's own last lines (it printed nothing, and exited 0)."""
+    if not rec.state.terminal or rank is not None:
+        return
+    yield f"azulite: no rank of {rec.id} wrote a log (the job is {rec.state.value}: {rec.reason or 'no reason recorded'})"
+    log = Path(rec.job_dir) / "supervisor.log"
+    try:
+        lines = log.read_text(errors="replace").splitlines()[-20:]
+    except OSError:
+        return
+    if lines:
+        yield f"azulite: the last lines of {log}:"
+        yield from lines
+
+
 def _follow_logs(backend: LocalBackend, rec: JobRecord, rank: int | None, follow: bool) -> Iterator[str]:
     """Lines of the latest attempt's rank logs, each prefixed ``[rank R]`` when showing several ranks;
     with ``follow``, keeps reading (switching to each new attempt) until the job ends."""
@@ -365,9 +381,15 @@ def _follow_logs(backend: LocalBackend, rec: JobRecord, rank: int | None, follow
                 yield text if rank is not None else f"[rank {r}] {text}"
 
     if not follow:
-        yield from read_new()
+        shown = False
+        for line in read_new():
+            shown = True
+            yield line
         for path, rest in partial.items():
+            shown = True
             yield rest.decode("utf-8", "replace")
+        if not shown:
+            yield from _no_rank_ran(rec, rank)
         return
     while True:
         got = list(read_new())
@@ -384,6 +406,8 @@ def _follow_logs(backend: LocalBackend, rec: JobRecord, rank: int | None, follow
             yield from read_new()
             for rest in partial.values():
                 yield rest.decode("utf-8", "replace")
+            if not offsets:  # no rank log was ever there
+                yield from _no_rank_ran(rec, rank)
             return
         if not got:
             time.sleep(0.25)
