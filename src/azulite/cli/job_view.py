@@ -196,12 +196,15 @@ def print_show(rec: JobRecord) -> None:
         c.print(t)
     procs = [p for p in rec.processes if p.attempt == rec.attempt]
     if procs:
-        t = Table("process", "node", "rank", "local", "pid", "exit", "log (under the job dir)", box=None,
-                  title=f"processes (attempt {rec.attempt})")
+        # torchrun's restarts inside the attempt (max_restarts), when there were any: shown only in --json before
+        restarted = any(p.restarts for p in procs)
+        t = Table("process", "node", "rank", "local", "pid", "exit", *(("restarts",) if restarted else ()),
+                  "log (under the job dir)", box=None, title=f"processes (attempt {rec.attempt})")
         for p in sorted(procs, key=lambda p: (p.kind != "agent", p.node, p.rank if p.rank is not None else -1)):
             t.add_row(p.name, str(p.node), "-" if p.rank is None else str(p.rank),
                       "-" if p.local_rank is None else str(p.local_rank), str(p.pid or "-"),
-                      "-" if p.exit_code is None else str(p.exit_code), _rel(p.log, rec.job_dir))
+                      "-" if p.exit_code is None else str(p.exit_code),
+                      *((str(p.restarts) if p.kind == "rank" else "-",) if restarted else ()), _rel(p.log, rec.job_dir))
         c.print(t)
     cks, error = checkpoints_of(rec)
     if cks:
