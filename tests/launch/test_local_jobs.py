@@ -68,32 +68,29 @@ def test_cancel_ends_every_process_including_orphans(home, tmp_path):
     assert len(agents) == 2 and 0 not in agents and None not in agents, agents
 
 
-def test_a_preemption_whose_save_fails_is_a_failure_not_a_preemption(home, tmp_path):
-    """A rank that cannot commit its preemption save exits 1 (azulite.train raises): the attempt was recorded
-    as preempted (exit 75) and requeued outside max_retries; "preempted" must mean committed."""
-    failing = PREEMPTIBLE.replace("sys.exit(75)", "sys.exit(1 if rank == 1 else 75)  # rank 1's save failed")
-    spec_text = spec_2x1(extra="outputs:\n      state:\n        type: uri_folder\n        path: state")
-    spec = write_job(tmp_path / "pf", failing, spec_text)
-    state = tmp_path / "pf" / "state"
+def _preempted_once(folder: Path, script: str):
+    """A 2-node job of ``script`` preempted once both ranks started: (its record once ended, its state folder)."""
+    spec = write_job(folder, script, spec_2x1(extra="outputs:\n      state:\n        type: uri_folder\n        path: state"))
+    state = folder / "state"
     b = backend()
     rec = b.submit(load_job(spec))
     wait_for(lambda: (state / "started-0").exists() and (state / "started-1").exists(), 120, "ranks to start")
     b.preempt(rec.id)
-    rec = wait_done(rec.id)
+    return wait_done(rec.id), state
+
+
+def test_a_preemption_whose_save_fails_is_a_failure_not_a_preemption(home, tmp_path):
+    """A rank that cannot commit its preemption save exits 1 (azulite.train raises): the attempt was recorded
+    as preempted (exit 75) and requeued outside max_retries; "preempted" must mean committed."""
+    failing = PREEMPTIBLE.replace("sys.exit(75)", "sys.exit(1 if rank == 1 else 75)  # rank 1's save failed")
+    rec, _ = _preempted_once(tmp_path / "pf", failing)
     assert rec.state == JobState.FAILED and rec.exit_code == 1, (rec.state, rec.reason)  # max_retries 0
     assert "rank 1" in rec.reason and "after the preempt request" in rec.reason, rec.reason
     assert [(a.attempt, a.exit_code) for a in rec.attempts] == [(1, 1)]
 
 
 def test_preempt_requeues_and_the_next_attempt_succeeds(home, tmp_path):
-    spec_text = spec_2x1(extra="outputs:\n      state:\n        type: uri_folder\n        path: state")
-    spec = write_job(tmp_path / "pre", PREEMPTIBLE, spec_text)
-    state = tmp_path / "pre" / "state"
-    b = backend()
-    rec = b.submit(load_job(spec))
-    wait_for(lambda: (state / "started-0").exists() and (state / "started-1").exists(), 120, "ranks to start")
-    b.preempt(rec.id)
-    rec = wait_done(rec.id)
+    rec, state = _preempted_once(tmp_path / "pre", PREEMPTIBLE)
     assert rec.state == JobState.SUCCEEDED, rec.reason
     assert rec.attempt == 2
     assert [(a.attempt, a.state) for a in rec.attempts] == [(1, "requeued"), (2, "succeeded")]

@@ -10,8 +10,6 @@ supervisor's; this class only reads the store and writes requests into it (cance
 from __future__ import annotations
 
 import dataclasses
-import json
-import os
 import shutil
 import subprocess
 import sys
@@ -181,7 +179,7 @@ class LocalBackend(Backend):
         """A sweep whose driver died: its running trials are canceled (they ran on with nothing to read their
         results, and `job show` kept listing them as running from the driver's last write), and its state
         file says how each ended."""
-        from azulite.launch.local.sweeper import STATE_FILE, read_state
+        from azulite.launch.local.sweeper import read_state, write_state
 
         state = read_state(rec.job_dir)
         if not state:
@@ -200,9 +198,7 @@ class LocalBackend(Backend):
                                           reason=f"canceled: sweep {rec.id}'s driver died")
                     trial["state"] = "canceling"
                     stopped.append(trial["id"])
-        tmp = Path(rec.job_dir) / f".{STATE_FILE}.recovered"
-        tmp.write_text(json.dumps(state, indent=1, default=str))
-        os.replace(tmp, Path(rec.job_dir) / STATE_FILE)
+        write_state(rec.job_dir, state)
         return stopped
 
     def _list_impl(self, limit: int) -> list[JobRecord]:

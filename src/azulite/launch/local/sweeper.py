@@ -58,6 +58,13 @@ def read_state(job_dir: str | Path) -> dict[str, Any] | None:
         return None
 
 
+def write_state(job_dir: str | Path, state: dict[str, Any]) -> None:
+    """Replace the sweep's state file whole (a reader never sees half of one)."""
+    tmp = Path(job_dir) / f".{STATE_FILE}.tmp"
+    tmp.write_text(json.dumps(state, indent=1, default=str))
+    os.replace(tmp, Path(job_dir) / STATE_FILE)
+
+
 class Sweeper:
     def __init__(self, store: JobStore, settings: Settings, sweep_id: str, environ: dict[str, str]) -> None:
         self.store, self.settings, self.sweep_id, self.environ = store, settings, sweep_id, environ
@@ -209,9 +216,7 @@ class Sweeper:
                         "reports": len(t.reports), "early_terminated": t.early_terminated} for t in self.trials],
             "best_trial": best.id if best else None,
         }
-        tmp = self.job_dir / f".{STATE_FILE}.tmp"
-        tmp.write_text(json.dumps(state, indent=1, default=str))
-        os.replace(tmp, self.job_dir / STATE_FILE)
+        write_state(self.job_dir, state)
 
 
 def main(argv: list[str]) -> int:
