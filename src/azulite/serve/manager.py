@@ -97,10 +97,7 @@ class ModelManager:
                     + (f" ({entry.reason})" if entry.reason else "")
                 )
             return model
-        try:
-            number = int(version)
-        except ValueError:
-            raise NotFound(f"Request for unknown model: '{name}' version {version} is not found") from None
+        number = int(version)  # digits: checked above
         model = entry.ready.get(number)
         if model is None:
             state = entry.states.get(number)

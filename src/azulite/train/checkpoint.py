@@ -238,7 +238,7 @@ class Checkpointer:
         if isinstance(step, bool) or not hasattr(step, "__index__") or int(step) < 0:
             # "5", 2.5 or -1 was written as step--0000001/ (listed nowhere) or failed in the failure's own log line
             raise CheckpointUsageError(f"a checkpoint step is a whole number >= 0, got {step!r}",
-                                  fix="pass the training step, e.g. ckpt.save(step) with step an int")
+                                       fix="pass the training step, e.g. ckpt.save(step) with step an int")
         step = int(step)
         t0 = time.perf_counter()
         try:
@@ -323,7 +323,7 @@ class Checkpointer:
         together, so no rank waits in a collective the others skipped; a leftover of an interrupted save
         of the same step is removed."""
         rel = step_dir(step)
-        committed, err, other = False, failed, None
+        committed, err = False, failed
         try:
             other = self._writer_now() if failed is None else None
             if other is not None:  # before anything of another job's is removed below
