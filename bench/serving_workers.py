@@ -221,8 +221,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gaps", action="store_true", help="gil_py stamps each execute: per point, the instances' "
                     "idle gaps between batches (gaps_us), on every server alike")
     ap.add_argument("--rounds", type=int, default=1, help="measure every point this many times, in turn")
-    ap.add_argument("--serve-workers", type=int, nargs="+", default=[1, 2], choices=[1, 2],
-                    help="which `azulite serve --workers N` to measure")
+    ap.add_argument("--serve-workers", type=int, nargs="+", default=[1, 2],
+                    help="which `azulite serve --workers N` to measure (1 must be among them: the ratios are to it)")
     ap.add_argument("--protocols", nargs="+", default=["http", "grpc"], choices=["http", "grpc"])
     ap.add_argument("--instance-nice", type=int, help="gil_py's instance processes at this nice value "
                     "(config parameter azulite_instance_nice; with --ab-src, an older tree ignores it)")
@@ -237,13 +237,25 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--no-pin", action="store_true", help="leave perf_analyzer on every core (default: pinned to "
                     "the last; on 2 cores a server's process running there keeps it waiting while the other "
                     "core may idle: idle_cores and runqueue_wait_cores say how much)")
+    ap.add_argument("--load-cores", type=int, default=1, help="pin the load generator to this many of the last "
+                    "cores (default 1; on a machine with many cores one core of perf_analyzer caps every server)")
+    ap.add_argument("--server-cores", choices=["all", "rest"], default="all",
+                    help="rest: pin every server to the cores the load generator does not use (default all: the "
+                    "servers may use every core, the load generator's too)")
+    ap.add_argument("--no-triton", action="store_true", help="azulite alone (where Triton cannot run): the "
+                    "--workers N ratios to --workers 1, no ratio to Triton")
     args = ap.parse_args(argv)
+    if 1 not in args.serve_workers or any(w < 1 for w in args.serve_workers):
+        ap.error("--serve-workers: positive counts, 1 among them (the scaling ratios are to --workers 1)")
     if (args.json_outputs or args.json_inputs) and (args.load_generator != "h2load" or args.protocols != ["http"]):
         ap.error("--json-outputs / --json-inputs: JSON tensors are HTTP's and perf_analyzer sends and asks for "
                  "binary ones: add --load-generator h2load --protocols http")
     bin_dir = anchors(args.anchors)
     cores = sorted(os.sched_getaffinity(0))
-    pin = [] if len(cores) < 2 or args.no_pin else ["taskset", "-c", str(cores[-1])]
+    load_cores = max(1, min(args.load_cores, len(cores) - 1))
+    pin = [] if len(cores) < 2 or args.no_pin else ["taskset", "-c", ",".join(map(str, cores[-load_cores:]))]
+    server_pin = (["taskset", "-c", ",".join(map(str, cores[:-load_cores]))]
+                  if pin and args.server_cores == "rest" else [])
     work = Path(tempfile.mkdtemp(prefix="azulite-bench-workers-"))
     try:
         repo = build_model_repository(work / "repo", ("bench_matmul",))
@@ -268,12 +280,13 @@ def main(argv: list[str] | None = None) -> None:
         figures: dict = {}
         rounds: dict[tuple[str, str], list[dict]] = {}  # (server, point) -> each round's figures
         try:
-            names = ["triton", *(f"{side}_w{w}" for w in args.serve_workers for side in ("azulite", "base"))]
+            names = [*([] if args.no_triton else ["triton"]),
+                     *(f"{side}_w{w}" for w in args.serve_workers for side in ("azulite", "base"))]
             for name in names if args.ab_src else [n for n in names if not n.startswith("base_")]:
                 for attempt in (1, 2):
                     http_port, grpc_port, metrics_port = free_port(), free_port(), free_port()
-                    extra = () if name == "triton" else ("--workers", name[-1])
-                    cmd = server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)
+                    extra = () if name == "triton" else ("--workers", name.rsplit("_w", 1)[1])
+                    cmd = [*server_pin, *server_cmd(name, bin_dir, repo, http_port, grpc_port, metrics_port, *extra)]
                     if name.startswith("base_"):  # env execs the server: its pid is the server's
                         cmd = ["env", f"PYTHONPATH={Path(args.ab_src).resolve()}", *cmd]
                     print(f"starting {name} ...", flush=True)
@@ -347,7 +360,7 @@ def main(argv: list[str] | None = None) -> None:
         goals = {"throughput_ge_triton": True, "cpu_le_triton": True}
         for name in (f"azulite_w{w}" for w in args.serve_workers):
             ratio[name] = {}
-            for key in figures["triton"]:
+            for key in figures.get("triton", {}):
                 # each round's pair (this server and Triton in the same round), and their median
                 pairs = list(zip(rounds.get((name, key), []), rounds.get(("triton", key), [])))
                 if not pairs or any("cpu_s_per_1k" not in a or "cpu_s_per_1k" not in t for a, t in pairs):
@@ -356,6 +369,24 @@ def main(argv: list[str] | None = None) -> None:
                 ratio[name][key] = median_of_rounds(pairs, ("throughput", "p99", "cpu_per_inference"))
                 goals["throughput_ge_triton"] &= ratio[name][key]["throughput"] >= 1.0
                 goals["cpu_le_triton"] &= ratio[name][key]["cpu_per_inference"] <= 1.0
+        # every --workers N over --workers 1 (each model), and per point the best N against Triton: on a
+        # machine with many cores the question is whether some N holds the lead, not whether each does
+        growth: dict = {}
+        for w in args.serve_workers:
+            for key, w1 in figures.get("azulite_w1", {}).items():
+                wn = figures.get(f"azulite_w{w}", {}).get(key)
+                if w > 1 and wn is not None and "error" not in w1 and "error" not in wn:
+                    growth.setdefault(f"w{w}", {})[key] = round(wn["infer_per_s"] / w1["infer_per_s"], 3)
+        best: dict = {}
+        for key, triton in figures.get("triton", {}).items():
+            found = [(figures[f"azulite_w{w}"][key]["infer_per_s"], w) for w in args.serve_workers
+                     if "error" not in figures.get(f"azulite_w{w}", {}).get(key, {"error": 1})]
+            if found and "error" not in triton:
+                top, w = max(found)
+                best[key] = {"workers": w, "throughput": round(top / triton["infer_per_s"], 3)}
+        goals["best_workers_ge_triton"] = bool(best) and all(v["throughput"] >= 1.0 for v in best.values())
+        if "triton" not in figures:  # --no-triton: nothing to compare with
+            goals.update(throughput_ge_triton=None, cpu_le_triton=None, best_workers_ge_triton=None)
         scaling = {}
         for key, w1 in figures.get("azulite_w1", {}).items():
             w2 = figures.get("azulite_w2", {}).get(key)
@@ -404,12 +435,16 @@ def main(argv: list[str] | None = None) -> None:
         if default:
             print("--workers 1, gil_py as threads (the default placement) over Triton's gil_py:", json.dumps(default, indent=1))
         print("gil_py workers 2 / workers 1:", scaling, "at most (all cores busy):", ceiling)
+        print("--workers N / --workers 1:", json.dumps(growth, indent=1))
+        print("best --workers N over Triton:", json.dumps(best, indent=1))
         print(json.dumps({"bench": "serving_workers", "models": args.models, "concurrency": args.concurrency,
                           "inputs": "json" if args.json_inputs else "binary",
                           "outputs": "json" if args.json_outputs else "binary",
                           "load_generator_pinned_to": pin[2] if pin else None, "cores": len(cores),
                           "loadavg": os.getloadavg(), "figures": figures, "ratio": ratio,
                           "gil_workers2_over_workers1": scaling, "gil_workers2_over_workers1_ceiling": ceiling,
+                          "workers_over_workers1": growth, "best_workers_over_triton": best,
+                          "server_pinned_to": server_pin[2] if server_pin else None,
                           "instance_process_ab_workers1": ab,
                           "default_placement_over_triton": default,
                           "default_placement_goals": default_goals,

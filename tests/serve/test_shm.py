@@ -4,6 +4,7 @@ the issue names, and perf_analyzer --shared-memory system."""
 
 from __future__ import annotations
 
+import http.client
 import json
 import subprocess
 import uuid
@@ -14,6 +15,8 @@ import tritonclient.grpc as grpcclient
 import tritonclient.http as httpclient
 import tritonclient.utils.shared_memory as shm
 from tritonclient.utils import InferenceServerException, serialize_byte_tensor
+
+from azulite.serve import cuda_shm
 
 from .frontends import running_server
 from .test_server import COUNT_WINDOWS, PERF_ANALYZER
@@ -209,12 +212,35 @@ def test_bad_regions_are_the_clients_error_naming_what(server, regions, protocol
     assert status_names(client, protocol) == {}
 
 
+@pytest.mark.skipif(cuda_shm.available(), reason="this server has CUDA: tests/serve/test_cuda_shm.py")
 @pytest.mark.parametrize("protocol", PROTOCOLS)
-def test_cuda_shared_memory_is_unimplemented(server, protocol):
+def test_cuda_shared_memory_without_cuda_is_unimplemented_naming_what_is_missing(server, protocol):
     client = make_client(server, protocol)
     err = error_of(lambda: client.register_cuda_shared_memory("c", b"aGFuZGxl", 0, 64))
     assert err.status() == ("501" if protocol == "http" else "StatusCode.UNIMPLEMENTED")
-    assert "CUDA shared memory" in err.message()
+    try:
+        import cuda.bindings.runtime  # noqa: F401
+    except ImportError:
+        assert "CUDA Python bindings" in err.message() and "cuda-bindings" in err.message()
+    else:
+        assert "needs a CUDA device, and this server has none" in err.message()
+    # nothing registered; the status of every kind stays empty, and the server metadata does not list it
+    assert (client.get_cuda_shared_memory_status() if protocol == "http"
+            else dict(client.get_cuda_shared_memory_status().regions)) in ([], {})
+    extensions = (client.get_server_metadata()["extensions"] if protocol == "http"
+                  else client.get_server_metadata().extensions)
+    assert "system_shared_memory" in extensions and "cuda_shared_memory" not in extensions
+
+
+def test_a_malformed_cuda_registration_is_a_400_naming_the_field(server):
+    conn = http.client.HTTPConnection(*server.http_url.split(":"), timeout=60)
+    for body, says in (({"device_id": 0, "byte_size": 64}, "'raw_handle' must be {\"b64\""),
+                       ({"raw_handle": "aGFuZGxl", "byte_size": 64}, "'raw_handle' must be {\"b64\""),
+                       ({"raw_handle": {"b64": "not base64!"}, "byte_size": 64}, "raw_handle.b64 is not base64")):
+        conn.request("POST", "/v2/cudasharedmemory/region/c/register", body=json.dumps(body))
+        reply = conn.getresponse()
+        assert reply.status == 400 and says in json.loads(reply.read())["error"], body
+    conn.close()
 
 
 @pytest.mark.parametrize("protocol", PROTOCOLS)
@@ -316,10 +342,10 @@ def test_a_region_unregistered_while_its_request_runs(regions):
     """The output region goes away between the request's check and the model's answer (the registry's
     own order of calls, as the data plane makes them): a 400 naming it, never a write to unmapped memory."""
     from azulite.errors import InvalidArgument
-    from azulite.serve.shm import SystemSharedMemory
+    from azulite.serve.shm import SharedMemory
     from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
-    registry = SystemSharedMemory()
+    registry = SharedMemory()
     key, handle = regions(64)
     registry.register("late", key, 0, 64)
     request = InferRequest("m", [], outputs=[RequestedOutput("y", {"shared_memory_region": "late",

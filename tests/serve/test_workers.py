@@ -16,6 +16,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.serve.conftest import build_model_repository
@@ -233,6 +234,46 @@ def test_two_front_ends_one_model_host(served):
     assert len(host) == 1 and any(b"azulite.serve.instances" in cmdline(p) for p in children(host[0]))
     a.close()
     b.close()
+
+
+def test_shared_memory_regions_are_the_model_hosts_whichever_front_end_asks(served):
+    """A region registered through one front-end is the one every front-end reads and writes: the model
+    host maps it (serve/frontend_plane.py _RemoteShm); CUDA registration says what is missing here."""
+    import tritonclient.utils.shared_memory as shm
+
+    from azulite.serve import cuda_shm
+
+    a_pid, b_pid = served.frontends()
+    a, b = served.conn_on(a_pid), served.conn_on(b_pid)
+    key = f"/azulite-workers-{os.getpid()}"
+    region = shm.create_shared_memory_region("w", key, 256)
+    try:
+        assert call(a, "POST", "/v2/repository/models/add_sub_py/load", {})[0] == 200
+        x, y = np.arange(16, dtype=np.float32), np.full(16, 0.5, np.float32)
+        shm.set_shared_memory_region(region, [x, y])
+        assert call(a, "POST", "/v2/systemsharedmemory/region/w/register", {"key": key, "byte_size": 256})[0] == 200
+        assert call(b, "GET", "/v2/systemsharedmemory/status")[1] == [
+            {"name": "w", "key": key, "offset": 0, "byte_size": 256}]
+        place = {"shared_memory_region": "w", "shared_memory_byte_size": 64}
+        body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "parameters": {**place, "shared_memory_offset": off}}
+                           for n, off in (("INPUT0", 0), ("INPUT1", 64))],
+                "outputs": [{"name": "OUTPUT0", "parameters": {**place, "shared_memory_offset": 128}}]}
+        status, doc = call(b, "POST", "/v2/models/add_sub_py/infer", body)
+        assert status == 200, doc
+        assert shm.get_contents_as_numpy(region, np.float32, [16], offset=128).tolist() == (x + y).tolist()
+        assert call(b, "POST", "/v2/systemsharedmemory/region/w/unregister")[0] == 200
+        assert call(a, "GET", "/v2/systemsharedmemory/status")[1] == []
+        status, doc = call(a, "POST", "/v2/models/add_sub_py/infer", body)
+        assert status == 404 and "'w'" in doc["error"], doc
+        if not cuda_shm.available():
+            status, doc = call(a, "POST", "/v2/cudasharedmemory/region/c/register",
+                               {"raw_handle": {"b64": "aGFuZGxl"}, "device_id": 0, "byte_size": 64})
+            assert status == 501 and "CUDA" in doc["error"], doc
+        assert call(b, "POST", "/v2/repository/models/add_sub_py/unload", {})[0] == 200
+    finally:
+        shm.destroy_shared_memory_region(region)
+        a.close()
+        b.close()
 
 
 def test_killed_front_end_is_replaced_while_the_other_serves(served):

@@ -20,7 +20,7 @@ import threadpoolctl
 
 from azulite.errors import InvalidArgument, ServeError, Unavailable
 from azulite.serve import config as cfg
-from azulite.serve import instances
+from azulite.serve import cuda_shm, instances
 from azulite.serve.backends.base import Timing, WorkItem
 from azulite.serve.batcher import Batcher
 from azulite.serve.bls import bls_call
@@ -42,7 +42,7 @@ from azulite.serve.response_cache import CacheSettings, ResponseCache, cache_met
 from azulite.serve.response_cache import insert as cache_insert
 from azulite.serve.response_cache import lookup as cache_lookup
 from azulite.serve.sequence import Sequencer
-from azulite.serve.shm import SystemSharedMemory
+from azulite.serve.shm import SharedMemory
 from azulite.serve.trace import Trace, Tracer, trace_tensors
 from azulite.serve.trace_settings import TraceSettings
 from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
@@ -118,7 +118,7 @@ class TritonDataPlane(ModelControl):
             bls=partial(bls_call, self),
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
-        self.shm = SystemSharedMemory()  # the system shared memory regions clients registered
+        self.shm = SharedMemory()  # the shared memory regions (system and CUDA) clients registered
         self.tracer = Tracer(settings.trace, known_model=lambda name: name in self.manager.entries)
         self.cache = ResponseCache(settings.cache.size) if settings.cache.size else None
         if self.cache is not None:
@@ -164,8 +164,10 @@ class TritonDataPlane(ModelControl):
         return all(name in self.manager.entries and self.manager.entries[name].ready for name in self._initial)
 
     def server_metadata(self) -> pb.ServerMetadataResponse:
-        return pb.ServerMetadataResponse(name=self.settings.server_name, version=SERVER_VERSION,
-                                         extensions=list(self.settings.extensions))
+        extensions = list(self.settings.extensions)
+        if "system_shared_memory" in extensions and cuda_shm.available():  # as Triton lists it: after system's
+            extensions.insert(extensions.index("system_shared_memory") + 1, "cuda_shared_memory")
+        return pb.ServerMetadataResponse(name=self.settings.server_name, version=SERVER_VERSION, extensions=extensions)
 
     def model_ready(self, name: str, version: str = "") -> bool:
         try:

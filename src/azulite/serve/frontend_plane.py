@@ -17,7 +17,6 @@ import socket
 import threading
 import time
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from typing import Any
 
 from azulite.errors import Internal, Unavailable
@@ -26,26 +25,23 @@ from azulite.serve.metrics import ServerMetrics
 from azulite.serve.types import InferRequest, InferResponse
 
 
-@dataclass(slots=True)
-class RegionStatus:
-    name: str
-    key: str
-    offset: int
-    byte_size: int
-
-
 class _RemoteShm:
     def __init__(self, plane: "RemoteDataPlane") -> None:
         self._plane = plane
 
+    """The model host's registry (serve/shm.py), where the regions are mapped and the requests resolved."""
+
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._plane.call("shm_register", name, key, offset, byte_size)
 
-    def unregister(self, name: str = "") -> None:
-        self._plane.call("shm_unregister", name)
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        self._plane.call("shm_register_cuda", name, raw_handle, device_id, byte_size)
 
-    def status(self, name: str = "") -> list[RegionStatus]:
-        return [RegionStatus(*r) for r in self._plane.call("shm_status", name)]
+    def unregister(self, name: str = "", kind: str = "system") -> None:
+        self._plane.call("shm_unregister", name, kind)
+
+    def status(self, name: str = "", kind: str = "system") -> list[dict]:
+        return self._plane.call("shm_status", name, kind)
 
 
 class _RemoteMetrics:

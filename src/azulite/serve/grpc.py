@@ -19,7 +19,7 @@ import grpc
 import numpy as np
 from google.protobuf.message import DecodeError
 
-from azulite.errors import InvalidArgument, NotFound, ResourceExhausted, ServeError, Unsupported
+from azulite.errors import InvalidArgument, ResourceExhausted, ServeError
 from azulite.serve import log_settings
 from azulite.serve.batcher import Rejected
 from azulite.serve.config import WIRE_TO_NUMPY
@@ -402,9 +402,8 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     async def SystemSharedMemoryStatus(self, request, context):
         try:
             response = pb.SystemSharedMemoryStatusResponse()
-            for r in self.dp.shm.status(request.name):
-                response.regions[r.name].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(
-                    name=r.name, key=r.key, offset=r.offset, byte_size=r.byte_size))
+            for r in self.dp.shm.status(request.name, "system"):
+                response.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**r))
             return response
         except Exception as exc:  # noqa: BLE001
             await self._abort(context, exc)
@@ -417,21 +416,29 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
             await self._abort(context, exc)
 
     async def SystemSharedMemoryUnregister(self, request, context):
-        self.dp.shm.unregister(request.name)
+        self.dp.shm.unregister(request.name, "system")
         return pb.SystemSharedMemoryUnregisterResponse()
 
-    # --- extensions azulite does not implement ------------------------------------------------------
+    # --- CUDA shared memory (serve/cuda_shm.py) ------------------------------------------------------
 
     async def CudaSharedMemoryStatus(self, request, context):
-        if request.name:  # a region by name: none is ever registered (as Triton answers it)
-            await self._abort(context, NotFound(f"Unable to find cuda shared memory region: '{request.name}'"))
-        return pb.CudaSharedMemoryStatusResponse()
+        try:
+            response = pb.CudaSharedMemoryStatusResponse()
+            for r in self.dp.shm.status(request.name, "cuda"):
+                response.regions[r["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**r))
+            return response
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
 
     async def CudaSharedMemoryRegister(self, request, context):
-        await self._abort(context, Unsupported(
-            "CUDA shared memory is not supported by azulite (a CPU server)", fix="send tensors in raw_input_contents"))
+        try:
+            self.dp.shm.register_cuda(request.name, request.raw_handle, request.device_id, request.byte_size)
+            return pb.CudaSharedMemoryRegisterResponse()
+        except Exception as exc:  # noqa: BLE001
+            await self._abort(context, exc)
 
     async def CudaSharedMemoryUnregister(self, request, context):
+        self.dp.shm.unregister(request.name, "cuda")
         return pb.CudaSharedMemoryUnregisterResponse()
 
     async def TraceSetting(self, request, context):

@@ -31,7 +31,7 @@ log = logging.getLogger("azulite.serve.host")
 #: what a front-end may ask on the synchronous connection
 SYNC_CALLS = frozenset({"ready", "server_metadata", "model_ready", "model_metadata", "model_config",
                         "model_statistics", "repository_index", "startup_table", "metrics_text",
-                        "shm_register", "shm_unregister", "shm_status", "trace_setting"})
+                        "shm_register", "shm_register_cuda", "shm_unregister", "shm_status", "trace_setting"})
 
 
 class ModelHost:
@@ -201,10 +201,12 @@ class ModelHost:
         dp = self.dp
         if method == "shm_register":
             return dp.shm.register(*args)
+        if method == "shm_register_cuda":
+            return dp.shm.register_cuda(*args)
         if method == "shm_unregister":
             return dp.shm.unregister(*args)
         if method == "shm_status":
-            return [(r.name, r.key, r.offset, r.byte_size) for r in dp.shm.status(*args)]
+            return dp.shm.status(*args)
         if method == "metrics_text":
             return dp.metrics.metrics_text()
         return getattr(dp, method)(*args)

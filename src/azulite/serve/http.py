@@ -8,9 +8,9 @@ Python servers from Triton at concurrency 32; a Protocol that parses with llhttp
 :class:`~azulite.serve.types.DataPlane`; this module only converts and routes.
 
 Routes are Triton's (docs/protocol/*.md): health, server and model metadata, ready, config, statistics,
-infer (JSON + binary tensor data extension), repository index / load / unload, system shared memory
-(serve/shm.py), logging (serve/log_settings.py), trace settings (serve/trace.py); CUDA shared-memory
-registration answers 501 with a message (its status queries answer the empty list). Errors are
+infer (JSON + binary tensor data extension), repository index / load / unload, system and CUDA shared
+memory (serve/shm.py, serve/cuda_shm.py: CUDA registration answers 501 naming what is missing on a server
+without a GPU), logging (serve/log_settings.py), trace settings (serve/trace.py). Errors are
 ``{"error": "..."}`` with ``HTTP_STATUS`` (serve/http_replies.py, the replies' vocabulary).
 """
 
@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import binascii
 import json
 import logging
 from collections.abc import Awaitable, Callable
@@ -26,7 +27,7 @@ from time import perf_counter as _perf
 from typing import Any
 from urllib.parse import unquote
 
-from azulite.errors import InvalidArgument, NotFound, ServeError, Unsupported
+from azulite.errors import InvalidArgument, NotFound, ServeError
 from azulite.serve import http_codec as codec
 from azulite.serve import log_settings
 from azulite.serve.api_routes import http_route
@@ -271,10 +272,8 @@ class HttpApp:
             return (200 if ok else 400), JSON, b"", ()
         if head == "repository":
             return self._repository(post, method, path, rest[1:], body)
-        if head == "systemsharedmemory":
-            return self._system_shared_memory(rest[1:], method, path, body)
-        if head == "cudasharedmemory":
-            return self._shared_memory(head, rest[1:], method, path)
+        if head in ("systemsharedmemory", "cudasharedmemory"):
+            return self._shared_memory("system" if head[0] == "s" else "cuda", rest[1:], method, path, body)
         if head == "logging" and len(rest) == 1:  # Triton's logging extension (serve/log_settings.py)
             self._method(get or post, method, path)
             if post:
@@ -402,8 +401,8 @@ class HttpApp:
         await self.dp.load_model(name, load_params or None)
         return EMPTY_OK
 
-    def _system_shared_memory(self, rest: list[str], method: bytes, path: str, body: bytes):
-        """Triton's systemsharedmemory routes: [region/NAME/](status|register|unregister)."""
+    def _shared_memory(self, kind: str, rest: list[str], method: bytes, path: str, body: bytes):
+        """Triton's systemsharedmemory and cudasharedmemory routes: [region/NAME/](status|register|unregister)."""
         get, post = method == b"GET", method == b"POST"
         name = ""
         if len(rest) == 3 and rest[0] == "region":
@@ -411,31 +410,35 @@ class HttpApp:
         action = rest[0] if len(rest) == 1 else None
         if action == "status":
             self._method(get, method, path)
-            return json_reply([{"name": r.name, "key": r.key, "offset": r.offset, "byte_size": r.byte_size}
-                               for r in self.dp.shm.status(name)])
+            return json_reply(self.dp.shm.status(name, kind))
         if action == "unregister":
             self._method(post, method, path)
-            self.dp.shm.unregister(name)
+            self.dp.shm.unregister(name, kind)
             return EMPTY_OK
         if action == "register" and name:
             self._method(post, method, path)
             doc = parse_json_body(body)
-            self.dp.shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+            if kind == "system":
+                self.dp.shm.register(name, doc.get("key"), doc.get("offset", 0), doc.get("byte_size"))
+            else:
+                self.dp.shm.register_cuda(name, cuda_handle(name, doc.get("raw_handle")), doc.get("device_id", 0),
+                                          doc.get("byte_size"))
             return EMPTY_OK
         raise NotFound(f"no such endpoint: {method.decode()} {path}",
-                       fix="use /v2/systemsharedmemory[/region/NAME]/status|unregister or .../region/NAME/register")
+                       fix=f"use /v2/{kind}sharedmemory[/region/NAME]/status|unregister or .../region/NAME/register")
 
-    @staticmethod
-    def _shared_memory(kind: str, rest: list[str], method: bytes, path: str):
-        if rest and rest[-1] == "status":
-            if len(rest) == 3 and rest[0] == "region":  # a region by name: none is ever registered (as Triton)
-                raise NotFound(f"Unable to find cuda shared memory region: '{rest[1]}'")
-            return json_reply([])
-        if rest and rest[-1] == "unregister":
-            return EMPTY_OK  # nothing is ever registered: unregistering leaves nothing registered
-        what = "system" if kind == "systemsharedmemory" else "CUDA"
-        raise Unsupported(f"{what} shared memory is not supported by azulite",
-                          fix="send tensors in the request body (binary tensor data extension)")
+
+def cuda_handle(name: str, raw: Any) -> bytes:
+    """The CUDA IPC handle of an HTTP register body (``"raw_handle": {"b64": BASE64}``), decoded."""
+    text = raw.get("b64") if isinstance(raw, dict) else None
+    if not isinstance(text, str):
+        raise InvalidArgument(f"CUDA shared memory region '{name}': 'raw_handle' must be {{\"b64\": <base64 of the "
+                              f"cudaIpcMemHandle_t>}}, got {raw!r}"[:300],
+                              fix="send tritonclient's cuda_shared_memory.get_raw_handle(handle)")
+    try:
+        return base64.b64decode(text, validate=True)
+    except (binascii.Error, ValueError):
+        raise InvalidArgument(f"CUDA shared memory region '{name}': raw_handle.b64 is not base64") from None
 
 
 class MetricsApp:

@@ -1,9 +1,10 @@
-"""Triton's system shared memory extension: a client registers a POSIX shared-memory object (a file of
+"""Triton's shared memory extensions: a client registers a POSIX shared-memory object (a file of
 /dev/shm, created with ``shm_open``: tritonclient.utils.shared_memory, perf_analyzer --shared-memory
-system) under a region name; infer requests then name a region, offset and byte size instead of carrying
-tensor bytes, for inputs and for outputs.
+system) or GPU memory (serve/cuda_shm.py) under a region name; infer requests then name a region, offset
+and byte size instead of carrying tensor bytes, for inputs and for outputs.
 
-One registry per server, shared by the HTTP and gRPC front-ends through the data plane. The codecs leave
+One registry per server for both kinds (one namespace of names, as Triton's), shared by the HTTP and gRPC
+front-ends through the data plane; status and unregister see the kind they are called for. The codecs leave
 an input whose parameters name a region without data (``data`` None); :meth:`SystemSharedMemory.
 resolve_inputs` fills it from the region before the request is checked, and :meth:`place_outputs` writes
 the answers into the client's regions and leaves those outputs without data in the response.
@@ -30,6 +31,7 @@ import numpy as np
 
 from azulite.errors import InvalidArgument, NotFound
 from azulite.serve.config import WIRE_TO_NUMPY
+from azulite.serve.cuda_shm import HANDLE_SIZE, CudaRegion, device_count
 from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
 from azulite.serve.types import InferRequest, InferResponse, InferTensor
 
@@ -38,6 +40,9 @@ REGION = "shared_memory_region"
 BYTE_SIZE = "shared_memory_byte_size"
 OFFSET = "shared_memory_offset"
 _SHM_PARAMS = (REGION, BYTE_SIZE, OFFSET)
+
+
+KINDS = ("system", "cuda")
 
 
 class RegionExists(InvalidArgument):
@@ -53,11 +58,14 @@ def uses_shm(parameters: dict[str, Any] | Any) -> bool:
 
 @dataclass(slots=True)
 class Region:
+    """One registered system region: the client's /dev/shm object, mapped."""
+
     name: str
     key: str
     offset: int
     byte_size: int
     _map: mmap.mmap
+    kind = "system"
 
     def check(self, offset: int, size: int, what: str) -> int:
         """-> the absolute position in the mapping of [offset, offset + size) of the region; raises
@@ -79,6 +87,9 @@ class Region:
     def write(self, offset: int, data: bytes, what: str) -> None:
         start = self.check(offset, len(data), what)
         self._map[start:start + len(data)] = data
+
+    def status(self) -> dict[str, Any]:
+        return {"name": self.name, "key": self.key, "offset": self.offset, "byte_size": self.byte_size}
 
     def close(self) -> None:
         self._map.close()
@@ -113,11 +124,11 @@ def _open_object(key: str) -> tuple[int, int]:
     return fd, st.st_size
 
 
-class SystemSharedMemory:
-    """The registered regions of one server, by name."""
+class SharedMemory:
+    """The registered regions of one server, system and CUDA, by name."""
 
     def __init__(self) -> None:
-        self._regions: dict[str, Region] = {}
+        self._regions: dict[str, Region | CudaRegion] = {}
 
     # --- the extension's control calls --------------------------------------------------------------
 
@@ -132,9 +143,7 @@ class SystemSharedMemory:
                                       f"integer, got {value!r}")
         if byte_size == 0:
             raise InvalidArgument(f"system shared memory region '{name}': byte_size must be positive")
-        if name in self._regions:
-            raise RegionExists(f"shared memory region '{name}' is already registered",
-                               fix="unregister it first, or register under another name")
+        self._free(name)
         fd, size = _open_object(key)
         try:
             if offset + byte_size > size:
@@ -148,30 +157,64 @@ class SystemSharedMemory:
             os.close(fd)
         self._regions[name] = Region(name, key, offset, byte_size, mapping)
 
-    def unregister(self, name: str = "") -> None:
-        """One region, or every region when ``name`` is empty; an unknown name is not an error (Triton)."""
+    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
+        """A region of GPU memory another process exported (serve/cuda_shm.py); Unsupported without CUDA."""
+        if not isinstance(name, str) or not name:
+            raise InvalidArgument("a CUDA shared memory region needs a non-empty name")
+        device_count()  # a server without CUDA says so first, whatever else the request holds
+        if not isinstance(raw_handle, bytes) or len(raw_handle) != HANDLE_SIZE:
+            got = f"{len(raw_handle)} bytes" if isinstance(raw_handle, bytes) else repr(raw_handle)
+            raise InvalidArgument(f"CUDA shared memory region '{name}': raw_handle must be the {HANDLE_SIZE}-byte "
+                                  f"cudaIpcMemHandle_t, got {got}",
+                                  fix="send cudaIpcGetMemHandle's handle (tritonclient: "
+                                      "cuda_shared_memory.get_raw_handle; base64 in HTTP's raw_handle.b64)")
+        for field, value in (("device_id", device_id), ("byte_size", byte_size)):
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise InvalidArgument(f"CUDA shared memory region '{name}': '{field}' must be a non-negative "
+                                      f"integer, got {value!r}")
+        if byte_size == 0:
+            raise InvalidArgument(f"CUDA shared memory region '{name}': byte_size must be positive")
+        self._free(name)
+        self._regions[name] = CudaRegion(name, raw_handle, device_id, byte_size)
+
+    def _free(self, name: str) -> None:
+        if name in self._regions:
+            raise RegionExists(f"shared memory region '{name}' is already registered",
+                               fix="unregister it first, or register under another name")
+
+    def unregister(self, name: str = "", kind: str = "system") -> None:
+        """One region of ``kind``, or every region of it when ``name`` is empty; an unknown name (or one of
+        the other kind) is not an error (Triton)."""
         names = [name] if name else list(self._regions)
         for n in names:
-            region = self._regions.pop(n, None)
-            if region is not None:
+            region = self._regions.get(n)
+            if region is not None and region.kind == kind:
+                del self._regions[n]
                 region.close()
 
-    def status(self, name: str = "") -> list[Region]:
+    def status(self, name: str = "", kind: str = "system") -> list[dict[str, Any]]:
+        """Triton's status documents of the regions of ``kind`` (all, or the one named)."""
         if not name:
-            return [self._regions[n] for n in sorted(self._regions)]
-        return [self._get(name, "status")]
+            return [self._regions[n].status() for n in sorted(self._regions) if self._regions[n].kind == kind]
+        region = self._regions.get(name) if isinstance(name, str) else None
+        if region is None or region.kind != kind:
+            raise NotFound(f"Unable to find {kind if kind == 'system' else 'CUDA'} shared memory region: '{name}'",
+                           fix="register the region first")
+        return [region.status()]
 
     def close(self) -> None:
-        self.unregister("")
+        for kind in KINDS:
+            self.unregister("", kind)
 
-    def _get(self, name: Any, what: str) -> Region:
+    def _get(self, name: Any, what: str) -> Region | CudaRegion:
         if not isinstance(name, str):  # a number is the client's mistake, not a lookup
             raise InvalidArgument(f"{what}: '{REGION}' must be a region's name (a string), got {name!r}",
                                   fix="name the region as it was registered")
         region = self._regions.get(name)
         if region is None:
-            raise NotFound(f"{what}: unable to find system shared memory region '{name}'",
-                                  fix="register the region first (register_system_shared_memory)")
+            raise NotFound(f"{what}: unable to find shared memory region '{name}'",
+                           fix="register the region first (register_system_shared_memory / "
+                               "register_cuda_shared_memory)")
         return region
 
     # --- infer requests -----------------------------------------------------------------------------
@@ -201,10 +244,10 @@ class SystemSharedMemory:
             rest = {k: v for k, v in params.items() if k not in _SHM_PARAMS}
             request.inputs[i] = InferTensor(tensor.name, tensor.datatype, tensor.shape, array, rest)
 
-    def output_places(self, request: InferRequest) -> dict[str, tuple[Region, int, int]]:
+    def output_places(self, request: InferRequest) -> dict[str, tuple[Region | CudaRegion, int, int]]:
         """Outputs the request wants in regions: name -> (region, offset, byte size), checked before the
         model runs so a bad region fails the request without running it."""
-        places: dict[str, tuple[Region, int, int]] = {}
+        places: dict[str, tuple[Region | CudaRegion, int, int]] = {}
         for out in request.outputs or ():
             if not uses_shm(out.parameters):
                 continue
@@ -217,7 +260,7 @@ class SystemSharedMemory:
         return places
 
     @staticmethod
-    def place_outputs(response: InferResponse, places: dict[str, tuple[Region, int, int]]) -> None:
+    def place_outputs(response: InferResponse, places: dict[str, tuple[Region | CudaRegion, int, int]]) -> None:
         """Write the placed outputs into their regions; they stay in the response without data."""
         for i, t in enumerate(response.outputs):
             place = places.get(t.name)
