@@ -39,14 +39,11 @@ def cudashm():
 
 @contextmanager
 def serving(repo, kind: str):
-    """(http url, grpc url) of azulite serve, in this process (``single``) or as ``--workers 2``."""
-    if kind == "single":
-        with running_server(repo) as s:
-            yield s.http_url, s.grpc_url
-        return
+    """(http url, grpc url) of ``azulite serve`` as ``--workers 1`` (``single``) or ``--workers 2``, in
+    processes of their own: CUDA opens no IPC handle in the process that made it (the tests make them)."""
     from .test_workers import Workers
 
-    w = Workers(repo)
+    w = Workers(repo, workers=1 if kind == "single" else 2)
     try:
         yield f"127.0.0.1:{w.ports['HTTPService']}", f"127.0.0.1:{w.ports['GRPCInferenceService']}"
     finally:
@@ -236,8 +233,8 @@ def test_same_answers_as_real_triton(tmp_path, regions, cudashm):
     repo = build_model_repository(tmp_path / "repo", ("add_sub_py",))
     with running_triton(repo, tmp_path / "triton.log") as triton:
         theirs = conversation(triton.http_url, triton.grpc_url, cudashm, regions)
-    with running_server(repo) as s:
-        ours = conversation(s.http_url, s.grpc_url, cudashm, regions)
+    with serving(repo, "single") as (http_url, grpc_url):
+        ours = conversation(http_url, grpc_url, cudashm, regions)
     rng = np.random.default_rng(11)
     x, y = (rng.standard_normal((2, 16)).astype(np.float32) for _ in range(2))
     np.testing.assert_allclose(ours["grpc", "OUTPUT0"], x + y, rtol=1e-6)

@@ -4,6 +4,7 @@ the issue names, and perf_analyzer --shared-memory system."""
 
 from __future__ import annotations
 
+import base64
 import http.client
 import json
 import subprocess
@@ -230,6 +231,16 @@ def test_cuda_shared_memory_without_cuda_is_unimplemented_naming_what_is_missing
     extensions = (client.get_server_metadata()["extensions"] if protocol == "http"
                   else client.get_server_metadata().extensions)
     assert "system_shared_memory" in extensions and "cuda_shared_memory" not in extensions
+
+
+def test_a_cuda_handle_in_libb64_lines_is_read_as_triton_reads_it():
+    """perf_analyzer's C++ client base64-encodes the 64-byte handle with libb64: a newline every 72 characters
+    (seen on a GPU machine: 'raw_handle.b64 is not base64' before)."""
+    from azulite.serve.http import cuda_handle
+
+    raw = bytes(range(64))
+    text = base64.b64encode(raw).decode()
+    assert cuda_handle("r", {"b64": text[:72] + "\n" + text[72:] + "\n"}) == raw
 
 
 def test_a_malformed_cuda_registration_is_a_400_naming_the_field(server):

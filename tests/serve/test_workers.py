@@ -96,11 +96,11 @@ def wait_for(predicate, what: str, timeout: float = 120.0):
 
 
 class Workers:
-    """``azulite serve --workers 2`` on free ports; ``frontends()`` are the front-end pids."""
+    """``azulite serve --workers 2`` (or ``workers``) on free ports; ``frontends()`` are the front-end pids."""
 
-    def __init__(self, repo: Path, *args: str) -> None:
+    def __init__(self, repo: Path, *args: str, workers: int = 2) -> None:
         self.proc = subprocess.Popen(
-            [AZULITE, "serve", str(repo), "--workers", "2", *args, "--http-port", "0", "--grpc-port", "0",
+            [AZULITE, "serve", str(repo), "--workers", str(workers), *args, "--http-port", "0", "--grpc-port", "0",
              "--metrics-port", "0", "--http-address", "127.0.0.1", "--grpc-address", "127.0.0.1",
              "--metrics-address", "127.0.0.1"],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env={**os.environ, "COLUMNS": "200"})
@@ -254,6 +254,8 @@ def test_shared_memory_regions_are_the_model_hosts_whichever_front_end_asks(serv
         assert call(a, "POST", "/v2/systemsharedmemory/region/w/register", {"key": key, "byte_size": 256})[0] == 200
         assert call(b, "GET", "/v2/systemsharedmemory/status")[1] == [
             {"name": "w", "key": key, "offset": 0, "byte_size": 256}]
+        status, doc = call(b, "POST", "/v2/systemsharedmemory/region/w/register", {"key": key, "byte_size": 256})
+        assert status == 400 and "'w' is already registered" in doc["error"], doc  # the host's class, not a 500
         place = {"shared_memory_region": "w", "shared_memory_byte_size": 64}
         body = {"inputs": [{"name": n, "datatype": "FP32", "shape": [1, 16], "parameters": {**place, "shared_memory_offset": off}}
                            for n, off in (("INPUT0", 0), ("INPUT1", 64))],

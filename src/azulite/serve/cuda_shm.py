@@ -112,7 +112,8 @@ class CudaRegion:
                         handle, runtime.cudaIpcMemLazyEnablePeerAccess)
         except InvalidArgument as exc:
             raise InvalidArgument(str(exc), fix="register the handle cudaIpcGetMemHandle gave for memory that is "
-                                  "still allocated (tritonclient: cuda_shared_memory.get_raw_handle)") from None
+                                  "still allocated (tritonclient: cuda_shared_memory.get_raw_handle), from another "
+                                  "process than the server's: CUDA opens no handle in the process that made it") from None
         self.ptr = int(ptr)
         self._closed = False
         try:

@@ -220,7 +220,10 @@ def rebuild_error(t: tuple) -> ServeError:
                "NOT_FOUND": errors.NotFound, "UNIMPLEMENTED": errors.Unsupported}.get(status, Internal)
     if extra is not None and name == "ResourceExhausted":
         return cls(message, retry_after_s=extra, where=where, fix=fix)
-    return cls(message, where=where, fix=fix)
+    error = cls(message, where=where, fix=fix)
+    if error.status != status:  # e.g. shm's RegionExists (ALREADY_EXISTS): the client sees the same class
+        error.status = status
+    return error
 
 
 # --- inference requests and responses as descriptors + arena blocks ------------------------------------
