@@ -157,11 +157,13 @@ def test_bad_cuda_regions_are_the_clients_error_naming_what(server, regions, cud
     try:
         err = error_of(lambda: client.register_cuda_shared_memory("r", handle, 0, 256))
         assert err.status() in ("400", "StatusCode.ALREADY_EXISTS") and "'r' is already registered" in err.message()
-        err = error_of(lambda: client.infer("add_sub_onnx", *add_sub(protocol, "r", "r", offsets=(0, 200))))
+        inputs, outputs = add_sub(protocol, "r", "r", offsets=(0, 200))
+        err = error_of(lambda: client.infer("add_sub_onnx", inputs, outputs=outputs))
         assert err.status() == bad and "INPUT1" in err.message() and "past the end" in err.message()
         # and the server still serves
         cudashm.set_shared_memory_region(region, [np.ones((4, 16), np.float32)])
-        client.infer("add_sub_onnx", *add_sub(protocol, "r", "r"))
+        inputs, outputs = add_sub(protocol, "r", "r")
+        client.infer("add_sub_onnx", inputs, outputs=outputs)
         assert cudashm.get_contents_as_numpy(region, np.float32, [2, 16]).tolist() == [[2.0] * 16] * 2
     finally:
         client.unregister_cuda_shared_memory()
@@ -212,11 +214,15 @@ def conversation(http_url: str, grpc_url: str, cudashm, regions) -> dict:
             errors = {
                 "twice": lambda: client.register_cuda_shared_memory("in", cudashm.get_raw_handle(src), 0, 256),
                 "unknown": lambda: client.get_cuda_shared_memory_status("nowhere"),
-                "region": lambda: client.infer("add_sub_py", *add_sub(protocol, "nowhere", "out")),
-                "offset": lambda: client.infer("add_sub_py", *add_sub(protocol, "in", "out", offsets=(0, 200))),
+                # outputs= by name: a third positional argument is the model's version
+                "region": lambda: client.infer("add_sub_py", add_sub(protocol, "nowhere", "out")[0],
+                                               outputs=add_sub(protocol, "nowhere", "out")[1]),
+                "offset": lambda: client.infer("add_sub_py", add_sub(protocol, "in", "out", offsets=(0, 200))[0],
+                                               outputs=outputs),
             }
             for what, call in errors.items():
                 seen[protocol, what] = error_of(call).status()
+                assert seen[protocol, what] is not None, f"{what}: the client refused the call, no server answered it"
         finally:
             client.unregister_cuda_shared_memory()
         seen[protocol, "after"] = cuda_status(client, protocol)

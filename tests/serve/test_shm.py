@@ -305,11 +305,16 @@ def shm_conversation(http_url: str, grpc_url: str, regions) -> dict:
                 "twice": lambda: client.register_system_shared_memory("in", in_key, 256),
                 "range": lambda: client.register_system_shared_memory("big", in_key, 512),
                 "unknown": lambda: client.get_system_shared_memory_status("nowhere"),
-                "region": lambda: client.infer("add_sub_py", *shm_add_sub(protocol, "nowhere", "out")),
-                "offset": lambda: client.infer("add_sub_py", *shm_add_sub(protocol, "in", "out", offsets=(0, 200))),
+                # outputs= by name: a third positional argument is the model's version (the client refused
+                # the call itself before, and both servers "agreed" on an error neither sent)
+                "region": lambda: client.infer("add_sub_py", shm_add_sub(protocol, "nowhere", "out")[0],
+                                               outputs=shm_add_sub(protocol, "nowhere", "out")[1]),
+                "offset": lambda: client.infer("add_sub_py", shm_add_sub(protocol, "in", "out", offsets=(0, 200))[0],
+                                               outputs=outputs),
             }
             for what, call in errors.items():
                 seen[protocol, what] = error_of(call).status()
+                assert seen[protocol, what] is not None, f"{what}: the client refused the call, no server answered it"
         finally:
             client.unregister_system_shared_memory()
         seen[protocol, "after"] = status_names(client, protocol)
