@@ -54,8 +54,14 @@ median (on a loaded machine one pair says little). ``--serve-workers 1`` leaves 
 
     python bench/serving.py --workers [--anchors DIR] [--concurrency 1 8 32] [--measure-ms 1500]
                             [--models gil_py] [--ab-src OTHER/src] [--no-twins] [--gaps]
-                            [--rounds N] [--serve-workers 1 2] [--protocols http grpc]
+                            [--rounds N] [--serve-workers 1 2 [4 8 ...]] [--protocols http grpc]
                             [--instance-nice N] [--no-pin] [--load-generator h2load [--json-outputs] [--json-inputs]]
+                            [--load-cores K] [--server-cores all|rest] [--no-triton]
+
+On a machine with many cores: ``--load-cores K`` pins the load generator to the last K cores (one core of
+perf_analyzer caps every server there), ``--server-cores rest`` pins every server to the other cores, and
+``--serve-workers`` takes any counts; ``workers_over_workers1`` gives each N over ``--workers 1`` and
+``best_workers_over_triton`` the best N per point against Triton (16 cores, stop 43: docs/perf-workers.md).
 
 ``--json-outputs`` / ``--json-inputs`` (with h2load, HTTP only): the request asks for its outputs as JSON
 numbers / sends its inputs as JSON numbers, not binary (both: a client without the binary extension).
