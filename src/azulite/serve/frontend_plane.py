@@ -26,10 +26,10 @@ from azulite.serve.types import InferRequest, InferResponse
 
 
 class _RemoteShm:
+    """The model host's registry (serve/shm.py), where the regions are mapped and the requests resolved."""
+
     def __init__(self, plane: "RemoteDataPlane") -> None:
         self._plane = plane
-
-    """The model host's registry (serve/shm.py), where the regions are mapped and the requests resolved."""
 
     def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
         self._plane.call("shm_register", name, key, offset, byte_size)

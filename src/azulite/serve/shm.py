@@ -5,7 +5,7 @@ and byte size instead of carrying tensor bytes, for inputs and for outputs.
 
 One registry per server for both kinds (one namespace of names, as Triton's), shared by the HTTP and gRPC
 front-ends through the data plane; status and unregister see the kind they are called for. The codecs leave
-an input whose parameters name a region without data (``data`` None); :meth:`SystemSharedMemory.
+an input whose parameters name a region without data (``data`` None); :meth:`SharedMemory.
 resolve_inputs` fills it from the region before the request is checked, and :meth:`place_outputs` writes
 the answers into the client's regions and leaves those outputs without data in the response.
 
