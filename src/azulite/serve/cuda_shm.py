@@ -26,6 +26,7 @@ from typing import Any
 import numpy as np
 
 from azulite.errors import InvalidArgument, Unsupported
+from azulite.serve.shm import check_range
 
 HANDLE_SIZE = 64  # CUDA_IPC_HANDLE_SIZE
 
@@ -129,14 +130,7 @@ class CudaRegion:
 
     def check(self, offset: int, size: int, what: str) -> int:
         """-> the device address of [offset, offset + size) of the region; InvalidArgument outside it."""
-        if self._closed:
-            raise InvalidArgument(f"{what}: CUDA shared memory region '{self.name}' was unregistered while the "
-                                  "request was running", fix="unregister a region only when no request uses it")
-        if offset < 0 or size < 0 or offset + size > self.byte_size:
-            raise InvalidArgument(
-                f"{what}: offset {offset} + byte size {size} is past the end of CUDA shared memory region "
-                f"'{self.name}' ({self.byte_size} bytes)",
-                fix="keep shared_memory_offset + shared_memory_byte_size within the registered byte_size")
+        check_range("CUDA", self.name, self.byte_size, self._closed, offset, size, what)
         return self.ptr + offset
 
     def read(self, offset: int, size: int, what: str) -> memoryview:

@@ -399,14 +399,18 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     # --- system shared memory (serve/shm.py) -------------------------------------------------------
 
-    async def SystemSharedMemoryStatus(self, request, context):
+    async def _shm_status(self, context, name: str, kind: str, answer):
+        """Either kind's status RPC: ``answer`` its response class (with its RegionStatus)."""
         try:
-            response = pb.SystemSharedMemoryStatusResponse()
-            for r in self.dp.shm.status(request.name, "system"):
-                response.regions[r["name"]].CopyFrom(pb.SystemSharedMemoryStatusResponse.RegionStatus(**r))
+            response = answer()
+            for r in self.dp.shm.status(name, kind):
+                response.regions[r["name"]].CopyFrom(answer.RegionStatus(**r))
             return response
         except Exception as exc:  # noqa: BLE001
             await self._abort(context, exc)
+
+    async def SystemSharedMemoryStatus(self, request, context):
+        return await self._shm_status(context, request.name, "system", pb.SystemSharedMemoryStatusResponse)
 
     async def SystemSharedMemoryRegister(self, request, context):
         try:
@@ -422,13 +426,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
     # --- CUDA shared memory (serve/cuda_shm.py) ------------------------------------------------------
 
     async def CudaSharedMemoryStatus(self, request, context):
-        try:
-            response = pb.CudaSharedMemoryStatusResponse()
-            for r in self.dp.shm.status(request.name, "cuda"):
-                response.regions[r["name"]].CopyFrom(pb.CudaSharedMemoryStatusResponse.RegionStatus(**r))
-            return response
-        except Exception as exc:  # noqa: BLE001
-            await self._abort(context, exc)
+        return await self._shm_status(context, request.name, "cuda", pb.CudaSharedMemoryStatusResponse)
 
     async def CudaSharedMemoryRegister(self, request, context):
         try:

@@ -25,15 +25,17 @@ import mmap
 import os
 import stat
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
 from azulite.errors import InvalidArgument, NotFound
 from azulite.serve.config import WIRE_TO_NUMPY
-from azulite.serve.cuda_shm import HANDLE_SIZE, CudaRegion, device_count
 from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
 from azulite.serve.types import InferRequest, InferResponse, InferTensor
+
+if TYPE_CHECKING:
+    from azulite.serve.cuda_shm import CudaRegion
 
 SHM_DIR = "/dev/shm"  # where shm_open(3) keeps its objects on Linux
 REGION = "shared_memory_region"
@@ -49,6 +51,29 @@ class RegionExists(InvalidArgument):
     """A region name registered twice (Triton: ALREADY_EXISTS)."""
 
     status = "ALREADY_EXISTS"
+
+
+def check_range(label: str, name: str, byte_size: int, closed: bool, offset: int, size: int, what: str) -> None:
+    """InvalidArgument unless [offset, offset + size) lies in a region of ``byte_size`` that is still
+    registered (``closed``: unregistered while the request ran); ``label`` names its kind."""
+    if closed:
+        raise InvalidArgument(f"{what}: {label} shared memory region '{name}' was unregistered while the request "
+                              "was running", fix="unregister a region only when no request uses it")
+    if offset < 0 or size < 0 or offset + size > byte_size:
+        raise InvalidArgument(
+            f"{what}: offset {offset} + byte size {size} is past the end of {label} shared memory region "
+            f"'{name}' ({byte_size} bytes)",
+            fix="keep shared_memory_offset + shared_memory_byte_size within the registered byte_size")
+
+
+def _sizes(label: str, name: str, fields: tuple[tuple[str, Any], ...]) -> None:
+    """A registration's integers: each non-negative, the last (byte_size) positive."""
+    for field, value in fields:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidArgument(f"{label} shared memory region '{name}': '{field}' must be a non-negative "
+                                  f"integer, got {value!r}")
+    if fields[-1][1] == 0:
+        raise InvalidArgument(f"{label} shared memory region '{name}': {fields[-1][0]} must be positive")
 
 
 def uses_shm(parameters: dict[str, Any] | Any) -> bool:
@@ -70,14 +95,7 @@ class Region:
     def check(self, offset: int, size: int, what: str) -> int:
         """-> the absolute position in the mapping of [offset, offset + size) of the region; raises
         InvalidArgument when that range is not inside the region."""
-        if self._map.closed:  # unregistered while the request ran
-            raise InvalidArgument(f"{what}: system shared memory region '{self.name}' was unregistered while "
-                                  "the request was running", fix="unregister a region only when no request uses it")
-        if offset < 0 or size < 0 or offset + size > self.byte_size:
-            raise InvalidArgument(
-                f"{what}: offset {offset} + byte size {size} is past the end of system shared memory region "
-                f"'{self.name}' ({self.byte_size} bytes)",
-                fix="keep shared_memory_offset + shared_memory_byte_size within the registered byte_size")
+        check_range("system", self.name, self.byte_size, self._map.closed, offset, size, what)
         return self.offset + offset
 
     def read(self, offset: int, size: int, what: str) -> bytes:
@@ -137,12 +155,7 @@ class SharedMemory:
             raise InvalidArgument("a system shared memory region needs a non-empty name")
         if not isinstance(key, str) or not key:
             raise InvalidArgument(f"system shared memory region '{name}': 'key' must be a non-empty string")
-        for field, value in (("offset", offset), ("byte_size", byte_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgument(f"system shared memory region '{name}': '{field}' must be a non-negative "
-                                      f"integer, got {value!r}")
-        if byte_size == 0:
-            raise InvalidArgument(f"system shared memory region '{name}': byte_size must be positive")
+        _sizes("system", name, (("offset", offset), ("byte_size", byte_size)))
         self._free(name)
         fd, size = _open_object(key)
         try:
@@ -159,6 +172,8 @@ class SharedMemory:
 
     def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
         """A region of GPU memory another process exported (serve/cuda_shm.py); Unsupported without CUDA."""
+        from azulite.serve.cuda_shm import HANDLE_SIZE, CudaRegion, device_count
+
         if not isinstance(name, str) or not name:
             raise InvalidArgument("a CUDA shared memory region needs a non-empty name")
         device_count()  # a server without CUDA says so first, whatever else the request holds
@@ -168,12 +183,7 @@ class SharedMemory:
                                   f"cudaIpcMemHandle_t, got {got}",
                                   fix="send cudaIpcGetMemHandle's handle (tritonclient: "
                                       "cuda_shared_memory.get_raw_handle; base64 in HTTP's raw_handle.b64)")
-        for field, value in (("device_id", device_id), ("byte_size", byte_size)):
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise InvalidArgument(f"CUDA shared memory region '{name}': '{field}' must be a non-negative "
-                                      f"integer, got {value!r}")
-        if byte_size == 0:
-            raise InvalidArgument(f"CUDA shared memory region '{name}': byte_size must be positive")
+        _sizes("CUDA", name, (("device_id", device_id), ("byte_size", byte_size)))
         self._free(name)
         self._regions[name] = CudaRegion(name, raw_handle, device_id, byte_size)
 
