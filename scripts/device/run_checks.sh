@@ -13,7 +13,7 @@ stage setup
 KIT_PREFLIGHT=${KIT_PREFLIGHT:-0} bash .devkit/setup.sh > "$OUT/setup.log" 2>&1; rc=$?; echo "setup rc=$rc"; tail -12 "$OUT/setup.log"
 [ -d /tmp/kit-preflight-logs ] && cp -r /tmp/kit-preflight-logs "$OUT/"
 [ "$rc" = 0 ] || exit "$rc"
-export PATH=/tmp/v/bin:$PATH
+export PATH=${KIT_VENV:-/tmp/v}/bin:$PATH  # setup.sh's venv (KIT_VENV as it was given)
 nproc; nvidia-smi -L 2>&1 | head -2; python -c 'import sys; print(sys.executable, sys.version.split()[0])'
 python -c 'from azulite.serve import cuda_shm; print("cuda_shm.available:", cuda_shm.available())'
 
@@ -27,7 +27,7 @@ timeout 170 python -m pytest -q -p no:cacheprovider --timeout 150 -rs tests/serv
 [ "${1:-}" = quick ] && { stage done; exit 0; }
 
 stage bench-a
-timeout 270 python bench/serving.py --workers --anchors /tmp/triton --concurrency 1 8 32 --measure-ms 1000 --serve-workers 1 2 4 --no-twins \
+timeout 270 python bench/serving.py --workers --anchors "${KIT_TRITON:-/tmp/triton}" --concurrency 1 8 32 --measure-ms 1000 --serve-workers 1 2 4 --no-twins \
   --load-cores 4 --server-cores rest > "$OUT/bench_a.log" 2>&1; echo "bench-a rc=$?"
 grep -E "^  (triton|azulite)" "$OUT/bench_a.log" | cut -c1-150
 tail -1 "$OUT/bench_a.log" > "$OUT/bench_a.json"
@@ -35,7 +35,7 @@ pkill -f "azulite serve"; pkill -f tritonserver; pkill -f triton_python_backend_
 
 stage bench-b
 left=$(( 560 - ($(date +%s) - t0) )); echo "left for bench-b: $left s"
-[ "$left" -gt 60 ] && timeout "$left" python bench/serving.py --workers --anchors /tmp/triton --concurrency 64 --measure-ms 1000 --serve-workers 1 2 4 8 --no-twins \
+[ "$left" -gt 60 ] && timeout "$left" python bench/serving.py --workers --anchors "${KIT_TRITON:-/tmp/triton}" --concurrency 64 --measure-ms 1000 --serve-workers 1 2 4 8 --no-twins \
   --load-cores 4 --server-cores rest --protocols http --no-triton > "$OUT/bench_b.log" 2>&1; echo "bench-b rc=$?"
 grep -E "^  (triton|azulite)" "$OUT/bench_b.log" | cut -c1-150
 tail -1 "$OUT/bench_b.log" > "$OUT/bench_b.json"
