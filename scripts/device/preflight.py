@@ -3,8 +3,8 @@
 Checks, each timed, all failures listed at the end (exit 1 if any):
   imports    every package azulite serve / bench/serving.py --workers / tests/serve need, with versions
   servers    real Triton (the kit's bin/tritonserver, Python backend, 3.12 stub), azulite serve and
-             azulite serve --workers 2, started at once on one small repository (bench_matmul + an echo
-             model with two instances, like the bench's gil_py, + string_py); each must answer
+             azulite serve --workers 2, started at once on one small repository (bench_matmul + the bench's
+             model gil_py with two instance processes, + string_py); each must answer
              /v2/health/ready; then bench_matmul over HTTP and gRPC must equal x @ W computed here
              (checks the stub's numpy); string_py (BYTES) on Triton is reported, not required
   perf       perf_analyzer --version, then 50 requests (count_windows) to bench_matmul on Triton and azulite
@@ -17,7 +17,6 @@ import importlib
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -78,30 +77,10 @@ if FAIL:
 import numpy as np  # noqa: E402
 
 # ---- servers ------------------------------------------------------------------------------------------
-ECHO = '''
-import triton_python_backend_utils as pb_utils
-
-
-class TritonPythonModel:
-    def execute(self, requests):
-        return [pb_utils.InferenceResponse(
-                    [pb_utils.Tensor("y", pb_utils.get_input_tensor_by_name(r, "x").as_numpy())]) for r in requests]
-'''
-ECHO_CONFIG = '''name: "echo_py"
-backend: "python"
-max_batch_size: 64
-input [ { name: "x" data_type: TYPE_FP32 dims: [ 256 ] } ]
-output [ { name: "y" data_type: TYPE_FP32 dims: [ 256 ] } ]
-dynamic_batching { max_queue_delay_microseconds: 100 }
-instance_group [ { count: 2 kind: KIND_CPU } ]
-parameters { key: "azulite_instance_process" value: { string_value: "true" } }
-'''
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# the bench's own models (bench/serving_workers.py: gil_py, two instance processes; bench/serving.py's ports)
+sys.path.insert(0, str(ROOT))
+from bench.serving import free_port  # noqa: E402
+from bench.serving_workers import GIL_CONFIG, GIL_PY, INSTANCE_PARAM  # noqa: E402
 
 
 work = Path(tempfile.mkdtemp(prefix="kit-preflight-"))
@@ -110,9 +89,9 @@ for name in ("bench_matmul", "string_py"):
     (repo / name / "1").mkdir(parents=True)
     shutil.copy(ROOT / "tests/serve/models" / name / "config.pbtxt", repo / name / "config.pbtxt")
     shutil.copy(ROOT / "tests/serve/models" / name / "model.py", repo / name / "1" / "model.py")
-(repo / "echo_py" / "1").mkdir(parents=True)
-(repo / "echo_py" / "config.pbtxt").write_text(ECHO_CONFIG)
-(repo / "echo_py" / "1" / "model.py").write_text(ECHO)
+(repo / "gil_py" / "1").mkdir(parents=True)
+(repo / "gil_py" / "config.pbtxt").write_text(GIL_CONFIG + INSTANCE_PARAM.format("true"))
+(repo / "gil_py" / "1" / "model.py").write_text(GIL_PY)
 
 azulite = Path(sys.executable).parent / "azulite"  # where bench/serving.py's server_cmd looks
 servers: dict[str, dict] = {}
@@ -172,9 +151,9 @@ try:
                 i = mod.InferInput("x", list(x.shape), "FP32")
                 i.set_data_from_numpy(x)
                 y = c.infer("bench_matmul", [i]).as_numpy("y")
-                e = c.infer("echo_py", [i]).as_numpy("y")
+                e = c.infer("gil_py", [i]).as_numpy("y")
                 if not (np.allclose(y, want, rtol=1e-4, atol=1e-4) and np.array_equal(e, x)):
-                    fail(f"{name} {proto}: bench_matmul/echo_py answered wrong values")
+                    fail(f"{name} {proto}: bench_matmul/gil_py answered wrong values")
                 t = mod.InferInput("TEXT", [1, 2], "BYTES")
                 t.set_data_from_numpy(np.array([[b"ab", b"xyz"]], dtype=np.object_))
                 try:
@@ -188,7 +167,7 @@ try:
                         say(f"WARN {name} {proto}: string_py (BYTES) wrong or failed: {ok}")
             except Exception as exc:  # noqa: BLE001
                 fail(f"{name} {proto} infer: {type(exc).__name__}: {str(exc)[:300]}")
-    say("inference checks done (bench_matmul == x @ W, echo_py, string_py) over HTTP and gRPC")
+    say("inference checks done (bench_matmul == x @ W, gil_py, string_py) over HTTP and gRPC")
 except Exception as exc:  # noqa: BLE001
     fail(f"client: {type(exc).__name__}: {exc}")
 
