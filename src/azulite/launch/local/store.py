@@ -50,16 +50,22 @@ CREATE INDEX IF NOT EXISTS events_job ON events (job_id, ts);
 #: the store's layout, in SQLite's ``user_version``: a store of an older azulite (0: before it was counted) gets
 #: the columns added since; one of a newer azulite is refused with that said (it was a traceback)
 SCHEMA_VERSION = 1
-#: the columns a store may lack, written by an azulite from before they came, with what they take
-_ADDED_COLUMNS = {
-    "jobs": {"attempt": "INTEGER NOT NULL DEFAULT 0", "started_at": "REAL", "ended_at": "REAL",
-             "exit_code": "INTEGER", "reason": "TEXT", "failed_rank": "INTEGER", "spec_path": "TEXT",
-             "environment": "TEXT", "supervisor_pid": "INTEGER", "cancel_requested": "INTEGER NOT NULL DEFAULT 0",
-             "preempt_requested": "INTEGER NOT NULL DEFAULT 0"},
-    "attempts": {"started_at": "REAL", "ended_at": "REAL", "exit_code": "INTEGER", "reason": "TEXT"},
-    "processes": {"rank": "INTEGER", "local_rank": "INTEGER", "pid": "INTEGER", "exit_code": "INTEGER",
-                  "log": "TEXT", "restarts": "INTEGER NOT NULL DEFAULT 0"},
-}
+
+
+def _schema_columns() -> dict[str, dict[str, str]]:
+    """Each table's columns as :data:`_SCHEMA` declares them (name -> type, NOT NULL, DEFAULT), read by
+    SQLite itself from an in-memory copy: what an older store may lack is derived, never listed twice."""
+    mem = sqlite3.connect(":memory:")
+    try:
+        mem.executescript(_SCHEMA)
+        tables = [t for (t,) in mem.execute("SELECT name FROM sqlite_master WHERE type = 'table'")]
+        return {t: {name: " ".join(filter(None, (kind, "NOT NULL" if notnull else "",
+                                                 f"DEFAULT {default}" if default is not None else "")))
+                    for _, name, kind, notnull, default, _ in mem.execute(f"PRAGMA table_info({t})")}
+                for t in tables}
+    finally:
+        mem.close()
+
 
 #: how long opening the store retries a fresh file other processes open at the same moment (sqlite_wal.py):
 #: as long as a write waits for the lock (``busy_timeout``)
@@ -91,8 +97,8 @@ class JobStore:
         if version == SCHEMA_VERSION:
             return
         conn.execute("BEGIN IMMEDIATE")
-        try:
-            for table, columns in _ADDED_COLUMNS.items():
+        try:  # every column of _SCHEMA the store lacks (its tables themselves: made by CREATE ... IF NOT EXISTS)
+            for table, columns in _schema_columns().items():
                 have = {row[1] for row in conn.execute(f"PRAGMA table_info({table})")}
                 for name, decl in columns.items():
                     if name not in have:
