@@ -336,12 +336,11 @@ class Checkpointer:
             if failed is None and not committed and self.ctx.is_main and self.storage.exists(rel):
                 log.warning("removing %s: an interrupted save of the same step", self.storage.display(rel))
                 self.storage.remove_tree(rel)
-        except CheckpointUsageError as e:
-            err = e
+        except CheckpointUsageError as e:  # gathered as its parts: raised again as itself below
+            err = (e.message, e.where, e.fix)
         except Exception as e:  # noqa: BLE001 - any storage failure
             err = f"rank {self.ctx.rank}: {type(e).__name__}: {(str(e).splitlines() or [''])[0][:300]}"
-        verdicts = self._gather((committed, err if isinstance(err, str) or err is None else
-                                 (err.message, err.where, err.fix)))
+        verdicts = self._gather((committed, err))
         errors = [e for _, e in verdicts if e]
         if errors:
             if isinstance(errors[0], tuple):  # the location is another job's now: no restart fixes it

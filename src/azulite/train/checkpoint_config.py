@@ -49,12 +49,12 @@ class CheckpointConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < low:
                 raise CheckpointUsageError(f"{name}={value!r} must be an integer >= {low}", where=f"{where}.{name}",
-                                      fix=f"e.g. {name}={max(low, 1)}")
+                                           fix=f"e.g. {name}={max(low, 1)}")
         if self.on_save_error not in ("continue", "stop"):
             raise CheckpointUsageError(f"on_save_error={self.on_save_error!r} is not one of 'continue', 'stop'",
-                                  where=f"{where}.on_save_error", fix="on_save_error='continue'")
+                                       where=f"{where}.on_save_error", fix="on_save_error='continue'")
         try:
             json.dumps(dict(self.model_config))
         except (TypeError, ValueError) as e:
             raise CheckpointUsageError(f"model_config is not JSON-serialisable: {e}", where=f"{where}.model_config",
-                                  fix="pass plain numbers, strings, lists and dicts") from None
+                                       fix="pass plain numbers, strings, lists and dicts") from None
