@@ -101,7 +101,7 @@ class BatchQueue:
         if pending.deadline_ns:
             self.with_deadline += 1
         self.rows += item.batch_size
-        self._queued(1)
+        self._queued(item.requests)
         return pending
 
     def take_all(self) -> list[Pending]:
@@ -110,7 +110,7 @@ class BatchQueue:
         for lane in self._levels:
             lane.queue.clear()
             lane.delayed.clear()
-        self._queued(-self.count)
+        self._queued(-sum(p.item.requests for p in taken))
         self.count = self.rows = self.with_deadline = 0
         return taken
 
@@ -136,7 +136,7 @@ class BatchQueue:
                     else:
                         self.count -= 1
                         self.rows -= p.item.batch_size
-                        self._queued(-1)
+                        self._queued(-p.item.requests)
                         self._expired(p, Rejected("Request timeout expired", where=f"model '{self.model}'"))
                 else:
                     if p.deadline_ns and (not nearest or p.deadline_ns < nearest):
@@ -195,5 +195,5 @@ class BatchQueue:
                 break
         self.count -= len(batch)
         self.rows -= sum(p.item.batch_size for p in batch)
-        self._queued(-len(batch))
+        self._queued(-sum(p.item.requests for p in batch))
         return batch

@@ -31,7 +31,7 @@ from collections.abc import Callable, Sequence
 from typing import Protocol
 
 from azulite.errors import Internal, ServeError, Unavailable
-from azulite.serve import deadline_timer
+from azulite.serve import coalesce, deadline_timer
 from azulite.serve.backends.base import ModelInstance, Result, Timing, WorkItem
 from azulite.serve.batch_queue import BatchQueue, Pending, Rejected
 from azulite.serve.batch_settings import BatcherSettings
@@ -107,6 +107,8 @@ class Batcher:
         self._instances = [InstanceThread(name, m) for name, m in instances]
         # one instance (nothing to run concurrently) whose backend allows it: short executions run inline
         self._may_inline = len(instances) == 1 and bool(getattr(instances[0][1], "inline_safe", False))
+        # its execute sees requests (a Python model): a coalesced request reaches it as its parts
+        self._per_request = bool(instances) and bool(getattr(instances[0][1], "per_request", False))
         self._exec_ns: float | None = None  # moving average of execute()'s own time (no hand-off)
         self._exec_cpu_ns = 0.0  # the same, CPU time of the thread that ran it
         self._off_loop = 0  # batches the wall-clock guard alone sent to the thread since the last probe
@@ -288,12 +290,15 @@ class Batcher:
         self._last_requests = len(batch)
         start = time.monotonic_ns()
         items = [p.item for p in batch]
+        counts = None
+        if self._per_request:  # a Python model's execute sees each client request (serve/coalesce.py)
+            items, counts = coalesce.expand(items)
         if self._inline():
             try:
                 outcome, error = timed_execute(inst.model, items), None
             except Exception as exc:  # noqa: BLE001 - _finish fails the batch
                 outcome, error = None, exc
-            self._finish(inst, batch, start, outcome, error)
+            self._finish(inst, batch, start, outcome, error, counts=counts)
         elif (start_batch := getattr(inst.model, "start_batch", None)) is not None:
             # an instance process: sent from the loop and answered by a reader callback, no thread between
             # (ProcessInstance.start_batch has the A/B); its wall time is what the inline rule reads for it
@@ -301,12 +306,13 @@ class Batcher:
             try:
                 start_batch(self._loop, items, lambda outcome, error: self._finish(
                     inst, batch, start, None if outcome is None else (*outcome, time.perf_counter_ns() - t0, 0),
-                    error, chain=True))
+                    error, chain=True, counts=counts))
             except Exception as exc:  # noqa: BLE001 - e.g. inputs it cannot pack: _finish fails the batch
                 self._finish(inst, batch, start, None, exc)
         else:
             inst.post(self._loop, timed_execute, (inst.model, items),  # type: ignore[arg-type]
-                      lambda outcome, error: self._finish(inst, batch, start, outcome, error, chain=True))
+                      lambda outcome, error: self._finish(inst, batch, start, outcome, error, chain=True,
+                                                          counts=counts))
 
     def _inline(self) -> bool:
         if not self._may_inline or self._exec_ns is None:
@@ -328,7 +334,7 @@ class Batcher:
         return True
 
     def _finish(self, inst: InstanceThread, batch: list[Pending], start: int, outcome, failure: BaseException | None,
-                *, chain: bool = False) -> None:
+                *, chain: bool = False, counts: list[int] | None = None) -> None:
         """Answer a batch. ``chain``: called back by an instance (its process's answer read by the loop,
         or its thread's result posted), which then gets its next batch here at once when one is ready:
         the scheduler task, woken instead, would run only after every other I/O callback of this loop pass
@@ -353,14 +359,20 @@ class Batcher:
             else:
                 self._exec_ns = 0.8 * self._exec_ns + 0.2 * took
                 self._exec_cpu_ns = 0.8 * self._exec_cpu_ns + 0.2 * cpu
-            if len(results) != len(batch):
-                error = Internal(f"model '{self.model}': {len(results)} results for {len(batch)} requests")
+            expected = len(batch) if counts is None else sum(counts)
+            if len(results) != expected:
+                error = Internal(f"model '{self.model}': {len(results)} results for {expected} requests")
+            elif counts is not None:  # a coalesced request's parts' results as one again
+                results = coalesce.regroup(results, [p.item for p in batch], counts)
         elif isinstance(failure, ServeError):
             error = failure
         else:  # a backend bug: fail the batch, keep serving
             error = Internal(f"model '{self.model}': {type(failure).__name__}: {failure}")
         batch_size = sum(p.item.batch_size for p in batch) or 1
-        self.observer.executed(batch_size, [start - p.enqueued_ns for p in batch], timing, error is None)
+        queue_ns = [start - p.enqueued_ns for p in batch]
+        if any(p.item.requests != 1 for p in batch):  # statistics count client requests (serve/coalesce.py)
+            queue_ns = [q for p, q in zip(batch, queue_ns) for _ in range(p.item.requests)]
+        self.observer.executed(batch_size, queue_ns, timing, error is None)
         if Batcher.trace_on:
             end = time.monotonic_ns()
             for p in batch:

@@ -20,13 +20,14 @@ if TYPE_CHECKING:
 
 
 class Counted:
-    __slots__ = ("plane", "model", "start", "reason", "trace")
+    __slots__ = ("plane", "model", "start", "reason", "trace", "n")
 
-    def __init__(self, plane: Any, model: LoadedModel, reason: str = "OTHER") -> None:
+    def __init__(self, plane: Any, model: LoadedModel, reason: str = "OTHER", n: int = 1) -> None:
         self.plane = plane  # anything with an ``_inflight`` count (the data plane)
         self.model = model
         self.reason = reason  # set to "BACKEND" once the request reached the model
         self.trace = None  # serve/trace.py: set when the request is traced; ended here
+        self.n = n  # client requests it stands for (a front-end's coalesced requests: serve/coalesce.py)
 
     def __enter__(self) -> Counted:
         self.plane._inflight += 1
@@ -39,15 +40,17 @@ class Counted:
             self.trace.ended(kind is None)
         elapsed = time.perf_counter_ns() - self.start
         stats = self.model.stats
+        n = self.n
         if kind is None:
-            stats.succeeded(elapsed)
+            if n:
+                stats.succeeded(elapsed, n)
         elif issubclass(kind, Rejected):
-            stats.failed(elapsed, "REJECTED")
+            stats.failed(elapsed, "REJECTED", n)
         elif issubclass(kind, ServeError):
-            stats.failed(elapsed, self.reason)
+            stats.failed(elapsed, self.reason, n)
         elif issubclass(kind, (asyncio.CancelledError, GeneratorExit)):
-            stats.failed(elapsed, "CANCELED")
+            stats.failed(elapsed, "CANCELED", n)
         elif issubclass(kind, Exception):  # a bug of ours: answer INTERNAL, keep serving
-            stats.failed(elapsed, "OTHER")
+            stats.failed(elapsed, "OTHER", n)
             raise Internal(f"model '{self.model.name}': {kind.__name__}: {exc}") from exc
         return False

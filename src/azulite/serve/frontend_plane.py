@@ -16,11 +16,12 @@ import os
 import socket
 import threading
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
+from functools import partial
 from typing import Any
 
 from azulite.errors import Internal, Unavailable
-from azulite.serve import ipc, shm_ring
+from azulite.serve import coalesce, ipc, shm_ring
 from azulite.serve.metrics import ServerMetrics
 from azulite.serve.types import InferRequest, InferResponse
 
@@ -75,6 +76,31 @@ class _RemoteTrace:
             pass
 
 
+class _Then:
+    """An infer_then request in flight: its future (cancelled: the client went away), the answer's callback,
+    and the future's done callback that tells ``then`` of a cancel."""
+
+    __slots__ = ("future", "then", "on_cancel", "request")
+
+    def __init__(self, future: asyncio.Future, then: Callable, request: InferRequest, plane: RemoteDataPlane) -> None:
+        self.future, self.then, self.request = future, then, request
+        self.on_cancel = partial(plane._cancelled, then)
+        future.add_done_callback(self.on_cancel)
+
+
+class _Coalesced:
+    """Requests sent to the host as one (serve/coalesce.py): theirs, in row order, and (id, rows) of each."""
+
+    __slots__ = ("entries", "parts", "key")
+
+    def __init__(self, entries: list[_Then], parts: list[tuple[str, int]], key: tuple[str, str]) -> None:
+        self.entries, self.parts, self.key = entries, parts, key
+
+
+#: seconds a model the host would not coalesce for is sent one by one before this front-end asks again
+COALESCE_RETRY_S = 5.0
+
+
 class RemoteDataPlane:
     """Construct, ``await connect()``, then use as a :class:`azulite.serve.types.DataPlane`."""
 
@@ -97,6 +123,10 @@ class RemoteDataPlane:
         self._closing = False
         self._closed = False
         self._lost: str = ""
+        # serve/coalesce.py: requests infer_then got in this loop pass, by what they must share to go as one
+        self._gather: dict[tuple, list[_Then]] = {}
+        # (model, version) -> (rows the host coalesces for it, 0: none; when to ask again if 0)
+        self._limits: dict[tuple[str, str], tuple[int, float]] = {}
 
     async def connect(self) -> None:
         sync = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -125,6 +155,9 @@ class RemoteDataPlane:
     def _on_frame(self, header: tuple, inline: memoryview) -> None:
         kind, rid = header[0], header[1]
         target = self._pending.get(rid)
+        if type(target) is _Coalesced:
+            self._coalesced_answer(target, header, inline)
+            return
         if kind in ("r", "s"):
             self._released.extend(ref[1] for ref in header[2][5] if ref[0] == "s")
             try:
@@ -149,7 +182,9 @@ class RemoteDataPlane:
         self._pending.pop(rid, None)
         for offset in self._blocks.pop(rid, ()):
             self._arena.free(offset)  # type: ignore[union-attr]
-        if isinstance(target, asyncio.Queue):
+        if type(target) is _Then:
+            self._settle(target, value, kind == "e")
+        elif isinstance(target, asyncio.Queue):
             target.put_nowait(("error", value) if kind == "e" else ("end", None))
         elif target is not None and not target.done():
             if kind == "e":
@@ -157,11 +192,78 @@ class RemoteDataPlane:
             else:
                 target.set_result(value)
 
+    def _coalesced_answer(self, target: _Coalesced, header: tuple, inline: memoryview) -> None:
+        kind, rid = header[0], header[1]
+        del self._pending[rid]
+        for offset in self._blocks.pop(rid, ()):
+            self._arena.free(offset)  # type: ignore[union-attr]
+        entries = target.entries
+        if kind == "e":
+            error = ipc.rebuild_error(header[2])
+            for entry in entries:
+                self._settle(entry, error, True)
+            return
+        limit = header[3]
+        self._limits[target.key] = (limit, 0.0 if limit else time.monotonic() + COALESCE_RETRY_S)
+        if kind == "R":
+            self._released.extend(ref[1] for ref in header[2][5] if ref[0] == "s")
+            try:
+                response, _ = ipc.response_from(header[2], self._out[1], inline)  # type: ignore[index]
+                answers = coalesce.split_response(response, target.parts)
+            except Exception as exc:  # noqa: BLE001 - every part's error, never a hang
+                error = Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}")
+                for entry in entries:
+                    self._settle(entry, error, True)
+                return
+            for entry, answer in zip(entries, answers):
+                self._settle(entry, answer, False)
+            return
+        for entry, (part_kind, body) in zip(entries, header[2]):
+            if part_kind == "e":
+                self._settle(entry, ipc.rebuild_error(body), True)
+                continue
+            self._released.extend(ref[1] for ref in body[5] if ref[0] == "s")
+            try:
+                value, trace_id = ipc.response_from(body, self._out[1], inline)  # type: ignore[index]
+                if trace_id:
+                    value.trace = _RemoteTrace(self, trace_id)
+            except Exception as exc:  # noqa: BLE001
+                self._settle(entry, Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}"), True)
+                continue
+            self._settle(entry, value, False)
+
+    def _settle(self, entry: _Then, value: Any, failed: bool) -> None:
+        """An infer_then request's answer (nothing when its client went away: ``then`` heard the cancel)."""
+        future = entry.future
+        if future.done():
+            return
+        self._inflight -= 1
+        future.remove_done_callback(entry.on_cancel)
+        future.set_result(None)
+        if failed:
+            entry.then(None, value)
+        else:
+            entry.then(value, None)
+
+    def _cancelled(self, then: Callable, future: asyncio.Future) -> None:
+        """An infer_then request's future cancelled (its client went away) before its answer came."""
+        self._inflight -= 1
+        then(None, asyncio.CancelledError())
+
     def _on_lost(self) -> None:
         self._lost = "the model host is gone (it is being restarted)"
         error = Unavailable(self._lost)
-        for target in self._pending.values():
-            if isinstance(target, asyncio.Queue):
+        pending = list(self._pending.values())
+        for group in self._gather.values():
+            pending.extend(group)
+        self._gather.clear()
+        for target in pending:
+            if type(target) is _Then:
+                self._settle(target, error, True)
+            elif type(target) is _Coalesced:
+                for entry in target.entries:
+                    self._settle(entry, error, True)
+            elif isinstance(target, asyncio.Queue):
                 target.put_nowait(("error", error))
             elif not target.done():
                 target.set_exception(error)
@@ -249,6 +351,98 @@ class RemoteDataPlane:
         finally:
             self._inflight -= 1
 
+    def infer_then(self, request: InferRequest, then: Callable[[InferResponse | None, BaseException | None], None]
+                   ) -> asyncio.Future:
+        """infer without a coroutine or a Task (as TritonDataPlane.infer_then): ``then(response, None)`` or
+        ``then(None, error)`` is called once, later; cancel the returned future to drop the request (``then``
+        gets the CancelledError). Requests for one model got in the same loop pass go to the host as one
+        where they can (serve/coalesce.py): sent at the end of the pass."""
+        if self._closing:
+            raise Unavailable("the server is shutting down and accepts no new requests")
+        if self._lost:
+            raise Unavailable(self._lost)
+        entry = _Then(self._loop.create_future(), then, request, self)  # type: ignore[union-attr]
+        key = coalesce.merge_key(request)
+        if key is None:
+            key = (id(entry),)  # a group of its own
+        group = self._gather.get(key)
+        if group is None:
+            if not self._gather:
+                self._loop.call_soon(self._flush_gathered)  # type: ignore[union-attr]
+            self._gather[key] = [entry]
+        else:
+            group.append(entry)
+        self._inflight += 1
+        return entry.future
+
+    def _flush_gathered(self) -> None:
+        gathered, self._gather = self._gather, {}
+        if self._lost:
+            error = Unavailable(self._lost)
+            for group in gathered.values():
+                for entry in group:
+                    self._settle(entry, error, True)
+            return
+        frames: list = []
+        now = 0.0
+        for group in gathered.values():
+            entries = [e for e in group if not e.future.done()]  # a client gone before it was sent
+            if not entries:
+                continue
+            first = entries[0].request
+            if len(entries) > 1:
+                known = self._limits.get((first.model_name, first.model_version))
+                if known is not None and not known[0]:
+                    now = now or time.monotonic()
+                    if now < known[1]:  # the host said no lately: one by one
+                        for entry in entries:
+                            self._send_one(entry, frames)
+                        continue
+                limit = known[0] if known is not None else 0
+                for chunk in _chunks(entries, limit):
+                    if len(chunk) == 1:
+                        self._send_one(chunk[0], frames)
+                    else:
+                        self._send_coalesced(chunk, frames)
+                continue
+            self._send_one(entries[0], frames)
+        if frames:
+            self._proto.write_now(frames)  # type: ignore[union-attr]
+
+    def _send_one(self, entry: _Then, frames: list) -> None:
+        request = entry.request
+        rid = self._next()
+        try:
+            metas, packed = ipc.pack_tensors(self._arena, request.inputs)
+        except Exception as exc:  # noqa: BLE001 - the request's answer
+            self._settle(entry, Internal(f"sending to the model host: {type(exc).__name__}: {exc}"), True)
+            return
+        self._pending[rid] = entry
+        self._blocks[rid] = packed.blocks
+        released, self._released = self._released, []
+        frames.extend(ipc.frame(("infer", rid, released, ipc.request_header(request, metas, packed.refs)),
+                                packed.inline))
+
+    def _send_coalesced(self, entries: list[_Then], frames: list) -> None:
+        requests = [e.request for e in entries]
+        rid = self._next()
+        packed = shm_ring.Packed()
+        try:
+            merged, metas = coalesce.pack_merged(self._arena, requests, packed)
+        except Exception as exc:  # noqa: BLE001
+            for offset in packed.blocks:
+                self._arena.free(offset)  # type: ignore[union-attr]
+            error = Internal(f"sending to the model host: {type(exc).__name__}: {exc}")
+            for entry in entries:
+                self._settle(entry, error, True)
+            return
+        parts = coalesce.parts_of(requests)
+        self._pending[rid] = _Coalesced(entries, parts, (merged.model_name, merged.model_version))
+        self._blocks[rid] = packed.blocks
+        released, self._released = self._released, []
+        frames.extend(ipc.frame(("coalesced", rid, released, ipc.request_header(merged, metas, packed.refs), parts),
+                                packed.inline))
+
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         if self._closing:
             raise Unavailable("the server is shutting down and accepts no new requests")
@@ -301,3 +495,21 @@ class RemoteDataPlane:
     @property
     def in_flight(self) -> int:
         return self._inflight
+
+
+def _chunks(entries: list[_Then], limit: int):
+    """Consecutive runs of entries whose rows sum to at most ``limit`` (0: not known yet, one run)."""
+    if not limit:
+        yield entries
+        return
+    chunk: list[_Then] = []
+    rows = 0
+    for entry in entries:
+        n = entry.request.inputs[0].data.shape[0]
+        if chunk and rows + n > limit:
+            yield chunk
+            chunk, rows = [], 0
+        chunk.append(entry)
+        rows += n
+    if chunk:
+        yield chunk

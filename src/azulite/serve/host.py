@@ -24,6 +24,7 @@ import threading
 from typing import Any
 
 from azulite.serve import ipc, shm_ring
+from azulite.serve.coalesce_host import CoalescedCounts, infer_coalesced
 from azulite.serve.dataplane import TritonDataPlane
 
 log = logging.getLogger("azulite.serve.host")
@@ -42,6 +43,8 @@ class ModelHost:
         self._accepting: asyncio.Task | None = None
         self._conns: set[asyncio.Task] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self.coalesced = CoalescedCounts()  # serve/coalesce.py
+        dataplane.metrics.extra.append(self.coalesced.metrics)
 
     async def start(self) -> None:
         self._loop = asyncio.get_running_loop()
@@ -104,6 +107,8 @@ class ModelHost:
                 out.free(offset)
             if op == "infer":
                 coro = self._infer(proto, out, rid, header[3], in_view, inline)
+            elif op == "coalesced":  # several clients' requests as one (serve/coalesce.py)
+                coro = self._coalesced(proto, out, rid, header[3], header[4], in_view, inline)
             elif op == "stream":
                 coro = self._stream(proto, out, rid, header[3], in_view, inline)
             elif op == "load":
@@ -151,6 +156,31 @@ class ModelHost:
             request = ipc.request_from(header, in_view, inline, copy=False)  # inputs read in place
             self._answer(writer, out, "r", rid, await self.dp.infer(request))
         except Exception as exc:  # noqa: BLE001 - every failure is the request's answer, never a hang
+            writer.writelines(ipc.frame(("e", rid, ipc.error_tuple(exc))))
+
+    async def _coalesced(self, writer, out, rid, header, parts, in_view, inline) -> None:
+        """("R", rid, the coalesced answer's header, limit) or ("P", rid, [("r", header) | ("e", error) per
+        part], limit): one frame either way, the parts' outputs in one payload."""
+        try:
+            request = ipc.request_from(header, in_view, inline, copy=False)
+            kind, value, limit = await infer_coalesced(self.dp, request, parts)
+            self.coalesced.count(request.model_name, "one_by_one" if kind == "one_by_one" else "together", len(parts))
+            if kind == "one":
+                metas, packed = ipc.pack_tensors(out, value.outputs)
+                writer.writelines(ipc.frame(("R", rid, ipc.response_header(value, metas, packed.refs), limit),
+                                            packed.inline))
+                return
+            packed = shm_ring.Packed()
+            answers = []
+            for answer in value:
+                if isinstance(answer, BaseException):
+                    answers.append(("e", ipc.error_tuple(answer)))
+                    continue
+                first = len(packed.refs)
+                metas, _ = ipc.pack_tensors(out, answer.outputs, packed)
+                answers.append(("r", ipc.response_header(answer, metas, packed.refs[first:])))
+            writer.writelines(ipc.frame(("P", rid, answers, limit), packed.inline))
+        except Exception as exc:  # noqa: BLE001 - every part's answer, never a hang
             writer.writelines(ipc.frame(("e", rid, ipc.error_tuple(exc))))
 
     async def _stream(self, writer, out, rid, header, in_view, inline) -> None:

@@ -133,6 +133,8 @@ class ProcessInstance:
     inline_safe = True
     # its execute waits on the process (little CPU of its own): the batcher judges it by the wall clock
     inline_by_wall = True
+    # a Python model's execute sees each client request: coalesced ones are cut back (serve/coalesce.py)
+    per_request = True
 
     def __init__(self, backend: str, ctx: LoadContext, *, gpu: int | None = None) -> None:
         self.backend = backend

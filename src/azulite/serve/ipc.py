@@ -80,9 +80,14 @@ class FrameProtocol(asyncio.Protocol):
             self._loop.call_soon(self._flush)  # type: ignore[union-attr] # set by connection_made
         self._out.extend(parts)
 
+    def write_now(self, parts) -> None:
+        """writelines, sent in this loop pass (with whatever writelines gathered before it)."""
+        self._out.extend(parts)
+        self._flush()
+
     def _flush(self) -> None:
         out, self._out = self._out, []
-        if self.transport is not None and not self.transport.is_closing():
+        if out and self.transport is not None and not self.transport.is_closing():
             self.transport.writelines(out)
 
 

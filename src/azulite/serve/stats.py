@@ -90,16 +90,17 @@ class ModelStats:
 
     # --- the data plane ---------------------------------------------------------------------------
 
-    def succeeded(self, ns: int) -> None:
+    def succeeded(self, ns: int, n: int = 1) -> None:
+        """``n`` requests answered in ``ns`` each (n > 1: a front-end's coalesced requests, serve/coalesce.py)."""
         success = self.success  # inlined _Duration.add: this runs once per request and per ensemble step
-        success.count += 1
-        success.ns += ns
-        self.latency_buckets[bisect_left(_BUCKET_NS, ns)] += 1
+        success.count += n
+        success.ns += ns * n
+        self.latency_buckets[bisect_left(_BUCKET_NS, ns)] += n
         self.last_inference_ms = time.time_ns() // 1_000_000
 
-    def failed(self, ns: int, reason: str) -> None:
-        self.fail.add(ns)
-        self.failures[reason] = self.failures.get(reason, 0) + 1
+    def failed(self, ns: int, reason: str, n: int = 1) -> None:
+        self.fail.add(ns * n, n)
+        self.failures[reason] = self.failures.get(reason, 0) + n
         self.last_inference_ms = time.time_ns() // 1_000_000
 
     def to_proto(self) -> pb.ModelStatistics:

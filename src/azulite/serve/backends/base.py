@@ -34,6 +34,10 @@ class WorkItem:
     sink: Callable[[Result | None, bool], None] | None = None
     # serve/trace.py: the request's trace when the tracer sampled it (the batcher stamps its compute times)
     trace: Any = None
+    # serve/coalesce.py: the client requests a front-end coalesced into this one, [(id, rows)] in row order
+    # (None: one request), and how many (what statistics count)
+    parts: list[tuple[str, int]] | None = None
+    requests: int = 1
 
 
 @dataclass(slots=True)

@@ -114,6 +114,9 @@ def _error_of(error: pb_utils.TritonError | Exception, *, model: str) -> ServeEr
 
 
 class PythonInstance:
+    # its execute sees each client request: coalesced ones are cut back first (serve/coalesce.py)
+    per_request = True
+
     def __init__(self, ctx: LoadContext) -> None:
         self.model = ctx.model_name
         self.instance_name = ctx.instance_name
