@@ -30,7 +30,9 @@ a batch). Not the same clock on both: Triton's Python backend times an execution
 its round trip to the stub (the crossing and the stub's wake-up included), azulite in the instance process
 around the model's execute (neither included), so at equal idle time Triton's reads higher. With a model
 whose time is per batch (gil_py), these two and the CPU per inference by role are what say where one
-server answers less than the other.
+server answers less than the other. With ``--workers N > 1``: ``coalesced_share`` (the requests that
+reached the model host coalesced by a front-end, serve/coalesce.py) and ``coalesced_mean`` (requests per
+coalesced one), from the host's ``azulite_coalesced_*`` counters.
 
 Per point the server's CPU is also split by role (``cores`` and ``cpu_us_per_inference_by_role``: main,
 host, frontends, instances; Triton's Python stubs count as its instances), which is what the arithmetic of
@@ -169,6 +171,25 @@ def counts(http_port: int, model: str) -> tuple[int, int, int]:
             sum(int(b.get("compute_infer", {}).get("ns", 0)) for s in doc["model_stats"] for b in s.get("batch_stats", ())))
 
 
+def coalesced(metrics_port: int, model: str) -> tuple[float, float]:
+    """(client requests that reached the model host coalesced, the coalesced requests carrying them) so far:
+    ``--workers N > 1`` (serve/coalesce.py); (0, 0) for a server without them."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{metrics_port}/metrics", timeout=30) as r:
+            text = r.read().decode()
+    except OSError:
+        return 0.0, 0.0
+    requests = groups = 0.0
+    for line in text.splitlines():
+        if f'model="{model}"' not in line:
+            continue
+        if line.startswith("azulite_coalesced_requests_total{"):
+            requests += float(line.rsplit(" ", 1)[1])
+        elif line.startswith("azulite_coalesced_total{"):
+            groups += float(line.rsplit(" ", 1)[1])
+    return requests, groups
+
+
 def inference_count(http_port: int, model: str) -> int:
     return counts(http_port, model)[0]
 
@@ -297,7 +318,7 @@ def main(argv: list[str] | None = None) -> None:
                         cmd = ["env", f"PYTHONPATH={Path(args.ab_src).resolve()}", *cmd]
                     print(f"starting {name} ...", flush=True)
                     try:
-                        servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port)
+                        servers[name] = (start_server(name, cmd, http_port, work), http_port, grpc_port, metrics_port)
                         break
                     except (RuntimeError, TimeoutError) as exc:
                         if attempt == 2:
@@ -317,8 +338,9 @@ def main(argv: list[str] | None = None) -> None:
                         runs = [(name, model) for name in servers] + ([] if args.no_twins else [("azulite_w1", twins[model])])
                         # odd rounds in reverse order: no server always measured right after the same one
                         for name, point_model in [run for i in range(args.rounds) for run in (runs[::-1] if i % 2 else runs)]:
-                            proc, http_port, grpc_port = servers[name]
+                            proc, http_port, grpc_port, metrics_port = servers[name]
                             port = http_port if protocol == "http" else grpc_port
+                            merged0 = coalesced(metrics_port, point_model) if name != "triton" else (0.0, 0.0)
                             (n0, b0, e0), cpu0, t0 = counts(http_port, point_model), tree_cpu(proc.pid), time.monotonic()
                             t0_ns = time.monotonic_ns()
                             pa0 = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -337,6 +359,7 @@ def main(argv: list[str] | None = None) -> None:
                             cpu = sum(roles.values())
                             n1, b1, e1 = counts(http_port, point_model)
                             n, batches = n1 - n0, b1 - b0
+                            merged1 = coalesced(metrics_port, point_model) if name != "triton" else (0.0, 0.0)
                             if "done" in r and n < r["done"]:  # h2load: a gRPC error is a 200 to it; the server's count is not
                                 r = {"error": f"the server counted {n} inferences for the {r['done']} requests h2load saw answered"}
                             if "error" not in r and n > 0:
@@ -351,6 +374,9 @@ def main(argv: list[str] | None = None) -> None:
                                                 **{f"server_{k}": round(v / wall, 2) for k, v in sorted(roles.items())}},
                                          cpu_us_per_inference_by_role={k: round(v / n * 1e6, 1) for k, v in sorted(roles.items())},
                                          **waits.figures(wall))
+                                if merged1[1] > merged0[1]:  # the front-ends' coalescing (serve/coalesce.py)
+                                    r.update(coalesced_share=round((merged1[0] - merged0[0]) / n, 3),
+                                             coalesced_mean=round((merged1[0] - merged0[0]) / (merged1[1] - merged0[1]), 2))
                             figures[name][f"{point_model}_{protocol}_c{c}"] = r
                             rounds.setdefault((name, f"{point_model}_{protocol}_c{c}"), []).append(r)
                             shown = (f"{r['infer_per_s']:>9.1f} infer/s  p99 {r['p99_ms']:7.3f} ms  "
@@ -360,7 +386,7 @@ def main(argv: list[str] | None = None) -> None:
                                      if "error" not in r else f"error: {r['error']}")
                             print(f"  {name:10s} {point_model:17s} {protocol:4s} c={c:<3d} {shown}", flush=True)
         finally:
-            for proc, _, _ in servers.values():
+            for proc, *_ in servers.values():
                 stop(proc)
         ratio: dict = {}
         goals = {"throughput_ge_triton": True, "cpu_le_triton": True}

@@ -26,17 +26,6 @@ bench bench_a 400 --concurrency 32 64 128 --serve-workers 1 2 4
 left=$(( 540 - ($(date +%s) - t0) )); echo "left for bench_b: $left s"
 [ "$left" -gt 60 ] && bench bench_b "$left" --concurrency 128 --serve-workers 1 8 --no-triton
 stage summary
-python - <<'PY'
-import json, os
-for name in ("bench_a", "bench_b"):
-    try:
-        doc = json.loads(open(os.path.join(os.environ.get("OUT", "/tmp/out"), name + ".json")).read())
-    except Exception as exc:
-        print(name, "no JSON:", exc); continue
-    print(name, "goals", doc.get("goals"), "cores", doc.get("cores"))
-    print(" best over triton", json.dumps(doc.get("best_workers_over_triton")))
-    print(" growth", json.dumps(doc.get("workers_over_workers1")))
-    for w, per in doc.get("ratio", {}).items():
-        print(" ", w, {k: (v["throughput"], v["cpu_per_inference"]) for k, v in per.items()})
-PY
+python scripts/device/bench_summary.py bench_a bench_b
+
 stage done

@@ -41,18 +41,6 @@ grep -E "^  (triton|azulite)" "$OUT/bench_b.log" | cut -c1-150
 tail -1 "$OUT/bench_b.log" > "$OUT/bench_b.json"
 
 stage summary
-python - <<'EOF'
-import json, os
-for name in ("bench_a", "bench_b"):
-    try:
-        doc = json.loads(open(os.path.join(os.environ.get("OUT", "/tmp/out"), name + ".json")).read())
-    except Exception as exc:
-        print(name, "no JSON:", exc); continue
-    print(name, "goals", doc.get("goals"), "cores", doc.get("cores"), "load", doc.get("load_generator_pinned_to"),
-          "server", doc.get("server_pinned_to"))
-    print(" best over triton", json.dumps(doc.get("best_workers_over_triton")))
-    print(" growth", json.dumps(doc.get("workers_over_workers1")))
-    for w, per in doc.get("ratio", {}).items():
-        print(" ", w, {k: (v["throughput"], v["cpu_per_inference"]) for k, v in per.items()})
-EOF
+python scripts/device/bench_summary.py bench_a bench_b
+
 stage done
