@@ -160,3 +160,10 @@ def test_the_batcher_counts_client_requests_and_a_python_model_never_sees_a_coal
     np.testing.assert_array_equal(out[0]["Y"], rows(3, 0) * 2)
     assert stats.pending == 0 and stats.queue.count == 3 and stats.compute_infer.count == 3
     assert stats.inference_count == 4 and stats.execution_count == 1
+
+
+def test_a_group_goes_in_runs_of_at_most_the_hosts_rows():
+    sizes = [3, 2, 4, 1, 9, 1]
+    runs = list(coalesce.chunks(sizes, 6, lambda n: n))
+    assert runs == [[3, 2], [4, 1], [9], [1]]  # a request past the limit goes alone
+    assert list(coalesce.chunks(sizes, 0, lambda n: n)) == [sizes]  # the limit not known yet: one run

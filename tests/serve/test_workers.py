@@ -238,7 +238,7 @@ def test_two_front_ends_one_model_host(served):
 
 def test_shared_memory_regions_are_the_model_hosts_whichever_front_end_asks(served):
     """A region registered through one front-end is the one every front-end reads and writes: the model
-    host maps it (serve/frontend_plane.py _RemoteShm); CUDA registration says what is missing here."""
+    host maps it (serve/frontend_views.py RemoteShm); CUDA registration says what is missing here."""
     import tritonclient.utils.shared_memory as shm
 
     from azulite.serve import cuda_shm

@@ -25,6 +25,7 @@ What a client sees does not change:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import numpy as np
@@ -94,6 +95,24 @@ def pack_merged(arena, requests: list[InferRequest], packed: shm_ring.Packed) ->
                           outputs=first.outputs, parameters=first.parameters, front_end=first.front_end,
                           recv_start=first.recv_start, recv_end=requests[-1].recv_end)
     return merged, metas
+
+
+def chunks(entries: list, limit: int, rows: Callable[[Any], int]) -> Iterator[list]:
+    """Consecutive runs of entries whose rows sum to at most ``limit`` (0: not known yet, one run)."""
+    if not limit:
+        yield entries
+        return
+    chunk: list = []
+    total = 0
+    for entry in entries:
+        n = rows(entry)
+        if chunk and total + n > limit:
+            yield chunk
+            chunk, total = [], 0
+        chunk.append(entry)
+        total += n
+    if chunk:
+        yield chunk
 
 
 def parts_of(requests: list[InferRequest]) -> list[tuple[str, int]]:

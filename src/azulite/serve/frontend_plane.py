@@ -22,58 +22,8 @@ from typing import Any
 
 from azulite.errors import Internal, Unavailable
 from azulite.serve import coalesce, ipc, shm_ring
-from azulite.serve.metrics import ServerMetrics
+from azulite.serve.frontend_views import RemoteMetrics, RemoteShm, RemoteTrace
 from azulite.serve.types import InferRequest, InferResponse
-
-
-class _RemoteShm:
-    """The model host's registry (serve/shm.py), where the regions are mapped and the requests resolved."""
-
-    def __init__(self, plane: "RemoteDataPlane") -> None:
-        self._plane = plane
-
-    def register(self, name: str, key: str, offset: int, byte_size: int) -> None:
-        self._plane.call("shm_register", name, key, offset, byte_size)
-
-    def register_cuda(self, name: str, raw_handle: bytes, device_id: int, byte_size: int) -> None:
-        self._plane.call("shm_register_cuda", name, raw_handle, device_id, byte_size)
-
-    def unregister(self, name: str = "", kind: str = "system") -> None:
-        self._plane.call("shm_unregister", name, kind)
-
-    def status(self, name: str = "", kind: str = "system") -> list[dict]:
-        return self._plane.call("shm_status", name, kind)
-
-
-class _RemoteMetrics:
-    content_type = ServerMetrics.content_type
-
-    def __init__(self, plane: "RemoteDataPlane") -> None:
-        self._plane = plane
-        # the host renders the whole server's metrics: this front-end's own collectors are not merged,
-        # its guard counters reach the host through serve/guard_counts.py
-        self.extra: list = []
-        self.refresh: list = []  # called before each scrape (this front-end's counts published first)
-
-    def metrics_text(self) -> bytes:
-        for refresh in self.refresh:
-            refresh()
-        return self._plane.call("metrics_text")
-
-
-class _RemoteTrace:
-    """A traced answer's trace, held by the model host's tracer until this front-end reports the send."""
-
-    __slots__ = ("_plane", "id")
-
-    def __init__(self, plane: "RemoteDataPlane", trace_id: int) -> None:
-        self._plane, self.id = plane, trace_id
-
-    def sent(self, start_ns: int, end_ns: int) -> None:
-        try:
-            self._plane._send("sent", 0, self.id, start_ns, end_ns)
-        except Unavailable:  # the host is gone, and its traces with it
-            pass
 
 
 class _Then:
@@ -86,6 +36,10 @@ class _Then:
         self.future, self.then, self.request = future, then, request
         self.on_cancel = partial(plane._cancelled, then)
         future.add_done_callback(self.on_cancel)
+
+
+def _rows(entry: _Then) -> int:
+    return entry.request.inputs[0].data.shape[0]
 
 
 class _Coalesced:
@@ -107,8 +61,8 @@ class RemoteDataPlane:
     def __init__(self, path: str, arena_bytes: int = shm_ring.DEFAULT_ARENA_BYTES) -> None:
         self.path = path
         self.arena_bytes = arena_bytes
-        self.metrics = _RemoteMetrics(self)
-        self.shm = _RemoteShm(self)
+        self.metrics = RemoteMetrics(self)
+        self.shm = RemoteShm(self)
         self._sync: socket.socket | None = None
         self._sync_lock = threading.Lock()  # BLS-free, but a front-end's threads could still call
         self._arena: shm_ring.Arena | None = None
@@ -163,7 +117,7 @@ class RemoteDataPlane:
             try:
                 value, trace_id = ipc.response_from(header[2], self._out[1], inline)  # type: ignore[index]
                 if trace_id:  # a traced answer: this front-end reports its send to the host's tracer
-                    value.trace = _RemoteTrace(self, trace_id)
+                    value.trace = RemoteTrace(self, trace_id)
             except Exception as exc:  # noqa: BLE001 - answered as this request's error, never a hang
                 value = Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}")
                 if kind == "s":  # the stream's inputs stay in use until the host ends it
@@ -226,7 +180,7 @@ class RemoteDataPlane:
             try:
                 value, trace_id = ipc.response_from(body, self._out[1], inline)  # type: ignore[index]
                 if trace_id:
-                    value.trace = _RemoteTrace(self, trace_id)
+                    value.trace = RemoteTrace(self, trace_id)
             except Exception as exc:  # noqa: BLE001
                 self._settle(entry, Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}"), True)
                 continue
@@ -399,7 +353,7 @@ class RemoteDataPlane:
                             self._send_one(entry, frames)
                         continue
                 limit = known[0] if known is not None else 0
-                for chunk in _chunks(entries, limit):
+                for chunk in coalesce.chunks(entries, limit, _rows):
                     if len(chunk) == 1:
                         self._send_one(chunk[0], frames)
                     else:
@@ -496,20 +450,3 @@ class RemoteDataPlane:
     def in_flight(self) -> int:
         return self._inflight
 
-
-def _chunks(entries: list[_Then], limit: int):
-    """Consecutive runs of entries whose rows sum to at most ``limit`` (0: not known yet, one run)."""
-    if not limit:
-        yield entries
-        return
-    chunk: list[_Then] = []
-    rows = 0
-    for entry in entries:
-        n = entry.request.inputs[0].data.shape[0]
-        if chunk and rows + n > limit:
-            yield chunk
-            chunk, rows = [], 0
-        chunk.append(entry)
-        rows += n
-    if chunk:
-        yield chunk
