@@ -580,3 +580,49 @@ def test_a_submitted_then_is_called_once_inline_where_the_batch_answers_and_once
     with caplog.at_level("ERROR", logger="azulite.serve.batcher"):
         asyncio.run(main())
     assert "answering a request failed" in caplog.text
+
+
+@pytest.mark.parametrize("preserve", [False, True])
+def test_a_request_whose_caller_is_gone_does_not_run(preserve: bool):
+    """Cancelled while queued (a reset, a gRPC deadline, a closed connection): it leaves the queue unrun, the
+    pending count drops, the others run, and with preserve_ordering the ones after it are still answered."""
+    async def main():
+        gate = threading.Event()
+        stats = ModelStats("m", "1")
+        model = Doubler(gate)
+        batcher = Batcher(model="m", settings=settings(max_batch_size=2, preserve_ordering=preserve),
+                          instances=[("i0", model)], observer=stats)
+        running = batcher.submit(item(1))
+        await until(lambda: batcher.queued == 0)  # taken by the instance, held at the gate
+        queued = [batcher.submit(item(v)) for v in (2, 3, 4)]
+        queued[0].cancel()
+        assert stats.pending == 3
+        gate.set()
+        out = await asyncio.gather(running, queued[1], queued[2])
+        assert [float(o["y"][0, 0]) for o in out] == [2.0, 6.0, 8.0]
+        await batcher.close()
+        return model.batches, stats
+
+    batches, stats = asyncio.run(main())
+    assert batches == [[1.0], [3.0, 4.0]]  # 2.0 never ran
+    assert stats.pending == 0 and stats.inference_count == 3
+
+
+def test_a_queue_of_callers_all_gone_runs_nothing():
+    async def main():
+        gate = threading.Event()
+        model = Doubler(gate)
+        batcher = Batcher(model="m", settings=settings(), instances=[("i0", model)])
+        running = batcher.submit(item(1))
+        await until(lambda: batcher.queued == 0)
+        for f in [batcher.submit(item(v)) for v in (2, 3)]:
+            f.cancel()
+        gate.set()
+        await running
+        await until(lambda: batcher.queued == 0)
+        after = batcher.submit(item(5))  # still serving
+        assert (await asyncio.wait_for(after, WAIT))["y"][0, 0] == 10.0
+        await batcher.close()
+        return model.batches
+
+    assert asyncio.run(main()) == [[1.0], [5.0]]

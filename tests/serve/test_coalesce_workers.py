@@ -6,16 +6,10 @@ requests did coalesce (the kernel decides how a write is read; the counter is th
 
 from __future__ import annotations
 
-import socket
-import struct
-
-import h2.config
-import h2.connection
-import h2.events
 import numpy as np
 import pytest
 
-from azulite.serve.proto import service_pb2 as pb
+from tests.serve.h2client import burst
 from tests.serve.test_workers import Workers, call, write_model
 
 # Y = 2X; ROWS: the rows of the request execute() got; RID: that request's id (ids are numbers here);
@@ -49,55 +43,6 @@ output [ {{ name: "Y" data_type: TYPE_FP32 dims: [ 1 ] }}, {{ name: "ROWS" data_
          {{ name: "RID" data_type: TYPE_INT64 dims: [ 1 ] }} ]
 {batching}
 '''
-PATH = "/inference.GRPCInferenceService/ModelInfer"
-
-
-def burst(port: int, model: str, calls: list[tuple[int, list[float]]]) -> dict[int, tuple[int, str, dict]]:
-    """Every call (id, X's rows) on one HTTP/2 connection in ONE write; per id: (grpc-status, message,
-    outputs by name)."""
-    conn = h2.connection.H2Connection(h2.config.H2Configuration(client_side=True, header_encoding="utf-8"))
-    conn.initiate_connection()
-    sids = {}
-    for rid, xs in calls:
-        request = pb.ModelInferRequest(model_name=model, id=str(rid))
-        request.inputs.add(name="X", datatype="FP32", shape=[len(xs), 1])
-        request.raw_input_contents.append(np.array(xs, np.float32).tobytes())
-        body = request.SerializeToString()
-        sid = conn.get_next_available_stream_id()
-        conn.send_headers(sid, [(":method", "POST"), (":scheme", "http"), (":path", PATH), (":authority", "x"),
-                                ("content-type", "application/grpc"), ("te", "trailers")])
-        conn.send_data(sid, struct.pack(">BL", 0, len(body)) + body, end_stream=True)
-        sids[sid] = rid
-    s = socket.create_connection(("127.0.0.1", port), timeout=120)
-    data: dict[int, bytes] = {sid: b"" for sid in sids}
-    done: dict[int, tuple[int, str, dict]] = {}
-    try:
-        s.sendall(conn.data_to_send())
-        while len(done) < len(sids):
-            chunk = s.recv(1 << 16)
-            assert chunk, "the server closed the connection"
-            for e in conn.receive_data(chunk):
-                if isinstance(e, h2.events.DataReceived):
-                    data[e.stream_id] += e.data
-                    conn.acknowledge_received_data(e.flow_controlled_length, e.stream_id)
-                elif isinstance(e, (h2.events.TrailersReceived, h2.events.ResponseReceived)):
-                    headers = dict(e.headers)
-                    if "grpc-status" in headers:
-                        outputs = {}
-                        if data[e.stream_id]:
-                            reply = pb.ModelInferResponse.FromString(data[e.stream_id][5:])
-                            assert reply.id == str(sids[e.stream_id])
-                            for out, raw in zip(reply.outputs, reply.raw_output_contents):
-                                dtype = np.float32 if out.datatype == "FP32" else np.int64
-                                outputs[out.name] = np.frombuffer(raw, dtype).reshape(tuple(out.shape))
-                        done[sids[e.stream_id]] = (int(headers["grpc-status"]), headers.get("grpc-message", ""),
-                                                   outputs)
-            s.sendall(conn.data_to_send())
-    finally:
-        s.close()
-    return done
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     root = tmp_path_factory.mktemp("coalesce_repo")

@@ -154,11 +154,16 @@ class BatchQueue:
         if self.count == 0:
             return None, nearest
         if not s.dynamic:
-            return self._take(1), 0
-        # The longest prefix that fits: same shapes, batch sizes summing to <= max_batch_size.
+            batch = self._take(1)
+            return (batch or None), 0
+        # The longest prefix that fits: same shapes, batch sizes summing to <= max_batch_size. A request whose
+        # caller is gone (its future cancelled: a reset, a deadline, a closed connection) is passed over, and
+        # _take drops it: it does not run.
         n, total, best_preferred = 0, 0, 0
         head_key = None
         for p in self._order():
+            if p.future.done():
+                continue
             if head_key is None:
                 head_key = p.shape_key
             elif p.shape_key != head_key:
@@ -171,6 +176,9 @@ class BatchQueue:
                 best_preferred = n
             if total >= s.max_batch_size:
                 break
+        if n == 0:  # every queued request's caller is gone
+            self._take(self.count)
+            return None, nearest
         full = total >= s.max_batch_size or n < self.count
         if full or closing:
             return self._take(n), 0
@@ -183,17 +191,23 @@ class BatchQueue:
         return None, (min(due, nearest) if nearest else due)
 
     def _take(self, n: int) -> list[Pending]:
+        """The first ``n`` live requests off the queues, in order; those whose caller is gone on the way
+        are taken off too and answered (nothing reaches them; :meth:`choose` passed them over)."""
         batch: list[Pending] = []
+        gone: list[Pending] = []
         for lane in self._levels:
             for q in (lane.queue, lane.delayed):
                 while q and len(batch) < n:
                     p = q.popleft()
                     if p.deadline_ns:
                         self.with_deadline -= 1
-                    batch.append(p)
+                    (gone if p.future.done() else batch).append(p)
             if len(batch) == n:
                 break
-        self.count -= len(batch)
-        self.rows -= sum(p.item.batch_size for p in batch)
-        self._queued(-sum(p.item.requests for p in batch))
+        taken = batch + gone if gone else batch
+        self.count -= len(taken)
+        self.rows -= sum(p.item.batch_size for p in taken)
+        self._queued(-sum(p.item.requests for p in taken))
+        for p in gone:  # settled already; with preserve_ordering its turn must still pass
+            self._expired(p, Unavailable(f"model '{self.model}': the caller went away before the request ran"))
         return batch

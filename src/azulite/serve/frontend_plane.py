@@ -30,11 +30,13 @@ class _Then:
     """An infer_then request in flight: its future (cancelled: the client went away), the answer's callback,
     and the future's done callback that tells ``then`` of a cancel."""
 
-    __slots__ = ("future", "then", "on_cancel", "request")
+    __slots__ = ("future", "then", "on_cancel", "request", "rid", "group")
 
     def __init__(self, future: asyncio.Future, then: Callable, request: InferRequest, plane: RemoteDataPlane) -> None:
         self.future, self.then, self.request = future, then, request
-        self.on_cancel = partial(plane._cancelled, then)
+        self.rid = 0  # the host's request id, once sent (a coalesced one's: its group's)
+        self.group: _Coalesced | None = None
+        self.on_cancel = partial(plane._cancelled, self)
         future.add_done_callback(self.on_cancel)
 
 
@@ -199,10 +201,17 @@ class RemoteDataPlane:
         else:
             entry.then(value, None)
 
-    def _cancelled(self, then: Callable, future: asyncio.Future) -> None:
-        """An infer_then request's future cancelled (its client went away) before its answer came."""
+    def _cancelled(self, entry: _Then, future: asyncio.Future) -> None:
+        """An infer_then request's future cancelled (its client went away) before its answer came: the host
+        is told (a request still queued there then never runs; a coalesced one only once all its callers
+        are gone)."""
         self._inflight -= 1
-        then(None, asyncio.CancelledError())
+        entry.then(None, asyncio.CancelledError())
+        if entry.rid and (entry.group is None or all(e.future.done() for e in entry.group.entries)):
+            try:
+                self._send("cancel", 0, entry.rid)
+            except Unavailable:  # the host is gone, and the request with it
+                pass
 
     def _on_lost(self) -> None:
         self._lost = "the model host is gone (it is being restarted)"
@@ -373,6 +382,7 @@ class RemoteDataPlane:
             return
         self._pending[rid] = entry
         self._blocks[rid] = packed.blocks
+        entry.rid = rid
         released, self._released = self._released, []
         frames.extend(ipc.frame(("infer", rid, released, ipc.request_header(request, metas, packed.refs)),
                                 packed.inline))
@@ -391,7 +401,9 @@ class RemoteDataPlane:
                 self._settle(entry, error, True)
             return
         parts = coalesce.parts_of(requests)
-        self._pending[rid] = _Coalesced(entries, parts, (merged.model_name, merged.model_version))
+        group = self._pending[rid] = _Coalesced(entries, parts, (merged.model_name, merged.model_version))
+        for entry in entries:
+            entry.rid, entry.group = rid, group
         self._blocks[rid] = packed.blocks
         released, self._released = self._released, []
         frames.extend(ipc.frame(("coalesced", rid, released, ipc.request_header(merged, metas, packed.refs), parts),

@@ -41,6 +41,20 @@ _CONNECTION_SPECIFIC = frozenset({b"connection", b"keep-alive", b"proxy-connecti
 _REQUEST_PSEUDO = frozenset({b":method", b":scheme", b":authority", b":path"})
 
 
+#: grpc-timeout's units (the gRPC over HTTP/2 spec): hours, minutes, seconds, milli-, micro-, nanoseconds
+_TIMEOUT_UNITS = {ord("H"): 3600.0, ord("M"): 60.0, ord("S"): 1.0, ord("m"): 1e-3, ord("u"): 1e-6, ord("n"): 1e-9}
+
+
+def _timeout_s(value: bytes) -> float | None:
+    """A ``grpc-timeout`` value in seconds: at most 8 digits and a unit; None for anything else (ignored,
+    as gRPC's own servers ignore a timeout they cannot read)."""
+    unit = _TIMEOUT_UNITS.get(value[-1]) if value else None
+    digits = value[:-1]
+    if unit is None or not digits or len(digits) > 8 or not digits.isdigit():
+        return None
+    return int(digits) * unit
+
+
 def _malformed(headers: list) -> str | None:
     """Why a request's header list is malformed (RFC 9113 8.2, 8.3), or None: an upper-case field name, a
     connection-specific field, ``te`` other than ``trailers``, a pseudo-header not of a request, repeated,
@@ -127,6 +141,8 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         for stream in self.streams.values():
             if stream.task is not None and not stream.task.done():
                 stream.task.cancel()
+            if stream.deadline is not None:
+                stream.deadline.cancel()
         self.streams.clear()
 
     def data_received(self, data: bytes) -> None:
@@ -223,6 +239,8 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         elif ftype == RST_STREAM:
             stream = self.streams.pop(sid, None)
             if stream is not None:
+                if stream.deadline is not None:
+                    stream.deadline.cancel()
                 self.resets += 1
                 if self.resets > self.limits.reset_allowance and self.resets > self.completed:
                     self._goaway(0xB, "too many stream resets")  # rapid reset, CVE-2023-44487
@@ -271,10 +289,11 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
             self.header_block, self.header_sid, self.header_end_stream = bytearray(block), sid, end_stream
             self.continuations = 0
 
-    def _decode(self, block: bytes) -> tuple[list, str, bytes, dict | None, str | None]:
+    def _decode(self, block: bytes) -> tuple[list, str, bytes, dict | None, str | None, float | None]:
         """The block's headers, with its ``:path``, ``grpc-encoding`` (b"" when absent), W3C trace context
-        (None when absent; serve/otel.py) and what makes it malformed (None: nothing) picked out once per
-        distinct block: a call whose block was seen before skips the scan of its headers."""
+        (None when absent; serve/otel.py), what makes it malformed (None: nothing) and its ``grpc-timeout``
+        in seconds (None: none) picked out once per distinct block: a call whose block was seen before skips
+        the scan of its headers."""
         cached = self.cache.get(block)
         if cached is not None:
             return cached
@@ -284,7 +303,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         headers = self.decoder.decode(block, raw=True)
         after = (len(table.dynamic_entries), table.dynamic_entries[0] if table.dynamic_entries else None,
                  table.maxsize)
-        path, encoding, traced = "", b"", False
+        path, encoding, traced, timeout = "", b"", False, None
         for name, value in headers:  # the last one counts, as a repeated header's did before
             if name == b":path":
                 path = value.decode("latin-1")
@@ -292,7 +311,10 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
                 encoding = value
             elif name == b"traceparent":
                 traced = True
-        decoded = (headers, path, encoding, traceparent_of(headers) if traced else None, _malformed(headers))
+            elif name == b"grpc-timeout":
+                timeout = _timeout_s(value)
+        decoded = (headers, path, encoding, traceparent_of(headers) if traced else None, _malformed(headers),
+                   timeout)
         if before[0] == after[0] and before[1] is after[1] and before[2] == after[2]:
             if len(self.cache) < 64:
                 self.cache[block] = decoded  # valid while the table stays as it is
@@ -302,7 +324,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
 
     def _headers_complete(self, sid: int, block: bytes, end_stream: bool) -> None:
         try:
-            headers, path, encoding, trace_context, malformed = self._decode(block)
+            headers, path, encoding, trace_context, malformed, timeout = self._decode(block)
         except HPACKError as exc:
             self._goaway(0x9, f"bad header block: {exc}")
             return
@@ -334,6 +356,8 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         if method is None:
             self._refuse_unrouted(stream, grpc.StatusCode.UNIMPLEMENTED, f"unknown method {stream.path}")
             return
+        if timeout is not None:  # the client's deadline (grpc-timeout): answered DEADLINE_EXCEEDED when it passes
+            stream.deadline = self.loop.call_later(timeout, self._deadline_passed, stream)
         request_type, handler, streaming, _ = method
         if streaming:
             stream.queue = asyncio.Queue()

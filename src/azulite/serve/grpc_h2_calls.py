@@ -99,7 +99,7 @@ def _methods(servicer: InferenceServicer) -> dict[str, tuple[Any, Any, bool, tup
 class _Stream:
     __slots__ = ("sid", "path", "headers", "body", "send_window", "out", "trailers", "headers_sent",
                  "task", "queue", "encoding", "closed_remote", "recv_consumed", "recv_start", "recv_end",
-                 "trace_context", "tick")
+                 "trace_context", "tick", "deadline")
 
     def __init__(self, sid: int, send_window: int) -> None:
         self.sid = sid
@@ -120,6 +120,7 @@ class _Stream:
         self.recv_start = monotonic_ns()
         self.recv_end = 0
         self.trace_context: dict[str, str] | None = None  # the call's W3C trace context (serve/otel.py)
+        self.deadline: asyncio.TimerHandle | None = None  # the client's grpc-timeout, when it sent one
 
 
 class H2Calls:
@@ -379,6 +380,8 @@ class H2Calls:
         if n <= self.send_window and n <= stream.send_window and n <= self.peer_max_frame and not stream.out:
             self.send_window -= n
             del self.streams[stream.sid]
+            if stream.deadline is not None:
+                stream.deadline.cancel()
             self.completed += 1
             self.transport.write(_unary_answer(stream.sid, payload))
             self._maybe_close()
@@ -405,6 +408,16 @@ class H2Calls:
         stream.out.append(memoryview(prefixed if prefixed is not None else
                                      _GRPC_PREFIX.pack(0, len(payload)) + payload))
         self._flush_stream(stream)
+
+    def _deadline_passed(self, stream: _Stream) -> None:
+        """The client's ``grpc-timeout`` ran out before its answer: DEADLINE_EXCEEDED, as a gRPC server
+        answers, and the call is cancelled (a request still queued for its model then never runs)."""
+        stream.deadline = None
+        if self.streams.get(stream.sid) is not stream or stream.trailers is not None:
+            return
+        stream.closed_remote = True  # whatever more of the request arrives is not read
+        stream.body = bytearray()
+        self._finish(stream, grpc.StatusCode.DEADLINE_EXCEEDED, "Deadline Exceeded")
 
     def _finish(self, stream: _Stream, code: grpc.StatusCode, details: str, metadata=()) -> None:
         """End the stream with a status (and trailing ``metadata``: (key, value) pairs): trailers after
@@ -442,6 +455,8 @@ class H2Calls:
         if stream.trailers is not None:
             self.transport.write(stream.trailers)
             self.streams.pop(stream.sid, None)
+            if stream.deadline is not None:
+                stream.deadline.cancel()
             self.completed += 1
             self._maybe_close()
 

@@ -23,6 +23,7 @@ import socket
 import threading
 from typing import Any
 
+from azulite.errors import Unavailable
 from azulite.serve import ipc, shm_ring
 from azulite.serve.coalesce_host import CoalescedCounts, infer_coalesced
 from azulite.serve.dataplane import TritonDataPlane
@@ -33,6 +34,10 @@ log = logging.getLogger("azulite.serve.host")
 SYNC_CALLS = frozenset({"ready", "server_metadata", "model_ready", "model_metadata", "model_config",
                         "model_statistics", "repository_index", "startup_table", "metrics_text",
                         "shm_register", "shm_register_cuda", "shm_unregister", "shm_status", "trace_setting"})
+
+
+#: the answer to a request its front-end cancelled (nobody reads it: it frees the request's blocks there)
+_GONE = Unavailable("the caller went away before the answer")
 
 
 class ModelHost:
@@ -99,7 +104,7 @@ class ModelHost:
         conn.setblocking(False)
         loop = asyncio.get_running_loop()
         lost = loop.create_future()
-        tasks: set[asyncio.Task] = set()
+        tasks: dict[int, asyncio.Task] = {}  # by the front-end's request id: a "cancel" names one
 
         def on_frame(header: tuple, inline: memoryview) -> None:
             op, rid, released = header[0], header[1], header[2]
@@ -118,12 +123,17 @@ class ModelHost:
             elif op == "sent":  # a traced answer's send, reported by the front-end (serve/trace.py)
                 self.dp.tracer.release(header[3], header[4], header[5])
                 return
+            elif op == "cancel":  # its caller went away (a reset, a gRPC deadline): a queued request never runs
+                task = tasks.get(header[3])
+                if task is not None:
+                    task.cancel()
+                return
             else:
                 proto.writelines(ipc.frame(("e", rid, ipc.error_tuple(ValueError(f"unknown operation {op!r}")))))
                 return
             task = loop.create_task(coro)
-            tasks.add(task)
-            task.add_done_callback(tasks.discard)
+            tasks[rid] = task
+            task.add_done_callback(lambda _, rid=rid: tasks.pop(rid, None))
 
         def on_lost() -> None:
             if not lost.done():
@@ -135,9 +145,9 @@ class ModelHost:
         try:
             await lost
         finally:
-            for task in tasks:
+            for task in tasks.values():
                 task.cancel()
-            await asyncio.gather(*tasks, return_exceptions=True)
+            await asyncio.gather(*tasks.values(), return_exceptions=True)
             transport.close()
             try:
                 in_view.release()
@@ -157,6 +167,9 @@ class ModelHost:
             self._answer(writer, out, "r", rid, await self.dp.infer(request))
         except Exception as exc:  # noqa: BLE001 - every failure is the request's answer, never a hang
             writer.writelines(ipc.frame(("e", rid, ipc.error_tuple(exc))))
+        except asyncio.CancelledError:  # answered still: the front-end frees the request's blocks with it
+            writer.writelines(ipc.frame(("e", rid, ipc.error_tuple(_GONE))))
+            raise
 
     async def _coalesced(self, writer, out, rid, header, parts, in_view, inline) -> None:
         """("R", rid, the coalesced answer's header, limit) or ("P", rid, [("r", header) | ("e", error) per
@@ -182,6 +195,9 @@ class ModelHost:
             writer.writelines(ipc.frame(("P", rid, answers, limit), packed.inline))
         except Exception as exc:  # noqa: BLE001 - every part's answer, never a hang
             writer.writelines(ipc.frame(("e", rid, ipc.error_tuple(exc))))
+        except asyncio.CancelledError:
+            writer.writelines(ipc.frame(("e", rid, ipc.error_tuple(_GONE))))
+            raise
 
     async def _stream(self, writer, out, rid, header, in_view, inline) -> None:
         try:
