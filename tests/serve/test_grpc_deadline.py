@@ -52,6 +52,14 @@ parameters { key: "dir" value: { string_value: "DIR" } }
 '''
 
 
+def failures(server: Workers) -> int:
+    c = server.conn()
+    try:
+        return int(call(c, "GET", "/v2/models/logged_py/stats")[1]["model_stats"][0]["inference_stats"]["fail"]["count"])
+    finally:
+        c.close()
+
+
 @pytest.mark.parametrize("workers", [1, 2])
 def test_a_passed_deadline_is_answered_and_its_queued_request_never_runs(tmp_path: Path, workers: int):
     state = tmp_path / "state"
@@ -68,11 +76,12 @@ def test_a_passed_deadline_is_answered_and_its_queued_request_never_runs(tmp_pat
         # queued behind the held one: its 200 ms pass first, whatever the machine's speed
         late = burst(port, "logged_py", [(2, [2.0])], headers=(("grpc-timeout", "200m"),))
         assert late[2][0] == 4 and "Deadline" in late[2][1], late  # DEADLINE_EXCEEDED
-        # a deadline far away changes nothing
+        # the model host has heard (its statistics count the failure) before the model may go on
+        wait_for(lambda: failures(server) == 1, "the cancelled request to be counted")
         (state / "open").touch()
         first.join(120)
         assert held[1][0] == 0 and held[1][2]["Y"].ravel().tolist() == [2.0]
-        ok = burst(port, "logged_py", [(3, [3.0])], headers=(("grpc-timeout", "60S"),))
+        ok = burst(port, "logged_py", [(3, [3.0])], headers=(("grpc-timeout", "60S"),))  # far away: no change
         assert ok[3][0] == 0 and ok[3][2]["Y"].ravel().tolist() == [6.0]
         assert (state / "ran").read_text().split() == ["1.0", "3.0"]  # 2.0 never ran
         c = server.conn()
