@@ -61,6 +61,17 @@ def _code(call) -> str:
     return answer if isinstance(answer, str) else "OK"
 
 
+def _rpc_code(call) -> str:
+    """A raw stub call's status code's name ("OK" when it answered)."""
+    import grpc
+
+    try:
+        call()
+    except grpc.RpcError as e:
+        return e.code().name
+    return "OK"
+
+
 X = {"name": "X", "datatype": "FP32", "shape": [2], "data": [1.0, 2.0]}
 
 
@@ -114,6 +125,15 @@ def exchanges(http: str, grpc_url: str) -> dict:
     out["unloaded over gRPC"] = (_code(lambda: g.get_model_metadata("string_py")),
                                  _code(lambda: g.get_model_config("string_py")))
     g.load_model("string_py")
+    # a repository named: Triton ignores the name for an HTTP index, refuses it for a load or unload (501),
+    # and refuses it for all three over gRPC (UNIMPLEMENTED)
+    out["repository_name over HTTP"] = [_http(http, "POST", f"/v2/repository/other{p}", {})[0] for p in (
+        "/index", "/models/params_py/load", "/models/params_py/unload")]
+    stub = g._client_stub
+    out["repository_name over gRPC"] = [_rpc_code(lambda: call(request(repository_name="other", **kw))) for call, request, kw in (
+        (stub.RepositoryIndex, pb.RepositoryIndexRequest, {}),
+        (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest, {"model_name": "params_py"}),
+        (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest, {"model_name": "params_py"}))]
     out["stream"] = _stream(grpc_url)
     g.close()
     out["compressed answers"] = _compressed(http)
@@ -181,6 +201,7 @@ def answers(tmp_path_factory):
     "output named twice over gRPC", "region and binary_data", "CUDA region by name over HTTP",
     "CUDA region by name over gRPC", "version abc over gRPC", "version not digits over HTTP", "not ready",
     "unloaded over HTTP", "unloaded over gRPC", "stream", "compressed answers", "log_file",
+    "repository_name over HTTP", "repository_name over gRPC",
 ])
 def test_answers_as_triton(answers, case):
     theirs, ours = answers
@@ -196,4 +217,6 @@ def test_the_answers_compared_are_the_ones_expected(answers):
     assert theirs["output named twice over gRPC"] == ["Y"]
     assert theirs["unloaded over HTTP"] == [404, 404, 404]
     assert theirs["stream"] == [("bad", True, "params_py", True), ("ok", True, "params_py", False)]
+    assert theirs["repository_name over HTTP"] == [200, 501, 501]
+    assert theirs["repository_name over gRPC"] == ["UNIMPLEMENTED"] * 3
     assert theirs["compressed answers"][:4] == [[2.0, 4.0], [2.0, 4.0], ("gzip", "gzip"), ("deflate", "deflate")]

@@ -28,6 +28,7 @@ from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
 from azulite.serve.otel import traceparent_of
 from azulite.serve.proto import service_pb2 as pb
 from azulite.serve.proto import service_pb2_grpc
+from azulite.serve.repository import refuse_repository_name
 from azulite.serve.types import DataPlane, InferRequest, InferResponse, InferTensor, RequestedOutput
 
 log = logging.getLogger("azulite.serve.grpc")
@@ -370,12 +371,14 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryIndex(self, request, context):
         try:
+            refuse_repository_name(request.repository_name)  # over gRPC Triton refuses it for the index too
             return self.dp.repository_index(request.ready)
         except Exception as exc:  # noqa: BLE001
             await self._abort(context, exc)
 
     async def RepositoryModelLoad(self, request, context):
         try:
+            refuse_repository_name(request.repository_name)
             params = {}
             for key, value in request.parameters.items():
                 want = "string_param" if key == "config" else "bytes_param" if key.startswith("file:") else None
@@ -389,6 +392,7 @@ class InferenceServicer(service_pb2_grpc.GRPCInferenceServiceServicer):
 
     async def RepositoryModelUnload(self, request, context):
         try:
+            refuse_repository_name(request.repository_name)
             p = request.parameters.get("unload_dependents")
             if p is not None and p.WhichOneof("parameter_choice") != "bool_param":  # Triton's words
                 raise InvalidArgument("invalid value type for 'unload_dependents' parameter, expected bool_param.")

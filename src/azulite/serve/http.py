@@ -28,6 +28,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from azulite.errors import InvalidArgument, NotFound, ServeError
+from azulite.serve.repository import refuse_repository_name
 from azulite.serve import http_codec as codec
 from azulite.serve import log_settings
 from azulite.serve.api_routes import http_route
@@ -374,6 +375,10 @@ class HttpApp:
             return json_reply(codec.repository_index_json(self.dp.repository_index(ready)))
         if len(rest) == 3 and rest[0] == "models" and rest[2] in ("load", "unload"):
             return self._load_unload(rest[1], rest[2], parse_json_body(body))
+        if len(rest) == 2 and rest[1] == "index":  # a repository's name: ignored for the index, as by Triton
+            return self._repository(post, method, path, ["index"], body)
+        if len(rest) == 4 and rest[1] == "models" and rest[3] in ("load", "unload"):
+            refuse_repository_name(rest[0])
         raise NotFound(f"no such endpoint: {method.decode()} {path}")
 
     async def _load_unload(self, name: str, action: str, doc: dict[str, Any]) -> Reply:

@@ -8,7 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from azulite.errors import InvalidArgument, ModelLoadError, NotFound
+from azulite.errors import InvalidArgument, ModelLoadError, NotFound, Unsupported
 from azulite.serve import config as cfg
 from azulite.serve.proto import model_config_pb2 as mc
 
@@ -22,6 +22,15 @@ class ModelSource:
     path: Path
     config: mc.ModelConfig | None
     versions: tuple[int, ...]
+
+
+def refuse_repository_name(name: str) -> None:
+    """A load or unload naming a repository (gRPC's ``repository_name``, HTTP's ``/v2/repository/NAME/...``):
+    refused as Triton 2.51 refuses it (UNIMPLEMENTED / 501), not served from the one repository unasked."""
+    if name:
+        raise Unsupported("'repository_name' specification is not supported", where=f"repository '{name}'",
+                          fix="leave the repository name out: the server serves the one repository it was started "
+                              "with (e.g. POST /v2/repository/models/MODEL/load)")
 
 
 def list_models(root: Path) -> list[str]:
