@@ -128,7 +128,11 @@ def test_load_with_config_override_and_files(model_repository, tmp_path):
         assert dp.model_ready("add_sub_onnx") and dp.model_config("add_sub_onnx").max_batch_size == 2
         r = await dp.infer(InferRequest("add_sub_onnx", [fp32("INPUT0", x), fp32("INPUT1", x)]))
         assert r.outputs[0].data.sum() == 32
-        await dp.load_model("add_sub_onnx")  # a good reload clears the failure
+        await dp.load_model("add_sub_onnx")  # a good reload clears the failure, and keeps the override (Triton's)
+        assert dp.model_config("add_sub_onnx").max_batch_size == 2
+        assert not dp.manager.entries["add_sub_onnx"].load_error
+        await dp.unload_model("add_sub_onnx")  # an unload drops it: config.pbtxt's again
+        await dp.load_model("add_sub_onnx")
         assert dp.model_config("add_sub_onnx").max_batch_size != 2
         await dp.shutdown()
 

@@ -137,7 +137,27 @@ def exchanges(http: str, grpc_url: str) -> dict:
     out["stream"] = _stream(grpc_url)
     g.close()
     out["compressed answers"] = _compressed(http)
+    out["config override on reload"] = _override_kept(http)
     return out
+
+
+def _override_kept(http: str) -> list:
+    """max_batch_size after a load with a config override, after a load without one (Triton keeps the
+    override), and after an unload and a load (config.pbtxt's again)."""
+    def batch() -> int:
+        return _http(http, "GET", "/v2/models/params_py/config")[1].get("max_batch_size", 0)
+
+    config = _http(http, "GET", "/v2/models/params_py/config")[1]
+    seen = [batch()]
+    _http(http, "POST", "/v2/repository/models/params_py/load",
+          {"parameters": {"config": json.dumps({**config, "max_batch_size": 3})}})
+    seen.append(batch())
+    _http(http, "POST", "/v2/repository/models/params_py/load", {})
+    seen.append(batch())
+    _http(http, "POST", "/v2/repository/models/params_py/unload", {})
+    _http(http, "POST", "/v2/repository/models/params_py/load", {})
+    seen.append(batch())
+    return seen
 
 
 def _compressed(http: str) -> list:
@@ -201,7 +221,7 @@ def answers(tmp_path_factory):
     "output named twice over gRPC", "region and binary_data", "CUDA region by name over HTTP",
     "CUDA region by name over gRPC", "version abc over gRPC", "version not digits over HTTP", "not ready",
     "unloaded over HTTP", "unloaded over gRPC", "stream", "compressed answers", "log_file",
-    "repository_name over HTTP", "repository_name over gRPC",
+    "repository_name over HTTP", "repository_name over gRPC", "config override on reload",
 ])
 def test_answers_as_triton(answers, case):
     theirs, ours = answers
@@ -218,5 +238,6 @@ def test_the_answers_compared_are_the_ones_expected(answers):
     assert theirs["unloaded over HTTP"] == [404, 404, 404]
     assert theirs["stream"] == [("bad", True, "params_py", True), ("ok", True, "params_py", False)]
     assert theirs["repository_name over HTTP"] == [200, 501, 501]
+    assert theirs["config override on reload"] == [0, 3, 3, 0]
     assert theirs["repository_name over gRPC"] == ["UNIMPLEMENTED"] * 3
     assert theirs["compressed answers"][:4] == [[2.0, 4.0], [2.0, 4.0], ("gzip", "gzip"), ("deflate", "deflate")]

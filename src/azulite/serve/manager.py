@@ -162,6 +162,8 @@ class ModelManager:
         entry = self.entries.get(name) or ModelEntry(name=name)
         self.entries.setdefault(name, entry)
         entry.explicit = not _chain or (entry.explicit and bool(entry.ready))
+        if config_json is None and not files and entry.ready:
+            config_json = entry.override  # a loaded model reloaded without an override keeps its own (Triton's)
         tmp: Path | None = None
         states: dict[int, VersionState] = {}  # the versions tried, each READY or UNAVAILABLE with its reason
         try:
@@ -246,6 +248,7 @@ class ModelManager:
                 shutil.rmtree(tmp, ignore_errors=True)
         retired = [m.batcher for v, m in entry.ready.items() if m.batcher is not None]
         entry.ready, entry.states, entry.config = ready, states, config
+        entry.override = None if files else config_json
         entry.state, entry.reason, entry.load_error, entry.load_fix = READY, "", "", ""
         entry.fingerprint = repo.fingerprint(self.root / name)
         return retired
@@ -368,6 +371,7 @@ class ModelManager:
         it (not by name) and that no other loaded ensemble uses."""
         retired = [m.batcher for m in entry.ready.values() if m.batcher is not None]
         entry.ready = {}
+        entry.override = None
         entry.states = {v: VersionState(UNAVAILABLE, reason) for v in entry.states}
         entry.state, entry.reason = UNAVAILABLE, reason
         users = [e for e in self.entries.values() if e.ready and entry.name in self._steps(e)]

@@ -119,6 +119,9 @@ class ModelEntry:
     load_error: str = ""
     #: how to fix that failure, when the error said ("" otherwise): the load API's answer carries it
     load_fix: str = ""
+    #: the config override (JSON) the loaded versions were loaded with: a load without one keeps it, as
+    #: Triton's does, until the model is unloaded (None: config.pbtxt)
+    override: str | None = None
 
     def default(self) -> LoadedModel | None:
         """The version a request without one gets: the highest ready version."""
