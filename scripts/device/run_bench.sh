@@ -3,7 +3,7 @@
 # Stage A: Triton beside azulite serve --workers 1 2 4 at c=32/64/128 over HTTP and gRPC (perf_analyzer on 4
 # cores, the servers on the rest); stage B, in what is left of ~540 s: --workers 8 at c=128 (azulite only).
 # Each stage's last line (its JSON) is kept in $OUT; a stage cut off by its timeout loses only itself.
-# A_ARGS / B_ARGS (environment) replace a stage's concurrency and worker counts.
+# A_ARGS / B_ARGS (environment) replace a stage's concurrency and worker counts; B_ARGS=none skips stage B.
 set -u
 export PYTHONUNBUFFERED=1 COLUMNS=200
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -28,7 +28,7 @@ bench() {  # name, timeout, args...
 bench bench_a 400 ${A_ARGS:---concurrency 32 64 128 --serve-workers 1 2 4}
 left=$(( 540 - ($(date +%s) - t0) )); echo "left for bench_b: $left s"
 # shellcheck disable=SC2086
-[ "$left" -gt 60 ] && bench bench_b "$left" ${B_ARGS:---concurrency 128 --serve-workers 1 8 --no-triton}
+[ "$left" -gt 60 ] && [ "${B_ARGS:-}" != none ] && bench bench_b "$left" ${B_ARGS:---concurrency 128 --serve-workers 1 8 --no-triton}
 stage summary
 python scripts/device/bench_summary.py bench_a bench_b
 
