@@ -626,3 +626,28 @@ def test_a_queue_of_callers_all_gone_runs_nothing():
         return model.batches
 
     assert asyncio.run(main()) == [[1.0], [5.0]]
+
+
+@pytest.mark.parametrize("case", ["alone", "another request in flight", "a delay longer than the spin"])
+def test_a_short_delay_is_not_waited_out_when_no_other_request_could_join(monkeypatch, case):
+    """With every request the server holds queued here (the data plane's count), a delay short enough to be
+    waited out busy is not: the batch leaves after one loop pass. The clock is frozen, so a batch that
+    waited for its delay could not leave until the test moves it."""
+    now = [time.monotonic_ns()]
+    monkeypatch.setattr(time, "monotonic_ns", lambda: now[0])
+
+    async def main():
+        delay = batcher_module.SPIN_NS * (10 if case == "a delay longer than the spin" else 1)
+        others = 1 if case == "another request in flight" else 0
+        batcher = Batcher(model="m", settings=settings(max_delay_ns=delay), instances=[("i0", Doubler())],
+                          server_in_flight=lambda: batcher.queued + batcher._running + others)
+        future = batcher.submit(item(1))
+        for _ in range(200):  # the scheduler's passes: a few are all it takes
+            await asyncio.sleep(0)
+        left_at_once = batcher.queued == 0
+        now[0] += 10 * delay  # the delay passes
+        assert (await asyncio.wait_for(future, WAIT))["y"][0, 0] == 2.0
+        await batcher.close()
+        return left_at_once
+
+    assert asyncio.run(main()) == (case == "alone")

@@ -100,8 +100,12 @@ class Batcher:
         settings: BatcherSettings,
         instances: Sequence[tuple[str, ModelInstance]],
         observer: Observer | None = None,
+        server_in_flight: Callable[[], int] | None = None,
     ) -> None:
         self.model = model
+        # the server's requests in flight, every model's (the data plane's count; None: not known): when they
+        # are all this batcher's, a batch need not wait out max_queue_delay for others (_alone)
+        self.server_in_flight = server_in_flight
         self.settings = settings
         self.observer = observer or NullObserver()
         self._instances = [InstanceThread(name, m) for name, m in instances]
@@ -120,6 +124,7 @@ class Batcher:
         self._next_release = 0
         self._finished: dict[int, tuple[Pending, Result | ServeError]] = {}
         self._inflight = 0
+        self._running = 0  # requests in the batches running now (_alone)
         self._last_requests = 0  # requests in the last batch dispatched (GATHER_PASSES)
         self._closing = False
         self._task: asyncio.Task | None = None
@@ -252,7 +257,7 @@ class Batcher:
             self._complete(pending, error)
 
     async def _next_batch(self) -> list[Pending]:
-        gathered, seen = 0, 0
+        gathered, seen, alone = 0, 0, False
         while True:
             if not self._idle:  # every instance busy (or a finishing one took the batch): one wakes it
                 await self._sleep_until_woken(0)
@@ -270,11 +275,32 @@ class Batcher:
                     self._drained.set()  # type: ignore[union-attr]
                 await self._sleep_until_woken(until)
                 continue
+            if self._alone():
+                # Every request the server holds is queued or running here: within a delay this short only a
+                # request not yet read could join. After one more loop pass (requests read in this one are
+                # submitted in it) the batch leaves at once instead of the loop waiting out the delay busy
+                # (~100 µs of CPU a request at concurrency 1: docs/perf-workers.md, stops 23 and 44).
+                if alone:
+                    batch, _ = self._queue.choose(time.monotonic_ns(), closing=True)
+                    if batch is not None:
+                        return batch
+                alone = True
+                await asyncio.sleep(0)
+                continue
             self._delaying = True
             try:
                 await self._sleep_until_woken(until)
             finally:
                 self._delaying = False
+
+    def _alone(self) -> bool:
+        """Whether nothing the server holds besides this batcher's queued and running requests could join a
+        batch (``server_in_flight``: the data plane's count of requests in flight, every model's), for a
+        queue delay short enough to be waited out busy (<= SPIN_NS): a longer one is the config's request to
+        wait for requests yet to come, and is waited (asleep) as it asks."""
+        return (self.server_in_flight is not None and self.settings.dynamic and not self._closing
+                and 0 < self.settings.max_delay_ns <= SPIN_NS
+                and self.server_in_flight() <= self._queue.count + self._running)
 
     def _gathers(self) -> bool:
         """Whether to let the loop run a pass before choosing the batch (see GATHER_PASSES)."""
@@ -287,6 +313,7 @@ class Batcher:
         instance process from the loop, or post it to the instance's thread; each way :meth:`_finish`
         answers it."""
         self._inflight += 1
+        self._running += len(batch)
         self._last_requests = len(batch)
         start = time.monotonic_ns()
         items = [p.item for p in batch]
@@ -341,6 +368,7 @@ class Batcher:
         (parsing other connections' requests meanwhile, with the instance idle). Never for inline batches
         (the scheduler is the caller) nor while closing (the scheduler drains)."""
         self._inflight -= 1
+        self._running -= len(batch)
         self._idle.append(inst)
         if chain and self._queue.count and not self._may_inline and not self._closing:
             batch_next, _ = self._queue.choose(time.monotonic_ns())

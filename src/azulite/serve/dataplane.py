@@ -115,7 +115,7 @@ class TritonDataPlane(ModelControl):
                             verify_model=settings.verify_model,
                             instance_processes=settings.instance_processes,
                             response_cache=settings.cache.size > 0),
-            bls=partial(bls_call, self),
+            bls=partial(bls_call, self), in_flight=lambda: self._inflight,
         )
         self.metrics = ServerMetrics(self.manager.all_stats)
         self.shm = SharedMemory()  # the shared memory regions (system and CUDA) clients registered

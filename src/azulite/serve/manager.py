@@ -65,7 +65,8 @@ def ensemble_dependencies(config: mc.ModelConfig) -> list[str]:
 
 
 class ModelManager:
-    def __init__(self, settings: ManagerSettings, *, bls: Callable[[Any], Any] | None = None) -> None:
+    def __init__(self, settings: ManagerSettings, *, bls: Callable[[Any], Any] | None = None,
+                 in_flight: Callable[[], int] | None = None) -> None:
         if settings.control_mode not in ("none", "explicit", "poll"):
             raise ModelLoadError(
                 f"unknown model control mode '{settings.control_mode}'", fix="use none, explicit or poll"
@@ -73,6 +74,7 @@ class ModelManager:
         self.settings = settings
         self.root = Path(settings.repository)
         self.bls = bls
+        self.in_flight = in_flight  # the server's requests in flight: each batcher gets it (Batcher._alone)
         self.entries: dict[str, ModelEntry] = {}
         #: while load_initial runs: the models that failed to load (each tried, and logged, once)
         self._failed_at_start: set[str] | None = None
@@ -329,7 +331,7 @@ class ModelManager:
                 inst.close()
             raise
         batcher = Batcher(model=name, settings=BatcherSettings.from_config(config), instances=instances,
-                          observer=stats)
+                          observer=stats, server_in_flight=self.in_flight)
         return LoadedModel(name=name, version=version, config=config, batcher=batcher, stats=stats, labels=labels)
 
     def _instance(self, impl, backend: str, ctx: LoadContext, group):
