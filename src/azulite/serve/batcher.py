@@ -63,6 +63,9 @@ PROBE_EVERY = 64
 #: its whole length: at 500 requests/s with a 900 us delay, 1.32-1.43 ms of server CPU per inference, against
 #: 0.59-0.66 ms this way (bench_matmul HTTP, stop 35; docs/perf-serving.md).
 SPIN_NS = 100_000
+#: batches over which the server must have held one request at a time for a short delay to be skipped
+#: (Batcher._alone)
+PEAK_BATCHES = 64
 #: An inline batch blocks the loop, so other connections' requests wait in their sockets and, once read,
 #: reach this queue a loop pass later: chosen at once, the next batch holds whatever happened to be queued
 #: (DLRM, 1 row per request, HTTP c=32: ~6 rows) and pays the batch's fixed cost for few rows. After a batch
@@ -125,6 +128,9 @@ class Batcher:
         self._finished: dict[int, tuple[Pending, Result | ServeError]] = {}
         self._inflight = 0
         self._running = 0  # requests in the batches running now (_alone)
+        # the most requests the server held at once when one was submitted, in this window of PEAK_BATCHES
+        # batches and in the one before (_alone)
+        self._peak = self._peak_before = self._peak_batches = 0
         self._last_requests = 0  # requests in the last batch dispatched (GATHER_PASSES)
         self._closing = False
         self._task: asyncio.Task | None = None
@@ -146,6 +152,8 @@ class Batcher:
         if self._task is None:
             self._start()
         s = self.settings
+        if self.server_in_flight is not None and (held := self.server_in_flight()) > self._peak:
+            self._peak = held
         pending = self._queue.push(item, self._loop.create_future(),  # type: ignore[union-attr]
                                    priority=priority, timeout_us=timeout_us)
         if then is not None:
@@ -295,11 +303,14 @@ class Batcher:
 
     def _alone(self) -> bool:
         """Whether nothing the server holds besides this batcher's queued and running requests could join a
-        batch (``server_in_flight``: the data plane's count of requests in flight, every model's), for a
-        queue delay short enough to be waited out busy (<= SPIN_NS): a longer one is the config's request to
-        wait for requests yet to come, and is waited (asleep) as it asks."""
+        batch (``server_in_flight``: the data plane's count of requests in flight, every model's) and the
+        server has held one request at a time lately (PEAK_BATCHES): a closed-loop client alone, whose next
+        request cannot come before this one's answer. With more clients, the one answered a moment ago may be
+        sending its next request, which the delay exists to catch (dispatched at once, gil_py's batches at
+        c=8 shrank from 3.1 to 2.85 rows and its throughput fell 7%). Only for a queue delay short enough to
+        be waited out busy (<= SPIN_NS): a longer one is the config's request to wait, and is waited asleep."""
         return (self.server_in_flight is not None and self.settings.dynamic and not self._closing
-                and 0 < self.settings.max_delay_ns <= SPIN_NS
+                and 0 < self.settings.max_delay_ns <= SPIN_NS and max(self._peak, self._peak_before) <= 1
                 and self.server_in_flight() <= self._queue.count + self._running)
 
     def _gathers(self) -> bool:
@@ -314,6 +325,9 @@ class Batcher:
         answers it."""
         self._inflight += 1
         self._running += len(batch)
+        self._peak_batches += 1
+        if self._peak_batches >= PEAK_BATCHES:
+            self._peak_before, self._peak, self._peak_batches = self._peak, 0, 0
         self._last_requests = len(batch)
         start = time.monotonic_ns()
         items = [p.item for p in batch]
