@@ -165,7 +165,7 @@ def serve(
              "(default 268435456; h2 only)."),
     workers: int = typer.Option(1, "--workers", help="Front-end processes sharing the ports, with the models in "
                                 "one host process and Python model instances in their own (0: the usable cores, "
-                                "at most 8; 1: one process, as before)."),
+                                "at most 4; 1: one process, as before)."),
 ) -> None:
     """Serve a Triton model repository over KServe v2 HTTP and gRPC, with Triton-named metrics.
 
