@@ -68,13 +68,15 @@ def repository(root: Path) -> tuple[Path, list[str]]:
 
 
 def metric_families(url: str) -> dict[str, dict]:
-    """Triton's inference metrics as a scrape shows them: each family's HELP, TYPE and label names."""
+    """Triton's inference, CPU and pinned-memory metrics as a scrape shows them: each family's HELP, TYPE and
+    label names."""
     families: dict[str, dict] = {}
+    ours = ("nv_inference", "nv_cpu", "nv_pinned")
     for line in urllib.request.urlopen(url, timeout=60).read().decode().splitlines():
-        if line.startswith(("# HELP nv_inference", "# TYPE nv_inference")):
+        if line.startswith(tuple(f"# {kind} {family}" for kind in ("HELP", "TYPE") for family in ours)):
             kind, name, text = line[2:].split(" ", 2)
             families.setdefault(name, {})[kind] = text
-        elif line.startswith("nv_inference"):
+        elif line.startswith(ours):
             name = re.match(r"[a-z_]+", line).group(0)
             families.setdefault(name.removesuffix("_bucket").removesuffix("_sum").removesuffix("_count")
                                 if name.endswith(("_bucket", "_sum")) else name, {}).setdefault(
@@ -162,4 +164,5 @@ def test_config_and_metadata_answer_as_tritons(tmp_path):
     plain = theirs["c_plain", "stats"]["model_stats"][0]
     assert plain["inference_count"] == 6 and plain["execution_count"] == 3 and "cache_hit" in plain["inference_stats"]
     assert plain["batch_stats"][0]["batch_size"] == 2
-    assert {"nv_inference_request_success", "nv_inference_queue_duration_us"} <= set(theirs["server", "metrics"])
+    assert {"nv_inference_request_success", "nv_inference_queue_duration_us", "nv_cpu_utilization",
+            "nv_pinned_memory_pool_total_bytes"} <= set(theirs["server", "metrics"])

@@ -74,6 +74,10 @@ class TritonCollector:
         yield pending
         memory = psutil.virtual_memory()
         for name, doc, value in (
+            # azulite keeps no pinned-memory pool: 0, as Triton's CPU build reports (dashboards made for Triton
+            # read these two)
+            ("nv_pinned_memory_pool_total_bytes", "Pinned memory pool total memory size, in bytes", 0),
+            ("nv_pinned_memory_pool_used_bytes", "Pinned memory pool used memory size, in bytes", 0),
             ("nv_cpu_utilization", "CPU utilization rate [0.0 - 1.0]", psutil.cpu_percent(interval=None) / 100.0),
             ("nv_cpu_memory_total_bytes", "CPU total memory (RAM), in bytes", memory.total),
             ("nv_cpu_memory_used_bytes", "CPU used memory (RAM), in bytes", memory.total - memory.available),
