@@ -99,20 +99,20 @@ def item(x: np.ndarray, parts=None) -> WorkItem:
 def test_a_python_model_gets_each_client_request_and_its_results_are_stacked_back():
     merged = item(rows(3, 0), [("a", 1), ("b", 2)])
     alone = item(rows(1, 50))
-    items, counts = coalesce.expand([alone, merged])
+    items, counts = coalesce.expand([alone, merged], "m")
     assert counts == [1, 2]
     assert [(i.request_id, i.batch_size) for i in items] == [("whole", 1), ("a", 1), ("b", 2)]
     results = [{"Y": i.inputs["X"] + 1} for i in items]
     out = coalesce.regroup(results, [alone, merged], counts)
     np.testing.assert_array_equal(out[1]["Y"], rows(3, 0) + 1)
     assert out[0] is results[0]
-    assert coalesce.expand([alone]) == ([alone], None)
+    assert coalesce.expand([alone], "m") == ([alone], None)
 
 
 @pytest.mark.parametrize("irregular", ["error", "missing output", "wrong rows", "other dtype"])
 def test_parts_whose_results_do_not_stack_are_answered_each_on_its_own(irregular):
     merged = item(rows(3, 0), [("a", 1), ("b", 2)])
-    items, counts = coalesce.expand([merged])
+    items, counts = coalesce.expand([merged], "m")
     results = [{"Y": i.inputs["X"] + 1} for i in items]
     if irregular == "error":
         results[1] = InvalidArgument("b is wrong")

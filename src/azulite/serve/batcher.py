@@ -333,7 +333,7 @@ class Batcher:
         items = [p.item for p in batch]
         counts = None
         if self._per_request:  # a Python model's execute sees each client request (serve/coalesce.py)
-            items, counts = coalesce.expand(items)
+            items, counts = coalesce.expand(items, self.model)
         if self._inline():
             try:
                 outcome, error = timed_execute(inst.model, items), None

@@ -15,7 +15,7 @@ What a client sees does not change:
   dimension, numeric tensors in the request itself (not in a shared-memory region), no sequence
   parameters, no trace context. The host merges only for a model with dynamic batching and none of
   what is per request (sequences, decoupled, response cache, fallback or output monitor, queue limits,
-  a tracer on); else it runs them one by one (:func:`azulite.serve.coalesce_host.infer_merged`).
+  a tracer on); else it runs them one by one (:func:`azulite.serve.coalesce_host.infer_coalesced`).
 - A Python model's ``execute`` still gets one request per client request (:func:`expand` before the
   batch is handed to it, :func:`regroup` after), each with its own id: its per-request errors and
   outputs stay per request (:class:`PartResults`).
@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from azulite.serve import shm_ring
+from azulite.serve import merge, shm_ring
 from azulite.serve.backends.base import WorkItem
 from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
 
@@ -38,36 +38,34 @@ from azulite.serve.types import InferRequest, InferResponse, InferTensor, Reques
 _SEQUENCE = ("sequence_id", "sequence_start", "sequence_end")
 
 
+def _frozen(parameters: dict) -> tuple | None:
+    """Parameters as a hashable key (None: a value that is not hashable, e.g. a list: not worth comparing)."""
+    if not parameters:
+        return ()
+    key = tuple(sorted(parameters.items()))
+    try:
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
 def merge_key(request: InferRequest) -> tuple | None:
     """What requests must share to merge, or None when this one never merges."""
     params = request.parameters
-    if params:
-        if any(k in params for k in _SEQUENCE):
-            return None
-        try:
-            params_key = tuple(sorted(params.items()))
-            hash(params_key)
-        except TypeError:  # a value that is not hashable (a list): not worth comparing
-            return None
-    else:
-        params_key = ()
-    if request.trace_context is not None:
+    if request.trace_context is not None or (params and any(k in params for k in _SEQUENCE)):
+        return None
+    params_key = _frozen(params)
+    if params_key is None:
         return None
     outputs = None
     if request.outputs is not None:
         out = []
         for o in request.outputs:
-            if o.parameters:
-                if "shared_memory_region" in o.parameters:
-                    return None
-                try:
-                    p = tuple(sorted(o.parameters.items()))
-                    hash(p)
-                except TypeError:
-                    return None
-                out.append((o.name, p))
-            else:
-                out.append((o.name, ()))
+            p = _frozen(o.parameters)
+            if p is None or "shared_memory_region" in o.parameters:
+                return None
+            out.append((o.name, p))
         outputs = tuple(out)
     sig = []
     for t in request.inputs:
@@ -82,7 +80,7 @@ def merge_key(request: InferRequest) -> tuple | None:
 
 def pack_merged(arena, requests: list[InferRequest], packed: shm_ring.Packed) -> tuple[InferRequest, list]:
     """One request of the requests' rows (every input one block: shm_ring.put_rows) as the host's
-    header needs it: (the merged request, its input descriptors) and ``parts`` [(id, rows)] to split
+    header needs it: (the merged request, its input descriptors); :func:`parts_of` gives what to split
     the answer by."""
     first = requests[0]
     metas = []
@@ -119,32 +117,33 @@ def parts_of(requests: list[InferRequest]) -> list[tuple[str, int]]:
     return [(r.id, int(r.inputs[0].data.shape[0])) for r in requests]
 
 
+def _row_slices(parts: list[tuple[str, int]]):
+    """(id, rows, slice of its rows) of each part, in row order."""
+    at = 0
+    for rid, rows in parts:
+        yield rid, rows, slice(at, at + rows)
+        at += rows
+
+
 def split_response(response: InferResponse, parts: list[tuple[str, int]]) -> list[InferResponse]:
     """The merged answer cut back into each request's (views of its rows; ids and parameters per request)."""
-    out, at = [], 0
-    for rid, rows in parts:
-        tensors = [InferTensor(t.name, t.datatype, (rows, *t.shape[1:]), t.data[at:at + rows], t.parameters)
-                   for t in response.outputs]
-        out.append(InferResponse(model_name=response.model_name, model_version=response.model_version,
-                                 outputs=tensors, id=rid, parameters=dict(response.parameters)))
-        at += rows
-    return out
+    return [InferResponse(model_name=response.model_name, model_version=response.model_version, id=rid,
+                          parameters=dict(response.parameters),
+                          outputs=[InferTensor(t.name, t.datatype, (rows, *t.shape[1:]), t.data[cut], t.parameters)
+                                   for t in response.outputs])
+            for rid, rows, cut in _row_slices(parts)]
 
 
 def split_request(request: InferRequest, parts: list[tuple[str, int]]) -> list[InferRequest]:
     """A merged request cut back into the requests it was made of (views of their rows)."""
-    out, at = [], 0
-    for rid, rows in parts:
-        inputs = [InferTensor(t.name, t.datatype, (rows, *t.shape[1:]), t.data[at:at + rows], t.parameters)
-                  for t in request.inputs]
-        out.append(InferRequest(model_name=request.model_name, inputs=inputs, model_version=request.model_version,
-                                id=rid, parameters=dict(request.parameters),
-                                outputs=None if request.outputs is None else
-                                [RequestedOutput(o.name, dict(o.parameters)) for o in request.outputs],
-                                front_end=request.front_end, recv_start=request.recv_start,
-                                recv_end=request.recv_end))
-        at += rows
-    return out
+    return [InferRequest(model_name=request.model_name, model_version=request.model_version, id=rid,
+                         inputs=[InferTensor(t.name, t.datatype, (rows, *t.shape[1:]), t.data[cut], t.parameters)
+                                 for t in request.inputs],
+                         parameters=dict(request.parameters),
+                         outputs=None if request.outputs is None else
+                         [RequestedOutput(o.name, dict(o.parameters)) for o in request.outputs],
+                         front_end=request.front_end, recv_start=request.recv_start, recv_end=request.recv_end)
+            for rid, rows, cut in _row_slices(parts)]
 
 
 # --- the batcher's side: a model whose execute sees requests (Python) gets them one by one ---------------
@@ -154,9 +153,9 @@ class PartResults(list):
     input row): the host answers each part on its own, as if they had never merged."""
 
 
-def expand(items: list[WorkItem]) -> tuple[list[WorkItem], list[int] | None]:
-    """The batch's items with every merged one cut back into its parts, and how many each became (None:
-    nothing was merged, the items as they are)."""
+def expand(items: list[WorkItem], model: str) -> tuple[list[WorkItem], list[int] | None]:
+    """The batch's items with every merged one cut back into its parts (merge.split_outputs: views of
+    their rows), and how many each became (None: nothing was merged, the items as they are)."""
     if all(item.parts is None for item in items):
         return items, None
     out: list[WorkItem] = []
@@ -166,11 +165,9 @@ def expand(items: list[WorkItem]) -> tuple[list[WorkItem], list[int] | None]:
             out.append(item)
             counts.append(1)
             continue
-        at = 0
-        for rid, rows in item.parts:
-            out.append(WorkItem(inputs={n: a[at:at + rows] for n, a in item.inputs.items()}, outputs=item.outputs,
-                                batch_size=rows, request_id=rid, parameters=item.parameters))
-            at += rows
+        pieces = merge.split_outputs(item.inputs, [rows for _, rows in item.parts], model=model)
+        out.extend(WorkItem(inputs=inputs, outputs=item.outputs, batch_size=rows, request_id=rid,
+                            parameters=item.parameters) for (rid, rows), inputs in zip(item.parts, pieces))
         counts.append(len(item.parts))
     return out, counts
 
@@ -205,4 +202,4 @@ def _stacked(subs: list, parts) -> Any:
             if (type(a) is not np.ndarray or a.ndim == 0 or a.shape[0] != rows or a.dtype.hasobject
                     or a.dtype != first[name].dtype or a.shape[1:] != first[name].shape[1:]):
                 return PartResults(subs)
-    return {name: np.concatenate([sub[name] for sub in subs]) for name in names}
+    return merge.merge_inputs(subs, [rows for _, rows in parts])

@@ -56,14 +56,12 @@ class CoalescedCounts:
 def coalesce_limit(dp: TritonDataPlane, model: LoadedModel) -> int:
     """Rows of a coalesced request this model may take as one (0: its requests must run one by one):
     only a dynamically batched model with nothing per request (no sequence, decoupled answers, response
-    cache, fallback or output monitor, queue size limit, and no tracer sampling requests)."""
+    cache, queue size limit, and no tracer sampling requests; a fallback or output monitor the caller
+    has ruled out already)."""
     batcher = model.batcher
     if (batcher is None or model.sequence or model.decoupled or not batcher.settings.dynamic
             or (model.response_cache and dp.cache is not None) or dp.tracer.active
             or any(policy.max_queue_size for policy in batcher.settings.policies)):
-        return 0
-    cached = dp._cached_policies(model.name)
-    if cached is not None and (cached[1] is not None or cached[2] is not None):
         return 0
     return model.max_batch_size
 
@@ -75,7 +73,7 @@ async def infer_coalesced(dp: TritonDataPlane, request: InferRequest, parts: lis
     if dp._closing:
         raise Unavailable("the server is shutting down and accepts no new requests")
     cached = dp._cached_policies(request.model_name)
-    if cached is not None and (cached[1] is not None or cached[2] is not None):
+    if cached is not None and (cached[1] is not None or cached[2] is not None):  # a fallback or output monitor
         return "one_by_one", await _one_by_one(dp, request, parts), 0
     model = dp.manager.get(request.model_name, request.model_version)
     limit = coalesce_limit(dp, model)

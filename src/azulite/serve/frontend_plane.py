@@ -115,13 +115,10 @@ class RemoteDataPlane:
             self._coalesced_answer(target, header, inline)
             return
         if kind in ("r", "s"):
-            self._released.extend(ref[1] for ref in header[2][5] if ref[0] == "s")
             try:
-                value, trace_id = ipc.response_from(header[2], self._out[1], inline)  # type: ignore[index]
-                if trace_id:  # a traced answer: this front-end reports its send to the host's tracer
-                    value.trace = RemoteTrace(self, trace_id)
-            except Exception as exc:  # noqa: BLE001 - answered as this request's error, never a hang
-                value = Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}")
+                value = self._answer_of(header[2], inline)
+            except Internal as exc:  # answered as this request's error, never a hang
+                value = exc
                 if kind == "s":  # the stream's inputs stay in use until the host ends it
                     if target is not None:
                         target.put_nowait(("error", value))
@@ -162,12 +159,9 @@ class RemoteDataPlane:
         limit = header[3]
         self._limits[target.key] = (limit, 0.0 if limit else time.monotonic() + COALESCE_RETRY_S)
         if kind == "R":
-            self._released.extend(ref[1] for ref in header[2][5] if ref[0] == "s")
             try:
-                response, _ = ipc.response_from(header[2], self._out[1], inline)  # type: ignore[index]
-                answers = coalesce.split_response(response, target.parts)
-            except Exception as exc:  # noqa: BLE001 - every part's error, never a hang
-                error = Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}")
+                answers = coalesce.split_response(self._answer_of(header[2], inline), target.parts)
+            except Internal as error:  # every part's error, never a hang
                 for entry in entries:
                     self._settle(entry, error, True)
                 return
@@ -178,15 +172,23 @@ class RemoteDataPlane:
             if part_kind == "e":
                 self._settle(entry, ipc.rebuild_error(body), True)
                 continue
-            self._released.extend(ref[1] for ref in body[5] if ref[0] == "s")
             try:
-                value, trace_id = ipc.response_from(body, self._out[1], inline)  # type: ignore[index]
-                if trace_id:
-                    value.trace = RemoteTrace(self, trace_id)
-            except Exception as exc:  # noqa: BLE001
-                self._settle(entry, Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}"), True)
-                continue
-            self._settle(entry, value, False)
+                self._settle(entry, self._answer_of(body, inline), False)
+            except Internal as error:
+                self._settle(entry, error, True)
+
+    def _answer_of(self, body: tuple, inline: memoryview) -> InferResponse:
+        """An answer read back from its header and the host's arena (its blocks released with this
+        front-end's next frame); a traced one reports its send to the host's tracer. Internal when it
+        cannot be read."""
+        self._released.extend(ref[1] for ref in body[5] if ref[0] == "s")
+        try:
+            value, trace_id = ipc.response_from(body, self._out[1], inline)  # type: ignore[index]
+        except Exception as exc:  # noqa: BLE001
+            raise Internal(f"reading the model host's answer: {type(exc).__name__}: {exc}") from None
+        if trace_id:
+            value.trace = RemoteTrace(self, trace_id)
+        return value
 
     def _settle(self, entry: _Then, value: Any, failed: bool) -> None:
         """An infer_then request's answer (nothing when its client went away: ``then`` heard the cancel)."""
@@ -232,11 +234,15 @@ class RemoteDataPlane:
                 target.set_exception(error)
         self._pending.clear()
 
+    def _frame(self, op: str, rid: int, *args: Any, payload=None) -> list:
+        """A frame to the host, carrying the answer blocks this front-end has read since its last one."""
+        released, self._released = self._released, []
+        return ipc.frame((op, rid, released, *args), payload)
+
     def _send(self, op: str, rid: int, *args: Any, payload=None) -> None:
         if self._lost:
             raise Unavailable(self._lost)
-        released, self._released = self._released, []
-        self._proto.writelines(ipc.frame((op, rid, released, *args), payload))  # type: ignore[union-attr]
+        self._proto.writelines(self._frame(op, rid, *args, payload=payload))  # type: ignore[union-attr]
 
     def _next(self) -> int:
         self._rid += 1
@@ -294,25 +300,23 @@ class RemoteDataPlane:
         return self.call("startup_table")
 
     async def infer(self, request: InferRequest) -> InferResponse:
-        if self._closing:
-            raise Unavailable("the server is shutting down and accepts no new requests")
-        rid = self._next()
-        metas, packed = ipc.pack_tensors(self._arena, request.inputs)
-        fut = self._loop.create_future()  # type: ignore[union-attr]
-        self._pending[rid] = fut
-        self._blocks[rid] = packed.blocks
+        """infer_then awaited (the coroutine callers: grpc.aio, a Task path); cancelling it drops the request."""
+        answered = self._loop.create_future()  # type: ignore[union-attr]
+
+        def then(response: InferResponse | None, error: BaseException | None) -> None:
+            if answered.done():  # cancelled: the caller is gone
+                return
+            if error is not None:
+                answered.set_exception(error)
+            else:
+                answered.set_result(response)
+
+        sent = self.infer_then(request, then)
         try:
-            self._send("infer", rid, ipc.request_header(request, metas, packed.refs), payload=packed.inline)
-        except BaseException:
-            self._pending.pop(rid, None)
-            for offset in self._blocks.pop(rid, ()):
-                self._arena.free(offset)  # type: ignore[union-attr]
+            return await answered
+        except asyncio.CancelledError:
+            sent.cancel()
             raise
-        self._inflight += 1
-        try:
-            return await fut  # cancelled (client gone): the host's answer still frees the blocks
-        finally:
-            self._inflight -= 1
 
     def infer_then(self, request: InferRequest, then: Callable[[InferResponse | None, BaseException | None], None]
                    ) -> asyncio.Future:
@@ -350,25 +354,17 @@ class RemoteDataPlane:
         now = 0.0
         for group in gathered.values():
             entries = [e for e in group if not e.future.done()]  # a client gone before it was sent
-            if not entries:
-                continue
-            first = entries[0].request
-            if len(entries) > 1:
-                known = self._limits.get((first.model_name, first.model_version))
-                if known is not None and not known[0]:
-                    now = now or time.monotonic()
-                    if now < known[1]:  # the host said no lately: one by one
-                        for entry in entries:
-                            self._send_one(entry, frames)
-                        continue
-                limit = known[0] if known is not None else 0
-                for chunk in coalesce.chunks(entries, limit, _rows):
-                    if len(chunk) == 1:
-                        self._send_one(chunk[0], frames)
-                    else:
-                        self._send_coalesced(chunk, frames)
-                continue
-            self._send_one(entries[0], frames)
+            first = entries[0].request if entries else None
+            known = self._limits.get((first.model_name, first.model_version)) if len(entries) > 1 else None
+            if known is not None and not known[0] and (now := now or time.monotonic()) < known[1]:
+                chunks = [[entry] for entry in entries]  # the host said no lately: one by one
+            else:
+                chunks = coalesce.chunks(entries, known[0] if known is not None else 0, _rows) if entries else ()
+            for chunk in chunks:
+                if len(chunk) == 1:
+                    self._send_one(chunk[0], frames)
+                else:
+                    self._send_coalesced(chunk, frames)
         if frames:
             self._proto.write_now(frames)  # type: ignore[union-attr]
 
@@ -383,9 +379,7 @@ class RemoteDataPlane:
         self._pending[rid] = entry
         self._blocks[rid] = packed.blocks
         entry.rid = rid
-        released, self._released = self._released, []
-        frames.extend(ipc.frame(("infer", rid, released, ipc.request_header(request, metas, packed.refs)),
-                                packed.inline))
+        frames.extend(self._frame("infer", rid, ipc.request_header(request, metas, packed.refs), payload=packed.inline))
 
     def _send_coalesced(self, entries: list[_Then], frames: list) -> None:
         requests = [e.request for e in entries]
@@ -405,9 +399,8 @@ class RemoteDataPlane:
         for entry in entries:
             entry.rid, entry.group = rid, group
         self._blocks[rid] = packed.blocks
-        released, self._released = self._released, []
-        frames.extend(ipc.frame(("coalesced", rid, released, ipc.request_header(merged, metas, packed.refs), parts),
-                                packed.inline))
+        frames.extend(self._frame("coalesced", rid, ipc.request_header(merged, metas, packed.refs), parts,
+                                  payload=packed.inline))
 
     async def infer_stream(self, request: InferRequest) -> AsyncIterator[InferResponse]:
         if self._closing:
