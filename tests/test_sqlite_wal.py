@@ -16,30 +16,43 @@ from azulite.sqlite_wal import open_wal
 SCHEMA = "CREATE TABLE IF NOT EXISTS t (k TEXT PRIMARY KEY, v INTEGER);"
 
 
-def _open(opener: Callable[[str], object], db: str, barrier, q) -> None:
-    barrier.wait()  # every process opens the fresh file at the same moment
-    try:
-        opener(db)
-        q.put("ok")
-    except Exception as e:  # noqa: BLE001 - the test reports what it was
-        q.put(f"{type(e).__name__}: {e}")
+def _open_rounds(opener: Callable[[str], object], paths: list[str], barrier, q) -> None:
+    for db in paths:
+        barrier.wait()  # every process opens the round's fresh file at the same moment
+        try:
+            opener(db)
+            q.put((db, "ok"))
+        except Exception as e:  # noqa: BLE001 - the test reports what it was
+            q.put((db, f"{type(e).__name__}: {e}"))
 
 
 def opened_at_once(tmp_path, opener: Callable[[str], object], rounds: int, n: int = 6) -> None:
     """``rounds`` fresh files, each opened by ``n`` processes at once with ``opener(path)``: all succeed and
-    the file is in WAL mode."""
-    ctx = mp.get_context("fork")
-    for r in range(rounds):
-        db = str(tmp_path / f"fresh-{r}.db")
-        barrier, q = ctx.Barrier(n), ctx.Queue()
-        procs = [ctx.Process(target=_open, args=(opener, db, barrier, q)) for _ in range(n)]
+    the file is in WAL mode. The processes are spawned, not forked: a fork of the test process (whose other
+    threads may hold an import or logging lock at that moment) could hang in the child, as it once did in CI;
+    and they are spawned once and open every round's file, so the rounds cost no process start each."""
+    ctx = mp.get_context("spawn")
+    paths = [str(tmp_path / f"fresh-{r}.db") for r in range(rounds)]
+    barrier, q = ctx.Barrier(n), ctx.Queue()
+    procs = [ctx.Process(target=_open_rounds, args=(opener, paths, barrier, q), daemon=True) for _ in range(n)]
+    for p in procs:
+        p.start()
+    try:
+        got: dict[str, list[str]] = {db: [] for db in paths}
+        for _ in range(rounds * n):  # a process's next round may arrive before another's last one
+            db, result = q.get(timeout=120)
+            got[db].append(result)
+        failed = {db: results for db, results in got.items() if results != ["ok"] * n}
+        assert not failed, failed
+        for db in paths:
+            assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal", db
         for p in procs:
-            p.start()
-        got = [q.get(timeout=120) for _ in procs]
+            p.join(timeout=60)
+            assert p.exitcode == 0, p.exitcode
+    finally:
         for p in procs:
-            p.join()
-        assert got == ["ok"] * n, (r, got)
-        assert sqlite3.connect(db).execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+            if p.is_alive():
+                p.kill()
 
 
 def _open_plain(db: str) -> None:
