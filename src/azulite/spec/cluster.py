@@ -31,7 +31,8 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from azulite.errors import SpecError
 from azulite.spec.job import parse_duration
-from azulite.spec.loader import _data_path, _describe, _dotted, _line_map, _Source
+from azulite.spec.loader import _data_path, _describe, _Source
+from azulite.spec.yaml_text import dotted, line_map, parse
 
 #: Spot evictions per node-hour when a pool gives none. No seed and no Microsoft page we could read gives
 #: an eviction rate (Azure shows a per-region bucket in the portal only): this is azulite's assumption,
@@ -171,7 +172,7 @@ def _cluster_error(exc: ValidationError, data: Any, src: _Source) -> SpecError:
                              "pool name), e.g. gpupool")
     message, fix = _describe(err, path, value if found else None, data)
     if fix.startswith("correct ") and "README" in fix:
-        fix = f"correct {_dotted(path) or 'the cluster spec'} (see the cluster spec format in README.md)"
+        fix = f"correct {dotted(path) or 'the cluster spec'} (see the cluster spec format in README.md)"
     return src.error(message, path, value if found else None, fix)
 
 
@@ -188,16 +189,10 @@ def load_cluster(path: str | Path) -> ClusterSpec:
     except (PermissionError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read the cluster spec ({exc.__class__.__name__})", file=shown,
                         fix="pass a readable YAML file with `pools:`") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise SpecError(f"not valid YAML: {exc.problem or exc}", file=shown, line=mark.line + 1 if mark else None,
-                        fix="check indentation and quoting around this line") from None
+    data, node = parse(text, shown)
     if not isinstance(data, dict):
         raise SpecError("a cluster spec must be a YAML mapping", file=shown, line=1, fix="start with `pools:`")
-    src = _Source(shown, _line_map(node), {})
+    src = _Source(shown, line_map(node), {})
     try:
         return ClusterSpec.model_validate(data)
     except ValidationError as exc:
@@ -210,4 +205,4 @@ def pool_line(spec_file: str | Path, index: int) -> int | None:
         node = yaml.compose(Path(spec_file).read_text(), Loader=yaml.SafeLoader)
     except (OSError, yaml.YAMLError):
         return None
-    return _line_map(node).get(("pools", index, "sku"))
+    return line_map(node).get(("pools", index, "sku"))

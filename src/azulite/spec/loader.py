@@ -3,8 +3,8 @@
 line, the field path, the offending value and a fix.
 
 Why by hand: PyYAML's composed node tree carries the line of every key; pydantic reports the field path.
-No library joins the two, so :func:`_line_map` walks the node tree once and :func:`_spec_error` maps each
-pydantic error's location onto it.
+No library joins the two, so :func:`~azulite.spec.yaml_text.line_map` walks the node tree once and
+:func:`_spec_error` maps each pydantic error's location onto it.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from azulite.errors import SpecError
 from azulite.spec.job import DISTRIBUTION_TYPES, Environment, JobSpec, PathInput
+from azulite.spec.yaml_text import Path_, dotted, line_map, override_as_written, parse
 
 _REF_RE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_.-]+?)\s*\}\}")
 _EXAMPLES = {
@@ -31,49 +32,6 @@ _EXAMPLES = {
     "distribution": "distribution: {type: pytorch, process_count_per_instance: 2}",
     "distribution.type": "type: pytorch   (or tensorflow, mpi)",
 }
-
-Path_ = tuple  # a field path: ("distribution", "process_count_per_instance")
-
-
-def _dotted(path: Iterable[Any]) -> str:
-    out = ""
-    for p in path:
-        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
-    return out
-
-
-def _line_map(node: yaml.Node | None, path: Path_ = ()) -> dict[Path_, int]:
-    """Field path -> 1-based line of its key (of the item, for sequences)."""
-    lines: dict[Path_, int] = {}
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            sub = path + (key_node.value,)
-            lines[sub] = key_node.start_mark.line + 1
-            lines.update(_line_map(value_node, sub))
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            lines[path + (i,)] = item.start_mark.line + 1
-            lines.update(_line_map(item, path + (i,)))
-    return lines
-
-
-def _duplicate_key(node: yaml.Node | None, path: Path_ = ()) -> tuple[str, int, int] | None:
-    """The first key a mapping gives twice: (its dotted path, first line, second line)."""
-    if isinstance(node, yaml.MappingNode):
-        seen: dict[Any, int] = {}
-        for key_node, value_node in node.value:
-            line = key_node.start_mark.line + 1
-            if key_node.value in seen:
-                return _dotted(path + (key_node.value,)), seen[key_node.value], line
-            seen[key_node.value] = line
-            if (found := _duplicate_key(value_node, path + (key_node.value,))) is not None:
-                return found
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            if (found := _duplicate_key(item, path + (i,))) is not None:
-                return found
-    return None
-
 
 class _Source:
     """Where each field came from: a line of the file, or a ``--set`` flag."""
@@ -86,13 +44,13 @@ class _Source:
             message += f" (got {value!r})"
         for n in range(len(path), 0, -1):
             if path[:n] in self.overrides:
-                return SpecError(message, file=f"--set {self.overrides[path[:n]]}", field=_dotted(path) or None, value=value, fix=fix)
+                return SpecError(message, file=f"--set {self.overrides[path[:n]]}", field=dotted(path) or None, value=value, fix=fix)
         line = None
         for n in range(len(path), 0, -1):
             if path[:n] in self.lines:
                 line = self.lines[path[:n]]
                 break
-        return SpecError(message, file=self.file, line=line, field=_dotted(path) or None, value=value, fix=fix)
+        return SpecError(message, file=self.file, line=line, field=dotted(path) or None, value=value, fix=fix)
 
 
 def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
@@ -121,7 +79,7 @@ def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
         except yaml.YAMLError:
             value = raw
         path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))
-        out.append((path, value, item))
+        out.append((path, override_as_written(path, value, raw), item))
     return out
 
 
@@ -133,7 +91,7 @@ def _apply_override(data: dict, path: Path_, value: Any, item: str) -> None:
             continue
         if not isinstance(cur, dict):
             raise SpecError(
-                f"--set {item}: {_dotted(path[:i])} is not a mapping", file="--set", field=_dotted(path), value=value,
+                f"--set {item}: {dotted(path[:i])} is not a mapping", file="--set", field=dotted(path), value=value,
                 fix="set a field inside a mapping, e.g. --set inputs.epochs=3",
             )
         if not isinstance(cur.get(part), (dict, list)):
@@ -144,7 +102,7 @@ def _apply_override(data: dict, path: Path_, value: Any, item: str) -> None:
     elif isinstance(cur, dict):
         cur[path[-1]] = value
     else:
-        raise SpecError(f"--set {item}: cannot set {_dotted(path)}", file="--set", field=_dotted(path), value=value,
+        raise SpecError(f"--set {item}: cannot set {dotted(path)}", file="--set", field=dotted(path), value=value,
                         fix="point --set at a mapping field, e.g. --set inputs.epochs=3")
 
 
@@ -206,12 +164,12 @@ def _check_named_overrides(data: dict, over: list[tuple[Path_, Any, str]]) -> No
         hint = f"did you mean {path[0]}.{close[0]}? " if close else ""
         known = f"the spec declares: {', '.join(map(str, declared))}" if declared else f"the spec declares no {path[0]}"
         raise SpecError(f"the spec has no {path[0][:-1]} named {path[1]!r}", file=f"--set {item}",
-                        field=_dotted(path[:2]), value=value, fix=f"{hint}{known}")
+                        field=dotted(path[:2]), value=value, fix=f"{hint}{known}")
 
 
 def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
     """(message, fix) for one pydantic error, in the user's words."""
-    t, field, ctx = err["type"], _dotted(path), err.get("ctx") or {}
+    t, field, ctx = err["type"], dotted(path), err.get("ctx") or {}
     if t == "extra_forbidden":
         sweep = isinstance(data, dict) and str(data.get("type", "")).lower() == "sweep"
         if sweep and len(path) == 1:  # a sweep's own fields, not its trial's (it offered the trial's as its)
@@ -344,19 +302,7 @@ def read_spec(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict, "_
                         fix=f"pass the YAML file itself, e.g. {inside}" if inside.is_file() else "pass the job's YAML file") from None
     except (PermissionError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read the job spec ({exc.__class__.__name__})", file=shown, fix="pass a readable YAML file") from None
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise SpecError(
-            f"not valid YAML: {exc.problem or exc}", file=shown, line=mark.line + 1 if mark else None,
-            fix="check indentation and quoting around this line",
-        ) from None
-    if (twice := _duplicate_key(node)) is not None:  # YAML keeps the last silently: one of them is lost
-        where, first, again = twice
-        raise SpecError(f"{where} is given twice (lines {first} and {again}); YAML would keep only the last",
-                        file=shown, line=again, fix="keep one of them")
+    data, node = parse(text, shown)
     if data is None:
         if not overrides:  # else it reads as "required field 'command' is missing", as if one line were lost
             raise SpecError("the job spec is empty", file=shown,
@@ -369,7 +315,7 @@ def read_spec(path: str | Path, overrides: Iterable[str] = ()) -> tuple[dict, "_
     _check_named_overrides(data, over)
     for p, value, item in over:
         _apply_override(data, p, value, item)
-    src = _Source(shown, _line_map(node), {p: item for p, _, item in over})
+    src = _Source(shown, line_map(node), {p: item for p, _, item in over})
     base = file.resolve().parent
     data.setdefault("name", re.sub(r"[^A-Za-z0-9_-]", "-", base.name).strip("-_") or "job")
     return data, src, base

@@ -16,6 +16,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from azulite.errors import SpecError
+from azulite.spec.yaml_text import dotted, parse
 
 _NAME = re.compile(r"[a-z]([-a-z0-9]{0,61}[a-z0-9])?")  # a Kubernetes Service name (DNS-1035 label)
 
@@ -116,17 +117,12 @@ def read_yaml(path: str | Path) -> tuple[Any, yaml.Node | None]:
         raise SpecError("is a directory, not a spec file", file=shown, fix="pass the YAML file itself") from None
     except (PermissionError, UnicodeDecodeError) as exc:
         raise SpecError(f"cannot read the spec ({exc.__class__.__name__})", file=shown, fix="pass a readable YAML file") from None
-    try:
-        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        raise SpecError(f"not valid YAML: {exc.problem or exc}", file=shown, line=mark.line + 1 if mark else None,
-                        fix="check indentation and quoting around this line") from None
+    return parse(text, shown)
 
 
 def load_model(path: str | Path, model: type[BaseModel], overrides: Iterable[str] = ()) -> Any:
     """Read ``path`` as ``model`` (ServingSpec); every error names the line and field."""
-    from azulite.spec.loader import _apply_override, _dotted, parse_overrides
+    from azulite.spec.loader import _apply_override, parse_overrides
 
     data, node = read_yaml(path)
     if not isinstance(data, dict):
@@ -140,7 +136,7 @@ def load_model(path: str | Path, model: type[BaseModel], overrides: Iterable[str
         problems = []
         for err in exc.errors():
             loc = tuple(err["loc"])
-            field = _dotted(loc)
+            field = dotted(loc)
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
                 msg, fix = f"unknown field '{loc[-1]}'", "remove it (see the Deploy section of README.md for the fields)"
