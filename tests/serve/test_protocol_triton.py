@@ -3,7 +3,7 @@ anchors installer's, Python backend) and of azulite serve, the answers compared:
 request's parameters, a request with no inputs to a model whose inputs are all optional, an output the
 model left out or one requested twice, a model that was unloaded, an output placed in a region and asked
 as binary data too, a CUDA region asked for by name, a version that is not a number, a model that is not
-ready, a streamed response's final flag, and an answer asked compressed. Each exchange returns what a client sees (status codes,
+ready, a streamed response's final flag, an answer asked compressed, and the request id errors name. Each exchange returns what a client sees (status codes,
 bodies, output names and values) so one comparison covers it.
 
 Known and kept (azulite answers differently on purpose, README "Serving"): a client's malformed request is a
@@ -135,10 +135,36 @@ def exchanges(http: str, grpc_url: str) -> dict:
         (stub.RepositoryModelLoad, pb.RepositoryModelLoadRequest, {"model_name": "params_py"}),
         (stub.RepositoryModelUnload, pb.RepositoryModelUnloadRequest, {"model_name": "params_py"}))]
     out["stream"] = _stream(grpc_url)
+    out["request id in errors"] = _request_id_errors(http, g._client_stub)
     g.close()
     out["compressed answers"] = _compressed(http)
     out["config override on reload"] = _override_kept(http)
     return out
+
+
+def _request_id_errors(http: str, stub) -> list:
+    """The first line of each error, over HTTP and gRPC: Triton prefixes those it finds holding a request
+    against its model with ``[request id: ID]`` (``<id_unknown>`` without one), not an unknown input's."""
+    import grpc
+
+    cases = (("rid-7", "INT32", "X"), ("", "INT32", "X"), ("rid-7", "FP32", "NOPE"))
+    seen = []
+    for rid, datatype, name in cases:
+        tensor = {"name": name, "datatype": datatype, "shape": [2], "data": [1, 2]}
+        status, doc = _http(http, "POST", "/v2/models/params_py/infer",
+                            {**({"id": rid} if rid else {}), "inputs": [tensor]})
+        seen.append((status, str(doc.get("error") if isinstance(doc, dict) else doc).split("\n")[0]))
+        request = pb.ModelInferRequest(model_name="params_py", id=rid)
+        t = request.inputs.add(name=name, datatype=datatype, shape=[2])
+        (t.contents.int_contents if datatype == "INT32" else t.contents.fp32_contents).extend([1, 2])
+        try:
+            stub.ModelInfer(request)
+            seen.append("OK")
+        except grpc.RpcError as e:
+            seen.append((e.code().name, e.details().split("\n")[0]))
+    status, doc = _http(http, "POST", "/v2/models/params_py/infer", {"id": "rid-8", "inputs": []})
+    seen.append((status, str(doc.get("error") if isinstance(doc, dict) else doc).split("\n")[0]))
+    return seen
 
 
 def _override_kept(http: str) -> list:
@@ -221,7 +247,7 @@ def answers(tmp_path_factory):
     "output named twice over gRPC", "region and binary_data", "CUDA region by name over HTTP",
     "CUDA region by name over gRPC", "version abc over gRPC", "version not digits over HTTP", "not ready",
     "unloaded over HTTP", "unloaded over gRPC", "stream", "compressed answers", "log_file",
-    "repository_name over HTTP", "repository_name over gRPC", "config override on reload",
+    "repository_name over HTTP", "repository_name over gRPC", "config override on reload", "request id in errors",
 ])
 def test_answers_as_triton(answers, case):
     theirs, ours = answers
@@ -240,4 +266,10 @@ def test_the_answers_compared_are_the_ones_expected(answers):
     assert theirs["repository_name over HTTP"] == [200, 501, 501]
     assert theirs["config override on reload"] == [0, 3, 3, 0]
     assert theirs["repository_name over gRPC"] == ["UNIMPLEMENTED"] * 3
+    assert theirs["request id in errors"][:2] == [
+        (400, "[request id: rid-7] inference input 'X' data-type is 'INT32', but model 'params_py' expects 'FP32'"),
+        ("INVALID_ARGUMENT",
+         "[request id: rid-7] inference input 'X' data-type is 'INT32', but model 'params_py' expects 'FP32'")]
+    assert theirs["request id in errors"][2][1].startswith("[request id: <id_unknown>] inference input 'X'")
+    assert theirs["request id in errors"][4][1] == "unexpected inference input 'NOPE' for model 'params_py'"
     assert theirs["compressed answers"][:4] == [[2.0, 4.0], [2.0, 4.0], ("gzip", "gzip"), ("deflate", "deflate")]

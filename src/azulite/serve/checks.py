@@ -19,11 +19,20 @@ if TYPE_CHECKING:
     from azulite.serve.models import LoadedModel
 
 
-def check_inputs(model: LoadedModel, tensors: Iterable[tuple[str, str, tuple[int, ...], np.ndarray]]
-                 ) -> tuple[dict[str, np.ndarray], int]:
+def request_tag(request_id: str | None) -> str:
+    """Triton's prefix of the errors it finds holding a request against its model (a datatype, a shape, a
+    batch size, an input missing; not an unknown input or output name, not a model's own error):
+    ``[request id: ID] ``, ``<id_unknown>`` for a request without one. None: no prefix (an ensemble's step)."""
+    return "" if request_id is None else f"[request id: {request_id or '<id_unknown>'}] "
+
+
+def check_inputs(model: LoadedModel, tensors: Iterable[tuple[str, str, tuple[int, ...], np.ndarray]],
+                 request_id: str | None = None) -> tuple[dict[str, np.ndarray], int]:
     """``tensors``: (name, wire datatype, shape, data) each. Returns the inputs (shaped as the model
-    takes them: the request's shape, then the config's reshape) and the batch size (-1: not batching)."""
+    takes them: the request's shape, then the config's reshape) and the batch size (-1: not batching).
+    Errors carry :func:`request_tag` where Triton's do."""
     name = model.name
+    tag = request_tag(request_id)
     mbs = model.max_batch_size
     inputs: dict[str, np.ndarray] = {}
     batch = -1
@@ -35,24 +44,24 @@ def check_inputs(model: LoadedModel, tensors: Iterable[tuple[str, str, tuple[int
         if key in inputs:
             raise InvalidArgument(f"input '{key}' is given twice in the request for model '{name}'")
         if datatype != spec.datatype:
-            raise InvalidArgument(f"inference input '{key}' data-type is '{datatype}', "
+            raise InvalidArgument(f"{tag}inference input '{key}' data-type is '{datatype}', "
                                   f"but model '{name}' expects '{spec.datatype}'")
         if mbs > 0:
             if not shape:
                 raise InvalidArgument(
-                    f"unexpected shape for input '{key}' for model '{name}'. Expected "
+                    f"{tag}unexpected shape for input '{key}' for model '{name}'. Expected "
                     f"{shape_text((-1, *spec.dims))}, got [] (the model batches: the first dimension is the batch)")
             if batch < 0:
                 batch = shape[0]
             elif shape[0] != batch:
-                raise InvalidArgument(f"input '{key}' has batch size {shape[0]} but other inputs of the request "
+                raise InvalidArgument(f"{tag}input '{key}' has batch size {shape[0]} but other inputs of the request "
                                       f"have {batch}, for model '{name}'")
             rest = shape[1:]
         else:
             rest = shape
         if not spec.matches(rest):
             expected = (-1, *spec.dims) if mbs > 0 else spec.dims
-            raise InvalidArgument(f"unexpected shape for input '{key}' for model '{name}'. "
+            raise InvalidArgument(f"{tag}unexpected shape for input '{key}' for model '{name}'. "
                                   f"Expected {shape_text(expected)}, got {shape_text(shape)}")
         expected_dtype = cfg.WIRE_TO_NUMPY.get(spec.datatype)
         if expected_dtype is None:
@@ -71,13 +80,13 @@ def check_inputs(model: LoadedModel, tensors: Iterable[tuple[str, str, tuple[int
     if len(inputs) < len(model.required_inputs) or not model.required_inputs <= inputs.keys():
         missing = sorted(model.required_inputs - inputs.keys())
         raise InvalidArgument(
-            f"expected {len(model.required_inputs)} inputs but got {len(inputs)} inputs for model '{name}'. "
+            f"{tag}expected {len(model.required_inputs)} inputs but got {len(inputs)} inputs for model '{name}'. "
             f"Got input(s) {sorted(inputs)}, but missing required input(s) {missing}. "
             "Please provide all required input(s).")
     if mbs > 0 and batch == 0:
-        raise InvalidArgument(f"inference request batch-size must be >= 1 for '{name}' (got a batch of 0)")
+        raise InvalidArgument(f"{tag}inference request batch-size must be >= 1 for '{name}' (got a batch of 0)")
     if mbs > 0 and batch > mbs:
-        raise InvalidArgument(f"inference request batch-size must be <= {mbs} for '{name}'",
+        raise InvalidArgument(f"{tag}inference request batch-size must be <= {mbs} for '{name}'",
                               fix=f"split the request into batches of at most {mbs}")
     return inputs, batch
 

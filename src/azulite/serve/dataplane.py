@@ -422,7 +422,8 @@ class TritonDataPlane(ModelControl):
         return item, wanted, priority, timeout
 
     def _prepare(self, model: LoadedModel, request: InferRequest) -> WorkItem:
-        inputs, batch = check_inputs(model, ((t.name, t.datatype, tuple(t.shape), t.data) for t in request.inputs))
+        inputs, batch = check_inputs(model, ((t.name, t.datatype, tuple(t.shape), t.data) for t in request.inputs),
+                                    request.id)
         outputs = None if request.outputs is None else check_outputs(model, (o.name for o in request.outputs))
         return WorkItem(inputs=inputs, outputs=outputs, batch_size=max(batch, 0), request_id=request.id,
                         parameters=for_model(request.parameters))
