@@ -256,6 +256,11 @@ class IntegrityError(AzuliteError):
     verify. Names the file."""
 
 
+class AuditError(AzuliteError):
+    """An audit log's seal key that cannot be read or is too short, or an audit log that cannot be read to
+    verify. Names the file."""
+
+
 class KeyStoreError(AzuliteError):
     """An endpoint key store that cannot be read or written, or a key name that does not exist."""
 

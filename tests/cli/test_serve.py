@@ -183,6 +183,11 @@ def test_bad_flags_exit_2_without_traceback(repo, args, message):
     (["--audit-log", "/"], "error: / (--audit-log): is a directory"),  # served, every audit line lost
     (["--audit-log", "/proc/nope/a.jsonl"], "error: /proc/nope/a.jsonl (--audit-log): its folder cannot be made"),
     (["--audit-log-max-bytes", "0"], "error: --audit-log-max-bytes: must be a positive number of bytes, got 0"),
+    (["--audit-seal"], "error: --audit-seal: seals the audit log, and there is none\n  fix: add --audit-log FILE"),
+    (["--audit-log", "/proc/nope/a.jsonl", "--audit-key", "/proc/nope/k"],
+     "error: --audit-key /proc/nope/k: cannot read the seal key"),
+    (["--audit-log", "/proc/nope/a.jsonl", "--audit-key", "/dev/null"],
+     "error: --audit-key /dev/null: the seal key is 0 bytes; at least 16 are needed"),
     (["--quota-ledger", "/tmp/q.db"], "error: --quota-ledger: is only used with --auth"),
 ])
 def test_flags_refused_before_serving_say_the_flag_once_and_the_fix(capsys, monkeypatch, repo, args, says):

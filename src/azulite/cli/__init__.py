@@ -21,6 +21,7 @@ from azulite.cli import cluster as _cluster
 from azulite.cli import deploy as _deploy
 from azulite.cli import export as _export
 from azulite.cli import keys as _keys
+from azulite.cli import audit as _audit
 from azulite.cli import repo as _repo
 from azulite.cli import bench as _bench
 from azulite.cli import doctor as _doctor
@@ -71,6 +72,7 @@ app.add_typer(_deploy.app, name="deploy")
 app.add_typer(_deploy.cluster_app, name="cluster")
 _export.register(app)
 app.add_typer(_keys.app, name="keys")
+app.add_typer(_audit.app, name="audit")
 app.add_typer(_repo.app, name="repo")
 app.add_typer(_bench.app, name="bench")
 _doctor.register(app)

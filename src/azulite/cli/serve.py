@@ -114,6 +114,10 @@ def serve(
     audit_log: Optional[Path] = typer.Option(None, "--audit-log", help="Write one JSON line per request here."),
     audit_log_max_bytes: int = typer.Option(64 * 1024 * 1024, "--audit-log-max-bytes",
                                             help="Rotate the audit log past this size (5 old files kept)."),
+    audit_seal: bool = typer.Option(False, "--audit-seal", help="Seal the audit log: each write ends with a line "
+                                    "chaining a SHA-256 of its lines to the one before (azulite audit verify)."),
+    audit_key: Optional[Path] = typer.Option(None, "--audit-key", help="Seal with HMAC-SHA256 under this key file "
+                                             "(16+ bytes): no one without it can rewrite the chain."),
     server_name: str = typer.Option("azulite", "--server-name",
                                     help="The name /v2 and ServerMetadata report (Triton's clients expect "
                                     "'triton')."),
@@ -247,6 +251,13 @@ def serve(
         "stall_timeout_s": stall_timeout_secs, "max_write_buffer": max_write_buffer_bytes,
         "max_message_bytes": grpc_max_message_bytes, "max_buffered_bytes": grpc_max_buffered_bytes,
     }, grpc_impl=grpc_impl)
+    if (audit_seal or audit_key is not None) and audit_log is None:  # nothing to seal: the user thinks it is
+        raise SpecError("seals the audit log, and there is none", field="--audit-key" if audit_key else "--audit-seal",
+                        fix="add --audit-log FILE")
+    if audit_key is not None:
+        from azulite.serve.audit import read_key
+
+        read_key(audit_key)  # unreadable or short: said now, not by every front-end at start
     if audit_log is not None and (audit_log.is_dir() or any(p.exists() and not p.is_dir() for p in audit_log.parents)):
         # the server would start and count every line as a write error (a failed write never fails a request)
         raise SpecError("is a directory" if audit_log.is_dir() else "lies under a file, not a folder",
@@ -300,7 +311,8 @@ def serve(
             model_rps=tuple(_rate(item) for item in model_rate_limit or ()),
             restricted={"http": tuple(parse_restricted(t, "--http-restricted-api") for t in http_restricted_api or ()),
                         "grpc": tuple(parse_restricted(t, "--grpc-restricted-api") for t in grpc_restricted_api or ())},
-            audit_log=audit_log, audit_max_bytes=audit_log_max_bytes, quota_ledger=quota_ledger),
+            audit_log=audit_log, audit_max_bytes=audit_log_max_bytes, quota_ledger=quota_ledger,
+            audit_seal=audit_seal or audit_key is not None, audit_key=audit_key),
         server_name=server_name,
         verify=verify,
         manifest_key=manifest_key,

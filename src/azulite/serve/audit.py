@@ -49,6 +49,7 @@ import time
 from struct import error as StructError
 from pathlib import Path
 
+from azulite.errors import AuditError
 from azulite.serve.audit_writer import (COUNTS, DEFINE_END, DEFINE_MORE, FRAME, HEADER, NO_RID, RID, RID_CUT,
                                         RID_MAX, SLOT)
 
@@ -73,15 +74,35 @@ def _ring_file(size: int) -> int:
     return fd
 
 
+#: the shortest key taken: HMAC-SHA256's security is the key's, and a short one can be guessed
+KEY_MIN = 16
+
+
+def read_key(path: Path | str, flag: str = "--audit-key") -> bytes:
+    """A seal key file's bytes (trailing newline kept: the file is the key, as written)."""
+    try:
+        key = Path(path).read_bytes()
+    except OSError as exc:
+        raise AuditError(f"cannot read the seal key: {exc.strerror or exc}", where=f"{flag} {path}",
+                         fix="name a readable key file, e.g. made with: head -c 32 /dev/urandom > audit.key") from None
+    if len(key) < KEY_MIN:
+        raise AuditError(f"the seal key is {len(key)} bytes; at least {KEY_MIN} are needed", where=f"{flag} {path}",
+                         fix="make a longer one, e.g. head -c 32 /dev/urandom > audit.key")
+    return key
+
+
 class AuditLog:
     """``record(...)`` from the event loop; ``flush()`` / ``close()`` from any thread."""
 
     def __init__(self, path: Path | str, *, max_bytes: int = 64 * 1024 * 1024, backups: int = 5,
-                 max_pending: int = 32768, batch_s: float = 0.1, shared_lock: Path | None = None) -> None:
+                 max_pending: int = 32768, batch_s: float = 0.1, shared_lock: Path | None = None,
+                 seal: bytes | None = None) -> None:
         """``max_pending``: records the ring holds for the writer (its memory: 128 bytes each).
         ``shared_lock``: a lock file the other worker processes of the server writing this same log
         also use (ServerSettings.shared_state_dir): each batch is written and each rotation done under
-        it, so lines never interleave and a rotation by one worker is followed by the others."""
+        it, so lines never interleave and a rotation by one worker is followed by the others.
+        ``seal``: None, no seal lines; b"", SHA-256 seals; a key, HMAC-SHA256 seals (audit_writer.py)."""
+        self.seal = seal
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if shared_lock is not None:
@@ -217,7 +238,7 @@ class AuditLog:
         except (OSError, ValueError, TypeError):  # no interpreter to run (sys.executable unknown), no fds
             self._proc = None  # records wait in the ring (then are dropped, counted) until a start succeeds
             return
-        known = marshal.dumps({ident: who for who, ident in self._ids.items()})
+        known = marshal.dumps(({ident: who for who, ident in self._ids.items()}, self.seal))
         try:  # the ids a predecessor was told of: records still in the ring may use them
             proc.stdin.write(FRAME.pack(len(known)) + known)
             proc.stdin.flush()

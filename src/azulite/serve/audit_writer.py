@@ -18,11 +18,20 @@ address, model, version, protocol, status) travel once, as a "define" of a small
 slots as it needs; a record carries the id. A request id longer than :data:`RID_MAX` bytes is cut, and
 the line says so.
 
+Sealed logs (``--audit-seal``, ``--audit-key``): every write (a batch, or its part in one file when the file
+rotates within it) ends with a seal line, ``{"time":...,"audit_seal":{"alg":...,"lines":N,"prev":P,
+"hash":H}}``, H the SHA-256 (HMAC-SHA256 with a key) of P, a newline and the N lines before it with their
+newlines; P is the seal before it, read from the log's last line under the lock (so a restarted writer and
+every worker's writer continue one chain, across rotated files), "" to start a chain. A line changed,
+removed or added, and a seal removed, then break the chain (serve/audit_verify.py finds where); with a key,
+no one without it can write a chain that holds.
+
 Run as ``python -m azulite.serve.audit_writer PATH MAX_BYTES BACKUPS LOCK BOOT RING_FD BATCH_S`` with the
 ring's file descriptor inherited. Its stdin is the server's: a byte ``F`` asks for a read now, answered
 with one byte ``A`` on stdout once every record written before it is in the file (or counted lost). It
 starts by reading, as ``<I`` length then ``marshal``, the ids (define id -> fields) the server has already
-defined, which a predecessor that died may have read from the ring and taken with it. It
+defined, which a predecessor that died may have read from the ring and taken with it, and the seal's key
+(None: no seals; b"": SHA-256; the key otherwise: never in argv, where any local user reads it). It
 ignores SIGINT and SIGTERM (a signal to the whole process group must not end it before the server has
 closed) and exits when its stdin closes — the server's close(), or the server's death, SIGKILL included —
 after reading the ring one last time: every record the server had packed is still written.
@@ -31,6 +40,8 @@ after reading the ring one last time: every record the server had packed is stil
 from __future__ import annotations
 
 import fcntl
+import hashlib
+import hmac
 import json
 import logging.handlers
 import marshal
@@ -62,6 +73,51 @@ assert SLOT.size == 128 and SEQ_AT % 8 == 0
 #: bytes, written to the file's binary layer: ~25% cheaper than str formatting, and nothing to encode
 _TEMPLATE = b'{"time":%.6f,"request_id":%s,%s"latency_ms":%.3f,"bytes_in":%d,"bytes_out":%d}'
 _str = json.encoder.encode_basestring_ascii  # C: a JSON string literal, quotes included
+#: a seal line, and the most bytes one takes (room kept for it below max_bytes; the tail read to find it)
+_SEAL = b'{"time":%.6f,"audit_seal":{"alg":"%s","lines":%d,"prev":"%s","hash":"%s"}}\n'
+SEAL_MAX = 256
+
+
+def seal_hash(key: bytes | None, prev: str, body: bytes) -> str:
+    """The hash a seal carries: of ``prev``, a newline and ``body`` (the lines it seals, each with its
+    newline); HMAC-SHA256 under ``key`` when there is one."""
+    h = hmac.new(key, digestmod=hashlib.sha256) if key else hashlib.sha256()
+    h.update(prev.encode("ascii") + b"\n")
+    h.update(body)
+    return h.hexdigest()
+
+
+def seal_of(line: bytes) -> dict | None:
+    """A seal line's fields, or None for any other line."""
+    if b'"audit_seal"' not in line:
+        return None
+    try:
+        seal = json.loads(line).get("audit_seal")
+    except (ValueError, AttributeError):
+        return None
+    return seal if isinstance(seal, dict) else None
+
+
+def last_seal(path: Path | str) -> str | None:
+    """The hash of the seal that ends the file: None when the file is missing or empty (the chain goes on
+    from the file before it), "" when its last line is not a whole seal (a new chain starts: lines written
+    without one, or a write cut short, then show as a break)."""
+    try:
+        with open(path, "rb") as f:
+            size = f.seek(0, os.SEEK_END)
+            if size == 0:
+                return None
+            f.seek(max(0, size - SEAL_MAX))
+            tail = f.read()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    except OSError:
+        return ""
+    if not tail.endswith(b"\n"):
+        return ""
+    seal = seal_of(tail[:-1].rsplit(b"\n", 1)[-1])
+    hash_ = seal.get("hash") if seal is not None else None
+    return hash_ if isinstance(hash_, str) else ""
 
 
 class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
@@ -76,8 +132,13 @@ class _PrivateRotatingFile(logging.handlers.RotatingFileHandler):
 class Writer:
     """Formats, rotates and writes; counts what it wrote and what a failed write lost."""
 
-    def __init__(self, path: str, max_bytes: int, backups: int, lock: str | None, boot: str) -> None:
+    def __init__(self, path: str, max_bytes: int, backups: int, lock: str | None, boot: str,
+                 seal: bytes | None = None) -> None:
+        """``seal``: None, no seal lines; b"", SHA-256 seals; a key, HMAC-SHA256 seals."""
         self.path = Path(path)
+        self.seal = seal
+        self._alg = b"hmac-sha256" if seal else b"sha256"
+        self._prev = ""  # the last seal's hash
         self._lock_fd = None
         if lock:
             try:
@@ -216,21 +277,38 @@ class Writer:
         except (OSError, ValueError):
             return False
 
+    def _head(self) -> str:
+        """The hash the next seal chains to: the last seal in the log (or in the file rotated last)."""
+        head = last_seal(self.path)
+        if head is None:
+            head = last_seal(f"{self.path}.1")
+        return head or ""
+
+    def _sealed(self, body: bytes, lines: int) -> bytes:
+        """``body`` and the seal line that ends it (``body`` alone when the log is not sealed)."""
+        if self.seal is None:
+            return body
+        prev, self._prev = self._prev, seal_hash(self.seal, self._prev, body)
+        return body + _SEAL % (time.time(), self._alg, lines, prev.encode("ascii"), self._prev.encode("ascii"))
+
     def _append(self, lines: list[bytes]) -> None:
         """Append the lines, rotating (RotatingFileHandler's naming: audit.log.1, .2 ...) whenever the next
         line would take the file past max_bytes."""
         h = self._handler
         pending = lines
+        room = SEAL_MAX if self.seal is not None else 0  # each write's seal line fits in the file too
         try:
             if h.stream is None:
                 h.stream = h._open()
+            if self.seal is not None:
+                self._prev = self._head()  # under the lock: other workers' writers chain to the same log
             size = os.fstat(h.stream.fileno()).st_size  # the file's, other workers' lines included
-            if h.maxBytes <= 0 or size + sum(map(len, pending)) + len(pending) <= h.maxBytes:
+            if h.maxBytes <= 0 or size + sum(map(len, pending)) + len(pending) + room <= h.maxBytes:
                 out = h.stream.buffer  # the lines are bytes: the text layer is never written to
                 # no rotation due: one write, no per-line loop; the last newline joined in, not added to the
                 # joined batch (a second copy of it: a batch of ~1,000 lines is past malloc's mmap threshold, and
                 # the copy went to fresh pages: ~170 ns a line, against ~10 joined in)
-                out.write(b"\n".join([*pending, b""]))
+                out.write(self._sealed(b"\n".join([*pending, b""]), len(pending)))
                 out.flush()
                 self.written += len(pending)
                 return
@@ -238,15 +316,16 @@ class Writer:
                 chunk, used = [], 0
                 for line in pending:
                     n = len(line) + 1
-                    if h.maxBytes > 0 and size + used + n > h.maxBytes and (size or chunk):
+                    if h.maxBytes > 0 and size + used + n + room > h.maxBytes and (size or chunk):
                         break
                     chunk.append(line)
                     used += n
                 if chunk:
-                    h.stream.buffer.write(b"\n".join([*chunk, b""]))
+                    data = self._sealed(b"\n".join([*chunk, b""]), len(chunk))
+                    h.stream.buffer.write(data)
                     self.written += len(chunk)
                     pending = pending[len(chunk):]
-                    size += used
+                    size += len(data)
                 if pending:
                     h.stream.buffer.flush()
                     h.doRollover()
@@ -285,17 +364,18 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
     path, max_bytes, backups, lock, boot, ring_fd, batch_s = argv
-    writer = Writer(path, int(max_bytes), int(backups), lock or None, boot)
-    writer.attach(int(ring_fd))
     inp, out, period = sys.stdin.fileno(), sys.stdout.fileno(), float(batch_s)
-    # first, the ids a predecessor had been told of (records still in the ring may use them)
+    # first, the ids a predecessor had been told of (records still in the ring may use them), and the seal
     head = read_exactly(inp, FRAME.size)
     known = read_exactly(inp, FRAME.unpack(head)[0]) if head else b""
     try:
-        for ident, who in (marshal.loads(known) if known else {}).items():
-            writer.define(ident, who)
+        ids, seal = marshal.loads(known) if known else ({}, None)
     except (ValueError, EOFError, TypeError):
-        pass  # the lines that use them are counted lost
+        ids, seal = {}, None  # the lines that use them are counted lost; unsealed lines show when verified
+    writer = Writer(path, int(max_bytes), int(backups), lock or None, boot, seal)
+    writer.attach(int(ring_fd))
+    for ident, who in ids.items():
+        writer.define(ident, who)
     try:
         while True:
             ready = select.select([inp], [], [], period)[0]

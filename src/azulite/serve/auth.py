@@ -43,7 +43,7 @@ from azulite.errors import KeyStoreError, PermissionDenied, ServeError, SpecErro
 # the route tables are re-exported: importers of azulite.serve.auth keep finding them here
 from azulite.serve.api_routes import (ADMIN_CATEGORIES, CATEGORIES, GRPC_ROUTES, OPEN, bearer,  # noqa: F401
                                       http_route, http_route_infer)
-from azulite.serve.audit import AuditLog
+from azulite.serve.audit import AuditLog, read_key
 from azulite.serve.keystore import WAL_HEADER, CommitWatch, KeyRecord, KeyStore, check_token, split_token
 from azulite.serve.quota_ledger import LedgerWriter, QuotaLedger, ledger_path
 from azulite.serve.ratelimit import Clock, DailyQuotas, SystemClock, TokenBuckets, planned_take, refuse
@@ -104,6 +104,9 @@ class GuardSettings:
     audit_log: Path | None = None
     audit_max_bytes: int = 64 * 1024 * 1024
     audit_backups: int = 5
+    #: seal the audit log (audit_writer.py): with SHA-256, or HMAC-SHA256 under the key in ``audit_key``
+    audit_seal: bool = False
+    audit_key: Path | None = None
     reload_interval_s: float = 0.2
     #: where the day's quota usage outlives a restart (serve/quota_ledger.py); None: beside the key store
     quota_ledger: Path | None = None
@@ -210,8 +213,10 @@ class Guard:
                 for c in r.categories:
                     self.headers.setdefault(protocol, {})[c] = (r.header, r.value)
                     self.admin_categories.add(c)
+        seal = read_key(settings.audit_key) if settings.audit_key else (b"" if settings.audit_seal else None)
         self.audit = (AuditLog(settings.audit_log, max_bytes=settings.audit_max_bytes, backups=settings.audit_backups,
-                               shared_lock=Path(shared_state_dir) / "audit.lock" if shared_state_dir else None)
+                               shared_lock=Path(shared_state_dir) / "audit.lock" if shared_state_dir else None,
+                               seal=seal)
                       if settings.audit_log else None)
         self.rejected: dict[str, int] = {}  # status -> count, for metrics
 
