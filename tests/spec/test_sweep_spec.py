@@ -59,6 +59,7 @@ def test_a_valid_sweep_and_its_trial_timeout(tmp_path):
     ("bayesian", "{type: normal, mu: 0, sigma: 1}", None, "bayesian sampling does not take"),
     ("hyperband", "{type: uniform, min_value: 0.01, max_value: 0.1}", "sampling_algorithm", "hyperband"),
     ("random", "{type: gaussian, mu: 0, sigma: 1}", "search_space.lr.type", "gaussian"),
+    ("{type: grid, rule: sobol}", "{type: choice, values: [1, 2]}", None, "rule belongs to random sampling, not grid"),
 ])
 def test_bad_search_spaces_and_samplers_name_the_field(tmp_path, algo, lr, field, words):
     with pytest.raises(SpecError) as e:
@@ -101,3 +102,14 @@ def test_a_field_of_the_trial_at_the_sweeps_top_is_placed(tmp_path, field, said,
     with pytest.raises(SpecError) as e:
         load_sweep(write(tmp_path, text))
     assert said in str(e.value) and fix in e.value.fix, str(e.value)
+
+
+def test_bayesian_sampling_with_early_termination_is_refused_as_azure_ml_does(tmp_path):
+    """Azure ML: "Bayesian sampling does not support any early termination policy" (it ran here)."""
+    text = sweep_text("bayesian", "{type: uniform, min_value: 0.01, max_value: 0.1}")
+    with pytest.raises(SpecError) as e:
+        load_sweep(write(tmp_path, text + "early_termination: {type: bandit, slack_factor: 0.1}\n"))
+    assert "bayesian sampling takes no early_termination" in str(e.value) and "random" in str(e.value)
+    random = text.replace("sampling_algorithm: bayesian", "sampling_algorithm: {type: random, rule: sobol, seed: 3}")
+    spec = load_sweep(write(tmp_path, random + "early_termination: {type: bandit, slack_factor: 0.1}\n"))
+    assert spec.sampling_algorithm.rule == "sobol" and spec.early_termination.type == "bandit"

@@ -1,6 +1,8 @@
 """Sampling a sweep's search space: random, grid and bayesian, behind one ask/tell interface.
 
-Random samples every distribution of Azure ML's (with numpy; Optuna has no normal/lognormal); grid walks
+Random samples every distribution of Azure ML's (with numpy; Optuna has no normal/lognormal), or, with
+``rule: sobol``, walks a scrambled Sobol sequence (scipy.stats.qmc: low-discrepancy points, one dimension per
+parameter, mapped through each distribution's inverse CDF), as Azure ML's random sampling offers; grid walks
 the Cartesian product of the ``choice`` values in the order written; bayesian is Optuna's TPE (Tree-
 structured Parzen Estimator) — Azure ML's own bayesian sampling is a Gaussian-process method, TPE is the
 accepted stand-in here — told each finished trial's primary metric.
@@ -36,23 +38,58 @@ def _draw(dist: Any, rng: np.random.Generator) -> Any:
     if t == "randint":
         return int(rng.integers(dist.upper))
     if t in ("uniform", "loguniform", "quniform", "qloguniform"):
-        x = float(rng.uniform(dist.min_value, dist.max_value))
-    else:
-        x = float(rng.normal(dist.mu, dist.sigma))
-    if "log" in t:
+        return _shaped(dist, float(rng.uniform(dist.min_value, dist.max_value)))
+    return _shaped(dist, float(rng.normal(dist.mu, dist.sigma)))
+
+
+def _shaped(dist: Any, x: float) -> float:
+    """A continuous draw made log- and q- as the distribution's type says."""
+    if "log" in dist.type:
         x = math.exp(x)
-    if t.startswith("q"):
+    if dist.type.startswith("q"):
         x = round(x / dist.q) * dist.q
     return x
+
+
+def _at(dist: Any, u: float) -> Any:
+    """The distribution's value at quantile ``u`` in [0, 1) (a Sobol point's coordinate)."""
+    from scipy.special import ndtri
+
+    t = dist.type
+    if t == "choice":
+        return dist.values[min(int(u * len(dist.values)), len(dist.values) - 1)]
+    if t == "randint":
+        return min(int(u * dist.upper), dist.upper - 1)
+    if t in ("uniform", "loguniform", "quniform", "qloguniform"):
+        return _shaped(dist, dist.min_value + u * (dist.max_value - dist.min_value))
+    u = min(max(u, 1e-12), 1.0 - 1e-12)  # the normal's tails: a point at exactly 0 is -inf
+    return _shaped(dist, dist.mu + dist.sigma * float(ndtri(u)))
+
+
+#: Sobol points drawn at a time: a power of two, which keeps the sequence's balance
+_SOBOL_BLOCK = 64
 
 
 class RandomSampler(Sampler):
     def __init__(self, spec: SweepSpec) -> None:
         self.space = spec.search_space
-        self.rng = np.random.default_rng(spec.sampling_algorithm.seed)
+        seed = spec.sampling_algorithm.seed
+        self.rng = np.random.default_rng(seed)
+        self._sobol = None
+        self._points: Any = iter(())
+        if spec.sampling_algorithm.rule == "sobol":
+            from scipy.stats import qmc
+
+            self._sobol = qmc.Sobol(d=len(self.space), scramble=True, seed=seed)
 
     def ask(self) -> tuple[dict[str, Any], Any] | None:
-        return {k: _draw(d, self.rng) for k, d in self.space.items()}, None
+        if self._sobol is None:
+            return {k: _draw(d, self.rng) for k, d in self.space.items()}, None
+        point = next(self._points, None)
+        if point is None:
+            self._points = iter(self._sobol.random(_SOBOL_BLOCK))
+            point = next(self._points)
+        return {k: _at(d, float(u)) for (k, d), u in zip(self.space.items(), point)}, None
 
 
 class GridSampler(Sampler):

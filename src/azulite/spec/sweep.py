@@ -170,6 +170,12 @@ class SweepSpec(_Model):
 
     @model_validator(mode="after")
     def _sampler_takes_the_space(self) -> "SweepSpec":
+        kind = self.sampling_algorithm.type
+        if kind == "bayesian" and self.early_termination is not None:  # Azure ML's rule: each trial informs the next
+            raise ValueError("bayesian sampling takes no early_termination (Azure ML refuses it: a trial stopped "
+                             "early would inform the next samples); remove early_termination, or sample random")
+        if self.sampling_algorithm.rule is not None and kind != "random":
+            raise ValueError(f"sampling_algorithm.rule belongs to random sampling, not {kind}; remove it")
         allowed = SUPPORTED[self.sampling_algorithm.type]
         if allowed is not None:
             for name, dist in self.search_space.items():
