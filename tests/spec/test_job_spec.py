@@ -236,6 +236,13 @@ def test_directory_and_empty_file_say_so(tmp_path):
     ("timeout: 2h", "timeout: 1h30m", 29, "timeout", "90s, 30m, 2h, 1.5h, 2d"),
     ("  SEED: 1", "  SEED:", 21, "environment_variables.SEED", "has no value"),
     ("type: PyTorch", "type: none", 26, "distribution.type", "remove `distribution:`"),
+    # each was taken silently (Azure ML refuses the tier; one of the two timeouts was lost)
+    ("priority: spot", "priority: spot\nqueue_settings: {job_tier: cheap}", 29, "queue_settings.job_tier",
+     "'cheap' is not an Azure ML job tier (spot, basic, standard, premium, null)"),
+    ("priority: spot", "priority: dedicated\nqueue_settings: {job_tier: Spot}", 29, "queue_settings.job_tier",
+     "job_tier (Spot) and priority (dedicated) disagree"),
+    ("timeout: 2h", "timeout: 2h\nlimits: {timeout: 3600}", 30, "limits.timeout",
+     "limits.timeout (3600) and timeout (7200 s) disagree"),
 ])
 def test_spec_mistakes_that_passed_or_said_too_little(tmp_path, old, new, line, field, words):
     e = error(tmp_path, GOOD.replace(old, new))

@@ -23,6 +23,8 @@ AZUREML_KEYS = frozenset(
     }
 )
 
+#: Azure ML's queue_settings.job_tier values (azure-ai-ml's JobTier; case-insensitive)
+JOB_TIERS = ("spot", "basic", "standard", "premium", "null")
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
@@ -224,6 +226,33 @@ class JobSpec(_Model):
             raise ValueError(
                 f"instance_count ({top}) and resources.instance_count ({res}) disagree; set one of them"
             )
+        return self
+
+    @model_validator(mode="after")
+    def _azure_ml_settings_agree(self) -> "JobSpec":
+        """Azure ML's own fields for what azulite's say too: a job tier Azure ML would refuse, or one that
+        disagrees with ``priority``; a ``limits.timeout`` that disagrees with ``timeout`` (each was taken
+        silently, one of them lost)."""
+        queue = self.azureml.get("queue_settings")
+        if queue is not None and not isinstance(queue, dict):
+            raise ValueError(f"queue_settings must be a mapping, e.g. queue_settings: {{job_tier: spot}} (got {queue!r})")
+        tier = (queue or {}).get("job_tier")
+        if tier is not None:
+            if str(tier).lower() not in JOB_TIERS:
+                raise ValueError(f"queue_settings.job_tier {tier!r} is not an Azure ML job tier "
+                                 f"({', '.join(JOB_TIERS)})")
+            if (str(tier).lower() == "spot") != (self.priority == "spot") and str(tier).lower() != "null":
+                raise ValueError(f"queue_settings.job_tier ({tier}) and priority ({self.priority}) disagree; "
+                                 "set one of them")
+        limits = self.azureml.get("limits")
+        if isinstance(limits, dict) and limits.get("timeout") is not None:
+            try:
+                given = parse_duration(limits["timeout"])
+            except ValueError as exc:
+                raise ValueError(f"limits.timeout: {exc}") from None
+            if given != self.timeout:
+                raise ValueError(f"limits.timeout ({limits['timeout']}) and timeout ({self.timeout:g} s) disagree; "
+                                 "set one of them")
         return self
 
     @model_validator(mode="after")
