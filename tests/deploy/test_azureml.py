@@ -45,6 +45,20 @@ def test_spot_job_with_blob_outputs_round_trips(job_file, tmp_path):
     assert job.environment.image == "myregistry.azurecr.io/train:1"
 
 
+def test_every_resources_field_of_azure_mls_reaches_the_document(job_file, tmp_path):
+    """shm_size and properties were dropped from the rendered job; docker_args, locations and
+    max_instance_count were refused as unknown fields of an Azure ML job."""
+    resources = {**BASE["resources"], "shm_size": "16g", "properties": {"k": "v"}, "docker_args": "--ipc=host",
+                 "locations": ["westus2"], "max_instance_count": 4}
+    files = render_to(job_file({**BASE, "compute": "gpu-cluster", "resources": resources}), tmp_path / "out",
+                      datastore="ckptstore")
+    job = ml.load_job(files["job.azureml.yml"])
+    r = job.resources
+    assert (r.shm_size, r.properties, r.docker_args, r.locations, r.max_instance_count) == (
+        "16g", {"k": "v"}, "--ipc=host", ["westus2"], 4)
+    assert (r.instance_type, r.instance_count) == ("Standard_NC24rs_v3", 2)
+
+
 def test_azure_ml_keys_of_the_spec_go_through_and_code_is_relative_to_the_file(job_file, tmp_path):
     """description, identity, services, queue_settings, limits and properties were accepted and dropped (a
     native spot request rendered as dedicated capacity); code was this machine's absolute path."""

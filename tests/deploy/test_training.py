@@ -419,3 +419,11 @@ def test_a_flavor_that_cannot_run_the_job_is_refused(job_file, flavor, change, w
     with pytest.raises(DeployError, match=words) as e:
         render(job_file(change), flavor)
     assert e.value.where == "--flavor" and e.value.fix
+
+
+def test_docker_args_are_refused_for_aks_naming_the_field(job_file):
+    """Azure ML's docker_args have no pod equivalent: rendered without them, the job would differ silently."""
+    path = job_file({**BASE, "resources": {**BASE["resources"], "docker_args": ["--ipc=host"]}})
+    with pytest.raises(DeployError) as e:
+        render(path)
+    assert e.value.where == "resources.docker_args" and "shm_size" in e.value.fix

@@ -115,7 +115,9 @@ def command_job(spec: JobSpec, opts: AzureMLOptions) -> dict:
         "experiment_name": opts.experiment_name or spec.azureml.get("experiment_name", spec.name),
         "code": spec.code, "command": spec.command,
         "environment": _environment(spec), "compute": compute,
-        "resources": {"instance_type": sku.name, "instance_count": spec.nodes},
+        "resources": {"instance_type": sku.name, "instance_count": spec.nodes, **{
+            key: value for key in ("shm_size", "properties", "docker_args", "locations", "max_instance_count")
+            if (value := getattr(spec.resources, key)) is not None}},  # shm_size and properties were dropped
     }
     for key, value in (("inputs", inputs), ("outputs", outputs), ("environment_variables", spec.environment_variables)):
         if value:

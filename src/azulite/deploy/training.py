@@ -126,6 +126,10 @@ def check_job(spec: JobSpec, opts: AksOptions) -> SkuFacts:
     """Everything that must hold before anything is rendered or sent."""
     sku = sku_facts(spec.resources.instance_type)
     check_processes(spec.processes_per_node, sku)
+    if spec.resources.docker_args is not None:  # rendered without them, the pod would not be what was asked
+        raise DeployError("resources.docker_args has no Kubernetes equivalent (a pod runs no `docker run`)",
+                          where="resources.docker_args",
+                          fix="remove it for AKS; /dev/shm's size is resources.shm_size, rendered as a memory volume")
     if spec.priority == "spot" and CHECKPOINT_OUTPUT not in spec.outputs:
         raise DeployError(
             "a spot job without a checkpoint location loses its progress at every eviction",

@@ -74,10 +74,17 @@ class Environment(_Model):
 
 
 class Resources(_Model):
+    """Azure ML's job resources. ``docker_args``, ``locations`` and ``max_instance_count`` are Azure ML's
+    own: rendered for Azure ML, not applied here (no container, one machine); on AKS ``docker_args`` is
+    refused (Kubernetes runs no ``docker run``)."""
+
     instance_type: str | None = None
     instance_count: int | None = Field(default=None, ge=1, strict=True)
     shm_size: str | None = None
     properties: dict | None = None
+    docker_args: str | list[str] | None = None
+    locations: list[str] | None = None
+    max_instance_count: int | None = Field(default=None, ge=1, strict=True)
 
 
 class PyTorchDistribution(_Model):
