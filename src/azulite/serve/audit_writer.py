@@ -284,12 +284,16 @@ class Writer:
             head = last_seal(f"{self.path}.1")
         return head or ""
 
-    def _sealed(self, body: bytes, lines: int) -> bytes:
-        """``body`` and the seal line that ends it (``body`` alone when the log is not sealed)."""
+    def _put(self, out, body: bytes, lines: int) -> int:
+        """Write ``body`` and, on a sealed log, the seal line that ends it (written after it, not joined
+        to it: a batch is large, and a copy of it costs more than the buffered second write); the bytes."""
+        out.write(body)
         if self.seal is None:
-            return body
+            return len(body)
         prev, self._prev = self._prev, seal_hash(self.seal, self._prev, body)
-        return body + _SEAL % (time.time(), self._alg, lines, prev.encode("ascii"), self._prev.encode("ascii"))
+        seal = _SEAL % (time.time(), self._alg, lines, prev.encode("ascii"), self._prev.encode("ascii"))
+        out.write(seal)
+        return len(body) + len(seal)
 
     def _append(self, lines: list[bytes]) -> None:
         """Append the lines, rotating (RotatingFileHandler's naming: audit.log.1, .2 ...) whenever the next
@@ -308,7 +312,7 @@ class Writer:
                 # no rotation due: one write, no per-line loop; the last newline joined in, not added to the
                 # joined batch (a second copy of it: a batch of ~1,000 lines is past malloc's mmap threshold, and
                 # the copy went to fresh pages: ~170 ns a line, against ~10 joined in)
-                out.write(self._sealed(b"\n".join([*pending, b""]), len(pending)))
+                self._put(out, b"\n".join([*pending, b""]), len(pending))
                 out.flush()
                 self.written += len(pending)
                 return
@@ -321,11 +325,9 @@ class Writer:
                     chunk.append(line)
                     used += n
                 if chunk:
-                    data = self._sealed(b"\n".join([*chunk, b""]), len(chunk))
-                    h.stream.buffer.write(data)
+                    size += self._put(h.stream.buffer, b"\n".join([*chunk, b""]), len(chunk))
                     self.written += len(chunk)
                     pending = pending[len(chunk):]
-                    size += len(data)
                 if pending:
                     h.stream.buffer.flush()
                     h.doRollover()
