@@ -136,6 +136,30 @@ def test_bad_requests_name_what_is_wrong(model_repository):
     asyncio.run(main())
 
 
+def test_a_shape_with_the_batch_dimension_missing_or_extra_says_so_in_its_fix(model_repository):
+    """Triton appends a NOTE on max_batch_size to its shape error; azulite names the fix for the case at hand."""
+    dp = plane(model_repository, control_mode="explicit", load_models=("add_sub_onnx", "versioned_py"))
+
+    async def error(request) -> InvalidArgument:
+        with pytest.raises(InvalidArgument) as e:
+            await dp.infer(request)
+        return e.value
+
+    async def main():
+        v = np.ones(16, np.float32)
+        e = await error(add_sub_request("add_sub_onnx", v, v))
+        assert "Expected [-1,16], got [16]" in e.message
+        assert e.fix == "the model batches (max_batch_size 8): put the batch size first, e.g. [1,16] for one row"
+        e = await error(InferRequest("versioned_py", [fp32("INPUT0", np.ones((1, 4)))]))
+        assert "Expected [4], got [1,4]" in e.message
+        assert e.fix == "the model does not batch (max_batch_size 0): send the shape [4]"
+        e = await error(add_sub_request("add_sub_onnx", np.ones((1, 15)), np.ones((1, 15))))
+        assert e.fix is None  # a wrong size, not a batch dimension: the message says it all
+        await dp.shutdown()
+
+    asyncio.run(main())
+
+
 def test_classification_extension(tmp_path, model_repository):
     import shutil
 

@@ -61,8 +61,14 @@ def check_inputs(model: LoadedModel, tensors: Iterable[tuple[str, str, tuple[int
             rest = shape
         if not spec.matches(rest):
             expected = (-1, *spec.dims) if mbs > 0 else spec.dims
+            fix = None
+            if mbs > 0 and spec.matches(shape):  # the whole shape is the model's dims: the batch is missing
+                fix = (f"the model batches (max_batch_size {mbs}): put the batch size first, e.g. "
+                       f"{shape_text((1, *shape))} for one row")
+            elif mbs == 0 and shape and spec.matches(shape[1:]):  # a batch dimension the model does not take
+                fix = f"the model does not batch (max_batch_size 0): send the shape {shape_text(shape[1:])}"
             raise InvalidArgument(f"{tag}unexpected shape for input '{key}' for model '{name}'. "
-                                  f"Expected {shape_text(expected)}, got {shape_text(shape)}")
+                                  f"Expected {shape_text(expected)}, got {shape_text(shape)}", fix=fix)
         expected_dtype = cfg.WIRE_TO_NUMPY.get(spec.datatype)
         if expected_dtype is None:
             raise Unsupported(f"datatype {spec.datatype} of input '{key}' is not supported by azulite")
