@@ -18,6 +18,7 @@ from pathlib import Path
 from azulite.errors import AuditError
 from azulite.serve.audit_writer import seal_hash, seal_of
 
+
 def log_files(path: Path | str) -> list[Path]:
     """The log's files oldest first: the rotated ones (``.N`` ... ``.1``), then the live one."""
     path = Path(path)

@@ -258,7 +258,8 @@ class JobSpec(_Model):
             except ValueError as exc:
                 raise ValueError(f"limits.timeout: {exc}") from None
             if given != self.timeout:
-                raise ValueError(f"limits.timeout ({limits['timeout']}) and timeout ({self.timeout:g} s) disagree; "
+                said = "none" if self.timeout is None else f"{self.timeout:g} s"
+                raise ValueError(f"limits.timeout ({limits['timeout']}) and timeout ({said}) disagree; "
                                  "set one of them")
         return self
 
