@@ -243,6 +243,7 @@ def test_directory_and_empty_file_say_so(tmp_path):
      "job_tier (Spot) and priority (dedicated) disagree"),
     ("timeout: 2h", "timeout: 2h\nlimits: {timeout: 3600}", 30, "limits.timeout",
      "limits.timeout (3600) and timeout (7200 s) disagree"),
+    ("timeout: 2h", "timeout: null\nlimits: {timeout: 3600}", 30, "limits.timeout", "and timeout (none) disagree"),
 ])
 def test_spec_mistakes_that_passed_or_said_too_little(tmp_path, old, new, line, field, words):
     e = error(tmp_path, GOOD.replace(old, new))
