@@ -45,6 +45,15 @@ class Verdict:
         return self.problem is None
 
 
+def _numbered(file: Path):
+    """(line number, line with its newline) of the file, read as it goes."""
+    try:
+        with open(file, "rb") as f:
+            yield from enumerate(f, start=1)
+    except OSError as exc:
+        raise AuditError(f"cannot read the audit log: {exc.strerror or exc}", where=str(file)) from None
+
+
 def _n(lines: int) -> str:
     return f"{lines} line" if lines == 1 else f"{lines} lines"
 
@@ -65,19 +74,14 @@ def verify(path: Path | str, key: bytes | None = None) -> Verdict:
         return verdict
 
     for file in files:
-        try:
-            data = file.read_bytes()
-        except OSError as exc:
-            raise AuditError(f"cannot read the audit log: {exc.strerror or exc}", where=str(file)) from None
-        lines = data.split(b"\n")
-        if lines[-1]:
-            return broken("the file ends within a line: a write was cut short", file, len(lines), len(lines))
-        for number, line in enumerate(lines[:-1], start=1):
+        for number, line in _numbered(file):  # streamed: a log is up to 6 x 64 MiB; one write's lines held
+            if not line.endswith(b"\n"):
+                return broken("the file ends within a line: a write was cut short", file, number, number)
             seal = seal_of(line)
             if seal is None:
                 if start is None or not pending:
                     start = (file, number)
-                pending.append(line + b"\n")
+                pending.append(line)
                 continue
             first = start[1] if pending and start is not None and start[0] == file else number
             alg, count, seal_prev, seal_hash_ = (seal.get(k) for k in ("alg", "lines", "prev", "hash"))
