@@ -66,7 +66,7 @@ def verify(path: Path | str, key: bytes | None = None) -> Verdict:
     verdict = Verdict(files)
     prev: str | None = None  # the last seal's hash (None before the first)
     pending: list[bytes] = []
-    start: tuple[Path, int] | None = None  # where the unsealed lines begin
+    start: tuple[Path, int] = (files[0], 0)  # where the unsealed lines (pending) begin
 
     def broken(problem: str, file: Path, first: int, last: int) -> Verdict:
         verdict.problem = problem
@@ -79,11 +79,11 @@ def verify(path: Path | str, key: bytes | None = None) -> Verdict:
                 return broken("the file ends within a line: a write was cut short", file, number, number)
             seal = seal_of(line)
             if seal is None:
-                if start is None or not pending:
+                if not pending:
                     start = (file, number)
                 pending.append(line)
                 continue
-            first = start[1] if pending and start is not None and start[0] == file else number
+            first = start[1] if pending and start[0] == file else number
             alg, count, seal_prev, seal_hash_ = (seal.get(k) for k in ("alg", "lines", "prev", "hash"))
             if not (isinstance(count, int) and isinstance(seal_prev, str) and isinstance(seal_hash_, str)):
                 return broken("a seal line without its fields (lines, prev, hash)", file, number, number)
@@ -92,7 +92,7 @@ def verify(path: Path | str, key: bytes | None = None) -> Verdict:
                                  fix="pass the key the server was given: azulite audit verify LOG --key FILE")
             if alg != ("hmac-sha256" if key else "sha256"):
                 return broken(f"a seal made with {alg!r}, not with the key given", file, number, number)
-            if pending and start is not None and start[0] != file:
+            if pending and start[0] != file:
                 return broken(f"{_n(len(pending))} at the end of {start[0]} under no seal", start[0],
                               start[1], start[1] + len(pending) - 1)
             if prev is None and not seal_prev and count < len(pending):
@@ -110,14 +110,14 @@ def verify(path: Path | str, key: bytes | None = None) -> Verdict:
                 return broken(what, file, first, number)
             if not hmac.compare_digest(seal_hash(key, seal_prev, b"".join(pending)), seal_hash_):
                 return broken("a line under this seal was changed", file, first, number)
-            prev, pending, start = seal_hash_, [], None
+            prev, pending = seal_hash_, []
             verdict.seals += 1
             verdict.lines += count
             verdict.alg = alg
     if verdict.seals == 0:
         verdict.problem = "no seal in the log: it was not written with --audit-seal or --audit-key"
         verdict.where = str(files[-1])
-    elif pending and start is not None:
+    elif pending:
         return broken(f"{_n(len(pending))} after the last seal, under none: written by something else, or "
                       "being written now (verify a stopped server's log, or again)", start[0], start[1],
                       start[1] + len(pending) - 1)

@@ -21,8 +21,9 @@ the line says so.
 Sealed logs (``--audit-seal``, ``--audit-key``): every write (a batch, or its part in one file when the file
 rotates within it) ends with a seal line, ``{"time":...,"audit_seal":{"alg":...,"lines":N,"prev":P,
 "hash":H}}``, H the SHA-256 (HMAC-SHA256 with a key) of P, a newline and the N lines before it with their
-newlines; P is the seal before it, read from the log's last line under the lock (so a restarted writer and
-every worker's writer continue one chain, across rotated files), "" to start a chain. A line changed,
+newlines; P is the seal before it: kept in memory by a log's only writer, read from the log's last line
+at a writer's first write and, where several writers share the log, before each write under the lock (so a
+restarted writer and every worker's writer continue one chain, across rotated files); "" starts a chain. A line changed,
 removed or added, and a seal removed, then break the chain (serve/audit_verify.py finds where); with a key,
 no one without it can write a chain that holds.
 
@@ -138,7 +139,7 @@ class Writer:
         self.path = Path(path)
         self.seal = seal
         self._alg = b"hmac-sha256" if seal else b"sha256"
-        self._prev = ""  # the last seal's hash
+        self._prev: str | None = None  # the last seal's hash (None: read it from the log before the next write)
         self._lock_fd = None
         if lock:
             try:
@@ -290,7 +291,8 @@ class Writer:
         out.write(body)
         if self.seal is None:
             return len(body)
-        prev, self._prev = self._prev, seal_hash(self.seal, self._prev, body)
+        prev = self._prev or ""
+        self._prev = seal_hash(self.seal, prev, body)
         seal = _SEAL % (time.time(), self._alg, lines, prev.encode("ascii"), self._prev.encode("ascii"))
         out.write(seal)
         return len(body) + len(seal)
@@ -304,8 +306,10 @@ class Writer:
         try:
             if h.stream is None:
                 h.stream = h._open()
-            if self.seal is not None:
-                self._prev = self._head()  # under the lock: other workers' writers chain to the same log
+            if self.seal is not None and (self._prev is None or self._lock_fd is not None):
+                # this process's first write (a predecessor or an earlier server may have sealed the log), or a
+                # log other workers' writers seal too (read under the lock); alone, it knows its last seal
+                self._prev = self._head()
             size = os.fstat(h.stream.fileno()).st_size  # the file's, other workers' lines included
             if h.maxBytes <= 0 or size + sum(map(len, pending)) + len(pending) + room <= h.maxBytes:
                 out = h.stream.buffer  # the lines are bytes: the text layer is never written to
@@ -337,6 +341,7 @@ class Writer:
             h.stream.buffer.flush()
         except Exception:  # noqa: BLE001 - the writer must outlive any failure; counted
             self.write_errors += len(pending)
+            self._prev = None  # what reached the file is unknown: its last seal is read again
             try:
                 if h.stream is not None:
                     h.stream.close()

@@ -141,8 +141,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         for stream in self.streams.values():
             if stream.task is not None and not stream.task.done():
                 stream.task.cancel()
-            if stream.deadline is not None:
-                stream.deadline.cancel()
+            stream.disarm()
         self.streams.clear()
 
     def data_received(self, data: bytes) -> None:
@@ -239,8 +238,7 @@ class _H2Connection(H2Calls, H2Defences, asyncio.Protocol):
         elif ftype == RST_STREAM:
             stream = self.streams.pop(sid, None)
             if stream is not None:
-                if stream.deadline is not None:
-                    stream.deadline.cancel()
+                stream.disarm()
                 self.resets += 1
                 if self.resets > self.limits.reset_allowance and self.resets > self.completed:
                     self._goaway(0xB, "too many stream resets")  # rapid reset, CVE-2023-44487

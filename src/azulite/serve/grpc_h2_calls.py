@@ -122,6 +122,12 @@ class _Stream:
         self.trace_context: dict[str, str] | None = None  # the call's W3C trace context (serve/otel.py)
         self.deadline: asyncio.TimerHandle | None = None  # the client's grpc-timeout, when it sent one
 
+    def disarm(self) -> None:
+        """Its grpc-timeout no longer matters: the call was answered or reset, or the connection is gone."""
+        if self.deadline is not None:
+            self.deadline.cancel()
+            self.deadline = None
+
 
 class H2Calls:
     """Needs of the connection: ``transport``, ``loop``, ``server``, ``streams``, ``peer``, ``send_window``,
@@ -380,8 +386,7 @@ class H2Calls:
         if n <= self.send_window and n <= stream.send_window and n <= self.peer_max_frame and not stream.out:
             self.send_window -= n
             del self.streams[stream.sid]
-            if stream.deadline is not None:
-                stream.deadline.cancel()
+            stream.disarm()
             self.completed += 1
             self.transport.write(_unary_answer(stream.sid, payload))
             self._maybe_close()
@@ -455,8 +460,7 @@ class H2Calls:
         if stream.trailers is not None:
             self.transport.write(stream.trailers)
             self.streams.pop(stream.sid, None)
-            if stream.deadline is not None:
-                stream.deadline.cancel()
+            stream.disarm()
             self.completed += 1
             self._maybe_close()
 

@@ -245,10 +245,11 @@ class JobSpec(_Model):
             raise ValueError(f"queue_settings must be a mapping, e.g. queue_settings: {{job_tier: spot}} (got {queue!r})")
         tier = (queue or {}).get("job_tier")
         if tier is not None:
-            if str(tier).lower() not in JOB_TIERS:
+            kind = str(tier).lower()
+            if kind not in JOB_TIERS:
                 raise ValueError(f"queue_settings.job_tier {tier!r} is not an Azure ML job tier "
                                  f"({', '.join(JOB_TIERS)})")
-            if (str(tier).lower() == "spot") != (self.priority == "spot") and str(tier).lower() != "null":
+            if kind != "null" and (kind == "spot") != (self.priority == "spot"):
                 raise ValueError(f"queue_settings.job_tier ({tier}) and priority ({self.priority}) disagree; "
                                  "set one of them")
         limits = self.azureml.get("limits")
