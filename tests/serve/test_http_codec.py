@@ -17,6 +17,7 @@ from azulite.errors import InvalidArgument
 from azulite.serve import http_codec
 from azulite.serve.backends import pb_utils
 from azulite.serve.http_codec import deserialize_bytes, serialize_bytes
+from azulite.serve.http_replies import parse_json_body
 from azulite.serve.types import InferTensor
 
 ELEMENTS = [b"", b"a", b"\x00\xff\t\n", "é".encode(), b"x" * 300, b"", b"12\t34\t" * 20, b"\x00\x00\x00\x00"]
@@ -312,13 +313,36 @@ def test_json_inputs_read_nan_and_big_integers_and_refuse_bools_for_numbers():
     assert decode({"inputs": [{"name": "x", "datatype": "INT64", "shape": [2, 2], "data": [[1, 2], [3, -4]]}]}
                   ).inputs[0].data.tolist() == [[1, 2], [3, -4]]
     assert decode({"inputs": [{"name": "x", "datatype": "FP64", "shape": [2], "data": [1, 2.5]}]}).inputs[0].data.tolist() == [1.0, 2.5]
-    for datatype, data, want in (("FP32", [1.0, True], "numbers"), ("INT32", [1, 2.0], "numbers"),
-                                 ("BOOL", [True, 1], "booleans"), ("UINT8", [1, None], "numbers"),
-                                 ("FP32", [1.0, "2"], "numbers")):
-        with pytest.raises(InvalidArgument, match=f"(?s)input 'x': 'data' holds values that are not {datatype}.*{want}"):
+    for datatype, data, said, want in (
+            ("FP32", [1.0, True], r"element 1 of 'data' is true, not a number \(FP32\)", "numbers"),
+            ("INT32", [1, 2.0], r"element 1 of 'data' is 2.0, not a whole number within INT32's range", "numbers"),
+            ("INT32", [2.5, 2], r"element 0 of 'data' is 2.5, not a whole number \(INT32\)", "numbers"),
+            ("BOOL", [True, 1], r"element 1 of 'data' is 1, not true or false \(BOOL\)", "booleans"),
+            ("UINT8", [1, None], r"element 1 of 'data' is null, not a whole number \(UINT8\)", "numbers"),
+            ("FP32", [1.0, "2"], r"element 1 of 'data' is \"2\", not a number \(FP32\)", "numbers")):
+        with pytest.raises(InvalidArgument, match=f"(?s)input 'x': {said}.*{want}"):
             decode({"inputs": [{"name": "x", "datatype": datatype, "shape": [2], "data": data}]})
     with pytest.raises(InvalidArgument, match="malformed JSON in the infer request"):
         http_codec.decode_infer_request("m", "", b'{"inputs": [', None)
+
+
+@pytest.mark.parametrize("number", ["1e400", "-1e400", "1.5e309"])
+def test_a_json_number_past_a_doubles_range_is_refused_not_made_infinite(number):
+    """Python reads ``1e400`` as infinity; a double cannot hold it (Triton: "Number too big to be stored in
+    double", a 500 there, a client's mistake here). ``Infinity`` written as such stays accepted (above)."""
+    head = ('{"inputs":[{"name":"x","datatype":"FP64","shape":[2],"data":[%s, 1]}]}' % number).encode()
+    with pytest.raises(InvalidArgument) as exc:
+        http_codec.decode_infer_request("m", "", head, None)
+    assert f"number {number} is too big to be stored in a double" in str(exc.value) and "Infinity" in exc.value.fix
+    with pytest.raises(InvalidArgument, match=f"number {number} is too big"):
+        parse_json_body(('{"log_verbose_level": %s}' % number).encode())
+
+
+def test_an_integer_past_64_bits_in_an_integer_tensor_is_past_its_range():
+    """orjson reads 2**64 as a float: still named as past the range, not as a number of the wrong kind."""
+    head = ('{"inputs":[{"name":"x","datatype":"UINT64","shape":[1],"data":[%d]}]}' % 2 ** 64).encode()
+    with pytest.raises(InvalidArgument, match=r"element 0 of 'data' is past the range of UINT64 \(0 to 18446744073709551615\)"):
+        http_codec.decode_infer_request("m", "", head, None)
 
 
 @pytest.mark.parametrize("datatype, data, index, bounds", [

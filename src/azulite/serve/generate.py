@@ -18,6 +18,7 @@ import numpy as np
 
 from azulite.errors import InvalidArgument, ServeError
 from azulite.serve import config as cfg
+from azulite.serve.http_json import loads as loads_json
 from azulite.serve.types import InferRequest, InferResponse, InferTensor
 
 SSE = b"text/event-stream; charset=utf-8"
@@ -34,7 +35,7 @@ def _flat(value: Any) -> list:
 
 def request_from_json(dp, name: str, version: str, body: bytes) -> InferRequest:
     try:
-        doc = json.loads(body or b"{}")
+        doc = loads_json(body or b"{}")
     except ValueError as exc:
         raise InvalidArgument(f"generate request for model '{name}' is not JSON: {exc}") from None
     except RecursionError:

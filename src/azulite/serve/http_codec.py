@@ -32,6 +32,8 @@ from azulite.serve.config import WIRE_TO_NUMPY
 from azulite.serve.http_json import (
     message_to_json,
     model_metadata_json,
+    NumberTooBig,
+    loads as strict_loads,
     repository_index_json,
     server_metadata_json,
 )
@@ -41,10 +43,8 @@ __all__ = ["decode_infer_request", "deserialize_bytes", "encode_infer_response",
            "model_metadata_json", "repository_index_json", "serialize_bytes", "server_metadata_json"]
 
 _LEN = struct.Struct("<I")
-#: the standard library's json.dumps / json.loads without their per-call wrappers, for what orjson refuses
-#: (module docstring)
+#: the standard library's json.dumps without its per-call wrapper, for what orjson refuses (module docstring)
 _ENCODE = json.JSONEncoder(separators=(",", ":")).encode
-_DECODE = json.JSONDecoder().decode
 _NUMPY = orjson.OPT_SERIALIZE_NUMPY
 
 
@@ -54,7 +54,7 @@ def _loads(data: memoryview | bytes) -> Any:
     try:
         return orjson.loads(data)
     except orjson.JSONDecodeError:
-        return _DECODE(str(data, "utf-8"))
+        return strict_loads(data)
 
 
 # --- BYTES tensors -----------------------------------------------------------------------------------
@@ -224,8 +224,29 @@ def _json_input(name: str, datatype: str, shape: tuple[int, ...], dtype: np.dtyp
                               f"range of {datatype} ({low} to {high})",
                               fix=f"send values within {datatype}'s range, or use a wider datatype") from None
     except (TypeError, ValueError):
-        raise InvalidArgument(f"input '{name}': 'data' holds values that are not {datatype}",
-                              fix=f"send JSON {'booleans' if datatype == 'BOOL' else 'numbers'} for {datatype}") from None
+        allowed = _JSON_TYPES[dtype.kind]
+        i, bad = next(((i, v) for i, v in enumerate(flat) if type(v) not in allowed), (0, flat[0] if flat else None))
+        info = np.iinfo(dtype) if dtype.kind in "iu" else None
+        if info is not None and type(bad) is float and not info.min <= bad <= info.max:
+            # an integer past 64 bits, which orjson reads as a float, or any number past the type's range
+            raise InvalidArgument(f"input '{name}': element {i} of 'data' is past the range of {datatype} "
+                                  f"({info.min} to {info.max})",
+                                  fix=f"send values within {datatype}'s range, or use a wider datatype") from None
+        kind = {"b": "true or false", "f": "a number"}.get(dtype.kind, "a whole number") + f" ({datatype})"
+        if info is not None and type(bad) is float and bad.is_integer():  # maybe past 64 bits, read as a float
+            kind = f"a whole number within {datatype}'s range ({info.min} to {info.max})"
+        raise InvalidArgument(f"input '{name}': element {i} of 'data' is {_json_text(bad)}, not {kind}",
+                              fix=f"send JSON {'booleans' if datatype == 'BOOL' else 'numbers'} for {datatype}"
+                                  + (" without a fraction or exponent" if dtype.kind in "iu" else "")) from None
+
+
+def _json_text(value: Any) -> str:
+    """An element as the client wrote it (near enough) for an error: JSON's spelling, a bounded length."""
+    try:
+        text = json.dumps(value)
+    except (TypeError, ValueError):
+        text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
 
 
 def _first_overflow(flat: list, dtype: np.dtype) -> int:
@@ -309,6 +330,10 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
             f"Inference-Header-Content-Length is {header_length} but the body has only {len(body)} bytes")
     try:
         doc = _loads(view[:header_length] if header_length != len(body) else body)
+    except NumberTooBig as exc:
+        raise InvalidArgument(f"malformed JSON in the infer request: {exc}",
+                              fix="send numbers a double holds (up to 1.8e308 either way); write infinity as "
+                                  "Infinity") from None
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"malformed JSON in the infer request: {exc}",
                               fix="send a KServe v2 infer request object") from None

@@ -3,11 +3,35 @@ Triton renders them: proto field names, numbers for 64-bit integers."""
 
 from __future__ import annotations
 
+import json
+import math
 from typing import Any
 
 from google.protobuf import descriptor as _descriptor
 from google.protobuf import json_format
 from google.protobuf.message import Message
+
+class NumberTooBig(ValueError):
+    """A JSON number no double holds (``1e400``)."""
+
+
+def _finite(text: str) -> float:
+    """A JSON number's value, refused when a double cannot hold it (``1e400``, which Python reads as
+    infinity; Triton's parser refuses it too). ``Infinity`` and ``NaN``, written as such, stay accepted."""
+    value = float(text)
+    if math.isinf(value):
+        raise NumberTooBig(f"number {text} is too big to be stored in a double")
+    return value
+
+
+_DECODE = json.JSONDecoder(parse_float=_finite).decode
+
+
+def loads(data: str | bytes | memoryview) -> Any:
+    """A JSON document (UTF-8 when bytes) -> Python objects, by the standard library (``NaN``, ``Infinity``,
+    integers past 64 bits, which orjson refuses), refusing numbers past a double's range (ValueError)."""
+    return _DECODE(data if isinstance(data, str) else str(data, "utf-8"))
+
 
 _INT64_TYPES = {
     _descriptor.FieldDescriptor.TYPE_INT64,

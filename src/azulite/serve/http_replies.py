@@ -11,6 +11,7 @@ import zlib
 from typing import Any
 
 from azulite.errors import InvalidArgument, PayloadTooLarge, ServeError
+from azulite.serve.http_json import loads as loads_json
 from azulite.serve.inflate import inflate
 from azulite.serve.trace import TracedReply
 
@@ -118,7 +119,7 @@ def parse_json_body(body: bytes) -> dict[str, Any]:
     if not body.strip():
         return {}
     try:
-        doc = json.loads(body)
+        doc = loads_json(body)
     except (ValueError, UnicodeDecodeError) as exc:
         raise InvalidArgument(f"malformed JSON body: {exc}") from None
     except RecursionError:  # arrays or objects nested thousands deep: no request of the protocol is
