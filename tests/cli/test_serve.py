@@ -182,6 +182,7 @@ def test_bad_flags_exit_2_without_traceback(repo, args, message):
     (["--auth", "--key-store", "/"], "error: --key-store: key store '/' is a directory"),
     (["--audit-log", "/"], "error: / (--audit-log): is a directory"),  # served, every audit line lost
     (["--audit-log", "/proc/nope/a.jsonl"], "error: /proc/nope/a.jsonl (--audit-log): its folder cannot be made"),
+    (["--audit-log", "/proc/a.jsonl"], "error: /proc/a.jsonl (--audit-log): cannot be written: "),  # lost, counted only
     (["--audit-log-max-bytes", "0"], "error: --audit-log-max-bytes: must be a positive number of bytes, got 0"),
     (["--audit-seal"], "error: --audit-seal: seals the audit log, and there is none\n  fix: add --audit-log FILE"),
     (["--audit-log", "/proc/nope/a.jsonl", "--audit-key", "/proc/nope/k"],

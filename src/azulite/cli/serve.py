@@ -269,6 +269,12 @@ def serve(
         except OSError as exc:
             raise SpecError(f"its folder cannot be made: {exc.strerror or exc}", file=str(audit_log),
                             field="--audit-log", fix="name a file in a folder this user can write") from None
+        try:  # opened (created) now: a log that cannot be written would lose every line, seen only in a metric
+            with audit_log.open("ab"):
+                pass
+        except OSError as exc:
+            raise SpecError(f"cannot be written: {exc.strerror or exc}", file=str(audit_log), field="--audit-log",
+                            fix="name a file this user can write (its folder is made when missing)") from None
     if audit_log_max_bytes < 1:  # 0 or less never rotated: the log grew without bound
         raise SpecError(f"must be a positive number of bytes, got {audit_log_max_bytes}", field="--audit-log-max-bytes",
                         fix="e.g. --audit-log-max-bytes 67108864 (64 MiB; 5 rotated files are kept)")
