@@ -110,6 +110,40 @@ def test_validation_names_model_and_field(change, message):
     assert "model 'm'" in str(info.value) or "'m'" in str(info.value)
 
 
+SEQUENCE = GOOD.replace("dynamic_batching { preferred_batch_size: [ 4 ] max_queue_delay_microseconds: 100 }",
+                       "sequence_batching { control_input [ %s ] }")
+
+
+@pytest.mark.parametrize(("controls", "message"), [
+    # Triton refuses this load with the same words; azulite fed the model INT32 0/1 (TYPE_INVALID in /config)
+    ('{ name: "S" control [ { kind: CONTROL_SEQUENCE_START } ] }',
+     "control_input 'S' \\(CONTROL_SEQUENCE_START\\) must specify either 'int32_false_true', 'fp32_false_true' or "
+     "'bool_false_true'"),
+    ('{ name: "E" control [ { kind: CONTROL_SEQUENCE_END int32_false_true: [ 0, 1 ] fp32_false_true: [ 0, 1 ] } ] }',
+     "specifies both 'int32_false_true' and 'fp32_false_true'"),
+    ('{ name: "R" control [ { kind: CONTROL_SEQUENCE_READY int32_false_true: [ 1 ] } ] }',
+     "'int32_false_true' must have exactly 2 entries .*got 1"),
+    ('{ name: "S" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }, '
+     '{ name: "S2" control [ { kind: CONTROL_SEQUENCE_START int32_false_true: [ 0, 1 ] } ] }',
+     "specifies multiple CONTROL_SEQUENCE_START tensors"),
+    ('{ name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID } ] }',
+     "control_input 'C' \\(CONTROL_SEQUENCE_CORRID\\) must specify a data_type of TYPE_UINT64.*got TYPE_INVALID"),
+    ('{ name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_UINT64 int32_false_true: [ 0, 1 ] } ] }',
+     "must not specify 'int32_false_true'"),
+])
+def test_sequence_controls_are_checked_as_triton_checks_them(controls, message):
+    with pytest.raises(ModelLoadError, match=message) as info:
+        load(SEQUENCE % controls)
+    assert "model 'm'" in str(info.value) and info.value.fix
+
+
+def test_well_formed_sequence_controls_load():
+    config = load(SEQUENCE % (
+        '{ name: "S" control [ { kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] } ] }, '
+        '{ name: "C" control [ { kind: CONTROL_SEQUENCE_CORRID data_type: TYPE_STRING } ] }'))
+    assert [c.name for c in config.sequence_batching.control_input] == ["S", "C"]
+
+
 def test_json_renders_int64_as_numbers():
     config = load(GOOD + 'parameters { key: "k" value: { string_value: "v" } }')
     data = cfg.config_to_dict(config)

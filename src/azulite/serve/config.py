@@ -277,6 +277,48 @@ def _validate_tensors(model: str, kind: str, tensors: Any, max_batch_size: int) 
         del dims
 
 
+_BOOLEAN_CONTROLS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_READY")
+_CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
+
+
+def _validate_sequence_controls(model: str, sb: Any) -> None:
+    """Triton's checks of sequence_batching.control_input: each kind once; START / END / READY give their
+    false and true values as exactly one pair (``int32_false_true``, ``fp32_false_true`` or
+    ``bool_false_true``); CORRID a data_type and no pair."""
+    kinds = mc.ModelSequenceBatching.Control.Kind
+    seen: set[int] = set()
+    for tensor in sb.control_input:
+        for control in tensor.control:
+            kind = kinds.Name(control.kind)
+            where = f"sequence_batching control_input '{tensor.name}' ({kind})"
+            if control.kind in seen:
+                raise _invalid(model, f"model '{model}': sequence batching specifies multiple {kind} tensors",
+                               fix=f"keep one control_input of kind {kind}")
+            seen.add(control.kind)
+            pairs = [(field, len(getattr(control, field))) for field in ("int32_false_true", "fp32_false_true",
+                                                                         "bool_false_true") if getattr(control, field)]
+            if kind in _BOOLEAN_CONTROLS:
+                if not pairs:
+                    raise _invalid(model, f"model '{model}': {where} must specify either 'int32_false_true', "
+                                   "'fp32_false_true' or 'bool_false_true'",
+                                   fix="e.g. control [ { kind: " + kind + " int32_false_true: [ 0, 1 ] } ]")
+                if len(pairs) > 1:
+                    raise _invalid(model, f"model '{model}': {where} specifies both '{pairs[0][0]}' and "
+                                   f"'{pairs[1][0]}'", fix="keep one false/true pair")
+                if pairs[0][1] != 2:
+                    raise _invalid(model, f"model '{model}': {where}: '{pairs[0][0]}' must have exactly 2 entries "
+                                   f"(the false value, then the true one), got {pairs[0][1]}",
+                                   fix=f"e.g. {pairs[0][0]}: [ 0, 1 ]")
+            elif kind == "CONTROL_SEQUENCE_CORRID":
+                if pairs:
+                    raise _invalid(model, f"model '{model}': {where} must not specify '{pairs[0][0]}' (a correlation "
+                                   "ID is not a false/true flag)", fix="give it a data_type instead")
+                if mc.DataType.Name(control.data_type) not in _CORRID_TYPES:
+                    raise _invalid(model, f"model '{model}': {where} must specify a data_type of "
+                                   f"{', '.join(_CORRID_TYPES)}, got {mc.DataType.Name(control.data_type)}",
+                                   fix="e.g. data_type: TYPE_UINT64")
+
+
 def validate_config(config: mc.ModelConfig, *, model: str) -> None:
     """Triton's checks, each naming the model and the field."""
     if config.name != model:
@@ -349,6 +391,8 @@ def validate_config(config: mc.ModelConfig, *, model: str) -> None:
             f"azulite's {backend} backend",
             fix="serve decoupled models with the python backend, or set decoupled: false (one response per request)",
         )
+    if config.HasField("sequence_batching"):
+        _validate_sequence_controls(model, config.sequence_batching)
     if config.version_policy.HasField("latest") and config.version_policy.latest.num_versions < 1:
         raise _invalid(model, f"model '{model}': version_policy.latest.num_versions must be >= 1")
     if backend == "ensemble":
