@@ -384,7 +384,7 @@ def validate_config(config: mc.ModelConfig, *, model: str) -> None:
         kind = "a decoupled model" if config.model_transaction_policy.decoupled else "a sequence model"
         raise _invalid(model, f"model '{model}': response_cache cannot be enabled for {kind} (its answers are "
                        "not a function of one request's inputs)", fix="remove response_cache { enable: true }")
-    if config.model_transaction_policy.decoupled and backend != "python":
+    if config.model_transaction_policy.decoupled and backend not in ("python", "ensemble"):
         raise _invalid(
             model,
             f"model '{model}': decoupled models (model_transaction_policy.decoupled) are not supported by "

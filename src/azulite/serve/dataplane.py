@@ -27,7 +27,7 @@ from azulite.serve.bls import bls_call
 from azulite.serve.checks import bytes_objects, check_inputs, check_outputs, output_array, output_datatype
 from azulite.serve.counted import Counted
 from azulite.serve.decoupled import FINAL_FLAG, stream, stream_with_policies, unary_refused
-from azulite.serve.ensemble import run_ensemble, step_item, step_outputs
+from azulite.serve.ensemble import run_ensemble, step_item, step_outputs, step_request
 from azulite.serve.drift import OutputMonitor, drift_metrics, window_of
 from azulite.serve.sharedstate import SharedDriftStore, drift_key
 from azulite.serve.fallback import FallbackPolicy, answer_with_fallback, fallback_metrics, policy_of
@@ -481,14 +481,11 @@ class TritonDataPlane(ModelControl):
     async def _step_request(self, model_name: str, version: str, feed: dict[str, np.ndarray],
                             wanted: list[str], parent: Trace | None = None) -> dict[str, np.ndarray]:
         """A step to a nested ensemble, a decoupled or a sequence model: the full request path."""
-        request = InferRequest(
-            model_name=model_name,
-            model_version=version,
-            inputs=[InferTensor(n, _DTYPE_TO_WIRE.get(a.dtype) or cfg.numpy_to_wire(a.dtype), a.shape, a)
-                    for n, a in feed.items()],
-            outputs=[RequestedOutput(n) for n in wanted],
-            id="" if parent is None else parent.request_id,
-        )
+        request = step_request(model_name, version, feed, wanted, "" if parent is None else parent.request_id)
+        model = self.manager.get(model_name, version)
+        if model.decoupled:  # reloaded as decoupled after the ensemble loaded (else the ensemble would be)
+            raise Unavailable(f"step model '{model_name}' is decoupled now, and the ensemble calling it was loaded "
+                              "when it was not", fix="load the ensemble again: it then streams its answers")
         response = await self._infer(request, parent)
         return {t.name: t.data for t in response.outputs}
 

@@ -24,12 +24,16 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import functools
+import time
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING
 
 from azulite.errors import Internal, InvalidArgument, ServeError, Unavailable, Unsupported
+from azulite.serve.backends.base import Timing
 from azulite.serve.batcher import Rejected
 from azulite.serve.counted import Counted
+from azulite.serve.ensemble import step_request, stream_ensemble
 from azulite.serve.parameters import request_int, requested_names
 from azulite.serve.types import InferRequest, InferResponse
 
@@ -48,14 +52,21 @@ def unary_refused(model: "LoadedModel") -> Unsupported:
         "request): unary infer cannot answer it", fix="call it over gRPC ModelStreamInfer (a streaming client)")
 
 
-async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequest) -> AsyncIterator[InferResponse]:
-    """The responses of one request to a decoupled model, in the order the model sent them."""
-    if dp._closing:
+async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequest,
+                 guarded: bool = True) -> AsyncIterator[InferResponse]:
+    """The responses of one request to a decoupled model, in the order the model sent them. ``guarded``
+    False: a step of an ensemble request in flight, which shutdown lets finish."""
+    if guarded and dp._closing:
         raise Unavailable("the server is shutting down and accepts no new requests")
     dp.shm.resolve_inputs(request)
     if dp.shm.output_places(request):
         raise InvalidArgument(f"model '{model.name}' is decoupled: its outputs cannot be placed in shared memory "
                               "regions (a request may get many responses)", fix="receive them in the stream")
+    if model.is_ensemble:
+        async with contextlib.aclosing(_ensemble_stream(dp, model, request)) as responses:
+            async for response in responses:
+                yield response
+        return
     loop = asyncio.get_running_loop()
     queue: asyncio.Queue = asyncio.Queue()
 
@@ -97,6 +108,43 @@ async def stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequ
             # a final response sent from inside execute comes before execute returns: the trace takes the
             # batch's compute times when it does (the client has every response already)
             await asyncio.wait([future])
+
+
+async def _ensemble_stream(dp: "TritonDataPlane", model: "LoadedModel", request: InferRequest
+                           ) -> AsyncIterator[InferResponse]:
+    """An ensemble with a decoupled step (serve/ensemble.py, stream_ensemble): a response per response of
+    the decoupled step that came through the steps after it, the last marked final when it is known to be
+    (the decoupled step had sent its final flag by then), else, when the request asks for it, an empty
+    final response after it: as Triton 2.51 streams such an ensemble (tests/serve/test_decoupled_ensemble.py).
+    Counted as one request; not traced."""
+    empty_final = bool(request.parameters.get(EMPTY_FINAL, False))
+    with Counted(dp, model) as counted:
+        item, wanted, _, _ = dp._admit(model, request, counted, sample=False)
+        began = time.perf_counter_ns()
+        plan = model.ensemble_plan
+        async with contextlib.aclosing(stream_ensemble(
+                model.name, plan, item.inputs, dp._run_step, functools.partial(_step_stream, dp, request.id),
+                lambda step: dp.manager.get(step.model, step.version).decoupled)) as pools:
+            last = False
+            async for pool, last in pools:
+                response = dp._respond(model, request, item, pool, wanted)
+                response.parameters[FINAL_FLAG] = last
+                yield response
+        model.stats.executed(item.batch_size or 1, [began - counted.start],
+                             Timing(infer_ns=time.perf_counter_ns() - began), ok=True)
+    if empty_final and not last:
+        response = InferResponse(model.name, model.version_str, [], id=request.id)
+        response.parameters[FINAL_FLAG] = True
+        yield response
+
+
+async def _step_stream(dp: "TritonDataPlane", request_id: str, name: str, version: str, feed: dict, wanted: list[str]
+                       ) -> AsyncIterator[dict]:
+    """A decoupled step's responses, as the tensors each carries."""
+    request = step_request(name, version, feed, wanted, request_id)
+    async with contextlib.aclosing(stream(dp, dp.manager.get(name, version), request, guarded=False)) as responses:
+        async for response in responses:
+            yield {t.name: t.data for t in response.outputs}
 
 
 async def stream_with_policies(dp: "TritonDataPlane", model: "LoadedModel | None", request: InferRequest,

@@ -11,7 +11,8 @@ ensemble at 32 rows per request; README, DLRM benchmark).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+import contextlib
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -21,11 +22,14 @@ from azulite.serve import config as cfg
 from azulite.serve.backends.base import WorkItem
 from azulite.serve.checks import check_inputs, check_outputs, output_array
 from azulite.serve.proto import model_config_pb2 as mc
+from azulite.serve.types import InferRequest, InferTensor, RequestedOutput
 
 if TYPE_CHECKING:
     from azulite.serve.models import LoadedModel
 
 StepRunner = Callable[[str, str, dict[str, np.ndarray], list[str]], Awaitable[dict[str, np.ndarray]]]
+#: a decoupled step: its responses' outputs, in the order the model sent them
+StepStreamer = Callable[[str, str, dict[str, np.ndarray], list[str]], AsyncIterator[dict[str, np.ndarray]]]
 
 
 def check_ensemble(config: mc.ModelConfig, composing: Callable[[str], mc.ModelConfig],
@@ -81,6 +85,44 @@ def check_ensemble(config: mc.ModelConfig, composing: Callable[[str], mc.ModelCo
                                  f"config, but {source} is {_dtype(have)}", fix="make the two data types agree")
 
 
+def check_decoupled_origins(config: mc.ModelConfig, composing: Callable[[str], mc.ModelConfig]) -> None:
+    """Triton's rule for ensembles with decoupled steps: each tensor comes from the last decoupled step above
+    it (or none, the ensemble's inputs), and a step's inputs (and the ensemble's outputs) must all come from
+    the same one: a step after a decoupled step runs once per response of it, and a tensor from before it, or
+    from another decoupled step, has no response to be paired with (Triton refuses such an ensemble with
+    the words below; checked against 2.51 in tests/serve/test_decoupled_ensemble.py)."""
+    name = config.name
+    steps = list(config.ensemble_scheduling.step)
+    origin: dict[str, str] = {t.name: "" for t in config.input}  # tensor -> the decoupled step it comes after
+    pending = list(range(len(steps)))
+    while pending:
+        progressed = False
+        for index in list(pending):
+            step = steps[index]
+            if not all(v in origin for v in step.input_map.values()):
+                continue
+            pending.remove(index)
+            progressed = True
+            came = _same_origin(name, step.model_name, [origin[v] for v in step.input_map.values()])
+            if composing(step.model_name).model_transaction_policy.decoupled:
+                came = f"{index}:{step.model_name}"
+            for value in step.output_map.values():
+                origin[value] = came
+        if not progressed:  # a step whose input is never made: check_ensemble says which
+            return
+    _same_origin(name, name, [origin[t.name] for t in config.output if t.name in origin])
+
+
+def _same_origin(ensemble: str, model: str, origins: list[str]) -> str:
+    if len(set(origins)) > 1:
+        raise ModelLoadError(
+            f"in ensemble {ensemble}, step of model '{model}' receives inputs originated from different decoupled "
+            f"models ({', '.join(sorted(o.split(':', 1)[1] if o else 'the ensemble inputs' for o in set(origins)))})",
+            fix="a step after a decoupled step runs once per response of it: take every input of such a step "
+                "(and every ensemble output) from that step's responses or the steps after it")
+    return origins[0] if origins else ""
+
+
 def _dtype(value: int) -> str:
     return mc.DataType.Name(value)
 
@@ -110,7 +152,14 @@ def plan_of(config: mc.ModelConfig) -> tuple[EnsembleStep, ...]:
 async def run_ensemble(ensemble: str, plan: tuple[EnsembleStep, ...], inputs: dict[str, np.ndarray], wanted: list[str],
                        run_step: StepRunner) -> dict[str, np.ndarray]:
     pool = dict(inputs)
-    waiting = list(plan)
+    await _run_steps(ensemble, list(plan), pool, run_step)
+    return {name: pool[name] for name in wanted}
+
+
+async def _run_steps(ensemble: str, waiting: list[EnsembleStep], pool: dict[str, np.ndarray],
+                     run_step: StepRunner) -> None:
+    """Every step of ``waiting``, each as soon as its inputs are in ``pool`` (independent ones at once),
+    their outputs added to ``pool``."""
     running: dict[asyncio.Future, EnsembleStep] = {}
     try:
         while waiting or running:
@@ -140,7 +189,115 @@ async def run_ensemble(ensemble: str, plan: tuple[EnsembleStep, ...], inputs: di
     finally:
         for task in running:
             task.cancel()
-    return {name: pool[name] for name in wanted}
+
+
+# --- ensembles with a decoupled step ---------------------------------------------------------------------
+
+def mark_decoupled(config: mc.ModelConfig, composing: Callable[[str], mc.ModelConfig]) -> None:
+    """An ensemble with a decoupled step (or a nested ensemble that has one) is decoupled itself, as Triton
+    makes it (its /config then says so): it answers over streams only, 0..n responses per request."""
+    check_decoupled_origins(config, composing)
+    if any(composing(s.model_name).model_transaction_policy.decoupled for s in config.ensemble_scheduling.step):
+        config.model_transaction_policy.decoupled = True
+
+
+def _after_decoupled(waiting: list[EnsembleStep], decoupled: Callable[[EnsembleStep], bool]) -> set[int]:
+    """Indexes (in ``waiting``) of the decoupled steps and of every step that needs (directly or through other steps) a tensor
+    one of them produces: these run once per response of the decoupled step before them."""
+    tainted: set[str] = set()
+    marked: set[int] = set()
+    changed = True
+    while changed:
+        changed = False
+        for i, step in enumerate(waiting):
+            if i not in marked and (decoupled(step) or step.needs & tainted):
+                marked.add(i)
+                tainted.update(value for _, value in step.out)
+                changed = True
+    return marked
+
+
+async def stream_ensemble(ensemble: str, plan: tuple[EnsembleStep, ...], inputs: dict[str, np.ndarray],
+                          run_step: StepRunner, stream_step: StepStreamer, decoupled: Callable[[EnsembleStep], bool]
+                          ) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+    """The tensors of an ensemble with decoupled steps, once per response that reaches its end, each with
+    whether it is known to be the last: the steps that need no decoupled step's output run once, as
+    :func:`run_ensemble` runs them; then each response of the first decoupled step carries its outputs down
+    the steps after it (a copy of the tensors so far per response, so responses do not see each other's),
+    which run once per response; a decoupled step among those streams again. A decoupled step that sends no
+    response ends its branch with none (0..n). A decoupled step's responses are taken as they come (not
+    when the steps after it are free): a response is the last when, as it leaves, every decoupled step
+    above it has sent its final flag and no response of theirs waits -- as Triton marks it, so a client
+    gets no empty final response after it."""
+    async with contextlib.aclosing(_branches(ensemble, list(plan), dict(inputs), run_step, stream_step,
+                                             decoupled)) as pools:
+        async for pool, last in pools:
+            yield pool, last
+
+
+_END = object()
+
+
+async def _branches(ensemble: str, waiting: list[EnsembleStep], pool: dict[str, np.ndarray], run_step: StepRunner,
+                    stream_step: StepStreamer, decoupled: Callable[[EnsembleStep], bool]
+                    ) -> AsyncIterator[tuple[dict[str, np.ndarray], bool]]:
+    marked = _after_decoupled(waiting, decoupled)
+    await _run_steps(ensemble, [s for i, s in enumerate(waiting) if i not in marked], pool, run_step)
+    later = [s for i, s in enumerate(waiting) if i in marked]
+    if not later:
+        yield pool, True
+        return
+    first = next((s for s in later if decoupled(s) and s.ready(pool)), None)
+    if first is None:
+        raise Internal(f"ensemble '{ensemble}': steps {[s.model for s in later]} can never run")
+    rest = [s for s in later if s is not first]
+    responses: asyncio.Queue = asyncio.Queue()
+    ended: list = []  # True once the step's stream ended; or its error, when it failed
+    feeder = asyncio.ensure_future(_feed(stream_step(first.model, first.version, {k: pool[v] for k, v in first.feed},
+                                                     first.wanted), responses, ended))
+    try:
+        while (outputs := await responses.get()) is not _END:
+            if isinstance(outputs, BaseException):
+                raise outputs
+            branch = dict(pool)
+            for key, value in first.out:
+                if key in outputs:  # a response may leave an output out: a step needing it then cannot run
+                    branch[value] = outputs[key]
+            missing = [(s.model, sorted(s.needs - branch.keys())) for s in rest
+                       if not s.needs <= branch.keys() | _made_by(rest, s)]
+            if missing:
+                model, names = missing[0]
+                raise Internal(f"ensemble '{ensemble}': a response of decoupled step model '{first.model}' left out "
+                               f"{names}, which step model '{model}' needs",
+                               fix=f"make model '{first.model}' send every output its ensemble maps in each response")
+            async with contextlib.aclosing(_branches(ensemble, list(rest), branch, run_step, stream_step,
+                                                     decoupled)) as pools:
+                async for done, last in pools:
+                    if ended and ended[0] is not True:  # the step failed meanwhile: the request fails now, as
+                        raise ended[0]                   # Triton's, its responses not yet sent dropped
+                    # the last here too: the step's stream has ended and nothing of it waits
+                    yield done, last and bool(ended) and responses.qsize() == 1
+    finally:
+        feeder.cancel()
+
+
+async def _feed(responses: AsyncIterator[dict[str, np.ndarray]], into: asyncio.Queue, ended: list) -> None:
+    """A decoupled step's responses into ``into`` as they come, then _END (``ended`` gets True) or the
+    stream's error (in ``ended`` too)."""
+    try:
+        async with contextlib.aclosing(responses):
+            async for outputs in responses:
+                into.put_nowait(outputs)
+    except Exception as exc:  # noqa: BLE001 - handed to the reader, which raises it
+        ended.append(exc)
+        into.put_nowait(exc)
+    else:
+        ended.append(True)
+        into.put_nowait(_END)
+
+
+def _made_by(steps: list[EnsembleStep], but: EnsembleStep) -> set[str]:
+    return {value for s in steps if s is not but for _, value in s.out}
 
 
 def _wire(dtype: np.dtype) -> str:
@@ -148,6 +305,15 @@ def _wire(dtype: np.dtype) -> str:
         return cfg.numpy_to_wire(dtype)
     except ServeError:
         return str(dtype)
+
+
+def step_request(model: str, version: str, feed: dict[str, np.ndarray], wanted: list[str],
+                 request_id: str) -> InferRequest:
+    """A step as a request of its own (a nested ensemble, a decoupled or a sequence model take the full
+    request path); a step has its ensemble request's id, as Triton's."""
+    return InferRequest(model_name=model, model_version=version,
+                        inputs=[InferTensor(n, _wire(a.dtype), a.shape, a) for n, a in feed.items()],
+                        outputs=[RequestedOutput(n) for n in wanted], id=request_id)
 
 
 def step_item(model: LoadedModel, feed: dict[str, np.ndarray], wanted: list[str]) -> WorkItem:

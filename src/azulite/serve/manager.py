@@ -27,7 +27,7 @@ from azulite.serve import repository as repo
 from azulite.serve.backends.base import LoadContext, get_backend
 from azulite.serve.batch_settings import BatcherSettings
 from azulite.serve.batcher import Batcher
-from azulite.serve.ensemble import check_ensemble
+from azulite.serve.ensemble import check_ensemble, mark_decoupled
 from azulite.serve.drift import window_of
 from azulite.serve.fallback import policy_of
 from azulite.serve.models import READY, UNAVAILABLE, LoadedModel, ModelEntry, VersionState
@@ -215,6 +215,7 @@ class ModelManager:
                             f"{self.entries[dep].reason or 'not loaded'}"
                         )
                 check_ensemble(config, lambda dep: self.entries[dep].config, lambda dep: set(self.entries[dep].ready))
+                mark_decoupled(config, lambda dep: self.entries[dep].config)
             if cfg.backend_of(config) == "ensemble" and not source.versions:
                 versions = [1]  # Triton wants an empty 1/ directory; azulite does not insist
             else:
