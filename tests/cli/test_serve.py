@@ -174,6 +174,8 @@ def test_bad_flags_exit_2_without_traceback(repo, args, message):
     (["--http-port", "47001", "--grpc-port", "47001"], "error: --grpc-port: --http-port and --grpc-port are both 47001"),
     (["--grpc-address", "no such host"], "error: --grpc-address: cannot listen on 'no such host'"),
     (["--exit-timeout-secs", "-1"], "error: --exit-timeout-secs: must be >= 0 seconds, got -1\n  fix:"),
+    (["--allow-http", "false", "--allow-grpc", "false"],
+     "error: --allow-grpc: with --allow-http false too, no endpoint would take an inference request"),
     (["--allow-http", "maybe"], "error: --allow-http: takes true or false, got 'maybe'\n  fix: e.g. --allow-http false"),
     (["--load-model", "add_sub_onnx"], "error: --load-model: needs --model-control-mode explicit\n  fix:"),
     (["--repository-poll-secs", "0"], "error: --repository-poll-secs: must be positive, got 0\n  fix:"),

@@ -385,3 +385,19 @@ def test_a_models_python_runs_from_its_source_never_planted_bytecode(tmp_path):
         sys.modules.pop("helper_for_bytecode_test", None)
     assert sorted(p.name for p in (folder / "__pycache__").iterdir()) == sorted(  # only the planted two
         ["helper_for_bytecode_test.cpython-%d%d.pyc" % sys.version_info[:2], "model.cpython-%d%d.pyc" % sys.version_info[:2]])
+
+
+def test_python_execute_returning_none_says_a_list_is_needed_or_decoupled(tmp_path):
+    python_model(tmp_path, "none", 'backend: "python" max_batch_size: 0 input [ { name: "x" data_type: TYPE_FP32 dims: [ 1 ] } ] '
+                 'output [ { name: "y" data_type: TYPE_FP32 dims: [ 1 ] } ]',
+                 "class TritonPythonModel:\n    def execute(self, requests):\n        return None\n")
+    dp = plane(tmp_path)
+
+    async def main():
+        with pytest.raises(Internal, match=r"execute\(\) returned NoneType, not a list of pb_utils.InferenceResponse") \
+                as info:
+            await dp.infer(InferRequest("none", [fp32("x", [1])]))
+        assert "decoupled: true" in info.value.fix
+        await dp.shutdown()
+
+    asyncio.run(main())

@@ -375,3 +375,13 @@ def test_json_inputs_at_their_datatypes_range_and_infinity_still_read():
     f, u, i = (t.data for t in http_codec.decode_infer_request("m", "", header, None).inputs)
     assert f.tolist()[:2] == [float(np.finfo(np.float32).max), float(np.finfo(np.float32).min)] and np.isinf(f[2])
     assert u.tolist() == [2 ** 64 - 1, 0] and i.tolist() == [-128, 127]
+
+
+@pytest.mark.parametrize("size", [True, -1, 1.5, "4"])
+def test_a_binary_data_size_that_is_no_byte_count_is_refused_naming_it(size):
+    """``true`` was taken as the integer 1 (Python's bool is an int): 'binary_data_size is True bytes'."""
+    header = json.dumps({"inputs": [{"name": "x", "datatype": "INT8", "shape": [1],
+                                     "parameters": {"binary_data_size": size}}]}).encode()
+    with pytest.raises(InvalidArgument) as exc:
+        http_codec.decode_infer_request("m", "", header + b"\x01", len(header))
+    assert f"input 'x': binary_data_size must be a non-negative integer, got {json.dumps(size)}" in str(exc.value)

@@ -177,6 +177,11 @@ def test_poll_mode_loads_new_reloads_changed_unloads_removed(repository_copy, ca
         assert (await dp.infer(versioned())).model_version == "1"
         assert dp.model_ready("add_sub_py2") and not dp.model_ready("string_py")
         assert dp.model_ready("add_sub_onnx")  # unchanged models stay as they were
+        caplog.clear()
+        with caplog.at_level(logging.INFO, logger="azulite.serve.poll"):
+            await dp.poll()  # string_py's entry goes now, its leaving said once already
+        assert [r.getMessage() for r in caplog.records if r.name == "azulite.serve.poll"] == []
+        assert "string_py" not in {m.name for m in dp.repository_index().models}
         await dp.shutdown()
 
     asyncio.run(main())

@@ -295,6 +295,9 @@ def serve(
     log_initial = log_settings.LogSettings(
         log_info=_bool(log_info, "--log-info"), log_warning=_bool(log_warning, "--log-warning"),
         log_error=_bool(log_error, "--log-error"), log_verbose_level=log_verbose, log_format=log_format)
+    if not _bool(allow_http, "--allow-http") and not _bool(allow_grpc, "--allow-grpc"):
+        raise SpecError("with --allow-http false too, no endpoint would take an inference request",
+                        field="--allow-grpc", fix="keep one of --allow-http and --allow-grpc true")
     settings = ServerSettings(
         repository=repo,
         http_address=http_address, http_port=http_port if _bool(allow_http, "--allow-http") else -1,

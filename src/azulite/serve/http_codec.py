@@ -362,8 +362,9 @@ def decode_infer_request(model_name: str, model_version: str, body: bytes, heade
         if size is not None:
             if "data" in item:
                 raise InvalidArgument(f"input '{name}': has both 'data' and binary_data_size")
-            if not isinstance(size, int) or size < 0:
-                raise InvalidArgument(f"input '{name}': binary_data_size must be a non-negative integer")
+            if not isinstance(size, int) or isinstance(size, bool) or size < 0:
+                raise InvalidArgument(f"input '{name}': binary_data_size must be a non-negative integer, got "
+                                      f"{_json_text(size)}", fix="the byte count of the input's data after the JSON")
             if offset + size > len(body):
                 raise InvalidArgument(
                     f"input '{name}': binary_data_size {size} runs past the end of the body "

@@ -76,6 +76,7 @@ class ModelManager:
         self.bls = bls
         self.in_flight = in_flight  # the server's requests in flight: each batcher gets it (Batcher._alone)
         self.entries: dict[str, ModelEntry] = {}
+        self._left_said: set[str] = set()  # models poll unloaded for leaving the repository, already logged
         #: while load_initial runs: the models that failed to load (each tried, and logged, once)
         self._failed_at_start: set[str] | None = None
         repo.list_models(self.root)  # the repository itself must exist
@@ -402,9 +403,12 @@ class ModelManager:
             if self.entries[name].ready:
                 retired += self.unload(name, check_mode=False)
                 poll_log.info("poll: model '%s' left the repository: unloaded", name)
+                self._left_said.add(name)
             else:  # one that never loaded (refused, failed) or was unloaded: no longer listed, nor waited for
                 del self.entries[name]
-                poll_log.info("poll: model '%s' left the repository", name)
+                if name not in self._left_said:  # said once, when it was unloaded (the poll before this one)
+                    poll_log.info("poll: model '%s' left the repository", name)
+                self._left_said.discard(name)
         changed = [
             n for n in sorted(present, key=self._is_ensemble_dir)
             if n not in self.entries or repo.fingerprint(self.root / n) != self.entries[n].fingerprint

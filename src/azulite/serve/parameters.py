@@ -68,8 +68,8 @@ def classify(array: np.ndarray, k: int, labels: list[str] | None, batched: bool,
 def top_k(output: str, k: object) -> int:
     """The classification parameter: a positive integer (a client's mistake otherwise, never a 500)."""
     try:
-        if isinstance(k, bool) or isinstance(k, float) and not k.is_integer():
-            raise ValueError
+        if isinstance(k, (bool, str, bytes)) or isinstance(k, float) and not k.is_integer():  # "2": as Triton,
+            raise ValueError  # which wants an integer parameter
         n = int(k)  # type: ignore[call-overload]
     except (TypeError, ValueError):
         n = 0

@@ -196,10 +196,16 @@ class PythonInstance:
         t2 = time.perf_counter_ns()
         if self.decoupled:  # the answers go through the senders; Triton ignores what execute returns
             return [{} for _ in items], Timing(t1 - t0, t2 - t1, time.perf_counter_ns() - t2)
-        if responses is None or len(responses) != len(items):
+        if responses is None or not isinstance(responses, (list, tuple)):
             raise Internal(
-                f"model '{self.model}': execute() returned {0 if responses is None else len(responses)} "
-                f"responses for {len(items)} requests (it must return one per request)"
+                f"model '{self.model}': execute() returned {type(responses).__name__}, not a list of "
+                f"pb_utils.InferenceResponse (one per request)",
+                fix="return [pb_utils.InferenceResponse(...) for each request]; a model that sends its answers "
+                    "through response senders is decoupled: model_transaction_policy { decoupled: true }")
+        if len(responses) != len(items):
+            raise Internal(
+                f"model '{self.model}': execute() returned {len(responses)} responses for {len(items)} requests "
+                "(it must return one per request)"
             )
         results: list[Result] = []
         for item, response in zip(items, responses):
