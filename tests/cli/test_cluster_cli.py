@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "examples" / "cluster" / "cluster.yaml"
 TRACE = ROOT / "examples" / "cluster" / "trace.csv"
 DATA = ROOT / "tests" / "cluster" / "data"
+DAY = "hour,rps\n" + "".join(f"{h},10\n" for h in range(24))  # a request-rate curve: every hour of a day
 
 
 def err_of(capsys) -> str:
@@ -194,11 +195,28 @@ def test_plan_and_simulate_bad_numbers_exit_2_naming_the_flag(capsys, args, word
     assert words in " ".join(captured.err.split()) and captured.out == ""
 
 
+def test_cost_curve_missing_hours_is_an_error_naming_them(capsys, tmp_path):
+    # was priced as "mean over the 3-hour curve x 730 h"
+    (tmp_path / "day.csv").write_text("0,0\n1,0\n2,100\n")
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", tmp_path / "day.csv",
+               "--capacity", "50") == 2
+    err = err_of(capsys)
+    assert "day.csv: the curve is a day of 24 hours and has no rate for hours 3-23 fix: add a row for hours 3-23" in err
+
+
+def test_cost_curve_rows_may_come_in_any_order(capsys, tmp_path):
+    day = tmp_path / "day.csv"
+    day.write_text("".join(f"{h},{50 * h}\n" for h in reversed(range(24))))
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "scale-to-zero", "--curve", day, "--capacity", "50",
+               "--json") == 0
+    assert json.loads(capsys.readouterr().out)["hourly_replicas"] == list(range(24))
+
+
 def test_cost_curve_row_with_a_non_number_hour_is_named(capsys, tmp_path):
     day = tmp_path / "day.csv"
     day.write_text("hour,rps\n0,10\nnoon,5\n")  # was read as a 2-hour curve
     assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", day, "--capacity", "50") == 2
-    assert "row 3" in err_of(capsys)
+    assert f"{day}:3: hour must be a whole number from 0 to 23, got 'noon'" in err_of(capsys)
 
 
 def test_plan_of_the_readme_says_one_candidate_in_the_singular(capsys, monkeypatch, tmp_path):
@@ -215,11 +233,11 @@ def test_plan_of_the_readme_says_one_candidate_in_the_singular(capsys, monkeypat
 
 @pytest.mark.parametrize("curve, args, words", [
     # a NaN / inf rate was a ValueError / OverflowError traceback from the cost model
-    ("hour,rps\n0,nan\n", ("--mode", "autoscale", "--capacity", "5"), "row 2: request rate must be a finite number >= 0, got 'nan'"),
-    ("hour,rps\n0,inf\n", ("--mode", "autoscale", "--capacity", "5"), "row 2: request rate must be a finite number >= 0"),
+    ("hour,rps\n0,nan\n", ("--mode", "autoscale", "--capacity", "5"), "day.csv:2: request rate must be a finite number >= 0, got 'nan'"),
+    ("hour,rps\n0,inf\n", ("--mode", "autoscale", "--capacity", "5"), "day.csv:2: request rate must be a finite number >= 0"),
     # inputs a mode does not use were dropped without a word
-    ("hour,rps\n0,10\n", ("--capacity", "5"), "always-on runs every replica all month"),
-    ("hour,rps\n0,10\n", ("--mode", "autoscale", "--capacity", "5", "--utilization", "0.5"), "not both"),
+    (DAY, ("--capacity", "5"), "always-on runs every replica all month"),
+    (DAY, ("--mode", "autoscale", "--capacity", "5", "--utilization", "0.5"), "not both"),
     (None, ("--mode", "autoscale", "--capacity", "5"), "--capacity is the req/s of one replica against a request-rate curve"),
     (None, ("--hours-per-month", "10000"), "at most 744 (31 days), got 10000"),
 ])
@@ -235,23 +253,23 @@ def test_cost_serving_inputs_that_would_be_dropped_or_crash_are_named(capsys, tm
 
 def test_cost_curve_header_names_its_columns_and_a_spreadsheet_bom_is_read(capsys, tmp_path):
     swapped = tmp_path / "swapped.csv"
-    swapped.write_text("rps,hour\n100,0\n0,1\n")  # was read by position: the hours became the rates
+    swapped.write_text("rps,hour\n100,0\n" + "".join(f"0,{h}\n" for h in range(1, 24)))  # hours were read as rates
     bom = tmp_path / "bom.csv"
-    bom.write_bytes(b"\xef\xbb\xbfhour,rps\r\n0,100\r\n1,0\r\n")
+    bom.write_bytes(b"\xef\xbb\xbfhour,rps\r\n0,100\r\n" + b"".join(b"%d,0\r\n" % h for h in range(1, 24)))
     for f in (swapped, bom):
         assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "scale-to-zero", "--curve", f, "--capacity", "50",
                    "--json") == 0
-        assert json.loads(capsys.readouterr().out)["hourly_replicas"] == [2, 0]
+        assert json.loads(capsys.readouterr().out)["hourly_replicas"] == [2] + [0] * 23
 
 
 def test_cost_serving_nodes_cap_a_curve_and_the_hours_over_it_are_said(capsys, tmp_path):
     day = tmp_path / "day.csv"
-    day.write_text("0,100\n1,300\n")
+    day.write_text("0,100\n1,300\n" + "".join(f"{h},0\n" for h in range(2, 24)))
     assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", day, "--capacity", "50",
                "--nodes", "3", "--json") == 0  # --nodes was ignored with a curve
     d = json.loads(capsys.readouterr().out)
-    assert d["hourly_replicas"] == [2, 3]
-    assert any("1 of 2 hours need more than 3 replicas (up to 6)" in a for a in d["assumptions"])
+    assert d["hourly_replicas"] == [2, 3] + [1] * 22
+    assert any("1 of 24 hours need more than 3 replicas (up to 6)" in a for a in d["assumptions"])
 
 
 def test_cost_table_of_other_prices_uses_the_same_inputs_and_says_why_one_has_no_figure(capsys):

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
@@ -140,7 +139,9 @@ def cost(
         if hours is not None or samples_per_second is not None or samples is not None:  # they were ignored
             raise CostError("--hours and the samples flags price a training run, not an endpoint",
                             fix="for --serve give --hours-per-month (730 or 720), or drop --serve to price training")
-        rates = _read_curve(curve) if curve else None
+        from azulite.cluster.curve import read_curve
+
+        rates = read_curve(curve) if curve else None
         # `nodes or 1` would price `--nodes 0` as one replica without a word; 0 is the user's typo to report
         # with a curve, --nodes is the most replicas the autoscaler may run (unbounded when not given)
         result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=1 if nodes is None else nodes, hours_per_month=hours_per_month,
@@ -190,41 +191,6 @@ def cost(
     for k, v in alternatives.items():
         table.add_row(k, f"${v:,.2f}" if v is not None else why_not.get(k, "unknown (no source)"))
     out.print(table)
-
-
-def _read_curve(path: Path) -> list[float]:
-    """The request rates of a CSV of hour,rps rows (a header optional; with one, its columns are found by
-    name, so rps,hour reads as well); "utf-8-sig": a spreadsheet's CSV starts with a byte-order mark."""
-    rates: list[float] = []
-    hour_col, rate_col = 0, -1
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            for row_no, row in enumerate(csv.reader(f), start=1):
-                if not row or row[0].strip().startswith("#"):
-                    continue
-                if row_no == 1 and not _number(row[-1]):  # a header
-                    names = [c.strip().lower() for c in row]
-                    if len(names) == 2 and "hour" in names:
-                        hour_col = names.index("hour")
-                        rate_col = 1 - hour_col
-                    continue
-                rate = _number(row[rate_col])
-                if rate is None or not 0 <= rate < math.inf:
-                    raise TraceError(f"request rate must be a finite number >= 0, got {row[rate_col]!r}",
-                                     where=f"{path}: row {row_no}", fix="rows of hour,rps, e.g. 13,42.5")
-                # the rate is what counts; a non-number hour means a shifted or foreign column, not a curve
-                if len(row) > 1 and _number(row[hour_col]) is None:
-                    raise TraceError(f"hour must be a number, got {row[hour_col]!r}", where=f"{path}: row {row_no}",
-                                     fix="rows of hour,rps, e.g. 13,42.5")
-                rates.append(rate)
-    except FileNotFoundError:
-        raise TraceError("request-rate curve not found", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
-    except IsADirectoryError:
-        raise TraceError("--curve is a directory, not a file", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"cannot read the request-rate curve ({type(exc).__name__})", where=str(path),
-                         fix="pass a readable CSV of hour,rps rows to --curve") from None
-    return rates
 
 
 def _number(text: str) -> Optional[float]:
