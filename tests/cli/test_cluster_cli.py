@@ -99,7 +99,13 @@ def test_simulate_errors_exit_2(capsys, tmp_path):
     bad = tmp_path / "t.csv"
     bad.write_text("job_id,submit_time,gpus,duration\na,5,4,10\nb,1,4,10\n")
     assert run("simulate", CLUSTER, bad) == 2
-    assert "row 3" in err_of(capsys)
+    assert f"{bad}:3: submit_time 1 is earlier" in err_of(capsys)
+    typo = tmp_path / "typo.csv"  # placed and priced the job as if it tolerated nothing
+    typo.write_text(TRACE.read_text().replace("spot:NoSchedule", "spot:NoSchedul"))
+    assert run("simulate", CLUSTER, typo, "--json") == 2
+    err = err_of(capsys)
+    assert f"{typo}:4: column 'tolerations': 'kubernetes.azure.com/scalesetpriority=spot:NoSchedul': effect 'NoSchedul'" in err
+    assert "(did you mean NoSchedule?)" in err and "Traceback" not in err
     huge = tmp_path / "huge.csv"
     huge.write_text("job_id,submit_time,gpus,duration\nmonster,0,512,10\n")
     assert run("simulate", CLUSTER, huge) == 2
