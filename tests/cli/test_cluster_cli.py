@@ -349,6 +349,15 @@ def test_plan_with_no_priced_candidate_says_so(capsys, tmp_path):
     assert "no candidate could be weighed: no price is known for any candidate" in " ".join(capsys.readouterr().out.split())
 
 
+def test_plan_with_a_deadline_no_candidate_meets_names_the_fastest(capsys):
+    assert run("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", "--deadline", "5h") == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("no pick: none finishes within the deadline of 5 h: the fastest, 16 x NC24rs_v3 on-demand, needs 8.6 h "
+            "without evictions") in out and "could be weighed" not in out
+    assert run("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", "--deadline", "5h", "--json") == 1
+    assert json.loads(capsys.readouterr().out)["no_pick"].startswith("none finishes within the deadline of 5 h")
+
+
 def test_simulate_refuses_a_plot_format_before_running(capsys, tmp_path):
     assert run("simulate", CLUSTER, TRACE, "--plot", tmp_path / "sim.txt", "--json") == 2
     captured = capsys.readouterr()

@@ -12,6 +12,7 @@ from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -358,6 +359,7 @@ def plan_cmd(
         from dataclasses import asdict
 
         print(json.dumps(_finite({"objective": result.objective, "pick": asdict(result.pick) if result.pick else None,
+                                  "no_pick": result.no_pick or None,
                                   "simulated": result.simulated, "assumptions": result.assumptions,
                                   "alternatives": [asdict(c) for c in result.candidates]}), indent=2))
         if result.pick is None:
@@ -365,13 +367,8 @@ def plan_cmd(
         return
     out = _console()
     p = result.pick
-    if p is None and not result.simulated:  # nothing could be weighed: say why, not "misses the constraints"
-        unpriced = all("price unknown" in c.note for c in result.candidates)
-        out.print("[bold red]no candidate could be weighed[/]: " + (
-            "no price is known for any candidate (see the notes below); add prices with --catalog FILE, or weigh "
-            "other GPU types with --speedup TYPE=FACTOR" if unpriced else "each is ruled out by the note beside it below"))
-    elif p is None:
-        out.print(f"[bold red]no candidate meets the constraints[/] ({result.objective})")
+    if p is None:  # why: none could be weighed, or the fastest / cheapest and its figure against the constraint
+        out.print(f"[bold red]no pick[/]: {escape(result.no_pick)}")
     else:
         ck = f"checkpoint every {p.checkpoint_interval_s / 60:.0f} min (Young/Daly)" if p.checkpoint_interval_s else "no evictions modelled: checkpoint as your failure rate needs"
         out.print(f"[bold]pick: {p.label}[/] — expected ${p.cost_mean:,.2f} (p10 ${p.cost_p10:,.2f}, p90 ${p.cost_p90:,.2f}), "
