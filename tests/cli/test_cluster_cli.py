@@ -63,8 +63,8 @@ def test_cost_serving_from_a_request_rate_curve(capsys, tmp_path):
     (("cost", "--sku", "NC24rs_v3", "--nodes", "2"), "give --hours"),
     (("cost", "--sku", "ND96isr_H100_v5", "--hours", "1"), "no on_demand price"),
     # 0 nodes / replicas were priced as 1 without a word
-    (("cost", "--sku", "NC24rs_v3", "--nodes", "0", "--hours", "5"), "nodes must be >= 1, got 0"),
-    (("cost", "--serve", "--sku", "NC4as_T4_v3", "--nodes", "0"), "replicas must be >= 1, got 0"),
+    (("cost", "--sku", "NC24rs_v3", "--nodes", "0", "--hours", "5"), "error: --nodes: must be >= 1 (nodes for training"),
+    (("cost", "--serve", "--sku", "NC4as_T4_v3", "--nodes", "0"), "error: --nodes: must be >= 1 (nodes for training, the most replicas"),
     # no spec at all read as "the spec has no resources.instance_type"
     (("cost", "--hours", "5"), "which VM size? no --sku and no job spec"),
     # --hours won and the samples flags were silently ignored
@@ -296,6 +296,28 @@ def test_cost_of_a_spot_spec_can_be_priced_on_demand(capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["pricing"] == "spot"
     assert run("cost", spec, "--hours", "10", "--pricing", "on_demand", "--json") == 0  # was still spot
     assert json.loads(capsys.readouterr().out)["total_usd"] == pytest.approx(30.6)
+
+
+@pytest.mark.parametrize("args, hours", [(("--hours", "1h30m"), 1.5), (("--hours", "1d 12h"), 36.0), (("--hours", "90m"), 1.5),
+                                         (("--samples-per-second", "1", "--samples", "5400"), 1.5)])
+def test_cost_takes_compound_durations(capsys, args, hours):
+    # 90m worked and 1h30m was refused
+    assert run("cost", "--sku", "NC24rs_v3", *args, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["compute_hours"] == pytest.approx(hours)
+
+
+@pytest.mark.parametrize("args, words", [
+    # each named its flag twice: "error: --hours: --hours takes hours"
+    (("cost", "--sku", "NC24rs_v3", "--hours", "1h1h"), "error: --hours: takes hours (50, 2.5) or a duration (90m, 1h30m, 2d)"),
+    (("cost", "--sku", "NC24rs_v3", "--hours", "1", "--spot", "--checkpoint-interval", "0h0m"),
+     "error: --checkpoint-interval: takes seconds or a duration (30m, 1h30m), > 0, got '0h0m'"),
+    (("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", "--deadline", "soon"),
+     "error: --deadline: takes hours (50, 2.5) or a duration (90m, 1h30m, 2d), > 0, got 'soon' fix: e.g. --deadline 48"),
+])
+def test_duration_flags_are_named_once(capsys, args, words):
+    assert run(*args) == 2
+    err = err_of(capsys)
+    assert words in err and err.count("--hours") + err.count("--deadline") + err.count("--checkpoint-interval") == 2
 
 
 @pytest.mark.parametrize("args, words", [

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import statistics
 from pathlib import Path
 from typing import List, Optional
@@ -28,9 +29,26 @@ def _console() -> Console:
     return out
 
 
-def _hours(value: Optional[str], flag: str) -> Optional[float]:
+_UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_COMPOUND = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def _duration_s(text: str) -> float:
+    """Seconds of ``90m``, ``2d``, ``3600`` (spec durations) or a compound ``1h30m`` / ``1d 12h`` (units
+    largest first, each once); ValueError otherwise, and for <= 0 or not finite."""
     from azulite.spec.job import parse_duration
 
+    squeezed = "".join(text.split()).lower()
+    m = _COMPOUND.match(squeezed)
+    if m and sum(g is not None for g in m.groups()) > 1:
+        seconds = sum(float(g) * u for g, u in zip(m.groups(), _UNIT_S.values()) if g is not None)
+        if not 0 < seconds < math.inf:
+            raise ValueError(text)
+        return seconds
+    return parse_duration(text)
+
+
+def _hours(value: Optional[str], flag: str) -> Optional[float]:
     if value is None:
         return None
     try:
@@ -40,21 +58,27 @@ def _hours(value: Optional[str], flag: str) -> Optional[float]:
             if not 0 < number < math.inf:
                 raise ValueError(text)
             return number
-        return parse_duration(text) / 3600.0
+        return _duration_s(text) / 3600.0
     except (ValueError, IndexError):
-        raise SpecError(f"{flag} takes hours (50, 2.5) or a duration (90m, 2d), and must be > 0, got {value!r}",
+        raise SpecError(f"takes hours (50, 2.5) or a duration (90m, 1h30m, 2d), > 0, got {value!r}",
                         field=flag, fix=f"e.g. {flag} 48") from None
 
 
 def _seconds(value: Optional[str], flag: str) -> Optional[float]:
-    from azulite.spec.job import parse_duration
-
     if value is None:
         return None
     try:
-        return parse_duration(value)
+        return _duration_s(value)
     except ValueError:
-        raise SpecError(f"{flag} takes seconds or a duration (30m), > 0, got {value!r}", field=flag, fix=f"e.g. {flag} 30m") from None
+        raise SpecError(f"takes seconds or a duration (30m, 1h30m), > 0, got {value!r}", field=flag,
+                        fix=f"e.g. {flag} 30m") from None
+
+
+def _nodes(value: Optional[int], flag: str = "--nodes") -> Optional[int]:
+    if value is not None and value < 1:  # the cost model's "nodes must be >= 1" named no flag
+        raise SpecError(f"must be >= 1 (nodes for training, the most replicas with --serve), got {value}", field=flag,
+                        fix=f"e.g. {flag} 2") from None
+    return value
 
 
 def _job_facts(spec_path: Path) -> tuple[Optional[str], int, bool]:
@@ -85,7 +109,7 @@ def cost(
     spec: Optional[Path] = typer.Argument(None, help="A job spec: SKU, nodes and spot come from it.", show_default=False),
     sku: Optional[str] = typer.Option(None, "--sku", help="VM size, e.g. Standard_NC24rs_v3 (overrides the spec)."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes (training) or replicas (serving)."),
-    hours: Optional[str] = typer.Option(None, "--hours", help="Wall time: 50, 2.5, 90m, 2d."),
+    hours: Optional[str] = typer.Option(None, "--hours", help="Wall time: 50, 2.5, 90m, 1h30m, 2d."),
     samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured training throughput."),
     samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
     epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
@@ -118,6 +142,7 @@ def cost(
     from azulite.catalog import load_catalog
     from azulite.cluster.cost import serving_cost, training_cost
 
+    nodes = _nodes(nodes)
     cat = load_catalog(str(catalog_file) if catalog_file else None)
     spec_sku, spec_nodes, spec_spot = (None, 1, False)
     if spec is not None:
@@ -295,7 +320,7 @@ def plan_cmd(
     samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured throughput on the spec's SKU and nodes (instead of --hours)."),
     samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
     epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
-    deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within (p90): 48, 48h, 2d."),
+    deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within (p90): 48, 48h, 1d12h, 2d."),
     budget: Optional[float] = typer.Option(None, "--budget", help="Expected cost at most (USD)."),
     checkpoints: Optional[str] = typer.Option(None, "--checkpoints", help="A checkpoint location: read measured save_seconds from its manifests."),
     save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration when no manifest has one (default 60)."),
@@ -345,7 +370,7 @@ def plan_cmd(
         if not k.strip() or _number(v) is None:
             raise SpecError(f"takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
         if k.strip() in ups:
-            raise SpecError(f"--speedup gives {k.strip()} twice", field="--speedup", fix="give each GPU type once")
+            raise SpecError(f"gives {k.strip()} twice", field="--speedup", fix="give each GPU type once")
         ups[k.strip()] = _number(v)
     if not 0 < scaling_efficiency <= 1:
         raise SpecError(f"must be in (0, 1], got {scaling_efficiency:g}", field="--scaling-efficiency", fix="e.g. --scaling-efficiency 0.9")
