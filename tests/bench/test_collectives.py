@@ -70,6 +70,30 @@ def test_cli_bad_size_is_a_message_not_a_traceback(home):
     assert "--max-bytes" in p.stderr and "Traceback" not in p.stderr
 
 
+@pytest.mark.parametrize("sku, words", [
+    ("Bogus_SKU", "error: --instance-type: unknown SKU 'Bogus_SKU' fix: list the known SKUs with `azulite catalog`"),
+    ("ND96asr_v5", "unknown SKU 'ND96asr_v5' fix: did you mean Standard_ND96asr_v4"),
+])
+def test_cli_unknown_instance_type_is_refused_before_anything_runs(capsys, monkeypatch, tmp_path, sku, words):
+    # it was recorded with the job as given
+    from tests.cli.inprocess import exit_code as run
+
+    monkeypatch.setenv("AZULITE_HOME", str(tmp_path / "home"))
+    assert run("bench", "collectives", "--instance-type", sku) == 2
+    assert words in " ".join(capsys.readouterr().err.split())
+    assert not (tmp_path / "home" / "jobs").exists()
+
+
+def test_cli_instance_type_is_recorded_by_its_catalog_name(tmp_path):
+    from azulite.cli.bench import _known_sku
+
+    assert _known_sku("nc24rs_v3") == "Standard_NC24rs_v3"
+    mine = tmp_path / "mine.toml"
+    mine.write_text('[[sku]]\nname = "Standard_NC8as_T4_v3"\ncloud = "azure"\ngpus = 1\ngpu_type = "T4"\n'
+                    'gpu_memory_gb = 16\nvcpus = 8\nram_gb = 56\n')
+    assert _known_sku("NC8as_T4_v3", mine) == "Standard_NC8as_T4_v3"
+
+
 def test_table_layout():
     rows = [{"op": "all_reduce", "size": 1024, "count": 256, "time_us": 10.0, "algbw": 0.1024, "busbw": 0.1024,
              "wrong": 0, "redop": "sum", "root": -1}]

@@ -148,3 +148,74 @@ def test_every_bad_field_of_an_entry_is_named_at_once(tmp_path):
     with pytest.raises(CatalogError) as e:  # the misspelt key, said once (not also as usd_per_hour missing)
         Catalog.load(f)
     assert "unknown field 'usd_per_hr'" in str(e.value) and "also wrong" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "text, words",
+    [
+        ("sku = 1\n", "'sku' must be an array of tables ([[sku]]), got int 1"),  # a TypeError traceback
+        ("sku = [1]\n", "'sku' must be an array of tables ([[sku]]), got list [1]"),  # "field ''" and an empty fix
+        ('price = "x"\n', "'price' must be an array of tables ([[price]]), got str 'x'"),
+        ('[sku]\nname = "x"\n', "'sku' must be an array of tables ([[sku]]), not one table ([sku])"),
+    ],
+)
+def test_a_top_level_key_that_is_no_array_of_tables_is_named(tmp_path, text, words):
+    f = tmp_path / "c10.toml"
+    f.write_text(text)
+    with pytest.raises(CatalogError) as e:
+        Catalog.load(f)
+    assert str(e.value).startswith(f"{f}: {words}")
+    assert "own [[" in e.value.fix
+
+
+def test_entries_are_named_by_their_header_line(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('# mine\n\n[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hr = 0.5\nsource = "x"\n')
+    with pytest.raises(CatalogError) as e:
+        Catalog.load(f)
+    assert str(e.value).startswith(f"{f}:3: price[0]: unknown field 'usd_per_hr'")
+
+
+def test_two_prices_of_one_sku_and_kind_are_refused_naming_both(tmp_path):
+    # the last one won without a word
+    f = tmp_path / "mine.toml"
+    one = '[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = {}\nsource = "EA"\n'
+    f.write_text(one.format(0.5) + "\n" + one.format(0.6))
+    with pytest.raises(CatalogError) as e:
+        Catalog.load(f)
+    assert str(e.value).startswith(f"{f}:7: price[1]: a second spot price for Standard_NC24rs_v3: price[0] (line 1) gives one too")
+    assert "keep one [[price]] per SKU and kind" in e.value.fix
+
+
+def test_two_entries_of_one_sku_are_refused(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('[[sku]]\nname = "NC24rs_v3"\nnotes = "a"\n[[sku]]\nname = "Standard_NC24rs_v3"\nnotes = "b"\n')
+    with pytest.raises(CatalogError, match=r"mine.toml:4: sku\[1\]: SKU 'Standard_NC24rs_v3' is given twice: also at sku\[0\] \(line 1\)"):
+        Catalog.load(f)
+
+
+def test_a_spot_price_above_on_demand_is_refused(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 5\nsource = "EA"\n')
+    with pytest.raises(CatalogError) as e:
+        Catalog.load(f)
+    assert "price[0]: Standard_NC24rs_v3: spot $5/h is above on-demand $3.06/h" in str(e.value)
+    assert "spot is a discount on on-demand" in e.value.fix
+    f.write_text('[[price]]\nsku = "NC24rs_v3"\nkind = "on_demand"\nusd_per_hour = 0.5\nsource = "EA"\n')  # below the packaged spot
+    with pytest.raises(CatalogError, match=r"spot \$0.92/h is above on-demand \$0.5/h"):
+        Catalog.load(f)
+    f.write_text('[[price]]\nsku = "NC24rs_v3"\nkind = "spot"\nusd_per_hour = 3.06\nsource = "EA"\n')  # equal is a price
+    assert Catalog.load(f).get("NC24rs_v3").price("spot").usd_per_hour == 3.06
+
+
+def test_a_sku_without_gpus_has_no_gpu_type(tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('[[sku]]\nname = "X1"\ncloud = "azure"\ngpus = 0\ngpu_type = "V100"\ngpu_memory_gb = 0\nvcpus = 4\nram_gb = 8\n')
+    with pytest.raises(CatalogError, match=r"sku\[0\]: SKU 'X1' has 0 GPUs but gpu_type 'V100'"):
+        Catalog.load(f)
+    # an existing GPU size set to 0 GPUs drops its GPU type: it is no longer listed under --gpu V100
+    f.write_text('[[sku]]\nname = "NC24rs_v3"\ngpus = 0\n')
+    cat = Catalog.load(f)
+    assert cat.get("NC24rs_v3").gpu_type is None
+    assert "Standard_NC24rs_v3" not in [s.name for s in cat.skus("V100")]
+    assert "Standard_NC6s_v3" in [s.name for s in cat.skus("V100")]

@@ -54,3 +54,20 @@ def test_catalog_table_marks_a_retired_size(capsys):
     assert run("catalog", "--gpu", "V100") == 0
     out = capsys.readouterr().out
     assert "NC6s_v3 (retired 2025-09-30)" in out and "NC24rs_v3 (retired" not in out
+
+
+def test_catalog_file_whose_sku_is_no_array_of_tables_is_an_error_not_a_traceback(capsys, tmp_path):
+    f = tmp_path / "c10.toml"
+    f.write_text("sku = 1\n")  # a TypeError traceback from catalog, cost, simulate and plan
+    for args in (("catalog",), ("cost", "--sku", "NC24rs_v3", "--hours", "1")):
+        assert run(*args, "--catalog", f) == 2
+        err = " ".join(capsys.readouterr().err.split())
+        assert f"error: {f}: 'sku' must be an array of tables ([[sku]]), got int 1" in err and "fix:" in err
+
+
+def test_catalog_gpu_filter_skips_a_size_set_to_no_gpus(capsys, tmp_path):
+    f = tmp_path / "mine.toml"
+    f.write_text('[[sku]]\nname = "NC24rs_v3"\ngpus = 0\n')
+    assert run("catalog", "--gpu", "V100", "--json", "--catalog", f) == 0
+    names = [r["name"] for r in json.loads(capsys.readouterr().out)]
+    assert "Standard_NC6s_v3" in names and "Standard_NC24rs_v3" not in names

@@ -16,6 +16,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "examples" / "cluster" / "cluster.yaml"
 TRACE = ROOT / "examples" / "cluster" / "trace.csv"
 DATA = ROOT / "tests" / "cluster" / "data"
+DAY = "hour,rps\n" + "".join(f"{h},10\n" for h in range(24))  # a request-rate curve: every hour of a day
 
 
 def err_of(capsys) -> str:
@@ -62,8 +63,8 @@ def test_cost_serving_from_a_request_rate_curve(capsys, tmp_path):
     (("cost", "--sku", "NC24rs_v3", "--nodes", "2"), "give --hours"),
     (("cost", "--sku", "ND96isr_H100_v5", "--hours", "1"), "no on_demand price"),
     # 0 nodes / replicas were priced as 1 without a word
-    (("cost", "--sku", "NC24rs_v3", "--nodes", "0", "--hours", "5"), "nodes must be >= 1, got 0"),
-    (("cost", "--serve", "--sku", "NC4as_T4_v3", "--nodes", "0"), "replicas must be >= 1, got 0"),
+    (("cost", "--sku", "NC24rs_v3", "--nodes", "0", "--hours", "5"), "error: --nodes: must be >= 1 (nodes for training"),
+    (("cost", "--serve", "--sku", "NC4as_T4_v3", "--nodes", "0"), "error: --nodes: must be >= 1 (nodes for training, the most replicas"),
     # no spec at all read as "the spec has no resources.instance_type"
     (("cost", "--hours", "5"), "which VM size? no --sku and no job spec"),
     # --hours won and the samples flags were silently ignored
@@ -98,7 +99,13 @@ def test_simulate_errors_exit_2(capsys, tmp_path):
     bad = tmp_path / "t.csv"
     bad.write_text("job_id,submit_time,gpus,duration\na,5,4,10\nb,1,4,10\n")
     assert run("simulate", CLUSTER, bad) == 2
-    assert "row 3" in err_of(capsys)
+    assert f"{bad}:3: submit_time 1 is earlier" in err_of(capsys)
+    typo = tmp_path / "typo.csv"  # placed and priced the job as if it tolerated nothing
+    typo.write_text(TRACE.read_text().replace("spot:NoSchedule", "spot:NoSchedul"))
+    assert run("simulate", CLUSTER, typo, "--json") == 2
+    err = err_of(capsys)
+    assert f"{typo}:4: column 'tolerations': 'kubernetes.azure.com/scalesetpriority=spot:NoSchedul': effect 'NoSchedul'" in err
+    assert "(did you mean NoSchedule?)" in err and "Traceback" not in err
     huge = tmp_path / "huge.csv"
     huge.write_text("job_id,submit_time,gpus,duration\nmonster,0,512,10\n")
     assert run("simulate", CLUSTER, huge) == 2
@@ -194,11 +201,28 @@ def test_plan_and_simulate_bad_numbers_exit_2_naming_the_flag(capsys, args, word
     assert words in " ".join(captured.err.split()) and captured.out == ""
 
 
+def test_cost_curve_missing_hours_is_an_error_naming_them(capsys, tmp_path):
+    # was priced as "mean over the 3-hour curve x 730 h"
+    (tmp_path / "day.csv").write_text("0,0\n1,0\n2,100\n")
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", tmp_path / "day.csv",
+               "--capacity", "50") == 2
+    err = err_of(capsys)
+    assert "day.csv: the curve is a day of 24 hours and has no rate for hours 3-23 fix: add a row for hours 3-23" in err
+
+
+def test_cost_curve_rows_may_come_in_any_order(capsys, tmp_path):
+    day = tmp_path / "day.csv"
+    day.write_text("".join(f"{h},{50 * h}\n" for h in reversed(range(24))))
+    assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "scale-to-zero", "--curve", day, "--capacity", "50",
+               "--json") == 0
+    assert json.loads(capsys.readouterr().out)["hourly_replicas"] == list(range(24))
+
+
 def test_cost_curve_row_with_a_non_number_hour_is_named(capsys, tmp_path):
     day = tmp_path / "day.csv"
     day.write_text("hour,rps\n0,10\nnoon,5\n")  # was read as a 2-hour curve
     assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", day, "--capacity", "50") == 2
-    assert "row 3" in err_of(capsys)
+    assert f"{day}:3: hour must be a whole number from 0 to 23, got 'noon'" in err_of(capsys)
 
 
 def test_plan_of_the_readme_says_one_candidate_in_the_singular(capsys, monkeypatch, tmp_path):
@@ -215,11 +239,11 @@ def test_plan_of_the_readme_says_one_candidate_in_the_singular(capsys, monkeypat
 
 @pytest.mark.parametrize("curve, args, words", [
     # a NaN / inf rate was a ValueError / OverflowError traceback from the cost model
-    ("hour,rps\n0,nan\n", ("--mode", "autoscale", "--capacity", "5"), "row 2: request rate must be a finite number >= 0, got 'nan'"),
-    ("hour,rps\n0,inf\n", ("--mode", "autoscale", "--capacity", "5"), "row 2: request rate must be a finite number >= 0"),
+    ("hour,rps\n0,nan\n", ("--mode", "autoscale", "--capacity", "5"), "day.csv:2: request rate must be a finite number >= 0, got 'nan'"),
+    ("hour,rps\n0,inf\n", ("--mode", "autoscale", "--capacity", "5"), "day.csv:2: request rate must be a finite number >= 0"),
     # inputs a mode does not use were dropped without a word
-    ("hour,rps\n0,10\n", ("--capacity", "5"), "always-on runs every replica all month"),
-    ("hour,rps\n0,10\n", ("--mode", "autoscale", "--capacity", "5", "--utilization", "0.5"), "not both"),
+    (DAY, ("--capacity", "5"), "always-on runs every replica all month"),
+    (DAY, ("--mode", "autoscale", "--capacity", "5", "--utilization", "0.5"), "not both"),
     (None, ("--mode", "autoscale", "--capacity", "5"), "--capacity is the req/s of one replica against a request-rate curve"),
     (None, ("--hours-per-month", "10000"), "at most 744 (31 days), got 10000"),
 ])
@@ -235,23 +259,23 @@ def test_cost_serving_inputs_that_would_be_dropped_or_crash_are_named(capsys, tm
 
 def test_cost_curve_header_names_its_columns_and_a_spreadsheet_bom_is_read(capsys, tmp_path):
     swapped = tmp_path / "swapped.csv"
-    swapped.write_text("rps,hour\n100,0\n0,1\n")  # was read by position: the hours became the rates
+    swapped.write_text("rps,hour\n100,0\n" + "".join(f"0,{h}\n" for h in range(1, 24)))  # hours were read as rates
     bom = tmp_path / "bom.csv"
-    bom.write_bytes(b"\xef\xbb\xbfhour,rps\r\n0,100\r\n1,0\r\n")
+    bom.write_bytes(b"\xef\xbb\xbfhour,rps\r\n0,100\r\n" + b"".join(b"%d,0\r\n" % h for h in range(1, 24)))
     for f in (swapped, bom):
         assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "scale-to-zero", "--curve", f, "--capacity", "50",
                    "--json") == 0
-        assert json.loads(capsys.readouterr().out)["hourly_replicas"] == [2, 0]
+        assert json.loads(capsys.readouterr().out)["hourly_replicas"] == [2] + [0] * 23
 
 
 def test_cost_serving_nodes_cap_a_curve_and_the_hours_over_it_are_said(capsys, tmp_path):
     day = tmp_path / "day.csv"
-    day.write_text("0,100\n1,300\n")
+    day.write_text("0,100\n1,300\n" + "".join(f"{h},0\n" for h in range(2, 24)))
     assert run("cost", "--serve", "--sku", "NC4as_T4_v3", "--mode", "autoscale", "--curve", day, "--capacity", "50",
                "--nodes", "3", "--json") == 0  # --nodes was ignored with a curve
     d = json.loads(capsys.readouterr().out)
-    assert d["hourly_replicas"] == [2, 3]
-    assert any("1 of 2 hours need more than 3 replicas (up to 6)" in a for a in d["assumptions"])
+    assert d["hourly_replicas"] == [2, 3] + [1] * 22
+    assert any("1 of 24 hours need more than 3 replicas (up to 6)" in a for a in d["assumptions"])
 
 
 def test_cost_table_of_other_prices_uses_the_same_inputs_and_says_why_one_has_no_figure(capsys):
@@ -272,6 +296,28 @@ def test_cost_of_a_spot_spec_can_be_priced_on_demand(capsys, tmp_path):
     assert json.loads(capsys.readouterr().out)["pricing"] == "spot"
     assert run("cost", spec, "--hours", "10", "--pricing", "on_demand", "--json") == 0  # was still spot
     assert json.loads(capsys.readouterr().out)["total_usd"] == pytest.approx(30.6)
+
+
+@pytest.mark.parametrize("args, hours", [(("--hours", "1h30m"), 1.5), (("--hours", "1d 12h"), 36.0), (("--hours", "90m"), 1.5),
+                                         (("--samples-per-second", "1", "--samples", "5400"), 1.5)])
+def test_cost_takes_compound_durations(capsys, args, hours):
+    # 90m worked and 1h30m was refused
+    assert run("cost", "--sku", "NC24rs_v3", *args, "--json") == 0
+    assert json.loads(capsys.readouterr().out)["compute_hours"] == pytest.approx(hours)
+
+
+@pytest.mark.parametrize("args, words", [
+    # each named its flag twice: "error: --hours: --hours takes hours"
+    (("cost", "--sku", "NC24rs_v3", "--hours", "1h1h"), "error: --hours: takes hours (50, 2.5) or a duration (90m, 1h30m, 2d)"),
+    (("cost", "--sku", "NC24rs_v3", "--hours", "1", "--spot", "--checkpoint-interval", "0h0m"),
+     "error: --checkpoint-interval: takes seconds or a duration (30m, 1h30m), > 0, got '0h0m'"),
+    (("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", "--deadline", "soon"),
+     "error: --deadline: takes hours (50, 2.5) or a duration (90m, 1h30m, 2d), > 0, got 'soon' fix: e.g. --deadline 48"),
+])
+def test_duration_flags_are_named_once(capsys, args, words):
+    assert run(*args) == 2
+    err = err_of(capsys)
+    assert words in err and err.count("--hours") + err.count("--deadline") + err.count("--checkpoint-interval") == 2
 
 
 @pytest.mark.parametrize("args, words", [
@@ -323,6 +369,15 @@ def test_plan_with_no_priced_candidate_says_so(capsys, tmp_path):
     spec.write_text("command: python t.py\nresources: {instance_type: Standard_ND96isr_H100_v5, instance_count: 1}\n")
     assert run("plan", spec, "--hours", "5") == 1
     assert "no candidate could be weighed: no price is known for any candidate" in " ".join(capsys.readouterr().out.split())
+
+
+def test_plan_with_a_deadline_no_candidate_meets_names_the_fastest(capsys):
+    assert run("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", "--deadline", "5h") == 1
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("no pick: none finishes within the deadline of 5 h: the fastest, 16 x NC24rs_v3 on-demand, needs 8.6 h "
+            "without evictions") in out and "could be weighed" not in out
+    assert run("plan", ROOT / "examples" / "ddp" / "job.yaml", "--hours", "50", "--deadline", "5h", "--json") == 1
+    assert json.loads(capsys.readouterr().out)["no_pick"].startswith("none finishes within the deadline of 5 h")
 
 
 def test_simulate_refuses_a_plot_format_before_running(capsys, tmp_path):

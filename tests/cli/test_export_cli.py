@@ -103,3 +103,14 @@ def test_export_of_an_unknown_job_exits_2_as_job_show_does(capsys, monkeypatch, 
     capsys.readouterr()
     assert run("export", "nosuch-1", "--to", tmp_path / "repo") == 2  # was 1
     assert "no job 'nosuch-1' and no checkpoint directory of that name" in err_of(capsys)
+
+
+def test_export_of_inputs_the_model_cannot_take_is_an_error_not_a_traceback(capsys, tmp_path):
+    config = mlp.model_config(16, 32)
+    config["inputs"][0]["dims"] = [8]  # the model takes 16 features: a RuntimeError traceback, exit 1
+    step = save_checkpoint(tmp_path / "ckpt", mlp.build_mlp(16, 32), config, step=40)
+    assert run("export", step, "--to", tmp_path / "repo") == 2
+    err = err_of(capsys)
+    assert f"error: {step}/manifest.json (model_config.inputs[0]): the model cannot run on the inputs" in err
+    assert "mat1 and mat2 shapes cannot be multiplied (64x8 and 16x32)" in err and "fix: declare what" in err
+    assert "Traceback" not in err and not (tmp_path / "repo").exists()

@@ -41,6 +41,8 @@ def test_prometheusrule_holds_the_same_groups():
 
 @pytest.mark.parametrize("args, where", [
     (["--parts", "gpu,disks"], "--parts"), (["--format", "json"], "--format"), (["--checkpoint-k", "0"], "--checkpoint-k"),
+    # an alert that fires for half of every checkpoint interval, and one that fires at every interval's end
+    (["--checkpoint-k", "0.5"], "--checkpoint-k: must be > 1, got 0.5"), (["--checkpoint-k", "1"], "--checkpoint-k: must be > 1, got 1"),
     # each rendered a file promtool accepts: an alert that can never fire, a rule file with no rules
     (["--p99-target-ms", "nan"], "--p99-target-ms"), (["--parts", ","], "--parts: no rule part given"),
     (["--format", "prometheusrule", "--namespace", "Bad_NS!"], "--namespace: namespace 'Bad_NS!' is not"),

@@ -8,7 +8,7 @@ import math
 import pytest
 
 from azulite.catalog import get_sku
-from azulite.cluster.cost import CostError, serving_cost, training_cost, young_daly_interval
+from azulite.cluster.cost import CostError, serving_cost, spot_run, training_cost, young_daly_interval
 from azulite.errors import PriceUnknown
 
 
@@ -25,10 +25,47 @@ def test_spot_prices_the_expected_evictions():
     lam = 0.01 * 2 / 3600
     tau = math.sqrt(2 * 60 / lam)
     assert est.checkpoint_interval_s == pytest.approx(tau)
-    t = 50 * (1 + 60 / tau) / (1 - lam * (tau / 2 + 300))
+    # 38 segments of tau of work + a 60 s save, then the remaining 0.73 tau without one (the job ends there)
+    full, rest = divmod(50 * 3600, tau)
+    assert full == 38
+    seg = lambda w: (1 / lam + 300) * math.expm1(lam * w)  # noqa: E731  E[time to get w done], evictions at lam
+    t = (38 * seg(tau + 60) + seg(rest)) / 3600
     assert est.expected_hours == pytest.approx(t)
-    assert est.total_usd == pytest.approx(t * 2 * 0.92) and est.total_usd > 92
-    assert est.expected_evictions == pytest.approx(lam * t * 3600)
+    assert est.total_usd == pytest.approx(t * 2 * 0.92) and round(est.total_usd, 2) == 94.55  # the README's figure
+    assert est.checkpoint_overhead_usd == pytest.approx(38 * 60 / 3600 * 2 * 0.92)
+    assert est.expected_evictions == pytest.approx(38 * math.expm1(lam * (tau + 60)) + math.expm1(lam * rest))
+
+
+def test_spot_with_a_checkpoint_interval_past_the_job_restarts_it_from_scratch():
+    # each eviction lost tau/2 + restart with tau/2 = 50 h of a 1 h job: $1.84 and 2.0 h ± 7.1 h
+    nc24 = get_sku("NC24rs_v3")
+    est = training_cost(nc24, 1, 1, pricing="spot", eviction_rate=0.01, checkpoint_interval_s=100 * 3600)
+    lam = 0.01
+    assert est.expected_hours == pytest.approx((1 / lam + 300 / 3600) * math.expm1(lam * 1))  # 1.0059 h
+    assert round(est.total_usd, 2) == 0.93 and est.checkpoint_overhead_usd == 0
+    assert est.hours_sd < 0.1
+    assert any("no checkpoint" in a and "restarts it from scratch" in a for a in est.assumptions)
+    # 2 nodes, 50 h: "expected never to finish", though it is expected to take (1/L + R)(e^(L x 50 h) - 1) = 86 h
+    est = training_cost(nc24, 2, 50, pricing="spot", eviction_rate=0.01, checkpoint_interval_s=100 * 3600)
+    assert est.expected_hours == pytest.approx((50 + 300 / 3600) * (math.e - 1)) and 86 < est.expected_hours < 86.1
+    assert est.expected_evictions == pytest.approx(math.e - 1)
+
+
+def test_spot_spread_is_that_of_the_waiting_time_for_an_eviction_free_stretch():
+    # with no restart cost, the time to get through w without an eviction at rate lam has the closed-form variance
+    # (e^(2 lam w) - 2 lam w e^(lam w) - 1) / lam^2: the old spread took each eviction's loss as fixed (tau/2 + R)
+    lam, w = 1 / 3600, 3600.0
+    run = spot_run(w, lam, 10 * w, 60, 0)
+    assert run.mean_s == pytest.approx(3600 * (math.e - 1)) and run.saves == 0
+    assert run.var_s2 == pytest.approx((math.exp(2) - 2 * math.e - 1) * 3600 ** 2)
+    tiny = spot_run(w, 1e-12, 10 * w, 60, 0)  # the series where the closed form cancels: no eviction, no spread
+    assert tiny.mean_s == pytest.approx(w) and tiny.var_s2 == pytest.approx(1e-12 * w * w * w / 3)  # E[N] E[(w U)^2]
+    # segments add: 3 of them, two followed by a save
+    three = spot_run(3 * w, lam, w, 60, 300)
+    one = spot_run(w + 60, lam, 10 * w, 0, 300)
+    last = spot_run(w, lam, 10 * w, 0, 300)
+    assert three.saves == 2 and three.mean_s == pytest.approx(2 * one.mean_s + last.mean_s)
+    assert three.var_s2 == pytest.approx(2 * one.var_s2 + last.var_s2)
 
 
 def test_torchrec_nd96asr_v4_27_54_108_per_hour():
@@ -66,7 +103,8 @@ def test_young_daly():
 @pytest.mark.parametrize("kw, words", [
     ({"hours": 0}, "hours must be > 0"), ({"hours": -3}, "hours must be > 0"), ({"nodes": 0}, "nodes must be >= 1"),
     ({"pricing": "cheap"}, "unknown pricing"),
-    ({"pricing": "spot", "eviction_rate": 5.0}, "never to finish"),
+    # 5 per node-hour is priced now (175 h: 28% of the time is progress); 50 leaves 0.6%
+    ({"pricing": "spot", "eviction_rate": 50.0}, "never to finish"),
 ])
 def test_bad_cost_inputs(kw, words):
     args = {"nodes": 2, "hours": 50} | kw

@@ -79,7 +79,25 @@ def test_evictions_faster_than_progress_are_not_simulated():
 def test_impossible_deadline_has_no_pick_and_bad_inputs_are_errors():
     job = Job(hours=50, ref_sku=get_sku("NC24rs_v3"), ref_nodes=2)
     assert plan(job, deadline_h=1, runs=2).pick is None
+    assert plan(job, deadline_h=100, runs=2).no_pick == ""
     with pytest.raises(CostError, match="deadline must be > 0"):
         plan(job, deadline_h=0)
     with pytest.raises(CostError, match="hours must be > 0"):
         plan(Job(hours=0, ref_sku=get_sku("NC24rs_v3")))
+
+
+def test_no_pick_names_the_fastest_or_cheapest_candidate_and_its_figure():
+    # "no candidate could be weighed" when each was weighed and none met the deadline
+    job = Job(hours=50, ref_sku=get_sku("NC24rs_v3"), ref_nodes=2)
+    p = plan(job, deadline_h=5, runs=2)
+    assert p.pick is None and p.simulated == 0
+    assert p.no_pick == ("none finishes within the deadline of 5 h: the fastest, 16 x NC24rs_v3 on-demand, needs 8.6 h "
+                         "without evictions")
+    assert plan(job, budget_usd=10, runs=2).no_pick == ("none fits the budget of $10.00: the cheapest, 1 x NC24rs_v3 spot, "
+                                                        "costs $82.80 for compute alone")
+    both = plan(job, deadline_h=12, budget_usd=100, runs=2)  # each is met by some candidate, not both by one
+    assert both.pick is None and both.no_pick == "no candidate meets the deadline and the budget together"
+    # a simulated candidate over the budget is named by its expected cost (its bound, $82.80, was within it)
+    tight = plan(job, budget_usd=83, runs=2)
+    assert tight.pick is None and tight.simulated == 1
+    assert tight.no_pick.startswith("none fits the budget of $83.00: the cheapest, 1 x NC24rs_v3 spot, costs an expected $8")

@@ -105,6 +105,15 @@ def test_autoscaler_scale_up_delay_and_scale_down_unneeded_time():
     assert r.cost_usd == pytest.approx(3.6 * (1900 + 1300) / 3600)
 
 
+def test_scale_ups_and_downs_both_count_nodes():
+    # a 4-node gang's scale-up counted 1 and its scale-down 4 (the example printed 11 / 13)
+    s = Settings(scale_up_delay=100, scale_down_unneeded_time=60, scale_down_delay_after_add=0)
+    r = simulate(trace([("gang", 0, 16, 1000), ("one", 5000, 4, 10)]), [pool(node_gpus=4, nodes=0, min_nodes=0, max_nodes=4)], s)
+    assert r.start[0] == 100 and r.start[1] == 5100
+    assert r.scale_ups == 5 and r.scale_downs == 4  # 4 for the gang, 1 later; the last node is still up at the end
+    assert r.summary()["scale_ups"] == 5
+
+
 def test_scale_down_delay_after_add_holds_idle_nodes():
     t = trace([("a", 0, 8, 50), ("b", 10, 8, 50), ("c", 5000, 8, 10)])
     held = simulate(t, [pool(nodes=0, min_nodes=0, max_nodes=2)],

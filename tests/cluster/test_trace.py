@@ -1,4 +1,4 @@
-"""Traces: azulite's CSV with errors naming the row and column, and the importers run on excerpts of the
+"""Traces: azulite's CSV with errors naming the line and column, and the importers run on excerpts of the
 real public traces shipped in tests/cluster/data (sources in SOURCES.md)."""
 
 from __future__ import annotations
@@ -40,22 +40,53 @@ def test_csv_reads_every_column(tmp_path):
     [
         ("job_id,submit_time,duration\na,0,10\n", ":1", "missing column(s) gpus"),
         ("job_id,submit_time,gpus,duration,colour\na,0,1,10,red\n", ":1", "unknown column 'colour'"),
-        ("job_id,submit_time,gpus,duration\na,0,1,10\nb,5,1,0\n", "row 3", "'duration' must be > 0"),
-        ("job_id,submit_time,gpus,duration\na,0,1,-5\n", "row 2", "'duration' must be > 0"),
-        ("job_id,submit_time,gpus,duration\na,10,1,5\nb,3,1,5\n", "row 3", "not sorted"),
-        ("job_id,submit_time,gpus,duration\na,0,1,5\na,3,1,5\n", "row 3", "duplicate job_id 'a' (first at row 2)"),
-        ("job_id,submit_time,gpus,duration\na,0,0,5\n", "row 2", "'gpus' must be >= 1"),
-        ("job_id,submit_time,gpus,duration\na,0,two,5\n", "row 2", "'gpus' must be a whole number"),
-        ("job_id,submit_time,gpus,duration\na,x,1,5\n", "row 2", "'submit_time' must be seconds"),
+        ("job_id,submit_time,gpus,duration\na,0,1,10\nb,5,1,0\n", ":3", "'duration' must be > 0"),
+        ("job_id,submit_time,gpus,duration\na,0,1,-5\n", ":2", "'duration' must be > 0"),
+        ("job_id,submit_time,gpus,duration\na,10,1,5\nb,3,1,5\n", ":3", "not sorted"),
+        ("job_id,submit_time,gpus,duration\na,0,1,5\na,3,1,5\n", ":3", "duplicate job_id 'a' (first at line 2)"),
+        ("job_id,submit_time,gpus,duration\na,0,0,5\n", ":2", "'gpus' must be >= 1"),
+        ("job_id,submit_time,gpus,duration\na,0,two,5\n", ":2", "'gpus' must be a whole number"),
+        ("job_id,submit_time,gpus,duration\na,x,1,5\n", ":2", "'submit_time' must be seconds"),
         ("job_id,submit_time,gpus,duration\n", "trace.csv", "no jobs"),
         # was "must be >= 0" for a time past float's range
-        ("job_id,submit_time,gpus,duration\na,1e400,1,5\n", "row 2", "'submit_time' must be a finite number of seconds"),
+        ("job_id,submit_time,gpus,duration\na,1e400,1,5\n", ":2", "'submit_time' must be a finite number of seconds"),
     ],
 )
-def test_csv_errors_name_row_and_column(tmp_path, text, where, words):
+def test_csv_errors_name_line_and_column(tmp_path, text, where, words):
     with pytest.raises(TraceError) as e:
         read_csv(_csv(tmp_path, text))
     assert where in str(e.value) and words in str(e.value)
+
+
+def test_csv_errors_name_the_file_line_past_comments(tmp_path):
+    # "row 2" counted rows without the comment lines: the example trace's first job is on line 3
+    with pytest.raises(TraceError) as e:
+        read_csv(_csv(tmp_path, "# jobs\n\njob_id,submit_time,gpus,duration\na,0,1,10\n# b next\nb,5,1,0\n"))
+    assert str(e.value).startswith(f"{tmp_path / 'trace.csv'}:6: column 'duration' must be > 0")
+
+
+@pytest.mark.parametrize("toleration", ["k", "k=v", "k=", "k:NoExecute", "k=v:PreferNoSchedule", "sku=gpu:NoSchedule",
+                                        "kubernetes.azure.com/scalesetpriority=spot:NoSchedule"])
+def test_csv_takes_kubernetes_tolerations(tmp_path, toleration):
+    t = read_csv(_csv(tmp_path, f"job_id,submit_time,gpus,duration,tolerations\na,0,1,10,{toleration};x:NoSchedule\n"))
+    assert t.tolerations[t.toleration[0]] == tuple(sorted((toleration, "x:NoSchedule")))
+
+
+@pytest.mark.parametrize("toleration, words", [
+    # the misspelt effect tolerated no taint: the job silently ran on other pools, at another cost
+    ("spot:NoSchedul", "'spot:NoSchedul': effect 'NoSchedul' is not one of NoSchedule, PreferNoSchedule, NoExecute "
+                       "(did you mean NoSchedule?)"),
+    ("k=v:Bogus", "effect 'Bogus' is not one of"),
+    ("k:", "an empty effect after ':' is not one of"),
+    ("=v:NoSchedule", "key '' is not a Kubernetes label key"),
+    ("a/b/c=v", "key 'a/b/c' is not a Kubernetes label key"),
+    ("k=v w", "value 'v w' is not a Kubernetes label value"),
+])
+def test_csv_tolerations_are_checked(tmp_path, toleration, words):
+    with pytest.raises(TraceError) as e:
+        read_csv(_csv(tmp_path, f"# one job\njob_id,submit_time,gpus,duration,tolerations\na,0,1,10,x:NoSchedule;{toleration}\n"))
+    assert str(e.value).startswith(f"{tmp_path / 'trace.csv'}:3: column 'tolerations': ") and words in str(e.value)
+    assert "key=value:Effect (operator Equal), key:Effect (Exists: any value)" in e.value.fix
 
 
 def test_philly_cluster_job_log_excerpt():

@@ -72,3 +72,22 @@ def test_export_from_blob_and_a_damaged_blob_is_refused_by_name(azurite, blob_en
     assert (result.step, result.version) == (5, 2)
     got = ort.InferenceSession(str(repo / "m" / "2" / "model.onnx")).run(["y"], {"x": x})[0]
     np.testing.assert_allclose(got, old(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
+
+
+def test_a_step_folder_under_another_name_says_how_it_must_be_named(tmp_path):
+    # a good step folder renamed (bad/s1) read as "no committed checkpoint under ... (no step directories)"
+    from azulite.errors import ExportError
+    from azulite.export.source import resolve
+
+    step = save_checkpoint(tmp_path / "ckpt", mlp.build_mlp(), mlp.model_config(), step=40)
+    renamed = tmp_path / "bad" / "s1"
+    renamed.parent.mkdir()
+    step.rename(renamed)
+    with pytest.raises(ExportError) as e:
+        resolve(str(renamed))
+    assert e.value.exit_code == 2 and e.value.where == str(renamed)
+    assert e.value.message == ("this folder holds a manifest.json but is not a checkpoint step folder: 's1' is not "
+                               "named step-NNNNNNNN (and it holds no step folders)")
+    assert e.value.fix.startswith("rename the folder step-00000040 ")
+    renamed.rename(renamed.parent / "step-00000040")
+    assert resolve(str(renamed.parent / "step-00000040")).step == 40

@@ -30,6 +30,7 @@ import csv
 import datetime as dt
 import difflib
 import io
+import re
 import tomllib
 from dataclasses import replace
 from importlib import resources
@@ -230,7 +231,8 @@ class Catalog:
     def _apply_override(path: Path, skus: dict[str, Sku], prices: dict[str, dict[str, Price]]) -> None:
         shown = str(path)
         try:
-            doc = tomllib.loads(path.read_text())
+            text = path.read_text()
+            doc = tomllib.loads(text)
         except FileNotFoundError:
             raise CatalogError("catalog file not found", where=shown, fix="check the path given to --catalog") from None
         except IsADirectoryError:
@@ -243,16 +245,25 @@ class Catalog:
         unknown = sorted(set(doc) - {"sku", "price"})
         if unknown:
             raise CatalogError(f"unknown table {unknown[0]!r}", where=shown, fix="a catalog file holds [[sku]] and [[price]] entries")
+        sku_where = _entry_places(text, doc, "sku", shown)
+        seen_skus: dict[str, str] = {}
         for i, raw in enumerate(doc.get("sku", [])):
-            where = f"{shown}: sku[{i}]"
+            where = sku_where[i]
             try:
                 entry = SkuEntry.model_validate(raw)
             except ValidationError as exc:
                 raise _pydantic_error(exc, where, SkuEntry) from None
             k = _key(entry.name)
+            if k in seen_skus:  # the later one changed the first, or replaced it: either way, one was not meant
+                raise CatalogError(f"SKU {entry.name!r} is given twice: also at {_short(seen_skus[k], shown)}", where=where,
+                                   fix="keep one [[sku]] per SKU: merge the two entries' fields and delete the other")
+            seen_skus[k] = where
             given = entry.model_dump(exclude_none=True, exclude={"name"})
             if k in skus:
+                if given.get("gpus") == 0 and "gpu_type" not in given:  # a GPU type left on a VM without GPUs
+                    given["gpu_type"] = None
                 skus[k] = replace(skus[k], **given)
+                _no_gpu_type_without_gpus(skus[k], where)
                 continue
             missing = [f for f in _NEW_SKU_FIELDS if f not in given]
             if missing:
@@ -265,9 +276,12 @@ class Catalog:
                                    fix='add gpu_type, e.g. gpu_type = "A100"')
             skus[k] = Sku(name=entry.name, gpu_type=given.pop("gpu_type", None), infiniband_gbps=given.pop("infiniband_gbps", 0.0),
                           spec_source=given.pop("spec_source", shown), **given)
+            _no_gpu_type_without_gpus(skus[k], where)
             prices[k] = {}
+        price_where = _entry_places(text, doc, "price", shown)
+        given_prices: dict[tuple[str, str], str] = {}
         for i, raw in enumerate(doc.get("price", [])):
-            where = f"{shown}: price[{i}]"
+            where = price_where[i]
             try:
                 entry = PriceEntry.model_validate(raw)
             except ValidationError as exc:
@@ -275,7 +289,22 @@ class Catalog:
             k = _key(entry.sku)
             if k not in skus:
                 raise UnknownSku(entry.sku, _nearest(entry.sku, [s.name for s in skus.values()]), where=where)
+            if (k, entry.kind) in given_prices:  # the last one won without a word
+                raise CatalogError(
+                    f"a second {entry.kind} price for {skus[k].name}: {_short(given_prices[k, entry.kind], shown)} gives one too",
+                    where=where, fix=f"keep one [[price]] per SKU and kind: delete one of the two {entry.kind} prices")
+            given_prices[k, entry.kind] = where
             prices[k][entry.kind] = Price(entry.usd_per_hour, source=entry.source, date=entry.date, region=entry.region, note=entry.note)
+        for k in {k for k, _ in given_prices}:
+            spot, od = prices[k].get("spot"), prices[k].get("on_demand")
+            if spot is not None and od is not None and spot.usd_per_hour > od.usd_per_hour:
+                mine = given_prices.get((k, "spot")) or given_prices[k, "on_demand"]
+                raise CatalogError(
+                    f"{skus[k].name}: spot ${spot.usd_per_hour:g}/h is above on-demand ${od.usd_per_hour:g}/h "
+                    f"(spot: {spot.source}; on-demand: {od.source})", where=mine,
+                    fix="spot is a discount on on-demand: check usd_per_hour and kind of the two prices "
+                        "(a per-GPU figure, or the kinds swapped?)")
+
 
     # --- queries -----------------------------------------------------------------------------------------
     def get(self, name: str) -> Sku:
@@ -289,13 +318,45 @@ class Catalog:
         """Every SKU, or those with GPU type ``gpu`` / on ``cloud`` (both case-insensitive), in file order."""
         out = list(self._skus.values())
         if gpu is not None:
-            out = [s for s in out if (s.gpu_type or "").lower() == gpu.lower()]
+            out = [s for s in out if s.gpus and (s.gpu_type or "").lower() == gpu.lower()]
         if cloud is not None:
             out = [s for s in out if s.cloud == cloud.lower()]
         return out
 
     def __contains__(self, name: str) -> bool:
         return _key(name) in self._skus
+
+
+def _entry_places(text: str, doc: dict, table: str, shown: str) -> list[str]:
+    """Where each entry of the top-level ``table`` is, ``file:line: table[i]`` (the line of its ``[[table]]``
+    header; without the line when the file writes them otherwise, e.g. as an inline array). A key that is
+    no array of tables (``sku = 1``, ``[sku]``) is an error."""
+    value = doc.get(table, [])
+    if not isinstance(value, list) or not all(isinstance(v, dict) for v in value):
+        single = isinstance(value, dict)
+        raise CatalogError(
+            f"{table!r} must be an array of tables ([[{table}]])" + (f", not one table ([{table}])" if single else
+                                                                   f", got {type(value).__name__} {value!r}"[:120]),
+            where=shown, fix=f"write each entry under its own [[{table}]] header, its fields below it as key = value lines")
+    header = re.compile(rf"^\s*\[\[\s*{table}\s*\]\]")
+    lines = [n for n, ln in enumerate(text.splitlines(), start=1) if header.match(ln)]
+    if len(lines) != len(value):
+        return [f"{shown}: {table}[{i}]" for i in range(len(value))]
+    return [f"{shown}:{n}: {table}[{i}]" for i, n in enumerate(lines)]
+
+
+def _short(where: str, shown: str) -> str:
+    """``price[0] (line 3)`` of ``FILE:3: price[0]``, for a message that already names the file."""
+    rest = where.removeprefix(shown)
+    line, _, entry = rest.removeprefix(":").partition(": ")
+    return f"{entry} (line {line})" if entry else rest.removeprefix(": ")
+
+
+def _no_gpu_type_without_gpus(sku: Sku, where: str) -> None:
+    # a VM without GPUs listed under `--gpu V100`, and weighed by the planner as one
+    if sku.gpus == 0 and sku.gpu_type:
+        raise CatalogError(f"SKU {sku.name!r} has 0 GPUs but gpu_type {sku.gpu_type!r}", where=where,
+                           fix="give its GPU count (gpus = 1, ...), or drop gpu_type for a VM without GPUs")
 
 
 def _nearest(name: str, names: list[str], n: int = 3) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import re
+from pathlib import Path
 from typing import Optional
 
 import typer
@@ -46,7 +47,8 @@ def collectives(
     warmup: int = typer.Option(5, "--warmup", "-w", help="Untimed operations per size."),
     nodes: int = typer.Option(2, "--nodes", help="Nodes (simulated on this machine by the local backend)."),
     procs_per_node: int = typer.Option(2, "--procs-per-node", help="Ranks per node (GPUs per node on a cluster)."),
-    instance_type: Optional[str] = typer.Option(None, "--instance-type", help="SKU, recorded with the job."),
+    instance_type: Optional[str] = typer.Option(None, "--instance-type", help="SKU (a catalog name: azulite catalog), recorded with the job."),
+    catalog_file: Optional[Path] = typer.Option(None, "--catalog", help="A TOML catalog file with your own SKUs (for --instance-type)."),
     backend: Optional[str] = typer.Option(None, "--backend", help="Launch backend (default: AZULITE_BACKEND or local)."),
     timeout: float = typer.Option(3600, "--timeout", help="Seconds before the job is ended (a hung collective fails, exit 124)."),
     json_: bool = typer.Option(False, "--json", help="Print the result as JSON."),
@@ -59,6 +61,8 @@ def collectives(
     """
     from azulite.bench.jobs import collectives_job, empty_code_dir, run_collectives  # the job spec (pydantic)
 
+    if instance_type is not None:  # a typo was recorded with the job as given, as cost and doctor --sku refuse it
+        instance_type = _known_sku(instance_type, catalog_file)
     settings = Settings.from_environ()
     b = get_backend(backend or settings.backend, settings, where=f"--backend {backend}" if backend else "AZULITE_BACKEND")
     with empty_code_dir() as code:
@@ -81,3 +85,15 @@ def collectives(
             f"{len(wrong)} result(s) wrong, first: {wrong[0]['op']} at {wrong[0]['size']} B "
             f"({wrong[0]['wrong']} element(s))", where=f"job {job_id}",
             fix="the interconnect or the collective library returns bad data: run `azulite doctor` on the nodes")
+
+
+def _known_sku(name: str, catalog_file: Optional[Path] = None) -> str:
+    """The catalog's name of the SKU ``name`` (``NC24rs_v3`` -> ``Standard_NC24rs_v3``); UnknownSku, naming
+    --instance-type and the nearest names, when the catalog has none such."""
+    from azulite.catalog import load_catalog
+    from azulite.errors import UnknownSku
+
+    try:
+        return load_catalog(str(catalog_file) if catalog_file else None).get(name).name
+    except UnknownSku as exc:
+        raise UnknownSku(exc.name, exc.suggestions, where="--instance-type") from None

@@ -50,7 +50,7 @@ def catalog(
     cat = load_catalog(str(catalog_file) if catalog_file else None)
     everything = cat.skus()
     # an unknown --gpu/--cloud would print an empty table and exit 0, as if the catalog had no such SKUs
-    for flag, value, known in (("--gpu", gpu, {s.gpu_type for s in everything if s.gpu_type}),
+    for flag, value, known in (("--gpu", gpu, {s.gpu_type for s in everything if s.gpus and s.gpu_type}),
                                ("--cloud", cloud, {s.cloud for s in everything})):
         if value is not None and value.lower() not in {k.lower() for k in known}:
             raise CatalogError(f"{flag}: no SKU in the catalog has {value!r}",

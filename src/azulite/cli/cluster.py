@@ -3,16 +3,17 @@
 
 from __future__ import annotations
 
-import csv
 import json
 import math
 import os
+import re
 import statistics
 from pathlib import Path
 from typing import List, Optional
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -28,9 +29,26 @@ def _console() -> Console:
     return out
 
 
-def _hours(value: Optional[str], flag: str) -> Optional[float]:
+_UNIT_S = {"d": 86400.0, "h": 3600.0, "m": 60.0, "s": 1.0}
+_COMPOUND = re.compile(r"^(?:(\d+(?:\.\d+)?)d)?(?:(\d+(?:\.\d+)?)h)?(?:(\d+(?:\.\d+)?)m)?(?:(\d+(?:\.\d+)?)s)?$")
+
+
+def _duration_s(text: str) -> float:
+    """Seconds of ``90m``, ``2d``, ``3600`` (spec durations) or a compound ``1h30m`` / ``1d 12h`` (units
+    largest first, each once); ValueError otherwise, and for <= 0 or not finite."""
     from azulite.spec.job import parse_duration
 
+    squeezed = "".join(text.split()).lower()
+    m = _COMPOUND.match(squeezed)
+    if m and sum(g is not None for g in m.groups()) > 1:
+        seconds = sum(float(g) * u for g, u in zip(m.groups(), _UNIT_S.values()) if g is not None)
+        if not 0 < seconds < math.inf:
+            raise ValueError(text)
+        return seconds
+    return parse_duration(text)
+
+
+def _hours(value: Optional[str], flag: str) -> Optional[float]:
     if value is None:
         return None
     try:
@@ -40,21 +58,27 @@ def _hours(value: Optional[str], flag: str) -> Optional[float]:
             if not 0 < number < math.inf:
                 raise ValueError(text)
             return number
-        return parse_duration(text) / 3600.0
+        return _duration_s(text) / 3600.0
     except (ValueError, IndexError):
-        raise SpecError(f"{flag} takes hours (50, 2.5) or a duration (90m, 2d), and must be > 0, got {value!r}",
+        raise SpecError(f"takes hours (50, 2.5) or a duration (90m, 1h30m, 2d), > 0, got {value!r}",
                         field=flag, fix=f"e.g. {flag} 48") from None
 
 
 def _seconds(value: Optional[str], flag: str) -> Optional[float]:
-    from azulite.spec.job import parse_duration
-
     if value is None:
         return None
     try:
-        return parse_duration(value)
+        return _duration_s(value)
     except ValueError:
-        raise SpecError(f"{flag} takes seconds or a duration (30m), > 0, got {value!r}", field=flag, fix=f"e.g. {flag} 30m") from None
+        raise SpecError(f"takes seconds or a duration (30m, 1h30m), > 0, got {value!r}", field=flag,
+                        fix=f"e.g. {flag} 30m") from None
+
+
+def _nodes(value: Optional[int], flag: str = "--nodes") -> Optional[int]:
+    if value is not None and value < 1:  # the cost model's "nodes must be >= 1" named no flag
+        raise SpecError(f"must be >= 1 (nodes for training, the most replicas with --serve), got {value}", field=flag,
+                        fix=f"e.g. {flag} 2") from None
+    return value
 
 
 def _job_facts(spec_path: Path) -> tuple[Optional[str], int, bool]:
@@ -85,7 +109,7 @@ def cost(
     spec: Optional[Path] = typer.Argument(None, help="A job spec: SKU, nodes and spot come from it.", show_default=False),
     sku: Optional[str] = typer.Option(None, "--sku", help="VM size, e.g. Standard_NC24rs_v3 (overrides the spec)."),
     nodes: Optional[int] = typer.Option(None, "--nodes", help="Nodes (training) or replicas (serving)."),
-    hours: Optional[str] = typer.Option(None, "--hours", help="Wall time: 50, 2.5, 90m, 2d."),
+    hours: Optional[str] = typer.Option(None, "--hours", help="Wall time: 50, 2.5, 90m, 1h30m, 2d."),
     samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured training throughput."),
     samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
     epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
@@ -118,6 +142,7 @@ def cost(
     from azulite.catalog import load_catalog
     from azulite.cluster.cost import serving_cost, training_cost
 
+    nodes = _nodes(nodes)
     cat = load_catalog(str(catalog_file) if catalog_file else None)
     spec_sku, spec_nodes, spec_spot = (None, 1, False)
     if spec is not None:
@@ -140,7 +165,9 @@ def cost(
         if hours is not None or samples_per_second is not None or samples is not None:  # they were ignored
             raise CostError("--hours and the samples flags price a training run, not an endpoint",
                             fix="for --serve give --hours-per-month (730 or 720), or drop --serve to price training")
-        rates = _read_curve(curve) if curve else None
+        from azulite.cluster.curve import read_curve
+
+        rates = read_curve(curve) if curve else None
         # `nodes or 1` would price `--nodes 0` as one replica without a word; 0 is the user's typo to report
         # with a curve, --nodes is the most replicas the autoscaler may run (unbounded when not given)
         result = serving_cost(the_sku, mode=mode, pricing=kind, replicas=1 if nodes is None else nodes, hours_per_month=hours_per_month,
@@ -190,41 +217,6 @@ def cost(
     for k, v in alternatives.items():
         table.add_row(k, f"${v:,.2f}" if v is not None else why_not.get(k, "unknown (no source)"))
     out.print(table)
-
-
-def _read_curve(path: Path) -> list[float]:
-    """The request rates of a CSV of hour,rps rows (a header optional; with one, its columns are found by
-    name, so rps,hour reads as well); "utf-8-sig": a spreadsheet's CSV starts with a byte-order mark."""
-    rates: list[float] = []
-    hour_col, rate_col = 0, -1
-    try:
-        with open(path, newline="", encoding="utf-8-sig") as f:
-            for row_no, row in enumerate(csv.reader(f), start=1):
-                if not row or row[0].strip().startswith("#"):
-                    continue
-                if row_no == 1 and not _number(row[-1]):  # a header
-                    names = [c.strip().lower() for c in row]
-                    if len(names) == 2 and "hour" in names:
-                        hour_col = names.index("hour")
-                        rate_col = 1 - hour_col
-                    continue
-                rate = _number(row[rate_col])
-                if rate is None or not 0 <= rate < math.inf:
-                    raise TraceError(f"request rate must be a finite number >= 0, got {row[rate_col]!r}",
-                                     where=f"{path}: row {row_no}", fix="rows of hour,rps, e.g. 13,42.5")
-                # the rate is what counts; a non-number hour means a shifted or foreign column, not a curve
-                if len(row) > 1 and _number(row[hour_col]) is None:
-                    raise TraceError(f"hour must be a number, got {row[hour_col]!r}", where=f"{path}: row {row_no}",
-                                     fix="rows of hour,rps, e.g. 13,42.5")
-                rates.append(rate)
-    except FileNotFoundError:
-        raise TraceError("request-rate curve not found", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
-    except IsADirectoryError:
-        raise TraceError("--curve is a directory, not a file", where=str(path), fix="pass a CSV of hour,rps rows to --curve") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise TraceError(f"cannot read the request-rate curve ({type(exc).__name__})", where=str(path),
-                         fix="pass a readable CSV of hour,rps rows to --curve") from None
-    return rates
 
 
 def _number(text: str) -> Optional[float]:
@@ -328,7 +320,7 @@ def plan_cmd(
     samples_per_second: Optional[float] = typer.Option(None, "--samples-per-second", help="Measured throughput on the spec's SKU and nodes (instead of --hours)."),
     samples: Optional[float] = typer.Option(None, "--samples", help="Dataset size (samples per epoch)."),
     epochs: float = typer.Option(1.0, "--epochs", help="Epochs (with --samples-per-second and --samples)."),
-    deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within (p90): 48, 48h, 2d."),
+    deadline: Optional[str] = typer.Option(None, "--deadline", help="Finish within (p90): 48, 48h, 1d12h, 2d."),
     budget: Optional[float] = typer.Option(None, "--budget", help="Expected cost at most (USD)."),
     checkpoints: Optional[str] = typer.Option(None, "--checkpoints", help="A checkpoint location: read measured save_seconds from its manifests."),
     save_seconds: Optional[float] = typer.Option(None, "--save-seconds", help="Checkpoint save duration when no manifest has one (default 60)."),
@@ -378,7 +370,7 @@ def plan_cmd(
         if not k.strip() or _number(v) is None:
             raise SpecError(f"takes TYPE=FACTOR, got {item!r}", field="--speedup", fix="e.g. --speedup A100=2.5")
         if k.strip() in ups:
-            raise SpecError(f"--speedup gives {k.strip()} twice", field="--speedup", fix="give each GPU type once")
+            raise SpecError(f"gives {k.strip()} twice", field="--speedup", fix="give each GPU type once")
         ups[k.strip()] = _number(v)
     if not 0 < scaling_efficiency <= 1:
         raise SpecError(f"must be in (0, 1], got {scaling_efficiency:g}", field="--scaling-efficiency", fix="e.g. --scaling-efficiency 0.9")
@@ -392,6 +384,7 @@ def plan_cmd(
         from dataclasses import asdict
 
         print(json.dumps(_finite({"objective": result.objective, "pick": asdict(result.pick) if result.pick else None,
+                                  "no_pick": result.no_pick or None,
                                   "simulated": result.simulated, "assumptions": result.assumptions,
                                   "alternatives": [asdict(c) for c in result.candidates]}), indent=2))
         if result.pick is None:
@@ -399,13 +392,8 @@ def plan_cmd(
         return
     out = _console()
     p = result.pick
-    if p is None and not result.simulated:  # nothing could be weighed: say why, not "misses the constraints"
-        unpriced = all("price unknown" in c.note for c in result.candidates)
-        out.print("[bold red]no candidate could be weighed[/]: " + (
-            "no price is known for any candidate (see the notes below); add prices with --catalog FILE, or weigh "
-            "other GPU types with --speedup TYPE=FACTOR" if unpriced else "each is ruled out by the note beside it below"))
-    elif p is None:
-        out.print(f"[bold red]no candidate meets the constraints[/] ({result.objective})")
+    if p is None:  # why: none could be weighed, or the fastest / cheapest and its figure against the constraint
+        out.print(f"[bold red]no pick[/]: {escape(result.no_pick)}")
     else:
         ck = f"checkpoint every {p.checkpoint_interval_s / 60:.0f} min (Young/Daly)" if p.checkpoint_interval_s else "no evictions modelled: checkpoint as your failure rate needs"
         out.print(f"[bold]pick: {p.label}[/] — expected ${p.cost_mean:,.2f} (p10 ${p.cost_p10:,.2f}, p90 ${p.cost_p90:,.2f}), "

@@ -4,9 +4,36 @@ from __future__ import annotations
 
 import secrets
 from typing import List, Optional
+from urllib.parse import urlsplit
 
 import typer
 from rich.console import Console
+
+from azulite.errors import SpecError
+
+#: the shortest --key taken, as for the audit seal key (azulite.serve.audit.KEY_MIN): a short one can be guessed
+KEY_MIN = 16
+
+
+def check_metrics_url(url: str) -> str:
+    """``url`` when it is an http(s) URL with a host (and a valid port); a SpecError naming --serve-metrics
+    otherwise (it was taken at startup and failed on every poll)."""
+    try:
+        parts = urlsplit(url.strip())
+        port_ok = parts.port is None or parts.port > 0
+    except ValueError:  # a port that is no number or out of range
+        parts, port_ok = None, False
+    if parts is None or parts.scheme not in ("http", "https") or not parts.hostname or not port_ok:
+        raise SpecError(f"{url!r} is not an http(s) URL of a server's metrics", field="--serve-metrics",
+                        fix="e.g. --serve-metrics http://127.0.0.1:8002/metrics (azulite serve's --metrics-port)")
+    return url.strip()
+
+
+def check_key(key: str) -> str:
+    if len(key) < KEY_MIN:
+        raise SpecError(f"the key is {len(key)} characters; at least {KEY_MIN} are needed (a short one can be guessed)",
+                        field="--key", fix="omit --key for a random one, printed once; or e.g. --key \"$(openssl rand -hex 16)\"")
+    return key
 
 
 def dashboard(
@@ -27,6 +54,9 @@ def dashboard(
     from azulite.observe.dashboard import Dashboard, is_loopback, serve
 
     console = Console(stderr=True, highlight=False)
+    serve_metrics = [check_metrics_url(u) for u in serve_metrics]
+    if key is not None:
+        check_key(key)
     if not is_loopback(host) and not key:
         key = secrets.token_urlsafe(24)
     dash = Dashboard(Settings.from_environ().db_path, serving_urls=serve_metrics, key=key if not is_loopback(host) or key else None)

@@ -58,7 +58,7 @@ def render(
     namespace: str = typer.Option("monitoring", "--namespace", help="PrometheusRule namespace."),
     p99_target_ms: float = typer.Option(500, "--p99-target-ms", help="Serving p99 latency target."),
     no_progress_minutes: int = typer.Option(15, "--no-progress-minutes", help="Training: minutes without progress before alerting."),
-    checkpoint_k: float = typer.Option(3, "--checkpoint-k", help="Training: alert when the last checkpoint is older than k intervals."),
+    checkpoint_k: float = typer.Option(3, "--checkpoint-k", help="Training: alert when the last checkpoint is older than k intervals (k > 1)."),
     out: Optional[Path] = typer.Option(None, "--out", "-o", help="Write here (atomically) instead of stdout."),
 ) -> None:
     """Render the rules.
@@ -72,9 +72,15 @@ def render(
     if format_ == "file" and (name, namespace) != ("azulite", "monitoring"):  # they name a Kubernetes object
         raise SpecError("--name and --namespace name the PrometheusRule object", field="--format",
                         fix="add --format prometheusrule, or drop --name/--namespace")
-    if not (0 < p99_target_ms < math.inf and no_progress_minutes >= 1 and 0 < checkpoint_k < math.inf):  # nan too
-        raise SpecError("thresholds must be positive", field="--p99-target-ms/--no-progress-minutes/--checkpoint-k",
-                        fix="e.g. --p99-target-ms 250 --no-progress-minutes 15 --checkpoint-k 3")
+    if not (0 < p99_target_ms < math.inf and no_progress_minutes >= 1):  # nan too
+        raise SpecError("thresholds must be positive", field="--p99-target-ms/--no-progress-minutes",
+                        fix="e.g. --p99-target-ms 250 --no-progress-minutes 15")
+    if not 1 < checkpoint_k < math.inf:  # nan too
+        # a running job's last checkpoint is up to one interval old (plus the save) at every moment: at k <= 1 the
+        # alert fires in every interval (at 0.5, for half of each)
+        raise SpecError(f"must be > 1, got {checkpoint_k:g}: the alert fires when the last checkpoint is older than k "
+                        "intervals, and between two saves it is up to 1 interval old", field="--checkpoint-k",
+                        fix="e.g. --checkpoint-k 3 (3 intervals: two saves in a row missed)")
     groups = groups_for([p.strip() for p in parts.split(",") if p.strip()], p99_target_ms=p99_target_ms,
                         no_progress_minutes=no_progress_minutes, checkpoint_k=checkpoint_k)
     try:

@@ -2,14 +2,20 @@
 evictions) and serving (always-on, autoscaled by a request-rate curve, scale-to-zero), every figure with
 the price's source and every assumption spelled out.
 
-Spot evictions (first-order model, the one Young's and Daly's checkpoint intervals come from): a job on n
-nodes is interrupted at rate L = n x lambda per hour; each interruption loses on average half a checkpoint
-interval of work plus the restart (restore) time R; checkpoints cost delta each. The expected wall time is
+Spot evictions (the exponential-failure model Young's and Daly's checkpoint intervals come from, taken
+exactly rather than to first order): a job on n nodes is interrupted at rate L = n x lambda; its T0 of work
+runs in segments of tau (the checkpoint interval; the last one is what remains, min(tau, remaining work)),
+each but the last followed by a checkpoint save of delta. An eviction loses the segment's progress and costs
+the restart (restore) time R (itself not evicted: a second-order term while R << MTBF), then the segment
+runs again. A segment of length w (its work plus its save) is expected to take
 
-    T = T0 x (1 + delta/tau) / (1 - L x (tau/2 + R))
+    E[T_w] = (1/L + R) x (e^(L w) - 1)
 
-with tau = sqrt(2 x delta x MTBF) (Young/Daly) when not given, MTBF = 1/L. A denominator <= 0 means the job
-is expected never to finish (evictions faster than progress): an error, not a number.
+and the job the sum over its segments; its spread is the sum of the segments' variances (the number of
+tries is geometric, each lost try a truncated exponential plus R). An interval >= the job is no checkpoint:
+an eviction restarts it from scratch. tau = sqrt(2 x delta x MTBF) (Young/Daly) when not given, MTBF = 1/L.
+A job whose expected wall time is more than 1 / MIN_PROGRESS_SHARE times its work is expected never to
+finish (evictions outpace progress): an error, not a number.
 """
 
 from __future__ import annotations
@@ -26,6 +32,9 @@ DEFAULT_SAVE_SECONDS = 60.0
 #: Restore-and-restart time after an eviction when not given (seconds).
 DEFAULT_RESTART_SECONDS = 300.0
 HOURS_PER_MONTH = 730.0  # 8,760 h / 12; the other common convention is 720 (30 days)
+#: below this share of its wall time spent on new work (over 90% redoing lost work and restarting), a spot
+#: job is "expected never to finish": a figure of millions of hours would read as a price
+MIN_PROGRESS_SHARE = 0.1
 
 
 def young_daly_interval(save_seconds: float, mtbf_seconds: float) -> float:
@@ -118,31 +127,87 @@ def training_cost(
         assumptions.append(f"restore and restart after an eviction take {restart:g} s (default)")
     big_l = lam * nodes / 3600.0  # interruptions per second
     tau = checkpoint_interval_s or young_daly_interval(delta, 1.0 / big_l)
-    if checkpoint_interval_s is None:
+    work_s = t0 * 3600.0
+    if tau >= work_s:
+        how = "given" if checkpoint_interval_s else f"Young/Daly's {tau / 60:.1f} min"
+        assumptions.append(f"no checkpoint: the interval ({how}) is not shorter than the job's {t0:g} h of work, "
+                           "so an eviction restarts it from scratch")
+    elif checkpoint_interval_s is None:
         assumptions.append(f"checkpoint every {tau / 60:.1f} min (Young/Daly: sqrt(2 x {delta:g} s x MTBF {1 / big_l / 3600:.1f} h))")
-    denom = 1.0 - big_l * (tau / 2.0 + restart)
-    if denom <= 0:
+    run = spot_run(work_s, big_l, tau, delta, restart)
+    t = run.mean_s / 3600.0
+    if not t0 / t >= MIN_PROGRESS_SHARE:  # inf or NaN included
         raise CostError(
             f"with {lam:g} evictions per node-hour on {nodes} node{'' if nodes == 1 else 's'} the job is expected never to finish "
-            f"(an eviction every {_minutes(1 / big_l)} loses {_minutes(tau / 2 + restart)} on average)",
+            f"(an eviction every {_minutes(1 / big_l)}, against {_minutes(run.longest_s)} of work and save between checkpoints: "
+            f"{'under 0.1' if not t0 / t >= 0.001 else format(100 * t0 / t, '.2g')}% of the time would be progress)",
             fix="use fewer nodes, on-demand nodes, or checkpoint more often (--checkpoint-interval)",
         )
-    base = t0 * (1.0 + delta / tau)
-    t = base / denom
-    n_evict = big_l * t * 3600.0
-    per = (tau / 2.0 + restart) / 3600.0
-    sd = math.sqrt(n_evict) * per
+    base = t0 + run.saves * delta / 3600.0
     ckpt_usd = (base - t0) * nodes * rate
     evict_usd = (t - base) * nodes * rate
     return TrainingCost(
         sku.name, nodes, pricing, rate, source, t0, t, compute, ckpt_usd, evict_usd, t * nodes * rate,
-        expected_evictions=n_evict, evictions_per_node_hour=lam, checkpoint_interval_s=tau, save_seconds=delta,
-        restart_seconds=restart, hours_sd=sd, assumptions=assumptions,
+        expected_evictions=run.evictions, evictions_per_node_hour=lam, checkpoint_interval_s=tau, save_seconds=delta,
+        restart_seconds=restart, hours_sd=math.sqrt(run.var_s2) / 3600.0, assumptions=assumptions,
     )
 
 
+@dataclass(frozen=True)
+class SpotRun:
+    """A job's wall time under evictions (seconds): its mean and variance, the expected evictions, the
+    checkpoint saves it makes and its longest segment (work plus save) between checkpoints."""
+
+    mean_s: float
+    var_s2: float
+    evictions: float
+    saves: int
+    longest_s: float
+
+
+def spot_run(work_s: float, rate_per_s: float, interval_s: float, save_s: float, restart_s: float) -> SpotRun:
+    """``work_s`` of work interrupted at ``rate_per_s``, checkpointed every ``interval_s`` of work (a save of
+    ``save_s`` after every segment but the last; none when the interval is not shorter than the work), each
+    interruption costing ``restart_s`` and the segment's progress. Summed in closed form over the segments
+    (all full ones alike, then the remainder)."""
+    if not (work_s > 0 and rate_per_s > 0 and interval_s > 0 and save_s >= 0 and restart_s >= 0):
+        raise CostError(f"cannot model spot evictions of {work_s:g} s of work at {rate_per_s:g}/s every {interval_s:g} s",
+                        fix="give hours, an eviction rate and a checkpoint interval > 0")
+    n = max(1, math.ceil(work_s / interval_s))
+    last = work_s - (n - 1) * interval_s
+    full = _segment(rate_per_s, interval_s + save_s, restart_s) if n > 1 else (0.0, 0.0, 0.0)
+    end = _segment(rate_per_s, last, restart_s)
+    k = n - 1
+    return SpotRun(k * full[0] + end[0], k * full[1] + end[1], k * full[2] + end[2], k,
+                   interval_s + save_s if n > 1 else last)
+
+
+def _segment(lam: float, w: float, r: float) -> tuple[float, float, float]:
+    """(mean, variance, expected evictions) of the time to get through ``w`` seconds without an eviction at
+    rate ``lam``, each eviction costing ``r`` and what was done of ``w``: the tries are geometric (success
+    e^(-lam w)), a lost one takes an exponential truncated at w, plus r."""
+    x = lam * w
+    if x > 700:  # e^x overflows a float: no figure, and far past MIN_PROGRESS_SHARE
+        return math.inf, math.inf, math.inf
+    m = math.expm1(x)                                    # expected evictions, e^x - 1
+    mean = (1.0 / lam + r) * m
+    if x < 1e-3:  # the closed forms below cancel: their series
+        lost_mean = w * (0.5 - x / 12.0)
+        lost_var = w * w * (1.0 / 12.0 - x * x / 240.0)
+    else:
+        lost_mean = w * (1.0 / x - 1.0 / m)              # E[X | X < w]
+        lost_var = w * w * (1.0 / (x * x) - (m + 1.0) / (m * m))  # Var[X | X < w]
+    y = lost_mean + r
+    var = m * lost_var + m * (m + 1.0) * y * y          # E[N] Var[Y] + Var[N] E[Y]^2
+    return mean, var, m
+
+
 def _minutes(seconds: float) -> str:
-    return f"{seconds / 60:.0f} min" if seconds >= 60 else f"{seconds:.2g} s"
+    if seconds < 60:
+        return f"{seconds:.2g} s"
+    if seconds < 600:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.3g} h"
 
 
 #: the longest month (31 days): more hours per month is a typo, not a convention

@@ -82,6 +82,8 @@ class Plan:
     objective: str
     simulated: int
     assumptions: list[str] = field(default_factory=list)
+    #: why there is no pick (empty when there is one)
+    no_pick: str = ""
 
 
 def gpu_speeds(ref: Sku, speedup: dict[str, float] | None, catalog: Catalog,
@@ -236,4 +238,40 @@ def plan(job: Job, *, deadline_h: float | None = None, budget_usd: float | None 
     retired = [f"{s.short} (retired {s.retired})" for s in cat.skus() if s.gpu_type in speeds and s.retired_by()]
     if retired:
         assumptions.append("not weighed, no longer available: " + ", ".join(retired))
-    return Plan(best, cands, objective, simulated, assumptions)
+    return Plan(best, cands, objective, simulated, assumptions,
+                no_pick="" if best is not None else _why_no_pick(cands, deadline_h, budget_usd))
+
+
+#: notes of candidates ruled out before any constraint was weighed: the hardware, or no price
+_NOT_WEIGHED = ("price unknown", "GB per GPU <", "no InfiniBand", "outpace progress")
+
+
+def _why_no_pick(cands: list[Candidate], deadline_h: float | None, budget: float | None) -> str:
+    """What kept every candidate out: none could be weighed (each note says why), or the deadline / budget,
+    with the fastest / cheapest candidate and its figure (they were weighed; none met them)."""
+    weighed = [c for c in cands if not any(n in c.note for n in _NOT_WEIGHED)]
+    if not weighed:
+        unpriced = all("price unknown" in c.note for c in cands)
+        return "no candidate could be weighed: " + (
+            "no price is known for any candidate (see the notes below); add prices with --catalog FILE, or weigh "
+            "other GPU types with --speedup TYPE=FACTOR" if unpriced else "each is ruled out by the note beside it below")
+    said = []
+    if deadline_h is not None:
+        def hours(c: Candidate) -> float:
+            return c.hours_p90 if c.simulated else c.compute_hours
+
+        fastest = min(weighed, key=hours)
+        if hours(fastest) > deadline_h:
+            how = f"p90 {fastest.hours_p90:.1f} h" if fastest.simulated else f"{fastest.compute_hours:.1f} h without evictions"
+            said.append(f"none finishes within the deadline of {deadline_h:g} h: the fastest, {fastest.label}, needs {how}")
+    if budget is not None:
+        def usd(c: Candidate) -> float:
+            return c.cost_mean if c.simulated else c.bound_usd
+
+        cheapest = min(weighed, key=usd)
+        if usd(cheapest) > budget:
+            how = f"an expected ${cheapest.cost_mean:,.2f}" if cheapest.simulated else f"${cheapest.bound_usd:,.2f} for compute alone"
+            said.append(f"none fits the budget of ${budget:,.2f}: the cheapest, {cheapest.label}, costs {how}")
+    if not said:  # each meets one constraint, none both
+        said.append("no candidate meets the deadline and the budget together")
+    return "; ".join(said)

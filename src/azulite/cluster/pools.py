@@ -4,6 +4,8 @@ node, the price that applies), and which pools a job may run on (node selector, 
 
 from __future__ import annotations
 
+import difflib
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -62,6 +64,33 @@ def resolve_pools(spec: ClusterSpec, *, catalog: Catalog | None = None, spec_fil
             evictions_per_hour=p.evictions_per_hour, labels=labels, taints=taints,
         ))
     return out
+
+
+#: a taint's effects (Kubernetes); a toleration without one tolerates them all
+EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+_NAME = r"[A-Za-z0-9]([-A-Za-z0-9_.]{0,61}[A-Za-z0-9])?"
+_KEY = re.compile(rf"^([a-z0-9]([-a-z0-9.]{{0,251}}[a-z0-9])?/)?{_NAME}$")  # a label key: [DNS-prefix/]name
+_VALUE = re.compile(rf"^({_NAME})?$")
+TOLERATION_FORMS = ("key=value:Effect (operator Equal), key:Effect (Exists: any value), key=value or key (any effect); "
+                    f"Effect is {', '.join(EFFECTS[:-1])} or {EFFECTS[-1]}")
+
+
+def check_toleration(text: str) -> str | None:
+    """What is wrong with the toleration ``text`` (Kubernetes' key, operator Equal or Exists, value and effect
+    in one string: see TOLERATION_FORMS), or None. A misspelt effect would tolerate no taint and move the job
+    off the pools it was meant for, without a word."""
+    kv, colon, effect = text.partition(":")
+    key, eq, value = kv.partition("=")
+    if colon and effect not in EFFECTS:
+        close = difflib.get_close_matches(effect, EFFECTS, n=1, cutoff=0.5)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        what = "an empty effect after ':'" if not effect else f"effect {effect!r}"
+        return f"{what} is not one of {', '.join(EFFECTS)}{hint}"
+    if not _KEY.match(key):
+        return f"key {key!r} is not a Kubernetes label key ([prefix/]name, name 1-63 letters, digits, '-', '_', '.')"
+    if eq and not _VALUE.match(value):
+        return f"value {value!r} is not a Kubernetes label value (up to 63 letters, digits, '-', '_', '.')"
+    return None
 
 
 def _tolerates(tolerations: tuple[str, ...], taint: str) -> bool:

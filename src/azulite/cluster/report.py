@@ -32,7 +32,7 @@ def summary_table(result: Result, pools: list[Pool], title: str = "Simulation") 
         ("queueing delay p50 / p99", f"{_dur(result.queue_p50_s)} / {_dur(result.queue_p99_s)}"),
         ("lost work (evictions, preemptions)", f"{result.lost_gpu_hours:,.1f} GPU-h"),
         ("spot evictions / preemptions", f"{result.evictions:,} / {result.preemptions:,}"),
-        ("scale-ups / scale-downs", f"{result.scale_ups:,} / {result.scale_downs:,}"),
+        ("autoscaler nodes added / removed", f"{result.scale_ups:,} / {result.scale_downs:,}"),
         ("events (wall time)", f"{result.events:,} ({result.wall_s:.2f} s)"),
     ]
     for pool in pools:

@@ -356,7 +356,7 @@ def simulate(trace: Trace, pools: list[Pool], settings: Settings | None = None,
                     for m in range(per_job):
                         add_node(p, now + cfg.scale_up_delay, [j] if m == 0 else [])
                 room = pools[p].max_nodes - pool_nodes[p]
-                scale_ups += 1
+                scale_ups += 1 if per_job == 1 else per_job  # nodes added, as scale_downs counts nodes removed
                 last_up[p] = now
             if unserved.get(k, 0) <= 0:
                 return

@@ -45,8 +45,8 @@ class Result:
     lost_gpu_hours: float
     evictions: int
     preemptions: int
-    scale_ups: int
-    scale_downs: int
+    scale_ups: int                  # nodes the autoscaler added (a 4-node gang's scale-up is 4)
+    scale_downs: int                # nodes it removed as unneeded (evicted nodes are not counted)
     events: int
     wall_s: float
     start: np.ndarray = field(repr=False)

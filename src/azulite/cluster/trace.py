@@ -12,11 +12,12 @@ The CSV (one job per row, header required, ``#`` lines are comments)::
 - ``gpus``: GPUs the job needs, all at once (gang); ``duration``: seconds of work on those GPUs (> 0);
   both durations also take ``90s``/``30m``/``2h``/``1d``;
 - ``priority``: higher preempts lower (default 0); ``node_selector``: ``key=value`` pairs joined by ``;``;
-  ``tolerations``: taints (``key=value:Effect``) joined by ``;``;
+  ``tolerations``: Kubernetes tolerations joined by ``;``: ``key=value:Effect`` (operator Equal), ``key:Effect``
+  (Exists), ``key=value`` or ``key`` (every effect); Effect is NoSchedule, PreferNoSchedule or NoExecute;
 - ``checkpoint_interval``: seconds of work between checkpoints (empty: none; an evicted job restarts from 0).
 
 A :class:`Trace` holds columns as numpy arrays (the simulator indexes them; a million jobs stay small).
-Every problem is a :class:`~azulite.errors.TraceError` naming the file, the row and the column.
+Every problem is a :class:`~azulite.errors.TraceError` naming the file, the line and the column.
 """
 
 from __future__ import annotations
@@ -31,7 +32,9 @@ from typing import Iterable, Sequence
 
 import numpy as np
 
+from azulite.cluster.pools import TOLERATION_FORMS, check_toleration
 from azulite.errors import TraceError
+from azulite.spec.cluster import SPOT_TAINT
 
 REQUIRED = ("job_id", "submit_time", "gpus", "duration")
 OPTIONAL = ("priority", "node_selector", "tolerations", "checkpoint_interval")
@@ -123,19 +126,26 @@ def read_csv(path: str | Path) -> Trace:
     except (FileNotFoundError, IsADirectoryError):
         raise TraceError("trace not found", where=shown, fix="pass a CSV with columns job_id,submit_time,gpus,duration") from None
     with f:
-        lines = (ln for ln in f if ln.strip() and not ln.lstrip().startswith("#"))
-        reader = csv.reader(lines)
+        line_of: list[int] = []  # the file line of each line the reader is given (comments and blank lines skipped)
+
+        def lines() -> Iterable[str]:
+            for n, ln in enumerate(f, start=1):
+                if ln.strip() and not ln.lstrip().startswith("#"):
+                    line_of.append(n)
+                    yield ln
+
+        reader = csv.reader(lines())
         header = next(reader, None)
         if header is None:
             raise TraceError("the trace is empty", where=shown, fix="add a header row: job_id,submit_time,gpus,duration")
         header = [h.strip() for h in header]
         missing = [c for c in REQUIRED if c not in header]
         if missing:
-            raise TraceError(f"missing column(s) {', '.join(missing)} (header: {','.join(header)})", where=f"{shown}:1",
+            raise TraceError(f"missing column(s) {', '.join(missing)} (header: {','.join(header)})", where=f"{shown}:{line_of[0]}",
                              fix="the header needs job_id,submit_time,gpus,duration (optional: " + ",".join(OPTIONAL) + ")")
         unknown = [c for c in header if c not in REQUIRED + OPTIONAL]
         if unknown:
-            raise TraceError(f"unknown column {unknown[0]!r}", where=f"{shown}:1", fix="known columns: " + ",".join(REQUIRED + OPTIONAL))
+            raise TraceError(f"unknown column {unknown[0]!r}", where=f"{shown}:{line_of[0]}", fix="known columns: " + ",".join(REQUIRED + OPTIONAL))
         col = {c: header.index(c) for c in header}
         i_id, i_sub, i_gpu, i_dur = (col[c] for c in REQUIRED)
         i_pri, i_sel, i_tol, i_ckpt = (col.get(c) for c in OPTIONAL)
@@ -152,15 +162,16 @@ def read_csv(path: str | Path) -> Trace:
         seen: dict[str, int] = {}
         last = -math.inf
         width = len(header)
-        for row_no, row in enumerate(reader, start=2):
-            where = f"{shown}: row {row_no}"
+        for row in reader:
+            row_no = line_of[reader.line_num - 1]
+            where = f"{shown}:{row_no}"
             if len(row) < 4 or len(row) > width:
                 raise TraceError(f"{len(row)} fields, the header has {width}", where=where, fix="one value per header column")
             jid = row[i_id].strip()
             if not jid:
                 raise TraceError("empty job_id", where=where, fix="give every job an id")
             if jid in seen:
-                raise TraceError(f"duplicate job_id {jid!r} (first at row {seen[jid]})", where=where, fix="job ids must be unique")
+                raise TraceError(f"duplicate job_id {jid!r} (first at line {seen[jid]})", where=where, fix="job ids must be unique")
             seen[jid] = row_no
             try:
                 t = float(row[i_sub])
@@ -192,7 +203,7 @@ def read_csv(path: str | Path) -> Trace:
             key = _selector(s, where) if s else ()
             sel_idx.append(selectors.setdefault(key, len(selectors)))
             tl = row[i_tol].strip() if i_tol is not None and i_tol < len(row) else ""
-            key2 = tuple(sorted(x.strip() for x in tl.split(";") if x.strip())) if tl else ()
+            key2 = _tolerations(tl, where) if tl else ()
             tol_idx.append(tolerations.setdefault(key2, len(tolerations)))
     if not ids:
         raise TraceError("the trace has no jobs", where=shown, fix="add rows below the header")
@@ -220,6 +231,19 @@ def _selector(text: str, where: str) -> tuple[tuple[str, str], ...]:
         if not sep or not k:
             raise TraceError(f"node_selector {text!r} is not key=value[;key=value]", where=where, fix="e.g. agentpool=gpunp")
         out.append((k, v))
+    return tuple(sorted(out))
+
+
+def _tolerations(text: str, where: str) -> tuple[str, ...]:
+    out = []
+    for part in (x.strip() for x in text.split(";")):
+        if not part:
+            continue
+        problem = check_toleration(part)
+        if problem:
+            raise TraceError(f"column 'tolerations': {part!r}: {problem}", where=where,
+                             fix=f"a toleration is {TOLERATION_FORMS}; several are joined by ';', e.g. {SPOT_TAINT}")
+        out.append(part)
     return tuple(sorted(out))
 
 

@@ -21,7 +21,7 @@ from azulite.export.recipe import TensorSpec
 from azulite.serve.proto import model_config_pb2 as mc
 
 # onnx.TensorProto element types -> KServe v2 datatypes
-_ONNX_TYPES = {1: "FP32", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "BYTES",
+ONNX_TYPES = {1: "FP32", 2: "UINT8", 3: "INT8", 4: "UINT16", 5: "INT16", 6: "INT32", 7: "INT64", 8: "BYTES",
                9: "BOOL", 10: "FP16", 11: "FP64", 12: "UINT32", 13: "UINT64", 16: "BF16"}
 
 
@@ -104,11 +104,11 @@ def _from_onnx(path: Path, name: str, max_batch_size: int | None, dynamic: bool)
     for kind, values in (("input", [v for v in graph.input if v.name not in initializers]), ("output", graph.output)):
         for v in values:
             tt = v.type.tensor_type
-            if not v.type.HasField("tensor_type") or tt.elem_type not in _ONNX_TYPES:
+            if not v.type.HasField("tensor_type") or tt.elem_type not in ONNX_TYPES:
                 raise ExportError(f"ONNX {kind} '{v.name}' of {path.name} is not a tensor of a type Triton serves",
                                   where=str(path))
             dims = [d.dim_value if d.HasField("dim_value") and d.dim_value > 0 else -1 for d in tt.shape.dim]
-            tensors[kind].append((v.name, _ONNX_TYPES[tt.elem_type], dims))
+            tensors[kind].append((v.name, ONNX_TYPES[tt.elem_type], dims))
     everything = tensors["input"] + tensors["output"]
     not_batchable = [f"'{n}'" for n, _, dims in everything if not dims or dims[0] != -1]
     batching = _batching(name, [n for n, _, _ in everything], not_batchable, max_batch_size, dynamic)

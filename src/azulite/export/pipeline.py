@@ -21,6 +21,7 @@ from azulite.export.plan import ServingPlan, plan_for
 from azulite.export.recipe import ModelRecipe, TensorSpec
 from azulite.export.repository import (ExistingModel, check_fits, check_integrity_before, check_model_name,
                                        existing_model, formats_for, stage, update_integrity)
+from azulite.export.signature import check_onnx_file, check_returns
 from azulite.export.source import CheckpointRef, fetch_verified, resolve
 from azulite.export.verify import Tolerance, Verification, compare
 from azulite.export.weights import load_module_state
@@ -173,6 +174,12 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
             got = _run_fused(staged.root, staged.version)(client_sample)
         else:
             got = exported.run(sample)
+        # the config about to be written against the exported file: what it returns, and what an ONNX file declares
+        by = f"the {exported.format} export"
+        check_returns([got.get(t.name) for t in plan.outputs], plan.outputs, options.rows, where=recipe.where, by=by)
+        if exported.format == "onnx":
+            check_onnx_file(staged.version_dir / exported.filename, plan.inputs, plan.outputs, batching.max_batch_size,
+                            where=recipe.where)
         verification = compare(reference, _outputs(got, reference), options.tolerance, options.rows)
         if not verification.ok:
             bad = [o for o in verification.outputs if not o.ok]

@@ -74,6 +74,8 @@ class ModelRecipe:
     serving: str | None = None
     preprocess: Mapping[str, Any] | None = None
     raw: Mapping[str, Any] = field(default_factory=dict)
+    #: where model_config was read (the manifest), for errors about its fields
+    where: str = ""
 
     @classmethod
     def from_model_config(cls, config: Any, *, where: str) -> ModelRecipe:
@@ -101,7 +103,7 @@ class ModelRecipe:
             raise _missing(f"model_config.preprocess must be a mapping, got {preprocess!r}", where)
         serving = config.get("serving") or ADAPTERS.get(factory)
         return cls(factory=factory, kwargs=dict(kwargs), state_key=state_key, inputs=inputs, outputs=outputs,
-                   examples=examples, serving=serving, preprocess=preprocess, raw=dict(config))
+                   examples=examples, serving=serving, preprocess=preprocess, raw=dict(config), where=where)
 
     def build(self) -> Any:
         """The freshly built (untrained) module, in eval mode."""

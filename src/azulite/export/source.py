@@ -8,6 +8,7 @@ something other than what was asked for would be a silent surprise; the error na
 
 from __future__ import annotations
 
+import json
 import os
 import re
 from collections.abc import Mapping
@@ -54,6 +55,10 @@ def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | N
         steps = scan_steps(storage)
         if step is None:
             committed = [(s, rel) for s, rel in reversed(steps) if read_manifest(storage, rel, s) is not None]
+            if not committed and not steps and storage.exists(MANIFEST):
+                raise ExportError(_misnamed_step(storage), where=storage.uri,
+                                  fix=f"rename the folder {_step_name(storage)} (export reads a step by its folder's "
+                                      "name, as resume does), or pass the checkpoint location holding it")
             if not committed:
                 what = f"{len(steps)} step director{'y' if len(steps) == 1 else 'ies'}, none committed" if steps else "no step directories"
                 raise CheckpointError(f"no committed checkpoint under {storage.uri} ({what})", where=storage.uri,
@@ -62,7 +67,7 @@ def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | N
             step = committed[0][0]
         rel = step_dir(step)
         manifest = read_manifest(storage, rel, step)
-    except (CheckpointError, StorageError):
+    except (CheckpointError, StorageError, ExportError):
         raise
     except Exception as e:  # noqa: BLE001 - any SDK/network/OS failure is the same user problem
         raise StorageError(f"cannot read checkpoints under {storage.uri}: {type(e).__name__}: {first_line(e)}",
@@ -83,6 +88,21 @@ def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | N
         raise CheckpointError(f"checkpoint {storage.display(rel)} is not committed: {why}", where=storage.display(rel),
                               fix="export a committed step (omit --step for the newest one)")
     return CheckpointRef(storage=storage, step=step, manifest=manifest)
+
+
+def _step_name(storage: CheckpointStorage) -> str:
+    """``step-00000040`` for a folder whose manifest says step 40 (``step-NNNNNNNN`` when it does not say)."""
+    try:
+        step = json.loads(storage.read_bytes(MANIFEST)).get("step")
+    except Exception:  # noqa: BLE001 - unreadable or not JSON: the name's form is still the answer
+        step = None
+    return step_dir(step) if isinstance(step, int) and step >= 0 else "step-NNNNNNNN (its step, 8 digits)"
+
+
+def _misnamed_step(storage: CheckpointStorage) -> str:
+    name = storage.uri.rstrip("/").rpartition("/")[2]
+    return (f"this folder holds a {MANIFEST} but is not a checkpoint step folder: {name!r} is not named "
+            "step-NNNNNNNN (and it holds no step folders)")
 
 
 def fetch_verified(ref: CheckpointRef, staging: Path) -> Path:

@@ -51,16 +51,13 @@ class Verification:
 
 
 def reference_outputs(model: Any, recipe: Any, sample: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The PyTorch model's own outputs, keyed by the recipe's output names."""
-    import torch
+    """The PyTorch model's own outputs, keyed by the recipe's output names: checked against what
+    model_config declares (inputs it runs on; outputs' count, datatypes and dims) first."""
+    from azulite.export.signature import call_model, check_returns
 
-    args = [torch.from_numpy(np.ascontiguousarray(sample[t.name])) for t in recipe.inputs]
-    with torch.inference_mode():
-        out = model(*args)
-    out = (out,) if isinstance(out, torch.Tensor) else tuple(out)
-    if len(out) != len(recipe.outputs):
-        raise ExportVerificationError(f"the model returns {len(out)} tensor(s) but model_config.outputs lists "
-                                      f"{len(recipe.outputs)}", fix="list every output the model returns, in order")
+    out = call_model(model, recipe.inputs, sample, where=recipe.where)
+    rows = len(next(iter(sample.values()))) if sample else 0
+    check_returns(out, recipe.outputs, rows, where=recipe.where)
     return {t.name: o.detach().numpy() for t, o in zip(recipe.outputs, out)}
 
 
