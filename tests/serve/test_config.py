@@ -137,6 +137,21 @@ def test_sequence_controls_are_checked_as_triton_checks_them(controls, message):
     assert "model 'm'" in str(info.value) and info.value.fix
 
 
+@pytest.mark.parametrize(("field", "value"), [
+    ("default_model_filename", "../../../outside/model.py"), ("default_model_filename", "/tmp/evil/model.py"),
+    ("default_model_filename", "sub/../../model.py"), ("label_filename", "../../etc/passwd"),
+])
+def test_file_names_in_a_config_stay_inside_the_model(field, value):
+    """A load API config override pointed a model at code outside the repository, which --verify's manifest
+    never covered (found running code from another folder): refused, naming the field."""
+    text = GOOD + f'default_model_filename: "{value}"' if field == "default_model_filename" else \
+        GOOD.replace('output [ { name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] } ]',
+                     f'output [ {{ name: "OUTPUT0" data_type: TYPE_FP32 dims: [ 16 ] label_filename: "{value}" }} ]')
+    with pytest.raises(ModelLoadError, match=f"{field} '{value}' must name a file inside"):
+        load(text)
+    load(GOOD + 'default_model_filename: "sub/model.onnx"')  # a folder inside is fine
+
+
 def test_well_formed_sequence_controls_load():
     config = load(SEQUENCE % (
         '{ name: "S" control [ { kind: CONTROL_SEQUENCE_START bool_false_true: [ false, true ] } ] }, '

@@ -88,6 +88,28 @@ def test_verify_flag_needs_a_manifest_and_bad_ones_stop_the_start(repo, tmp_path
         start(manifest_key=public)
 
 
+@pytest.mark.parametrize("where", ["../../outside/model.py", "{outside}/model.py"])
+def test_a_config_override_cannot_point_a_model_at_code_outside_it(repo, tmp_path, where):
+    """default_model_filename in a load API config override named a model.py elsewhere, which the manifest
+    never covers: it ran (found by a user-testing pass). Refused, naming the field, the code never read."""
+    integrity.sign_repository(repo)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    marker = tmp_path / "ran"
+    (outside / "model.py").write_text(f"open({str(marker)!r}, 'w').close()\n")
+    with running_server(repo, model_control_mode="explicit", load_models=("add_sub_py",)) as s:
+        client = httpclient.InferenceServerClient(s.http_url)
+        try:
+            config = json.loads(json.dumps(client.get_model_config("add_sub_py")))
+            config["default_model_filename"] = where.format(outside=outside)
+            with pytest.raises(InferenceServerException, match="default_model_filename .* must name a file inside"):
+                client.load_model("add_sub_py", config=json.dumps(config))
+            assert (_infer_py(client) == 2).all()  # the loaded model serves on, unchanged
+        finally:
+            client.close()
+    assert not marker.exists()
+
+
 def test_file_overrides_are_refused_in_a_verified_repository(repo):
     integrity.sign_repository(repo)
     with running_server(repo, model_control_mode="explicit", load_models=("add_sub_py",)) as s:

@@ -277,6 +277,26 @@ def _validate_tensors(model: str, kind: str, tensors: Any, max_batch_size: int) 
         del dims
 
 
+def _inside(name: str) -> bool:
+    """A file name relative to the folder it is read from, staying inside it: not absolute, no '..' part
+    (a config override through the load API must not point a model at code or files elsewhere)."""
+    parts = name.replace("\\", "/").split("/")
+    return not name.startswith(("/", "\\")) and ".." not in parts and ":" not in parts[0]
+
+
+def check_file_names(model: str, config: mc.ModelConfig) -> None:
+    """default_model_filename and label_filename stay inside the model (checked before any file is read)."""
+    if config.default_model_filename and not _inside(config.default_model_filename):
+        raise _invalid(model, f"model '{model}': default_model_filename '{config.default_model_filename}' must name a "
+                       "file inside the version directory (no absolute path, no '..')",
+                       fix='e.g. default_model_filename: "model.onnx"; put the file in the version directory')
+    for output in config.output:
+        if output.label_filename and not _inside(output.label_filename):
+            raise _invalid(model, f"model '{model}', output '{output.name}': label_filename "
+                           f"'{output.label_filename}' must name a file inside the model directory (no absolute "
+                           "path, no '..')", fix='e.g. label_filename: "labels.txt" beside config.pbtxt')
+
+
 _BOOLEAN_CONTROLS = ("CONTROL_SEQUENCE_START", "CONTROL_SEQUENCE_END", "CONTROL_SEQUENCE_READY")
 _CORRID_TYPES = ("TYPE_UINT64", "TYPE_INT64", "TYPE_UINT32", "TYPE_INT32", "TYPE_STRING")
 
@@ -391,6 +411,7 @@ def validate_config(config: mc.ModelConfig, *, model: str) -> None:
             f"azulite's {backend} backend",
             fix="serve decoupled models with the python backend, or set decoupled: false (one response per request)",
         )
+    check_file_names(model, config)
     if config.HasField("sequence_batching"):
         _validate_sequence_controls(model, config.sequence_batching)
     if config.version_policy.HasField("latest") and config.version_policy.latest.num_versions < 1:

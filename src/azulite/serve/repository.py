@@ -121,6 +121,7 @@ def select_versions(policy: mc.ModelVersionPolicy, available: tuple[int, ...], *
 
 def model_file(source: ModelSource, config: mc.ModelConfig, version: int) -> Path:
     """The file a version loads: ``default_model_filename`` or the backend's default name."""
+    cfg.check_file_names(source.name, config)  # an override's '../elsewhere/model.py' is never read
     backend = cfg.backend_of(config)
     filename = config.default_model_filename or cfg.DEFAULT_FILENAMES.get(backend, "")
     path = source.path / str(version) / filename
