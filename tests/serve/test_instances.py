@@ -14,7 +14,7 @@ import pytest
 
 from google.protobuf import text_format
 
-from azulite.errors import Internal, ModelLoadError
+from azulite.errors import Internal, ModelLoadError, Unavailable
 from azulite.serve import instances
 from azulite.serve.backends.base import LoadContext, WorkItem
 from azulite.serve.proto import model_config_pb2 as mc
@@ -183,6 +183,53 @@ def test_instance_process_dying_mid_batch_fails_that_batch_and_is_restarted(tmp_
             await dp.shutdown(30)
 
     _on_server_loop(run())
+
+
+def test_an_instance_process_is_not_restarted_on_code_changed_since_the_model_loaded(tmp_path):
+    """A restarted process imports the files as they are now: changed after load (found changed under
+    --verify, whose manifest is checked at load), the instance is not started again and says why; a model
+    loaded again serves the new code."""
+    _pid_model(tmp_path, "dies_py", "true")
+    dp = TritonDataPlane(DataPlaneSettings(repository=tmp_path, control_mode="explicit", load_models=("dies_py",)))
+    model_py = tmp_path / "dies_py" / "1" / "model.py"
+
+    async def run() -> None:
+        try:
+            with pytest.raises(Internal, match="died"):
+                await _pid_of(dp, "dies_py", -1.0)  # one instance process exits
+            model_py.write_text(model_py.read_text() + "\n# changed after load\n")
+            failures = []
+            for x in (1.0, 2.0, 3.0, 4.0):  # the other instance answers; the dead one's batches fail
+                try:
+                    await _pid_of(dp, "dies_py", x)
+                except Unavailable as exc:
+                    failures.append(exc)
+            assert failures and "code (1/*.py) changed since the model loaded" in failures[0].message
+            assert "load model 'dies_py' again" in failures[0].fix
+            await dp.load_model("dies_py")
+            for x in (1.0, 2.0, 3.0, 4.0):  # both instances on the loaded (new) code
+                await _pid_of(dp, "dies_py", x)
+        finally:
+            await dp.shutdown(30)
+
+    _on_server_loop(run())
+
+
+def test_code_digest_covers_every_python_file_of_the_version():
+    import tempfile
+    from pathlib import Path
+
+    with tempfile.TemporaryDirectory() as d:
+        root = Path(d)
+        (root / "model.py").write_text("a = 1\n")
+        (root / "pkg").mkdir()
+        (root / "pkg" / "helper.py").write_text("b = 1\n")
+        (root / "weights.bin").write_bytes(b"\0" * 10)
+        first = instances.code_digest(root / "model.py")
+        (root / "weights.bin").write_bytes(b"\1" * 10)  # not code
+        assert instances.code_digest(root / "model.py") == first
+        (root / "pkg" / "helper.py").write_text("b = 2\n")
+        assert instances.code_digest(root / "model.py") != first
 
 
 def test_batches_cross_from_the_loop_and_from_threads_alike(tmp_path):

@@ -43,6 +43,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+import hashlib
 import logging
 import os
 import pickle
@@ -50,8 +51,9 @@ import socket
 import subprocess
 import sys
 import threading
+from pathlib import Path
 
-from azulite.errors import Internal, ModelLoadError
+from azulite.errors import Internal, ModelLoadError, Unavailable
 from azulite.serve import ipc, shm_ring
 from azulite.serve.backends.base import LoadContext, Result, Timing, WorkItem
 from azulite.serve.proto import model_config_pb2 as mc
@@ -150,6 +152,7 @@ class ProcessInstance:
         self._watched_fd = -1
         self._done = None  # the loop-side batch in flight: its callback
         self.nice = instance_nice(ctx.config)
+        self._code = code_digest(ctx.model_file)  # what a restart must find again (_restart)
         self._spawn()
 
     def _spawn(self) -> None:
@@ -417,6 +420,15 @@ class ProcessInstance:
         log.warning("instance process %s of model '%s' died: starting it again", self.ctx.instance_name,
                     self.ctx.model_name)
         self._reap()
+        if code_digest(self.ctx.model_file) != self._code:
+            # a new process imports the files as they are now: code that was never loaded (nor, under
+            # --verify, checked against the manifest), beside instances still running the loaded code
+            log.error("model '%s': its code changed since it loaded: instance process %s not started again",
+                      self.ctx.model_name, self.ctx.instance_name)
+            raise Unavailable(f"model '{self.ctx.model_name}': instance process {self.ctx.instance_name} died and its "
+                              f"code ({self.ctx.model_file.parent.name}/*.py) changed since the model loaded: not "
+                              "started again on code that was not loaded",
+                              fix=f"load model '{self.ctx.model_name}' again (the load API, or poll mode)")
         with _restarts_lock:
             restarts[self.key] = restarts.get(self.key, 0) + 1
         self._spawn()
@@ -430,6 +442,19 @@ class ProcessInstance:
             except OSError:
                 pass
         self._reap()
+
+
+def code_digest(model_file: Path) -> str:
+    """sha256 of a Python model's code: its model file and every .py file under its version directory (what
+    a started process imports), by relative path; "" when it cannot be read (the start then fails itself)."""
+    root = model_file.parent
+    digest = hashlib.sha256()
+    try:
+        for path in sorted({model_file, *root.rglob("*.py")}):
+            digest.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
+    except OSError:
+        return ""
+    return digest.hexdigest()
 
 
 def restart_metrics():
