@@ -276,6 +276,21 @@ def test_rate_limits_and_quotas_refuse_with_retry_after(server, stub, keys):
     assert [raw(server, "GET", "/v2", headers=bearer(keys["quota"]))[0] for _ in range(3)] == [200] * 3
 
 
+def test_a_grpc_stream_counts_its_requests_against_the_quota_not_its_opening(server, stub, keys):
+    """Opening ModelStreamInfer took one unit of the day's quota (and of the key's bucket) before any
+    request: a stream with 3 requests spent 4. Now the opening checks the key only."""
+    token = keys["store"].create(f"streamer-{uuid.uuid4().hex[:6]}", quota_per_day=4)[1]
+    metadata = (("authorization", f"Bearer {token}"),)
+    request = pb.ModelInferRequest(model_name="add_sub_onnx", inputs=[
+        pb.ModelInferRequest.InferInputTensor(name=n, datatype="FP32", shape=[1, 16]) for n in ("INPUT0", "INPUT1")],
+        raw_input_contents=[X.tobytes(), X.tobytes()])
+    assert list(stub.ModelStreamInfer(iter([]), metadata=metadata, timeout=60)) == []  # opened, nothing sent
+    answers = list(stub.ModelStreamInfer(iter([request] * 3), metadata=metadata, timeout=60))
+    assert [a.error_message for a in answers] == [""] * 3
+    statuses = [raw(server, "POST", "/v2/models/add_sub_onnx/infer", INFER_JSON, bearer(token))[0] for _ in range(2)]
+    assert statuses == [200, 429]  # 4 a day: 3 in the stream, 1 here
+
+
 def test_revocation_takes_effect_on_the_very_next_request(server, keys):
     record, token = keys["store"].create("doomed")  # made while the server runs: the next request has it
     assert raw(server, "GET", "/v2", headers=bearer(token))[0] == 200

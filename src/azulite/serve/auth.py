@@ -470,16 +470,18 @@ class Guard:
         return planned_take(*local, wall_clock, expires, refused)
 
     def check(self, protocol: str, category: str, model: str, token: str | None, headers=None,
-              get_header=None) -> Principal:
+              get_header=None, *, limits: bool = True) -> Principal:
         """``get_header(headers, name)`` reads a request header / metadata value (or None); only asked
-        when a restricted-API header applies."""
+        when a restricted-API header applies. ``limits`` False: the key and its reach only, no bucket or
+        quota taken (a gRPC stream opening: its requests are each checked, and counted, as they come)."""
         try:
-            return self._check(protocol, category, model, token, headers, get_header)
+            return self._check(protocol, category, model, token, headers, get_header, limits)
         except ServeError as exc:
             self.rejected[exc.status] = self.rejected.get(exc.status, 0) + 1
             raise
 
-    def _check(self, protocol: str, category: str, model: str, token: str | None, headers, get_header) -> Principal:
+    def _check(self, protocol: str, category: str, model: str, token: str | None, headers, get_header,
+               limits: bool = True) -> Principal:
         if category == OPEN:
             return ANONYMOUS
         restricted = self.headers.get(protocol)
@@ -506,7 +508,7 @@ class Guard:
         else:
             limited = None
         model_rps = self.model_rps.get(model) if self.model_rps and category == "inference" else None
-        if limited or model_rps:
+        if limits and (limited or model_rps):
             self._limits(record, model, model_rps, now, wall, category == "inference")
         return principal
 
