@@ -127,6 +127,26 @@ def test_fallback_answers_when_the_queue_is_full_or_the_model_unloaded(repo):
         assert f'azulite_fallback_total{{model="guarded",fallback="light",reason="queue_full"}} {len(fallen)}' in text
 
 
+def test_with_its_fallback_unloaded_a_full_model_answers_its_own_503(repo):
+    """The fallback unloaded too: a burst got 404 'unknown model: light' (the fallback's answer, naming a
+    model the client never asked for); now the model's own 503 + Retry-After, and nothing counted."""
+    with running_server(repo, model_control_mode="explicit", load_models=("guarded", "light")) as s:
+        client = httpclient.InferenceServerClient(s.http_url)
+        client.unload_model("light")
+        answers = _burst(s.http_url, "guarded")
+        refused = [a for a in answers if a[0] != 200]
+        assert refused and {a[0] for a in refused} == {503}
+        assert all("Retry-After" in a[1] and b"light" not in a[2] for a in refused)
+        client.unload_model("guarded")  # both gone: the model's own 'not available'
+        status, _, body = _post(s.http_url, "guarded")
+        assert status in (404, 503) and b"'guarded'" in body and b"light" not in body
+        client.close()
+        host, port = s.metrics_url.split("//")[1].split("/")[0].split(":")
+        conn = http.client.HTTPConnection(host, int(port), timeout=60)
+        conn.request("GET", "/metrics")
+        assert "azulite_fallback_total{" not in conn.getresponse().read().decode()
+
+
 def test_fallback_parameters_are_validated():
     config = mc.ModelConfig(name="m")
     assert policy_of(config) is None

@@ -34,6 +34,7 @@ from azulite.serve.backends.base import Timing
 from azulite.serve.batcher import Rejected
 from azulite.serve.counted import Counted
 from azulite.serve.ensemble import step_request, stream_ensemble
+from azulite.serve.fallback import unanswered
 from azulite.serve.parameters import request_int, requested_names
 from azulite.serve.types import InferRequest, InferResponse
 
@@ -154,8 +155,10 @@ async def stream_with_policies(dp: "TritonDataPlane", model: "LoadedModel | None
     if dp._closing:
         raise Unavailable("the server is shutting down and accepts no new requests")
     reason = None
+    primary: ServeError | None = None  # the model's own error, for when the fallback cannot answer either
     if model is None:
         reason = "unavailable"
+        primary = Unavailable(f"model '{request.model_name}' is not available", fix="retry once it is loaded")
     elif (policy is not None and policy.queue_threshold and model.batcher is not None
           and model.batcher.queued >= policy.queue_threshold):
         reason = "queue_threshold"
@@ -172,17 +175,27 @@ async def stream_with_policies(dp: "TritonDataPlane", model: "LoadedModel | None
         except Rejected as exc:
             if sent or policy is None or "queue size" not in exc.message:
                 raise  # the request's own timeout, or answers already sent: not the fallback's to finish
-            reason = "queue_full"
-        except (Internal, Unavailable):
+            reason, primary = "queue_full", exc
+        except (Internal, Unavailable) as exc:
             if sent or policy is None:
                 raise
-            reason = "failed"
+            reason, primary = "failed", exc
     assert policy is not None
     key = (request.model_name, policy.model, reason)
-    dp.fallbacks[key] = dp.fallbacks.get(key, 0) + 1
     fallback = dataclasses.replace(request, model_name=policy.model, model_version="")
-    async with contextlib.aclosing(dp.stream_unguarded(fallback)) as responses:
-        async for response in responses:
-            response.parameters["fallback_from"] = request.model_name
-            response.parameters["fallback_reason"] = reason
-            yield response
+    counted = False
+    try:
+        async with contextlib.aclosing(dp.stream_unguarded(fallback)) as responses:
+            async for response in responses:
+                if not counted:
+                    dp.fallbacks[key] = dp.fallbacks.get(key, 0) + 1
+                    counted = True
+                response.parameters["fallback_from"] = request.model_name
+                response.parameters["fallback_reason"] = reason
+                yield response
+        if not counted:  # answered with no response (a decoupled fallback may send none)
+            dp.fallbacks[key] = dp.fallbacks.get(key, 0) + 1
+    except Unavailable as exc:
+        if counted:
+            raise
+        raise unanswered(request.model_name, policy.model, reason, primary, exc) from None

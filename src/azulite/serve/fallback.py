@@ -15,11 +15,14 @@ primary's inability to answer is. The fallback must take the same inputs and giv
 from __future__ import annotations
 
 import dataclasses
+import logging
 from dataclasses import dataclass
 
-from azulite.errors import Internal, ModelLoadError, Unavailable
+from azulite.errors import Internal, ModelLoadError, ServeError, Unavailable
 from azulite.serve.batcher import Rejected
 from azulite.serve.proto import model_config_pb2 as mc
+
+log = logging.getLogger("azulite.serve")
 
 MODEL_PARAM = "azulite_fallback_model"
 THRESHOLD_PARAM = "azulite_fallback_queue_threshold"
@@ -66,14 +69,27 @@ def fallback_metrics(counts: dict[tuple[str, str, str], int]):
     yield metric
 
 
+def unanswered(model: str, fallback: str, reason: str, primary: ServeError | None, exc: ServeError) -> ServeError:
+    """The error for a request neither its model nor its fallback could answer: the model's own (a full
+    queue's 503 and Retry-After, say), not the fallback's -- whose name a key scoped to the model must not
+    learn, and whose 404 would tell a client the model it asked for is unknown."""
+    log.warning("model '%s' could not answer (%s) and its fallback '%s' could not either: %s", model, reason,
+                fallback, exc.message)
+    if primary is not None:
+        return primary
+    return Unavailable(f"model '{model}' is past its fallback queue threshold, and its fallback cannot answer now",
+                       fix="retry later")
+
+
 async def answer_with_fallback(request, policy: FallbackPolicy, *, get_model, infer, counts: dict):
     """The primary's answer when it can give one; else the fallback's, marked and counted.
     ``get_model(name, version)`` and ``infer(request)`` are the data plane's; ``counts`` its tally."""
     reason = None
+    primary: ServeError | None = None  # what the client gets when the fallback cannot answer either
     try:
         model = get_model(request.model_name, request.model_version)
-    except Unavailable:
-        reason = "unavailable"
+    except Unavailable as exc:
+        reason, primary = "unavailable", exc
     else:
         if policy.queue_threshold and model.batcher is not None and model.batcher.queued >= policy.queue_threshold:
             reason = "queue_threshold"
@@ -83,10 +99,13 @@ async def answer_with_fallback(request, policy: FallbackPolicy, *, get_model, in
         except Rejected as exc:
             if "queue size" not in exc.message:
                 raise  # the request's own timeout: not the model's inability to answer
-            reason = "queue_full"
-        except (Internal, Unavailable):
-            reason = "failed"
-    response = await infer(dataclasses.replace(request, model_name=policy.model, model_version=""))
+            reason, primary = "queue_full", exc
+        except (Internal, Unavailable) as exc:
+            reason, primary = "failed", exc
+    try:
+        response = await infer(dataclasses.replace(request, model_name=policy.model, model_version=""))
+    except Unavailable as exc:  # the fallback is unloaded, or full too: the primary's answer, not the fallback's
+        raise unanswered(request.model_name, policy.model, reason, primary, exc) from None
     response.parameters["fallback_from"] = request.model_name
     response.parameters["fallback_reason"] = reason
     key = (request.model_name, policy.model, reason)
