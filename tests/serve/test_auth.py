@@ -166,6 +166,7 @@ def test_a_request_with_two_credentials_is_refused(server, stub, keys):
 
     good, bad = f"Bearer {keys['all']}", "Bearer azk_nothere_x"
     host, port = server.http_url.split(":")
+    refused_before = _unauthenticated_count(server)
     for first, second in ((good, bad), (bad, good)):
         with socket.create_connection((host, int(port)), timeout=60) as s:
             s.sendall(f"GET /v2 HTTP/1.1\r\nHost: x\r\nAuthorization: {first}\r\nAuthorization: {second}\r\n"
@@ -177,6 +178,19 @@ def test_a_request_with_two_credentials_is_refused(server, stub, keys):
         code, details = grpc_call(stub, "ServerMetadata", (("authorization", first), ("authorization", second)))
         assert code == grpc.StatusCode.UNAUTHENTICATED and "more than one" in details, (code, details)
     assert raw(server, "GET", "/v2", headers=bearer(keys["all"]))[0] == 200  # one is served
+    # each counted as a refusal (the auth-failure alert reads this counter): it did not move
+    assert _unauthenticated_count(server) == refused_before + 4
+
+
+def _unauthenticated_count(server) -> float:
+    import re
+
+    host, port = server.metrics_url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    conn.request("GET", "/metrics")
+    text = conn.getresponse().read().decode()
+    m = re.search(r'^azulite_requests_rejected_total\{status="UNAUTHENTICATED"\} (\S+)$', text, re.M)
+    return float(m.group(1)) if m else 0.0
 
 
 def test_every_grpc_rpc_needs_a_valid_key(server, stub, keys):

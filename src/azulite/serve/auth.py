@@ -411,7 +411,7 @@ class Guard:
 
     def _check_and_plan(self, protocol: str, category: str, model: str, authorization, headers,
                         get_header) -> Principal:
-        token = bearer(authorization) if self.auth else None
+        token = self.token(authorization)
         plans = self._plans  # the reload in check() may replace it: a plan never outlives its keys
         principal = self.check(protocol, category, model, token, headers, get_header)
         if category == OPEN or category in self.headers.get(protocol, ()):
@@ -468,6 +468,17 @@ class Guard:
             raise exc
 
         return planned_take(*local, wall_clock, expires, refused)
+
+    def token(self, authorization: str | bytes | None) -> str | None:
+        """The key a request's Authorization value carries (None without --auth); two of them are refused,
+        and counted as every refusal is."""
+        if not self.auth:
+            return None
+        try:
+            return bearer(authorization)
+        except ServeError as exc:
+            self.rejected[exc.status] = self.rejected.get(exc.status, 0) + 1
+            raise
 
     def check(self, protocol: str, category: str, model: str, token: str | None, headers=None,
               get_header=None, *, limits: bool = True) -> Principal:

@@ -10,7 +10,7 @@ import time
 from time import perf_counter as _perf
 
 from azulite.errors import ServeError
-from azulite.serve.api_routes import GRPC_ROUTES, TWO_CREDENTIALS, bearer
+from azulite.serve.api_routes import GRPC_ROUTES, TWO_CREDENTIALS
 from azulite.serve.auth import Guard, Principal, refused_key
 from azulite.serve.grpc import _status, _trailers
 from azulite.serve.proto import service_pb2 as pb
@@ -224,8 +224,8 @@ class GuardedServicer:
             start = time.perf_counter()
             try:
                 # the key itself, once per stream; its requests are each checked and counted below
-                principal = self.guard.check("grpc", "inference", "", bearer(_authorization(context)) if
-                                             self.guard.auth else None, context, _metadata, limits=False)
+                principal = self.guard.check("grpc", "inference", "", self.guard.token(_authorization(context)),
+                                             context, _metadata, limits=False)
             except ServeError as exc:
                 self._audit(start, refused_key(exc), pb.ModelInferRequest(), context, exc.status)
                 await context.abort(*_status(exc), _trailers(exc))
