@@ -314,6 +314,16 @@ def test_killed_model_host_is_restarted_with_every_front_end(served):
     (old_host,) = host()
     old_instances = [p for p in children(old_host) if b"azulite.serve.instances" in cmdline(p)]
     assert old_instances
+    # what the operator did since the start: add_sub_py loaded with a config override, repeat_py (a start-up
+    # model) unloaded; the restarted host serves that, not the start-up models (it brought them back)
+    conn = served.conn()
+    assert call(conn, "POST", "/v2/repository/models/add_sub_py/load")[0] == 200
+    config = call(conn, "GET", "/v2/models/add_sub_py/config")[1]
+    config["parameters"] = {**config.get("parameters", {}), "operator_note": {"string_value": "kept"}}
+    assert call(conn, "POST", "/v2/repository/models/add_sub_py/load",
+                {"parameters": {"config": json.dumps(config)}})[0] == 200
+    assert call(conn, "POST", "/v2/repository/models/repeat_py/unload")[0] == 200
+    conn.close()
     os.kill(old_host, signal.SIGKILL)
     wait_for(lambda: (h := host()) and h != [old_host] and len(set(served.frontends()) - old_frontends) == 2,
              "a new host and two new front-ends")
@@ -326,6 +336,10 @@ def test_killed_model_host_is_restarted_with_every_front_end(served):
                            "the model to answer again")
     assert doc["outputs"][0]["data"] == [1, 1], doc
     assert served.metric("azulite_worker_restarts_total", '{role="host"}') == before + 1
+    index = {m["name"]: m.get("state") for m in call(conn, "POST", "/v2/repository/index")[1]}
+    assert index["add_sub_py"] == "READY" and index["repeat_py"] != "READY" and index["batch_count_py"] == "READY"
+    parameters = call(conn, "GET", "/v2/models/add_sub_py/config")[1]["parameters"]
+    assert parameters["operator_note"] == {"string_value": "kept"}
     conn.close()
 
 

@@ -97,6 +97,10 @@ class DataPlaneSettings:
     trace: TraceSettings = field(default_factory=TraceSettings)
     #: the response cache (``azulite serve --cache-config local,size=N``; serve/response_cache.py)
     cache: CacheSettings = field(default_factory=CacheSettings)
+    #: where the models loaded through the load API are written after each load and unload (explicit
+    #: mode), so that a restarted model host of ``--workers N`` serves what the operator left, not the
+    #: start-up models (serve/model_control.py, replay); None: not kept
+    control_journal: Path | None = None
 
 
 class TritonDataPlane(ModelControl):
@@ -136,6 +140,8 @@ class TritonDataPlane(ModelControl):
         self._policies: dict[str, tuple[mc.ModelConfig, FallbackPolicy | None, OutputMonitor | None]] = {}
         #: (model, fallback, reason) -> requests answered by the fallback (azulite_fallback_total)
         self.fallbacks: dict[tuple[str, str, str], int] = {}
+        #: per model loaded through the load API: (its config override or None, whether files came too)
+        self._overrides: dict[str, tuple[str | None, bool]] = {}
         self.metrics.extra.append(lambda: fallback_metrics(self.fallbacks))
         self.metrics.extra.append(lambda: drift_metrics(self.manager.entries, self._policies))
         self.metrics.extra.append(instances.restart_metrics)

@@ -7,6 +7,9 @@ of :class:`azulite.serve.dataplane.TritonDataPlane`, whose state it uses: ``mana
 from __future__ import annotations
 
 import asyncio
+import json
+import logging
+import os
 import time
 from typing import Any
 
@@ -14,6 +17,8 @@ from azulite.errors import InvalidArgument, ModelLoadError, ServeError, Unsuppor
 from azulite.serve import repository as repo
 from azulite.serve.models import READY
 from azulite.serve.proto import service_pb2 as pb
+
+log = logging.getLogger("azulite.serve")
 
 
 class ModelControl:
@@ -81,11 +86,48 @@ class ModelControl:
                 if not reason.startswith("failed to load"):
                     reason = f"failed to load '{name}': {reason}"
                 raise ModelLoadError(reason, where=f"model '{name}'", fix=entry.load_fix or None)
+            self._overrides[name] = (config_json, bool(files))
+            self._write_journal()
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
         async with self._control_lock():
             retired = self.manager.unload(name, unload_dependents=unload_dependents)
             await self._retire(retired)
+            self._write_journal()
+
+    def _write_journal(self) -> None:
+        """The models serving now, each with the config override it was last loaded with (explicit mode,
+        ``settings.control_journal``): what a restarted model host loads (:func:`journaled`)."""
+        path = self.settings.control_journal
+        if path is None or self.settings.control_mode != "explicit":
+            return
+        serving = {name: {"config": self._overrides.get(name, (None, False))[0],
+                          "files": self._overrides.get(name, (None, False))[1]}
+                   for name, entry in self.manager.entries.items() if entry.ready}
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(serving, sort_keys=True))
+        os.replace(tmp, path)  # whole or not at all: a host killed while writing reads the previous one
+
+    async def replay(self, journal: dict[str, dict]) -> None:
+        """A restarted model host: load again, with their config overrides, the models that were serving
+        (those the journal lists beyond the start-up models, which are loaded already), unload the start-up
+        models that were not. A model loaded with file overrides comes back from the repository's files
+        (the files are not kept), said in the log."""
+        for name in sorted(journal):
+            entry = journal[name]
+            if entry.get("files"):
+                log.warning("model host restarted: model '%s' had been loaded with file overrides, which are not "
+                            "kept: it is loaded from the repository's files", name)
+            ready = name in self.manager.entries and self.manager.entries[name].ready
+            if entry.get("config") is not None or not ready:
+                try:
+                    await self.load_model(name, {"config": entry["config"]} if entry.get("config") else None)
+                except ServeError as exc:
+                    log.warning("model host restarted: model '%s' did not load again: %s", name, exc.message)
+        for name in [n for n, e in self.manager.entries.items() if e.ready and n not in journal]:
+            await self.unload_model(name)
+        log.warning("model host restarted: serving the models loaded before it stopped: %s",
+                    ", ".join(sorted(journal)) or "none")
 
     async def poll(self) -> None:
         """Poll mode: one rescan of the repository (see :meth:`start_polling`)."""

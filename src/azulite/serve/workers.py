@@ -332,11 +332,15 @@ async def _host_main(sock: socket.socket, settings, run_dir: str, workers: int) 
 
     s = settings
     verify = _manifest_check(Path(s.repository), s.verify, s.manifest_key)
+    journal_path = Path(run_dir) / "models.json"  # written by the host before this one (a restart), if any
+    journal = json.loads(journal_path.read_text()) if journal_path.exists() else None
     dp = TritonDataPlane(DataPlaneSettings(
         repository=Path(s.repository), control_mode=s.model_control_mode, load_models=s.load_models,
         strict_readiness=s.strict_readiness, server_name=s.server_name, verify_model=verify,
         instance_processes=True, trace=s.trace, disable_auto_complete_config=s.disable_auto_complete_config,
-        cache=s.cache))
+        cache=s.cache, control_journal=journal_path))
+    if journal is not None and s.model_control_mode == "explicit":
+        await dp.replay(journal)
     dp.metrics.extra.append(worker_metrics(Path(run_dir), workers))
     dp.metrics.extra.append(guard_counts.merged_metrics(Path(run_dir) / "guard"))
     host = ModelHost(dp, str(Path(run_dir) / "host.sock"))
