@@ -9,6 +9,7 @@ import http.client
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -437,3 +438,27 @@ def test_the_model_host_drains_in_what_the_front_ends_left_of_the_exit_timeout(t
     assert 0.0 < _time_left(tmp_path, 30.0) <= 5.0
     (tmp_path / STOP_BY).write_text(repr(time.time() - 1.0))
     assert _time_left(tmp_path, 30.0) == 0.0
+
+
+def test_run_folders_of_killed_servers_are_swept_at_the_next_start():
+    """A supervisor killed with SIGKILL leaves its run folder (host socket, guard counts, state/); the next
+    `azulite serve --workers N` removes those whose supervisor is gone, and only those."""
+    import tempfile
+
+    from azulite.serve.workers import RUN_DIR_PREFIX, sweep_run_dirs
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()  # its pid names no live process now
+    dead = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))
+    (dead / "supervisor.pid").write_text(str(gone.pid))
+    (dead / "state").mkdir()
+    live = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))
+    (live / "supervisor.pid").write_text(str(os.getpid()))
+    unknown = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))  # no pid file: not judged
+    try:
+        removed = sweep_run_dirs()
+        assert dead in removed and not dead.exists()
+        assert live.exists() and unknown.exists() and live not in removed and unknown not in removed
+    finally:
+        for path in (dead, live, unknown):
+            shutil.rmtree(path, ignore_errors=True)

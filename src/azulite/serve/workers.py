@@ -239,6 +239,35 @@ class Pool:
         shutil.rmtree(self.run_dir, ignore_errors=True)
 
 
+RUN_DIR_PREFIX = "azulite-serve-"
+
+
+def sweep_run_dirs() -> list[Path]:
+    """The run folders of servers whose supervisor is gone (killed with SIGKILL: its ``finally`` never ran),
+    removed: those of this user whose ``supervisor.pid`` names no live process. -> the folders removed."""
+    removed = []
+    for path in Path(tempfile.gettempdir()).glob(RUN_DIR_PREFIX + "*"):
+        try:
+            if path.stat().st_uid != os.getuid():
+                continue
+            pid = int((path / "supervisor.pid").read_text())
+        except (OSError, ValueError):  # not ours to judge (no pid: made by another version, or being made)
+            continue
+        try:
+            os.kill(pid, 0)
+            continue  # its server runs (or the pid was reused: left, as a live server's would be)
+        except ProcessLookupError:
+            pass
+        except PermissionError:
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        removed.append(path)
+    if removed:
+        log.info("removed %d run folder(s) of servers that were killed: %s", len(removed),
+                 ", ".join(p.name for p in removed))
+    return removed
+
+
 def serve_workers(settings, workers: int, *, on_started: Callable | None = None,
                   on_stopping: Callable[[str], None] | None = None) -> None:
     """``serve`` with N front-end processes: run until SIGINT/SIGTERM, then drain every worker."""
@@ -247,8 +276,10 @@ def serve_workers(settings, workers: int, *, on_started: Callable | None = None,
     if settings.grpc_impl != "h2" and settings.grpc_port >= 0:
         raise SpecError("--grpc-impl grpcio cannot share its port between worker processes", field="--grpc-impl",
                         fix="use --grpc-impl h2 (the default) with --workers")
-    run_dir = Path(tempfile.mkdtemp(prefix="azulite-serve-"))
+    sweep_run_dirs()
+    run_dir = Path(tempfile.mkdtemp(prefix=RUN_DIR_PREFIX))
     (run_dir / "state").mkdir()
+    (run_dir / "supervisor.pid").write_text(str(os.getpid()))
     pool = Pool(settings=settings, workers=workers, run_dir=run_dir)
     wake_r, wake_w = socket.socketpair()
     wake_w.setblocking(False)
