@@ -122,6 +122,11 @@ def test_load_with_config_override_and_files(model_repository, tmp_path):
         assert r.outputs[0].data.sum() == 32
         with pytest.raises(ModelLoadError, match="requires a 'config' parameter"):
             await dp.load_model("other", {"file:1/model.onnx": onnx})
+        config["name"] = "escapes"
+        with pytest.raises(ModelLoadError, match="invalid file path"):
+            await dp.load_model("escapes", {"config": json.dumps(config), "file:../../evil.onnx": onnx})
+        # made of the request's files alone and failed: not listed for good as UNAVAILABLE
+        assert {"other", "escapes"}.isdisjoint(m.name for m in dp.repository_index().models)
         with pytest.raises(ModelLoadError, match="invalid JSON model configuration"):
             await dp.load_model("add_sub_onnx", {"config": "{not json"})
         # the failed reload left the loaded model as it was, serving

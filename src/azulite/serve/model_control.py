@@ -82,6 +82,10 @@ class ModelControl:
             await self._retire(retired)  # the versions it replaced (none if the load failed: they serve on)
             entry = self.manager.entries[name]
             if entry.load_error:
+                if files and not entry.ready and not (self.manager.root / name).is_dir():
+                    # a model made of the request's files alone, which failed: nothing of it is in the
+                    # repository to list (it stayed in the index as UNAVAILABLE for good)
+                    del self.manager.entries[name]
                 reason = entry.load_error
                 if not reason.startswith("failed to load"):
                     reason = f"failed to load '{name}': {reason}"
