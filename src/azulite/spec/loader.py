@@ -22,7 +22,7 @@ from pydantic import BaseModel, ValidationError
 
 from azulite.errors import SpecError
 from azulite.spec.job import DISTRIBUTION_TYPES, Environment, JobSpec, PathInput
-from azulite.spec.yaml_text import Path_, dotted, line_map, override_as_written, parse
+from azulite.spec.yaml_text import Path_, check_shape, dotted, line_map, override_as_written, parse
 
 _REF_RE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_.-]+?)\s*\}\}")
 _EXAMPLES = {
@@ -75,9 +75,12 @@ def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
                 fix=f"give a value, e.g. --set {key.strip()}=3; for an empty string write --set '{key.strip()}=\"\"'",
             )
         try:
+            check_shape(raw, f"--set {item}")  # `--set 'x=&a [*a]'`, 3000 brackets: as in a file
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             value = raw
+        except SpecError as e:
+            raise SpecError(e.message, file=f"--set {item}", field=key.strip(), value=item, fix=e.fix) from None
         path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))
         out.append((path, override_as_written(path, value, raw), item))
     return out
