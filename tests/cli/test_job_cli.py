@@ -288,16 +288,17 @@ def test_a_timeout_of_0_says_it_must_be_more(home, tmp_path):
     assert "job.yaml:2 (timeout): 0 must be more than 0 seconds" in p.stderr and "leave it out" in p.stderr
 
 
-@pytest.mark.parametrize("variables, said", [
-    ('{"A=B": y}', "'A=B' is not an environment variable name"),  # failed inside the supervisor
-    ('{FOO: "${{inputs.x}}"}', "azulite fills no ${{...}} in environment_variables"),  # the process saw the text
-    ("{MASTER_PORT: abc}", "MASTER_PORT 'abc' is not a TCP port"),  # refused only at submit
+@pytest.mark.parametrize("variables, name, said", [
+    ('{"A=B": y}', "A=B", "'A=B' is not an environment variable name"),  # failed inside the supervisor
+    ('{FOO: "${{inputs.x}}"}', "FOO", "azulite fills no ${{...}} in environment_variables"),  # the process saw the text
+    ("{MASTER_PORT: abc}", "MASTER_PORT", "MASTER_PORT 'abc' is not a TCP port"),  # refused only at submit
 ])
-def test_validate_refuses_environment_variables_a_process_cannot_have(home, tmp_path, variables, said):
+def test_validate_refuses_environment_variables_a_process_cannot_have(home, tmp_path, variables, name, said):
     spec = tmp_path / "job.yaml"
     spec.write_text(f"command: python a.py\ninputs: {{x: 1}}\nenvironment_variables: {variables}\n")
     p = az("job", "validate", str(spec), check=2)
-    assert said in p.stderr and "job.yaml:3 (environment_variables)" in p.stderr, p.stderr
+    assert said in p.stderr and f"job.yaml:3 (environment_variables.{name})" in p.stderr, p.stderr
+    assert "see the Jobs section" not in p.stderr
     spec.write_text("command: python a.py\nenvironment_variables: {1: x, MASTER_PORT: 29500}\n")  # 1 is a name
     az("job", "validate", str(spec), check=0)
 
