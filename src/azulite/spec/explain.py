@@ -104,6 +104,9 @@ def _model_at(path: Path_, data: Any) -> type[BaseModel] | None:
     return None
 
 
+#: a job's node and process counts (a bound on them is what a cluster runs)
+_COUNTS = ("instance_count", "max_instance_count", "process_count_per_instance", "worker_count",
+           "parameter_server_count", "min_nodes", "max_nodes")
 UNIFORM_EXAMPLE = "{type: uniform, min_value: 0.01, max_value: 0.1}"
 def _union_tag(t: str, ctx: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
     """An unknown or missing ``type`` of a distribution, a sweep's search-space entry or its early
@@ -172,6 +175,11 @@ def _describe(err: dict, path: Path_, value: Any, data: Any, prefix: str = "") -
             return (f"{value!r} is too small: must be {op} {bound:g}", f"set {field} to a number {op} {bound:g}")
         least = bound if t == "greater_than_equal" else bound + 1
         return (f"{value!r} is too small: must be >= {least}", f"set {field} to a whole number >= {least}, e.g. {least}")
+    if t in ("less_than_equal", "less_than"):
+        bound = ctx.get("le", ctx.get("lt"))
+        most = bound if t == "less_than_equal" else bound - 1
+        why = "; no Azure ML or AKS cluster runs more" if path and path[-1] in _COUNTS else ""
+        return (f"{value!r} is too large: must be <= {most:,}", f"set {field} to a whole number <= {most:,}{why}")
     if t in ("int_parsing", "int_type", "int_from_float"):
         return (f"{value!r} is not a whole number", f"set {field} to a whole number, e.g. 2")
     if t == "literal_error":

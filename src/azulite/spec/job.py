@@ -26,6 +26,13 @@ AZUREML_KEYS = frozenset(
 #: Azure ML's queue_settings.job_tier values (azure-ai-ml's JobTier; case-insensitive)
 JOB_TIERS = ("spot", "basic", "standard", "premium", "null")
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
+#: the most nodes a spec may ask for (more than any Azure ML or AKS cluster runs: a typo, or a number not meant
+#: as a count); the local backend's own limit is the machine's (``azulite.launch.local.capacity``)
+MAX_NODES = 10_000
+#: the most processes per node (one per GPU, or per core for a CPU MPI job: Azure's largest VMs have 176)
+MAX_PROCESSES_PER_NODE = 1024
+#: the most TensorFlow workers or parameter servers (a whole job's, not a node's)
+MAX_TASKS = 100_000
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
 
 
@@ -90,12 +97,12 @@ class Resources(_Model):
     refused (Kubernetes runs no ``docker run``)."""
 
     instance_type: str | None = None
-    instance_count: int | None = Field(default=None, ge=1, strict=True)
+    instance_count: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
     shm_size: str | None = None
     properties: dict | None = None
     docker_args: str | list[str] | None = None
     locations: list[str] | None = None
-    max_instance_count: int | None = Field(default=None, ge=1, strict=True)
+    max_instance_count: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
 
 
 class PyTorchDistribution(_Model):
@@ -103,20 +110,20 @@ class PyTorchDistribution(_Model):
     DeepSpeed jobs use this too (seed 001 §1.3), passing ``--deepspeed_config FILE`` in the command."""
 
     type: Literal["pytorch"]
-    process_count_per_instance: int = Field(default=1, ge=1, strict=True)
+    process_count_per_instance: int = Field(default=1, ge=1, le=MAX_PROCESSES_PER_NODE, strict=True)
 
 
 class TensorFlowDistribution(_Model):
     """MultiWorkerMirroredStrategy / ParameterServerStrategy: one process per worker, TF_CONFIG set."""
 
     type: Literal["tensorflow"]
-    worker_count: int = Field(default=1, ge=1, strict=True)
-    parameter_server_count: int = Field(default=0, ge=0, strict=True)
+    worker_count: int = Field(default=1, ge=1, le=MAX_TASKS, strict=True)
+    parameter_server_count: int = Field(default=0, ge=0, le=MAX_TASKS, strict=True)
 
 
 class MpiDistribution(_Model):
     type: Literal["mpi"]
-    process_count_per_instance: int = Field(default=1, ge=1, strict=True)
+    process_count_per_instance: int = Field(default=1, ge=1, le=MAX_PROCESSES_PER_NODE, strict=True)
 
 
 class Elastic(_Model):
@@ -126,8 +133,8 @@ class Elastic(_Model):
     ``elasticPolicy.minReplicas``/``maxReplicas``). Bitwise equality with an uninterrupted run holds at a
     fixed world size only: a job that asks for a range trades it for progress."""
 
-    min_nodes: int = Field(ge=1, strict=True)
-    max_nodes: int | None = Field(default=None, ge=1, strict=True)
+    min_nodes: int = Field(ge=1, le=MAX_NODES, strict=True)
+    max_nodes: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
 
 
 Distribution = Annotated[
@@ -169,7 +176,7 @@ class JobSpec(_Model):
     environment: Union[str, Environment, None] = None
     environment_variables: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
-    instance_count: int | None = Field(default=None, ge=1, strict=True)
+    instance_count: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
     distribution: Distribution | None = None
     #: a range of nodes instead of exactly ``instance_count`` (pytorch only); see :class:`Elastic`
     elastic: Elastic | None = None

@@ -21,6 +21,7 @@ import psutil
 
 from azulite.errors import AzuliteError, LaunchError
 from azulite.launch.backend import Backend, register_backend
+from azulite.launch.local.capacity import check_capacity
 from azulite.launch.local.nodes import NodeView, node_view, wait_reply, write_request
 from azulite.launch.local.procs import job_processes, pid_alive, terminate_tree, wait_any_exit
 from azulite.launch.local.store import JobStore
@@ -54,6 +55,7 @@ class LocalBackend(Backend):
         from azulite.launch.local.context import build_context
         from azulite.launch.local.strategy import get_strategy
 
+        check_capacity(spec, self.settings.max_local_ranks)  # 100000 processes per node would start
         strategy = get_strategy(spec.distribution_type)
         strategy.preflight(build_context("preflight", 1, spec, self.settings.jobs_dir / "_preflight", self.environ,
                                          make_dirs=False))
@@ -87,6 +89,7 @@ class LocalBackend(Backend):
 
         template = spec.trial_spec()
         self.check_supported(template)
+        check_capacity(template, self.settings.max_local_ranks, prefix="trial.")
         check_inputs(template, {**self.environ, **template.environment_variables})
         rec = self.store.create(
             name=spec.name, backend=self.name, spec=spec.model_dump(mode="json"), spec_path=spec_path,
