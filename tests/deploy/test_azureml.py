@@ -136,3 +136,21 @@ def test_tensorflow_and_mpi_jobs_round_trip(job_file, tmp_path, dist, check):
     files = render_to(job_file({**BASE, "compute": "gpu-cluster", "distribution": dist}), tmp_path / "out", datastore="d")
     job = ml.load_job(files["job.azureml.yml"])
     assert check(job.distribution)
+
+
+@pytest.mark.parametrize("extra, where, sets", [
+    # each was dropped from the rendered document without a word, while `job submit --backend azureml` refused
+    # max_restarts (and took elastic the same silent way)
+    ({"max_restarts": 2}, "max_restarts", "--set max_restarts=0"),
+    ({"elastic": {"min_nodes": 1}}, "elastic", "--set elastic=null"),
+    ({"max_restarts": 2, "elastic": {"min_nodes": 1}}, "max_restarts, elastic", "--set max_restarts=0 --set elastic=null"),
+])
+def test_fields_azure_ml_has_no_place_for_are_refused_not_dropped(job_file, tmp_path, extra, where, sets):
+    path = job_file({**BASE, "compute": "gpu-cluster", **extra})
+    with pytest.raises(AzuliteError) as e:
+        render_spec(path, "azureml", AksOptions(), AzureMLOptions(datastore="ckptstore"))
+    assert e.value.where == where and e.value.message.startswith("an Azure ML command job has no place for ")
+    assert sets in e.value.fix
+    fixed = render_spec(path, "azureml", AksOptions(), AzureMLOptions(datastore="ckptstore"),
+                        overrides=sets.replace("--set ", "").split())  # as the fix says
+    assert list(fixed) == ["job.azureml.yml"]

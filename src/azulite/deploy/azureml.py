@@ -68,11 +68,31 @@ def _distribution(spec: JobSpec) -> dict | None:
     return None
 
 
+def check_azureml_fields(spec: JobSpec) -> None:
+    """azulite's own fields an Azure ML command job has no place for: refused, not dropped, by ``deploy
+    render --target azureml`` and ``job submit --backend azureml`` alike (both render through here)."""
+    lost = []
+    if spec.max_restarts:
+        lost.append(("max_restarts", f"max_restarts ({spec.max_restarts}): it restarts no workers in place "
+                                     "(torchrun's --max-restarts)", "--set max_restarts=0"))
+    if spec.elastic is not None:
+        lost.append(("elastic", f"elastic ({spec.elastic.min_nodes} to {spec.nodes} nodes): it starts a fixed "
+                                "instance_count, no node range", "--set elastic=null"))
+    if lost:
+        raise DeployError(
+            "an Azure ML command job has no place for " + "; ".join(what for _, what, _ in lost),
+            where=", ".join(field for field, _, _ in lost),
+            fix=f"remove {' and '.join(f for f, _, _ in lost)} from the spec for Azure ML, or on the command line "
+                f"{' '.join(s for _, _, s in lost)}; or run it where they apply: --backend local or kubernetes, "
+                "--target aks")
+
+
 def command_job(spec: JobSpec, opts: AzureMLOptions) -> dict:
     """The command job document (``az ml job create -f``; ``load_job``)."""
     sku = sku_facts(spec.resources.instance_type)
     if spec.distribution_type in ("pytorch", "mpi"):
         check_processes(spec.processes_per_node, sku)
+    check_azureml_fields(spec)
     compute = opts.compute or spec.azureml.get("compute")
     if not compute:
         raise DeployError("no compute cluster to run on", where="compute",

@@ -50,7 +50,9 @@ def _status_name(status: Any) -> str:
 
 @register_backend("azureml")
 class AzureMLBackend(Backend):
-    unsupported = frozenset({Feature.PREEMPT, Feature.MAX_RESTARTS})
+    # max_restarts and elastic: refused where the document is rendered (deploy.azureml.check_azureml_fields),
+    # in the same words as `deploy render --target azureml`
+    unsupported = frozenset({Feature.PREEMPT})
 
     def __init__(self, settings, environ: Mapping[str, str] | None = None, *, credential: Any = None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(settings, environ)
