@@ -338,3 +338,10 @@ def test_submit_refuses_what_render_refuses_in_the_same_words(tmp_path, aml):
         assert str(submitted.value) == str(rendered.value) and submitted.value.where == where
         assert f"--set {where}=" in submitted.value.fix
     assert aml.requests == []
+
+
+def test_a_bad_storage_account_setting_is_refused(tmp_path, aml):
+    with pytest.raises(DeployError) as e:
+        backend(tmp_path, AZULITE_AML_STORAGE_ACCOUNT="My_Account")
+    assert e.value.where == "AZULITE_AML_STORAGE_ACCOUNT" and "3 to 24 lowercase letters and digits" in e.value.fix
+    assert aml.requests == []

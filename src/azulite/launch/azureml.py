@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping
 import yaml
 
 from azulite.deploy.azureml import AzureMLOptions, command_job
+from azulite.deploy.options import check_storage_account
 from azulite.errors import AzuliteError, DeployError, LaunchError, RemoteError
 from azulite.launch.azureml_logs import RunLogs
 from azulite.launch.backend import Backend, Feature, register_backend, restated
@@ -59,7 +60,8 @@ class AzureMLBackend(Backend):
         self.store = JobStore(settings.db_path)
         self.opts = AzureMLOptions(compute=self.environ.get("AZULITE_AML_COMPUTE") or None,
                                    datastore=self.environ.get("AZULITE_AML_DATASTORE") or None,
-                                   storage_account=self.environ.get("AZULITE_AML_STORAGE_ACCOUNT") or None)
+                                   storage_account=check_storage_account(account, "AZULITE_AML_STORAGE_ACCOUNT")
+                                   if (account := self.environ.get("AZULITE_AML_STORAGE_ACCOUNT")) else None)
         self._credential = credential
         self._client: Any = None
         raw = self.environ.get("AZULITE_AML_POLL_S", "10")
