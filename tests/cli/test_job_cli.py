@@ -372,3 +372,30 @@ def test_wait_for_a_checkpoint_counts_only_the_jobs_own(home, tmp_path):
     job = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
     p = az("job", "wait", job, "--checkpoint", "--timeout", "600", check=1)
     assert f"{job} ended (failed) without a committed checkpoint" in p.stderr
+
+
+def test_submit_warns_of_variables_the_launcher_replaces_and_says_what_master_port_pins(tmp_path):
+    from azulite.cli.job import environment_notes
+    from azulite.spec.job import JobSpec
+
+    spec = JobSpec.model_validate({"command": "x", "distribution": {"type": "pytorch"},
+                                   "environment_variables": {"MASTER_PORT": "29555", "RANK": "7", "FOO": "1"}})
+    warning, note = environment_notes(spec, "local")
+    assert warning == ("warning: environment_variables: RANK is set for every process of a pytorch job by its launcher "
+                       "and azulite, so the spec's value is replaced; remove it from the spec")
+    assert note.startswith("note: environment_variables.MASTER_PORT=29555 pins torchrun's c10d rendezvous "
+                           "(--rdzv-endpoint 127.0.0.1:29555); each process's MASTER_PORT is the port of torchrun's")
+    assert environment_notes(spec, "kubernetes") == [warning]
+    assert environment_notes(spec.model_copy(update={"environment_variables": {"FOO": "1"}}), "local") == []
+
+
+@pytest.mark.slow
+def test_a_job_without_distribution_keeps_its_master_port_and_is_warned_of_replaced_ones(home, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python -c \"import os; print('seen', os.environ['MASTER_PORT'], os.environ['AZULITE_RANK'])\"\n"
+                    "environment_variables: {MASTER_PORT: 29555, AZULITE_RANK: 5}\n")
+    p = az("job", "submit", str(spec), "--wait", check=0)
+    assert ("warning: environment_variables: AZULITE_RANK is set for every process of a job without distribution"
+            in p.stderr), p.stderr
+    job_id = re.search(r"(\S+-\d+)", p.stdout).group(1)
+    assert "seen 29555 0" in az("job", "logs", job_id, check=0).stdout  # MASTER_PORT was dropped from such a job
