@@ -149,7 +149,10 @@ def submit(
         console.err().print(line, markup=False)
     if isinstance(spec, SweepSpec):
         if not hasattr(b, "submit_sweep"):
-            raise AzuliteError(f"the {b.name} backend cannot run sweep jobs", fix="use the local backend")
+            raise AzuliteError(f"the {b.name} backend cannot run sweep jobs",
+                               fix="use the local backend" + (f"; for Azure ML, render it as a sweep job (azulite "
+                                   f"deploy render {file} --target azureml --out DIR) and create that with az ml job "
+                                   "create -f" if b.name == "azureml" else ""))
         rec = b.submit_sweep(spec, spec_path=str(file))
     else:
         rec = b.submit(spec, spec_path=str(file))

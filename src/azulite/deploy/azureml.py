@@ -9,14 +9,19 @@ azure-ai-ml; ``azulite.launch.azureml`` submits the same document.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from azulite.deploy.image import DEFAULT_BASE
 from azulite.deploy.sku import check_processes, sku_facts
-from azulite.errors import DeployError
+from azulite.errors import AzuliteError, DeployError
 from azulite.spec.serving import ServingSpec
 from azulite.spec.job import JobSpec, MpiDistribution, PathInput, PyTorchDistribution, TensorFlowDistribution
+
+if TYPE_CHECKING:
+    from azulite.spec.sweep import SweepSpec
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/{}.schema.json"
 
@@ -159,6 +164,51 @@ def command_job(spec: JobSpec, opts: AzureMLOptions) -> dict:
         queue["job_tier"] = "spot"  # low-priority (evictable) capacity
     if queue:
         doc["queue_settings"] = queue
+    return doc
+
+
+#: what a sweep's ``trial:`` holds of its command job (azure-ai-ml's ParameterizedCommandSchema); the rest of
+#: the rendered command job (inputs, outputs, compute, queue_settings, limits) is the sweep's own
+_TRIAL_KEYS = ("code", "command", "environment", "environment_variables", "distribution", "resources")
+
+
+def sweep_job(sweep: SweepSpec, opts: AzureMLOptions) -> dict:
+    """The sweep job document (``type: sweep``; ``az ml job create -f``, azure-ai-ml's ``load_job``): the trial
+    rendered, and checked, as :func:`command_job` renders a command job, its command fields under ``trial:``
+    (``${{search_space.NAME}}`` kept for Azure ML to fill), the sweep's sampling, search space, objective,
+    limits and early termination beside it, as azulite read them."""
+    trial = sweep.trial_spec()
+    opts = dataclasses.replace(opts, compute=opts.compute or sweep.azureml.get("compute"),
+                               experiment_name=opts.experiment_name or sweep.azureml.get("experiment_name", sweep.name))
+    try:
+        cmd = command_job(trial, opts)
+    except AzuliteError as e:  # the trial's fields, as the sweep's file places them
+        fields = (e.where or "").split(", ")
+        if fields[0].split(".")[0] in JobSpec.model_fields and fields[0].split(".")[0] not in ("inputs", "outputs"):
+            e.where = ", ".join(f"trial.{w}" for w in fields)
+            for w in fields:  # `set resources.instance_type`, `--set max_restarts=0`: the trial's
+                e.fix = re.sub(rf"(?<![\w.]){re.escape(w)}\b", f"trial.{w}", e.fix or "") or None
+        raise
+    limits: dict[str, Any] = sweep.limits.model_dump(exclude_none=True)
+    if trial.timeout and "trial_timeout" not in limits:  # the trial's own timeout
+        limits["trial_timeout"] = trial.timeout
+    limits = {k: int(v) if k.endswith("timeout") else v for k, v in limits.items()}
+    doc: dict[str, Any] = {
+        "$schema": SCHEMA.format("sweepJob"), "type": "sweep",
+        "display_name": sweep.azureml.get("display_name", sweep.name), "experiment_name": cmd["experiment_name"],
+        "compute": cmd["compute"],
+        "trial": {k: cmd[k] for k in _TRIAL_KEYS if k in cmd},
+        **{k: cmd[k] for k in ("inputs", "outputs", "queue_settings") if k in cmd},
+        "sampling_algorithm": sweep.sampling_algorithm.model_dump(exclude_none=True),
+        "search_space": {name: d.model_dump() for name, d in sweep.search_space.items()},
+        "objective": sweep.objective.model_dump(),
+        "limits": limits,
+    }
+    if sweep.early_termination is not None:
+        doc["early_termination"] = sweep.early_termination.model_dump(exclude_none=True)
+    for key in ("description", "tags", "properties", "identity", "services"):
+        if sweep.azureml.get(key) is not None:
+            doc[key] = sweep.azureml[key]
     return doc
 
 
