@@ -20,8 +20,8 @@ from rich.table import Table
 
 from azulite.cli import console
 from azulite.cli.job_view import (checkpoints_of, duration, failed_rank_log, log_tail, metrics_of, outcome_exit_code,
-                                  print_show, progress_of, rank_ranges, styled_state, sweep_state, timestamp,
-                                  world_size_of)
+                                  parameter_servers_of, print_show, progress_of, rank_ranges, styled_state,
+                                  sweep_state, timestamp, world_size_of)
 from azulite.contract import CHECKPOINT_OUTPUT
 from azulite.errors import AzuliteError
 from azulite.launch.backend import Backend, get_backend
@@ -354,10 +354,14 @@ def logs(
                            " (none started yet)"), where=job_id,
                            fix=f"azulite job logs {trials[0] if trials else 'TRIAL'}; azulite job show {job_id} lists them")
     if rank is not None:
-        ranks = sorted({p.rank for p in rec.processes if p.rank is not None} | set(range(world_size_of(rec))))
-        if rank not in ranks:
+        world = world_size_of(rec)
+        ranks = sorted({p.rank for p in rec.processes if p.rank is not None} | set(range(world)))
+        ps = parameter_servers_of(rec)  # past the workers: a TensorFlow job's parameter servers (as on kubernetes)
+        if rank not in ranks and not (ps and world <= rank < world + ps):
+            servers = (f" (workers) and {rank_ranges(list(range(world, world + ps)))} (parameter servers)"
+                       if ps else "")
             raise AzuliteError(f"job {job_id} has no rank {rank}", where="--rank",
-                               fix=f"its ranks are {rank_ranges(ranks)}" if ranks else "its ranks are not known yet")
+                               fix=f"its ranks are {rank_ranges(ranks)}{servers}" if ranks else "its ranks are not known yet")
     for line in b.logs(job_id, rank=rank, follow=follow):
         print(line, flush=follow)
 
