@@ -98,6 +98,29 @@ def test_bad_namespace_and_negative_numbers_are_refused_before_writing(tmp_path,
     assert _exit_code("deploy", "render", job, "--target", "aks", "--image", "myacr.azurecr.io/train:1.0", "--out", str(out)) == 0
 
 
+@pytest.mark.parametrize("flag, bad, said", [
+    # each rendered into the manifests, rc 0, and would fail only at kubectl apply (or in the pod)
+    ("--pvc", "Bad PVC", "--pvc: 'Bad PVC' is not a Kubernetes PersistentVolumeClaim name"),
+    ("--service-account", "Bad SA!", "--service-account: 'Bad SA!' is not a Kubernetes ServiceAccount name"),
+    ("--storage-account", "x y", "--storage-account: 'x y' is not an Azure storage account name"),
+    ("--storage-account", "ab", "'ab' is not an Azure storage account name"),
+    ("--storage-account", "Mixed", "'Mixed' is not an Azure storage account name"),
+])
+def test_bad_claim_service_account_and_storage_account_names_are_refused(tmp_path, capsys, flag, bad, said):
+    job, out = str(ROOT / "examples/aks/torchrec/job.yaml"), tmp_path / "out"
+    assert _exit_code("deploy", "render", job, "--target", "aks", flag, bad, "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert said in err and "fix: use " in err and not out.exists(), err
+
+
+def test_good_claim_service_account_and_storage_account_names_render(tmp_path):
+    job, out = str(ROOT / "examples/aks/torchrec/job.yaml"), tmp_path / "out"
+    assert _exit_code("deploy", "render", job, "--target", "aks", "--pvc", "train-outputs.v2", "--service-account",
+                      "ml-sa", "--storage-account", "mlartifacts01", "--out", str(out)) == 0
+    text = "".join(p.read_text() for p in out.iterdir())
+    assert "claimName: train-outputs.v2" in text
+
+
 def test_render_a_directory_says_so(tmp_path, capsys):
     assert _exit_code("deploy", "render", str(tmp_path), "--target", "aks", "--out", str(tmp_path / "out")) == 2
     assert "is a directory, not a spec file" in capsys.readouterr().err  # was "cannot read the spec (IsADirectoryError)"

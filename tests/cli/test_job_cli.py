@@ -288,16 +288,17 @@ def test_a_timeout_of_0_says_it_must_be_more(home, tmp_path):
     assert "job.yaml:2 (timeout): 0 must be more than 0 seconds" in p.stderr and "leave it out" in p.stderr
 
 
-@pytest.mark.parametrize("variables, said", [
-    ('{"A=B": y}', "'A=B' is not an environment variable name"),  # failed inside the supervisor
-    ('{FOO: "${{inputs.x}}"}', "azulite fills no ${{...}} in environment_variables"),  # the process saw the text
-    ("{MASTER_PORT: abc}", "MASTER_PORT 'abc' is not a TCP port"),  # refused only at submit
+@pytest.mark.parametrize("variables, name, said", [
+    ('{"A=B": y}', "A=B", "'A=B' is not an environment variable name"),  # failed inside the supervisor
+    ('{FOO: "${{inputs.x}}"}', "FOO", "azulite fills no ${{...}} in environment_variables"),  # the process saw the text
+    ("{MASTER_PORT: abc}", "MASTER_PORT", "MASTER_PORT 'abc' is not a TCP port"),  # refused only at submit
 ])
-def test_validate_refuses_environment_variables_a_process_cannot_have(home, tmp_path, variables, said):
+def test_validate_refuses_environment_variables_a_process_cannot_have(home, tmp_path, variables, name, said):
     spec = tmp_path / "job.yaml"
     spec.write_text(f"command: python a.py\ninputs: {{x: 1}}\nenvironment_variables: {variables}\n")
     p = az("job", "validate", str(spec), check=2)
-    assert said in p.stderr and "job.yaml:3 (environment_variables)" in p.stderr, p.stderr
+    assert said in p.stderr and f"job.yaml:3 (environment_variables.{name})" in p.stderr, p.stderr
+    assert "see the Jobs section" not in p.stderr
     spec.write_text("command: python a.py\nenvironment_variables: {1: x, MASTER_PORT: 29500}\n")  # 1 is a name
     az("job", "validate", str(spec), check=0)
 
@@ -371,3 +372,30 @@ def test_wait_for_a_checkpoint_counts_only_the_jobs_own(home, tmp_path):
     job = json.loads(az("job", "submit", str(spec), "--json", check=0).stdout)["id"]
     p = az("job", "wait", job, "--checkpoint", "--timeout", "600", check=1)
     assert f"{job} ended (failed) without a committed checkpoint" in p.stderr
+
+
+def test_submit_warns_of_variables_the_launcher_replaces_and_says_what_master_port_pins(tmp_path):
+    from azulite.cli.job import environment_notes
+    from azulite.spec.job import JobSpec
+
+    spec = JobSpec.model_validate({"command": "x", "distribution": {"type": "pytorch"},
+                                   "environment_variables": {"MASTER_PORT": "29555", "RANK": "7", "FOO": "1"}})
+    warning, note = environment_notes(spec, "local")
+    assert warning == ("warning: environment_variables: RANK is set for every process of a pytorch job by its launcher "
+                       "and azulite, so the spec's value is replaced; remove it from the spec")
+    assert note.startswith("note: environment_variables.MASTER_PORT=29555 pins torchrun's c10d rendezvous "
+                           "(--rdzv-endpoint 127.0.0.1:29555); each process's MASTER_PORT is the port of torchrun's")
+    assert environment_notes(spec, "kubernetes") == [warning]
+    assert environment_notes(spec.model_copy(update={"environment_variables": {"FOO": "1"}}), "local") == []
+
+
+@pytest.mark.slow
+def test_a_job_without_distribution_keeps_its_master_port_and_is_warned_of_replaced_ones(home, tmp_path):
+    spec = tmp_path / "job.yaml"
+    spec.write_text("command: python -c \"import os; print('seen', os.environ['MASTER_PORT'], os.environ['AZULITE_RANK'])\"\n"
+                    "environment_variables: {MASTER_PORT: 29555, AZULITE_RANK: 5}\n")
+    p = az("job", "submit", str(spec), "--wait", check=0)
+    assert ("warning: environment_variables: AZULITE_RANK is set for every process of a job without distribution"
+            in p.stderr), p.stderr
+    job_id = re.search(r"(\S+-\d+)", p.stdout).group(1)
+    assert "seen 29555 0" in az("job", "logs", job_id, check=0).stdout  # MASTER_PORT was dropped from such a job

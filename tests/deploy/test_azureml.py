@@ -3,6 +3,8 @@ load_online_deployment: the SDK's marshmallow schemas), and match seed 001's doc
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 import yaml
 
@@ -136,3 +138,82 @@ def test_tensorflow_and_mpi_jobs_round_trip(job_file, tmp_path, dist, check):
     files = render_to(job_file({**BASE, "compute": "gpu-cluster", "distribution": dist}), tmp_path / "out", datastore="d")
     job = ml.load_job(files["job.azureml.yml"])
     assert check(job.distribution)
+
+
+@pytest.mark.parametrize("extra, where, sets", [
+    # each was dropped from the rendered document without a word, while `job submit --backend azureml` refused
+    # max_restarts (and took elastic the same silent way)
+    ({"max_restarts": 2}, "max_restarts", "--set max_restarts=0"),
+    ({"elastic": {"min_nodes": 1}}, "elastic", "--set elastic=null"),
+    ({"max_restarts": 2, "elastic": {"min_nodes": 1}}, "max_restarts, elastic", "--set max_restarts=0 --set elastic=null"),
+])
+def test_fields_azure_ml_has_no_place_for_are_refused_not_dropped(job_file, tmp_path, extra, where, sets):
+    path = job_file({**BASE, "compute": "gpu-cluster", **extra})
+    with pytest.raises(AzuliteError) as e:
+        render_spec(path, "azureml", AksOptions(), AzureMLOptions(datastore="ckptstore"))
+    assert e.value.where == where and e.value.message.startswith("an Azure ML command job has no place for ")
+    assert sets in e.value.fix
+    fixed = render_spec(path, "azureml", AksOptions(), AzureMLOptions(datastore="ckptstore"),
+                        overrides=sets.replace("--set ", "").split())  # as the fix says
+    assert list(fixed) == ["job.azureml.yml"]
+
+
+SWEEPS = Path(__file__).resolve().parents[1] / "spec" / "data" / "azureml-examples"
+
+
+def test_a_public_sweep_job_renders_as_an_azure_ml_sweep_job_and_round_trips(tmp_path):
+    """`deploy render sweep.yaml --target azureml` said "this is a sweep job ... submit it with azulite job submit"."""
+    out = tmp_path / "out"
+    files = {p.name: p for p in write_files(out, render_spec(
+        SWEEPS / "lightgbm" / "iris" / "job-sweep.yml", "azureml", AksOptions(), AzureMLOptions(),
+        overrides=["trial.resources.instance_type=Standard_D4s_v3"], out=out))}
+    job = ml.load_job(files["iris.azureml.yml"])
+    assert job.type == "sweep" and job.compute == "cpu-cluster"
+    assert job.sampling_algorithm.type == "random"
+    assert job.search_space["learning_rate"].min_value == 0.01 and job.search_space["learning_rate"].max_value == 0.9
+    assert list(job.search_space["boosting"].values) == ["gbdt", "dart"]
+    assert (job.objective.goal, job.objective.primary_metric) == ("minimize", "test-multi_logloss")
+    assert (job.limits.max_total_trials, job.limits.max_concurrent_trials, job.limits.timeout) == (20, 10, 7200)
+    assert "--learning-rate ${{search_space.learning_rate}}" in job.trial.command
+    assert job.trial.environment == "AzureML-lightgbm-3.3@latest" and str(job.trial.code).endswith("src")
+    assert job.inputs["iris_csv"].path == "https://azuremlexamples.blob.core.windows.net/datasets/iris.csv"
+    assert job.trial.resources.instance_type == "Standard_D4s_v3"
+
+
+def test_a_distributed_sweep_with_early_termination_round_trips(job_file, tmp_path):
+    job_file({})  # the code folder
+    trial = {**{k: v for k, v in BASE.items() if k not in ("name", "inputs", "outputs")}, "code": "code",
+             "command": "python train.py --lr ${{search_space.lr}} --ckpt ${{outputs.checkpoints}}", "priority": "spot"}
+    sweep = {"type": "sweep", "name": "ddp-sweep", "compute": "gpu-cluster", "trial": trial, "outputs": BASE["outputs"],
+             "sampling_algorithm": {"type": "random", "seed": 7},
+             "search_space": {"lr": {"type": "loguniform", "min_value": -6, "max_value": -1},
+                              "b": {"type": "qnormal", "mu": 8, "sigma": 2, "q": 2}},
+             "objective": {"goal": "minimize", "primary_metric": "loss"},
+             "limits": {"max_total_trials": 8, "max_concurrent_trials": 2, "trial_timeout": "30m"},
+             "early_termination": {"type": "bandit", "slack_factor": 0.1, "delay_evaluation": 2}}
+    path = tmp_path / "sweep.yaml"
+    path.write_text(yaml.safe_dump(sweep))
+    files = render_to(path, tmp_path / "out", datastore="ckptstore")
+    job = ml.load_job(files["ddp-sweep.azureml.yml"])
+    assert job.trial.distribution.type == "pytorch" and job.trial.distribution.process_count_per_instance == 4
+    assert job.trial.resources.instance_count == 2 and job.limits.trial_timeout == 1800
+    assert job.early_termination.type == "bandit" and job.early_termination.slack_factor == 0.1
+    assert job.early_termination.delay_evaluation == 2 and job.sampling_algorithm.seed == 7
+    assert job.search_space["b"].q == 2 and job.search_space["lr"].type == "loguniform"
+    assert job.queue_settings.job_tier == "spot"
+    assert job.outputs["checkpoints"].path == "azureml://datastores/ckptstore/paths/run1"
+
+
+def test_a_sweep_is_refused_for_aks_and_its_trial_errors_name_the_trial(job_file, tmp_path):
+    path = SWEEPS / "lightgbm" / "iris" / "job-sweep.yml"
+    with pytest.raises(AzuliteError) as e:
+        render_spec(path, "aks", AksOptions(), AzureMLOptions())
+    assert "--target aks renders command jobs and serving specs; this is a sweep job" in e.value.message
+    assert "--target azureml" in e.value.fix
+    with pytest.raises(AzuliteError) as e:
+        render_spec(path, "azureml", AksOptions(), AzureMLOptions())
+    assert e.value.where == "trial.resources.instance_type" and "set trial.resources.instance_type" in e.value.fix
+    with pytest.raises(AzuliteError) as e:
+        render_spec(path, "azureml", AksOptions(), AzureMLOptions(), overrides=[
+            "trial.resources.instance_type=Standard_D4s_v3", "trial.max_restarts=1", "trial.distribution.type=pytorch"])
+    assert e.value.where == "trial.max_restarts" and "--set trial.max_restarts=0" in e.value.fix

@@ -320,3 +320,28 @@ def test_logs_listed_from_the_default_output_datastore(tmp_path, monkeypatch, tl
         ws = "/subscriptions/sub/resourceGroups/rg/providers/Microsoft.MachineLearningServices/workspaces/ws"
         assert ("POST", f"{ws}/datastores/workspaceartifactstore/listSecrets") in fake.requests
         assert fake.errors == [], fake.errors
+
+
+def test_submit_refuses_what_render_refuses_in_the_same_words(tmp_path, aml):
+    """The backend refused max_restarts ("the azureml backend does not support: max_restarts", fix: "drop the
+    feature") while render dropped it, and both dropped elastic."""
+    from azulite.deploy.azureml import AzureMLOptions
+    from azulite.deploy.options import AksOptions
+    from azulite.deploy.render import render_spec
+
+    spec = ROOT / "examples/azureml/arr-coc/job.yaml"
+    for sets, where in ((["max_restarts=2"], "max_restarts"), (["elastic.min_nodes=1"], "elastic")):
+        with pytest.raises(DeployError) as submitted:
+            backend(tmp_path).submit(load_job(spec, sets))
+        with pytest.raises(DeployError) as rendered:
+            render_spec(spec, "azureml", AksOptions(), AzureMLOptions(), overrides=sets)
+        assert str(submitted.value) == str(rendered.value) and submitted.value.where == where
+        assert f"--set {where}=" in submitted.value.fix
+    assert aml.requests == []
+
+
+def test_a_bad_storage_account_setting_is_refused(tmp_path, aml):
+    with pytest.raises(DeployError) as e:
+        backend(tmp_path, AZULITE_AML_STORAGE_ACCOUNT="My_Account")
+    assert e.value.where == "AZULITE_AML_STORAGE_ACCOUNT" and "3 to 24 lowercase letters and digits" in e.value.fix
+    assert aml.requests == []

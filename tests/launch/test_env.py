@@ -5,7 +5,7 @@ import json
 import pytest
 
 from azulite.launch.env import (
-    mpi_env, pytorch_env, pytorch_env_from_torchrun, rank_identity, tensorflow_env, tf_config,
+    mpi_env, overridden_variables, pytorch_env, pytorch_env_from_torchrun, rank_identity, tensorflow_env, tf_config,
 )
 
 
@@ -84,3 +84,15 @@ def test_mpi_env_names_open_mpi_variables():
 def test_rank_identity_prefers_explicit_azulite_rank():
     assert rank_identity({"AZULITE_RANK": "1", "RANK": "5"}) == (1, 0, 1)
     assert rank_identity({}) is None
+
+
+@pytest.mark.parametrize("kind, names, replaced", [
+    ("pytorch", ["RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "FOO", "TF_CONFIG"],
+     ["RANK", "WORLD_SIZE", "MASTER_ADDR", "TORCHELASTIC_RUN_ID"]),  # MASTER_PORT pins the rendezvous instead
+    ("tensorflow", ["TF_CONFIG", "RANK", "AZULITE_RANK"], ["TF_CONFIG", "AZULITE_RANK"]),
+    ("mpi", ["OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK", "MASTER_ADDR"], ["OMPI_COMM_WORLD_LOCAL_RANK", "PMIX_RANK"]),
+    ("none", ["RANK", "MASTER_PORT", "AZUREML_NODE_COUNT", "AZULITE_OUTPUT_CKPT", "AZURE_ML_INPUT_data"],
+     ["AZUREML_NODE_COUNT", "AZULITE_OUTPUT_CKPT", "AZURE_ML_INPUT_data"]),
+])
+def test_the_variables_a_launcher_replaces(kind, names, replaced):
+    assert overridden_variables(names, kind, inputs=["data"], outputs=["ckpt"]) == replaced

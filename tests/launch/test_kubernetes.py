@@ -397,3 +397,17 @@ def test_a_bad_namespace_setting_is_refused_before_any_request(tmp_path, api, na
         backend(tmp_path, api, AZULITE_K8S_NAMESPACE=namespace)
     assert e.value.where == "AZULITE_K8S_NAMESPACE" and "ml-training" in e.value.fix
     assert api.requests == []
+
+
+@pytest.mark.parametrize("setting, bad, example", [
+    ("AZULITE_K8S_PVC", "Bad PVC", "training-outputs"),
+    ("AZULITE_K8S_SERVICE_ACCOUNT", "Bad SA!", "e.g. azulite"),
+    ("AZULITE_K8S_STORAGE_ACCOUNT", "x y", "mlartifacts01"),
+])
+def test_bad_claim_service_account_and_storage_account_settings_are_refused_before_any_request(tmp_path, api, setting,
+                                                                                               bad, example):
+    # as deploy render's --pvc, --service-account, --storage-account: they reached the manifests as written
+    with pytest.raises(DeployError) as e:
+        backend(tmp_path, api, **{setting: bad})
+    assert e.value.where == setting and repr(bad) in e.value.message and example in e.value.fix
+    assert api.requests == []

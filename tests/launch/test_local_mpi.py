@@ -28,6 +28,11 @@ RANK_REPORT = """
 import os, sys, time
 e = os.environ
 print(f"ompi rank={e['OMPI_COMM_WORLD_RANK']} size={e['OMPI_COMM_WORLD_SIZE']} cwd={os.getcwd()}", flush=True)
+print(f"ompi local_rank={e['OMPI_COMM_WORLD_LOCAL_RANK']} local_size={e['OMPI_COMM_WORLD_LOCAL_SIZE']} "
+      f"node_rank={e['OMPI_COMM_WORLD_NODE_RANK']}", flush=True)
+if e.get("MODE") == "mpi4py":  # the MPI library still starts under the shim's per-node variables
+    from mpi4py import MPI
+    print(f"allreduce={MPI.COMM_WORLD.allreduce(MPI.COMM_WORLD.Get_rank())}", flush=True)
 if e.get("MODE") == "fail" and e["OMPI_COMM_WORLD_RANK"] == "1":
     print("rank 1: something broke", flush=True)
     sys.exit(3)
@@ -78,7 +83,7 @@ def test_missing_mpirun_through_the_cli_exits_2_without_traceback(home, tmp_path
 @pytest.mark.slow
 @needs_mpirun
 def test_two_nodes_of_two_ranks_under_one_mpirun(home, tmp_path):
-    spec = write_job(tmp_path / "m", RANK_REPORT, _mpi_spec(2, 2))
+    spec = write_job(tmp_path / "m", RANK_REPORT, _mpi_spec(2, 2, mode="mpi4py"))
     rec = wait_done(backend().submit(load_job(spec)).id, timeout=120)
     assert rec.state == JobState.SUCCEEDED, rec.reason
     ranks = sorted((p for p in rec.processes if p.kind == "rank"), key=lambda p: p.rank)
@@ -88,7 +93,11 @@ def test_two_nodes_of_two_ranks_under_one_mpirun(home, tmp_path):
     job_dir = Path(rec.job_dir)
     for p in ranks:
         # mpirun's own rank numbers agree, and each simulated node ran in its own working directory
-        assert f"ompi rank={p.rank} size=4 cwd={job_dir / 'nodes' / f'node-{p.node}'}" in Path(p.log).read_text()
+        log = Path(p.log).read_text()
+        assert f"ompi rank={p.rank} size=4 cwd={job_dir / 'nodes' / f'node-{p.node}'}" in log
+        # as on two hosts (Azure ML): rank 2 is local rank 0 of 2; it read local_rank=2 local_size=4 node_rank=2
+        assert f"ompi local_rank={p.local_rank} local_size=2 node_rank={p.local_rank}" in log, log
+        assert "allreduce=6" in log, log
     agents = [p for p in rec.processes if p.kind == "agent"]
     assert [(a.name, a.exit_code) for a in agents] == [("mpirun", 0)]
 
@@ -120,10 +129,14 @@ def test_mpirun_command_line_one_app_context_per_node(tmp_path):
 
 
 def test_rank_shim_numbers_ranks_within_their_node():
-    env = {"OMPI_COMM_WORLD_RANK": "4"}
+    # what one host's mpirun gives rank 4 of 2 nodes x 3: local to a host of all 6
+    env = {"OMPI_COMM_WORLD_RANK": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "4", "OMPI_COMM_WORLD_LOCAL_SIZE": "6",
+           "OMPI_COMM_WORLD_NODE_RANK": "4"}
     rest = rank_shim(["--node", "1", "--per-node", "3", "--records", "R", "--logs", "L", "--", "python", "x.py"], env)
     assert rest == ["--records", "R", "--logs", "L", "--", "python", "x.py"]
     assert (env["AZULITE_RANK"], env["AZULITE_LOCAL_RANK"], env["AZULITE_NODE_RANK"]) == ("4", "1", "1")
+    assert (env["OMPI_COMM_WORLD_LOCAL_RANK"], env["OMPI_COMM_WORLD_LOCAL_SIZE"], env["OMPI_COMM_WORLD_NODE_RANK"]) == (
+        "1", "3", "1")  # as on the second of two hosts of 3 ranks each
 
 
 @pytest.mark.slow

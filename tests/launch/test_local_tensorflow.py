@@ -105,6 +105,22 @@ def test_each_worker_and_ps_sees_exactly_its_tf_config(home, tmp_path):
     agents = {p.name: p.exit_code for p in rec.processes if p.kind == "agent"}
     assert agents == {"ps-0": 0, "worker-0": 0, "worker-1": 0}
     assert not job_procs({rec.id})
+    # past the workers, --rank reaches the parameter servers, as on the kubernetes backend (it was "no rank 2")
+    assert list(backend().logs(rec.id, rank=2)) == ps_log.read_text().splitlines()
+    every = list(backend().logs(rec.id))
+    assert every[-1] == "[ps 0] azulite: all 2 worker(s) ended; stopping parameter server"
+    assert any(line.startswith("[rank 1] tf_config=") for line in every)
+
+
+def test_job_logs_rank_past_the_workers_is_a_parameter_server_and_beyond_them_an_error(home, tmp_path, capsys):
+    from tests.cli.inprocess import exit_code
+
+    rec = wait_done(backend().submit(load_job(write_job(tmp_path / "cfg", TF_CONFIG_PRINTER,
+                                                        _tf_spec(workers=2, ps=1, nodes=1)))).id, timeout=120)
+    assert exit_code("job", "logs", rec.id, "--rank", "2") == 0
+    assert '"task": {"type": "ps", "index": 0}' in capsys.readouterr().out
+    assert exit_code("job", "logs", rec.id, "--rank", "3") == 2
+    assert "its ranks are 0, 1 (workers) and 2 (parameter servers)" in capsys.readouterr().err
 
 
 # Preemptible workers (a notice: exit 75) beside a ps that ignores SIGTERM and serves forever.

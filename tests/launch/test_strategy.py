@@ -60,3 +60,14 @@ def test_gpu_split_per_node():
     assert gpu_split((), 0, 2) is None
     assert gpu_split(("0", "1", "2", "3"), 1, 2) == "2,3"
     assert gpu_split(("0", "1"), 1, 2) == "0,1"  # fewer GPUs than asked: wrap around
+
+
+def test_master_port_pins_a_pytorch_rendezvous_and_is_a_plain_variable_elsewhere(tmp_path):
+    """It was taken out of every job's environment: a job without distribution (or mpi, tensorflow), which has
+    no rendezvous, lost the variable without a word."""
+    pinned = _spec(tmp_path, "").model_copy(update={"environment_variables": {"MASTER_PORT": "29555"}})
+    ctx = build_context("s-1", 1, pinned, tmp_path / "j", {"PATH": "/usr/bin"}, make_dirs=False)
+    assert ctx.rdzv_port == 29555 and "MASTER_PORT" not in ctx.base_env  # torchrun's --rdzv-endpoint
+    plain = pinned.model_copy(update={"distribution": None})
+    ctx = build_context("s-1", 1, plain, tmp_path / "j", {"PATH": "/usr/bin", "MASTER_PORT": "1"}, make_dirs=False)
+    assert ctx.rdzv_port is None and ctx.base_env["MASTER_PORT"] == "29555"  # the spec's, not the shell's

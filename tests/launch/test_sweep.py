@@ -182,3 +182,49 @@ def test_policies_in_isolation():
                        {"a": [3.0], "b": [1.0], "c": [2.0], "d": [4.0]})
     assert not should_stop(TruncationSelection(type="truncation_selection", truncation_percentage=50), maxi, "a",
                            {"a": [3.0], "b": [1.0], "c": [2.0], "d": [4.0]})
+
+
+SILENT = "import time\ntime.sleep(600)\n"  # reports nothing, ends only when stopped
+
+
+def _silent_sweep(tmp_path: Path, limits: str) -> Path:
+    (tmp_path / "run.py").write_text(SILENT)
+    (tmp_path / "sweep.yaml").write_text(f"""
+type: sweep
+trial: {{code: ., command: "python run.py ${{{{search_space.x}}}}"}}
+sampling_algorithm: grid
+search_space: {{x: {{type: choice, values: [1]}}}}
+objective: {{goal: minimize, primary_metric: err}}
+limits: {{max_total_trials: 1, max_concurrent_trials: 1, {limits}}}
+""")
+    return tmp_path / "sweep.yaml"
+
+
+def test_a_sweep_stopped_by_its_timeout_says_so_as_a_timed_out_job_does(home, tmp_path):
+    """It said "failed ... exit code 1: no trial reported 'err'", as if the trials had been at fault."""
+    rec = wait_done(backend().submit_sweep(load_sweep(_silent_sweep(tmp_path, "timeout: 2s"))).id, timeout=300)
+    assert (rec.state.value, rec.exit_code) == ("failed", 124), rec.reason  # a command job's timeout: 124
+    assert rec.reason == "timed out after 2s (limits.timeout) before any trial reported 'err'"
+    p = az("job", "wait", rec.id)
+    assert p.returncode == 124, p.stdout + p.stderr
+
+
+def test_a_trial_stopped_by_the_trial_timeout_names_it(home, tmp_path):
+    rec = wait_done(backend().submit_sweep(load_sweep(_silent_sweep(tmp_path, "trial_timeout: 2s"))).id, timeout=300)
+    (trial,) = read_state(rec.job_dir)["trials"]
+    ended = backend().status(trial["id"])
+    assert (ended.state.value, ended.exit_code) == ("failed", 124)
+    assert ended.reason == f"timed out after 2s (limits.trial_timeout of sweep {rec.id})"  # was "(spec timeout)"
+    assert (rec.state.value, rec.exit_code, rec.reason) == ("failed", 1, "no trial reported 'err'")
+
+
+def test_a_canceled_sweep_records_no_exit_code_as_a_canceled_job(home, tmp_path):
+    from tests.launch.jobkit import wait_for
+
+    b = backend()
+    sweep = b.submit_sweep(load_sweep(_silent_sweep(tmp_path, "trial_timeout: 4m"))).id
+    wait_for(lambda: (read_state(b.status(sweep).job_dir) or {}).get("trials"), 120, "the first trial")
+    b.cancel(sweep)
+    rec = wait_done(sweep, timeout=120)
+    assert (rec.state.value, rec.exit_code) == ("canceled", None), rec  # it recorded 1
+    assert az("job", "wait", sweep).returncode == 130

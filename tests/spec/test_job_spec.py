@@ -270,3 +270,17 @@ def test_a_path_with_spaces_and_quotes_stays_one_word(command):
     rendered = render_command(command, {"d": PathInput(type="uri_folder", path=data)}, {"o": out})
     assert shlex.split(rendered)[-2:] == [out, data], rendered
     assert render_command("python s.py ${{outputs.o}}", {}, {"o": "/tmp/plain/o"}) == "python s.py /tmp/plain/o"
+
+
+@pytest.mark.parametrize("item, most", [
+    ("resources.instance_count=99999999999999999999", "10,000"),  # validated, and `submit` started 1 agent per node
+    ("instance_count=10001", "10,000"),
+    ("distribution.process_count_per_instance=100000", "1,024"),
+    ("elastic.min_nodes=20000", "10,000"),
+])
+def test_absurd_counts_are_refused_and_large_real_ones_are_not(tmp_path, item, most):
+    e = error(tmp_path, GOOD, [item])
+    assert e.message.endswith(f"is too large: must be <= {most}") and e.file == f"--set {item}", str(e)
+    assert "no Azure ML or AKS cluster runs more" in e.fix
+    spec = load_job(write(tmp_path, GOOD), ["resources.instance_count=5000", "distribution.process_count_per_instance=8"])
+    assert spec.world_size == 40_000  # a cloud job's size: `job validate` and `deploy render` take it

@@ -54,7 +54,7 @@ def test_a_valid_sweep_and_its_trial_timeout(tmp_path):
 
 
 @pytest.mark.parametrize("algo, lr, field, words", [
-    ("random", "{type: uniform, min_value: 0.5, max_value: 0.1}", "search_space.lr", "must be below max_value"),
+    ("random", "{type: uniform, min_value: 0.5, max_value: 0.1}", "search_space.lr.min_value", "must be below max_value"),
     ("grid", "{type: uniform, min_value: 0.01, max_value: 0.1}", None, "grid sampling does not take"),
     ("bayesian", "{type: normal, mu: 0, sigma: 1}", None, "bayesian sampling does not take"),
     ("hyperband", "{type: uniform, min_value: 0.01, max_value: 0.1}", "sampling_algorithm", "hyperband"),

@@ -115,3 +115,69 @@ def test_a_key_given_twice_in_a_serving_or_cluster_spec_is_refused_at_its_line(t
     with pytest.raises(SpecError) as e:
         load_cluster(cluster)
     assert "pools is given twice" in e.value.message
+
+
+# ---- a node tree that never ends or goes too deep: each was a RecursionError traceback (exit 1) ------------
+@pytest.mark.parametrize("text, line, field, words", [
+    ("command: echo hi\ninputs: &a\n  x: *a\n", 3, "inputs.x", "the YAML alias *a refers to itself"),
+    ("command: echo hi\nx: &a [*a]\n", 2, "x[0]", "the YAML alias *a refers to itself"),
+    ("command: echo hi\nx: &a [1, {y: [*a]}]\n", 2, "x[1].y[0]", "the YAML alias *a refers to itself"),
+    ("command: echo hi\nx: " + "[" * 3000 + "]" * 3000 + "\n", 2, "x[0][0][0][0][0][0][0]...",
+     "the value is nested deeper than 100 levels"),
+    # deep only through aliases: two anchors of 60 levels each, one inside the other
+    ("command: echo hi\na: &a " + "[" * 60 + "]" * 60 + "\nb: " + "[" * 60 + "*a" + "]" * 60 + "\n", 3,
+     "b[0][0][0][0][0][0][0]...", "nested deeper than 100 levels"),
+    ("command: echo hi\na0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+     + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9)), 7, "a5[7]",
+     "the document's aliases expand to more than 1,000,000 values"),
+])
+def test_a_recursive_or_too_deep_document_is_an_error_at_its_line(tmp_path, text, line, field, words):
+    p = tmp_path / "job.yaml"
+    p.write_text(text)
+    with pytest.raises(SpecError) as e:
+        load_job(p)
+    assert (e.value.file, e.value.line, e.value.field) == (str(p), line, field), str(e.value)
+    assert words in e.value.message and e.value.fix
+
+
+def test_aliases_to_values_already_ended_still_load(tmp_path):
+    p = tmp_path / "job.yaml"
+    p.write_text("command: echo hi\nenvironment_variables: &v {A: x}\ntags: [[&e y, *e], *v, *v]\n")
+    spec = load_job(p)
+    assert spec.environment_variables == {"A": "x"} and spec.azureml["tags"] == [["y", "y"], {"A": "x"}, {"A": "x"}]
+
+
+def test_every_spec_kind_refuses_a_recursive_alias(tmp_path):
+    sweep = tmp_path / "sweep.yaml"
+    sweep.write_text("type: sweep\ntrial: &t {command: echo, code: ., x: *t}\nsampling_algorithm: random\n")
+    with pytest.raises(SpecError) as e:
+        load_sweep(sweep)
+    assert (e.value.line, e.value.field) == (2, "trial.x") and "*t refers to itself" in e.value.message
+    serving = _serving_spec(tmp_path, "args: &r [--x, *r]\n")
+    with pytest.raises(SpecError) as e:
+        load_model(serving, ServingSpec)
+    assert e.value.field == "args[1]" and "*r refers to itself" in e.value.message
+    cluster = tmp_path / "cluster.yaml"
+    cluster.write_text((EXAMPLES / "cluster" / "cluster.yaml").read_text() + "extra: &x {a: *x}\n")
+    with pytest.raises(SpecError) as e:
+        load_cluster(cluster)
+    assert e.value.field == "extra.a" and "*x refers to itself" in e.value.message
+
+
+def test_a_set_value_that_never_ends_is_an_error_of_the_set(tmp_path):
+    p = write(tmp_path, GOOD)
+    for item, words in (("tags=&a [*a]", "*a refers to itself"), ("tags=" + "[" * 500 + "]" * 500, "deeper than 100")):
+        with pytest.raises(SpecError) as e:
+            load_job(p, [item])
+        assert (e.value.file, e.value.field) == (f"--set {item}", "tags") and words in e.value.message
+
+
+def test_the_cli_says_so_and_exits_2(tmp_path, capsys):
+    from tests.cli.inprocess import exit_code
+
+    p = tmp_path / "alias.yaml"
+    p.write_text("command: echo hi\ninputs: &a\n  x: *a\n")
+    for args in (["job", "validate", p], ["deploy", "render", p, "--target", "aks", "--out", tmp_path / "o"]):
+        assert exit_code(*args) == 2
+        err = capsys.readouterr().err
+        assert f"error: {p}:3 (inputs.x): the YAML alias *a refers to itself" in err and "Traceback" not in err

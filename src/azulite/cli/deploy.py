@@ -9,7 +9,7 @@ from typing import List, Optional
 import typer
 
 from azulite.cli import console
-from azulite.deploy.options import FLAVORS, check_namespace
+from azulite.deploy.options import FLAVORS, check_namespace, check_object_name, check_storage_account
 from azulite.errors import AzuliteError
 
 app = typer.Typer(no_args_is_help=True, help=(
@@ -66,6 +66,11 @@ def render(
         raise AzuliteError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply to --target {target}",
                            where=unused[0], fix=f"drop {' '.join(unused)}, or render for the other target")
     check_namespace(namespace, "--namespace")
+    if pvc is not None:
+        check_object_name(pvc, "--pvc", "PersistentVolumeClaim", "training-outputs")
+    check_object_name(service_account, "--service-account", "ServiceAccount", "azulite")
+    if storage_account is not None:
+        check_storage_account(storage_account, "--storage-account")
     if image is not None and not _IMAGE.fullmatch(image):
         raise AzuliteError(f"{image!r} is not an image reference", where="--image",
                            fix="write REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST], e.g. myacr.azurecr.io/train:1.0")

@@ -20,8 +20,8 @@ from rich.table import Table
 
 from azulite.cli import console
 from azulite.cli.job_view import (checkpoints_of, duration, failed_rank_log, log_tail, metrics_of, outcome_exit_code,
-                                  print_show, progress_of, rank_ranges, styled_state, sweep_state, timestamp,
-                                  world_size_of)
+                                  parameter_servers_of, print_show, progress_of, rank_ranges, styled_state,
+                                  sweep_state, timestamp, world_size_of)
 from azulite.contract import CHECKPOINT_OUTPUT
 from azulite.errors import AzuliteError
 from azulite.launch.backend import Backend, get_backend
@@ -144,9 +144,15 @@ def submit(
             raise AzuliteError("--flavor chooses the Kubernetes objects of --backend kubernetes", where="--flavor",
                                fix="add --backend kubernetes, or drop --flavor")
     b = _backend(backend, {**os.environ, "AZULITE_K8S_FLAVOR": flavor} if flavor else None)
+    for line in environment_notes(spec.trial_spec() if isinstance(spec, SweepSpec) else spec, b.name,
+                                  "trial." if isinstance(spec, SweepSpec) else ""):
+        console.err().print(line, markup=False)
     if isinstance(spec, SweepSpec):
         if not hasattr(b, "submit_sweep"):
-            raise AzuliteError(f"the {b.name} backend cannot run sweep jobs", fix="use the local backend")
+            raise AzuliteError(f"the {b.name} backend cannot run sweep jobs",
+                               fix="use the local backend" + (f"; for Azure ML, render it as a sweep job (azulite "
+                                   f"deploy render {file} --target azureml --out DIR) and create that with az ml job "
+                                   "create -f" if b.name == "azureml" else ""))
         rec = b.submit_sweep(spec, spec_path=str(file))
     else:
         rec = b.submit(spec, spec_path=str(file))
@@ -166,6 +172,27 @@ def submit(
     else:
         print_show(rec)
     raise typer.Exit(outcome_exit_code(rec))
+
+
+def environment_notes(spec, backend: str, prefix: str = "") -> list[str]:  # type: ignore[no-untyped-def]
+    """Lines for stderr at submit: the spec's environment_variables its launcher replaces (RANK, WORLD_SIZE,
+    MASTER_ADDR, TF_CONFIG...: they never reach a process), and what a pytorch job's MASTER_PORT does here."""
+    from azulite.launch.env import overridden_variables
+
+    env, kind = spec.environment_variables, spec.distribution_type
+    lines = []
+    lost = overridden_variables(list(env), kind, list(spec.inputs), list(spec.outputs))
+    if lost:
+        who = "a job without distribution" if kind == "none" else f"a {kind} job"
+        lines.append(f"warning: {prefix}environment_variables: {', '.join(lost)} {'is' if len(lost) == 1 else 'are'} "
+                     f"set for every process of {who} by its launcher and azulite, so the spec's "
+                     f"{'value is' if len(lost) == 1 else 'values are'} replaced; remove "
+                     f"{'it' if len(lost) == 1 else 'them'} from the spec")
+    if kind == "pytorch" and "MASTER_PORT" in env and backend == "local":
+        lines.append(f"note: {prefix}environment_variables.MASTER_PORT={env['MASTER_PORT']} pins torchrun's c10d "
+                     f"rendezvous (--rdzv-endpoint 127.0.0.1:{env['MASTER_PORT']}); each process's MASTER_PORT is "
+                     "the port of torchrun's own store, which torch.distributed's init_process_group uses")
+    return lines
 
 
 WAIT_LOOK_S = 1.0  # a waiter's look at the job (state, progress); the job's end wakes a local waiter at once
@@ -327,10 +354,14 @@ def logs(
                            " (none started yet)"), where=job_id,
                            fix=f"azulite job logs {trials[0] if trials else 'TRIAL'}; azulite job show {job_id} lists them")
     if rank is not None:
-        ranks = sorted({p.rank for p in rec.processes if p.rank is not None} | set(range(world_size_of(rec))))
-        if rank not in ranks:
+        world = world_size_of(rec)
+        ranks = sorted({p.rank for p in rec.processes if p.rank is not None} | set(range(world)))
+        ps = parameter_servers_of(rec)  # past the workers: a TensorFlow job's parameter servers (as on kubernetes)
+        if rank not in ranks and not (ps and world <= rank < world + ps):
+            servers = (f" (workers) and {rank_ranges(list(range(world, world + ps)))} (parameter servers)"
+                       if ps else "")
             raise AzuliteError(f"job {job_id} has no rank {rank}", where="--rank",
-                               fix=f"its ranks are {rank_ranges(ranks)}" if ranks else "its ranks are not known yet")
+                               fix=f"its ranks are {rank_ranges(ranks)}{servers}" if ranks else "its ranks are not known yet")
     for line in b.logs(job_id, rank=rank, follow=follow):
         print(line, flush=follow)
 

@@ -165,6 +165,17 @@ def world_size_of(r: JobRecord) -> int:
         return 0
 
 
+def parameter_servers_of(r: JobRecord) -> int:
+    """A TensorFlow job's parameter servers (their logs come after the workers': ``job logs --rank N``)."""
+    dist = r.spec.get("distribution") or {}
+    if str(dist.get("type", "")).lower() != "tensorflow":
+        return 0
+    try:
+        return max(0, int(dist.get("parameter_server_count", 0)))
+    except (TypeError, ValueError):
+        return 0
+
+
 def sweep_state(job_dir: str) -> dict | None:
     from azulite.launch.local.sweeper import read_state  # the sweep driver (numpy's samplers) only for a sweep
 

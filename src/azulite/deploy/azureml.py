@@ -9,14 +9,19 @@ azure-ai-ml; ``azulite.launch.azureml`` submits the same document.
 
 from __future__ import annotations
 
+import dataclasses
+import re
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from azulite.deploy.image import DEFAULT_BASE
 from azulite.deploy.sku import check_processes, sku_facts
-from azulite.errors import DeployError
+from azulite.errors import AzuliteError, DeployError
 from azulite.spec.serving import ServingSpec
 from azulite.spec.job import JobSpec, MpiDistribution, PathInput, PyTorchDistribution, TensorFlowDistribution
+
+if TYPE_CHECKING:
+    from azulite.spec.sweep import SweepSpec
 
 SCHEMA = "https://azuremlschemas.azureedge.net/latest/{}.schema.json"
 
@@ -68,11 +73,31 @@ def _distribution(spec: JobSpec) -> dict | None:
     return None
 
 
+def check_azureml_fields(spec: JobSpec) -> None:
+    """azulite's own fields an Azure ML command job has no place for: refused, not dropped, by ``deploy
+    render --target azureml`` and ``job submit --backend azureml`` alike (both render through here)."""
+    lost = []
+    if spec.max_restarts:
+        lost.append(("max_restarts", f"max_restarts ({spec.max_restarts}): it restarts no workers in place "
+                                     "(torchrun's --max-restarts)", "--set max_restarts=0"))
+    if spec.elastic is not None:
+        lost.append(("elastic", f"elastic ({spec.elastic.min_nodes} to {spec.nodes} nodes): it starts a fixed "
+                                "instance_count, no node range", "--set elastic=null"))
+    if lost:
+        raise DeployError(
+            "an Azure ML command job has no place for " + "; ".join(what for _, what, _ in lost),
+            where=", ".join(field for field, _, _ in lost),
+            fix=f"remove {' and '.join(f for f, _, _ in lost)} from the spec for Azure ML, or on the command line "
+                f"{' '.join(s for _, _, s in lost)}; or run it where they apply: --backend local or kubernetes, "
+                "--target aks")
+
+
 def command_job(spec: JobSpec, opts: AzureMLOptions) -> dict:
     """The command job document (``az ml job create -f``; ``load_job``)."""
     sku = sku_facts(spec.resources.instance_type)
     if spec.distribution_type in ("pytorch", "mpi"):
         check_processes(spec.processes_per_node, sku)
+    check_azureml_fields(spec)
     compute = opts.compute or spec.azureml.get("compute")
     if not compute:
         raise DeployError("no compute cluster to run on", where="compute",
@@ -139,6 +164,51 @@ def command_job(spec: JobSpec, opts: AzureMLOptions) -> dict:
         queue["job_tier"] = "spot"  # low-priority (evictable) capacity
     if queue:
         doc["queue_settings"] = queue
+    return doc
+
+
+#: what a sweep's ``trial:`` holds of its command job (azure-ai-ml's ParameterizedCommandSchema); the rest of
+#: the rendered command job (inputs, outputs, compute, queue_settings, limits) is the sweep's own
+_TRIAL_KEYS = ("code", "command", "environment", "environment_variables", "distribution", "resources")
+
+
+def sweep_job(sweep: SweepSpec, opts: AzureMLOptions) -> dict:
+    """The sweep job document (``type: sweep``; ``az ml job create -f``, azure-ai-ml's ``load_job``): the trial
+    rendered, and checked, as :func:`command_job` renders a command job, its command fields under ``trial:``
+    (``${{search_space.NAME}}`` kept for Azure ML to fill), the sweep's sampling, search space, objective,
+    limits and early termination beside it, as azulite read them."""
+    trial = sweep.trial_spec()
+    opts = dataclasses.replace(opts, compute=opts.compute or sweep.azureml.get("compute"),
+                               experiment_name=opts.experiment_name or sweep.azureml.get("experiment_name", sweep.name))
+    try:
+        cmd = command_job(trial, opts)
+    except AzuliteError as e:  # the trial's fields, as the sweep's file places them
+        fields = (e.where or "").split(", ")
+        if fields[0].split(".")[0] in JobSpec.model_fields and fields[0].split(".")[0] not in ("inputs", "outputs"):
+            e.where = ", ".join(f"trial.{w}" for w in fields)
+            for w in fields:  # `set resources.instance_type`, `--set max_restarts=0`: the trial's
+                e.fix = re.sub(rf"(?<![\w.]){re.escape(w)}\b", f"trial.{w}", e.fix or "") or None
+        raise
+    limits: dict[str, Any] = sweep.limits.model_dump(exclude_none=True)
+    if trial.timeout and "trial_timeout" not in limits:  # the trial's own timeout
+        limits["trial_timeout"] = trial.timeout
+    limits = {k: int(v) if k.endswith("timeout") else v for k, v in limits.items()}
+    doc: dict[str, Any] = {
+        "$schema": SCHEMA.format("sweepJob"), "type": "sweep",
+        "display_name": sweep.azureml.get("display_name", sweep.name), "experiment_name": cmd["experiment_name"],
+        "compute": cmd["compute"],
+        "trial": {k: cmd[k] for k in _TRIAL_KEYS if k in cmd},
+        **{k: cmd[k] for k in ("inputs", "outputs", "queue_settings") if k in cmd},
+        "sampling_algorithm": sweep.sampling_algorithm.model_dump(exclude_none=True),
+        "search_space": {name: d.model_dump() for name, d in sweep.search_space.items()},
+        "objective": sweep.objective.model_dump(),
+        "limits": limits,
+    }
+    if sweep.early_termination is not None:
+        doc["early_termination"] = sweep.early_termination.model_dump(exclude_none=True)
+    for key in ("description", "tags", "properties", "identity", "services"):
+        if sweep.azureml.get(key) is not None:
+            doc[key] = sweep.azureml[key]
     return doc
 
 

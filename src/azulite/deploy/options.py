@@ -31,6 +31,31 @@ def check_namespace(value: str, where: str) -> str:
     return value
 
 
+# RFC 1123 subdomain: what the API server requires of a PersistentVolumeClaim's and a ServiceAccount's name
+_SUBDOMAIN = re.compile(r"[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*")
+# an Azure storage account: 3-24 lowercase letters and digits (it is a DNS name under blob.core.windows.net)
+_STORAGE_ACCOUNT = re.compile(r"[a-z0-9]{3,24}")
+
+
+def check_object_name(value: str, where: str, what: str, example: str) -> str:
+    """``value`` if it can name a Kubernetes object of the kind ``what`` (a DNS-1123 subdomain, as a
+    PersistentVolumeClaim's or a ServiceAccount's name must be); ``where``: the flag or setting."""
+    if len(value) > 253 or not _SUBDOMAIN.fullmatch(value):
+        raise DeployError(f"{value!r} is not a Kubernetes {what} name", where=where,
+                          fix="use lowercase letters, digits, '-' and '.', starting and ending with a letter or "
+                              f"digit, at most 253 characters, e.g. {example}")
+    return value
+
+
+def check_storage_account(value: str, where: str) -> str:
+    """``value`` if it can name an Azure storage account; ``where``: the flag or setting."""
+    if not _STORAGE_ACCOUNT.fullmatch(value):
+        raise DeployError(f"{value!r} is not an Azure storage account name", where=where,
+                          fix="use 3 to 24 lowercase letters and digits (no '-', '_' or spaces), e.g. mlartifacts01; "
+                              "`az storage account list --query [].name` lists yours")
+    return value
+
+
 #: how a job runs on Kubernetes: an Indexed Job (+ headless Service), a Kubeflow PyTorchJob, a Kubeflow
 #: TFJob (a tensorflow job's) or MPIJob (an mpi job's), which the default indexed-job renders those jobs as
 Flavor = Literal["indexed-job", "pytorchjob", "tfjob", "mpijob"]

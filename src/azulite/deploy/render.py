@@ -59,6 +59,8 @@ def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.
             return {f"{spec.name}.yaml": dump_all(serving.serving_objects(spec, aks))}
         return {f"{spec.name}-endpoint.yml": dump_all([azureml.online_endpoint(spec)]),
                 f"{spec.name}-deployment.yml": dump_all([azureml.online_deployment(spec, aml)])}
+    if isinstance(data, dict) and data.get("type") == "sweep":
+        return _render_sweep(path, target, aml, overrides, out)
     job = load_job(path, overrides)
     if target == "azureml":
         doc = azureml.command_job(job, aml)
@@ -72,6 +74,23 @@ def render_spec(path: str | Path, target: Target, aks: AksOptions, aml: azureml.
     if docker:
         files["Dockerfile"] = docker
     return files
+
+
+def _render_sweep(path: str | Path, target: Target, aml: azureml.AzureMLOptions, overrides: Iterable[str],
+                  out: str | Path | None) -> dict[str, str]:
+    """A sweep job as Azure ML's sweep job; AKS has no sweep of its own to render it as."""
+    from azulite.spec.sweep import load_sweep
+
+    sweep = load_sweep(path, overrides)  # every check of the sweep and its trial first
+    if target == "aks":
+        raise DeployError("--target aks renders command jobs and serving specs; this is a sweep job (type: sweep), "
+                          "which Kubernetes has no object for", where=str(path),
+                          fix=f"render it for Azure ML (azulite deploy render {path} --target azureml: a sweep job "
+                              f"there), or run it here (azulite job submit {path})")
+    doc = azureml.sweep_job(sweep, aml)
+    if out is not None:
+        doc["trial"]["code"] = os.path.relpath(doc["trial"]["code"], Path(out).resolve())
+    return {f"{training.k8s_name(sweep.name)}.azureml.yml": dump_all([doc])}
 
 
 def render_cluster(path: str | Path, aks: cluster.AksCluster) -> dict[str, str]:

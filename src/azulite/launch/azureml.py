@@ -22,6 +22,7 @@ from typing import Any, Iterator, Mapping
 import yaml
 
 from azulite.deploy.azureml import AzureMLOptions, command_job
+from azulite.deploy.options import check_storage_account
 from azulite.errors import AzuliteError, DeployError, LaunchError, RemoteError
 from azulite.launch.azureml_logs import RunLogs
 from azulite.launch.backend import Backend, Feature, register_backend, restated
@@ -50,14 +51,17 @@ def _status_name(status: Any) -> str:
 
 @register_backend("azureml")
 class AzureMLBackend(Backend):
-    unsupported = frozenset({Feature.PREEMPT, Feature.MAX_RESTARTS})
+    # max_restarts and elastic: refused where the document is rendered (deploy.azureml.check_azureml_fields),
+    # in the same words as `deploy render --target azureml`
+    unsupported = frozenset({Feature.PREEMPT})
 
     def __init__(self, settings, environ: Mapping[str, str] | None = None, *, credential: Any = None) -> None:  # type: ignore[no-untyped-def]
         super().__init__(settings, environ)
         self.store = JobStore(settings.db_path)
         self.opts = AzureMLOptions(compute=self.environ.get("AZULITE_AML_COMPUTE") or None,
                                    datastore=self.environ.get("AZULITE_AML_DATASTORE") or None,
-                                   storage_account=self.environ.get("AZULITE_AML_STORAGE_ACCOUNT") or None)
+                                   storage_account=check_storage_account(account, "AZULITE_AML_STORAGE_ACCOUNT")
+                                   if (account := self.environ.get("AZULITE_AML_STORAGE_ACCOUNT")) else None)
         self._credential = credential
         self._client: Any = None
         raw = self.environ.get("AZULITE_AML_POLL_S", "10")

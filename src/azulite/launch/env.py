@@ -138,3 +138,32 @@ def rank_identity(environ: Mapping[str, str]) -> tuple[int, int, int] | None:
             int(environ.get("OMPI_COMM_WORLD_NODE_RANK", "0")),
         )
     return None
+
+
+#: what each distribution's launcher sets for every process (torchrun with the rank runner, TF_CONFIG,
+#: mpirun): a job's own ``environment_variables`` value for one of these never reaches its processes
+_OWNED = {
+    "pytorch": ("RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+                "ROLE_NAME", "ROLE_WORLD_SIZE", "NODE_RANK", "NNODES", "AZUREML_NODE_COUNT", "MASTER_ADDR"),
+    "tensorflow": ("TF_CONFIG",),
+    "mpi": ("OMPI_COMM_WORLD_SIZE", "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_LOCAL_RANK", "OMPI_COMM_WORLD_LOCAL_SIZE",
+            "OMPI_COMM_WORLD_NODE_RANK", "PMIX_RANK"),
+    "none": ("AZUREML_NODE_COUNT",),
+}
+#: set for every process of every job (azulite's rank identity and bookkeeping)
+_OWNED_ALWAYS = ("AZULITE_RANK", "AZULITE_LOCAL_RANK", "AZULITE_NODE_RANK", "AZULITE_JOB_ID", "AZULITE_ATTEMPT",
+                 "AZULITE_JOB_DIR", "PYTHONUNBUFFERED")
+
+
+def overridden_variables(names: Sequence[str], distribution_type: str, inputs: Sequence[str] = (),
+                         outputs: Sequence[str] = ()) -> list[str]:
+    """Of a job's ``environment_variables`` ``names``, those its launcher and azulite set for every process
+    (so the job's own value is replaced): the distribution's contract (RANK, WORLD_SIZE, MASTER_ADDR... for
+    pytorch, TF_CONFIG, OMPI_COMM_WORLD_*), azulite's own (AZULITE_RANK...), and the names of the job's data
+    (AZULITE_OUTPUT_<NAME>, AZURE_ML_INPUT_<name>, AZURE_ML_OUTPUT_<name>). MASTER_PORT is not among them: a
+    pytorch job's pins the rendezvous port (see the README)."""
+    owned = set(_OWNED.get(distribution_type, ())) | set(_OWNED_ALWAYS)
+    owned |= {f"AZULITE_OUTPUT_{n.upper()}" for n in outputs} | {f"AZURE_ML_OUTPUT_{n}" for n in outputs}
+    owned |= {f"AZURE_ML_INPUT_{n}" for n in inputs}
+    torchrun = distribution_type == "pytorch"
+    return [n for n in names if n in owned or (torchrun and n.startswith("TORCHELASTIC_"))]

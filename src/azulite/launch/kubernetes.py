@@ -25,7 +25,7 @@ from typing import Any, Iterator
 
 from azulite.contract import EXIT_CONFIG
 from azulite.deploy.image import code_archive_uri
-from azulite.deploy.options import FLAVORS, AksOptions, check_namespace
+from azulite.deploy.options import FLAVORS, AksOptions, check_namespace, check_object_name, check_storage_account
 from azulite.deploy.mpi_job import MPI_CONTAINER
 from azulite.launch.snapshot import tar_filter
 from azulite.deploy.objects import FLAVOR_OF_KIND, training_objects
@@ -59,12 +59,15 @@ def aks_options(environ: dict[str, str]) -> AksOptions:
     if flavor not in FLAVORS:
         raise LaunchError(f"AZULITE_K8S_FLAVOR={flavor!r} is not a flavor", where="AZULITE_K8S_FLAVOR",
                           fix=f"use {', '.join(FLAVORS)} (or --flavor)")
+    account, pvc = environ.get("AZULITE_K8S_STORAGE_ACCOUNT") or None, environ.get("AZULITE_K8S_PVC") or None
     return AksOptions(
         namespace=check_namespace(environ.get("AZULITE_K8S_NAMESPACE", "default"), "AZULITE_K8S_NAMESPACE"),
         flavor=flavor,  # type: ignore[arg-type]
         image=environ.get("AZULITE_K8S_IMAGE") or None, code_uri=environ.get("AZULITE_K8S_CODE_URI") or None,
-        storage_account=environ.get("AZULITE_K8S_STORAGE_ACCOUNT") or None, pvc=environ.get("AZULITE_K8S_PVC") or None,
-        service_account=environ.get("AZULITE_K8S_SERVICE_ACCOUNT", "azulite"),
+        storage_account=account and check_storage_account(account, "AZULITE_K8S_STORAGE_ACCOUNT"),
+        pvc=pvc and check_object_name(pvc, "AZULITE_K8S_PVC", "PersistentVolumeClaim", "training-outputs"),
+        service_account=check_object_name(environ.get("AZULITE_K8S_SERVICE_ACCOUNT", "azulite"),
+                                          "AZULITE_K8S_SERVICE_ACCOUNT", "ServiceAccount", "azulite"),
     )
 
 

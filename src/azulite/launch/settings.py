@@ -27,6 +27,9 @@ class Settings:
     #: an elastic job's lost node comes back (a replacement agent joins) this long after it was lost, as a
     #: cloud brings up a replacement VM (AZULITE_NODE_RETURN_S; negative: only on request)
     node_return_s: float = 60.0
+    #: the most processes a local job may start (AZULITE_MAX_LOCAL_RANKS; None: 4 per usable core, at least
+    #: 8: ``azulite.launch.local.capacity``)
+    max_local_ranks: int | None = None
 
     @property
     def db_path(self) -> Path:
@@ -56,4 +59,16 @@ class Settings:
             peer_grace_s=number("AZULITE_PEER_GRACE_S", "5"),
             max_preemptions=int(number("AZULITE_MAX_PREEMPTIONS", "20")),
             node_return_s=number("AZULITE_NODE_RETURN_S", "60"),
+            max_local_ranks=_positive_int(env, "AZULITE_MAX_LOCAL_RANKS"),
         )
+
+
+def _positive_int(env: Mapping[str, str], name: str) -> int | None:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return None
+    if not raw.isdigit() or int(raw) < 1:
+        raise AzuliteError(f"{name}={raw!r} is not a whole number >= 1", where=name,
+                           fix=f"set it to the most processes a local job may start, such as 64, or unset it "
+                               "(4 per usable core)")
+    return int(raw)

@@ -26,7 +26,25 @@ AZUREML_KEYS = frozenset(
 #: Azure ML's queue_settings.job_tier values (azure-ai-ml's JobTier; case-insensitive)
 JOB_TIERS = ("spot", "basic", "standard", "premium", "null")
 _NAME_RE = r"^[A-Za-z0-9][A-Za-z0-9_-]{0,99}$"
+#: the most nodes a spec may ask for (more than any Azure ML or AKS cluster runs: a typo, or a number not meant
+#: as a count); the local backend's own limit is the machine's (``azulite.launch.local.capacity``)
+MAX_NODES = 10_000
+#: the most processes per node (one per GPU, or per core for a CPU MPI job: Azure's largest VMs have 176)
+MAX_PROCESSES_PER_NODE = 1024
+#: the most TensorFlow workers or parameter servers (a whole job's, not a node's)
+MAX_TASKS = 100_000
 _DURATION_RE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([smhd]?)\s*$")
+
+
+class FieldCheck(ValueError):
+    """A check across fields that failed, with its own fix and the field it is placed at (pydantic keeps the
+    exception in the error's ``ctx``; ``azulite.spec.loader`` reads both). ``field``: the path below the
+    location pydantic reports (the model's, or a field validator's field), a dotted str or a tuple. A fix
+    names the file's key and the ``--set`` that does the same, since either may have caused it."""
+
+    def __init__(self, message: str, *, fix: str, field: str | tuple | None = None) -> None:
+        super().__init__(message)
+        self.fix, self.field = fix, field
 
 
 class _Model(BaseModel):
@@ -79,12 +97,12 @@ class Resources(_Model):
     refused (Kubernetes runs no ``docker run``)."""
 
     instance_type: str | None = None
-    instance_count: int | None = Field(default=None, ge=1, strict=True)
+    instance_count: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
     shm_size: str | None = None
     properties: dict | None = None
     docker_args: str | list[str] | None = None
     locations: list[str] | None = None
-    max_instance_count: int | None = Field(default=None, ge=1, strict=True)
+    max_instance_count: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
 
 
 class PyTorchDistribution(_Model):
@@ -92,20 +110,20 @@ class PyTorchDistribution(_Model):
     DeepSpeed jobs use this too (seed 001 §1.3), passing ``--deepspeed_config FILE`` in the command."""
 
     type: Literal["pytorch"]
-    process_count_per_instance: int = Field(default=1, ge=1, strict=True)
+    process_count_per_instance: int = Field(default=1, ge=1, le=MAX_PROCESSES_PER_NODE, strict=True)
 
 
 class TensorFlowDistribution(_Model):
     """MultiWorkerMirroredStrategy / ParameterServerStrategy: one process per worker, TF_CONFIG set."""
 
     type: Literal["tensorflow"]
-    worker_count: int = Field(default=1, ge=1, strict=True)
-    parameter_server_count: int = Field(default=0, ge=0, strict=True)
+    worker_count: int = Field(default=1, ge=1, le=MAX_TASKS, strict=True)
+    parameter_server_count: int = Field(default=0, ge=0, le=MAX_TASKS, strict=True)
 
 
 class MpiDistribution(_Model):
     type: Literal["mpi"]
-    process_count_per_instance: int = Field(default=1, ge=1, strict=True)
+    process_count_per_instance: int = Field(default=1, ge=1, le=MAX_PROCESSES_PER_NODE, strict=True)
 
 
 class Elastic(_Model):
@@ -115,14 +133,17 @@ class Elastic(_Model):
     ``elasticPolicy.minReplicas``/``maxReplicas``). Bitwise equality with an uninterrupted run holds at a
     fixed world size only: a job that asks for a range trades it for progress."""
 
-    min_nodes: int = Field(ge=1, strict=True)
-    max_nodes: int | None = Field(default=None, ge=1, strict=True)
+    min_nodes: int = Field(ge=1, le=MAX_NODES, strict=True)
+    max_nodes: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
 
 
 Distribution = Annotated[
     Union[PyTorchDistribution, TensorFlowDistribution, MpiDistribution], Field(discriminator="type")
 ]
 DISTRIBUTION_TYPES = ("pytorch", "tensorflow", "mpi")
+
+
+DURATION_FIX = "write seconds (5400) or one number with a unit: 90s, 30m, 2h, 1.5h, 2d (no timeout: leave it out)"
 
 
 def parse_duration(value: Any) -> float:
@@ -155,7 +176,7 @@ class JobSpec(_Model):
     environment: Union[str, Environment, None] = None
     environment_variables: dict[str, str] = Field(default_factory=dict)
     resources: Resources = Field(default_factory=Resources)
-    instance_count: int | None = Field(default=None, ge=1, strict=True)
+    instance_count: int | None = Field(default=None, ge=1, le=MAX_NODES, strict=True)
     distribution: Distribution | None = None
     #: a range of nodes instead of exactly ``instance_count`` (pytorch only); see :class:`Elastic`
     elastic: Elastic | None = None
@@ -209,16 +230,20 @@ class JobSpec(_Model):
         the text); MASTER_PORT a port (refused only at submit before)."""
         for name, value in v.items():
             if not name or "=" in name or "\0" in name:
-                raise ValueError(f"{name!r} is not an environment variable name (empty, or with '=' or NUL)")
+                raise FieldCheck(f"{name!r} is not an environment variable name (empty, or with '=' or NUL)",
+                                 field=(name,), fix="name it with letters, digits and '_', e.g. MY_SETTING")
             if "\0" in value:
-                raise ValueError(f"{name}'s value holds a NUL character, which no process environment can hold")
+                raise FieldCheck(f"{name}'s value holds a NUL character, which no process environment can hold",
+                                 field=(name,), fix="remove the NUL character from the value")
             if "${{" in value:
-                raise ValueError(f"{name}: {value!r}: azulite fills no ${{{{...}}}} in environment_variables (the "
-                                 "process would see the text); pass the value in the command instead, e.g. "
-                                 "command: python train.py --lr ${{inputs.lr}}")
+                raise FieldCheck(f"{name}: {value!r}: azulite fills no ${{{{...}}}} in environment_variables (the "
+                                 "process would see the text)", field=(name,),
+                                 fix="pass the value in the command instead, e.g. "
+                                     "command: python train.py --lr ${{inputs.lr}}")
         port = v.get("MASTER_PORT")
         if port is not None and not (port.isdigit() and 0 < int(port) < 65536):
-            raise ValueError(f"MASTER_PORT {port!r} is not a TCP port (1-65535)")
+            raise FieldCheck(f"MASTER_PORT {port!r} is not a TCP port (1-65535)", field=("MASTER_PORT",),
+                             fix='give a port, e.g. MASTER_PORT: "29500", or leave it out (a free one is chosen)')
         return v
 
     @field_validator("timeout", mode="before")
@@ -230,9 +255,10 @@ class JobSpec(_Model):
     def _instance_count_agrees(self) -> "JobSpec":
         top, res = self.instance_count, self.resources.instance_count
         if top is not None and res is not None and top != res:
-            raise ValueError(
-                f"instance_count ({top}) and resources.instance_count ({res}) disagree; set one of them"
-            )
+            raise FieldCheck(
+                f"instance_count ({top}) and resources.instance_count ({res}) disagree; set one of them",
+                fix="give the node count once: set resources.instance_count (e.g. --set resources.instance_count=1) "
+                    "and drop the top-level instance_count, or make the two equal")
         return self
 
     @model_validator(mode="after")
@@ -242,33 +268,46 @@ class JobSpec(_Model):
         silently, one of them lost)."""
         queue = self.azureml.get("queue_settings")
         if queue is not None and not isinstance(queue, dict):
-            raise ValueError(f"queue_settings must be a mapping, e.g. queue_settings: {{job_tier: spot}} (got {queue!r})")
+            raise FieldCheck(f"queue_settings must be a mapping (got {queue!r})", field="queue_settings",
+                             fix="write queue_settings: {job_tier: spot} (or --set queue_settings.job_tier=spot), "
+                                 "or leave it out")
         tier = (queue or {}).get("job_tier")
         if tier is not None:
             kind = str(tier).lower()
             if kind not in JOB_TIERS:
-                raise ValueError(f"queue_settings.job_tier {tier!r} is not an Azure ML job tier "
-                                 f"({', '.join(JOB_TIERS)})")
+                raise FieldCheck(f"queue_settings.job_tier {tier!r} is not an Azure ML job tier "
+                                 f"({', '.join(JOB_TIERS)})", field="queue_settings.job_tier",
+                                 fix=f"use one of: {', '.join(JOB_TIERS)} (e.g. --set queue_settings.job_tier=spot)")
             if kind != "null" and (kind == "spot") != (self.priority == "spot"):
-                raise ValueError(f"queue_settings.job_tier ({tier}) and priority ({self.priority}) disagree; "
-                                 "set one of them")
+                want = "spot" if self.priority == "spot" else "standard"
+                raise FieldCheck(f"queue_settings.job_tier ({tier}) and priority ({self.priority}) disagree; "
+                                 "set one of them", field="queue_settings.job_tier",
+                                 fix=f"say it once: keep priority: {self.priority} and remove queue_settings.job_tier, "
+                                     f"or make them agree (--set queue_settings.job_tier={want}, or --set "
+                                     f"priority={'spot' if kind == 'spot' else 'dedicated'})")
         limits = self.azureml.get("limits")
         if isinstance(limits, dict) and limits.get("timeout") is not None:
             try:
                 given = parse_duration(limits["timeout"])
             except ValueError as exc:
-                raise ValueError(f"limits.timeout: {exc}") from None
+                raise FieldCheck(f"limits.timeout: {exc}", field="limits.timeout", fix=DURATION_FIX) from None
             if given != self.timeout:
                 said = "none" if self.timeout is None else f"{self.timeout:g} s"
-                raise ValueError(f"limits.timeout ({limits['timeout']}) and timeout ({said}) disagree; "
-                                 "set one of them")
+                raise FieldCheck(f"limits.timeout ({limits['timeout']}) and timeout ({said}) disagree; "
+                                 "set one of them", field="limits.timeout",
+                                 fix="give the timeout once: keep timeout and remove limits.timeout (Azure ML's "
+                                     "spelling of the same), or make them equal (e.g. --set limits.timeout="
+                                     f"{'null' if self.timeout is None else f'{self.timeout:g}'})")
         return self
 
     @model_validator(mode="after")
     def _restarts_are_torchruns(self) -> "JobSpec":
         if self.max_restarts and self.distribution_type != "pytorch":  # nothing would restart: said, not dropped
-            raise ValueError(f"max_restarts ({self.max_restarts}) restarts torchrun's workers in place (distribution "
-                             f"type pytorch); a {self.distribution_type} job is retried whole: use max_retries")
+            kind = "a job without distribution" if self.distribution is None else f"a {self.distribution_type} job"
+            raise FieldCheck(f"max_restarts ({self.max_restarts}) restarts torchrun's workers in place (distribution "
+                             f"type pytorch); {kind} is retried whole: use max_retries", field="max_restarts",
+                             fix=f"remove max_restarts (--set max_restarts=0) and retry whole attempts with "
+                                 f"max_retries (--set max_retries={self.max_restarts}), or use distribution type pytorch")
         return self
 
     @model_validator(mode="after")
@@ -276,12 +315,20 @@ class JobSpec(_Model):
         e = self.elastic
         if e is not None:
             if self.distribution_type != "pytorch":
-                raise ValueError("elastic node ranges need distribution type pytorch (torchrun)")
+                raise FieldCheck("elastic node ranges need distribution type pytorch (torchrun)", field="elastic",
+                                 fix="remove elastic (--set elastic=null) to run a fixed node count, or use "
+                                     "distribution type pytorch")
             top = e.max_nodes if e.max_nodes is not None else self.nodes
             if top != self.nodes:
-                raise ValueError(f"elastic.max_nodes ({top}) must equal instance_count ({self.nodes}): the nodes started")
+                raise FieldCheck(f"elastic.max_nodes ({top}) must equal instance_count ({self.nodes}): the nodes started",
+                                 field="elastic.max_nodes",
+                                 fix=f"leave elastic.max_nodes out (it is instance_count) or set it to {self.nodes} "
+                                     f"(--set elastic.max_nodes={self.nodes}); to start {top} nodes, --set "
+                                     f"resources.instance_count={top}")
             if e.min_nodes > top:
-                raise ValueError(f"elastic.min_nodes ({e.min_nodes}) is above max_nodes ({top})")
+                raise FieldCheck(f"elastic.min_nodes ({e.min_nodes}) is above max_nodes ({top})", field="elastic.min_nodes",
+                                 fix=f"set elastic.min_nodes to {top} or fewer (--set elastic.min_nodes=1): the job "
+                                     "goes on while that many nodes are left")
         return self
 
     @property

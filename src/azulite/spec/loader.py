@@ -2,9 +2,7 @@
 ``${{inputs.NAME}}`` checks — every failure a :class:`~azulite.errors.SpecError` naming the file, the
 line, the field path, the offending value and a fix.
 
-Why by hand: PyYAML's composed node tree carries the line of every key; pydantic reports the field path.
-No library joins the two, so :func:`~azulite.spec.yaml_text.line_map` walks the node tree once and
-:func:`_spec_error` maps each pydantic error's location onto it.
+Where each error goes and what it says: :mod:`azulite.spec.explain`.
 """
 
 from __future__ import annotations
@@ -18,39 +16,14 @@ from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import yaml
-from pydantic import BaseModel, ValidationError
+from pydantic import ValidationError
 
 from azulite.errors import SpecError
+from azulite.spec.explain import _data_path, _describe, _Source, _validation_error  # noqa: F401 - cluster, sweep
 from azulite.spec.job import DISTRIBUTION_TYPES, Environment, JobSpec, PathInput
-from azulite.spec.yaml_text import Path_, dotted, line_map, override_as_written, parse
+from azulite.spec.yaml_text import Path_, check_shape, dotted, line_map, override_as_written, parse
 
 _REF_RE = re.compile(r"\$\{\{\s*(inputs|outputs)\.([A-Za-z0-9_.-]+?)\s*\}\}")
-_EXAMPLES = {
-    "command": "command: python train.py --epochs ${{inputs.epochs}}",
-    "code": "code: ./src",
-    "name": "name: my-job",
-    "distribution": "distribution: {type: pytorch, process_count_per_instance: 2}",
-    "distribution.type": "type: pytorch   (or tensorflow, mpi)",
-}
-
-class _Source:
-    """Where each field came from: a line of the file, or a ``--set`` flag."""
-
-    def __init__(self, file: str, lines: dict[Path_, int], overrides: dict[Path_, str]) -> None:
-        self.file, self.lines, self.overrides = file, lines, overrides
-
-    def error(self, message: str, path: Path_, value: Any = None, fix: str | None = None) -> SpecError:
-        if value is not None and repr(value) not in message and not isinstance(value, (dict, list)):
-            message += f" (got {value!r})"
-        for n in range(len(path), 0, -1):
-            if path[:n] in self.overrides:
-                return SpecError(message, file=f"--set {self.overrides[path[:n]]}", field=dotted(path) or None, value=value, fix=fix)
-        line = None
-        for n in range(len(path), 0, -1):
-            if path[:n] in self.lines:
-                line = self.lines[path[:n]]
-                break
-        return SpecError(message, file=self.file, line=line, field=dotted(path) or None, value=value, fix=fix)
 
 
 def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
@@ -75,16 +48,27 @@ def parse_overrides(items: Iterable[str]) -> list[tuple[Path_, Any, str]]:
                 fix=f"give a value, e.g. --set {key.strip()}=3; for an empty string write --set '{key.strip()}=\"\"'",
             )
         try:
+            check_shape(raw, f"--set {item}")  # `--set 'x=&a [*a]'`, 3000 brackets: as in a file
             value = yaml.safe_load(raw)
         except yaml.YAMLError:
             value = raw
+        except SpecError as e:
+            raise SpecError(e.message, file=f"--set {item}", field=key.strip(), value=item, fix=e.fix) from None
         path = tuple(int(p) if p.isdigit() else p for p in key.strip().split("."))
         out.append((path, override_as_written(path, value, raw), item))
     return out
 
 
 def _apply_override(data: dict, path: Path_, value: Any, item: str) -> None:
+    """Set ``path`` to ``value`` in ``data``, making the mappings on the way; a null (``--set max_restarts=null``,
+    ``=~``) removes the field, which then takes its default (for a field that may be null, null itself)."""
     cur: Any = data
+    if value is None:
+        for part in path[:-1]:
+            cur = cur.get(part) if isinstance(cur, dict) else None
+        if isinstance(cur, dict):
+            cur.pop(path[-1], None)
+        return
     for i, part in enumerate(path[:-1]):
         if isinstance(cur, list) and isinstance(part, int) and part < len(cur):
             cur = cur[part]
@@ -106,51 +90,6 @@ def _apply_override(data: dict, path: Path_, value: Any, item: str) -> None:
                         fix="point --set at a mapping field, e.g. --set inputs.epochs=3")
 
 
-def _data_path(data: Any, loc: tuple, err_type: str) -> tuple[Path_, Any, bool]:
-    """Strip pydantic's union-branch names from ``loc``: the path as it exists in the data, the value
-    there, and whether the full path exists."""
-    path: list[Any] = []
-    cur = data
-    found = True
-    for i, part in enumerate(loc):
-        if isinstance(cur, dict) and part in cur:
-            path.append(part)
-            cur = cur[part]
-        elif isinstance(cur, list) and isinstance(part, int) and part < len(cur):
-            path.append(part)
-            cur = cur[part]
-        elif i == len(loc) - 1 and err_type == "missing":
-            path.append(part)
-            found = False
-        # else: a union branch / tag name (e.g. "PathInput", "pytorch"): not part of the user's path
-    return tuple(path), cur, found
-
-
-def _known_fields(model: type[BaseModel]) -> list[str]:
-    return sorted(model.model_fields)
-
-
-def _model_at(path: Path_, data: Any) -> type[BaseModel] | None:
-    """The pydantic model that validates the mapping at ``path`` (for did-you-mean on unknown keys)."""
-    from azulite.spec import job as m
-
-    if not path:
-        return m.JobSpec
-    head = path[0]
-    if head == "resources" and len(path) == 1:
-        return m.Resources
-    if head == "distribution" and len(path) == 1:
-        t = str((data.get("distribution") or {}).get("type", "")).lower() if isinstance(data, dict) else ""
-        return {"pytorch": m.PyTorchDistribution, "tensorflow": m.TensorFlowDistribution, "mpi": m.MpiDistribution}.get(t)
-    if head == "inputs" and len(path) == 2:
-        return m.PathInput
-    if head == "outputs" and len(path) == 2:
-        return m.Output
-    if head == "environment" and len(path) == 1:
-        return m.Environment
-    return None
-
-
 def _check_named_overrides(data: dict, over: list[tuple[Path_, Any, str]]) -> None:
     """``--set inputs.NAME=...`` / ``outputs.NAME...`` must name an input or output the spec declares: a
     typo would otherwise add one the command never reads, and the run would silently use the old value."""
@@ -165,100 +104,6 @@ def _check_named_overrides(data: dict, over: list[tuple[Path_, Any, str]]) -> No
         known = f"the spec declares: {', '.join(map(str, declared))}" if declared else f"the spec declares no {path[0]}"
         raise SpecError(f"the spec has no {path[0][:-1]} named {path[1]!r}", file=f"--set {item}",
                         field=dotted(path[:2]), value=value, fix=f"{hint}{known}")
-
-
-def _describe(err: dict, path: Path_, value: Any, data: Any) -> tuple[str, str]:
-    """(message, fix) for one pydantic error, in the user's words."""
-    t, field, ctx = err["type"], dotted(path), err.get("ctx") or {}
-    if t == "extra_forbidden":
-        sweep = isinstance(data, dict) and str(data.get("type", "")).lower() == "sweep"
-        if sweep and len(path) == 1:  # a sweep's own fields, not its trial's (it offered the trial's as its)
-            from azulite.spec import job as m
-            from azulite.spec.sweep import SweepSpec
-
-            if str(path[-1]) == "timeout":
-                return ("unknown field 'timeout' of a sweep", "the whole sweep's: limits.timeout; each trial's: "
-                        "limits.trial_timeout (on the command line: --set limits.timeout=...)")
-            if str(path[-1]) in m.JobSpec.model_fields:
-                return (f"unknown field '{path[-1]}' of a sweep: it is a field of the sweep's trial",
-                        f"move it under `trial:` (on the command line: --set trial.{path[-1]}=...)")
-            model = SweepSpec
-        else:
-            model = _model_at(path[:-1], data)
-        known = _known_fields(model) if model else []
-        known = [k for k in known if k != "azureml"]
-        close = difflib.get_close_matches(str(path[-1]), known, n=1)
-        hint = f"did you mean '{close[0]}'? " if close else ""
-        return (f"unknown field '{path[-1]}'", f"{hint}remove it or use one of: {', '.join(known)}" if known else "remove it")
-    if t == "missing":
-        example = _EXAMPLES.get(field) or _EXAMPLES.get(str(path[-1]), f"{path[-1]}: ...")
-        return (f"required field '{field}' is missing", f"add it, e.g. `{example}`")
-    if t in ("union_tag_invalid", "union_tag_not_found"):
-        none = str(ctx.get("tag", value)).lower() in ("none", "null", "")
-        return (
-            f"unknown distribution type {ctx.get('tag', value)!r}" if t == "union_tag_invalid" else "distribution needs a type",
-            "use `type: pytorch` (also DeepSpeed), `type: tensorflow` or `type: mpi`"
-            + ("; to run the command once per node without a launcher, remove `distribution:`" if none else ""),
-        )
-    if t in ("greater_than_equal", "greater_than"):
-        bound = ctx.get("ge", ctx.get("gt"))
-        if isinstance(bound, float):  # a rate, a duration: not counted in whole numbers
-            op = ">=" if t == "greater_than_equal" else ">"
-            return (f"{value!r} is too small: must be {op} {bound:g}", f"set {field} to a number {op} {bound:g}")
-        least = bound if t == "greater_than_equal" else bound + 1
-        return (f"{value!r} is too small: must be >= {least}", f"set {field} to a whole number >= {least}, e.g. {least}")
-    if t in ("int_parsing", "int_type", "int_from_float"):
-        return (f"{value!r} is not a whole number", f"set {field} to a whole number, e.g. 2")
-    if t == "literal_error":
-        return (f"{value!r} is not allowed", f"use one of: {ctx.get('expected')}")
-    if t == "string_pattern_mismatch" and path and path[-1] == "name":
-        return (f"{value!r} is not a valid job name", "use letters, digits, '-' and '_' (starting with a letter or digit), e.g. my-job")
-    if t in ("dict_type", "model_type", "model_attributes_type"):
-        return (f"expected a mapping, got {value!r}", f"write {field} as `key: value` lines")
-    if t in ("string_type", "string_too_short") and path[:1] == ("environment_variables",) and value is None:
-        return ("has no value (YAML reads an empty value as null)", f'give it one, e.g. {path[-1]}: "" for empty')
-    if t in ("string_type", "string_too_short"):
-        return (f"{value!r} is not a valid text value", f"set {field} to a non-empty string")
-    msg = err["msg"].removeprefix("Value error, ")
-    if path and path[-1] == "timeout":
-        said = "must be more than 0 seconds" if "> 0" in msg else "is not a duration"  # 0 was "not a duration"
-        return (f"{value!r} {said}", "write seconds (5400) or one number with a unit: 90s, 30m, 2h, 1.5h, 2d "
-                                     "(no timeout: leave it out)")
-    if "instance_count" in msg and "disagree" in msg:
-        return (msg, "give the node count once: set resources.instance_count (e.g. --set resources.instance_count=1) "
-                     "and drop the top-level instance_count, or make the two equal")
-    return (msg, f"correct {field or 'the spec'} (see the Jobs section of README.md)")
-
-
-def _validation_error(exc: ValidationError, data: Any, src: _Source) -> SpecError:
-    best: dict[Path_, tuple[int, dict, Any]] = {}
-    for err in exc.errors():
-        path, value, found = _data_path(data, tuple(err["loc"]), err["type"])
-        if err["type"] == "union_tag_invalid" and isinstance(value, dict) and "type" in value:
-            path, value = path + ("type",), value["type"]
-        # union branches repeat one problem per branch: keep the most specific (longest loc)
-        if err["type"] in ("bool_type", "bool_parsing", "int_type", "int_parsing", "float_type", "float_parsing", "string_type") and isinstance(value, dict):
-            continue
-        score = len(err["loc"])
-        if path not in best or score > best[path][0]:
-            best[path] = (score, err, value if found or err["type"] != "missing" else None)
-    if not best:  # every error was a union-branch echo: report the first one
-        err = exc.errors()[0]
-        path, value, _ = _data_path(data, tuple(err["loc"]), err["type"])
-        best[path] = (0, err, value)
-    problems = []
-    for path, (_, err, value) in best.items():
-        message, fix = _describe(err, path, value, data)
-        if not path and (named := re.match(r"([a-z_]+(?:\.[a-z_]+)*)\b", message)):
-            # a check across fields ("elastic.min_nodes (3) is above ..."): at the line of the field it names
-            candidate = tuple(named.group(1).split("."))
-            if any(candidate[:n] in src.lines or candidate[:n] in src.overrides for n in range(len(candidate), 0, -1)):
-                path = candidate
-        problems.append(src.error(message, path, value, fix))
-    first = problems[0]
-    if len(problems) > 1:
-        first.fix = (first.fix or "") + "".join(f"\n  also: {p.where}: {p.message} (fix: {p.fix})" for p in problems[1:])
-    return first
 
 
 def _is_remote(path: str) -> bool:
@@ -357,11 +202,15 @@ def _unwritable(path: Path, kind: str) -> str | None:
 
 def _check_and_resolve(spec: JobSpec, base: Path, src: _Source, kinds: tuple[str, ...] = ("inputs", "outputs")) -> JobSpec:
     code = (base / spec.code).resolve()
+    key = f"`{src.prefix}code:`"
+    if not code.exists():
+        raise src.error("code folder not found", ("code",), spec.code,
+                        fix=f"create {code} or point {key} at the folder holding your script (relative to the spec file)")
     if not code.is_dir():
-        raise src.error(
-            "code folder not found" if not code.exists() else "code must be a folder",
-            ("code",), spec.code, fix=f"create {code} or point `code:` at the folder holding your script (relative to the spec file)",
-        )
+        here = os.path.relpath(code.parent, base)
+        raise src.error(f"code must be a folder: {code} is a file", ("code",), spec.code,
+                        fix=f"point {key} at the folder holding your script, relative to the spec file (this file's "
+                            f"folder: {src.prefix}code: {here})")
     inputs: dict[str, Any] = {}
     for name, value in spec.inputs.items():
         if isinstance(value, PathInput) and not _is_remote(value.path):

@@ -20,8 +20,7 @@ from typing import Annotated, Any, Iterable, Literal, Union
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from azulite.errors import SpecError
-from azulite.spec.job import AZUREML_KEYS, JobSpec, parse_duration
+from azulite.spec.job import AZUREML_KEYS, FieldCheck, JobSpec, parse_duration
 
 _SEARCH_REF = re.compile(r"\$\{\{\s*search_space\.([A-Za-z0-9_.-]+?)\s*\}\}")
 
@@ -47,7 +46,9 @@ class _Bounded(_Model):
     @model_validator(mode="after")
     def _ordered(self) -> "_Bounded":
         if not self.min_value < self.max_value:
-            raise ValueError(f"min_value ({self.min_value}) must be below max_value ({self.max_value})")
+            raise FieldCheck(f"min_value ({self.min_value}) must be below max_value ({self.max_value})",
+                             field="min_value", fix="make min_value the lower bound (a loguniform's bounds are "
+                                                    "logarithms: min_value: -6, max_value: -1 samples e^-6 to e^-1)")
         return self
 
 
@@ -72,6 +73,9 @@ class QNormal(Normal):
 
 
 Distribution = Annotated[Union[Choice, RandInt, Uniform, QUniform, Normal, QNormal], Field(discriminator="type")]
+#: every ``type`` a search_space entry takes (random sampling takes them all)
+SAMPLED_TYPES = ("choice", "randint", "uniform", "loguniform", "quniform", "qloguniform", "normal", "lognormal",
+                 "qnormal", "qlognormal")
 SAMPLERS = ("random", "grid", "bayesian")
 #: distributions each sampler takes (Azure ML's rules)
 SUPPORTED = {
@@ -118,7 +122,9 @@ class Bandit(_Policy):
     @model_validator(mode="after")
     def _one_slack(self) -> "Bandit":
         if (self.slack_factor is None) == (self.slack_amount is None):
-            raise ValueError("a bandit policy needs exactly one of slack_factor or slack_amount")
+            raise FieldCheck("a bandit policy needs exactly one of slack_factor or slack_amount",
+                             fix="give one: slack_factor: 0.1 (within 10% of the best trial) or slack_amount: 0.2 "
+                                 "(within 0.2 of it)")
         return self
 
 
@@ -133,6 +139,7 @@ class TruncationSelection(_Policy):
 
 
 EarlyTermination = Annotated[Union[Bandit, MedianStopping, TruncationSelection], Field(discriminator="type")]
+POLICY_TYPES = ("bandit", "median_stopping", "truncation_selection")
 
 
 class SweepSpec(_Model):
@@ -172,16 +179,25 @@ class SweepSpec(_Model):
     def _sampler_takes_the_space(self) -> "SweepSpec":
         kind = self.sampling_algorithm.type
         if kind == "bayesian" and self.early_termination is not None:  # Azure ML's rule: each trial informs the next
-            raise ValueError("bayesian sampling takes no early_termination (Azure ML refuses it: a trial stopped "
-                             "early would inform the next samples); remove early_termination, or sample random")
+            raise FieldCheck("bayesian sampling takes no early_termination (Azure ML refuses it: a trial stopped "
+                             "early would inform the next samples)", field="early_termination",
+                             fix="remove early_termination (--set early_termination=null), or sample at random "
+                                 "(--set sampling_algorithm.type=random)")
         if self.sampling_algorithm.rule is not None and kind != "random":
-            raise ValueError(f"sampling_algorithm.rule belongs to random sampling, not {kind}; remove it")
+            raise FieldCheck(f"sampling_algorithm.rule belongs to random sampling, not {kind}",
+                             field="sampling_algorithm.rule",
+                             fix="remove sampling_algorithm.rule (--set sampling_algorithm.rule=null), or sample at "
+                                 "random (--set sampling_algorithm.type=random)")
         allowed = SUPPORTED[self.sampling_algorithm.type]
         if allowed is not None:
             for name, dist in self.search_space.items():
                 if dist.type not in allowed:
-                    raise ValueError(f"search_space.{name} is {dist.type}, which {self.sampling_algorithm.type} sampling "
-                                     f"does not take (it takes {', '.join(allowed)})")
+                    example = ("{type: choice, values: [0.01, 0.1]}" if allowed == ("choice",)
+                               else "{type: uniform, min_value: 0.01, max_value: 0.1}")
+                    raise FieldCheck(f"search_space.{name} is {dist.type}, which {kind} sampling does not take (it "
+                                     f"takes {', '.join(allowed)})", field=("search_space", name, "type"),
+                                     fix=f"make search_space.{name} one of those, e.g. {example}; or sample at "
+                                         "random, which takes every distribution (--set sampling_algorithm.type=random)")
         return self
 
     def trial_spec(self, values: dict[str, Any] | None = None) -> JobSpec:
@@ -201,7 +217,8 @@ def _literal(v: Any) -> str:
 
 def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> SweepSpec:
     """Read and validate a sweep job, its trial included (as ``load_job`` checks a command job)."""
-    from azulite.spec.loader import _Source, _check_and_resolve, _validation_error, read_spec
+    from azulite.spec.explain import _Source, _validation_error
+    from azulite.spec.loader import _check_and_resolve, read_spec
 
     data, src, base = read_spec(path, overrides)
     try:
@@ -219,21 +236,13 @@ def load_sweep(path: str | Path, overrides: Iterable[str] = ()) -> SweepSpec:
         trial["timeout"] = sweep.limits.trial_timeout
     lines = {p[1:]: n for p, n in src.lines.items() if p[:1] == ("trial",)}
     lines.update({p: n for p, n in src.lines.items() if p[:1] in (("inputs",), ("outputs",))})
-    sub = _Source(src.file, lines, {p[1:]: v for p, v in src.overrides.items() if p[:1] == ("trial",)})
-    try:
+    sub = _Source(src.file, lines, {p[1:]: v for p, v in src.overrides.items() if p[:1] == ("trial",)}, prefix="trial.")
+    try:  # errors name trial.<field> (the sub-source's prefix), but for the sweep's inputs and outputs
         job = JobSpec.model_validate(trial)
-        job = _check_and_resolve(job, base, sub, kinds=("inputs", "outputs", "search_space"))
     except ValidationError as exc:
-        raise _trial_error(_validation_error(exc, trial, sub)) from None
-    except SpecError as e:
-        raise _trial_error(e) from None
+        raise _validation_error(exc, trial, sub) from None
+    job = _check_and_resolve(job, base, sub, kinds=("inputs", "outputs", "search_space"))
     return sweep.model_copy(update={"trial_job": job.model_dump(mode="json")})
-
-
-def _trial_error(e: SpecError) -> SpecError:
-    if e.field and e.field.split(".")[0].split("[")[0] not in ("inputs", "outputs"):
-        return SpecError(e.message, file=e.file, line=e.line, field=f"trial.{e.field}", value=e.value, fix=e.fix)
-    return e
 
 
 def load_spec(path: str | Path, overrides: Iterable[str] = ()) -> JobSpec | SweepSpec:

@@ -18,6 +18,12 @@ Path_ = tuple  # a field path: ("distribution", "process_count_per_instance")
 
 # Mappings whose values are strings however they look (a process environment holds only text).
 TEXT_MAPPINGS: tuple[Path_, ...] = (("environment_variables",), ("trial", "environment_variables"))
+#: collections inside collections, aliases followed: PyYAML composes a node tree recursively (a RecursionError
+#: near 500 levels), and so do the walks here and pydantic; no spec comes near 20
+MAX_DEPTH = 100
+#: values of a document with its aliases expanded (each alias counts its anchor's whole value): a few
+#: nested aliases ("billion laughs") make a small file a tree too large to walk
+MAX_VALUES = 1_000_000
 
 
 def dotted(path: Iterable[Any]) -> str:
@@ -32,6 +38,7 @@ def parse(text: str, shown: str) -> tuple[Any, yaml.Node | None]:
     last silently, so the first is lost) are a SpecError at their line. Values of :data:`TEXT_MAPPINGS` are
     the text the file writes (:func:`as_written`)."""
     try:
+        check_shape(text, shown)  # before composing: a node tree too deep or recursive breaks what walks it
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.MarkedYAMLError as exc:
@@ -44,6 +51,95 @@ def parse(text: str, shown: str) -> tuple[Any, yaml.Node | None]:
                         file=shown, line=again, fix="keep one of them")
     as_written(data, node)
     return data, node
+
+
+class _Open:
+    """A collection being read: where it sits, how deep it goes, how many values it holds expanded."""
+
+    __slots__ = ("path", "mapping", "anchor", "key", "index", "depth", "deepest", "size", "closed")
+
+    def __init__(self, path: Path_, mapping: bool, anchor: str | None, depth: int) -> None:
+        self.path, self.mapping, self.anchor, self.depth = path, mapping, anchor, depth
+        self.key: Any = None  # a mapping's key whose value comes next (None: a key comes next)
+        self.index = 0
+        self.deepest = depth
+        self.size = 0
+        self.closed = False
+
+
+def check_shape(text: str, shown: str, *, max_depth: int = MAX_DEPTH, max_values: int = MAX_VALUES) -> None:
+    """A SpecError at the line and field of an alias inside the value it names (``x: &a [*a]``: endless), of a
+    value nested deeper than ``max_depth`` collections (aliases followed), or where the values with aliases
+    expanded pass ``max_values``. One pass over PyYAML's events, which its parser makes without recursion;
+    its invalid YAML raises as :func:`parse` reports it."""
+    stack: list[_Open] = []
+    anchors: dict[str, tuple[_Open | None, int, int]] = {}  # anchor -> (its collection, levels, values)
+    total = 0
+
+    def where(event: yaml.Event) -> tuple[Path_, int]:
+        """The field path of the node ``event`` starts, and its line; advances the parent's key/index."""
+        line = event.start_mark.line + 1
+        if not stack:
+            return (), line
+        parent = stack[-1]
+        if parent.mapping:
+            if parent.key is None:  # this node is a key
+                parent.key = event.value if isinstance(event, yaml.ScalarEvent) else "?"
+                return parent.path + (parent.key,), line
+            path, parent.key = parent.path + (parent.key,), None
+            return path, line
+        parent.index += 1
+        return parent.path + (parent.index - 1,), line
+
+    def fail(message: str, path: Path_, line: int, fix: str) -> SpecError:
+        field = dotted(path[:8]) + ("..." if len(path) > 8 else "")  # a path 100 levels long says no more
+        return SpecError(message, file=shown, line=line, field=field or None, fix=fix)
+
+    def add(levels: int, values: int, path: Path_, line: int) -> None:
+        """A child of ``levels`` collections and ``values`` values (expanded) in the innermost open one."""
+        nonlocal total
+        if len(stack) + levels > max_depth:
+            raise fail(f"the value is nested deeper than {max_depth} levels", path, line,
+                       "flatten the structure: a spec needs a few levels of mappings and lists")
+        if stack:
+            stack[-1].deepest = max(stack[-1].deepest, len(stack) + levels)
+            stack[-1].size += values
+        total += values
+        if total > max_values:
+            raise fail(f"the document's aliases expand to more than {max_values:,} values", path, line,
+                       "write the values out, or use fewer nested aliases (*name)")
+
+    for event in yaml.parse(text, Loader=yaml.SafeLoader):
+        if isinstance(event, (yaml.MappingStartEvent, yaml.SequenceStartEvent)):
+            path, line = where(event)
+            add(1, 1, path, line)
+            opened = _Open(path, isinstance(event, yaml.MappingStartEvent), event.anchor, len(stack) + 1)
+            if event.anchor is not None:
+                anchors[event.anchor] = (opened, 0, 0)
+            stack.append(opened)
+        elif isinstance(event, (yaml.MappingEndEvent, yaml.SequenceEndEvent)):
+            done = stack.pop()
+            done.closed = True
+            if stack:
+                stack[-1].deepest = max(stack[-1].deepest, done.deepest)
+                stack[-1].size += done.size
+            if done.anchor is not None and anchors.get(done.anchor, (None,))[0] is done:  # not named again inside
+                anchors[done.anchor] = (done, done.deepest - done.depth + 1, done.size + 1)
+        elif isinstance(event, yaml.ScalarEvent):
+            path, line = where(event)
+            add(0, 1, path, line)
+            if event.anchor is not None:
+                anchors[event.anchor] = (None, 0, 1)
+        elif isinstance(event, yaml.AliasEvent):
+            path, line = where(event)
+            opened, levels, values = anchors.get(event.anchor, (None, 0, 1))
+            if opened is not None and not opened.closed:
+                raise fail(f"the YAML alias *{event.anchor} refers to itself (it sits inside the value "
+                           f"&{event.anchor} names), so the value never ends", path, line,
+                           f"write the value out here, or point *{event.anchor} at an anchor outside it")
+            add(levels, values, path, line)
+        elif isinstance(event, yaml.DocumentEndEvent):
+            anchors.clear()
 
 
 def line_map(node: yaml.Node | None, path: Path_ = ()) -> dict[Path_, int]:

@@ -21,6 +21,7 @@ import psutil
 
 from azulite.errors import AzuliteError, LaunchError
 from azulite.launch.backend import Backend, register_backend
+from azulite.launch.local.capacity import check_capacity
 from azulite.launch.local.nodes import NodeView, node_view, wait_reply, write_request
 from azulite.launch.local.procs import job_processes, pid_alive, terminate_tree, wait_any_exit
 from azulite.launch.local.store import JobStore
@@ -54,6 +55,7 @@ class LocalBackend(Backend):
         from azulite.launch.local.context import build_context
         from azulite.launch.local.strategy import get_strategy
 
+        check_capacity(spec, self.settings.max_local_ranks)  # 100000 processes per node would start
         strategy = get_strategy(spec.distribution_type)
         strategy.preflight(build_context("preflight", 1, spec, self.settings.jobs_dir / "_preflight", self.environ,
                                          make_dirs=False))
@@ -87,6 +89,7 @@ class LocalBackend(Backend):
 
         template = spec.trial_spec()
         self.check_supported(template)
+        check_capacity(template, self.settings.max_local_ranks, prefix="trial.")
         check_inputs(template, {**self.environ, **template.environment_variables})
         rec = self.store.create(
             name=spec.name, backend=self.name, spec=spec.model_dump(mode="json"), spec_path=spec_path,
@@ -321,17 +324,24 @@ def _supervising(pid: int | None, job_id: str) -> bool:
     return (SUPERVISOR in cmd or SWEEPER in cmd) and job_id in cmd
 
 
-def rank_log_paths(job_dir: Path, attempt: int, rank: int | None) -> list[tuple[int, Path]]:
+def rank_log_paths(job_dir: Path, attempt: int, rank: int | None, workers: int | None = None) -> list[tuple[str, Path]]:
+    """(label, log) of one rank or of all, as ``job logs`` shows them. ``workers``: a TensorFlow job's worker
+    count, past which ``--rank N`` is parameter server ``N - workers`` (as on the kubernetes backend), whose
+    logs follow the workers' in the view of all ranks."""
     logs = job_dir / f"attempt-{attempt}" / "logs"
     if rank is not None:
-        return [(rank, logs / f"rank-{rank}.log")]
-    found = []
-    for p in logs.glob("rank-*.log"):
-        try:
-            found.append((int(p.stem.split("-")[1]), p))
-        except ValueError:
-            continue
-    return sorted(found)
+        if workers is not None and rank >= workers:
+            return [(f"ps {rank - workers}", logs / f"ps-{rank - workers}.log")]
+        return [(f"rank {rank}", logs / f"rank-{rank}.log")]
+    found: list[tuple[int, str, Path]] = []
+    for kind in ("rank", "ps") if workers is not None else ("rank",):
+        for p in logs.glob(f"{kind}-*.log"):
+            try:
+                n = int(p.stem.split("-")[1])
+            except ValueError:
+                continue
+            found.append((n if kind == "rank" else (workers or 0) + n, f"{kind} {n}", p))
+    return [(label, p) for _, label, p in sorted(found)]
 
 
 def _no_rank_ran(rec: JobRecord, rank: int | None) -> Iterator[str]:
@@ -359,9 +369,11 @@ def _follow_logs(backend: LocalBackend, rec: JobRecord, rank: int | None, follow
     partial: dict[Path, bytes] = {}
     if rec.attempt > 1 or follow and rec.attempt > 0:
         yield f"--- attempt {attempt} ---"
+    dist = rec.spec.get("distribution") or {}
+    workers = int(dist.get("worker_count", 1)) if str(dist.get("type", "")).lower() == "tensorflow" else None
 
     def read_new() -> Iterator[str]:
-        for r, path in rank_log_paths(job_dir, attempt, rank):
+        for label, path in rank_log_paths(job_dir, attempt, rank, workers):
             try:
                 with open(path, "rb") as f:
                     f.seek(offsets.get(path, 0))
@@ -374,7 +386,7 @@ def _follow_logs(backend: LocalBackend, rec: JobRecord, rank: int | None, follow
                 partial[path] = rest
             for line in lines:
                 text = line.decode("utf-8", "replace")
-                yield text if rank is not None else f"[rank {r}] {text}"
+                yield text if rank is not None else f"[{label}] {text}"
 
     if not follow:
         shown = False

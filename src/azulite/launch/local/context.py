@@ -44,8 +44,11 @@ def visible_gpus(environ: dict[str, str]) -> tuple[str, ...]:
 
 
 def rdzv_port(spec: JobSpec) -> int | None:
+    """The c10d rendezvous port a pytorch job pins with ``environment_variables.MASTER_PORT`` (torchrun's
+    ``--rdzv-endpoint``; its workers' MASTER_PORT is torchrun's own store, which torchrun sets); None for
+    another job, whose MASTER_PORT is a variable like any other."""
     raw = spec.environment_variables.get("MASTER_PORT")
-    if raw is None:
+    if raw is None or spec.distribution_type != "pytorch":
         return None
     try:
         port = int(raw)
@@ -87,7 +90,8 @@ def build_context(job_id: str, attempt: int, spec: JobSpec, job_dir: Path, envir
     env["PATH"] = os.pathsep.join(dict.fromkeys(p for p in parts if p))
     env.update(tracking_env(spec, job_dir))  # the job's MLflow store, unless its spec names another
     env.update(spec.environment_variables)
-    env.pop("MASTER_PORT", None)  # a pinned rendezvous port, handed to the strategy instead
+    if spec.distribution_type == "pytorch":  # a pinned rendezvous port, handed to the strategy instead
+        env.pop("MASTER_PORT", None)
     env.update({ENV_JOB_ID: job_id, ENV_ATTEMPT: str(attempt), ENV_JOB_DIR: str(job_dir), "PYTHONUNBUFFERED": "1"})
     env.update({f"AZULITE_OUTPUT_{n.upper()}": p for n, p in outputs.items()})
     # the names Azure ML gives a command job's data (AZURE_ML_INPUT_<name>, AZURE_ML_OUTPUT_<name>)

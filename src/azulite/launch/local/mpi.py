@@ -8,9 +8,11 @@ run in that node's working directory::
 
 Open MPI numbers ranks in app-context order, so rank ``r`` of node ``k`` has local rank ``r - k*N``. The
 per-rank shim (this module's ``__main__``) writes that identity as ``AZULITE_RANK``/``_LOCAL_RANK``/
-``_NODE_RANK`` (on one host Open MPI itself reports node rank 0 for all) and runs the rank runner in the
-same process, which records each rank's pid, log and exit code. The ranks see everything mpirun sets
-(OMPI_COMM_WORLD_RANK / _SIZE / _LOCAL_RANK, PMIX_RANK), as under Azure ML's MPI distribution.
+``_NODE_RANK`` and runs the rank runner in the same process, which records each rank's pid, log and exit
+code. The ranks see what mpirun sets (OMPI_COMM_WORLD_RANK / _SIZE, PMIX_RANK), as under Azure ML's MPI
+distribution, with the per-host variables (OMPI_COMM_WORLD_LOCAL_RANK / _LOCAL_SIZE / _NODE_RANK) set per
+simulated node by the shim: on one host Open MPI counts every rank of the job as local. (MPI's own view is
+still one host: ``MPI_Comm_split_type(MPI_COMM_TYPE_SHARED)`` groups all ranks.)
 
 Preemption: Open MPI ends its job on SIGTERM (or on a rank's non-zero exit) by killing every rank after
 ``odls_base_sigkill_timeout`` (1 s, Open MPI 4.1) or at once (5.0): measured, neither leaves a rank time to
@@ -150,8 +152,13 @@ def rank_shim(argv: list[str], environ: dict[str, str]) -> list[str]:
                          "--logs DIR -- CMD...")
     node, per_node = int(argv[1]), int(argv[3])
     rank = int(environ["OMPI_COMM_WORLD_RANK"])
-    environ.update(AZULITE_RANK=str(rank), AZULITE_LOCAL_RANK=str(rank - node * per_node),
-                   AZULITE_NODE_RANK=str(node))
+    local = rank - node * per_node
+    environ.update(AZULITE_RANK=str(rank), AZULITE_LOCAL_RANK=str(local), AZULITE_NODE_RANK=str(node))
+    # Open MPI's per-host view as a real node of per_node ranks gives it (one host here made rank 2 of a 2x2
+    # job local rank 2 of 4): LOCAL_RANK/_SIZE within the simulated node, and NODE_RANK, "the relative rank of
+    # this process on this node looking across all jobs", the local rank too (one job per node)
+    environ.update(OMPI_COMM_WORLD_LOCAL_RANK=str(local), OMPI_COMM_WORLD_LOCAL_SIZE=str(per_node),
+                   OMPI_COMM_WORLD_NODE_RANK=str(local))
     return argv[4:]
 
 

@@ -171,7 +171,10 @@ class Supervisor:
                 self._end(JobState.CANCELED, asked if asked.startswith("canceled") else "canceled by user")
                 return 0
             if out.timed_out:
-                self._end(JobState.FAILED, f"timed out after {spec.timeout:g}s (spec timeout)", exit_code=124)
+                from azulite.launch.local.sweeper import timeout_field  # a sweep's trial: the sweep's field
+
+                field = timeout_field(self.store, spec) or "spec timeout"
+                self._end(JobState.FAILED, f"timed out after {spec.timeout:g}s ({field})", exit_code=124)
                 return 0
             # no restart or retry can fix it: the job fails now (seen in the attempt, or as it ended)
             if (bad := out.config_error or next(iter(config_errors(ctx.records_dir)), None)) is not None:

@@ -84,29 +84,32 @@ class Sweeper:
             spec = SweepSpec.model_validate(rec.spec)
             if not self.store.transition(self.sweep_id, JobState.RUNNING, attempt=1, message="sweep started"):
                 return 0
-            state, message = self._loop(spec, make_sampler(spec))
+            state, message, code = self._loop(spec, make_sampler(spec))
         except AzuliteError as exc:
-            state, message = JobState.FAILED, str(exc)
+            state, message, code = JobState.FAILED, str(exc), 1
         except BaseException as exc:  # a sweep must never stay "running" behind a dead driver
             traceback.print_exc()
-            state, message = JobState.FAILED, f"sweep driver error: {exc!r}"
+            state, message, code = JobState.FAILED, f"sweep driver error: {exc!r}", 1
         self._cancel_running("the sweep ended")
         self._write(spec if "spec" in locals() else None)
-        self.store.transition(self.sweep_id, state, message=message, exit_code=0 if state == JobState.SUCCEEDED else 1)
+        self.store.transition(self.sweep_id, state, message=message, exit_code=code)
         return 0
 
-    def _loop(self, spec: SweepSpec, sampler: Sampler) -> tuple[JobState, str]:
+    def _loop(self, spec: SweepSpec, sampler: Sampler) -> tuple[JobState, str, int | None]:
+        """The sweep's end: (state, message, exit code), the codes a command job records: 0, a failure's 1,
+        124 for a timeout (the sweep's limits.timeout, as a job's timeout), none for a cancel."""
         limits = spec.limits
         deadline = time.monotonic() + limits.timeout if limits.timeout else None
-        exhausted = False
+        exhausted = timed_out = False
         while True:
             if self._cancel or self.store.flags(self.sweep_id)[0]:
-                return JobState.CANCELED, "canceled by user"
+                return JobState.CANCELED, "canceled by user", None
             self._poll(spec, sampler)
             if spec.early_termination is not None:
                 self._early_stop(spec)
-            timed_out = deadline is not None and time.monotonic() > deadline
-            if timed_out:
+            if not timed_out and deadline is not None and time.monotonic() > deadline:
+                timed_out = True
+                self.store.event(self.sweep_id, f"timed out after {limits.timeout:g}s (limits.timeout)")
                 self._cancel_running(f"the sweep's timeout ({limits.timeout:g}s) passed", spec.objective.primary_metric)
             running = [t for t in self.trials if t.state == "running"]
             while (not timed_out and not exhausted and len(running) < limits.max_concurrent_trials
@@ -122,11 +125,14 @@ class Sweeper:
                 running.append(trial)
             self._write(spec)
             if not running:
-                best = self._best(spec)
+                best, metric = self._best(spec), spec.objective.primary_metric
+                stopped = f"timed out after {limits.timeout:g}s (limits.timeout)" if timed_out else ""
+                if best is None and timed_out:
+                    return JobState.FAILED, f"{stopped} before any trial reported {metric!r}", 124
                 if best is None:
-                    return JobState.FAILED, f"no trial reported {spec.objective.primary_metric!r}"
-                return JobState.SUCCEEDED, (f"{len(self.trials)} trial(s); best {best.id}: "
-                                            f"{spec.objective.primary_metric}={best.metric:g} {best.values}")
+                    return JobState.FAILED, f"no trial reported {metric!r}", 1
+                return JobState.SUCCEEDED, (f"{stopped + ': ' if stopped else ''}{len(self.trials)} trial(s); best "
+                                            f"{best.id}: {metric}={best.metric:g} {best.values}"), 0
             # a trial's end wakes this at once (its supervisor exits right after recording it): the next
             # trial starts then, not at the next tick; the interval paces the metric reads of running
             # trials (early termination) and the looks for a cancel
@@ -217,6 +223,20 @@ class Sweeper:
             "best_trial": best.id if best else None,
         }
         write_state(self.job_dir, state)
+
+
+def timeout_field(store: JobStore, spec: JobSpec) -> str | None:
+    """What gave a sweep's trial its timeout, as the sweep's file names it: ``limits.trial_timeout of sweep
+    ID`` or ``trial.timeout of sweep ID``; None for a job that is not a trial (its own ``timeout``)."""
+    sweep_id = spec.environment_variables.get("AZULITE_SWEEP_ID")
+    if not sweep_id:
+        return None
+    try:
+        sweep = SweepSpec.model_validate(store.get(sweep_id).spec)
+    except (AzuliteError, ValueError):  # the sweep's record gone, or not a sweep's: say what the job knows
+        return None
+    own = sweep.trial.get("timeout") is not None
+    return f"{'trial.timeout' if own else 'limits.trial_timeout'} of sweep {sweep_id}"
 
 
 def main(argv: list[str]) -> int:
