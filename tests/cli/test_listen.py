@@ -45,7 +45,7 @@ def test_a_taken_port_is_named(command, tmp_path):
 def test_an_address_not_of_this_machine_is_named(tmp_path):
     # TEST-NET-1 (RFC 5737): resolves, is never a local interface
     run = subprocess.run([AZULITE, "dashboard", "--host", "192.0.2.1", "--port", "0",
-                          "--key", "k"], capture_output=True, text=True, timeout=120, env=_env(tmp_path))
+                          "--key", "k" * 16], capture_output=True, text=True, timeout=120, env=_env(tmp_path))
     assert run.returncode == 2, run.stderr
     assert "--host 192.0.2.1 --port 0: cannot listen on 192.0.2.1:0: Cannot assign requested address" in run.stderr
 
