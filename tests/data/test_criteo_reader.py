@@ -134,6 +134,36 @@ def test_a_missing_dataset_path_is_a_clear_error(tmp_path):
     assert "does not exist" in str(e.value) and e.value.where == "--dataset_path"
 
 
+@pytest.mark.parametrize("lines, kw, message, fix", [
+    ([], {}, "0 training rows from '{path}': no well-formed Criteo row to train on", "check the files hold Criteo"),
+    (["", "", ""], {}, "0 training rows from '{path}': no well-formed Criteo row to train on", "an empty or cut"),
+    ([line("1")] * 5, {"batch_size": 16},
+     "0 training steps from '{path}': its 5 training row(s) are fewer than one step takes (16: --batch_size 16 x "
+     "1 rank)", "give more rows, or a --batch_size of at most 5"),
+    ([line("1")] * 5, {"batch_size": 2, "world_size": 3},
+     "0 training steps from '{path}': its 5 training row(s) are fewer than one step takes (6: --batch_size 2 x "
+     "3 ranks)", "give more rows, or a --batch_size of at most 1"),
+    ([line("1")] * 5, {"validation_permille": 100}, "0 training rows from '{path}': no well-formed Criteo row to "
+     "train on (not counting the rows --validation_fraction holds out: row i of each file when i % 1000 < 100)",
+     "check the files"),
+])
+def test_a_train_split_of_no_step_is_an_error_not_an_empty_epoch(tmp_path, lines, kw, message, fix):
+    """An empty file, one of blank lines, fewer rows than a step: the run "succeeded" (exit 0) with an untrained
+    model and committed it as a checkpoint that exported."""
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d"
+    (path / "day_0").write_text("".join(f"{ln}\n" for ln in lines))
+    r = reader(path, **kw)
+    with pytest.raises(DataError) as e:
+        r.next_rows()
+    assert e.value.message == message.format(path=path) and e.value.where == "--dataset_path"
+    assert e.value.exit_code == 2 and fix in e.value.fix
+    # the held-out split of the same rows pads its one chunk: the evaluation's rows, not an error
+    if kw.get("validation_permille"):
+        held = chunks(reader(path, **kw, split="val"))
+        assert sum(float(c.weight.sum()) for c in held) == 5
+
+
 def test_line_rule_is_the_parse_rule():
     assert parse_line(line().encode()) is not None
     for bad in ("+1" + line()[1:], line(dense=[" 5", *[""] * 12]), line(dense=["1_0", *[""] * 12]),

@@ -163,4 +163,6 @@ def describe_bad_line(line: bytes) -> str:
 def open_reader(dataset_path: str | os.PathLike, **kw: Any) -> ChunkStream:
     """The reader for whatever ``dataset_path`` holds (see :func:`list_files`)."""
     kind, files = list_files(dataset_path)
-    return CriteoNpyReader(files, **kw) if kind == "npy" else CriteoTSVReader(files, **kw)
+    reader = CriteoNpyReader(files, **kw) if kind == "npy" else CriteoTSVReader(files, **kw)
+    reader.source = str(dataset_path)
+    return reader
