@@ -206,6 +206,11 @@ class DataError(AzuliteError):
     lines than the configured limit."""
 
 
+class FlagError(AzuliteError):
+    """A command-line flag given a value it cannot take (a batch size of 0, a negative number of epochs):
+    names the flag, the values it takes and the value given."""
+
+
 class ModelConfigError(AzuliteError):
     """Model flags that contradict each other or this machine (table sizes, layer sizes, memory)."""
 
