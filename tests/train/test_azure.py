@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,15 @@ def test_credentials_the_account_refuses_are_a_mistake_no_restart_fixes(azurite)
 
     wrong = azurite.connection_string.replace("AccountKey=", "AccountKey=AAAA", 1)
     storage = CheckpointStorage("az://ckpts/refused", StorageSettings(connection_string=wrong))
-    with pytest.raises(StorageConfigError, match="refused the credentials") as e:
-        storage.check()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(StorageConfigError, match="refused the credentials") as e:
+            storage.check()
     assert exit_code(e.value) == EXIT_CONFIG and "account key" in e.value.fix
+    # the variable azulite reads (the fix named AZURE_STORAGE_KEY, which nothing reads)
+    assert "AZURE_STORAGE_ACCOUNT_KEY" in e.value.fix and "AZURE_STORAGE_KEY," not in e.value.fix
+    # adlfs's "Failed to fetch container properties for ckpts. Assume it exists already" came before it
+    assert [str(w.message) for w in caught] == []
 
 
 @pytest.fixture
