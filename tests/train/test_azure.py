@@ -120,6 +120,14 @@ def test_storage_down_with_policy_stop_exits_then_resumes_identical(baseline, ru
     again = runner.run(_args(uri, out), env=env)
     assert again.returncode == 0, again.output[-3000:]
     assert json.loads(out.read_text()) == {"sha256": baseline["sha256"], "step": STEPS, "resumed_from": INTERVAL}
+    # both ranks' staging folders of every save and restore are gone (an empty step-N/rank-1/ and a
+    # restore-step-N/ stayed per save), leaving only the location's own folder
+    assert _staging_left(tmp_path / "staging") == []
+
+
+def _staging_left(staging: Path) -> list[str]:
+    """What is under the staging directory below each location's folder (``<hash>/``)."""
+    return sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if len(p.relative_to(staging).parts) > 1)
 
 
 def test_blob_restore_verifies_what_it_downloads_and_falls_back(azurite, tmp_path, caplog):
@@ -163,4 +171,4 @@ def test_blob_restore_verifies_what_it_downloads_and_falls_back(azurite, tmp_pat
     assert f"checkpoint step 2 is corrupt: file {shard} does not match the manifest" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(first, model.parameters())) and progress.step == 1
     assert storage.exists("step-00000002/manifest.corrupt.json")
-    assert not any(p.is_file() for p in (tmp_path / "staging").rglob("*"))
+    assert _staging_left(tmp_path / "staging") == []  # not even empty folders (step-N/, restore-step-N/)

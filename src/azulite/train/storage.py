@@ -399,6 +399,15 @@ def _check_key(key: str, what: str) -> None:
                                  fix=_CREDENTIALS_FIX) from None
 
 
+def remove_if_empty(folder: str | os.PathLike) -> None:
+    """Remove a local staging ``folder`` if it is empty: another rank on this host may still be using it
+    (that rank removes it when done)."""
+    try:
+        os.rmdir(folder)
+    except OSError:  # not empty (another rank's), or gone already
+        pass
+
+
 def first_line(e: BaseException) -> str:
     text = str(e).strip().splitlines()
     return text[0][:300] if text else ""
