@@ -55,6 +55,9 @@ def test_credentials_the_account_refuses_are_a_mistake_no_restart_fixes(azurite)
     assert "AZURE_STORAGE_ACCOUNT_KEY" in e.value.fix and "AZURE_STORAGE_KEY," not in e.value.fix
     # adlfs's "Failed to fetch container properties for ckpts. Assume it exists already" came before it
     assert [str(w.message) for w in caught] == []
+    # listing (job show) says the same (it was "cannot list checkpoints", storage down)
+    with pytest.raises(StorageConfigError, match="refused the credentials"):
+        list_checkpoints("az://ckpts/refused", settings=StorageSettings(connection_string=wrong))
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ from typing import Any
 from azulite.errors import CheckpointError, CheckpointUsageError, ExportError, StorageError
 from azulite.train import digest
 from azulite.train.catalog import MANIFEST, read_manifest, scan_steps, step_dir
-from azulite.train.storage import CheckpointStorage, StorageSettings, first_line
+from azulite.train.storage import CheckpointStorage, StorageSettings, first_line, refused
 
 _STEP = re.compile(r"^step-(\d{8,})$")
 
@@ -73,6 +73,8 @@ def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | N
     except (CheckpointError, StorageError, ExportError):  # CheckpointUsageError too
         raise
     except Exception as e:  # noqa: BLE001 - any SDK/network/OS failure is the same user problem
+        if refused(e):  # credentials wrong as given: the user's to fix (exit 2), not storage that is down
+            raise storage.refused_error(e) from None
         raise StorageError(f"cannot read checkpoints under {storage.uri}: {type(e).__name__}: {first_line(e)}",
                            where=storage.uri, fix="check that the storage is reachable and its credentials are set") from None
     if manifest is None:
@@ -131,6 +133,8 @@ def fetch_verified(ref: CheckpointRef, staging: Path) -> Path:
                 raise CheckpointError(f"file {name} listed in the manifest is missing", where=ref.display,
                                       fix=damaged) from None
             except Exception as e:  # noqa: BLE001 - any SDK/network failure is the same user problem
+                if refused(e):
+                    raise ref.storage.refused_error(e) from None
                 raise StorageError(f"cannot download {name}: {type(e).__name__}: {first_line(e)}",
                                    where=ref.display, fix="check that the storage is reachable and its "
                                                           "credentials are set, then export again") from None

@@ -229,23 +229,23 @@ class CheckpointStorage:
         except StorageError:
             raise
         except Exception as e:  # noqa: BLE001 - any SDK/network failure is the same user problem
-            from azure.core.exceptions import ClientAuthenticationError
-
-            # the account answered and refused, or the SDK could not sign a request with the key (checked
-            # before, so hardly ever here): credentials wrong as given, which no restart fixes
-            if getattr(e, "status_code", None) in (401, 403) or isinstance(e, ClientAuthenticationError):
-                raise StorageConfigError(
-                    f"Azure Blob storage refused the credentials for {self.uri}: {type(e).__name__}: {first_line(e)}",
-                    where=self.uri,
-                    fix="check the account key, SAS token or identity (AZURE_STORAGE_CONNECTION_STRING, or "
-                        "AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN) and that it may write to the container",
-                ) from None
+            if refused(e):
+                raise self.refused_error(e) from None
             raise StorageError(
                 f"cannot reach Azure Blob storage for {self.uri}: {type(e).__name__}: {first_line(e)}",
                 where=self.uri,
                 fix="check AZURE_STORAGE_CONNECTION_STRING / the account, and that the endpoint is up "
                 "(for tests: Azurite started with --skipApiVersionCheck)",
             ) from None
+
+    def refused_error(self, e: BaseException) -> StorageConfigError:
+        """The error for a request the account refused (:func:`refused`): credentials wrong as given, which no
+        restart fixes."""
+        return StorageConfigError(
+            f"Azure Blob storage refused the credentials for {self.uri}: {type(e).__name__}: {first_line(e)}",
+            where=self.uri,
+            fix="check the account key, SAS token or identity (AZURE_STORAGE_CONNECTION_STRING, or "
+                "AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN) and that it may write to the container")
 
     # -- listing and reading -------------------------------------------------------------------------------
     def list_dir(self, rel: str = "", *, folders_only: bool = False) -> list[str]:
@@ -397,6 +397,18 @@ def _check_key(key: str, what: str) -> None:
     except (binascii.Error, ValueError) as e:
         raise StorageConfigError(f"{what} is not a base64 account key ({first_line(e)})", where="environment",
                                  fix=_CREDENTIALS_FIX) from None
+
+
+def refused(e: BaseException) -> bool:
+    """Whether a Blob request failed because the account refused it (401/403), or the SDK could not sign it
+    with the key given (checked before, so hardly ever here), rather than storage that is down."""
+    if getattr(e, "status_code", None) in (401, 403):
+        return True
+    try:
+        from azure.core.exceptions import ClientAuthenticationError
+    except ImportError:  # pragma: no cover - installed with adlfs
+        return False
+    return isinstance(e, ClientAuthenticationError)
 
 
 def remove_if_empty(folder: str | os.PathLike) -> None:
