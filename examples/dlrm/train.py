@@ -79,7 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-#: every number flag (the model's shape is DLRMConfig's to check): (flag, lowest, below it or None, example).
+#: every number flag (the model's shape is DLRMConfig's to check): (flag, lowest, example); floats: (flag,
+#: range in words, the check, example).
 #: Unchecked, --batch_size 0 was a ValueError traceback in the reader, -3 an AssertionError in TorchRec's
 #: planner, --epochs 0 an untrained model committed and exported, --checkpoint_every -1 an error naming
 #: CheckpointConfig.interval

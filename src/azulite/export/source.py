@@ -1,9 +1,10 @@
 """Which checkpoint an export reads, and its files, verified: a step directory (``.../step-00000040``) or a
 checkpoint location (the newest committed step, or ``step``), on local disk or Blob (``az://``).
 
-Export refuses what resume would refuse: a step without a valid manifest (an interrupted save, or a corrupt one) and files
-whose size or digest differ from the manifest. It never falls back to an older step on its own: exporting
-something other than what was asked for would be a silent surprise; the error names the steps there are.
+Export refuses what resume would refuse: a step without a valid manifest (an interrupted save, or a corrupt
+one) and files whose size or digest differ from the manifest. It never falls back to an older step on its
+own: exporting something other than what was asked for would be a silent surprise; the error names the
+steps there are.
 """
 
 from __future__ import annotations
@@ -87,8 +88,8 @@ def resolve(uri: str, *, step: int | None = None, environ: Mapping[str, str] | N
                               fix=f"pass one of them, e.g. --step {committed[-1]}, or omit --step for the newest"
                               if committed else "export after the job's first checkpoint is committed "
                                                 "(azulite job wait ID --checkpoint)")
-        # resume's words: a manifest that is there but not valid is damage (written whole or not at all), one
-        # that is missing an interrupted save (the user named a step that never was: exit 2)
+        # resume's words: a manifest that is there but not valid is damage (it is written whole or not at all:
+        # exit 1, like a file that fails its hash); none at all, an interrupted save (not a checkpoint: exit 2)
         fix = (f"export a committed step folder of {storage.uri}, or {storage.uri} itself for its newest committed "
                "step" if named_step else "export a committed step (omit --step for the newest one)")
         if storage.exists(f"{rel}/manifest.corrupt.json"):
