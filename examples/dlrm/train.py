@@ -19,6 +19,7 @@ import gc
 import hashlib
 import json
 import logging
+import math
 import os
 import resource
 import sys
@@ -30,7 +31,7 @@ import torch.distributed as dist
 
 from azulite import train
 from azulite.data import criteo_reader, criteo_synth
-from azulite.errors import AzuliteError
+from azulite.errors import AzuliteError, FlagError
 from azulite.workloads.dlrm import loop, sharding
 from azulite.workloads.dlrm.model import DLRMConfig, build_model
 
@@ -74,7 +75,35 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = ap.parse_args(argv)
     if len(args.num_embeddings_per_feature) == 1:
         args.num_embeddings_per_feature = args.num_embeddings_per_feature * 26
+    check_numbers(args)
     return args
+
+
+#: every number flag (the model's shape is DLRMConfig's to check): (flag, lowest, example); floats: (flag,
+#: range in words, the check, example).
+#: Unchecked, --batch_size 0 was a ValueError traceback in the reader, -3 an AssertionError in TorchRec's
+#: planner, --epochs 0 an untrained model committed and exported, --checkpoint_every -1 an error naming
+#: CheckpointConfig.interval
+_INT_FLAGS = (("batch_size", 1, 256), ("epochs", 1, 1), ("limit_train_batches", 0, 0), ("limit_val_batches", 0, 0),
+              ("checkpoint_every", 0, 50), ("log_every", 0, 20), ("stop_check_every", 1, 10),
+              ("untimed_steps", 0, 10), ("seed", 0, 0))
+_FLOAT_FLAGS = (("learning_rate", "> 0", lambda v: v > 0, 0.05),
+                ("validation_fraction", ">= 0 and < 1", lambda v: 0 <= v < 1, 0.1),
+                ("max_bad_lines_fraction", ">= 0 and <= 1", lambda v: 0 <= v <= 1, 0.001),
+                ("step_sleep", ">= 0", lambda v: v >= 0, 0.0))
+
+
+def check_numbers(args: argparse.Namespace) -> None:
+    """Every number flag in its range, named with the values it takes (exit 2, before anything starts)."""
+    for name, low, example in _INT_FLAGS:
+        value = getattr(args, name)
+        if value < low:
+            raise FlagError(f"must be an integer >= {low}, got {value}", where=f"--{name}",
+                            fix=f"e.g. --{name} {example}")
+    for name, what, ok, example in _FLOAT_FLAGS:
+        value = getattr(args, name)
+        if not (math.isfinite(value) and ok(value)):
+            raise FlagError(f"must be a number {what}, got {value}", where=f"--{name}", fix=f"e.g. --{name} {example}")
 
 
 def local_state_sha256(model: torch.nn.Module) -> str:
@@ -107,11 +136,20 @@ def main(argv: list[str] | None = None) -> int:
     cfg = DLRMConfig(num_embeddings_per_feature=args.num_embeddings_per_feature, embedding_dim=args.embedding_dim,
                      dense_arch_layer_sizes=args.dense_arch_layer_sizes,
                      over_arch_layer_sizes=args.over_arch_layer_sizes)
-    criteo_reader.list_files(args.dataset_path)
     world_size = int(os.environ.get("WORLD_SIZE") or 1)
     per_rank_bytes = sharding.check_fits(cfg, world_size=world_size, ranks_here=sharding.ranks_on_this_host(os.environ))
-    allowed = [t for t in args.sharding_types.split(",") if t] or None
     permille = round(args.validation_fraction * 1000)
+    reader_kw = dict(world_size=world_size, batch_size=args.batch_size,
+                     num_embeddings_per_feature=cfg.num_embeddings_per_feature, validation_permille=permille,
+                     seed=args.seed, max_bad_fraction=args.max_bad_lines_fraction)
+    # the data gives at least one step (the same on every rank): an empty dataset, or one of fewer rows than
+    # a step, trained "successfully" into an untrained checkpoint that exported
+    probe = criteo_reader.open_reader(args.dataset_path, split="train", rank=0, warn=False, **reader_kw)
+    try:
+        probe.next_rows()
+    finally:
+        probe.close()
+    allowed = [t for t in args.sharding_types.split(",") if t] or None
 
     ctx = train.init(seed=args.seed)
     if not dist.is_initialized():
@@ -132,9 +170,7 @@ def main(argv: list[str] | None = None) -> int:
               f"x {cfg.embedding_dim}); sharding: " + ", ".join(f"{n} {k}" for k, n in plan_counts.items()),
               flush=True)
 
-    reader_kw = dict(rank=ctx.rank, world_size=ctx.world_size, batch_size=args.batch_size,
-                     num_embeddings_per_feature=cfg.num_embeddings_per_feature, validation_permille=permille,
-                     seed=args.seed, max_bad_fraction=args.max_bad_lines_fraction)
+    reader_kw.update(rank=ctx.rank, world_size=ctx.world_size)
     reader = criteo_reader.open_reader(args.dataset_path, split="train", **reader_kw)
     progress = train.Progress()
     ckpt = None

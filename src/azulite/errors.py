@@ -93,6 +93,14 @@ class CheckpointError(AzuliteError):
     exit_code = 1
 
 
+class CheckpointCorruptError(CheckpointError):
+    """Committed checkpoints of which none is intact (each un-committed, its bad file named in the log): a
+    restart finds the same, since resume never starts over on its own, so a training process exits 78 for
+    it (``permanent``) rather than being restarted into it."""
+
+    permanent = True
+
+
 class CheckpointUsageError(CheckpointError):
     """A checkpoint used wrongly as the script is written (a bad CheckpointConfig, a step that is no whole
     number, state that does not fit the checkpoint, a location another job writes): the same on every
@@ -204,6 +212,11 @@ class RemoteError(AzuliteError):
 class DataError(AzuliteError):
     """Training data that cannot be read as asked: a missing path, a truncated gzip file, more malformed
     lines than the configured limit."""
+
+
+class FlagError(AzuliteError):
+    """A command-line flag given a value it cannot take (a batch size of 0, a negative number of epochs):
+    names the flag, the values it takes and the value given."""
 
 
 class ModelConfigError(AzuliteError):

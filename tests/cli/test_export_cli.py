@@ -61,6 +61,14 @@ def test_export_source_and_to_mistakes(capsys, tmp_path):
     assert not (tmp_path / "repo").exists()
 
 
+def test_export_of_a_location_without_a_committed_checkpoint_exits_2(capsys, tmp_path):
+    (tmp_path / "ckpt").mkdir()
+    assert run("export", tmp_path / "ckpt", "--to", tmp_path / "repo") == 2  # was 1 (the README says 2)
+    err = err_of(capsys)
+    assert f"no committed checkpoint under {tmp_path / 'ckpt'} (no step directories)" in err and "fix: " in err
+    assert not (tmp_path / "repo").exists()
+
+
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     """Steps 5 and 9 of an MLP, committed by the real Checkpointer."""
@@ -69,6 +77,11 @@ def checkpoints(tmp_path_factory):
     for step in (5, 9):
         save_checkpoint(root, model, mlp.model_config(8, 16), step=step)
     return root
+
+
+def test_export_says_how_many_ranks_saved_the_checkpoint_in_words(capsys, tmp_path, checkpoints):
+    assert run("export", checkpoints, "--to", tmp_path / "repo") == 0
+    assert f"checkpoint {checkpoints}/step-00000009 (step 9, saved by 1 rank)" in err_of(capsys)  # "1 ranks"
 
 
 def test_export_a_step_that_is_not_there_is_a_usage_error_listing_the_steps(capsys, tmp_path, checkpoints):

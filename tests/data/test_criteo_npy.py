@@ -77,3 +77,17 @@ def test_the_synth_tool_says_a_mistake_without_a_traceback(tmp_path, capsys):
     assert main([str(tmp_path / "f"), "--rows", "10"]) == 2  # was FileExistsError's traceback
     err = capsys.readouterr().err
     assert "rows=0 files=1: both must be >= 1" in err and "is a file, not a folder" in err
+
+
+def test_the_converter_names_its_positional_argument_not_the_trainers_flag(tmp_path, capsys):
+    from azulite.data.criteo_npy import main
+
+    assert main([str(tmp_path / "nope"), str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err  # on stderr (it was printed to stdout)
+    assert err.startswith(f"error: IN_FILE_OR_FOLDER: dataset path '{tmp_path / 'nope'}' does not exist\n")
+    assert "--dataset_path" not in err and "fix: pass a Criteo TSV file (plain or .gz) or a folder of them" in err
+    # an npy folder given as the input: said, not FileNotFoundError's traceback
+    generate(tmp_path / "tsv", rows=20, files=1, seed=0)
+    assert main([str(tmp_path / "tsv"), str(tmp_path / "npy")]) == 0
+    assert main([str(tmp_path / "npy"), str(tmp_path / "again")]) == 2
+    assert "already holds TorchRec's npy layout" in capsys.readouterr().err

@@ -10,6 +10,7 @@ from azulite.data.criteo_npy import convert
 from azulite.data.criteo_npy_reader import CriteoNpyReader
 from azulite.data.criteo_reader import open_reader
 from azulite.data.criteo_synth import generate
+from azulite.errors import DataError
 
 N = [97] * 26
 
@@ -126,3 +127,15 @@ def test_read_ahead_hands_out_the_same_rows_and_positions_and_resumes_mid_block(
         assert (got is None) == (want is None)
         if want is not None:
             assert np.array_equal(got.sparse, want.sparse) and np.array_equal(got.dense, want.dense)
+
+
+@pytest.mark.parametrize("read_ahead", [1, 16])
+def test_npy_days_of_fewer_rows_than_one_step_are_an_error_not_an_empty_epoch(tmp_path, read_ahead):
+    _npy_day(tmp_path, "day_0", 3, np.random.default_rng(0))
+    _npy_day(tmp_path, "day_1", 4, np.random.default_rng(1))
+    r = open_reader(tmp_path, rank=0, world_size=2, batch_size=4, num_embeddings_per_feature=N, read_ahead=read_ahead)
+    with pytest.raises(DataError) as e:
+        r.next_rows()
+    assert e.value.message == (f"0 training steps from '{tmp_path}': its 7 training row(s) are fewer than one step "
+                               "takes (8: --batch_size 4 x 2 ranks)")
+    assert e.value.fix == "give more rows, or a --batch_size of at most 3"

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from azulite.data.criteo import LINE_RE, hash_categories, parse_line, transform_dense
-from azulite.data.criteo_reader import CriteoTSVReader, list_files, open_reader
+from azulite.data.criteo_reader import CriteoTSVReader, describe_bad_line, list_files, open_reader
 from azulite.data.criteo_synth import generate
 from azulite.errors import DataError
 
@@ -41,7 +41,7 @@ def reader(path, **kw) -> CriteoTSVReader:
 
 
 def test_empty_fields_and_negative_integers_are_preprocessed_by_the_shared_rule(tmp_path):
-    dense = ["", "-3", "0", "5", *[""] * 9]
+    dense = ["", "-3", "0", "5", "-", *[""] * 8]  # a lone "-" is 0, as serving reads it (was a ValueError)
     cats = ["", "0000000a", "FFFFFFFF", *[f"{i:08x}" for i in range(23)]]
     r = reader(write(tmp_path / "day_0", [line("0", dense, cats)]))
     rows = r.next_rows()
@@ -80,6 +80,25 @@ def test_malformed_lines_are_skipped_with_a_warning_naming_file_and_line(tmp_pat
     assert r.bad == 4
 
 
+@pytest.mark.parametrize("dense, cats, reason", [
+    # an empty category is id 0, legitimately: the bad one after it is named (was "C6 b'' is not a hex string")
+    (None, ["0a"] * 5 + [""] + ["0b"] * 19 + ["ZZZZzzzz"], "category C26 b'ZZZZzzzz' is not a hex string"),
+    (None, [""] * 25 + ["1" * 17], "category C26 b'11111111111111111' is longer than 16 hex digits"),
+    (None, [""] * 3 + ["+1a"] + [""] * 22, "category C4 b'+1a' is not a hex string"),
+    (["", "", "+5", *[""] * 10], None, "dense feature I3 b'+5' is not an integer"),
+    (["", "--1", *[""] * 11], None, "dense feature I2 b'--1' is not an integer"),
+])
+def test_a_malformed_line_names_the_field_that_breaks_the_rule_not_an_empty_one(tmp_path, caplog, dense, cats,
+                                                                                  reason):
+    bad = line("1", dense=dense, cats=cats)
+    assert LINE_RE.fullmatch(bad.encode() + b"\n") is None
+    assert describe_bad_line(bad.encode() + b"\n") == reason
+    path = write(tmp_path / "day_0", [line("0"), bad, line("1")])
+    with caplog.at_level(logging.WARNING, logger="azulite.data.criteo_reader"):
+        assert reader(path, max_bad_fraction=0.5, batch_size=2).next_rows() is not None
+    assert [rec.getMessage() for rec in caplog.records] == [f"{path}:2: malformed Criteo line skipped ({reason})"]
+
+
 def test_more_malformed_lines_than_the_limit_is_a_clear_error(tmp_path):
     path = write(tmp_path / "day_0", [line("1")] * 8 + ["1\tnot\ta\tcriteo\tline"] * 2)
     r = reader(path, max_bad_fraction=0.1, batch_size=4)
@@ -115,11 +134,43 @@ def test_a_missing_dataset_path_is_a_clear_error(tmp_path):
     assert "does not exist" in str(e.value) and e.value.where == "--dataset_path"
 
 
+@pytest.mark.parametrize("lines, kw, message, fix", [
+    ([], {}, "0 training rows from '{path}': no well-formed Criteo row to train on", "check the files hold Criteo"),
+    (["", "", ""], {}, "0 training rows from '{path}': no well-formed Criteo row to train on", "an empty or cut"),
+    ([line("1")] * 5, {"batch_size": 16},
+     "0 training steps from '{path}': its 5 training row(s) are fewer than one step takes (16: --batch_size 16 x "
+     "1 rank)", "give more rows, or a --batch_size of at most 5"),
+    ([line("1")] * 5, {"batch_size": 2, "world_size": 3},
+     "0 training steps from '{path}': its 5 training row(s) are fewer than one step takes (6: --batch_size 2 x "
+     "3 ranks)", "give more rows, or a --batch_size of at most 1"),
+    ([line("1")] * 5, {"validation_permille": 100}, "0 training rows from '{path}': no well-formed Criteo row to "
+     "train on (not counting the rows --validation_fraction holds out: row i of each file when i % 1000 < 100)",
+     "check the files"),
+])
+def test_a_train_split_of_no_step_is_an_error_not_an_empty_epoch(tmp_path, lines, kw, message, fix):
+    """An empty file, one of blank lines, fewer rows than a step: the run "succeeded" (exit 0) with an untrained
+    model and committed it as a checkpoint that exported."""
+    (tmp_path / "d").mkdir()
+    path = tmp_path / "d"
+    (path / "day_0").write_text("".join(f"{ln}\n" for ln in lines))
+    r = reader(path, **kw)
+    with pytest.raises(DataError) as e:
+        r.next_rows()
+    assert e.value.message == message.format(path=path) and e.value.where == "--dataset_path"
+    assert e.value.exit_code == 2 and fix in e.value.fix
+    # the held-out split of the same rows pads its one chunk: the evaluation's rows, not an error
+    if kw.get("validation_permille"):
+        held = chunks(reader(path, **kw, split="val"))
+        assert sum(float(c.weight.sum()) for c in held) == 5
+
+
 def test_line_rule_is_the_parse_rule():
     assert parse_line(line().encode()) is not None
     for bad in ("+1" + line()[1:], line(dense=[" 5", *[""] * 12]), line(dense=["1_0", *[""] * 12]),
                 line(cats=["0" * 17, *[""] * 25])):
         assert LINE_RE.fullmatch(bad.encode()) is None and parse_line(bad.encode()) is None
+    # what the rule lets through parses: a lone "-" is 0 (parse_line raised ValueError on it)
+    assert parse_line(line(dense=["-", *["2"] * 12]).encode())[1] == [0, *[2] * 12]
 
 
 def chunks(r) -> list:

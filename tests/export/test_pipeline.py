@@ -134,15 +134,32 @@ def test_uncommitted_and_corrupt_checkpoints_are_refused(mlp_ckpt, tmp_path):
     data = bytearray(shard.read_bytes())
     data[len(data) // 2] ^= 0xFF
     shard.write_bytes(bytes(data))
-    with pytest.raises(CheckpointError, match=rf"{shard.name} does not match the manifest"):
+    with pytest.raises(CheckpointError, match=rf"{shard.name} does not match the manifest") as e:
         export_checkpoint(str(copy), ExportOptions(repo=repo))
-    (step / "manifest.json").unlink()
-    with pytest.raises(CheckpointError, match="is not committed: it has no valid manifest.json"):
+    assert e.value.exit_code == 1 and e.value.fix == "the checkpoint is damaged: export another step (--step)"
+    # the step folder named: no --step to give (it was offered)
+    with pytest.raises(CheckpointError, match=rf"{shard.name} does not match the manifest") as e:
         export_checkpoint(str(step), ExportOptions(repo=repo))
-    with pytest.raises(CheckpointError, match=r"no committed checkpoint under .* \(1 step directory, none committed\)"):
+    assert e.value.fix == ("the checkpoint is damaged: restore its files from a copy, or export another committed "
+                           f"step folder of {copy}") and "--step" not in e.value.fix
+    # a manifest that is there but not one is damage, as resume says (export said "an interrupted save")
+    (step / "manifest.json").write_text("{")
+    with pytest.raises(CheckpointError) as e:
+        export_checkpoint(str(step), ExportOptions(repo=repo))
+    assert e.value.message == f"checkpoint {step} is corrupt: its manifest.json is not a valid manifest"
+    assert e.value.exit_code == 1 and "--step" not in e.value.fix
+    (step / "manifest.json").unlink()
+    with pytest.raises(CheckpointError) as e:
+        export_checkpoint(str(step), ExportOptions(repo=repo))
+    assert e.value.message == f"checkpoint {step} is not committed: it has no manifest.json: an interrupted save"
+    assert e.value.exit_code == 2
+    # a location with no committed checkpoint: the README's exit 2 (it was 1)
+    with pytest.raises(CheckpointError, match=r"no committed checkpoint under .* \(1 step directory, none committed\)") as e:
         export_checkpoint(str(copy), ExportOptions(repo=repo))
-    with pytest.raises(CheckpointError, match=r"no committed checkpoint .* \(no step directories\)"):
+    assert e.value.exit_code == 2
+    with pytest.raises(CheckpointError, match=r"no committed checkpoint .* \(no step directories\)") as e:
         export_checkpoint(str(tmp_path / "empty"), ExportOptions(repo=repo))
+    assert e.value.exit_code == 2
     assert repo_entries(repo) == []
 
 

@@ -74,6 +74,17 @@ def test_export_from_blob_and_a_damaged_blob_is_refused_by_name(azurite, blob_en
     np.testing.assert_allclose(got, old(torch.from_numpy(x)).detach().numpy(), rtol=1e-4, atol=1e-5)
 
 
+def test_credentials_the_account_refuses_are_the_users_to_fix_not_storage_down(azurite, blob_env, tmp_path):
+    from azulite.errors import StorageConfigError
+
+    wrong = azurite.connection_string.replace("AccountKey=", "AccountKey=AAAA", 1)
+    with pytest.raises(StorageConfigError, match="refused the credentials for az://exports/mlp") as e:
+        export_checkpoint(f"az://{CONTAINER}/mlp", ExportOptions(repo=tmp_path / "repo"),
+                          environ={**blob_env, "AZURE_STORAGE_CONNECTION_STRING": wrong})
+    assert e.value.exit_code == 2 and "AZURE_STORAGE_ACCOUNT_KEY" in e.value.fix  # was "cannot read", exit 1
+    assert not (tmp_path / "repo").exists()
+
+
 def test_a_step_folder_under_another_name_says_how_it_must_be_named(tmp_path):
     # a good step folder renamed (bad/s1) read as "no committed checkpoint under ... (no step directories)"
     from azulite.errors import ExportError

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import warnings
 from pathlib import Path
 
 import pytest
@@ -45,9 +46,18 @@ def test_credentials_the_account_refuses_are_a_mistake_no_restart_fixes(azurite)
 
     wrong = azurite.connection_string.replace("AccountKey=", "AccountKey=AAAA", 1)
     storage = CheckpointStorage("az://ckpts/refused", StorageSettings(connection_string=wrong))
-    with pytest.raises(StorageConfigError, match="refused the credentials") as e:
-        storage.check()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(StorageConfigError, match="refused the credentials") as e:
+            storage.check()
     assert exit_code(e.value) == EXIT_CONFIG and "account key" in e.value.fix
+    # the variable azulite reads (the fix named AZURE_STORAGE_KEY, which nothing reads)
+    assert "AZURE_STORAGE_ACCOUNT_KEY" in e.value.fix and "AZURE_STORAGE_KEY," not in e.value.fix
+    # adlfs's "Failed to fetch container properties for ckpts. Assume it exists already" came before it
+    assert [str(w.message) for w in caught] == []
+    # listing (job show) says the same (it was "cannot list checkpoints", storage down)
+    with pytest.raises(StorageConfigError, match="refused the credentials"):
+        list_checkpoints("az://ckpts/refused", settings=StorageSettings(connection_string=wrong))
 
 
 @pytest.fixture
@@ -113,6 +123,14 @@ def test_storage_down_with_policy_stop_exits_then_resumes_identical(baseline, ru
     again = runner.run(_args(uri, out), env=env)
     assert again.returncode == 0, again.output[-3000:]
     assert json.loads(out.read_text()) == {"sha256": baseline["sha256"], "step": STEPS, "resumed_from": INTERVAL}
+    # both ranks' staging folders of every save and restore are gone (an empty step-N/rank-1/ and a
+    # restore-step-N/ stayed per save), leaving only the location's own folder
+    assert _staging_left(tmp_path / "staging") == []
+
+
+def _staging_left(staging: Path) -> list[str]:
+    """What is under the staging directory below each location's folder (``<hash>/``)."""
+    return sorted(str(p.relative_to(staging)) for p in staging.rglob("*") if len(p.relative_to(staging).parts) > 1)
 
 
 def test_blob_restore_verifies_what_it_downloads_and_falls_back(azurite, tmp_path, caplog):
@@ -156,4 +174,4 @@ def test_blob_restore_verifies_what_it_downloads_and_falls_back(azurite, tmp_pat
     assert f"checkpoint step 2 is corrupt: file {shard} does not match the manifest" in caplog.text
     assert all(torch.equal(a, b) for a, b in zip(first, model.parameters())) and progress.step == 1
     assert storage.exists("step-00000002/manifest.corrupt.json")
-    assert not any(p.is_file() for p in (tmp_path / "staging").rglob("*"))
+    assert _staging_left(tmp_path / "staging") == []  # not even empty folders (step-N/, restore-step-N/)

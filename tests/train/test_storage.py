@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from azulite.contract import EXIT_CONFIG
-from azulite.errors import CheckpointError, SpecError, StorageError
+from azulite.errors import CheckpointError, SpecError, StorageConfigError, StorageError
 from azulite.launch.local.procs import free_port
 from azulite.train import CheckpointConfig, Checkpointer, Progress, StorageSettings, exit_code, init, parse_uri
 from azulite.train.storage import CheckpointStorage
@@ -94,6 +94,56 @@ def test_unreachable_blob_endpoint_fails_at_start_quickly():
     assert "cannot reach Azure Blob storage for az://checkpoints/run" in info.value.message
     assert "Azurite" in info.value.fix
     assert exit_code(info.value) == 1  # down now, maybe up on a restart: restarted and retried as before
+
+
+@pytest.mark.parametrize("environ, says", [
+    # "cannot reach Azure Blob storage ...: AzureSigningError: Incorrect padding", exit 1 (retried)
+    ({"AZURE_STORAGE_CONNECTION_STRING": "AccountName=devstoreaccount1;AccountKey=abc;BlobEndpoint={endpoint}"},
+     "AZURE_STORAGE_CONNECTION_STRING is malformed: its AccountKey is not a base64 account key (Incorrect padding)"),
+    # ValueError "Connection string is either blank or malformed", exit 1
+    ({"AZURE_STORAGE_CONNECTION_STRING": "hello"},
+     "AZURE_STORAGE_CONNECTION_STRING is malformed: its setting 1 of 1 is not NAME=VALUE"),
+    ({"AZURE_STORAGE_CONNECTION_STRING": "AccountName=devstoreaccount1;BlobEndpoint={endpoint};secret"},
+     "AZURE_STORAGE_CONNECTION_STRING is malformed: its setting 3 of 3 is not NAME=VALUE"),
+    # AzureSigningError "Invalid base64", exit 1
+    ({"AZURE_STORAGE_ACCOUNT_NAME": "devstoreaccount1", "AZURE_STORAGE_ACCOUNT_KEY": "not base64!!"},
+     "AZURE_STORAGE_ACCOUNT_KEY is not a base64 account key (Invalid base64-encoded string"),
+])
+def test_malformed_credentials_are_a_setting_to_fix_named_by_their_variable(environ, says):
+    """Malformed as given, they failed only when the SDK signed the first request, and read as storage that
+    is down: exit 1, restarted and retried into the same error. Nothing listens at the endpoint: the
+    credentials are refused before any request."""
+    endpoint = f"http://127.0.0.1:{free_port()}/devstoreaccount1"
+    environ = {k: v.format(endpoint=endpoint) for k, v in environ.items()}
+    settings = StorageSettings.from_environ({**environ, "AZULITE_STORAGE_RETRIES": "0"})
+    with pytest.raises(StorageConfigError) as info:
+        CheckpointStorage("az://ckpt/run", settings).check()
+    assert info.value.message.startswith(says) and info.value.where == "environment"
+    assert "copy it again from the storage account" in info.value.fix
+    assert exit_code(info.value) == EXIT_CONFIG
+    for secret in ("abc", "secret", "not base64"):  # no credential is echoed
+        assert secret not in info.value.message
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc")
+def test_a_checkpoint_folder_that_cannot_be_created_is_a_setting_to_fix(tmp_path, monkeypatch):
+    # "No such file or directory", exit 1: restarted into the same error
+    with pytest.raises(StorageConfigError) as info:
+        CheckpointStorage("/proc/azulite-ckpt").check()
+    assert info.value.message == ("cannot create or write the checkpoint directory /proc/azulite-ckpt: No such file "
+                                  "or directory") and info.value.where == "/proc/azulite-ckpt"
+    assert exit_code(info.value) == EXIT_CONFIG and "choose a directory" in info.value.fix
+    # a full disk may have room on a restart: retried as before
+    import errno
+    import os
+
+    def full(*args, **kwargs):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Path, "write_bytes", full)
+    with pytest.raises(StorageError) as info:
+        CheckpointStorage(str(tmp_path / "ck")).check()
+    assert "No space left on device" in info.value.message and exit_code(info.value) == 1
 
 
 def test_settings_read_from_an_environ_mapping():

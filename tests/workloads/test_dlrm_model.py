@@ -120,3 +120,76 @@ def test_torch_fx_tracing_notice_stays_out_of_the_logs():
     finally:
         logger.removeHandler(handler)
     assert not [m for m in seen if "is_fx_tracing will return true" in m], seen
+
+
+BASE = ["--num_embeddings_per_feature", "100", "--embedding_dim", "4", "--dense_arch_layer_sizes", "8,4",
+        "--over_arch_layer_sizes", "8,1", "--batch_size", "16"]
+
+
+@pytest.mark.parametrize("flag, value, says", [
+    # a ValueError traceback in the reader / an AssertionError in TorchRec's planner, both exit 1
+    ("--batch_size", "0", "must be an integer >= 1, got 0"),
+    ("--batch_size", "-3", "must be an integer >= 1, got -3"),
+    # 0 steps, exit 0: an untrained model committed, and exported
+    ("--epochs", "0", "must be an integer >= 1, got 0"),
+    ("--epochs", "-1", "must be an integer >= 1, got -1"),
+    ("--log_every", "-1", "must be an integer >= 0, got -1"),
+    # named CheckpointConfig.interval, an API the user never called
+    ("--checkpoint_every", "-1", "must be an integer >= 0, got -1"),
+    ("--limit_train_batches", "-1", "must be an integer >= 0, got -1"),
+    ("--limit_val_batches", "-2", "must be an integer >= 0, got -2"),
+    ("--stop_check_every", "0", "must be an integer >= 1, got 0"),
+    ("--untimed_steps", "-1", "must be an integer >= 0, got -1"),
+    ("--seed", "-1", "must be an integer >= 0, got -1"),
+    ("--learning_rate", "0", "must be a number > 0, got 0.0"),
+    ("--learning_rate", "nan", "must be a number > 0, got nan"),
+    ("--validation_fraction", "1", "must be a number >= 0 and < 1, got 1.0"),
+    ("--max_bad_lines_fraction", "-0.1", "must be a number >= 0 and <= 1, got -0.1"),
+    ("--step_sleep", "-1", "must be a number >= 0, got -1.0"),
+])
+def test_every_number_flag_of_the_trainer_is_checked_by_name(tmp_path, flag, value, says):
+    from azulite.errors import FlagError
+    from azulite.train import exit_code
+
+    with pytest.raises(FlagError) as e:
+        _train_module().main(["--dataset_path", str(tmp_path), *BASE, flag, value])
+    assert e.value.where == flag and e.value.message == says and e.value.fix.startswith(f"e.g. {flag} ")
+    assert exit_code(e.value) == 2 and not dist.is_initialized()
+
+
+@pytest.mark.parametrize("content, says", [
+    ("", "0 training rows from '{path}': no well-formed Criteo row to train on"),
+    ("\n\n\n", "0 training rows from '{path}': no well-formed Criteo row to train on"),
+    ("5 rows", "0 training steps from '{path}': its 5 training row(s) are fewer than one step takes (16: "
+               "--batch_size 16 x 1 rank)"),
+])
+def test_data_that_gives_no_step_fails_before_any_process_group_starts(tmp_path, content, says):
+    from azulite.data.criteo_synth import generate
+
+    if content == "5 rows":
+        generate(tmp_path / "gen", rows=5, files=1, seed=0)
+        content = (tmp_path / "gen" / "day_0").read_text()
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "day_0").write_text(content)
+    with pytest.raises(DataError) as e:
+        _train_module().main(["--dataset_path", str(tmp_path / "d"), *BASE, "--validation_fraction", "0",
+                              "--checkpoints", str(tmp_path / "ck")])
+    assert e.value.message == says.format(path=tmp_path / "d") and e.value.where == "--dataset_path"
+    assert not dist.is_initialized() and not (tmp_path / "ck").exists()
+
+
+def test_the_trainer_exits_2_on_data_of_no_step_and_commits_nothing(tmp_path):
+    """Through the script's own entry point: the exit code a launcher sees, and no checkpoint (it was
+    'checkpoint step 0 committed', 'held-out AUC nan (0 rows)', exit 0)."""
+    import subprocess
+    import sys
+
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "day_0").write_text("")
+    p = subprocess.run([sys.executable, str(REPO / "examples" / "dlrm" / "train.py"), "--dataset_path",
+                        str(tmp_path / "empty"), *BASE, "--checkpoints", str(tmp_path / "ck")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 2, p.stdout + p.stderr
+    assert p.stderr.startswith(f"error: --dataset_path: 0 training rows from '{tmp_path / 'empty'}'"), p.stderr
+    assert "Traceback" not in p.stderr and "fix: check the files hold Criteo TSV rows" in p.stderr
+    assert not (tmp_path / "ck").exists()

@@ -30,7 +30,8 @@ INT_FEATURE_NAMES: tuple[str, ...] = tuple(f"int_{i}" for i in range(INT_FEATURE
 
 # One line, exactly: a 0/1 label, 13 optional (possibly negative) decimal integers, 26 optional hex
 # strings of 1-16 digits. A line that does not match is malformed (counted and skipped by the readers).
-# Stricter than Python's int(), which would also take "+5", " 5" or "1_000".
+# Stricter than Python's int(), which would also take "+5", " 5" or "1_000". A lone "-" matches: it reads as
+# 0, like an empty value (as the serving preprocessing reads it, azulite.export.dlrm_preprocess).
 LINE_RE = re.compile(
     rb"[01]" + rb"\t-?[0-9]*" * INT_FEATURE_COUNT + rb"(?:\t[0-9a-fA-F]{0,16})" * CAT_FEATURE_COUNT + rb"\r?\n?"
 )
@@ -38,10 +39,11 @@ LINE_RE = re.compile(
 
 def transform_dense(values: Any) -> np.ndarray:
     """Dense features as the model sees them: ``log(1 + max(x, 0))`` in float32. ``values``: integers
-    (any shape), or strings where ``""`` means 0."""
+    (any shape), or strings where ``""`` (and a lone ``"-"``) means 0."""
     arr = np.asarray(values)
     if arr.dtype.kind in "US":
-        arr = np.where(arr == arr.dtype.type(""), arr.dtype.type("0"), arr).astype(np.int64)
+        empty = (arr == arr.dtype.type("")) | (arr == arr.dtype.type("-"))
+        arr = np.where(empty, arr.dtype.type("0"), arr).astype(np.int64)
     return np.log1p(np.maximum(arr.astype(np.float64), 0.0)).astype(np.float32)
 
 
@@ -94,6 +96,6 @@ def parse_line(line: bytes) -> tuple[int, list[int], list[int]] | None:
     if LINE_RE.fullmatch(line) is None:
         return None
     fields = line.rstrip(b"\r\n").split(b"\t")
-    dense = [int(x) if x else 0 for x in fields[1 : 1 + INT_FEATURE_COUNT]]
+    dense = [int(x) if x and x != b"-" else 0 for x in fields[1 : 1 + INT_FEATURE_COUNT]]
     cats = [int(x, 16) if x else 0 for x in fields[1 + INT_FEATURE_COUNT :]]
     return int(fields[0]), dense, cats

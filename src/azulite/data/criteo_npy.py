@@ -18,6 +18,7 @@ import argparse
 import logging
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 
@@ -31,6 +32,8 @@ from azulite.data.criteo_stream import list_files
 log = logging.getLogger(__name__)
 
 _BLOCK = 65_536
+#: the input argument, as the usage line names it
+_IN = "IN_FILE_OR_FOLDER"
 
 
 def _stem(path: str) -> str:
@@ -87,9 +90,18 @@ def convert_file(path: str, out_dir: str | os.PathLike, *, max_bad_fraction: flo
     return prefix, n
 
 
-def convert(dataset_path: str | os.PathLike, out_dir: str | os.PathLike, *, max_bad_fraction: float = 0.001) -> list[str]:
-    """Convert every TSV file of ``dataset_path``; returns the output prefixes."""
-    _kind, files = list_files(dataset_path)
+def convert(dataset_path: str | os.PathLike, out_dir: str | os.PathLike, *, max_bad_fraction: float = 0.001,
+            where: str = "dataset_path") -> list[str]:
+    """Convert every TSV file of ``dataset_path``; returns the output prefixes. ``where`` names the argument
+    in errors."""
+    try:
+        kind, files = list_files(dataset_path, where=where)
+    except DataError as e:  # the trainer's fix (it also reads npy folders) is not this tool's
+        raise DataError(e.message, where=e.where, fix="pass a Criteo TSV file (plain or .gz) or a folder of them") \
+            from None
+    if kind == "npy":  # its prefixes were read as TSV files: FileNotFoundError's traceback
+        raise DataError(f"{str(dataset_path)!r} already holds TorchRec's npy layout (day_N_*.npy)", where=where,
+                        fix="train on it as it is (--dataset_path), or pass the TSV files it was made from")
     made = not Path(out_dir).exists()
     prefixes = []
     try:
@@ -106,17 +118,18 @@ def convert(dataset_path: str | os.PathLike, out_dir: str | os.PathLike, *, max_
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="convert Criteo TSV (plain or gzip) to TorchRec's npy layout")
-    ap.add_argument("dataset_path")
-    ap.add_argument("out_dir")
+    ap.add_argument("dataset_path", metavar=_IN)
+    ap.add_argument("out_dir", metavar="OUT_FOLDER")
     ap.add_argument("--max_bad_lines_fraction", type=float, default=0.001)
     args = ap.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     from azulite.errors import AzuliteError
 
     try:
-        prefixes = convert(args.dataset_path, args.out_dir, max_bad_fraction=args.max_bad_lines_fraction)
+        # positional: named as the usage line names it (it said "--dataset_path", a flag this tool has not)
+        prefixes = convert(args.dataset_path, args.out_dir, max_bad_fraction=args.max_bad_lines_fraction, where=_IN)
     except AzuliteError as e:
-        print(f"error: {e}")
+        print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     print(f"wrote {len(prefixes)} day(s) to {args.out_dir}")
     return 0

@@ -17,6 +17,7 @@ from __future__ import annotations
 import gzip
 import logging
 import os
+import re
 import zlib
 from collections.abc import Sequence
 from typing import Any, BinaryIO
@@ -34,6 +35,10 @@ __all__ = ["CriteoNpyReader", "CriteoTSVReader", "Rows", "describe_bad_line", "l
 log = logging.getLogger(__name__)
 
 _CHECK_EVERY = 10_000
+# one field of LINE_RE each (empty allowed: 0, id 0), to name the field a malformed line breaks the rule in
+_DENSE = re.compile(rb"-?[0-9]*")
+_CATEGORY = re.compile(rb"[0-9a-fA-F]{0,16}")
+_HEX = re.compile(rb"[0-9a-fA-F]+")
 _MAX_WARNINGS_PER_FILE = 20
 
 
@@ -111,7 +116,9 @@ class CriteoTSVReader(ChunkStream):
     def _parse(self, lines: list[bytes]) -> Rows:
         fields = [ln.rstrip(b"\r\n").split(b"\t") for ln in lines]
         labels = np.array([int(r[0]) for r in fields], dtype=np.float32)
-        dense = np.array([[int(x) if x else 0 for x in r[1 : 1 + INT_FEATURE_COUNT]] for r in fields], dtype=np.int64)
+        # "" and a lone "-" (the line rule lets it through, as serving does) read as 0
+        dense = np.array([[int(x) if x and x != b"-" else 0 for x in r[1 : 1 + INT_FEATURE_COUNT]] for r in fields],
+                         dtype=np.int64)
         ids = np.array([[int(x, 16) if x else 0 for x in r[1 + INT_FEATURE_COUNT :]] for r in fields], dtype=np.int64)
         return Rows(transform_dense(dense), self._hash(ids), labels,
                     np.ones(len(lines), np.float32))
@@ -135,26 +142,27 @@ class CriteoTSVReader(ChunkStream):
 
 
 def describe_bad_line(line: bytes) -> str:
-    """Why a line is malformed, in words (the warning's reason)."""
+    """Why a line is malformed, in words (the warning's reason): the first field that breaks the line rule
+    (:data:`azulite.data.criteo.LINE_RE`), checked field by field with that rule's own patterns. An empty
+    dense value or category is legitimate (0, id 0): it is never the one named."""
     fields = line.rstrip(b"\r\n").split(b"\t")
     if len(fields) != FIELD_COUNT:
         return f"{len(fields)} fields, expected {FIELD_COUNT}"
     if fields[0] not in (b"0", b"1"):
         return f"label {fields[0][:20]!r} is not 0 or 1"
     for i, x in enumerate(fields[1 : 1 + INT_FEATURE_COUNT]):
-        if x and not (x.lstrip(b"-").isdigit() and x.count(b"-") <= 1 and not x.endswith(b"-")):
+        if _DENSE.fullmatch(x) is None:
             return f"dense feature I{i + 1} {x[:20]!r} is not an integer"
     for i, x in enumerate(fields[1 + INT_FEATURE_COUNT :]):
-        try:
-            int(x, 16) if x else 0
-            if len(x) > 16 or not x.isalnum():
-                raise ValueError
-        except ValueError:
-            return f"category C{i + 1} {x[:20]!r} is not a hex string"
+        if _CATEGORY.fullmatch(x) is None:
+            what = "is longer than 16 hex digits" if _HEX.fullmatch(x) else "is not a hex string"
+            return f"category C{i + 1} {x[:20]!r} {what}"
     return "unreadable bytes"
 
 
 def open_reader(dataset_path: str | os.PathLike, **kw: Any) -> ChunkStream:
     """The reader for whatever ``dataset_path`` holds (see :func:`list_files`)."""
     kind, files = list_files(dataset_path)
-    return CriteoNpyReader(files, **kw) if kind == "npy" else CriteoTSVReader(files, **kw)
+    reader = CriteoNpyReader(files, **kw) if kind == "npy" else CriteoTSVReader(files, **kw)
+    reader.source = str(dataset_path)
+    return reader

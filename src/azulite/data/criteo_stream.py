@@ -42,12 +42,13 @@ class Rows:
     weight: np.ndarray  # float32 [B]: 1 real row, 0 padding (the validation split's last chunk)
 
 
-def list_files(dataset_path: str | os.PathLike) -> tuple[str, list[str]]:
+def list_files(dataset_path: str | os.PathLike, *, where: str = "--dataset_path") -> tuple[str, list[str]]:
     """``("npy", [day prefixes])`` for a folder of ``day_N_{dense,sparse,labels}.npy``, else ``("tsv",
-    [files])`` for one TSV file or a folder of them (sorted; ``.gz`` read as gzip)."""
+    [files])`` for one TSV file or a folder of them (sorted; ``.gz`` read as gzip). ``where``: the argument
+    as the user gave it, for the errors (a trainer's flag, a tool's positional argument)."""
     p = Path(dataset_path)
     if not p.exists():
-        raise DataError(f"dataset path {str(p)!r} does not exist", where="--dataset_path",
+        raise DataError(f"dataset path {str(p)!r} does not exist", where=where,
                         fix="pass a Criteo TSV file, a folder of them, or a folder of day_N_*.npy files")
     if p.is_file():
         return "tsv", [str(p)]
@@ -63,7 +64,7 @@ def list_files(dataset_path: str | os.PathLike) -> tuple[str, list[str]]:
     files = sorted((str(f) for f in p.iterdir() if f.is_file() and not f.name.startswith(".")
                     and f.suffix not in (".npy", ".json", ".md")), key=_natural)
     if not files:
-        raise DataError(f"folder {str(p)!r} holds no data files", where="--dataset_path",
+        raise DataError(f"folder {str(p)!r} holds no data files", where=where,
                         fix="put Criteo TSV files (day_0, day_1.gz, ...) or day_N_*.npy files in it")
     return "tsv", files
 
@@ -105,6 +106,8 @@ class ChunkStream:
         self.row_no = 0  # well-formed rows read in the file
         self.bad = 0  # malformed lines in the file so far
         self.chunks = 0  # chunks handed out this epoch
+        #: what the error of an epoch with no step names (open_reader: the dataset path as given)
+        self.source = self.files[0] if len(self.files) == 1 else f"{len(self.files)} files ({self.files[0]}, ...)"
         self._open_index: int | None = None
         self._order: tuple[int, list[int]] | None = None
 
@@ -154,11 +157,30 @@ class ChunkStream:
             self.chunks += 1
             return _concat(parts)
         # end of the data: the same chunk on every rank
+        if self.split == "train" and self.chunks == 0:  # a whole epoch without one step
+            raise self._no_step(got)
         if self.split != "train" and got > 0 and not getattr(self, "_padded", False):
             self._padded = True
             return _pad(_concat(parts) if parts else None, self.batch_size)
         self.end_epoch()
         return None
+
+    def _no_step(self, rows: int) -> DataError:
+        """A train split that gives no step: trained on, it "succeeded" with an untrained model, committed
+        as a checkpoint that exports. ``rows``: the epoch's training rows (all in the unfinished chunk)."""
+        need, ranks = self.batch_size * self.world_size, f"{self.world_size} rank{'s' if self.world_size > 1 else ''}"
+        held = (f" (not counting the rows --validation_fraction holds out: row i of each file when i % 1000 < "
+                f"{self.permille})" if self.permille else "")
+        if rows == 0:
+            return DataError(f"0 training rows from {self.source!r}: no well-formed Criteo row to train on{held}",
+                             where="--dataset_path",
+                             fix="check the files hold Criteo TSV rows (label, 13 integers, 26 hex categories, "
+                                 "tab-separated; an empty or cut download?)")
+        most = rows // self.world_size
+        return DataError(
+            f"0 training steps from {self.source!r}: its {rows} training row(s) are fewer than one step takes "
+            f"({need}: --batch_size {self.batch_size} x {ranks}){held}", where="--dataset_path",
+            fix=f"give more rows, or a --batch_size of at most {most}" if most else "give more rows")
 
     def end_epoch(self) -> None:
         """Stop this epoch here (a limit on batches per epoch) and start the next one."""

@@ -128,7 +128,8 @@ def export_checkpoint(source: str, options: ExportOptions, *, environ: Mapping[s
                       progress: Callable[[str], None] = lambda _: None) -> ExportResult:
     check_integrity_before(options.repo, options.sign_key)
     ref = resolve(source, step=options.step, environ=environ)
-    progress(f"checkpoint {ref.display} (step {ref.step}, saved by {ref.manifest.get('world_size', '?')} ranks)")
+    ranks = ref.manifest.get("world_size", "?")
+    progress(f"checkpoint {ref.display} (step {ref.step}, saved by {ranks} rank{'' if ranks == 1 else 's'})")
     recipe = ModelRecipe.from_model_config(ref.manifest.get("model_config"), where=f"{ref.display}/manifest.json")
     model = _rebuild(ref, recipe)
     kwargs = json.dumps(dict(recipe.kwargs))

@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from azulite.errors import StorageError
-from azulite.train.storage import CheckpointStorage, StorageSettings, first_line
+from azulite.train.storage import CheckpointStorage, StorageSettings, first_line, refused
 
 MANIFEST = "manifest.json"
 #: at the location's top: the job that writes it now (train/checkpoint.py, Checkpointer._claim)
@@ -94,6 +94,8 @@ def list_checkpoints(
     except StorageError:
         raise
     except Exception as e:  # noqa: BLE001 - any SDK, network or OS failure is the same user problem
+        if refused(e):
+            raise storage.refused_error(e) from None
         raise StorageError(f"cannot list checkpoints under {storage.uri}: {type(e).__name__}: {first_line(e)}",
                            where=storage.uri, fix="check that the storage is reachable and its credentials are set") from None
     return out

@@ -29,15 +29,14 @@ cheap, hashing a blob means downloading it), uploads them, then the coordinator 
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
 import os
 import shutil
 import tempfile
-import threading
 import time
-import weakref
 from collections.abc import Mapping
 from concurrent.futures import Future, ThreadPoolExecutor
 from datetime import timedelta
@@ -49,14 +48,22 @@ import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.stateful import Stateful
 
-from azulite.errors import CheckpointError, CheckpointUsageError, StorageConfigError, StorageError
+from azulite.errors import (
+    CheckpointCorruptError,
+    CheckpointError,
+    CheckpointUsageError,
+    StorageConfigError,
+    StorageError,
+)
 from azulite.train.checkpoint_config import CheckpointConfig
 from azulite.train.catalog import WRITER, read_manifest, step_dir
 from azulite.train.commit import CommitWriter, PhaseHook, SaveJob
 from azulite.train.env import TrainContext
+from azulite.train.lifecycle import commit_before_destroy, commit_before_exit, live
 from azulite.train.metrics import checkpoint_committed, warm_up
+from azulite.train.quiet import single_process_dcp
 from azulite.train.reader import VerifyingReader
-from azulite.train.restore import IntegrityError, Restorer
+from azulite.train.restore import Restorer, integrity_messages, state_mismatch
 from azulite.train.staging import CachedStager, storage_ptr, updates_in_step, wait_staged_hook
 from azulite.train.state import ModelState
 from azulite.train.storage import CheckpointStorage, StorageSettings
@@ -64,61 +71,6 @@ from azulite.train.storage import CheckpointStorage, StorageSettings
 log = logging.getLogger("azulite.train.checkpoint")
 
 __all__ = ["CheckpointConfig", "Checkpointer", "PhaseHook"]
-
-
-#: every Checkpointer alive in the process, for :func:`commit_pending` (weakly: it never keeps one alive)
-_live: "weakref.WeakSet[Checkpointer]" = weakref.WeakSet()
-
-
-def commit_pending() -> None:
-    """Wait for every live Checkpointer's pending async save to commit (a failure is logged, not raised).
-    Called before the process group is destroyed: the commit's collectives need it."""
-    for ck in list(_live):
-        if ck._pending is not None:
-            log.info("waiting for the checkpoint of step %d to commit before the process group goes", ck._pending[1])
-            try:
-                ck.wait()
-            except Exception as e:  # noqa: BLE001 - the failure is logged; the caller goes on
-                log.error("%s", e)
-
-
-def _commit_before_destroy() -> None:
-    """``torch.distributed.destroy_process_group`` waits for pending async saves first. A script that ends
-    without ``close()`` but destroys its process group (examples/ddp does, as torch's tutorials do) lost
-    its last save: the commit's gather ran on a destroyed group ("rank 1 wrote no hashes") and the job
-    still exited 0. Wrapped once, for every caller (the user's script, azulite's own shutdown)."""
-    original = dist.destroy_process_group
-    if getattr(original, "azulite_commits_first", False):
-        return
-
-    def destroy_process_group(*args, **kwargs):
-        commit_pending()
-        return original(*args, **kwargs)
-
-    destroy_process_group.azulite_commits_first = True  # type: ignore[attr-defined]
-    destroy_process_group.__wrapped__ = original  # type: ignore[attr-defined]
-    dist.destroy_process_group = destroy_process_group
-
-
-def _commit_before_exit(checkpointer: Checkpointer) -> None:
-    """A script that ends without ``close()`` still gets its last async save committed: wait for it when
-    the main thread ends, before the interpreter joins threads and refuses new thread pools (which the
-    commit uses). ``threading._register_atexit`` is how concurrent.futures itself gets that slot; an
-    ``atexit`` handler would run too late."""
-    ref = weakref.ref(checkpointer)
-
-    def drain() -> None:
-        ck = ref()
-        if ck is not None and ck._pending is not None:
-            log.info("waiting for the checkpoint of step %d to commit before exiting", ck._pending[1])
-            try:
-                ck.wait()
-            except Exception as e:  # noqa: BLE001 - the failure is logged; exiting goes on
-                log.error("%s", e)
-
-    register = getattr(threading, "_register_atexit", None)
-    if register is not None:
-        register(drain)
 
 
 # --- the Checkpointer ----------------------------------------------------------------------------------
@@ -174,9 +126,9 @@ class Checkpointer:
                 if updates_in_step(opt) and opt not in self._waiting_optimizers:
                     self._waiting_optimizers.append(opt)
                     self._hooks.append(opt.register_step_pre_hook(wait_staged_hook(self)))
-        _commit_before_exit(self)
-        _live.add(self)
-        _commit_before_destroy()
+        commit_before_exit(self)
+        live.add(self)
+        commit_before_destroy()
         if ctx.is_main:
             warm_up(wait=0)  # the metrics writer connects on its thread (train.init started it already)
         self._failed_in_a_row = 0
@@ -207,6 +159,11 @@ class Checkpointer:
         box = [obj]
         dist.broadcast_object_list(box, src=0, group=self._pg)
         return box[0]
+
+    def _dcp_call(self) -> contextlib.AbstractContextManager[None]:
+        """Around a DCP call: one process saves and loads without a process group on purpose (no_dist),
+        which DCP warns about on every call."""
+        return single_process_dcp() if self._pg is None else contextlib.nullcontext()
 
     def _check_storage(self) -> None:
         # rank 0 first (it may create the container), then everyone: each node must reach the storage
@@ -254,8 +211,9 @@ class Checkpointer:
             try:
                 if self._already_committed(step):
                     return True
-                dcp.save(self.state, storage_writer=self._writer(step, None, t0), process_group=self._pg,
-                         no_dist=self._pg is None)
+                with self._dcp_call():
+                    dcp.save(self.state, storage_writer=self._writer(step, None, t0), process_group=self._pg,
+                             no_dist=self._pg is None)
             except (KeyboardInterrupt, SystemExit):
                 raise
             except BaseException as e:  # noqa: BLE001 - DCP wraps every rank's failure in a BaseException
@@ -284,7 +242,8 @@ class Checkpointer:
             if self._already_committed(step, failed):
                 return None
             writer = self._writer(step, self._stager, t0)
-            dcp.save(state_dict, storage_writer=writer, process_group=self._pg, no_dist=self._pg is None)
+            with self._dcp_call():
+                dcp.save(state_dict, storage_writer=writer, process_group=self._pg, no_dist=self._pg is None)
             return writer
 
         if self._thread is None:
@@ -467,17 +426,20 @@ class Checkpointer:
         self.wait()  # loading writes into the very tensors a pending save may still be copying
         self._restore_started = time.perf_counter()
         while True:
-            choice: tuple[int, dict[str, Any]] | str | None = None
+            choice: tuple[int, dict[str, Any]] | dict[str, Any] | None = None
             if self.ctx.is_main:
                 try:
                     # sizes now; every byte's hash as it is read (VerifyingReader)
                     choice = self._restorer.choose()
+                except CheckpointCorruptError as e:  # every rank raises the same thing
+                    choice = {"message": e.message, "fix": e.fix, "corrupt": True}
                 except Exception as e:  # noqa: BLE001 - every rank must raise the same thing
-                    choice = f"{type(e).__name__}: {e}"
+                    choice = {"message": f"{type(e).__name__}: {e}", "corrupt": False,
+                              "fix": "inspect the checkpoints; delete the directory to start from scratch"}
             choice = self._broadcast(choice)
-            if isinstance(choice, str):
-                raise CheckpointError(choice, where=self.storage.uri,
-                                      fix="inspect the checkpoints; delete the directory to start from scratch")
+            if isinstance(choice, dict):  # none intact: exit 78, not restarted into the same (CheckpointCorruptError)
+                raise (CheckpointCorruptError if choice["corrupt"] else CheckpointError)(
+                    choice["message"], where=self.storage.uri, fix=choice["fix"])
             if choice is None:
                 log.info("no committed checkpoint under %s: starting from scratch", self.storage.uri)
                 return None
@@ -485,16 +447,20 @@ class Checkpointer:
             try:
                 self._load(step, manifest)
             except BaseException as e:  # noqa: BLE001 - DCP gathers every rank's read failure into one
-                if _state_mismatch(e):  # torch's CheckpointException is no Exception: a user's except missed it
+                if state_mismatch(e):  # torch's CheckpointException is no Exception: a user's except missed it
                     raise CheckpointUsageError(
                         f"checkpoint step {step} does not fit this script's state: {_root_cause(e)}",
                         where=self.storage.display(step_dir(step)),
                         fix="resume with the model and state names it was saved with (same architecture, same "
                             "keys of `state=`), or train into a new checkpoint location") from None
-                if not _integrity_failure(e):
+                corrupt = integrity_messages(e)
+                if not corrupt:
                     raise
-                # every rank got the same failure: the checkpoint is corrupt; the previous one is next
-                log.warning("checkpoint step %d is corrupt: %s; falling back to the previous one", step, _root_cause(e))
+                # every rank got the same failure: the checkpoint is corrupt; the previous one is next. One
+                # line per corrupt file, whole
+                for text in corrupt[1:]:
+                    log.warning("checkpoint step %d is corrupt: %s", step, text)
+                log.warning("checkpoint step %d is corrupt: %s; falling back to the previous one", step, corrupt[0])
                 if self.ctx.is_main:
                     self._restorer.quarantine(step_dir(step))
                 continue
@@ -514,7 +480,8 @@ class Checkpointer:
                 state.pop(name)
         try:
             reader.start_prefetch()  # page cache cold: the disk streams while DCP plans
-            dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
+            with self._dcp_call():
+                dcp.load(state, storage_reader=reader, process_group=self._pg, no_dist=self._pg is None)
         finally:
             reader.stop_prefetch()  # a load that failed between its plan and its reads
             self._restorer.discard(step)  # this rank's downloaded copy only
@@ -527,7 +494,8 @@ class Checkpointer:
         self.loaded_manifest = manifest
         self.last_committed = step
         if saved_ws != self.ctx.world_size:
-            log.info("checkpoint step %d was saved by %d ranks, loaded on %d", step, saved_ws, self.ctx.world_size)
+            log.info("checkpoint step %d was saved by %d rank%s, loaded on %d", step, saved_ws,
+                     "s" if saved_ws != 1 else "", self.ctx.world_size)
         log.info("resumed from checkpoint step %d (%s)", step, where)
 
 def _probe(storage: CheckpointStorage) -> tuple[str, str, bool] | None:
@@ -536,38 +504,6 @@ def _probe(storage: CheckpointStorage) -> tuple[str, str, bool] | None:
     except StorageError as e:
         return (e.message, e.fix or "", e.permanent)
     return None
-
-
-def _integrity_failure(exc: BaseException) -> bool:
-    """Whether a load failed because a checkpoint file is missing or does not match its manifest (on any
-    rank: DCP wraps them in CheckpointException(failures={rank: exc}))."""
-    if isinstance(exc, IntegrityError):
-        return True
-    failures = getattr(exc, "failures", None)
-    if isinstance(failures, dict):
-        return any(_integrity_inner(v[0] if isinstance(v, tuple) else v) for v in failures.values())
-    return False
-
-
-def _integrity_inner(exc: BaseException) -> bool:
-    """One rank's failure: an IntegrityError, or torch's AssertionError that joined one into its text (DCP
-    reads the metadata catching every error: a tampered ``.metadata`` came back as "metadata is None; global
-    metadata read failed: file .metadata does not match the manifest ...", which stopped the resume with a
-    traceback instead of falling back to the previous checkpoint)."""
-    if isinstance(exc, IntegrityError):
-        return True
-    text = str(exc)
-    return isinstance(exc, AssertionError) and "global metadata read failed: file .metadata " in text and (
-        "does not match the manifest" in text or "is missing" in text)
-
-
-def _state_mismatch(exc: BaseException) -> bool:
-    """Whether DCP refused the load because the saved tensors and the script's state disagree (a tensor's
-    shape, a key the script has and the checkpoint lacks): torch says so in a ValueError / RuntimeError."""
-    failures = getattr(exc, "failures", None)
-    inners = [v[0] if isinstance(v, tuple) else v for v in failures.values()] if isinstance(failures, dict) else [exc]
-    return any(isinstance(e, (ValueError, RuntimeError)) and not isinstance(e, IntegrityError)
-               and ("Size mismatch" in str(e) or "Missing key in checkpoint" in str(e)) for e in inners)
 
 
 def _root_cause(exc: BaseException) -> str:

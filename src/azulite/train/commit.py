@@ -34,7 +34,7 @@ from azulite.errors import CheckpointError
 from azulite.train import digest
 from azulite.train.catalog import MANIFEST, MANIFEST_FORMAT, read_manifest, scan_steps, step_dir
 from azulite.train.staging import CachedStager
-from azulite.train.storage import CheckpointStorage
+from azulite.train.storage import CheckpointStorage, remove_if_empty
 
 log = logging.getLogger("azulite.train.checkpoint")
 
@@ -96,6 +96,9 @@ class SaveJob:
             self.storage.fs.pipe_file(self.storage.path(f"{self.rel}/{sidecar}"), payload)
             for n in names:
                 (self.local_dir / n).unlink(missing_ok=True)
+            if self.rank != 0:  # done with its staging folder (rank 0 writes .metadata there next, in commit)
+                shutil.rmtree(self.local_dir, ignore_errors=True)
+                remove_if_empty(self.local_dir.parent)
         else:
             write_synced(self.local_dir / sidecar, payload)
 
@@ -133,8 +136,9 @@ class SaveJob:
         if self.hook:
             self.hook("before_manifest", self.step)
         self.storage.write_exclusive(f"{self.rel}/{MANIFEST}", json.dumps(manifest, indent=1, sort_keys=True).encode())
-        if self.storage.remote:
+        if self.storage.remote:  # its staging folder, and the step's once no rank on this host uses it
             shutil.rmtree(self.local_dir, ignore_errors=True)
+            remove_if_empty(self.local_dir.parent)
         # here, not on the training thread: deleting GBs takes rank 0 long enough to stall every rank
         try:
             retain(self.storage, newest=self.step, keep_last=self.keep_last, keep_every=self.keep_every)

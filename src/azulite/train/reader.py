@@ -150,6 +150,11 @@ class VerifyingReader(FileSystemReader):
         self.reads_done_at: float | None = None
 
     def read_metadata(self, *args: Any, **kwargs: Any) -> Any:
+        if kwargs.get("rank") is not None:
+            # DCP's fallback after ``.metadata`` failed: a rank's own ``__<rank>.metadata``, which azulite
+            # never writes. None lets DCP fail the load with the first failure alone (it raised "__0.metadata
+            # is not in the manifest" too, with a second traceback in the log)
+            return None
         if self._fetch is not None:
             path = Path(self._get_metadata_path(kwargs.get("rank")))
             self._fetch(path.name, path)

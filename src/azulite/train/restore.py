@@ -15,11 +15,11 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from azulite.errors import CheckpointError
+from azulite.errors import CheckpointCorruptError, CheckpointError
 from azulite.train import digest
 from azulite.train.digest import IntegrityError
 from azulite.train.catalog import MANIFEST, read_manifest, scan_steps, step_dir
-from azulite.train.storage import CheckpointStorage
+from azulite.train.storage import CheckpointStorage, remove_if_empty
 
 log = logging.getLogger("azulite.train.checkpoint")
 
@@ -39,6 +39,7 @@ class Restorer:
         self.rank = rank
         self.staging = staging
         self.threads = threads
+        self._quarantined: set[str] = set()  # un-committed by this process: said once, when it was
 
     def choose(self) -> tuple[int, dict[str, Any]] | None:
         """The newest committed checkpoint whose files are all there with their manifest sizes (step,
@@ -59,6 +60,8 @@ class Restorer:
                                 "the previous one", step, MANIFEST)
                     self.quarantine(rel)
                     corrupt += 1
+                elif rel in self._quarantined:
+                    corrupt += 1
                 elif self.storage.exists(f"{rel}/manifest.corrupt.json"):
                     log.warning("ignoring %s: found corrupt earlier", self.storage.display(rel))
                     corrupt += 1
@@ -74,12 +77,18 @@ class Restorer:
                 continue
             return step, manifest
         if corrupt:
-            raise CheckpointError(f"none of the {corrupt} committed checkpoint(s) under {self.storage.uri} is intact")
+            raise CheckpointCorruptError(
+                f"none of the {corrupt} committed checkpoint(s) under {self.storage.uri} is intact",
+                where=self.storage.uri,
+                fix="the log above names each one's bad file; they were un-committed (manifest.json renamed to "
+                    "manifest.corrupt.json): restore the files from a copy and rename the manifests back, or "
+                    "train into a new checkpoint location (or delete this one) to start from scratch")
         return None
 
     def quarantine(self, rel: str) -> None:
         """Un-commit a corrupt checkpoint (manifest.json -> manifest.corrupt.json): it stops counting, the
         evidence stays, and a later save of the same step replaces it."""
+        self._quarantined.add(rel)
         try:
             self.storage.fs.mv(self.storage.path(f"{rel}/{MANIFEST}"), self.storage.path(f"{rel}/manifest.corrupt.json"))
             log.warning("un-committed %s (manifest renamed to manifest.corrupt.json)", self.storage.display(rel))
@@ -121,6 +130,60 @@ class Restorer:
         return fetch
 
     def discard(self, step: int) -> None:
-        """Drop this rank's downloaded copy (Blob); local checkpoints are read in place and kept."""
+        """Drop this rank's downloaded copy (Blob), and its ``restore-step-N`` folder once no rank on this
+        host uses it; local checkpoints are read in place and kept."""
         if self.storage.remote:
-            shutil.rmtree(self.restore_dir(step), ignore_errors=True)
+            mine = self.restore_dir(step)
+            shutil.rmtree(mine, ignore_errors=True)
+            remove_if_empty(mine.parent)
+
+
+# --- what a failed load says ---------------------------------------------------------------------------
+_GLOBAL_METADATA = "global metadata read failed: "
+
+
+def integrity_messages(exc: BaseException) -> list[str]:
+    """What was wrong with which file, one message per corrupt file, whole (with the step folder), from
+    every rank's failure: an IntegrityError, or torch's AssertionError that joined one into its text (DCP
+    reads ``.metadata`` catching every error: a tampered one came back as "metadata is None; global metadata
+    read failed: file .metadata does not match the manifest ...", and the message was cut at 300 characters
+    in the middle of the folder's path)."""
+    failures = getattr(exc, "failures", None)
+    inners = [v[0] if isinstance(v, tuple) else v for _, v in sorted(failures.items())] \
+        if isinstance(failures, dict) else [exc]
+    out: list[str] = []
+    for inner in inners:
+        text = None
+        if isinstance(inner, IntegrityError):
+            text = inner.message if not inner.where else f"{inner.message} [{inner.where}]"
+        elif isinstance(inner, AssertionError) and _GLOBAL_METADATA in str(inner):
+            text = str(inner).split(_GLOBAL_METADATA, 1)[1].split("; rank local metadata read failed", 1)[0]
+            if not text.startswith("file .metadata ") or not ("does not match the manifest" in text
+                                                              or "is missing" in text):
+                text = None
+        if text and text not in out:
+            out.append(text)
+    return out
+
+
+def state_mismatch(exc: BaseException) -> bool:
+    """Whether DCP refused the load because the saved tensors and the script's state disagree (a tensor's
+    shape, a key the script has and the checkpoint lacks): torch says so in a ValueError / RuntimeError."""
+    failures = getattr(exc, "failures", None)
+    inners = [v[0] if isinstance(v, tuple) else v for v in failures.values()] if isinstance(failures, dict) else [exc]
+    return any(isinstance(e, (ValueError, RuntimeError)) and not isinstance(e, IntegrityError)
+               and ("Size mismatch" in str(e) or "Missing key in checkpoint" in str(e)) for e in inners)
+
+
+class _IntegrityTracebacks(logging.Filter):
+    """DCP logs a failed read of ``.metadata`` on the root logger with its traceback ("Global metadata is not
+    found. Falling back to rank local metadata.") before it fails the load with the same text. For a file
+    that does not match its manifest the Checkpointer says so itself, one line per file: that record goes."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        exc = record.exc_info[1] if record.exc_info else None
+        return not (isinstance(exc, IntegrityError)
+                    and record.getMessage().startswith(("Global metadata is not found", "Rank local metadata")))
+
+
+logging.getLogger().addFilter(_IntegrityTracebacks())

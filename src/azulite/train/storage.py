@@ -11,10 +11,14 @@ default Azure credential chain).
 
 from __future__ import annotations
 
+import base64
+import binascii
+import errno
 import os
 import re
 import shutil
 import uuid
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -141,6 +145,7 @@ class CheckpointStorage:
                         fix="set AZURE_STORAGE_CONNECTION_STRING (or AZURE_STORAGE_ACCOUNT_NAME and "
                         "AZURE_STORAGE_ACCOUNT_KEY)",
                     )
+                check_credentials(s)
                 kwargs: dict[str, Any] = {
                     "connection_timeout": s.connection_timeout,
                     "read_timeout": s.read_timeout,
@@ -150,13 +155,19 @@ class CheckpointStorage:
                     kwargs["connection_string"] = s.connection_string
                 else:
                     kwargs.update(account_name=s.account_name, account_key=s.account_key, sas_token=s.sas_token)
-                self._fs = fsspec.filesystem("az", **kwargs)
-                self._fs.service_client = self._service_client()
+                try:
+                    fs = fsspec.filesystem("az", **kwargs)
+                    fs.service_client = self._service_client(fs)
+                except ValueError as e:  # the SDK refused the settings themselves (no request was made)
+                    variable = "AZURE_STORAGE_CONNECTION_STRING" if s.connection_string else "AZURE_STORAGE_ACCOUNT_NAME"
+                    raise StorageConfigError(f"{variable} is malformed: {first_line(e)}", where="environment",
+                                             fix=_CREDENTIALS_FIX) from None
+                self._fs = fs
             else:
                 self._fs = fsspec.filesystem("file")
         return self._fs
 
-    def _service_client(self) -> Any:
+    def _service_client(self, fs: Any) -> Any:
         """adlfs builds its client with the SDK's default retries and no way to pass others; hand it one
         with bounded retries and timeouts (same credentials)."""
         from azure.storage.blob.aio import BlobServiceClient, ExponentialRetry
@@ -174,7 +185,7 @@ class CheckpointStorage:
         }
         if s.connection_string:
             return BlobServiceClient.from_connection_string(s.connection_string, **options)
-        credential = s.account_key or s.sas_token or self._fs.service_client.credential
+        credential = s.account_key or s.sas_token or fs.service_client.credential
         return BlobServiceClient(f"https://{s.account_name}.blob.core.windows.net", credential=credential, **options)
 
     def path(self, rel: str = "") -> str:
@@ -194,36 +205,47 @@ class CheckpointStorage:
                 probe.write_bytes(b"ok")
                 probe.unlink()
             except OSError as e:
-                raise StorageError(
-                    f"cannot write to the checkpoint directory: {e.strerror or e}",
+                # a folder that cannot be created or written as named (no such parent, /proc, read-only,
+                # permissions) stays so on a restart: a setting to fix; a full or failing disk may not
+                error = StorageError if e.errno in _LOCAL_TRANSIENT else StorageConfigError
+                raise error(
+                    f"cannot create or write the checkpoint directory {self.root}: {e.strerror or e}",
                     where=self.uri,
-                    fix="choose a directory this process can create and write, or fix its permissions",
+                    fix="choose a directory this process can create and write, or fix its permissions"
+                    if error is StorageConfigError else "free space on the disk or check it, then start again",
                 ) from None
             return
         container = self.root.split("/", 1)[0]
         try:
-            if not self.fs.exists(container):
-                self.fs.mkdir(container)
-            probe = self.path(f".probe-{uuid.uuid4().hex}")
-            self.fs.pipe_file(probe, b"ok")
-            self.fs.rm_file(probe)
+            # adlfs warns "Failed to fetch container properties ... Assume it exists already" for any failure
+            # of its container check, and goes on; the failure itself is reported below
+            with warnings.catch_warnings():
+                warnings.filterwarnings("ignore", message="Failed to fetch container properties", category=UserWarning)
+                if not self.fs.exists(container):
+                    self.fs.mkdir(container)
+                probe = self.path(f".probe-{uuid.uuid4().hex}")
+                self.fs.pipe_file(probe, b"ok")
+                self.fs.rm_file(probe)
         except StorageError:
             raise
         except Exception as e:  # noqa: BLE001 - any SDK/network failure is the same user problem
-            if getattr(e, "status_code", None) in (401, 403) or type(e).__name__ == "ClientAuthenticationError":
-                # the account answered and refused: credentials wrong as given, which no restart fixes
-                raise StorageConfigError(
-                    f"Azure Blob storage refused the credentials for {self.uri}: {type(e).__name__}: {first_line(e)}",
-                    where=self.uri,
-                    fix="check the account key, SAS token or identity (AZURE_STORAGE_CONNECTION_STRING, "
-                        "AZURE_STORAGE_KEY, ...) and that it may write to the container",
-                ) from None
+            if refused(e):
+                raise self.refused_error(e) from None
             raise StorageError(
                 f"cannot reach Azure Blob storage for {self.uri}: {type(e).__name__}: {first_line(e)}",
                 where=self.uri,
                 fix="check AZURE_STORAGE_CONNECTION_STRING / the account, and that the endpoint is up "
                 "(for tests: Azurite started with --skipApiVersionCheck)",
             ) from None
+
+    def refused_error(self, e: BaseException) -> StorageConfigError:
+        """The error for a request the account refused (:func:`refused`): credentials wrong as given, which no
+        restart fixes."""
+        return StorageConfigError(
+            f"Azure Blob storage refused the credentials for {self.uri}: {type(e).__name__}: {first_line(e)}",
+            where=self.uri,
+            fix="check the account key, SAS token or identity (AZURE_STORAGE_CONNECTION_STRING, or "
+                "AZURE_STORAGE_ACCOUNT_KEY / AZURE_STORAGE_SAS_TOKEN) and that it may write to the container")
 
     # -- listing and reading -------------------------------------------------------------------------------
     def list_dir(self, rel: str = "", *, folders_only: bool = False) -> list[str]:
@@ -339,6 +361,63 @@ class CheckpointStorage:
             self.fs.rm_file(self.path(rel))
         except FileNotFoundError:
             pass
+
+
+_CREDENTIALS_FIX = ("copy it again from the storage account (Azure portal: Access keys; or `az storage account "
+                    "show-connection-string` / `az storage account keys list`); for Azurite, its documented "
+                    "development connection string")
+#: errnos of a local folder that may be writable on a restart (a full or failing disk, a stale NFS handle)
+_LOCAL_TRANSIENT = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EIO, errno.ETIMEDOUT, errno.ESTALE, errno.EAGAIN})
+
+
+def check_credentials(settings: StorageSettings) -> None:
+    """Azure credentials malformed as given, named by their variable before any request: the SDK found them
+    only when it signed the first one ("AzureSigningError: Incorrect padding"), which read as storage that
+    is down (exit 1, restarted and retried into the same error). A key is decoded as the SDK decodes it;
+    no secret is echoed."""
+    if settings.connection_string:
+        parts = settings.connection_string.strip().rstrip(";").split(";")
+        found: dict[str, str] = {}
+        for i, part in enumerate(parts, 1):
+            name, eq, value = part.partition("=")
+            if not eq or not name.strip():
+                raise StorageConfigError(
+                    f"AZURE_STORAGE_CONNECTION_STRING is malformed: its setting {i} of {len(parts)} is not NAME=VALUE "
+                    "(e.g. AccountName=...;AccountKey=...;BlobEndpoint=...)", where="environment", fix=_CREDENTIALS_FIX)
+            found[name.strip().lower()] = value
+        if "accountkey" in found:
+            _check_key(found["accountkey"], "AZURE_STORAGE_CONNECTION_STRING is malformed: its AccountKey")
+    elif settings.account_key:
+        _check_key(settings.account_key, "AZURE_STORAGE_ACCOUNT_KEY")
+
+
+def _check_key(key: str, what: str) -> None:
+    try:
+        base64.b64decode(key)  # as the SDK decodes it to sign a request
+    except (binascii.Error, ValueError) as e:
+        raise StorageConfigError(f"{what} is not a base64 account key ({first_line(e)})", where="environment",
+                                 fix=_CREDENTIALS_FIX) from None
+
+
+def refused(e: BaseException) -> bool:
+    """Whether a Blob request failed because the account refused it (401/403), or the SDK could not sign it
+    with the key given (checked before, so hardly ever here), rather than storage that is down."""
+    if getattr(e, "status_code", None) in (401, 403):
+        return True
+    try:
+        from azure.core.exceptions import ClientAuthenticationError
+    except ImportError:  # pragma: no cover - installed with adlfs
+        return False
+    return isinstance(e, ClientAuthenticationError)
+
+
+def remove_if_empty(folder: str | os.PathLike) -> None:
+    """Remove a local staging ``folder`` if it is empty: another rank on this host may still be using it
+    (that rank removes it when done)."""
+    try:
+        os.rmdir(folder)
+    except OSError:  # not empty (another rank's), or gone already
+        pass
 
 
 def first_line(e: BaseException) -> str:
