@@ -216,11 +216,17 @@ class DataError(AzuliteError):
 
 class FlagError(AzuliteError):
     """A command-line flag given a value it cannot take (a batch size of 0, a negative number of epochs):
-    names the flag, the values it takes and the value given."""
+    names the flag, the values it takes and the value given. Permanent: a training process restarted with
+    the same flags fails the same way (it exits 78, its job is not restarted)."""
+
+    permanent = True
 
 
 class ModelConfigError(AzuliteError):
-    """Model flags that contradict each other or this machine (table sizes, layer sizes, memory)."""
+    """Model flags that contradict each other or this machine (table sizes, layer sizes, memory).
+    Permanent, as FlagError."""
+
+    permanent = True
 
 
 class ExportError(AzuliteError):

@@ -154,7 +154,7 @@ def test_every_number_flag_of_the_trainer_is_checked_by_name(tmp_path, flag, val
     with pytest.raises(FlagError) as e:
         _train_module().main(["--dataset_path", str(tmp_path), *BASE, flag, value])
     assert e.value.where == flag and e.value.message == says and e.value.fix.startswith(f"e.g. {flag} ")
-    assert exit_code(e.value) == 2 and not dist.is_initialized()
+    assert exit_code(e.value) == 78 and not dist.is_initialized()  # EXIT_CONFIG: its job is not restarted
 
 
 @pytest.mark.parametrize("content, says", [
@@ -193,3 +193,18 @@ def test_the_trainer_exits_2_on_data_of_no_step_and_commits_nothing(tmp_path):
     assert p.stderr.startswith(f"error: --dataset_path: 0 training rows from '{tmp_path / 'empty'}'"), p.stderr
     assert "Traceback" not in p.stderr and "fix: check the files hold Criteo TSV rows" in p.stderr
     assert not (tmp_path / "ck").exists()
+
+
+def test_the_trainer_exits_78_on_a_bad_flag_so_its_job_is_not_restarted(tmp_path):
+    """A flag a restart cannot change (--batch_size 0) exits EXIT_CONFIG: the launcher fails the job at
+    once instead of running it again into the same error (it was a traceback, exit 1, retried)."""
+    import subprocess
+    import sys
+
+    from azulite.contract import EXIT_CONFIG
+
+    p = subprocess.run([sys.executable, str(REPO / "examples" / "dlrm" / "train.py"), "--dataset_path",
+                        str(tmp_path), *BASE, "--batch_size", "0", "--checkpoints", str(tmp_path / "ck")],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == EXIT_CONFIG == 78, p.stdout + p.stderr
+    assert p.stderr.startswith("error: --batch_size: must be an integer >= 1, got 0"), p.stderr
