@@ -17,7 +17,8 @@ app = typer.Typer(no_args_is_help=True, help=(
     "Examples:\n\n"
     "  azulite deploy render examples/aks/torchrec/job.yaml --target aks --out build/\n\n"
     "  azulite deploy render examples/aks/torchrec/job.yaml --target aks --flavor pytorchjob --out build/\n\n"
-    "  azulite deploy render examples/aks/arr-coc-triton.yaml --target azureml --out build/"))
+    "  azulite deploy render examples/aks/gpu-workload.yaml --target aks --out build/\n\n"
+    "  azulite deploy render examples/aks/triton-endpoint.yaml --target azureml --out build/"))
 cluster_app = typer.Typer(no_args_is_help=True, help=(
     "Render what sets up an AKS cluster for GPU work, from the cluster spec `azulite simulate` reads.\n\n"
     "Example:\n\n  azulite cluster render examples/aks/cluster.yaml --resource-group torchrec-rg --out build/cluster"))
@@ -38,6 +39,7 @@ def render(
     image: Optional[str] = typer.Option(None, "--image", help="Image to run (default: the spec's environment.image)."),
     code_uri: Optional[str] = typer.Option(None, "--code-uri", help="az://container/prefix the code snapshot is fetched from (default: baked into the image)."),
     storage_account: Optional[str] = typer.Option(None, "--storage-account", help="Storage account of az:// locations."),
+    storage_key_secret: Optional[str] = typer.Option(None, "--storage-key-secret", help="Serving on AKS: a Secret holding the storage account key as azurestorageaccountkey (Triton reads Azure Storage with a key only)."),
     pvc: Optional[str] = typer.Option(None, "--pvc", help="PersistentVolumeClaim for outputs that are not az:// URIs."),
     service_account: str = typer.Option("azulite", "--service-account", help="Service account with a workload identity (Blob)."),
     grace: int = typer.Option(120, "--termination-grace", min=0, help="Seconds for the preemption checkpoint after SIGTERM."),
@@ -56,11 +58,12 @@ def render(
         raise AzuliteError(f"unknown flavor {flavor!r}", where="--flavor", fix=f"use --flavor {', '.join(FLAVORS)}")
     # a flag the target does not read would be dropped without a word
     given = {"--image": image, "--code-uri": code_uri, "--pvc": pvc, "--compute": compute, "--datastore": datastore,
+             "--storage-key-secret": storage_key_secret,
              "--flavor": flavor != "indexed-job", "--namespace": namespace != "default",
              "--service-account": service_account != "azulite", "--termination-grace": grace != 120}
     other = {"aks": ("--compute", "--datastore"),
              "azureml": ("--image", "--code-uri", "--pvc", "--flavor", "--namespace", "--service-account",
-                         "--termination-grace")}[target]
+                         "--termination-grace", "--storage-key-secret")}[target]
     unused = [f for f in other if given[f]]
     if unused:
         raise AzuliteError(f"{', '.join(unused)} {'does' if len(unused) == 1 else 'do'} not apply to --target {target}",
@@ -69,13 +72,16 @@ def render(
     if pvc is not None:
         check_object_name(pvc, "--pvc", "PersistentVolumeClaim", "training-outputs")
     check_object_name(service_account, "--service-account", "ServiceAccount", "azulite")
+    if storage_key_secret is not None:
+        check_object_name(storage_key_secret, "--storage-key-secret", "Secret", "models-storage")
     if storage_account is not None:
         check_storage_account(storage_account, "--storage-account")
     if image is not None and not _IMAGE.fullmatch(image):
         raise AzuliteError(f"{image!r} is not an image reference", where="--image",
                            fix="write REGISTRY/REPOSITORY[:TAG][@sha256:DIGEST], e.g. myacr.azurecr.io/train:1.0")
     aks = AksOptions(namespace=namespace, flavor=flavor, image=image, code_uri=code_uri, storage_account=storage_account,
-                     pvc=pvc, service_account=service_account, termination_grace_s=grace)
+                     pvc=pvc, service_account=service_account, termination_grace_s=grace,
+                     storage_key_secret=storage_key_secret)
     aml = AzureMLOptions(compute=compute, datastore=datastore, storage_account=storage_account)
     files = render_spec(spec, target, aks, aml, set_, out=out)
     for p in write_files(out, files):
