@@ -29,6 +29,32 @@ cluster_app = typer.Typer(no_args_is_help=True, help=(
 _IMAGE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._/:@-]*")
 
 
+# an Azure resource group: 1-90 letters, digits, '_', '-', '.', '(' and ')', not ending in '.'
+_RESOURCE_GROUP = re.compile(r"[-\w.()]{1,90}")
+
+
+def check_resource_group(value: str) -> None:
+    if not _RESOURCE_GROUP.fullmatch(value) or value.endswith("."):
+        raise AzuliteError(f"{value!r} is not an Azure resource group name", where="--resource-group",
+                           fix="use 1-90 letters, digits, '_', '-', '.', '(' and ')', not ending in '.'; "
+                               "`az group list --query [].name` lists yours")
+
+
+def parse_labels(items: List[str], flag: str) -> dict[str, str]:
+    """``["k=v", ...]`` as labels, each checked as Kubernetes checks a label."""
+    from azulite.spec import labels
+
+    out: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        problem = "no '=' in it" if not sep else labels.key_problem(key) or labels.value_problem(value)
+        if problem:
+            raise AzuliteError(f"{item!r}: {problem}", where=flag,
+                               fix=f"write {flag} KEY=VALUE ({labels.RULE}), e.g. {flag} release=kube-prometheus-stack")
+        out[key] = value
+    return out
+
+
 @app.command("render")
 def render(
     spec: Path = typer.Argument(..., help="A job spec or a serving spec (YAML)."),
@@ -96,15 +122,22 @@ def cluster_render(
     cluster_name: Optional[str] = typer.Option(None, "--cluster-name", help="The AKS cluster (default: the spec's name)."),
     namespace: str = typer.Option("monitoring", "--monitoring-namespace", help="Namespace of the DCGM exporter and alerts."),
     gpu_memory_free_mb: int = typer.Option(1024, "--gpu-memory-free-mb", min=0, help="GPUMemoryExhausted below this many MB free."),
-    gpu_temperature_c: int = typer.Option(85, "--gpu-temperature-c", help="GPUTemperatureHigh above this."),
-    alert_for: str = typer.Option("2m", "--alert-for", help="How long a condition holds before it alerts."),
+    gpu_temperature_c: int = typer.Option(85, "--gpu-temperature-c", min=1, max=120, help="GPUTemperatureHigh above this many degrees C."),
+    alert_for: str = typer.Option("2m", "--alert-for", help="How long free GPU memory stays below --gpu-memory-free-mb before GPUMemoryExhausted fires (GPUTemperatureHigh waits 5m, GPUIdle 30m)."),
+    rule_label: List[str] = typer.Option([], "--rule-label", help="KEY=VALUE label of the PrometheusRule, repeatable. kube-prometheus-stack loads only rules labelled release=<its Helm release>: --rule-label release=kube-prometheus-stack."),
 ) -> None:
     """Write nodepools.sh (az aks nodepool add ...), the NVIDIA device plugin, the DCGM exporter and the GPU alerts."""
     from azulite.deploy.cluster import AksCluster
     from azulite.deploy.render import render_cluster, write_files
+    from azulite.observe.rules import is_duration
 
+    check_resource_group(resource_group)
     check_namespace(namespace, "--monitoring-namespace")
+    if not is_duration(alert_for):
+        raise AzuliteError(f"{alert_for!r} is not a duration", where="--alert-for",
+                           fix="write a Prometheus duration: a number and a unit (ms, s, m, h, d, w, y), e.g. --alert-for 2m")
     aks = AksCluster(resource_group=resource_group, cluster_name=cluster_name, monitoring_namespace=namespace,
-                     gpu_memory_free_mb=gpu_memory_free_mb, gpu_temperature_c=gpu_temperature_c, alert_for=alert_for)
+                     gpu_memory_free_mb=gpu_memory_free_mb, gpu_temperature_c=gpu_temperature_c, alert_for=alert_for,
+                     rule_labels=tuple(parse_labels(rule_label, "--rule-label").items()))
     for p in write_files(out, render_cluster(spec, aks)):
         console.out().print(f"wrote {p}", markup=False)

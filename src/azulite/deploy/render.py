@@ -151,17 +151,22 @@ def _render_sweep(path: str | Path, target: Target, aml: azureml.AzureMLOptions,
 
 def render_cluster(path: str | Path, aks: cluster.AksCluster) -> dict[str, str]:
     """The files of ``cluster render`` for a cluster spec (``azulite.spec.cluster``, as ``simulate`` reads)."""
-    from azulite.spec.cluster import load_cluster
+    from azulite.spec.cluster import ClusterSpec, load_cluster
 
     spec = load_cluster(path)
-    return {
-        "nodepools.sh": cluster.nodepool_script(spec, aks),
-        "nvidia-device-plugin.yaml": dump_all(cluster.device_plugin(aks)),
-        "dcgm-exporter.yaml": dump_all(cluster.dcgm_exporter(aks)),
-        "gpu-alerts.yaml": dump_all([cluster.prometheus_rule(aks)]),
-        # the same groups as a plain rules file: `promtool check rules`, or Prometheus without the operator
-        "gpu-alerts.rules.yml": cluster.rule_file(aks),
-    }
+    try:
+        files = {"nodepools.sh": cluster.nodepool_script(spec, aks)}
+        if cluster.gpu_pools(spec):  # a cluster without GPU pools has no node for these to run on
+            files.update({
+                "nvidia-device-plugin.yaml": dump_all(cluster.device_plugin(aks, spec)),
+                "dcgm-exporter.yaml": dump_all(cluster.dcgm_exporter(aks, spec)),
+                "gpu-alerts.yaml": dump_all([cluster.prometheus_rule(aks)]),
+                # the same groups as a plain rules file: `promtool check rules`, or Prometheus without the operator
+                "gpu-alerts.rules.yml": cluster.rule_file(aks),
+            })
+        return files
+    except AzuliteError as e:
+        raise _placed(e, path, (), ClusterSpec.model_fields) from None
 
 
 def write_files(out: str | Path, files: dict[str, str]) -> list[Path]:
