@@ -57,9 +57,15 @@ def test_the_agent_requeues_a_job_whose_supervisor_died_with_no_command_run(home
     assert "stopped after" in err
 
 
-def test_the_agent_refuses_a_bad_interval_and_another_backend(home):
-    p = subprocess.run([*AZULITE, "agent", "--interval", "0"], capture_output=True, text=True, cwd=REPO)
-    assert p.returncode == 2 and "--interval" in p.stderr and "Traceback" not in p.stderr, p.stderr
+@pytest.mark.parametrize("interval", ["0", "-1", "inf", "nan", "1e12", "86401"])
+def test_the_agent_refuses_a_bad_interval(home, interval):
+    """inf and 1e12 ended in an OverflowError traceback (exit 1): the wait's timeout overflowed."""
+    p = subprocess.run([*AZULITE, "agent", "--interval", interval], capture_output=True, text=True, cwd=REPO)
+    assert p.returncode == 2 and "--interval" in p.stderr and "at most 86400" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+
+
+def test_the_agent_refuses_another_backend(home):
     p = subprocess.run([*AZULITE, "agent"], capture_output=True, text=True, cwd=REPO,
                        env={**os.environ, "AZULITE_BACKEND": "kubernetes"})
     assert p.returncode == 2 and "AZULITE_BACKEND" in p.stderr and "Traceback" not in p.stderr, p.stderr

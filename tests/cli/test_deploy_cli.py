@@ -146,3 +146,40 @@ def test_flags_the_target_does_not_read_are_refused(tmp_path, target, args, name
     # each was dropped without a word
     r = run("deploy", "render", str(ROOT / "examples/ddp/job.yaml"), "--target", target, *args, "--out", str(tmp_path / "o"))
     assert r.returncode == 2 and named in r.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("args, said", [
+    (["-g", ""], "--resource-group: '' is not an Azure resource group name"),
+    (["-g", "rg", "--alert-for", "banana"], "--alert-for: 'banana' is not a duration"),  # was "for: rule group ..."
+    (["-g", "rg", "--gpu-temperature-c", "-5"], "--gpu-temperature-c"),
+    (["-g", "rg", "--rule-label", "release"], "--rule-label: 'release': no '=' in it"),
+    (["-g", "rg", "--rule-label", "a b=c"], "--rule-label: 'a b=c': 'a b' is not a Kubernetes label key"),
+])
+def test_bad_cluster_render_options_are_named(tmp_path, capsys, args, said):
+    out = tmp_path / "out"
+    assert _exit_code("cluster", "render", str(ROOT / "examples/aks/cluster.yaml"), *args, "--out", str(out)) == 2
+    err = capsys.readouterr().err
+    assert said in err and "fix:" in err and "Traceback" not in err and not out.exists(), err
+
+
+def test_cluster_render_labels_the_rule_for_kube_prometheus_stack(tmp_path):
+    out = tmp_path / "out"
+    assert _exit_code("cluster", "render", str(ROOT / "examples/aks/cluster.yaml"), "-g", "my-rg.(prod)_1",
+                      "--rule-label", "release=kube-prometheus-stack", "--out", str(out)) == 0
+    rule = yaml.safe_load((out / "gpu-alerts.yaml").read_text())
+    assert rule["metadata"]["labels"] == {"release": "kube-prometheus-stack"}
+
+
+def test_serving_render_options(tmp_path, capsys):
+    spec, out = str(ROOT / "examples/aks/arr-coc-triton.yaml"), tmp_path / "out"
+    # as the example's comment says
+    assert _exit_code("deploy", "render", spec, "--target", "aks", "--storage-account", "mystorageaccount",
+                      "--storage-key-secret", "models-storage", "--out", str(out)) == 0
+    capsys.readouterr()
+    for args, said in ((["--flavor", "pytorchjob"], "--flavor: --flavor applies to job specs; this is a serving spec"),
+                       (["--storage-key-secret", "Bad!"], "--storage-key-secret: 'Bad!' is not a Kubernetes Secret name"),
+                       (["--target", "azureml", "--storage-key-secret", "s"], "--storage-key-secret does not apply to --target azureml")):
+        assert _exit_code("deploy", "render", spec, "--target", "aks", *args, "--out", str(tmp_path / "x")) == 2
+        err = capsys.readouterr().err
+        assert said in err and "Traceback" not in err, err
+    assert not (tmp_path / "x").exists()

@@ -37,6 +37,11 @@ def test_prometheusrule_holds_the_same_groups():
     assert obj["metadata"]["namespace"] == "monitoring"
     assert obj["spec"]["groups"] == file_doc["groups"]
     assert [g["name"] for g in file_doc["groups"]] == ["gpu.rules", "azulite-training"]
+    assert obj["metadata"]["labels"] == {}
+    # kube-prometheus-stack's default ruleSelector loads only rules labelled release=<its Helm release>
+    obj = yaml.safe_load(az("rules", "render", "--parts", "gpu", "--format", "prometheusrule", "--rule-label",
+                            "release=kube-prometheus-stack", "--rule-label", "team=ml", check=0).stdout)
+    assert obj["metadata"]["labels"] == {"release": "kube-prometheus-stack", "team": "ml"}
 
 
 @pytest.mark.parametrize("args, where", [
@@ -46,7 +51,9 @@ def test_prometheusrule_holds_the_same_groups():
     # each rendered a file promtool accepts: an alert that can never fire, a rule file with no rules
     (["--p99-target-ms", "nan"], "--p99-target-ms"), (["--parts", ","], "--parts: no rule part given"),
     (["--format", "prometheusrule", "--namespace", "Bad_NS!"], "--namespace: namespace 'Bad_NS!' is not"),
-    (["--namespace", "ops"], "--name and --namespace name the PrometheusRule object"),  # ignored by --format file
+    (["--namespace", "ops"], "--name, --namespace and --rule-label are the PrometheusRule object's"),  # ignored by --format file
+    (["--rule-label", "release=kps"], "--name, --namespace and --rule-label are the PrometheusRule object's"),
+    (["--format", "prometheusrule", "--rule-label", "release"], "--rule-label: 'release': no '=' in it"),
 ])
 def test_bad_flags_are_named(args, where):
     p = az("rules", "render", *args)

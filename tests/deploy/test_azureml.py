@@ -3,6 +3,9 @@ load_online_deployment: the SDK's marshmallow schemas), and match seed 001's doc
 
 from __future__ import annotations
 
+import os
+import shlex
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -89,29 +92,140 @@ def test_load_job_rejects_a_broken_document(tmp_path):
         ml.load_job(bad)
 
 
+def rest(files: dict, name: str):
+    """The endpoint and deployment as azure-ai-ml loads them and converts them for the service (what
+    `ml_client.online_endpoints.begin_create_or_update` runs before sending: names, scale settings)."""
+    ep = ml.load_online_endpoint(files[f"{name}-endpoint.yml"])
+    dep = ml.load_online_deployment(files[f"{name}-deployment.yml"])
+    ep._to_rest_online_endpoint("eastus")
+    dep._to_rest_object("eastus")
+    return ep, dep
+
+
+def serving_file(tmp_path, **spec):
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"name": "dens", "server": "triton", "model_repository": "az://models/dens",
+                                 "instance_type": "Standard_NC4as_T4_v3", **spec}, sort_keys=False))
+    return p
+
+
 def test_triton_endpoint_reproduces_seed_001(tmp_path):
-    files = render_to(EXAMPLES / "aks" / "triton-endpoint.yaml", tmp_path / "out")
-    ep = ml.load_online_endpoint(files["triton-endpoint-endpoint.yml"])
-    dep = ml.load_online_deployment(files["triton-endpoint-deployment.yml"])
+    out = tmp_path / "build" / "aml"
+    files = {p.name: p for p in write_files(out, render_spec(EXAMPLES / "aks" / "triton-endpoint.yaml", "azureml",
+                                                             AksOptions(), AzureMLOptions(), out=out))}
+    ep, dep = rest(files, "triton-endpoint")
     s_ep, s_dep = seed("create-managed-endpoint.yaml"), seed("create-managed-deployment.yaml")
     assert ep.name == s_ep["name"] and ep.auth_mode == s_ep["auth_mode"]
     assert dep.name == s_dep["name"] and dep.endpoint_name == s_dep["endpoint_name"]
     assert dep.model.type == s_dep["model"]["type"] == "triton_model"
-    assert dep.model.name == s_dep["model"]["name"] and str(dep.model.version) == str(s_dep["model"]["version"])
+    assert str(dep.model.version) == str(s_dep["model"]["version"])
     assert dep.instance_type == s_dep["instance_type"] and dep.instance_count == s_dep["instance_count"]
-    assert dep.model.path.endswith("examples/aks/models")
+    # the repository ships with the examples (it was ./models, which did not exist) and is written relative
+    # to the document, as `az ml` resolves it (it was this machine's absolute path)
+    doc = yaml.safe_load(files["triton-endpoint-deployment.yml"].read_text())
+    assert doc["model"]["path"] == os.path.relpath(EXAMPLES / "model_repository", out)
+    assert str(dep.model.path) == str(EXAMPLES / "model_repository")
+
+
+def test_a_local_repository_that_is_not_there_is_refused(tmp_path):
+    p = serving_file(tmp_path, model_repository="./models")
+    with pytest.raises(AzuliteError) as e:
+        render_to(p, tmp_path / "out")
+    assert e.value.where == f"{p}:3 (model_repository)" and "does not exist" in e.value.message
+    assert not (tmp_path / "out").exists()
 
 
 def test_autoscaled_endpoint_from_blob(tmp_path):
-    p = tmp_path / "s.yaml"
-    p.write_text(yaml.safe_dump({"name": "dens", "server": "triton", "model_repository": "az://models/dens",
-                                 "instance_type": "Standard_NC4as_T4_v3",
-                                 "autoscaling": {"min_replicas": 1, "max_replicas": 4, "target_cpu_utilization": 60}}))
+    """It rendered scale_settings target_utilization, which azure-ai-ml refuses for a managed deployment:
+    autoscaling is Azure Monitor's, rendered as its commands."""
+    p = serving_file(tmp_path, autoscaling={"min_replicas": 1, "max_replicas": 4, "target_cpu_utilization": 60})
     files = render_to(p, tmp_path / "out", datastore="workspaceblobstore")
-    dep = ml.load_online_deployment(files["dens-deployment.yml"])
-    assert dep.scale_settings.type == "target_utilization"
-    assert (dep.scale_settings.min_instances, dep.scale_settings.max_instances) == (1, 4)
+    _, dep = rest(files, "dens")
+    assert dep.scale_settings is None and dep.instance_count == 1
     assert dep.model.path == "azureml://datastores/workspaceblobstore/paths/dens"
+    script = files["dens-autoscale.sh"].read_text()
+    assert subprocess.run(["bash", "-n"], input=script, text=True).returncode == 0
+    commands = [shlex.split(c) for c in script.splitlines() if c.startswith("az monitor")]
+    assert commands[0][:3] == ["az", "monitor", "autoscale"] and commands[0][3] == "create"
+    create = dict(zip(commands[0][4::2], commands[0][5::2]))
+    assert (create["--min-count"], create["--max-count"], create["--count"]) == ("1", "4", "1")
+    conditions = [c[c.index("--condition") + 1] for c in commands[1:]]
+    assert conditions == ["CpuUtilizationPercentage > 60 avg 5m", "CpuUtilizationPercentage < 30 avg 5m"]
+    assert "az ml online-deployment show --endpoint-name dens --name blue" in script
+    # what was rendered before: the SDK refuses it before sending anything
+    doc = yaml.safe_load(files["dens-deployment.yml"].read_text())
+    doc["scale_settings"] = {"type": "target_utilization", "min_instances": 1, "max_instances": 4}
+    bad = tmp_path / "bad.yml"
+    bad.write_text(yaml.safe_dump(doc))
+    with pytest.raises(Exception, match="DefaultScaleSettings only"):
+        ml.load_online_deployment(bad)._to_rest_object("eastus")
+
+
+def test_an_endpoint_name_azure_ml_refuses_is_refused_with_the_fix(tmp_path):
+    """A 33-63 character name passed the Kubernetes rule and failed only when azure-ai-ml converted it."""
+    name = "gpu-inference-endpoint-for-recsys-prod"  # 38: a Service's name, not an endpoint's
+    p = serving_file(tmp_path, name=name, model_repository="azureml:dens:3")
+    with pytest.raises(AzuliteError) as e:
+        render_to(p, tmp_path / "out")
+    assert e.value.where == f"{p}:1 (name)" and "3 to 32" in e.value.message
+    assert e.value.fix.endswith("--set name=gpu-inference-endpoint-for")
+    fixed = render_spec(p, "azureml", AksOptions(), AzureMLOptions(), overrides=["name=gpu-inference-endpoint-for"])
+    out = write_files(tmp_path / "fixed", fixed)
+    rest({f.name: f for f in out}, "gpu-inference-endpoint-for")
+    # the SDK's own check, on what the rule refuses: the same verdict
+    doc = {"$schema": "x", "name": name, "auth_mode": "key"}
+    (tmp_path / "ep.yml").write_text(yaml.safe_dump(doc))
+    with pytest.raises(Exception, match="at least 3 and at most 32"):
+        ml.load_online_endpoint(tmp_path / "ep.yml")._to_rest_online_endpoint("eastus")
+
+
+@pytest.mark.parametrize("change, where", [
+    ({"priority": "spot"}, "priority"),
+    ({"args": ["--log-verbose=1"]}, "args"),
+    ({"server": "azulite"}, "server"),
+    ({"image": "nvcr.io/nvidia/tritonserver:24.01-py3"}, "image"),
+    ({"node_pool": "gpunp"}, "node_pool"),
+    ({"resources": {"cpu": "2", "memory": "8Gi"}}, "resources.cpu"),
+    ({"resources": {"gpus": 2}}, "resources.gpus"),
+    ({"args": ["--log-verbose=1"], "priority": "spot"}, "args, priority"),
+])
+def test_what_a_managed_deployment_has_no_place_for_is_refused_not_dropped(tmp_path, change, where):
+    """priority: spot and args vanished; server: azulite became Azure's Triton without a word."""
+    p = serving_file(tmp_path, **change)
+    with pytest.raises(AzuliteError) as e:
+        render_to(p, tmp_path / "out", datastore="ds")
+    assert e.value.where.endswith(f"({where})") and "has no place for" in e.value.message, str(e.value)
+    assert "--target aks" in e.value.fix
+
+
+@pytest.mark.parametrize("repo", ["as://acct/models/dens", "s3://bucket/dens", "https://acct.blob.core.windows.net/m/d"])
+def test_a_model_path_azure_ml_cannot_take_is_refused(tmp_path, repo):
+    with pytest.raises(AzuliteError) as e:
+        render_to(serving_file(tmp_path, model_repository=repo), tmp_path / "out")
+    assert e.value.where.endswith("(model_repository)") and "Azure ML cannot take" in e.value.message
+    assert "--datastore" in e.value.fix
+
+
+@pytest.mark.parametrize("repo, model", [
+    ("azureml://models/dens", "azureml:dens:1"), ("azureml://models/dens/versions/4", "azureml:dens:4"),
+    ("azureml:dens:2", "azureml:dens:2"),
+    ("azureml://registries/azureml/models/dens/versions/3", "azureml://registries/azureml/models/dens/versions/3"),
+])
+def test_registered_models_are_referenced(tmp_path, repo, model):
+    files = render_to(serving_file(tmp_path, model_repository=repo), tmp_path / "out")
+    assert yaml.safe_load(files["dens-deployment.yml"].read_text())["model"] == model
+    rest(files, "dens")
+
+
+def test_no_vm_size_is_said_in_the_serving_specs_words(tmp_path):
+    """It said training's "a cluster target needs one to size GPUs, /dev/shm" and "set resources.instance_type"."""
+    p = tmp_path / "s.yaml"
+    p.write_text(yaml.safe_dump({"name": "dens", "server": "triton", "model_repository": "azureml:dens:1"}))
+    with pytest.raises(AzuliteError) as e:
+        render_to(p, tmp_path / "out")
+    assert e.value.where == f"{p} (instance_type)"
+    assert e.value.message == "no VM size: an Azure ML online deployment runs on instances of one VM size"
+    assert e.value.fix.startswith("set instance_type, e.g. Standard_NC4as_T4_v3")
 
 
 @pytest.mark.parametrize("change, where", [

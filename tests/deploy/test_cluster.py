@@ -28,6 +28,12 @@ def files():
     return render_cluster(CLUSTER, AKS)
 
 
+def cluster_file(tmp_path, pools: list[dict], name: str | None = "gpu-aks") -> "Path":
+    p = tmp_path / "c.yaml"
+    p.write_text(yaml.safe_dump({**({"name": name} if name else {}), "pools": pools}, sort_keys=False))
+    return p
+
+
 def _commands(script: str) -> list[list[str]]:
     return [shlex.split(c) for c in script.replace("\\\n", " ").splitlines() if c.startswith("az ")]
 
@@ -64,6 +70,56 @@ def test_device_plugin_reproduces_seed_001_and_objects_validate(files):
     for t in spod["tolerations"]:
         assert t in pod["tolerations"]
     assert the(dcgm, "Service")["spec"]["ports"][0]["port"] == 9400
+
+
+def _placement(ds: dict) -> tuple[list[str], list[dict]]:
+    pod = ds["spec"]["template"]["spec"]
+    (term,) = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    (expr,) = term["matchExpressions"]
+    assert (expr["key"], expr["operator"]) == ("agentpool", "In")  # the label AKS puts on every node: its pool
+    return expr["values"], pod["tolerations"]
+
+
+def test_gpu_daemonsets_run_on_the_gpu_pools_only(files):
+    """The DCGM exporter had tolerations and no node selection: it landed on CPU nodes and crash-looped."""
+    for name in ("nvidia-device-plugin.yaml", "dcgm-exporter.yaml"):
+        pools, tolerations = _placement(the(docs(files[name]), "DaemonSet"))
+        assert pools == ["gpupool", "gpuspot", "gpunp"], name  # examples/aks/cluster.yaml's GPU pools, no other
+        assert {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"} in tolerations
+        assert {"key": "kubernetes.azure.com/scalesetpriority", "operator": "Equal", "value": "spot",
+                "effect": "NoSchedule"} in tolerations
+
+
+def test_gpu_daemonsets_tolerate_the_taints_a_pool_sets_itself(tmp_path):
+    """A pool with its own taint (not sku=gpu) got no device plugin: no GPU was ever advertised on it."""
+    p = cluster_file(tmp_path, [
+        {"name": "gpunp", "sku": "Standard_NC4as_T4_v3", "max_nodes": 2, "labels": {"sku": "cpu"},
+         "taints": ["nvidia.com/gpu=present:NoSchedule", "dedicated:NoExecute"]},
+        {"name": "cpu", "sku": "Standard_D4s_v3", "max_nodes": 2}])
+    files = render_cluster(p, AKS)
+    for name in ("nvidia-device-plugin.yaml", "dcgm-exporter.yaml"):
+        objects = docs(files[name])
+        assert_valid(objects)
+        pools, tolerations = _placement(the(objects, "DaemonSet"))
+        assert pools == ["gpunp"]
+        assert tolerations == [{"key": "nvidia.com/gpu", "operator": "Equal", "value": "present", "effect": "NoSchedule"},
+                               {"key": "dedicated", "operator": "Exists", "effect": "NoExecute"}]
+
+
+def test_a_cluster_without_gpu_pools_gets_only_its_node_pools(tmp_path):
+    files = render_cluster(cluster_file(tmp_path, [{"name": "cpu", "sku": "Standard_D4s_v3", "max_nodes": 3}]), AKS)
+    assert list(files) == ["nodepools.sh"]
+
+
+def test_prometheus_rule_labels_for_the_operators_rule_selector(tmp_path):
+    """The rule had `labels: {}`: kube-prometheus-stack's default ruleSelector (release: <release>) skipped it."""
+    aks = AksCluster(resource_group="rg", rule_labels=(("release", "kube-prometheus-stack"),))
+    (rule,) = docs(render_cluster(CLUSTER, aks)["gpu-alerts.yaml"])
+    assert_valid([rule])
+    assert rule["metadata"]["labels"] == {"release": "kube-prometheus-stack"}
+    with pytest.raises(AzuliteError) as e:
+        render_cluster(CLUSTER, AksCluster(resource_group="rg", rule_labels=(("a b", "x"),)))
+    assert "not a Kubernetes label key" in e.value.message
 
 
 def test_prometheus_rule_matches_seed_001(files):
@@ -140,6 +196,12 @@ def test_promtool_unit_tests_the_alerts(files, tmp_path):
     ({"min_nodes": 5}, "pools"),
     ({"name": "gpu-pool-for-training"}, "pools[0].name"),
     ({"sku": "ml.p3.2xlarge"}, "pools[0].sku"),
+    # each was rendered into nodepools.sh, to fail at `az` after the pools before it were made
+    ({"labels": {"a b": "x;y $(id)"}}, "pools[0].labels"),
+    ({"labels": {"team": "x;y"}}, "pools[0].labels"),
+    ({"taints": ["bad key=x:NoSchedule"]}, "pools[0].taints"),
+    ({"taints": ["k=v:Sometimes"]}, "pools[0].taints"),
+    ({"max_nodes": 5000}, "pools[0].max_nodes"),  # an AKS pool holds at most 1000 nodes
 ])
 def test_bad_cluster_specs(tmp_path, change, where):
     data = yaml.safe_load(CLUSTER.read_text())
@@ -149,7 +211,17 @@ def test_bad_cluster_specs(tmp_path, change, where):
     with pytest.raises(AzuliteError) as e:
         render_cluster(p, AKS)
     assert where in str(e.value.where), str(e.value)
+    assert str(e.value.where).startswith(f"{p}:")  # at its line
     assert e.value.fix
+
+
+def test_a_spec_without_a_name_names_no_cluster(tmp_path):
+    """It rendered `az aks nodepool add --cluster-name cluster`: a cluster nobody named."""
+    p = cluster_file(tmp_path, [{"name": "cpu", "sku": "Standard_D4s_v3"}], name=None)
+    with pytest.raises(AzuliteError) as e:
+        render_cluster(p, AKS)
+    assert e.value.where == f"{p} (name)" and "--cluster-name" in e.value.fix
+    assert "--cluster-name mine " in render_cluster(p, AksCluster(resource_group="rg", cluster_name="mine"))["nodepools.sh"]
 
 
 @pytest.mark.parametrize("spec_name, flag, where", [("bad name!", None, "name"), ("torchrec-aks", "x y", "--cluster-name"),
@@ -162,5 +234,5 @@ def test_an_aks_cluster_name_az_would_refuse_is_an_error(tmp_path, spec_name, fl
     p.write_text(yaml.safe_dump(data))
     with pytest.raises(AzuliteError) as e:
         render_cluster(p, AksCluster(resource_group="rg", cluster_name=flag))
-    assert e.value.where == where and "is not an AKS cluster name" in e.value.message
+    assert e.value.where == (where if flag else f"{p}:4 ({where})") and "is not an AKS cluster name" in e.value.message
     assert "--cluster-name gpu_aks-2 " in render_cluster(p, AksCluster(resource_group="rg", cluster_name="gpu_aks-2"))["nodepools.sh"]

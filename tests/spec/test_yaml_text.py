@@ -98,9 +98,9 @@ def _serving_spec(tmp_path, extra: str):
 def test_a_serving_specs_environment_reaches_the_deployment_as_written(tmp_path):
     p = _serving_spec(tmp_path, WRITTEN)
     assert load_model(p, ServingSpec).environment_variables == EXPECTED
-    files = render_spec(p, "aks", AksOptions(), AzureMLOptions())
+    files = render_spec(p, "aks", AksOptions(storage_account="acct", storage_key_secret="models-storage"), AzureMLOptions())
     deployment = next(d for text in files.values() for d in docs(text) if d["kind"] == "Deployment")
-    env = {e["name"]: e["value"] for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
+    env = {e["name"]: e.get("value") for e in deployment["spec"]["template"]["spec"]["containers"][0]["env"]}
     assert {k: env[k] for k in EXPECTED} == EXPECTED  # the rendered YAML quotes them: Kubernetes reads text
 
 

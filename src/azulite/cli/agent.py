@@ -22,14 +22,18 @@ from azulite.launch.backend import get_backend
 from azulite.launch.settings import Settings
 
 
+#: the longest wait between looks: a day (a job whose supervisor died waits that long to be requeued)
+MAX_INTERVAL_S = 86400
+
+
 def agent(
     interval: float = typer.Option(10.0, "--interval", help="Seconds between looks."),
     json_: bool = typer.Option(False, "--json", help="One JSON object per change."),
 ) -> None:
     """Requeue local jobs whose supervisor died, on a clock.  Example: azulite agent --interval 5"""
-    if not interval > 0:
-        raise AzuliteError(f"--interval {interval:g} must be above 0 seconds", where="--interval",
-                           fix="e.g. --interval 10")
+    if not 0 < interval <= MAX_INTERVAL_S:  # nan and inf too: a wait that long overflows the clock's timeout
+        raise AzuliteError(f"--interval {interval:g} must be above 0 and at most {MAX_INTERVAL_S} seconds (a day)",
+                           where="--interval", fix="e.g. --interval 10")
     settings = Settings.from_environ()
     if settings.backend != "local":
         raise AzuliteError(f"azulite agent looks after local jobs; AZULITE_BACKEND is {settings.backend!r}",

@@ -56,6 +56,7 @@ def render(
     format_: str = typer.Option("file", "--format", help="file (Prometheus rule_files) or prometheusrule (Kubernetes object)."),
     name: str = typer.Option("azulite", "--name", help="PrometheusRule object name."),
     namespace: str = typer.Option("monitoring", "--namespace", help="PrometheusRule namespace."),
+    rule_label: list[str] = typer.Option([], "--rule-label", help="KEY=VALUE label of the PrometheusRule, repeatable (kube-prometheus-stack loads rules labelled release=<its Helm release>)."),
     p99_target_ms: float = typer.Option(500, "--p99-target-ms", help="Serving p99 latency target."),
     no_progress_minutes: int = typer.Option(15, "--no-progress-minutes", help="Training: minutes without progress before alerting."),
     checkpoint_k: float = typer.Option(3, "--checkpoint-k", help="Training: alert when the last checkpoint is older than k intervals (k > 1)."),
@@ -69,9 +70,12 @@ def render(
 
     if format_ not in ("file", "prometheusrule"):
         raise SpecError(f"unknown format {format_!r}", field="--format", fix="file or prometheusrule")
-    if format_ == "file" and (name, namespace) != ("azulite", "monitoring"):  # they name a Kubernetes object
-        raise SpecError("--name and --namespace name the PrometheusRule object", field="--format",
-                        fix="add --format prometheusrule, or drop --name/--namespace")
+    if format_ == "file" and ((name, namespace) != ("azulite", "monitoring") or rule_label):  # a Kubernetes object's
+        raise SpecError("--name, --namespace and --rule-label are the PrometheusRule object's", field="--format",
+                        fix="add --format prometheusrule, or drop --name/--namespace/--rule-label")
+    from azulite.cli.deploy import parse_labels
+
+    labels = parse_labels(rule_label, "--rule-label")
     if not (0 < p99_target_ms < math.inf and no_progress_minutes >= 1):  # nan too
         raise SpecError("thresholds must be positive", field="--p99-target-ms/--no-progress-minutes",
                         fix="e.g. --p99-target-ms 250 --no-progress-minutes 15")
@@ -84,7 +88,8 @@ def render(
     groups = groups_for([p.strip() for p in parts.split(",") if p.strip()], p99_target_ms=p99_target_ms,
                         no_progress_minutes=no_progress_minutes, checkpoint_k=checkpoint_k)
     try:
-        text = rule_file(groups) if format_ == "file" else prometheus_rule_yaml(groups, name=name, namespace=namespace)
+        text = rule_file(groups) if format_ == "file" else prometheus_rule_yaml(groups, name=name, namespace=namespace,
+                                                                                          labels=labels)
     except SpecError as exc:  # the object's name or namespace: said as the flag that gave it
         if exc.field not in ("name", "namespace"):
             raise

@@ -1,5 +1,5 @@
-"""A job spec as an Azure ML command job, a serving spec as a managed online endpoint + deployment with a
-``triton_model`` (seed 001 §1.2 and §3.3), as the YAML ``az ml`` and azure-ai-ml's ``load_*`` read.
+"""A job spec as an Azure ML command job or sweep job (seed 001 §1.2), as the YAML ``az ml`` and azure-ai-ml's
+``load_*`` read (a serving spec as a managed online endpoint: ``azulite.deploy.azureml_serving``).
 
 Written as plain YAML documents rather than built with azure-ai-ml entities: rendering must not need the
 SDK (a 1.5 s import and a large dependency tree) and 1.x has dump traps (``command()`` returns a pipeline
@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from azulite.deploy.image import DEFAULT_BASE
 from azulite.deploy.sku import check_processes, sku_facts
 from azulite.errors import AzuliteError, DeployError
-from azulite.spec.serving import ServingSpec
 from azulite.spec.job import JobSpec, MpiDistribution, PathInput, PyTorchDistribution, TensorFlowDistribution
 
 if TYPE_CHECKING:
@@ -209,36 +208,4 @@ def sweep_job(sweep: SweepSpec, opts: AzureMLOptions) -> dict:
     for key in ("description", "tags", "properties", "identity", "services"):
         if sweep.azureml.get(key) is not None:
             doc[key] = sweep.azureml[key]
-    return doc
-
-
-def online_endpoint(spec: ServingSpec) -> dict:
-    return {"$schema": SCHEMA.format("managedOnlineEndpoint"), "name": spec.name, "auth_mode": spec.auth_mode}
-
-
-def online_deployment(spec: ServingSpec, opts: AzureMLOptions, name: str = "blue") -> dict:
-    """A no-code Triton deployment: the repository as a ``triton_model`` (no scoring script or environment)."""
-    if spec.server != "triton" and spec.image:
-        raise DeployError("an Azure ML no-code Triton deployment runs Azure's Triton, not an image", where="image",
-                          fix="remove image (or use --target aks to run your own image)")
-    sku = sku_facts(spec.instance_type, field="instance_type")
-    repo = spec.model_repository
-    if repo.startswith("az://"):
-        repo = _az_to_datastore(repo, opts, "model_repository")
-    if repo.startswith("azureml:") and not repo.startswith("azureml://datastores"):
-        model: Any = repo if not repo.startswith("azureml://") else f"azureml:{repo.rsplit('/', 1)[-1]}:{spec.model_version}"
-    else:
-        model = {"name": spec.model_name or f"{spec.name}-model", "version": spec.model_version,
-                 "path": repo, "type": "triton_model"}
-    doc: dict[str, Any] = {
-        "$schema": SCHEMA.format("managedOnlineDeployment"), "name": name, "endpoint_name": spec.name,
-        "model": model, "instance_type": sku.name,
-        "instance_count": spec.autoscaling.min_replicas if spec.autoscaling else max(1, spec.replicas),
-    }
-    if spec.autoscaling:
-        a = spec.autoscaling
-        doc["scale_settings"] = {"type": "target_utilization", "min_instances": a.min_replicas,
-                                 "max_instances": a.max_replicas, "target_utilization_percentage": a.target_cpu_utilization}
-    if spec.environment_variables:
-        doc["environment_variables"] = dict(spec.environment_variables)
     return doc

@@ -75,6 +75,9 @@ class AksOptions:
     storage_account: str | None = None
     #: PersistentVolumeClaim for outputs and checkpoints that are not az:// URIs
     pvc: str | None = None
+    #: serving: a Secret holding the storage account's key as ``azurestorageaccountkey`` (Triton reads Azure
+    #: Storage with a key only; azulite serve uses it instead of workload identity)
+    storage_key_secret: str | None = None
     #: the Kubernetes service account federated with an Azure identity (workload identity) for Blob
     service_account: str = "azulite"
     #: seconds between SIGTERM and SIGKILL: the preemption checkpoint must commit inside it

@@ -19,15 +19,17 @@ class SkuFacts:
     gpus: int
     ram_gb: float
     infiniband: bool
+    vcpus: int = 0
 
 
-def sku_facts(name: str | None, *, field: str = "resources.instance_type") -> SkuFacts:
-    """The catalog's facts for ``name``; an unknown SKU is the catalog's own error, placed at ``field``."""
+def sku_facts(name: str | None, *, field: str = "resources.instance_type",
+              needed_for: str = "a cluster target needs one to size GPUs, /dev/shm and the network",
+              example: str = "Standard_NC24rs_v3") -> SkuFacts:
+    """The catalog's facts for ``name``; an unknown SKU is the catalog's own error, placed at ``field``.
+    ``needed_for``: why a VM size is needed, said when there is none."""
     if not name:
-        raise DeployError(
-            "no VM size: a cluster target needs one to size GPUs, /dev/shm and the network",
-            where=field, fix="set resources.instance_type, e.g. Standard_NC24rs_v3 (`azulite catalog` lists them)",
-        )
+        raise DeployError(f"no VM size: {needed_for}", where=field,
+                          fix=f"set {field}, e.g. {example} (`azulite catalog` lists them)")
     from azulite.catalog import get_sku  # the shared catalog: SKUs as dated, sourced data
     from azulite.errors import UnknownSku
 
@@ -43,7 +45,37 @@ def sku_facts(name: str | None, *, field: str = "resources.instance_type") -> Sk
         raise DeployError(f"{sku.name} is a {sku.cloud} instance type; AKS and Azure ML run Azure VM sizes", where=field,
                           fix="pick an Azure VM size (`azulite catalog` lists them)")
     return SkuFacts(name=sku.name, gpus=int(sku.gpus), ram_gb=float(sku.ram_gb),
-                    infiniband=bool(sku.infiniband_gbps))
+                    infiniband=bool(sku.infiniband_gbps), vcpus=int(sku.vcpus))
+
+
+#: the kubelet's hard eviction threshold on AKS (memory.available<100Mi): never allocatable
+AKS_EVICTION_MIB = 100
+#: pods per node assumed for AKS's memory reservation: the Azure CLI's default (Azure CNI's is 30, its maximum 250)
+AKS_MAX_PODS = 110
+
+
+def aks_reserved_cpu_millicores(vcpus: int) -> int:
+    """AKS's kube-reserved CPU (learn.microsoft.com/azure/aks/node-resource-reservations: 60, 100, 140, 180,
+    260, 420, 740 millicores at 1, 2, 4, 8, 16, 32, 64 cores): linear between those points, and 10m a core
+    above 4 cores as the table grows (64 cores: 740m)."""
+    if vcpus <= 1:
+        return 60
+    if vcpus <= 2:
+        return 60 + 40 * (vcpus - 1)
+    if vcpus <= 4:
+        return 100 + 20 * (vcpus - 2)
+    return 140 + 10 * (vcpus - 4)
+
+
+def aks_allocatable(sku: SkuFacts) -> tuple[int, int]:
+    """(millicores, bytes) a pod may request on one AKS node of ``sku``: the VM's vCPUs and RAM (GiB, as
+    Azure lists them) less AKS's reservations (AKS 1.29 and later: kube-reserved memory is the lesser of
+    20 MB per pod (``AKS_MAX_PODS``) + 50 MB and 25% of the RAM, plus the 100Mi eviction threshold).
+    DaemonSets (kube-proxy, the CNI, the device plugin) take their requests from this too."""
+    ram = int(sku.ram_gb * 2**30)
+    kube_reserved = min((20 * AKS_MAX_PODS + 50) * 2**20, ram // 4)
+    return (sku.vcpus * 1000 - aks_reserved_cpu_millicores(sku.vcpus),
+            ram - kube_reserved - AKS_EVICTION_MIB * 2**20)
 
 
 def nccl_env(sku: SkuFacts) -> dict[str, str]:

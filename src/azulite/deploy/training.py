@@ -208,7 +208,8 @@ def pod_template(spec: JobSpec, opts: AksOptions, sku: SkuFacts, *, command: lis
     # what the ranks said (under torchrun) or the command's own code (run once per pod)
     volumes.append({"name": ENTRY_VOLUME, "configMap": {"name": entry_map, "defaultMode": 0o555}})
     mounts.append({"name": ENTRY_VOLUME, "mountPath": ENTRY_DIR, "readOnly": True})
-    # where its ranks' exit codes go: writable under a read-only root filesystem (a common AKS policy)
+    # where its ranks' exit codes go: an emptyDir, not the image's filesystem (the pod sets no readOnlyRootFilesystem:
+    # torchrun makes its log folder in /tmp)
     volumes.append({"name": MARKS_VOLUME, "emptyDir": {"sizeLimit": "1Mi"}})
     mounts.append({"name": MARKS_VOLUME, "mountPath": pod_entry.DEFAULT_MARKS})
     agent = ["python3", ENTRY, "agent", *([f"--exit-preempted={exit_preempted}"] if exit_preempted != EXIT_PREEMPTED

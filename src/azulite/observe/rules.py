@@ -75,6 +75,11 @@ class RuleGroup:
         return out
 
 
+def is_duration(text: str) -> bool:
+    """Whether ``text`` is a Prometheus duration (``5m``, ``1h30m``), as ``for`` and ``interval`` take."""
+    return bool(_DURATION.match(text))
+
+
 def validate(groups: Iterable[RuleGroup]) -> list[RuleGroup]:
     groups = list(groups)
     seen_groups: set[str] = set()
@@ -138,6 +143,12 @@ def prometheus_rule(groups: Iterable[RuleGroup], *, name: str, namespace: str = 
     if not _DNS_LABEL.match(namespace):
         raise SpecError(f"namespace {namespace!r} is not a Kubernetes namespace name", field="namespace",
                         fix="lower-case letters, digits and '-', at most 63, e.g. monitoring")
+    from azulite.spec import labels as k8s_labels
+
+    for key, value in (labels or {}).items():
+        problem = k8s_labels.key_problem(key) or k8s_labels.value_problem(value)
+        if problem:
+            raise SpecError(f"PrometheusRule label {key}={value}: {problem}", field="labels", fix=k8s_labels.RULE)
     return {"apiVersion": "monitoring.coreos.com/v1", "kind": "PrometheusRule",
             "metadata": {"name": name, "namespace": namespace, "labels": dict(labels or {})},
             "spec": {"groups": [g.to_dict() for g in validate(groups)]}}

@@ -30,6 +30,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from azulite.errors import SpecError
+from azulite.spec import labels
 from azulite.spec.job import parse_duration
 from azulite.spec.loader import _data_path, _describe, _Source
 from azulite.spec.yaml_text import dotted, line_map, parse
@@ -65,10 +66,22 @@ class Taint(_Model):
         key, _, value = kv.partition("=")
         if not key or not effect:
             raise ValueError(f"a taint is key=value:Effect, e.g. {SPOT_TAINT}")
+        if effect not in ("NoSchedule", "PreferNoSchedule", "NoExecute"):
+            raise ValueError(f"taint {text}: the effect is NoSchedule, PreferNoSchedule or NoExecute, not {effect!r}")
+        problem = labels.key_problem(key) or labels.value_problem(value)
+        if problem:
+            raise ValueError(f"taint {text}: {problem} ({labels.RULE})")
         return cls(key=key, value=value, effect=effect)
 
     def __str__(self) -> str:
         return f"{self.key}={self.value}:{self.effect}"
+
+    @model_validator(mode="after")
+    def _syntax(self) -> "Taint":
+        problem = labels.key_problem(self.key) or labels.value_problem(self.value)
+        if problem:
+            raise ValueError(f"taint {self.key}={self.value}: {problem} ({labels.RULE})")
+        return self
 
 
 class NodePool(_Model):
@@ -87,6 +100,15 @@ class NodePool(_Model):
     eviction_rate_per_hour: float | None = Field(default=None, ge=0)
     #: which price applies to a non-spot pool
     pricing: Literal["on_demand", "reserved_1y", "reserved_3y", "savings_1y", "savings_3y"] = "on_demand"
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            problem = labels.key_problem(key) or labels.value_problem(value)
+            if problem:
+                raise ValueError(f"label {key}={value}: {problem} ({labels.RULE})")
+        return v
 
     @field_validator("taints", mode="before")
     @classmethod

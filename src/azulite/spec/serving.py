@@ -15,6 +15,7 @@ from typing import Any, Iterable, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from azulite.deploy.quantity import parse_quantity, resource_quantity
 from azulite.errors import SpecError
 from azulite.spec.yaml_text import dotted, parse
 
@@ -41,7 +42,9 @@ class Autoscaling(_Model):
 
 
 class ServingResources(_Model):
-    """Per replica. ``gpus`` defaults to 1 on a GPU VM size, 0 elsewhere."""
+    """Per replica, Kubernetes quantities (``4``, ``500m``; ``16Gi``). ``gpus`` defaults to 1 on a GPU VM
+    size, 0 elsewhere; ``cpu``/``memory`` are limits, ``*_request`` requests (a limit alone is also the
+    request, as Kubernetes reads it)."""
 
     gpus: int | None = Field(default=None, ge=0)
     cpu: str | None = None
@@ -49,10 +52,34 @@ class ServingResources(_Model):
     cpu_request: str | None = None
     memory_request: str | None = None
 
+    @field_validator("cpu", "memory", "cpu_request", "memory_request", mode="before")
+    @classmethod
+    def _quantity(cls, v: Any) -> Any:
+        if isinstance(v, (int, float)) and not isinstance(v, bool):
+            v = str(v)  # `cpu: 4` reads as the quantity "4"
+        if isinstance(v, str):
+            resource_quantity(v)
+        return v
+
+    @model_validator(mode="after")
+    def _request_within_limit(self) -> "ServingResources":
+        for what, limit, request in (("cpu", self.cpu, self.cpu_request), ("memory", self.memory, self.memory_request)):
+            if limit and request and parse_quantity(request) > parse_quantity(limit):
+                # the API server refuses it: "must be less than or equal to <what> limit"
+                raise ValueError(f"{what}_request ({request}) is above the {what} limit ({limit}): Kubernetes "
+                                 f"refuses a request above its limit")
+        return self
+
 
 class ServingSpec(_Model):
-    """``model_repository``: a local folder, ``az://container/path`` (downloaded by ``azulite serve``),
-    or a URI the server itself reads (``azureml://``, ``as://``, ``s3://`` for Triton)."""
+    """``model_repository``, as each target reads it (``azulite.deploy.serving`` and ``.azureml`` check it):
+
+    - ``az://container/path`` (Blob): ``azulite serve`` mirrors it itself; for Triton on AKS it becomes
+      Triton's ``as://ACCOUNT/container/path``; on Azure ML, a path on the datastore of that container.
+    - ``as://account/container/path``, ``s3://``, ``gs://``: URIs Triton reads itself (AKS, ``server: triton``).
+    - ``azureml:NAME:VERSION`` / ``azureml://...``: an Azure ML model asset or datastore path (Azure ML only).
+    - a local folder (relative to the spec file): uploaded by ``az ml online-deployment create`` (Azure ML
+      only: a pod on AKS cannot see this machine's disk)."""
 
     name: str
     model_repository: str = Field(min_length=1)

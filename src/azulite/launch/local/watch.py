@@ -17,11 +17,14 @@ from typing import Callable
 
 from azulite.errors import JobNotFound
 from azulite.launch.local.backend import LocalBackend
+from azulite.launch.records import JobRecord, JobState
 
 
 @dataclass(frozen=True)
 class Change:
-    """A job whose state or attempt changed while the agent looked at it (a recovery, mostly)."""
+    """A job whose state or attempt changed while the agent looked at it (a recovery, mostly). A requeued
+    job's attempt is the one it was requeued as (the store keeps the ended attempt's number until the new
+    supervisor starts it)."""
 
     job_id: str
     before: str
@@ -35,6 +38,11 @@ class Change:
                 f"(attempt {self.attempt_after})" + (f": {self.reason}" if self.reason else ""))
 
 
+def _attempt(rec: JobRecord) -> int:
+    """The attempt a job is at: a requeued job's next one (it said "retry N as attempt A")."""
+    return rec.attempt + 1 if rec.state == JobState.REQUEUED else rec.attempt
+
+
 def look(backend: LocalBackend) -> list[Change]:
     """One look at every job not ended; the changes it caused."""
     changes = []
@@ -45,7 +53,7 @@ def look(backend: LocalBackend) -> list[Change]:
             continue
         if (now.state, now.attempt) != (rec.state, rec.attempt):
             why = now.events[-1]["message"] if now.events else now.reason  # the transition's own words
-            changes.append(Change(rec.id, rec.state.value, now.state.value, rec.attempt, now.attempt, why))
+            changes.append(Change(rec.id, rec.state.value, now.state.value, _attempt(rec), _attempt(now), why))
     return changes
 
 
