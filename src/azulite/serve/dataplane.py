@@ -140,8 +140,8 @@ class TritonDataPlane(ModelControl):
         self._policies: dict[str, tuple[mc.ModelConfig, FallbackPolicy | None, OutputMonitor | None]] = {}
         #: (model, fallback, reason) -> requests answered by the fallback (azulite_fallback_total)
         self.fallbacks: dict[tuple[str, str, str], int] = {}
-        #: per model loaded through the load API: (its config override or None, whether files came too)
-        self._overrides: dict[str, tuple[str | None, bool]] = {}
+        #: the models last loaded through the load API with file overrides (serve/model_control.py journal)
+        self._file_loads: set[str] = set()
         self.metrics.extra.append(lambda: fallback_metrics(self.fallbacks))
         self.metrics.extra.append(lambda: drift_metrics(self.manager.entries, self._policies))
         self.metrics.extra.append(instances.restart_metrics)

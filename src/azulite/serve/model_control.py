@@ -90,7 +90,10 @@ class ModelControl:
                 if not reason.startswith("failed to load"):
                     reason = f"failed to load '{name}': {reason}"
                 raise ModelLoadError(reason, where=f"model '{name}'", fix=entry.load_fix or None)
-            self._overrides[name] = (config_json, bool(files))
+            if files:
+                self._file_loads.add(name)
+            else:
+                self._file_loads.discard(name)
             self._write_journal()
 
     async def unload_model(self, name: str, unload_dependents: bool = False) -> None:
@@ -100,13 +103,12 @@ class ModelControl:
             self._write_journal()
 
     def _write_journal(self) -> None:
-        """The models serving now, each with the config override it was last loaded with (explicit mode,
-        ``settings.control_journal``): what a restarted model host loads (:func:`journaled`)."""
+        """The models serving now, each with the config override its versions run with (explicit mode,
+        ``settings.control_journal``): what a restarted model host loads (:meth:`replay`)."""
         path = self.settings.control_journal
         if path is None or self.settings.control_mode != "explicit":
             return
-        serving = {name: {"config": self._overrides.get(name, (None, False))[0],
-                          "files": self._overrides.get(name, (None, False))[1]}
+        serving = {name: {"config": entry.override, "files": name in self._file_loads}
                    for name, entry in self.manager.entries.items() if entry.ready}
         tmp = path.with_suffix(".tmp")
         tmp.write_text(json.dumps(serving, sort_keys=True))
