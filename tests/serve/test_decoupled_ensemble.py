@@ -306,6 +306,27 @@ def test_a_decoupled_steps_error_fails_the_request_dropping_what_had_not_left():
     assert seen == []  # the error came while both responses were still in their steps: neither is sent
 
 
+def test_a_decoupled_step_no_output_comes_after_is_refused():
+    """Two decoupled steps side by side, the outputs after one: the other's responses would each run the
+    steps after the first again (a response per pair); refused at load, naming it."""
+    from azulite.errors import ModelLoadError
+    from azulite.serve import config as cfg
+    from azulite.serve.ensemble import check_decoupled_origins
+
+    head, tail = CHAIN.rsplit("] }\n", 1)
+    text = head + ', { model_name: "repeat_py" input_map { key: "IN" value: "X" } output_map { key: "OUT" value: "R2" } }' \
+        + "] }\n" + tail
+    config = cfg.parse_config_text(text, model="chain")
+
+    def composing(name):
+        c = cfg.parse_config_text(f'name: "{name}"', model=name)
+        c.model_transaction_policy.decoupled = name == "repeat_py"
+        return c
+
+    with pytest.raises(ModelLoadError, match="decoupled step model\\(s\\) 'repeat_py' lead to none of its outputs"):
+        check_decoupled_origins(config, composing)
+
+
 @pytest.mark.parametrize(("outputs", "steps", "refused"), [
     # the chain itself: every step after repeat_py takes only what came from it
     ("Y I", "", None),

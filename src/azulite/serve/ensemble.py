@@ -94,6 +94,7 @@ def check_decoupled_origins(config: mc.ModelConfig, composing: Callable[[str], m
     name = config.name
     steps = list(config.ensemble_scheduling.step)
     origin: dict[str, str] = {t.name: "" for t in config.input}  # tensor -> the decoupled step it comes after
+    above: dict[str, str] = {}  # a decoupled step -> the decoupled step its inputs came after ("" none)
     pending = list(range(len(steps)))
     while pending:
         progressed = False
@@ -105,12 +106,24 @@ def check_decoupled_origins(config: mc.ModelConfig, composing: Callable[[str], m
             progressed = True
             came = _same_origin(name, step.model_name, [origin[v] for v in step.input_map.values()])
             if composing(step.model_name).model_transaction_policy.decoupled:
+                above[f"{index}:{step.model_name}"] = came
                 came = f"{index}:{step.model_name}"
             for value in step.output_map.values():
                 origin[value] = came
         if not progressed:  # a step whose input is never made: check_ensemble says which
             return
-    _same_origin(name, name, [origin[t.name] for t in config.output if t.name in origin])
+    reach = _same_origin(name, name, [origin[t.name] for t in config.output if t.name in origin])
+    chain = set()  # the decoupled steps the ensemble's responses come through
+    while reach:
+        chain.add(reach)
+        reach = above[reach]
+    aside = sorted(d.split(":", 1)[1] for d in above if d not in chain)
+    if aside:  # each response of such a step would run the steps after it for no response of the ensemble
+        raise ModelLoadError(
+            f"ensemble '{name}': decoupled step model(s) {', '.join(map(repr, aside))} lead to none of its outputs: "
+            "azulite streams an ensemble through the decoupled steps its outputs come after, one chain",
+            fix="remove the step, or make the ensemble's outputs come after it (Triton runs such a step and "
+                "drops its responses)")
 
 
 def _same_origin(ensemble: str, model: str, origins: list[str]) -> str:
