@@ -42,6 +42,7 @@ def connection_string(port: int) -> str:
 class Azurite:
     def __init__(self, location: Path, port: int | None = None, args: tuple[str, ...] = ()) -> None:
         self.location = location
+        self._chosen = port is None  # a port chosen here may be chosen again if another process takes it
         self.port = port or free_port()
         self.args = args  # more azurite-blob flags (e.g. --cert/--key to serve TLS)
         self.proc: subprocess.Popen | None = None
@@ -55,6 +56,18 @@ class Azurite:
         if binary is None:
             raise RuntimeError("azurite-blob not found: run `bash scripts/install.sh --dev` (npm install azurite)")
         self.location.mkdir(parents=True, exist_ok=True)
+        chosen = self._chosen
+        for attempt in range(3):  # a free port chosen here can be taken by another process before azurite binds
+            if self._launch(binary, timeout):
+                return self
+            if not chosen or attempt == 2:
+                break
+            self.port = free_port()
+        raise RuntimeError(f"azurite did not serve on port {self.port} within {timeout}s (another server holds it?)")
+
+    def _launch(self, binary: str, timeout: float) -> bool:
+        """Azurite started on ``self.port``: True once it listens there; False (stopped) when the port was
+        taken (it exits with EADDRINUSE, or another process listens there)."""
         self.proc = subprocess.Popen(
             [binary, "--skipApiVersionCheck", "--blobHost", "127.0.0.1", "--blobPort", str(self.port),
              "--location", str(self.location), "--silent", "--loose", *self.args],
@@ -63,14 +76,39 @@ class Azurite:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
-                raise RuntimeError(f"azurite exited {self.proc.returncode}: {self.proc.stderr.read().decode()[-2000:]}")
-            try:
-                with socket.create_connection(("127.0.0.1", self.port), timeout=1):
-                    return self
-            except OSError:
-                time.sleep(0.1)
+                err = self.proc.stderr.read().decode()[-2000:]
+                if "EADDRINUSE" in err:
+                    self.stop()
+                    return False
+                raise RuntimeError(f"azurite exited {self.proc.returncode}: {err}")
+            owner = self._listener()
+            if owner == "ours":
+                return True
+            if owner == "other":  # someone else's server took the port after it was chosen
+                self.stop()
+                return False
+            time.sleep(0.1)  # polling the readiness condition, not synchronising on time
         self.stop()
         raise RuntimeError(f"azurite did not listen on port {self.port} within {timeout}s")
+
+    def _listener(self) -> str | None:
+        """Who listens on the port: "ours" (this azurite's process or a child of it), "other", or None."""
+        import psutil
+
+        try:
+            procs = [psutil.Process(self.proc.pid)]
+            procs += procs[0].children(recursive=True)
+            for proc in procs:
+                if any(c.status == psutil.CONN_LISTEN and c.laddr.port == self.port
+                       for c in proc.net_connections(kind="tcp")):
+                    return "ours"
+        except psutil.NoSuchProcess:
+            return None  # exited: the poll above says why
+        try:
+            with socket.create_connection(("127.0.0.1", self.port), timeout=1):
+                return "other"
+        except OSError:
+            return None
 
     def stop(self) -> None:
         if self.proc is None:
