@@ -6,6 +6,7 @@ from __future__ import annotations
 import shlex
 import shutil
 import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -28,7 +29,7 @@ def files():
     return render_cluster(CLUSTER, AKS)
 
 
-def cluster_file(tmp_path, pools: list[dict], name: str | None = "gpu-aks") -> "Path":
+def cluster_file(tmp_path, pools: list[dict], name: str | None = "gpu-aks") -> Path:
     p = tmp_path / "c.yaml"
     p.write_text(yaml.safe_dump({**({"name": name} if name else {}), "pools": pools}, sort_keys=False))
     return p

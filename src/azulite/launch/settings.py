@@ -69,6 +69,6 @@ def _positive_int(env: Mapping[str, str], name: str) -> int | None:
         return None
     if not raw.isdigit() or int(raw) < 1:
         raise AzuliteError(f"{name}={raw!r} is not a whole number >= 1", where=name,
-                           fix=f"set it to the most processes a local job may start, such as 64, or unset it "
+                           fix="set it to the most processes a local job may start, such as 64, or unset it "
                                "(4 per usable core)")
     return int(raw)

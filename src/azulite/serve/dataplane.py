@@ -45,7 +45,7 @@ from azulite.serve.sequence import Sequencer
 from azulite.serve.shm import SharedMemory
 from azulite.serve.trace import Trace, Tracer, trace_tensors
 from azulite.serve.trace_settings import TraceSettings
-from azulite.serve.types import InferRequest, InferResponse, InferTensor, RequestedOutput
+from azulite.serve.types import InferRequest, InferResponse, InferTensor
 
 SERVER_NAME = "azulite"
 SERVER_VERSION = "0.1.0"
