@@ -11,8 +11,6 @@ from __future__ import annotations
 import itertools
 import json
 import shutil
-import subprocess
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,12 +25,12 @@ from azulite.errors import ExportError
 from azulite.export import ExportOptions, export_checkpoint
 from azulite.export.wrappers import python_backend_copy
 from azulite.export.dlrm import reference_scores
-from azulite.launch.local.procs import free_ports
 from azulite.serve import config as serve_config
 from azulite.workloads.dlrm.model import load_plain_model
 from tests.cli.test_serve import Served
 from tests.examples.runner import run_example
 from tests.export.test_export_ddp import cli
+from tests.serve.anchor import running_triton
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]  # a safety net: a real job trains first
 TRITON = Path(__file__).resolve().parents[2] / ".cache" / "anchors" / "bin" / "tritonserver"  # scripts/anchors.sh
@@ -157,22 +155,8 @@ def test_real_triton_serves_the_exported_repository_with_the_same_scores(exporte
             "-o", str(src / "generated" / "config.pbtxt"))
     assert p.returncode == 0, p.stderr
     triton_repo = python_backend_copy(src, tmp_path / "triton_repo")
-    ports = free_ports(3)
-    log = (tmp_path / "triton.log").open("w")
-    proc = subprocess.Popen([str(TRITON), f"--model-repository={triton_repo}", "--http-address=127.0.0.1",
-                             "--grpc-address=127.0.0.1", f"--http-port={ports[0]}", f"--grpc-port={ports[1]}",
-                             f"--metrics-port={ports[2]}"], stdout=log, stderr=subprocess.STDOUT)
-    try:
-        client = httpclient.InferenceServerClient(f"127.0.0.1:{ports[0]}")
-        deadline = time.monotonic() + 180  # a safety net: the condition is the server's readiness
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if client.is_model_ready("dlrm"):
-                    break
-            except Exception:  # noqa: BLE001 - not listening yet
-                pass
-            time.sleep(0.2)
-        assert client.is_model_ready("dlrm"), (tmp_path / "triton.log").read_text()[-3000:]
+    with running_triton(triton_repo, tmp_path / "triton.log") as triton:  # ready: every model loaded
+        client = httpclient.InferenceServerClient(triton.http_url)
         for model in ("dlrm", "dlrm_ens"):
             assert client.is_model_ready(model)
             inp = httpclient.InferInput("ROW", [24, 1], "BYTES")
@@ -184,11 +168,3 @@ def test_real_triton_serves_the_exported_repository_with_the_same_scores(exporte
         assert [(t["name"], t["datatype"], t["shape"]) for t in meta["inputs"]] == \
             [("DENSE_RAW", "INT64", [-1, 13]), ("CATEGORY_IDS", "INT64", [-1, 26])]
         client.close()
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(30)
-        log.close()
