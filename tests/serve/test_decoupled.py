@@ -189,3 +189,9 @@ def test_streamed_responses_feed_drift_and_fall_back(tmp_path, grpc_impl):
         httpclient.InferenceServerClient(s.http_url).unload_model("repeat_light")
         [(kind, message, _)] = _stream(s.grpc_url, "repeat_light", [1])
         assert kind == "error" and "repeat_light" in message
+        # the model and its fallback both unloaded: the model's own answer (its 'unloaded', as unary infer
+        # gives it), not the fallback's, and not counted as a fallback
+        [(kind, message, _)] = _stream(s.grpc_url, "repeat_guarded", [1])
+        assert kind == "error" and "'repeat_guarded' has no available versions" in message, message
+        assert "repeat_light" not in message
+        assert s.server.dataplane.fallbacks == {("repeat_guarded", "repeat_light", "unavailable"): 1}

@@ -328,11 +328,11 @@ class TritonDataPlane(ModelControl):
         the model's fallback and output monitor apply to both (infer's own, or stream_with_policies)."""
         try:
             model = self.manager.get(request.model_name, request.model_version)
-        except Unavailable:
+        except Unavailable as exc:
             cached = self._cached_policies(request.model_name)
             if cached is None or cached[1] is None:
                 raise
-            return stream_with_policies(self, None, request, cached[1], cached[2])
+            return stream_with_policies(self, None, request, cached[1], cached[2], unavailable=exc)
         if not model.decoupled:
             return self._one(request)
         cached = self._cached_policies(request.model_name)

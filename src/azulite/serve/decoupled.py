@@ -149,16 +149,17 @@ async def _step_stream(dp: "TritonDataPlane", request_id: str, name: str, versio
 
 
 async def stream_with_policies(dp: "TritonDataPlane", model: "LoadedModel | None", request: InferRequest,
-                               policy, monitor) -> AsyncIterator[InferResponse]:
+                               policy, monitor, unavailable: ServeError | None = None
+                               ) -> AsyncIterator[InferResponse]:
     """:func:`stream` with the model's fallback ``policy`` (a FallbackPolicy or None) and output
-    ``monitor`` (an OutputMonitor or None). ``model`` None: the model is not available."""
+    ``monitor`` (an OutputMonitor or None). ``model`` None: the model is not available (``unavailable``
+    says why: what the client gets if the fallback cannot answer either)."""
     if dp._closing:
         raise Unavailable("the server is shutting down and accepts no new requests")
     reason = None
-    primary: ServeError | None = None  # the model's own error, for when the fallback cannot answer either
+    primary = unavailable  # the model's own error, for when the fallback cannot answer either
     if model is None:
         reason = "unavailable"
-        primary = Unavailable(f"model '{request.model_name}' is not available", fix="retry once it is loaded")
     elif (policy is not None and policy.queue_threshold and model.batcher is not None
           and model.batcher.queued >= policy.queue_threshold):
         reason = "queue_threshold"
