@@ -156,6 +156,8 @@ def test_the_batcher_waits_a_sub_millisecond_delay_out_asleep_but_its_last_stret
     assert [r[0] for r in results] == [2.0, 4.0, 6.0]
     assert all(q >= 900_000 for q in queue_ns), queue_ns  # the delay is kept, never cut short
     if timerfd:
-        # one wait asleep until the last stretch: the timer cannot fire early, and nothing else wakes a lone
-        # request's delay (polling, the same 900 us took ~190 passes before the last 100 us)
-        assert [r[1] for r in results] == [1, 1, 1], results
+        # at most one wait asleep until the last stretch: the timer cannot fire early, and nothing else wakes a
+        # lone request's delay (polling, the same 900 us took ~190 passes before the last 100 us). None when the
+        # loop reached the wait with less than SPIN_NS left (a loaded machine: CI saw [1, 1] with one 0), which
+        # then polls as it should: that is no failure of the timer
+        assert all(r[1] <= 1 for r in results), results
